@@ -1,0 +1,417 @@
+// Package store defines the contract between the idem engine and the durable
+// stores that keep idempotency records.
+//
+// Every store (memory, SQLite, PostgreSQL, MySQL, Redis) implements [Store]
+// and runs the one conformance suite in package storetest. The contract is the
+// state machine of the design document:
+//
+//	absent ──Reserve──▶ in_progress ──Complete──▶ completed
+//	                        │  ▲   └──Release───▶ failed_retryable ──Reserve──▶ in_progress
+//	                        │  └── lease expired + policy retry/resume (new fence)
+//	                        └──MarkUnknown / lease expired + policy unknown──▶ unknown
+//	unknown ──Resolve (reconciler or operator)──▶ completed | failed_retryable
+//
+// Every transition is one atomic operation in the store, guarded by the state
+// and by the fence (lease token). The fence is a counter that grows at every
+// takeover, so a worker that lost its lease can never overwrite the work of
+// the worker that took it over.
+//
+// Time: all expiry decisions use the store's clock (the database's now(),
+// the Redis server's TIME) unless the store was given a [Clock], which tests
+// use to move time without sleeping.
+package store
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+)
+
+// State is the lifecycle state of a record.
+type State string
+
+const (
+	// StateInProgress: a worker holds the lease until LockedUntil.
+	StateInProgress State = "in_progress"
+	// StateCompleted: the response is stored and replayed to every retry.
+	StateCompleted State = "completed"
+	// StateFailedRetryable: the request is proven not to have executed; a
+	// retry with the same fingerprint takes execution rights again.
+	StateFailedRetryable State = "failed_retryable"
+	// StateUnknown: the request may or may not have executed. Only the
+	// reconciliation pipeline or an operator moves it on.
+	StateUnknown State = "unknown"
+	// StateExpired: soft-expired past ExpiresAt (kept for audit). Reserve
+	// treats it as absent.
+	StateExpired State = "expired"
+)
+
+// Valid reports whether s is one of the five states.
+func (s State) Valid() bool {
+	switch s {
+	case StateInProgress, StateCompleted, StateFailedRetryable, StateUnknown, StateExpired:
+		return true
+	}
+	return false
+}
+
+// Terminal reports whether s is completed or failed_retryable: the states the
+// reaper may delete once they pass ExpiresAt.
+func (s State) Terminal() bool {
+	return s == StateCompleted || s == StateFailedRetryable
+}
+
+// LeasePolicy decides what happens to an in_progress record whose lease
+// expired (its holder died or was cut off).
+type LeasePolicy string
+
+const (
+	// LeaseUnknown (the default) moves the record to unknown: the request may
+	// have had effects, so nobody re-executes it until it is reconciled.
+	LeaseUnknown LeasePolicy = "unknown"
+	// LeaseRetry lets the next retry take the record over with a new fence
+	// and execute the request again from the start.
+	LeaseRetry LeasePolicy = "retry"
+	// LeaseResume lets the next retry take the record over with a new fence
+	// and continue from the last committed RecoveryPoint.
+	LeaseResume LeasePolicy = "resume"
+)
+
+// Valid reports whether p is a known policy.
+func (p LeasePolicy) Valid() bool {
+	return p == LeaseUnknown || p == LeaseRetry || p == LeaseResume
+}
+
+// Response is a stored HTTP response.
+type Response struct {
+	Status int
+	// Header holds only the headers that may be replayed (no Set-Cookie, no
+	// hop-by-hop headers); the engine filters them before storing.
+	Header http.Header
+	// Body is the exact bytes written by the handler. Nil when BodyOmitted.
+	Body []byte
+	// BodyOmitted is true when the body was larger than the stored-size
+	// limit: the record keeps status and headers and the replay says that the
+	// body was not kept.
+	BodyOmitted bool
+}
+
+// Record is one idempotency record, identified by (Scope, Key).
+type Record struct {
+	Scope string
+	Key   string
+	// Fingerprint identifies the request's content (method, route, body).
+	Fingerprint string
+	State       State
+	// Fence is the lease token: 1 at creation, +1 at every takeover or
+	// reclaim. Complete, Release, MarkUnknown, Checkpoint and Extend must
+	// present the current fence.
+	Fence int64
+	// LeasePolicy is fixed at reservation; the sweeper and takeovers use it.
+	LeasePolicy LeasePolicy
+	// LockedUntil is the end of the current lease (meaningful in_progress).
+	LockedUntil time.Time
+	// RecoveryPoint is the last committed phase ("" before the first).
+	RecoveryPoint string
+	// Response is set for completed records, nil otherwise.
+	Response *Response
+	// LastError says why the record left in_progress for failed_retryable
+	// or unknown ("" otherwise).
+	LastError string
+	// Attempts counts executions started (1 after the first reserve).
+	Attempts int
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+	CompletedAt time.Time // zero unless completed
+	// ExpiresAt is when a terminal record stops being replayed.
+	ExpiresAt time.Time
+	// ReconcileAfter is when an unknown record is next due for
+	// reconciliation; zero for other states.
+	ReconcileAfter    time.Time
+	ReconcileAttempts int
+}
+
+// LeaseExpired reports whether an in_progress record's lease ended by now.
+func (r *Record) LeaseExpired(now time.Time) bool {
+	return r.State == StateInProgress && !now.Before(r.LockedUntil)
+}
+
+// ReserveParams asks for execution rights on (Scope, Key).
+type ReserveParams struct {
+	Scope       string
+	Key         string
+	Fingerprint string
+	// Lease is how long the winner holds the record before it must Extend.
+	Lease time.Duration
+	// TTL sets ExpiresAt = now + TTL on a new or reclaimed record.
+	TTL time.Duration
+	// LeasePolicy is stored on a new record and applied when an existing
+	// record's lease has expired.
+	LeasePolicy LeasePolicy
+}
+
+// ReserveOutcome says what a Reserve did.
+type ReserveOutcome int
+
+const (
+	// Existing: the caller did not get execution rights. Record is the
+	// record as it is now (completed, in_progress with a live lease,
+	// unknown, or any state with a different fingerprint). The engine
+	// decides 422 / 409 / replay from it.
+	Existing ReserveOutcome = iota
+	// Created: a new record (fence 1, or fence+1 over an expired record);
+	// the caller holds the lease.
+	Created
+	// Reclaimed: a failed_retryable record with the same fingerprint was
+	// taken back to in_progress with a new fence.
+	Reclaimed
+	// TakenOver: an in_progress record whose lease expired, under policy
+	// retry or resume, was taken over with a new fence. RecoveryPoint is
+	// kept so a resume continues where the dead holder stopped.
+	TakenOver
+)
+
+func (o ReserveOutcome) String() string {
+	switch o {
+	case Existing:
+		return "existing"
+	case Created:
+		return "created"
+	case Reclaimed:
+		return "reclaimed"
+	case TakenOver:
+		return "taken_over"
+	}
+	return "invalid"
+}
+
+// Acquired reports whether the caller now holds the lease.
+func (o ReserveOutcome) Acquired() bool { return o != Existing }
+
+// ReserveResult is the answer of Reserve.
+type ReserveResult struct {
+	Outcome ReserveOutcome
+	Record  Record
+}
+
+// FenceParams names a record and the fence its caller holds.
+type FenceParams struct {
+	Scope string
+	Key   string
+	Fence int64
+}
+
+// CompleteParams stores the response of the lease holder.
+type CompleteParams struct {
+	FenceParams
+	Response Response
+	// TTL, when positive, resets ExpiresAt = now + TTL (the retention window
+	// starts at completion). Zero keeps the ExpiresAt set at reserve.
+	TTL time.Duration
+}
+
+// ReleaseParams moves a record to failed_retryable (or unknown).
+type ReleaseParams struct {
+	FenceParams
+	// Error is stored in LastError.
+	Error string
+}
+
+// CheckpointParams advances the recovery point.
+type CheckpointParams struct {
+	FenceParams
+	RecoveryPoint string
+}
+
+// ExtendParams renews a lease: LockedUntil = now + Lease.
+type ExtendParams struct {
+	FenceParams
+	Lease time.Duration
+}
+
+// SweepParams selects in_progress records whose lease expired.
+type SweepParams struct {
+	// Limit bounds the batch. Must be positive.
+	Limit int
+}
+
+// ReapParams selects records past ExpiresAt.
+type ReapParams struct {
+	// Limit bounds the number of records changed in one call. Must be
+	// positive.
+	Limit int
+	// Soft keeps terminal records as StateExpired instead of deleting them.
+	Soft bool
+	// Abandoned is the response stored on in_progress and unknown records
+	// that pass ExpiresAt: they become completed with this response
+	// (LastError "abandoned") instead of disappearing, so a client still
+	// retrying gets a definite answer. Required.
+	Abandoned Response
+	// AbandonedTTL is how long an abandoned record stays (ExpiresAt =
+	// now + AbandonedTTL).
+	AbandonedTTL time.Duration
+}
+
+// ReapResult counts what Reap did.
+type ReapResult struct {
+	Deleted   int // terminal records deleted (or expired in soft mode)
+	Abandoned int // in_progress/unknown records turned into completed
+}
+
+// ListUnknownParams selects unknown records due for reconciliation.
+type ListUnknownParams struct {
+	// DueOnly restricts to ReconcileAfter <= now; false lists every unknown
+	// record (for operators).
+	DueOnly bool
+	Limit   int
+}
+
+// ResolveParams settles an unknown record.
+type ResolveParams struct {
+	Scope string
+	Key   string
+	// To is StateCompleted (Response required) or StateFailedRetryable.
+	To       State
+	Response *Response
+	// TTL, when positive, resets ExpiresAt = now + TTL.
+	TTL time.Duration
+}
+
+// DeferParams reschedules an unknown record after a reconciliation attempt
+// that did not settle it: ReconcileAttempts+1, ReconcileAfter = now + Delay,
+// LastError = Error.
+type DeferParams struct {
+	Scope string
+	Key   string
+	Delay time.Duration
+	Error string
+}
+
+// Store keeps idempotency records. Implementations must be safe for
+// concurrent use by many goroutines and, for durable stores, by many
+// processes sharing one database.
+type Store interface {
+	// Reserve is the single atomic entry point of a request. In one step it:
+	//   - creates an in_progress record (fence 1) when none exists, or when
+	//     the existing one is expired or terminal past ExpiresAt (fence+1);
+	//   - returns the existing record untouched (Existing) when its
+	//     fingerprint differs, whatever its state;
+	//   - reclaims a failed_retryable record with the same fingerprint;
+	//   - for an in_progress record whose lease expired: under its stored
+	//     policy unknown, moves it to unknown and returns it (Existing);
+	//     under retry or resume, takes it over (TakenOver);
+	//   - otherwise returns the record (Existing).
+	// N concurrent Reserves of one absent key yield exactly one Created; the
+	// others get Existing with an in_progress record, never an error.
+	Reserve(ctx context.Context, p ReserveParams) (ReserveResult, error)
+
+	// Complete stores the response and moves in_progress to completed. It
+	// fails with ErrLeaseLost (changing nothing) unless the record is
+	// in_progress with fence p.Fence.
+	Complete(ctx context.Context, p CompleteParams) error
+
+	// Release moves in_progress to failed_retryable (the request certainly
+	// had no effect). ErrLeaseLost as for Complete.
+	Release(ctx context.Context, p ReleaseParams) error
+
+	// MarkUnknown moves in_progress to unknown, due for reconciliation now.
+	// ErrLeaseLost as for Complete.
+	MarkUnknown(ctx context.Context, p ReleaseParams) error
+
+	// Checkpoint sets RecoveryPoint. ErrLeaseLost as for Complete.
+	Checkpoint(ctx context.Context, p CheckpointParams) error
+
+	// Extend renews the lease. ErrLeaseLost as for Complete.
+	Extend(ctx context.Context, p ExtendParams) error
+
+	// Get returns the record or ErrNotFound.
+	Get(ctx context.Context, scope, key string) (Record, error)
+
+	// Delete removes the record whatever its state (operator cache-bust).
+	// ErrNotFound when there is none.
+	Delete(ctx context.Context, scope, key string) error
+
+	// SweepExpiredLeases moves up to p.Limit in_progress records whose lease
+	// expired and whose policy is unknown to unknown (due for
+	// reconciliation now) and returns them. Records under retry or resume
+	// stay in_progress for a retry to take over. Safe to run from several
+	// instances at once: each record is moved once.
+	SweepExpiredLeases(ctx context.Context, p SweepParams) ([]Record, error)
+
+	// Reap deletes (or soft-expires) up to p.Limit terminal records past
+	// ExpiresAt, and turns in_progress/unknown records past ExpiresAt into
+	// completed records holding p.Abandoned.
+	Reap(ctx context.Context, p ReapParams) (ReapResult, error)
+
+	// ListUnknown returns unknown records, oldest ReconcileAfter first.
+	ListUnknown(ctx context.Context, p ListUnknownParams) ([]Record, error)
+
+	// Resolve moves an unknown record to completed or failed_retryable.
+	// ErrNotFound when absent, ErrStateConflict when not unknown.
+	Resolve(ctx context.Context, p ResolveParams) error
+
+	// Defer reschedules an unknown record's reconciliation. ErrNotFound /
+	// ErrStateConflict as for Resolve.
+	Defer(ctx context.Context, p DeferParams) error
+
+	// Ping checks that the store is reachable.
+	Ping(ctx context.Context) error
+
+	// Close releases the store's resources.
+	Close() error
+}
+
+var (
+	// ErrNotFound: no record for (scope, key).
+	ErrNotFound = errors.New("idem/store: record not found")
+	// ErrLeaseLost: the caller's fence is no longer current or the record
+	// left in_progress; nothing was changed.
+	ErrLeaseLost = errors.New("idem/store: lease lost")
+	// ErrStateConflict: the record is not in the state the operation needs.
+	ErrStateConflict = errors.New("idem/store: record is not in the required state")
+	// ErrInvalidParams: the parameters break the contract (empty scope or
+	// key, non-positive limit, ...).
+	ErrInvalidParams = errors.New("idem/store: invalid parameters")
+)
+
+// Clock returns the current time. Stores use their own clock (the database
+// server's) when none is given.
+type Clock func() time.Time
+
+// Validate checks the parameters every store must refuse.
+func (p *ReserveParams) Validate() error {
+	switch {
+	case p.Scope == "" || p.Key == "":
+		return errors.Join(ErrInvalidParams, errors.New("scope and key are required"))
+	case p.Fingerprint == "":
+		return errors.Join(ErrInvalidParams, errors.New("fingerprint is required"))
+	case p.Lease <= 0 || p.TTL <= 0:
+		return errors.Join(ErrInvalidParams, errors.New("lease and ttl must be positive"))
+	case !p.LeasePolicy.Valid():
+		return errors.Join(ErrInvalidParams, errors.New("unknown lease policy "+string(p.LeasePolicy)))
+	}
+	return nil
+}
+
+// Validate checks a resolution.
+func (p *ResolveParams) Validate() error {
+	switch {
+	case p.Scope == "" || p.Key == "":
+		return errors.Join(ErrInvalidParams, errors.New("scope and key are required"))
+	case p.To == StateCompleted && p.Response == nil:
+		return errors.Join(ErrInvalidParams, errors.New("resolving to completed needs a response"))
+	case p.To != StateCompleted && p.To != StateFailedRetryable:
+		return errors.Join(ErrInvalidParams, errors.New("resolve target must be completed or failed_retryable"))
+	}
+	return nil
+}
+
+// TxStore is implemented by SQL stores: the same transitions run inside the
+// caller's transaction T (pgx.Tx, *sql.Tx), so the business write, the key's
+// completion and any outbox rows commit together or not at all.
+type TxStore[T any] interface {
+	ReserveTx(ctx context.Context, tx T, p ReserveParams) (ReserveResult, error)
+	CompleteTx(ctx context.Context, tx T, p CompleteParams) error
+	CheckpointTx(ctx context.Context, tx T, p CheckpointParams) error
+}
