@@ -1,7 +1,1025 @@
 package storetest
 
-import "testing"
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"reflect"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem/store"
+)
+
+const (
+	lease = 30 * time.Second
+	ttl   = 24 * time.Hour
+)
+
+// env is one test's view: a fresh database, a manual clock, a handle.
+type env struct {
+	t     *testing.T
+	open  Opener
+	clock *Clock
+	s     store.Store
+	ctx   context.Context
+}
+
+func newEnv(t *testing.T, h Harness) *env {
+	t.Helper()
+	t.Parallel()
+	open := h.NewDatabase(t)
+	c := NewClock()
+	return &env{t: t, open: open, clock: c, s: open(t, c.Now), ctx: context.Background()}
+}
+
+func (e *env) reserveP(scope, key, fp string, policy store.LeasePolicy) store.ReserveParams {
+	return store.ReserveParams{Scope: scope, Key: key, Fingerprint: fp, Lease: lease, TTL: ttl, LeasePolicy: policy}
+}
+
+func (e *env) reserve(s store.Store, p store.ReserveParams) store.ReserveResult {
+	e.t.Helper()
+	res, err := s.Reserve(e.ctx, p)
+	if err != nil {
+		e.t.Fatalf("Reserve(%s/%s): %v", p.Scope, p.Key, err)
+	}
+	return res
+}
+
+func (e *env) get(scope, key string) store.Record {
+	e.t.Helper()
+	r, err := e.s.Get(e.ctx, scope, key)
+	if err != nil {
+		e.t.Fatalf("Get(%s/%s): %v", scope, key, err)
+	}
+	return r
+}
+
+// create reserves a fresh record under policy unknown and checks it was created.
+func (e *env) create(scope, key, fp string, policy store.LeasePolicy) store.Record {
+	e.t.Helper()
+	res := e.reserve(e.s, e.reserveP(scope, key, fp, policy))
+	if res.Outcome != store.Created {
+		e.t.Fatalf("Reserve of a new key: outcome %v, want created", res.Outcome)
+	}
+	return res.Record
+}
+
+func (e *env) complete(rec store.Record, resp store.Response) {
+	e.t.Helper()
+	err := e.s.Complete(e.ctx, store.CompleteParams{FenceParams: fenceOf(rec), Response: resp})
+	if err != nil {
+		e.t.Fatalf("Complete: %v", err)
+	}
+}
+
+func fenceOf(r store.Record) store.FenceParams {
+	return store.FenceParams{Scope: r.Scope, Key: r.Key, Fence: r.Fence}
+}
+
+func sampleResponse() store.Response {
+	h := http.Header{}
+	h.Add("Content-Type", "application/json")
+	h.Add("X-Multi", "one")
+	h.Add("X-Multi", "two")
+	return store.Response{Status: 201, Header: h, Body: []byte(`{"id":"ch_1","amount":100}`)}
+}
+
+// diffRecords lists the fields in which a and b differ.
+func diffRecords(a, b store.Record) []string {
+	var d []string
+	add := func(name string, differ bool) {
+		if differ {
+			d = append(d, name)
+		}
+	}
+	add("Scope", a.Scope != b.Scope)
+	add("Key", a.Key != b.Key)
+	add("Fingerprint", a.Fingerprint != b.Fingerprint)
+	add("State", a.State != b.State)
+	add("Fence", a.Fence != b.Fence)
+	add("LeasePolicy", a.LeasePolicy != b.LeasePolicy)
+	add("LockedUntil", !a.LockedUntil.Equal(b.LockedUntil))
+	add("RecoveryPoint", a.RecoveryPoint != b.RecoveryPoint)
+	add("Response", !sameResponse(a.Response, b.Response))
+	add("LastError", a.LastError != b.LastError)
+	add("Attempts", a.Attempts != b.Attempts)
+	add("CreatedAt", !a.CreatedAt.Equal(b.CreatedAt))
+	add("UpdatedAt", !a.UpdatedAt.Equal(b.UpdatedAt))
+	add("CompletedAt", !a.CompletedAt.Equal(b.CompletedAt))
+	add("ExpiresAt", !a.ExpiresAt.Equal(b.ExpiresAt))
+	add("ReconcileAfter", !a.ReconcileAfter.Equal(b.ReconcileAfter))
+	add("ReconcileAttempts", a.ReconcileAttempts != b.ReconcileAttempts)
+	return d
+}
+
+func sameResponse(a, b *store.Response) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	return a.Status == b.Status && bytes.Equal(a.Body, b.Body) && a.BodyOmitted == b.BodyOmitted &&
+		sameHeader(a.Header, b.Header)
+}
+
+func sameHeader(a, b http.Header) bool {
+	if len(a) == 0 && len(b) == 0 {
+		return true
+	}
+	return reflect.DeepEqual(a, b)
+}
+
+func (e *env) mustUnchanged(before store.Record, what string) {
+	e.t.Helper()
+	after := e.get(before.Scope, before.Key)
+	if d := diffRecords(before, after); len(d) > 0 {
+		e.t.Fatalf("%s changed the record: fields %v differ\nbefore %+v\nafter  %+v", what, d, before, after)
+	}
+}
+
+func wantTime(t *testing.T, name string, got, want time.Time) {
+	t.Helper()
+	if !got.Equal(want) {
+		t.Fatalf("%s = %v, want %v", name, got, want)
+	}
+}
 
 func run(t *testing.T, h Harness) {
-	t.Skip("storetest: suite under construction")
+	if h.NewDatabase == nil {
+		t.Fatal("storetest: Harness.NewDatabase is required")
+	}
+	t.Run("ReserveCreates", func(t *testing.T) { testReserveCreates(t, h) })
+	t.Run("LiveLeaseIsExisting", func(t *testing.T) { testLiveLease(t, h) })
+	t.Run("FingerprintMismatchTouchesNothing", func(t *testing.T) { testMismatch(t, h) })
+	t.Run("CompleteAndReplay", func(t *testing.T) { testCompleteReplay(t, h) })
+	t.Run("ResponseRoundTrip", func(t *testing.T) { testResponseRoundTrip(t, h) })
+	t.Run("ScopesAreIndependent", func(t *testing.T) { testScopes(t, h) })
+	t.Run("StaleFenceChangesNothing", func(t *testing.T) { testFencing(t, h) })
+	t.Run("ReleaseAndReclaim", func(t *testing.T) { testReleaseReclaim(t, h) })
+	t.Run("ConcurrentReserveOneWinner", func(t *testing.T) { testConcurrentReserve(t, h) })
+	t.Run("ConcurrentReclaimOneWinner", func(t *testing.T) { testConcurrentReclaim(t, h) })
+	t.Run("TwoHandlesOneWinner", func(t *testing.T) { testTwoHandles(t, h) })
+	t.Run("MarkUnknown", func(t *testing.T) { testMarkUnknown(t, h) })
+	t.Run("ExpiredLeasePolicyUnknown", func(t *testing.T) { testExpiredUnknown(t, h) })
+	t.Run("ExpiredLeasePolicyRetry", func(t *testing.T) { testExpiredRetry(t, h) })
+	t.Run("ExpiredLeasePolicyResume", func(t *testing.T) { testExpiredResume(t, h) })
+	t.Run("ConcurrentTakeoverOneWinner", func(t *testing.T) { testConcurrentTakeover(t, h) })
+	t.Run("ExtendKeepsLease", func(t *testing.T) { testExtend(t, h) })
+	t.Run("TerminalPastExpiryIsAbsent", func(t *testing.T) { testTerminalExpiry(t, h) })
+	t.Run("Reap", func(t *testing.T) { testReap(t, h) })
+	t.Run("ReapSoft", func(t *testing.T) { testReapSoft(t, h) })
+	t.Run("ReapBounded", func(t *testing.T) { testReapBounded(t, h) })
+	t.Run("Sweep", func(t *testing.T) { testSweep(t, h) })
+	t.Run("SweepersRaceEachRecordOnce", func(t *testing.T) { testSweepRace(t, h) })
+	t.Run("Reconciliation", func(t *testing.T) { testReconcile(t, h) })
+	t.Run("GetDelete", func(t *testing.T) { testGetDelete(t, h) })
+	t.Run("SurvivesReopen", func(t *testing.T) { testDurable(t, h) })
+	t.Run("InvalidParams", func(t *testing.T) { testInvalid(t, h) })
+	t.Run("StoreClock", func(t *testing.T) { testStoreClock(t, h) })
+	t.Run("CancelledContext", func(t *testing.T) { testCancelled(t, h) })
+}
+
+func testReserveCreates(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	now := e.clock.Now()
+	r := e.create("tenant:POST /charges", "k1", "fp1", store.LeaseUnknown)
+	if r.State != store.StateInProgress || r.Fence != 1 || r.Attempts != 1 {
+		t.Fatalf("new record: state %s fence %d attempts %d, want in_progress 1 1", r.State, r.Fence, r.Attempts)
+	}
+	if r.Scope != "tenant:POST /charges" || r.Key != "k1" || r.Fingerprint != "fp1" || r.LeasePolicy != store.LeaseUnknown {
+		t.Fatalf("new record identity: %+v", r)
+	}
+	wantTime(t, "LockedUntil", r.LockedUntil, now.Add(lease))
+	wantTime(t, "ExpiresAt", r.ExpiresAt, now.Add(ttl))
+	wantTime(t, "CreatedAt", r.CreatedAt, now)
+	if r.Response != nil || r.RecoveryPoint != "" || !r.CompletedAt.IsZero() {
+		t.Fatalf("new record carries leftovers: %+v", r)
+	}
+	got := e.get(r.Scope, r.Key)
+	if d := diffRecords(r, got); len(d) > 0 {
+		t.Fatalf("Get differs from the reserved record in %v", d)
+	}
+	// Keys are case-sensitive and opaque.
+	e.create("tenant:POST /charges", "K1", "fp1", store.LeaseUnknown)
+	e.create("tenant:POST /charges", "k1 ", "fp1", store.LeaseUnknown)
+}
+
+func testLiveLease(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	r := e.create("s", "k", "fp", store.LeaseRetry)
+	e.clock.Advance(lease - time.Microsecond)
+	res := e.reserve(e.s, e.reserveP("s", "k", "fp", store.LeaseRetry))
+	if res.Outcome != store.Existing || res.Record.State != store.StateInProgress || res.Record.Fence != 1 {
+		t.Fatalf("duplicate during a live lease: %v %s fence %d", res.Outcome, res.Record.State, res.Record.Fence)
+	}
+	e.mustUnchanged(r, "a duplicate during a live lease")
+}
+
+func testMismatch(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	inflight := e.create("s", "inflight", "fp", store.LeaseUnknown)
+	done := e.create("s", "done", "fp", store.LeaseUnknown)
+	e.complete(done, sampleResponse())
+	failed := e.create("s", "failed", "fp", store.LeaseUnknown)
+	if err := e.s.Release(e.ctx, store.ReleaseParams{FenceParams: fenceOf(failed), Error: "upstream 503"}); err != nil {
+		t.Fatal(err)
+	}
+	unknown := e.create("s", "unknown", "fp", store.LeaseUnknown)
+	if err := e.s.MarkUnknown(e.ctx, store.ReleaseParams{FenceParams: fenceOf(unknown), Error: "timeout"}); err != nil {
+		t.Fatal(err)
+	}
+	expiredRetry := e.create("s", "expired", "fp", store.LeaseRetry)
+	_ = inflight
+	_ = expiredRetry
+	e.clock.Advance(time.Second)
+	for _, key := range []string{"inflight", "done", "failed", "unknown"} {
+		before := e.get("s", key)
+		res := e.reserve(e.s, e.reserveP("s", key, "other", store.LeaseUnknown))
+		if res.Outcome != store.Existing || res.Record.Fingerprint != "fp" {
+			t.Fatalf("%s: mismatched reserve: outcome %v fingerprint %q", key, res.Outcome, res.Record.Fingerprint)
+		}
+		e.mustUnchanged(before, "a mismatched reserve on "+key)
+	}
+	// Even with an expired takeover-able lease, a different request never takes it over.
+	e.clock.Advance(lease)
+	before := e.get("s", "expired")
+	res := e.reserve(e.s, e.reserveP("s", "expired", "other", store.LeaseRetry))
+	if res.Outcome != store.Existing || res.Record.Fingerprint != "fp" {
+		t.Fatalf("mismatch on an expired lease: outcome %v fingerprint %q", res.Outcome, res.Record.Fingerprint)
+	}
+	e.mustUnchanged(before, "a mismatched reserve on an expired lease")
+}
+
+func testCompleteReplay(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	r := e.create("s", "k", "fp", store.LeaseUnknown)
+	e.clock.Advance(time.Second)
+	done := e.clock.Now()
+	resp := sampleResponse()
+	e.complete(r, resp)
+	got := e.get("s", "k")
+	if got.State != store.StateCompleted || got.Fence != 1 || !sameResponse(got.Response, &resp) {
+		t.Fatalf("completed record: state %s fence %d response %+v", got.State, got.Fence, got.Response)
+	}
+	wantTime(t, "CompletedAt", got.CompletedAt, done)
+	wantTime(t, "ExpiresAt (kept from reserve)", got.ExpiresAt, r.ExpiresAt)
+	e.clock.Advance(time.Hour)
+	res := e.reserve(e.s, e.reserveP("s", "k", "fp", store.LeaseUnknown))
+	if res.Outcome != store.Existing || res.Record.State != store.StateCompleted || !sameResponse(res.Record.Response, &resp) {
+		t.Fatalf("replay: %v %s %+v", res.Outcome, res.Record.State, res.Record.Response)
+	}
+	e.mustUnchanged(got, "a replay")
+	// A second Complete by the same holder is refused: the record left in_progress.
+	if err := e.s.Complete(e.ctx, store.CompleteParams{FenceParams: fenceOf(r), Response: resp}); !errors.Is(err, store.ErrLeaseLost) {
+		t.Fatalf("second Complete: %v, want ErrLeaseLost", err)
+	}
+	// Completion with a TTL restarts the retention window.
+	r2 := e.create("s", "k2", "fp", store.LeaseUnknown)
+	e.clock.Advance(time.Minute)
+	if err := e.s.Complete(e.ctx, store.CompleteParams{FenceParams: fenceOf(r2), Response: resp, TTL: 2 * time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	wantTime(t, "ExpiresAt after Complete with TTL", e.get("s", "k2").ExpiresAt, e.clock.Now().Add(2*time.Hour))
+}
+
+func testResponseRoundTrip(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	big := bytes.Repeat([]byte{0, 1, 2, 0xff, 'x'}, 1<<18) // 1.25 MiB, binary
+	cases := []store.Response{
+		{Status: 200, Body: []byte{}},
+		{Status: 204},
+		{Status: 201, Header: http.Header{"Content-Type": {"application/octet-stream"}}, Body: big},
+		{Status: 200, Header: http.Header{"X-A": {"1", "2", "3"}, "Location": {"/v1/charges/ch_1?x=ü"}}, Body: []byte("héllo\x00")},
+		{Status: 200, Header: http.Header{"Content-Type": {"text/plain"}}, BodyOmitted: true},
+	}
+	for i, resp := range cases {
+		r := e.create("s", fmt.Sprint("k", i), "fp", store.LeaseUnknown)
+		e.complete(r, resp)
+		got := e.get(r.Scope, r.Key).Response
+		if got == nil || got.Status != resp.Status || !bytes.Equal(got.Body, resp.Body) ||
+			got.BodyOmitted != resp.BodyOmitted || !sameHeader(got.Header, resp.Header) {
+			t.Fatalf("case %d: stored %+v came back as %+v", i, resp, got)
+		}
+	}
+}
+
+func testScopes(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	a := e.create("tenant-a:POST /x", "same", "fp-a", store.LeaseUnknown)
+	b := e.create("tenant-b:POST /x", "same", "fp-b", store.LeaseUnknown)
+	e.complete(a, store.Response{Status: 201, Body: []byte("a")})
+	if got := e.get(b.Scope, b.Key); got.State != store.StateInProgress || got.Fingerprint != "fp-b" {
+		t.Fatalf("completing in scope a changed scope b: %+v", got)
+	}
+	// Scope and key are not concatenated ambiguously.
+	e.create("ab", "c", "fp", store.LeaseUnknown)
+	e.create("a", "bc", "fp", store.LeaseUnknown)
+	e.create("a:b", "c", "fp", store.LeaseUnknown)
+	e.create("a", "b:c", "fp", store.LeaseUnknown)
+}
+
+func testFencing(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	r := e.create("s", "k", "fp", store.LeaseRetry)
+	stale := fenceOf(r)
+	stale.Fence = r.Fence + 1
+	ops := map[string]func() error{
+		"Complete":    func() error { return e.s.Complete(e.ctx, store.CompleteParams{FenceParams: stale, Response: sampleResponse()}) },
+		"Release":     func() error { return e.s.Release(e.ctx, store.ReleaseParams{FenceParams: stale, Error: "x"}) },
+		"MarkUnknown": func() error { return e.s.MarkUnknown(e.ctx, store.ReleaseParams{FenceParams: stale, Error: "x"}) },
+		"Checkpoint":  func() error { return e.s.Checkpoint(e.ctx, store.CheckpointParams{FenceParams: stale, RecoveryPoint: "p"}) },
+		"Extend":      func() error { return e.s.Extend(e.ctx, store.ExtendParams{FenceParams: stale, Lease: time.Hour}) },
+	}
+	for name, op := range ops {
+		if err := op(); !errors.Is(err, store.ErrLeaseLost) {
+			t.Fatalf("%s with a wrong fence: %v, want ErrLeaseLost", name, err)
+		}
+		e.mustUnchanged(r, name+" with a wrong fence")
+	}
+	// A real takeover: the old holder's fence is now stale.
+	e.clock.Advance(lease)
+	res := e.reserve(e.s, e.reserveP("s", "k", "fp", store.LeaseRetry))
+	if res.Outcome != store.TakenOver || res.Record.Fence != 2 {
+		t.Fatalf("takeover: %v fence %d", res.Outcome, res.Record.Fence)
+	}
+	old := fenceOf(r)
+	if err := e.s.Complete(e.ctx, store.CompleteParams{FenceParams: old, Response: sampleResponse()}); !errors.Is(err, store.ErrLeaseLost) {
+		t.Fatalf("old holder Complete after takeover: %v, want ErrLeaseLost", err)
+	}
+	if err := e.s.Release(e.ctx, store.ReleaseParams{FenceParams: old, Error: "x"}); !errors.Is(err, store.ErrLeaseLost) {
+		t.Fatalf("old holder Release after takeover: %v, want ErrLeaseLost", err)
+	}
+	e.mustUnchanged(res.Record, "the old holder after a takeover")
+	// Operations on a missing record are lease-lost too.
+	missing := store.FenceParams{Scope: "s", Key: "missing", Fence: 1}
+	if err := e.s.Complete(e.ctx, store.CompleteParams{FenceParams: missing, Response: sampleResponse()}); !errors.Is(err, store.ErrLeaseLost) {
+		t.Fatalf("Complete of a missing record: %v, want ErrLeaseLost", err)
+	}
+	if _, err := e.s.Get(e.ctx, "s", "missing"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Complete of a missing record created it: %v", err)
+	}
+}
+
+func testReleaseReclaim(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	r := e.create("s", "k", "fp", store.LeaseUnknown)
+	if err := e.s.Release(e.ctx, store.ReleaseParams{FenceParams: fenceOf(r), Error: "upstream refused"}); err != nil {
+		t.Fatal(err)
+	}
+	got := e.get("s", "k")
+	if got.State != store.StateFailedRetryable || got.LastError != "upstream refused" || got.Response != nil {
+		t.Fatalf("released record: %+v", got)
+	}
+	e.clock.Advance(time.Second)
+	res := e.reserve(e.s, e.reserveP("s", "k", "fp", store.LeaseUnknown))
+	if res.Outcome != store.Reclaimed || res.Record.Fence != 2 || res.Record.Attempts != 2 || res.Record.State != store.StateInProgress {
+		t.Fatalf("reclaim: %v fence %d attempts %d state %s", res.Outcome, res.Record.Fence, res.Record.Attempts, res.Record.State)
+	}
+	wantTime(t, "LockedUntil after reclaim", res.Record.LockedUntil, e.clock.Now().Add(lease))
+	wantTime(t, "CreatedAt after reclaim", res.Record.CreatedAt, r.CreatedAt)
+	e.complete(res.Record, sampleResponse())
+	if got := e.get("s", "k"); got.State != store.StateCompleted {
+		t.Fatalf("after reclaim and complete: %s", got.State)
+	}
+}
+
+// race runs n goroutines released at once and returns their outcomes.
+func race(t *testing.T, n int, f func(i int) (store.ReserveResult, error)) []store.ReserveResult {
+	t.Helper()
+	out := make([]store.ReserveResult, n)
+	errs := make([]error, n)
+	var start, done sync.WaitGroup
+	start.Add(1)
+	for i := 0; i < n; i++ {
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			start.Wait()
+			out[i], errs[i] = f(i)
+		}()
+	}
+	start.Done()
+	done.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("racer %d: %v", i, err)
+		}
+	}
+	return out
+}
+
+func countOutcomes(res []store.ReserveResult, want store.ReserveOutcome) int {
+	n := 0
+	for _, r := range res {
+		if r.Outcome == want {
+			n++
+		}
+	}
+	return n
+}
+
+func testConcurrentReserve(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	for round := 0; round < 10; round++ {
+		key := fmt.Sprint("race-", round)
+		res := race(t, 64, func(int) (store.ReserveResult, error) {
+			return e.s.Reserve(e.ctx, e.reserveP("s", key, "fp", store.LeaseUnknown))
+		})
+		if n := countOutcomes(res, store.Created); n != 1 {
+			t.Fatalf("round %d: %d winners of 64, want 1", round, n)
+		}
+		for _, r := range res {
+			if r.Outcome == store.Existing && (r.Record.State != store.StateInProgress || r.Record.Fence != 1) {
+				t.Fatalf("round %d: loser saw %s fence %d, want in_progress 1", round, r.Record.State, r.Record.Fence)
+			}
+		}
+	}
+}
+
+func testConcurrentReclaim(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	for round := 0; round < 5; round++ {
+		key := fmt.Sprint("reclaim-", round)
+		r := e.create("s", key, "fp", store.LeaseUnknown)
+		if err := e.s.Release(e.ctx, store.ReleaseParams{FenceParams: fenceOf(r), Error: "x"}); err != nil {
+			t.Fatal(err)
+		}
+		res := race(t, 64, func(int) (store.ReserveResult, error) {
+			return e.s.Reserve(e.ctx, e.reserveP("s", key, "fp", store.LeaseUnknown))
+		})
+		if n := countOutcomes(res, store.Reclaimed); n != 1 {
+			t.Fatalf("round %d: %d reclaims of 64, want 1", round, n)
+		}
+		if got := e.get("s", key); got.Fence != 2 || got.Attempts != 2 {
+			t.Fatalf("round %d: after the reclaim race fence %d attempts %d, want 2 2", round, got.Fence, got.Attempts)
+		}
+	}
+}
+
+func testTwoHandles(t *testing.T, h Harness) {
+	if !h.Shared {
+		t.Skip("storetest: this store's handles do not share a database (not Shared)")
+	}
+	e := newEnv(t, h)
+	other := e.open(t, e.clock.Now)
+	handles := []store.Store{e.s, other}
+	for round := 0; round < 10; round++ {
+		key := fmt.Sprint("two-", round)
+		res := race(t, 64, func(i int) (store.ReserveResult, error) {
+			return handles[i%2].Reserve(e.ctx, e.reserveP("s", key, "fp", store.LeaseUnknown))
+		})
+		if n := countOutcomes(res, store.Created); n != 1 {
+			t.Fatalf("round %d: %d winners across two handles, want 1", round, n)
+		}
+	}
+	// What one handle completes, the other replays.
+	r := e.create("s", "cross", "fp", store.LeaseUnknown)
+	e.complete(r, sampleResponse())
+	res := e.reserve(other, e.reserveP("s", "cross", "fp", store.LeaseUnknown))
+	if res.Outcome != store.Existing || res.Record.State != store.StateCompleted {
+		t.Fatalf("other handle: %v %s", res.Outcome, res.Record.State)
+	}
+}
+
+func testMarkUnknown(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	r := e.create("s", "k", "fp", store.LeaseRetry)
+	e.clock.Advance(time.Second)
+	if err := e.s.MarkUnknown(e.ctx, store.ReleaseParams{FenceParams: fenceOf(r), Error: "gateway timeout"}); err != nil {
+		t.Fatal(err)
+	}
+	got := e.get("s", "k")
+	if got.State != store.StateUnknown || got.LastError != "gateway timeout" {
+		t.Fatalf("after MarkUnknown: %+v", got)
+	}
+	wantTime(t, "ReconcileAfter", got.ReconcileAfter, e.clock.Now())
+	// No client retry re-executes an unknown record, not even long after.
+	e.clock.Advance(10 * lease)
+	res := e.reserve(e.s, e.reserveP("s", "k", "fp", store.LeaseRetry))
+	if res.Outcome != store.Existing || res.Record.State != store.StateUnknown {
+		t.Fatalf("retry of an unknown record: %v %s", res.Outcome, res.Record.State)
+	}
+	e.mustUnchanged(got, "a retry of an unknown record")
+}
+
+func testExpiredUnknown(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	r := e.create("s", "k", "fp", store.LeaseUnknown)
+	e.clock.Advance(lease)
+	res := e.reserve(e.s, e.reserveP("s", "k", "fp", store.LeaseUnknown))
+	if res.Outcome != store.Existing || res.Record.State != store.StateUnknown || res.Record.LastError != "lease_expired" {
+		t.Fatalf("retry after the lease expired (policy unknown): %v %s %q", res.Outcome, res.Record.State, res.Record.LastError)
+	}
+	wantTime(t, "ReconcileAfter", res.Record.ReconcileAfter, e.clock.Now())
+	if res.Record.Fence != 1 {
+		t.Fatalf("moving to unknown changed the fence to %d", res.Record.Fence)
+	}
+	if err := e.s.Complete(e.ctx, store.CompleteParams{FenceParams: fenceOf(r), Response: sampleResponse()}); !errors.Is(err, store.ErrLeaseLost) {
+		t.Fatalf("late Complete of the dead holder: %v, want ErrLeaseLost", err)
+	}
+	// The request-side policy does not override the record's own policy.
+	r2 := e.create("s", "k2", "fp", store.LeaseUnknown)
+	_ = r2
+	e.clock.Advance(lease)
+	res = e.reserve(e.s, e.reserveP("s", "k2", "fp", store.LeaseRetry))
+	if res.Outcome != store.Existing || res.Record.State != store.StateUnknown {
+		t.Fatalf("record policy unknown, request policy retry: %v %s", res.Outcome, res.Record.State)
+	}
+}
+
+func testExpiredRetry(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	r := e.create("s", "k", "fp", store.LeaseRetry)
+	if err := e.s.Checkpoint(e.ctx, store.CheckpointParams{FenceParams: fenceOf(r), RecoveryPoint: "charged"}); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(lease)
+	res := e.reserve(e.s, e.reserveP("s", "k", "fp", store.LeaseRetry))
+	if res.Outcome != store.TakenOver || res.Record.Fence != 2 || res.Record.Attempts != 2 || res.Record.State != store.StateInProgress {
+		t.Fatalf("takeover: %v fence %d attempts %d %s", res.Outcome, res.Record.Fence, res.Record.Attempts, res.Record.State)
+	}
+	wantTime(t, "LockedUntil after takeover", res.Record.LockedUntil, e.clock.Now().Add(lease))
+	e.complete(res.Record, sampleResponse())
+	if got := e.get("s", "k"); got.State != store.StateCompleted || got.Fence != 2 {
+		t.Fatalf("after the new holder completed: %s fence %d", got.State, got.Fence)
+	}
+}
+
+func testExpiredResume(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	r := e.create("s", "k", "fp", store.LeaseResume)
+	for _, p := range []string{"ride_created", "charge_created"} {
+		if err := e.s.Checkpoint(e.ctx, store.CheckpointParams{FenceParams: fenceOf(r), RecoveryPoint: p}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := e.get("s", "k"); got.RecoveryPoint != "charge_created" {
+		t.Fatalf("RecoveryPoint = %q", got.RecoveryPoint)
+	}
+	e.clock.Advance(lease + time.Second)
+	res := e.reserve(e.s, e.reserveP("s", "k", "fp", store.LeaseResume))
+	if res.Outcome != store.TakenOver || res.Record.RecoveryPoint != "charge_created" || res.Record.Fence != 2 {
+		t.Fatalf("resume takeover: %v point %q fence %d", res.Outcome, res.Record.RecoveryPoint, res.Record.Fence)
+	}
+	if err := e.s.Checkpoint(e.ctx, store.CheckpointParams{FenceParams: fenceOf(r), RecoveryPoint: "finished"}); !errors.Is(err, store.ErrLeaseLost) {
+		t.Fatalf("dead holder's Checkpoint: %v, want ErrLeaseLost", err)
+	}
+}
+
+func testConcurrentTakeover(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	for round := 0; round < 5; round++ {
+		key := fmt.Sprint("takeover-", round)
+		e.create("s", key, "fp", store.LeaseRetry)
+		e.clock.Advance(lease)
+		res := race(t, 64, func(int) (store.ReserveResult, error) {
+			return e.s.Reserve(e.ctx, e.reserveP("s", key, "fp", store.LeaseRetry))
+		})
+		if n := countOutcomes(res, store.TakenOver); n != 1 {
+			t.Fatalf("round %d: %d takeovers of 64, want 1", round, n)
+		}
+		if got := e.get("s", key); got.Fence != 2 {
+			t.Fatalf("round %d: fence %d after the takeover race, want 2", round, got.Fence)
+		}
+	}
+}
+
+func testExtend(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	r := e.create("s", "k", "fp", store.LeaseRetry)
+	e.clock.Advance(lease - time.Second)
+	if err := e.s.Extend(e.ctx, store.ExtendParams{FenceParams: fenceOf(r), Lease: lease}); err != nil {
+		t.Fatal(err)
+	}
+	wantTime(t, "LockedUntil after Extend", e.get("s", "k").LockedUntil, e.clock.Now().Add(lease))
+	e.clock.Advance(lease - time.Second) // past the first lease, inside the renewed one
+	res := e.reserve(e.s, e.reserveP("s", "k", "fp", store.LeaseRetry))
+	if res.Outcome != store.Existing || res.Record.State != store.StateInProgress {
+		t.Fatalf("renewed lease taken over: %v %s", res.Outcome, res.Record.State)
+	}
+	e.complete(r, sampleResponse())
+}
+
+func testTerminalExpiry(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	r := e.create("s", "k", "fp", store.LeaseUnknown)
+	e.complete(r, sampleResponse())
+	f := e.create("s", "f", "fp", store.LeaseUnknown)
+	if err := e.s.Release(e.ctx, store.ReleaseParams{FenceParams: fenceOf(f), Error: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(ttl - time.Microsecond)
+	if res := e.reserve(e.s, e.reserveP("s", "k", "fp", store.LeaseUnknown)); res.Outcome != store.Existing {
+		t.Fatalf("inside the retention window: %v", res.Outcome)
+	}
+	e.clock.Advance(time.Microsecond)
+	// Past ExpiresAt a terminal record is absent, whatever the fingerprint.
+	res := e.reserve(e.s, e.reserveP("s", "k", "new-fp", store.LeaseUnknown))
+	if res.Outcome != store.Created || res.Record.Fingerprint != "new-fp" || res.Record.Response != nil ||
+		res.Record.Fence != 2 || res.Record.Attempts != 1 || res.Record.State != store.StateInProgress {
+		t.Fatalf("past expiry: %v %+v", res.Outcome, res.Record)
+	}
+	wantTime(t, "ExpiresAt of the new record", res.Record.ExpiresAt, e.clock.Now().Add(ttl))
+	wantTime(t, "CreatedAt of the new record", res.Record.CreatedAt, e.clock.Now())
+	res = e.reserve(e.s, e.reserveP("s", "f", "fp", store.LeaseUnknown))
+	if res.Outcome != store.Created || res.Record.Attempts != 1 {
+		t.Fatalf("failed_retryable past expiry: %v attempts %d", res.Outcome, res.Record.Attempts)
+	}
+	// In-progress and unknown records never expire into absence on Reserve.
+	u := e.create("s", "u", "fp", store.LeaseUnknown)
+	if err := e.s.MarkUnknown(e.ctx, store.ReleaseParams{FenceParams: fenceOf(u), Error: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(2 * ttl)
+	if res := e.reserve(e.s, e.reserveP("s", "u", "fp", store.LeaseUnknown)); res.Outcome != store.Existing || res.Record.State != store.StateUnknown {
+		t.Fatalf("unknown past expiry: %v %s", res.Outcome, res.Record.State)
+	}
+}
+
+var abandoned = store.Response{
+	Status: 504,
+	Header: http.Header{"Content-Type": {"application/problem+json"}},
+	Body:   []byte(`{"type":"abandoned"}`),
+}
+
+func testReap(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	done := e.create("s", "done", "fp", store.LeaseUnknown)
+	e.complete(done, sampleResponse())
+	failed := e.create("s", "failed", "fp", store.LeaseUnknown)
+	if err := e.s.Release(e.ctx, store.ReleaseParams{FenceParams: fenceOf(failed), Error: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	stuck := e.create("s", "stuck", "fp", store.LeaseRetry)
+	unk := e.create("s", "unknown", "fp", store.LeaseUnknown)
+	if err := e.s.MarkUnknown(e.ctx, store.ReleaseParams{FenceParams: fenceOf(unk), Error: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(ttl / 2)
+	young := e.create("s", "young", "fp", store.LeaseUnknown)
+	e.complete(young, sampleResponse())
+	live := e.create("s", "live", "fp", store.LeaseUnknown)
+
+	p := store.ReapParams{Limit: 100, Abandoned: abandoned, AbandonedTTL: time.Hour}
+	if res, err := e.s.Reap(e.ctx, p); err != nil || res != (store.ReapResult{}) {
+		t.Fatalf("Reap before anything expired: %+v %v", res, err)
+	}
+	e.clock.Advance(ttl / 2)
+	res, err := e.s.Reap(e.ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Deleted != 2 || res.Abandoned != 2 {
+		t.Fatalf("Reap: %+v, want 2 deleted and 2 abandoned", res)
+	}
+	for _, k := range []string{"done", "failed"} {
+		if _, err := e.s.Get(e.ctx, "s", k); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("%s after Reap: %v, want ErrNotFound", k, err)
+		}
+	}
+	for _, k := range []string{"stuck", "unknown"} {
+		got := e.get("s", k)
+		if got.State != store.StateCompleted || got.LastError != "abandoned" || !sameResponse(got.Response, &abandoned) {
+			t.Fatalf("%s after Reap: %+v", k, got)
+		}
+		wantTime(t, k+" ExpiresAt", got.ExpiresAt, e.clock.Now().Add(time.Hour))
+	}
+	_ = stuck
+	e.mustUnchanged(e.get("s", "young"), "Reap")
+	if got := e.get("s", "live"); got.State != store.StateInProgress {
+		t.Fatalf("Reap touched a live record: %s", got.State)
+	}
+	_ = live
+	// The abandoned holder cannot complete afterwards.
+	if err := e.s.Complete(e.ctx, store.CompleteParams{FenceParams: fenceOf(stuck), Response: sampleResponse()}); !errors.Is(err, store.ErrLeaseLost) {
+		t.Fatalf("Complete after abandonment: %v", err)
+	}
+}
+
+func testReapSoft(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	done := e.create("s", "done", "fp", store.LeaseUnknown)
+	e.complete(done, sampleResponse())
+	e.clock.Advance(ttl)
+	res, err := e.s.Reap(e.ctx, store.ReapParams{Limit: 10, Soft: true, Abandoned: abandoned, AbandonedTTL: time.Hour})
+	if err != nil || res.Deleted != 1 {
+		t.Fatalf("soft Reap: %+v %v", res, err)
+	}
+	got := e.get("s", "done")
+	if got.State != store.StateExpired {
+		t.Fatalf("soft-reaped record: %s, want expired", got.State)
+	}
+	// Reaping again does not count it twice.
+	if res, err := e.s.Reap(e.ctx, store.ReapParams{Limit: 10, Soft: true, Abandoned: abandoned, AbandonedTTL: time.Hour}); err != nil || res.Deleted != 0 {
+		t.Fatalf("second soft Reap: %+v %v", res, err)
+	}
+	r := e.reserve(e.s, e.reserveP("s", "done", "other", store.LeaseUnknown))
+	if r.Outcome != store.Created || r.Record.Fence != done.Fence+1 {
+		t.Fatalf("Reserve over an expired record: %v fence %d", r.Outcome, r.Record.Fence)
+	}
+}
+
+func testReapBounded(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	for i := 0; i < 10; i++ {
+		r := e.create("s", fmt.Sprint("k", i), "fp", store.LeaseUnknown)
+		e.complete(r, sampleResponse())
+	}
+	e.clock.Advance(ttl)
+	total := 0
+	for i := 0; i < 10; i++ {
+		res, err := e.s.Reap(e.ctx, store.ReapParams{Limit: 3, Abandoned: abandoned, AbandonedTTL: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Deleted+res.Abandoned > 3 {
+			t.Fatalf("Reap with Limit 3 changed %d records", res.Deleted+res.Abandoned)
+		}
+		total += res.Deleted
+		if res.Deleted == 0 {
+			break
+		}
+	}
+	if total != 10 {
+		t.Fatalf("batched Reap deleted %d of 10", total)
+	}
+}
+
+func testSweep(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	var zombies []store.Record
+	for i := 0; i < 5; i++ {
+		zombies = append(zombies, e.create("s", fmt.Sprint("z", i), "fp", store.LeaseUnknown))
+	}
+	retry := e.create("s", "retry", "fp", store.LeaseRetry)
+	e.clock.Advance(lease)
+	live := e.create("s", "live", "fp", store.LeaseUnknown)
+	got, err := e.s.SweepExpiredLeases(e.ctx, store.SweepParams{Limit: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 {
+		t.Fatalf("sweep with Limit 3 returned %d", len(got))
+	}
+	more, err := e.s.SweepExpiredLeases(e.ctx, store.SweepParams{Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(more) != 2 {
+		t.Fatalf("second sweep returned %d, want 2", len(more))
+	}
+	for _, z := range zombies {
+		r := e.get(z.Scope, z.Key)
+		if r.State != store.StateUnknown || r.LastError != "lease_expired" {
+			t.Fatalf("swept %s: %s %q", z.Key, r.State, r.LastError)
+		}
+		wantTime(t, "ReconcileAfter", r.ReconcileAfter, e.clock.Now())
+	}
+	for _, r := range append(got, more...) {
+		if r.State != store.StateUnknown {
+			t.Fatalf("sweep returned a record in state %s", r.State)
+		}
+	}
+	e.mustUnchanged(retry, "the sweep (policy retry)")
+	e.mustUnchanged(live, "the sweep (live lease)")
+	if again, err := e.s.SweepExpiredLeases(e.ctx, store.SweepParams{Limit: 100}); err != nil || len(again) != 0 {
+		t.Fatalf("third sweep: %d records, %v", len(again), err)
+	}
+}
+
+func testSweepRace(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	const n = 40
+	for i := 0; i < n; i++ {
+		e.create("s", fmt.Sprint("z", i), "fp", store.LeaseUnknown)
+	}
+	e.clock.Advance(lease)
+	handles := []store.Store{e.s, e.s}
+	if h.Shared {
+		handles[1] = e.open(t, e.clock.Now)
+	}
+	var total atomic.Int64
+	seen := sync.Map{}
+	var wg sync.WaitGroup
+	errc := make(chan error, 8)
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				recs, err := handles[w%2].SweepExpiredLeases(e.ctx, store.SweepParams{Limit: 4})
+				if err != nil {
+					errc <- err
+					return
+				}
+				if len(recs) == 0 {
+					return
+				}
+				for _, r := range recs {
+					if _, dup := seen.LoadOrStore(r.Key, true); dup {
+						errc <- fmt.Errorf("record %s swept twice", r.Key)
+						return
+					}
+				}
+				total.Add(int64(len(recs)))
+			}
+		}()
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Fatal(err)
+	}
+	if total.Load() != n {
+		t.Fatalf("racing sweepers reset %d records, want %d", total.Load(), n)
+	}
+}
+
+func testReconcile(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	for i := 0; i < 3; i++ {
+		r := e.create("s", fmt.Sprint("u", i), "fp", store.LeaseUnknown)
+		if err := e.s.MarkUnknown(e.ctx, store.ReleaseParams{FenceParams: fenceOf(r), Error: "timeout"}); err != nil {
+			t.Fatal(err)
+		}
+		e.clock.Advance(time.Second)
+	}
+	e.create("s", "busy", "fp", store.LeaseUnknown)
+	list, err := e.s.ListUnknown(e.ctx, store.ListUnknownParams{DueOnly: true, Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 3 || list[0].Key != "u0" || list[2].Key != "u2" {
+		t.Fatalf("ListUnknown: %d records %v", len(list), keys(list))
+	}
+	// Defer u0: it is no longer due, and its attempts grow.
+	if err := e.s.Defer(e.ctx, store.DeferParams{Scope: "s", Key: "u0", Delay: time.Minute, Error: "provider 500"}); err != nil {
+		t.Fatal(err)
+	}
+	d := e.get("s", "u0")
+	if d.ReconcileAttempts != 1 || d.LastError != "provider 500" || d.State != store.StateUnknown {
+		t.Fatalf("deferred: %+v", d)
+	}
+	wantTime(t, "ReconcileAfter after Defer", d.ReconcileAfter, e.clock.Now().Add(time.Minute))
+	list, _ = e.s.ListUnknown(e.ctx, store.ListUnknownParams{DueOnly: true, Limit: 10})
+	if len(list) != 2 || list[0].Key != "u1" {
+		t.Fatalf("due after Defer: %v", keys(list))
+	}
+	all, _ := e.s.ListUnknown(e.ctx, store.ListUnknownParams{Limit: 10})
+	if len(all) != 3 {
+		t.Fatalf("all unknown: %v", keys(all))
+	}
+	if l, _ := e.s.ListUnknown(e.ctx, store.ListUnknownParams{Limit: 1}); len(l) != 1 {
+		t.Fatalf("ListUnknown Limit 1 returned %d", len(l))
+	}
+	// Resolve to completed: the retry replays the resolved response.
+	resp := sampleResponse()
+	if err := e.s.Resolve(e.ctx, store.ResolveParams{Scope: "s", Key: "u1", To: store.StateCompleted, Response: &resp}); err != nil {
+		t.Fatal(err)
+	}
+	res := e.reserve(e.s, e.reserveP("s", "u1", "fp", store.LeaseUnknown))
+	if res.Outcome != store.Existing || res.Record.State != store.StateCompleted || !sameResponse(res.Record.Response, &resp) {
+		t.Fatalf("after Resolve completed: %v %+v", res.Outcome, res.Record)
+	}
+	if res.Record.CompletedAt.IsZero() {
+		t.Fatal("resolved record has no CompletedAt")
+	}
+	// Resolve to retryable: the retry executes again.
+	if err := e.s.Resolve(e.ctx, store.ResolveParams{Scope: "s", Key: "u2", To: store.StateFailedRetryable}); err != nil {
+		t.Fatal(err)
+	}
+	res = e.reserve(e.s, e.reserveP("s", "u2", "fp", store.LeaseUnknown))
+	if res.Outcome != store.Reclaimed || res.Record.Fence != 2 {
+		t.Fatalf("after Resolve retryable: %v fence %d", res.Outcome, res.Record.Fence)
+	}
+	// Only unknown records resolve.
+	if err := e.s.Resolve(e.ctx, store.ResolveParams{Scope: "s", Key: "busy", To: store.StateFailedRetryable}); !errors.Is(err, store.ErrStateConflict) {
+		t.Fatalf("Resolve of an in_progress record: %v, want ErrStateConflict", err)
+	}
+	if err := e.s.Resolve(e.ctx, store.ResolveParams{Scope: "s", Key: "nope", To: store.StateFailedRetryable}); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Resolve of a missing record: %v, want ErrNotFound", err)
+	}
+	if err := e.s.Defer(e.ctx, store.DeferParams{Scope: "s", Key: "busy", Delay: time.Minute}); !errors.Is(err, store.ErrStateConflict) {
+		t.Fatalf("Defer of an in_progress record: %v, want ErrStateConflict", err)
+	}
+	if err := e.s.Resolve(e.ctx, store.ResolveParams{Scope: "s", Key: "u0", To: store.StateCompleted}); !errors.Is(err, store.ErrInvalidParams) {
+		t.Fatalf("Resolve to completed without a response: %v, want ErrInvalidParams", err)
+	}
+}
+
+func keys(rs []store.Record) []string {
+	out := make([]string, len(rs))
+	for i, r := range rs {
+		out[i] = r.Key
+	}
+	return out
+}
+
+func testGetDelete(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	if _, err := e.s.Get(e.ctx, "s", "k"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Get of a missing record: %v", err)
+	}
+	if err := e.s.Delete(e.ctx, "s", "k"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Delete of a missing record: %v", err)
+	}
+	r := e.create("s", "k", "fp", store.LeaseUnknown)
+	e.complete(r, sampleResponse())
+	if err := e.s.Delete(e.ctx, "s", "k"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.s.Get(e.ctx, "s", "k"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Get after Delete: %v", err)
+	}
+	if res := e.reserve(e.s, e.reserveP("s", "k", "fp2", store.LeaseUnknown)); res.Outcome != store.Created {
+		t.Fatalf("Reserve after Delete: %v", res.Outcome)
+	}
+}
+
+func testDurable(t *testing.T, h Harness) {
+	if !h.Durable {
+		t.Skip("storetest: this store keeps nothing across a reopen (not Durable)")
+	}
+	t.Parallel()
+	open := h.NewDatabase(t)
+	c := NewClock()
+	s := open(t, c.Now)
+	ctx := context.Background()
+	res, err := s.Reserve(ctx, store.ReserveParams{Scope: "s", Key: "k", Fingerprint: "fp", Lease: lease, TTL: ttl, LeasePolicy: store.LeaseUnknown})
+	if err != nil || res.Outcome != store.Created {
+		t.Fatalf("Reserve: %v %v", res.Outcome, err)
+	}
+	resp := sampleResponse()
+	if err := s.Complete(ctx, store.CompleteParams{FenceParams: fenceOf(res.Record), Response: resp}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	s2 := open(t, c.Now)
+	res, err = s2.Reserve(ctx, store.ReserveParams{Scope: "s", Key: "k", Fingerprint: "fp", Lease: lease, TTL: ttl, LeasePolicy: store.LeaseUnknown})
+	if err != nil || res.Outcome != store.Existing || !sameResponse(res.Record.Response, &resp) {
+		t.Fatalf("after reopen: %v %+v %v", res.Outcome, res.Record, err)
+	}
+}
+
+func testInvalid(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	bad := []store.ReserveParams{
+		{Scope: "", Key: "k", Fingerprint: "fp", Lease: lease, TTL: ttl, LeasePolicy: store.LeaseUnknown},
+		{Scope: "s", Key: "", Fingerprint: "fp", Lease: lease, TTL: ttl, LeasePolicy: store.LeaseUnknown},
+		{Scope: "s", Key: "k", Fingerprint: "", Lease: lease, TTL: ttl, LeasePolicy: store.LeaseUnknown},
+		{Scope: "s", Key: "k", Fingerprint: "fp", Lease: 0, TTL: ttl, LeasePolicy: store.LeaseUnknown},
+		{Scope: "s", Key: "k", Fingerprint: "fp", Lease: lease, TTL: ttl, LeasePolicy: "sometimes"},
+	}
+	for i, p := range bad {
+		if _, err := e.s.Reserve(e.ctx, p); !errors.Is(err, store.ErrInvalidParams) {
+			t.Fatalf("case %d: Reserve(%+v) = %v, want ErrInvalidParams", i, p, err)
+		}
+	}
+	if _, err := e.s.SweepExpiredLeases(e.ctx, store.SweepParams{Limit: 0}); !errors.Is(err, store.ErrInvalidParams) {
+		t.Fatalf("Sweep with Limit 0: %v", err)
+	}
+	if _, err := e.s.Reap(e.ctx, store.ReapParams{Limit: 0, Abandoned: abandoned, AbandonedTTL: time.Hour}); !errors.Is(err, store.ErrInvalidParams) {
+		t.Fatalf("Reap with Limit 0: %v", err)
+	}
+	if _, err := e.s.ListUnknown(e.ctx, store.ListUnknownParams{Limit: 0}); !errors.Is(err, store.ErrInvalidParams) {
+		t.Fatalf("ListUnknown with Limit 0: %v", err)
+	}
+}
+
+func testStoreClock(t *testing.T, h Harness) {
+	t.Parallel()
+	s := h.NewDatabase(t)(t, nil)
+	before := time.Now()
+	res, err := s.Reserve(context.Background(), store.ReserveParams{Scope: "s", Key: "k", Fingerprint: "fp", Lease: lease, TTL: ttl, LeasePolicy: store.LeaseUnknown})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The store's own clock (a database server's) may differ from ours by a
+	// little; it must not be another epoch or time zone.
+	if d := res.Record.CreatedAt.Sub(before); d < -time.Minute || d > time.Minute {
+		t.Fatalf("store clock: CreatedAt %v is %v away from now", res.Record.CreatedAt, d)
+	}
+	if d := res.Record.LockedUntil.Sub(res.Record.CreatedAt); d != lease {
+		t.Fatalf("store clock: lease of %v, want %v", d, lease)
+	}
+	if loc := res.Record.CreatedAt.Location(); loc != time.UTC {
+		t.Fatalf("store clock: times in %v, want UTC", loc)
+	}
+}
+
+func testCancelled(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := e.s.Reserve(ctx, e.reserveP("s", "k", "fp", store.LeaseUnknown)); err == nil {
+		t.Fatal("Reserve with a cancelled context succeeded")
+	}
+	if _, err := e.s.Get(ctx, "s", "k"); err == nil || errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Get with a cancelled context: %v, want the context error", err)
+	}
 }
