@@ -1,0 +1,357 @@
+// Package memory is an in-process idem store for tests and single-process
+// services. It keeps nothing across a restart; use the sqlite store for an
+// embedded durable one.
+package memory
+
+import (
+	"context"
+	"errors"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/idem-go/idem/store"
+)
+
+var _ store.Store = (*Store)(nil)
+
+// Config configures a memory store.
+type Config struct {
+	// Clock overrides the process clock (tests). Defaults to time.Now.
+	Clock store.Clock
+}
+
+type id struct{ scope, key string }
+
+// Store is a map behind one mutex: every transition is trivially atomic.
+// Responses are kept by reference: the engine hands over ownership of the
+// body and headers at Complete and never modifies them afterwards, and
+// callers must not modify the records they get back.
+type Store struct {
+	clock store.Clock
+	mu    sync.Mutex
+	recs  map[id]*store.Record
+}
+
+// New returns an empty store.
+func New(cfg Config) *Store {
+	c := cfg.Clock
+	if c == nil {
+		c = time.Now
+	}
+	return &Store{clock: c, recs: make(map[id]*store.Record)}
+}
+
+func (s *Store) now() time.Time { return s.clock().UTC() }
+
+// Reserve implements store.Store.
+func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.ReserveResult, error) {
+	if err := p.Validate(); err != nil {
+		return store.ReserveResult{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return store.ReserveResult{}, err
+	}
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := id{p.Scope, p.Key}
+	r := s.recs[k]
+	fresh := func(fence int64) store.ReserveResult {
+		n := &store.Record{
+			Scope: p.Scope, Key: p.Key, Fingerprint: p.Fingerprint,
+			State: store.StateInProgress, Fence: fence, LeasePolicy: p.LeasePolicy,
+			LockedUntil: now.Add(p.Lease), Attempts: 1,
+			CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(p.TTL),
+		}
+		s.recs[k] = n
+		return store.ReserveResult{Outcome: store.Created, Record: *n}
+	}
+	switch {
+	case r == nil:
+		return fresh(1), nil
+	case r.State == store.StateExpired || (r.State.Terminal() && !now.Before(r.ExpiresAt)):
+		return fresh(r.Fence + 1), nil
+	case r.Fingerprint != p.Fingerprint:
+		return store.ReserveResult{Outcome: store.Existing, Record: *r}, nil
+	case r.State == store.StateFailedRetryable:
+		s.take(r, now, p.Lease)
+		return store.ReserveResult{Outcome: store.Reclaimed, Record: *r}, nil
+	case r.LeaseExpired(now):
+		if r.LeasePolicy == store.LeaseUnknown {
+			toUnknown(r, now, "lease_expired")
+			return store.ReserveResult{Outcome: store.Existing, Record: *r}, nil
+		}
+		s.take(r, now, p.Lease)
+		return store.ReserveResult{Outcome: store.TakenOver, Record: *r}, nil
+	}
+	return store.ReserveResult{Outcome: store.Existing, Record: *r}, nil
+}
+
+func (s *Store) take(r *store.Record, now time.Time, lease time.Duration) {
+	r.State = store.StateInProgress
+	r.Fence++
+	r.Attempts++
+	r.LockedUntil = now.Add(lease)
+	r.LastError = ""
+	r.UpdatedAt = now
+}
+
+func toUnknown(r *store.Record, now time.Time, why string) {
+	r.State = store.StateUnknown
+	r.LastError = why
+	r.ReconcileAfter = now
+	r.UpdatedAt = now
+}
+
+// held runs f on the record if the caller holds its lease.
+func (s *Store) held(ctx context.Context, fp store.FenceParams, f func(r *store.Record, now time.Time)) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.recs[id{fp.Scope, fp.Key}]
+	if r == nil || r.State != store.StateInProgress || r.Fence != fp.Fence {
+		return store.ErrLeaseLost
+	}
+	f(r, now)
+	r.UpdatedAt = now
+	return nil
+}
+
+// Complete implements store.Store.
+func (s *Store) Complete(ctx context.Context, p store.CompleteParams) error {
+	return s.held(ctx, p.FenceParams, func(r *store.Record, now time.Time) {
+		complete(r, now, p.Response, p.TTL)
+	})
+}
+
+func complete(r *store.Record, now time.Time, resp store.Response, ttl time.Duration) {
+	r.State = store.StateCompleted
+	r.Response = &resp
+	r.CompletedAt = now
+	if ttl > 0 {
+		r.ExpiresAt = now.Add(ttl)
+	}
+}
+
+// Release implements store.Store.
+func (s *Store) Release(ctx context.Context, p store.ReleaseParams) error {
+	return s.held(ctx, p.FenceParams, func(r *store.Record, now time.Time) {
+		r.State = store.StateFailedRetryable
+		r.LastError = p.Error
+	})
+}
+
+// MarkUnknown implements store.Store.
+func (s *Store) MarkUnknown(ctx context.Context, p store.ReleaseParams) error {
+	return s.held(ctx, p.FenceParams, func(r *store.Record, now time.Time) {
+		toUnknown(r, now, p.Error)
+	})
+}
+
+// Checkpoint implements store.Store.
+func (s *Store) Checkpoint(ctx context.Context, p store.CheckpointParams) error {
+	return s.held(ctx, p.FenceParams, func(r *store.Record, now time.Time) {
+		r.RecoveryPoint = p.RecoveryPoint
+	})
+}
+
+// Extend implements store.Store.
+func (s *Store) Extend(ctx context.Context, p store.ExtendParams) error {
+	return s.held(ctx, p.FenceParams, func(r *store.Record, now time.Time) {
+		r.LockedUntil = now.Add(p.Lease)
+	})
+}
+
+// Get implements store.Store.
+func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return store.Record{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.recs[id{scope, key}]
+	if r == nil {
+		return store.Record{}, store.ErrNotFound
+	}
+	return *r, nil
+}
+
+// Delete implements store.Store.
+func (s *Store) Delete(ctx context.Context, scope, key string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := id{scope, key}
+	if s.recs[k] == nil {
+		return store.ErrNotFound
+	}
+	delete(s.recs, k)
+	return nil
+}
+
+var errLimit = errors.Join(store.ErrInvalidParams, errors.New("limit must be positive"))
+
+// SweepExpiredLeases implements store.Store.
+func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]store.Record, error) {
+	if p.Limit <= 0 {
+		return nil, errLimit
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []store.Record
+	for _, r := range s.sorted(func(r *store.Record) bool {
+		return r.LeaseExpired(now) && r.LeasePolicy == store.LeaseUnknown
+	}, func(r *store.Record) time.Time { return r.LockedUntil }) {
+		if len(out) == p.Limit {
+			break
+		}
+		toUnknown(r, now, "lease_expired")
+		out = append(out, *r)
+	}
+	return out, nil
+}
+
+// sorted returns the records matching keep ordered by the time by returns.
+// The memory store is for tests and small services, so a scan is fine.
+func (s *Store) sorted(keep func(*store.Record) bool, by func(*store.Record) time.Time) []*store.Record {
+	var rs []*store.Record
+	for _, r := range s.recs {
+		if keep(r) {
+			rs = append(rs, r)
+		}
+	}
+	sort.Slice(rs, func(i, j int) bool {
+		ti, tj := by(rs[i]), by(rs[j])
+		if !ti.Equal(tj) {
+			return ti.Before(tj)
+		}
+		if rs[i].Scope != rs[j].Scope {
+			return rs[i].Scope < rs[j].Scope
+		}
+		return rs[i].Key < rs[j].Key
+	})
+	return rs
+}
+
+// Reap implements store.Store.
+func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult, error) {
+	var res store.ReapResult
+	if p.Limit <= 0 {
+		return res, errLimit
+	}
+	if err := ctx.Err(); err != nil {
+		return res, err
+	}
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	due := s.sorted(func(r *store.Record) bool {
+		return r.State != store.StateExpired && !now.Before(r.ExpiresAt)
+	}, func(r *store.Record) time.Time { return r.ExpiresAt })
+	for _, r := range due {
+		if res.Deleted+res.Abandoned == p.Limit {
+			break
+		}
+		switch {
+		case r.State.Terminal() && p.Soft:
+			r.State = store.StateExpired
+			r.UpdatedAt = now
+			res.Deleted++
+		case r.State.Terminal():
+			delete(s.recs, id{r.Scope, r.Key})
+			res.Deleted++
+		default: // in_progress or unknown: abandoned
+			complete(r, now, p.Abandoned, p.AbandonedTTL)
+			r.LastError = "abandoned"
+			r.UpdatedAt = now
+			res.Abandoned++
+		}
+	}
+	return res, nil
+}
+
+// ListUnknown implements store.Store.
+func (s *Store) ListUnknown(ctx context.Context, p store.ListUnknownParams) ([]store.Record, error) {
+	if p.Limit <= 0 {
+		return nil, errLimit
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []store.Record
+	for _, r := range s.sorted(func(r *store.Record) bool {
+		return r.State == store.StateUnknown && (!p.DueOnly || !now.Before(r.ReconcileAfter))
+	}, func(r *store.Record) time.Time { return r.ReconcileAfter }) {
+		if len(out) == p.Limit {
+			break
+		}
+		out = append(out, *r)
+	}
+	return out, nil
+}
+
+// unknown runs f on an unknown record.
+func (s *Store) unknown(ctx context.Context, scope, key string, f func(r *store.Record, now time.Time)) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.recs[id{scope, key}]
+	switch {
+	case r == nil:
+		return store.ErrNotFound
+	case r.State != store.StateUnknown:
+		return store.ErrStateConflict
+	}
+	f(r, now)
+	r.UpdatedAt = now
+	return nil
+}
+
+// Resolve implements store.Store.
+func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	return s.unknown(ctx, p.Scope, p.Key, func(r *store.Record, now time.Time) {
+		r.ReconcileAfter = time.Time{}
+		if p.To == store.StateCompleted {
+			complete(r, now, *p.Response, p.TTL)
+			return
+		}
+		r.State = store.StateFailedRetryable
+		if p.TTL > 0 {
+			r.ExpiresAt = now.Add(p.TTL)
+		}
+	})
+}
+
+// Defer implements store.Store.
+func (s *Store) Defer(ctx context.Context, p store.DeferParams) error {
+	return s.unknown(ctx, p.Scope, p.Key, func(r *store.Record, now time.Time) {
+		r.ReconcileAttempts++
+		r.ReconcileAfter = now.Add(p.Delay)
+		r.LastError = p.Error
+	})
+}
+
+// Ping implements store.Store.
+func (s *Store) Ping(ctx context.Context) error { return ctx.Err() }
+
+// Close implements store.Store.
+func (s *Store) Close() error { return nil }
