@@ -1,0 +1,200 @@
+package idem
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/idem-go/idem/store"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// Profile selects the HTTP dialect of the engine's own responses.
+type Profile string
+
+const (
+	// ProfileIETF follows draft-ietf-httpapi-idempotency-key-header: a
+	// missing key on a protected method is 400, a key reused with another
+	// request is 422, errors are RFC 9457 problem details.
+	ProfileIETF Profile = "ietf"
+	// ProfileStripe follows Stripe's API: a missing key passes through, a
+	// reused key is 400, errors use {"error":{"type":"idempotency_error"}}.
+	ProfileStripe Profile = "stripe"
+)
+
+// Config configures an Engine. The zero value is valid: every field has a
+// documented default, applied by New. Fields the profile decides
+// (KeyRequired, MismatchStatus) are pointers so that an explicit choice
+// overrides the profile.
+type Config struct {
+	// Profile is the HTTP dialect. Defaults to ProfileIETF.
+	Profile Profile
+
+	// Methods are the protected methods; other methods pass through
+	// untouched, with or without a key. Defaults to POST and PATCH.
+	Methods []string
+
+	// KeyRequired: a protected request without Idempotency-Key is refused
+	// with 400 instead of passing through. Defaults to true under
+	// ProfileIETF and false under ProfileStripe.
+	KeyRequired *bool
+
+	// MismatchStatus is the status for a key reused with a different
+	// request. Defaults to 422 under ProfileIETF and 400 under
+	// ProfileStripe.
+	MismatchStatus int
+
+	// TTL is how long a completed response is replayed. Defaults to 24h.
+	TTL time.Duration
+
+	// Lease is how long an execution holds its key before it must renew;
+	// the engine renews it every Lease/3 while the handler runs, so only a
+	// dead or cut-off holder loses it. Defaults to 30s.
+	Lease time.Duration
+
+	// LeasePolicy decides what a retry finds after the holder died.
+	// Defaults to store.LeaseUnknown.
+	LeasePolicy store.LeasePolicy
+
+	// MaxBodyBytes bounds the request body read for the fingerprint;
+	// larger bodies get 413. Defaults to 1 MiB.
+	MaxBodyBytes int64
+
+	// MaxResponseBytes bounds the response body kept for replay. A larger
+	// response is still delivered, and the record keeps only its status and
+	// headers; replays say the body was not kept. Defaults to 1 MiB.
+	MaxResponseBytes int
+
+	// StoreServerErrors keeps 5xx and the transient 4xx (408, 425, 429) as
+	// the final answer (Stripe v1 behaviour) instead of releasing the key
+	// for another attempt. Defaults to false.
+	StoreServerErrors bool
+
+	// Wait, when positive, makes a duplicate of an in-flight request wait up
+	// to Wait for the original to finish and then replay its response,
+	// instead of answering 409 at once. Defaults to 0 (answer at once).
+	Wait time.Duration
+
+	// RetryAfter is the Retry-After sent with 409 and 503. Defaults to 1s.
+	RetryAfter time.Duration
+
+	// StoreTimeout bounds every store call; a call that takes longer fails
+	// closed with 503 before the handler runs. Defaults to 5s.
+	StoreTimeout time.Duration
+
+	// Fields, when set, fingerprints only these top-level JSON members (or
+	// form keys) instead of the whole body. Defaults to the whole body.
+	Fields []string
+
+	// Secret keys the fingerprint (HMAC-SHA-256) so stored fingerprints do
+	// not reveal request contents. Defaults to plain SHA-256.
+	Secret []byte
+
+	// Tenant returns the caller's tenant, taken from authentication (never
+	// from the body); keys of two tenants never meet. Defaults to one
+	// shared tenant "".
+	Tenant func(*http.Request) string
+
+	// Route returns the route of a request for the scope and fingerprint.
+	// Defaults to r.Pattern when the mux set it (the middleware sits inside
+	// the mux), else the URL path.
+	Route func(*http.Request) string
+
+	// Logger receives state-change events. Defaults to slog.Default().
+	Logger *slog.Logger
+
+	// MeterProvider receives the engine's metrics. Defaults to the global
+	// OpenTelemetry provider (a no-op until the application installs one).
+	MeterProvider metric.MeterProvider
+}
+
+// settings is a Config with every default applied.
+type settings struct {
+	Config
+	keyRequired bool
+	methods     map[string]bool
+}
+
+func (c Config) withDefaults() (settings, error) {
+	if c.Profile == "" {
+		c.Profile = ProfileIETF
+	}
+	var errs []error
+	if c.Profile != ProfileIETF && c.Profile != ProfileStripe {
+		errs = append(errs, fmt.Errorf("idem: unknown profile %q (want ietf or stripe)", c.Profile))
+	}
+	if len(c.Methods) == 0 {
+		c.Methods = []string{http.MethodPost, http.MethodPatch}
+	}
+	s := settings{methods: map[string]bool{}}
+	for _, m := range c.Methods {
+		s.methods[strings.ToUpper(m)] = true
+	}
+	s.keyRequired = c.Profile == ProfileIETF
+	if c.KeyRequired != nil {
+		s.keyRequired = *c.KeyRequired
+	}
+	if c.MismatchStatus == 0 {
+		c.MismatchStatus = http.StatusUnprocessableEntity
+		if c.Profile == ProfileStripe {
+			c.MismatchStatus = http.StatusBadRequest
+		}
+	}
+	if c.MismatchStatus < 400 || c.MismatchStatus > 499 {
+		errs = append(errs, fmt.Errorf("idem: MismatchStatus %d is not a 4xx status", c.MismatchStatus))
+	}
+	def := func(d *time.Duration, v time.Duration, name string) {
+		if *d == 0 {
+			*d = v
+		}
+		if *d < 0 {
+			errs = append(errs, fmt.Errorf("idem: %s must not be negative", name))
+		}
+	}
+	def(&c.TTL, 24*time.Hour, "TTL")
+	def(&c.Lease, 30*time.Second, "Lease")
+	def(&c.RetryAfter, time.Second, "RetryAfter")
+	def(&c.StoreTimeout, 5*time.Second, "StoreTimeout")
+	if c.Wait < 0 {
+		errs = append(errs, errors.New("idem: Wait must not be negative"))
+	}
+	if c.LeasePolicy == "" {
+		c.LeasePolicy = store.LeaseUnknown
+	}
+	if !c.LeasePolicy.Valid() {
+		errs = append(errs, fmt.Errorf("idem: unknown LeasePolicy %q (want unknown, retry or resume)", c.LeasePolicy))
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = 1 << 20
+	}
+	if c.MaxResponseBytes == 0 {
+		c.MaxResponseBytes = 1 << 20
+	}
+	if c.MaxBodyBytes < 0 || c.MaxResponseBytes < 0 {
+		errs = append(errs, errors.New("idem: MaxBodyBytes and MaxResponseBytes must not be negative"))
+	}
+	if c.Tenant == nil {
+		c.Tenant = func(*http.Request) string { return "" }
+	}
+	if c.Route == nil {
+		c.Route = defaultRoute
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	s.Config = c
+	return s, errors.Join(errs...)
+}
+
+func defaultRoute(r *http.Request) string {
+	if r.Pattern != "" {
+		return r.Pattern
+	}
+	return r.URL.Path
+}
+
+// Bool returns a pointer to v, for the optional fields of Config.
+func Bool(v bool) *bool { return &v }

@@ -1,0 +1,776 @@
+package idem_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/memory"
+	"github.com/idem-go/idem/store/storetest"
+)
+
+// faultyStore injects failures into a real store, as an outage would.
+type faultyStore struct {
+	store.Store
+	failReserve  atomic.Bool
+	failComplete atomic.Bool
+}
+
+var errOutage = errors.New("connection refused")
+
+func (f *faultyStore) Reserve(ctx context.Context, p store.ReserveParams) (store.ReserveResult, error) {
+	if f.failReserve.Load() {
+		return store.ReserveResult{}, errOutage
+	}
+	return f.Store.Reserve(ctx, p)
+}
+
+func (f *faultyStore) Complete(ctx context.Context, p store.CompleteParams) error {
+	if f.failComplete.Load() {
+		return errOutage
+	}
+	return f.Store.Complete(ctx, p)
+}
+
+// fixture is an engine over a memory store with a manual clock, in front of
+// a handler that counts its calls.
+type fixture struct {
+	t      *testing.T
+	clock  *storetest.Clock
+	store  *faultyStore
+	engine *idem.Engine
+	calls  atomic.Int64
+	h      http.Handler
+}
+
+func newFixture(t *testing.T, cfg idem.Config, handler http.HandlerFunc) *fixture {
+	t.Helper()
+	f := &fixture{t: t, clock: storetest.NewClock()}
+	f.store = &faultyStore{Store: memory.New(memory.Config{Clock: f.clock.Now})}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	e, err := idem.New(f.store, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.engine = e
+	if handler == nil {
+		handler = func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Set-Cookie", "session=secret")
+			w.Header().Set("Location", "/v1/charges/ch_1")
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, `{"id":"ch_1","amount":100}`)
+		}
+	}
+	mux := http.NewServeMux()
+	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.calls.Add(1)
+		handler(w, r)
+	})
+	mux.Handle("/v1/charges", e.Middleware(counted))
+	mux.Handle("/v1/refunds", e.Middleware(counted))
+	f.h = mux
+	return f
+}
+
+type call struct {
+	method, path, body string
+	header             http.Header
+}
+
+func post(key, body string) call {
+	h := http.Header{"Content-Type": {"application/json"}}
+	if key != "" {
+		h.Set("Idempotency-Key", key)
+	}
+	return call{method: "POST", path: "/v1/charges", body: body, header: h}
+}
+
+func (f *fixture) do(c call) *httptest.ResponseRecorder {
+	f.t.Helper()
+	r := httptest.NewRequest(c.method, c.path, strings.NewReader(c.body))
+	for k, v := range c.header {
+		r.Header[k] = v
+	}
+	w := httptest.NewRecorder()
+	f.h.ServeHTTP(w, r)
+	return w
+}
+
+type problemDoc struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail"`
+}
+
+func wantProblem(t *testing.T, w *httptest.ResponseRecorder, status int, slug string) problemDoc {
+	t.Helper()
+	if w.Code != status {
+		t.Fatalf("status %d, want %d (body %s)", w.Code, status, w.Body)
+	}
+	if ct := w.Header().Get("Content-Type"); ct != "application/problem+json" {
+		t.Fatalf("Content-Type %q, want application/problem+json", ct)
+	}
+	var p problemDoc
+	if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil {
+		t.Fatalf("problem body %q: %v", w.Body, err)
+	}
+	if p.Type != idem.ProblemBase+slug || p.Status != status || p.Title == "" {
+		t.Fatalf("problem %+v, want type %s status %d", p, idem.ProblemBase+slug, status)
+	}
+	return p
+}
+
+const uuid = `"8e03978e-40d5-43e8-bc93-6894a57f9324"`
+
+func TestReplayIsByteIdentical(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, idem.Config{}, nil)
+	first := f.do(post(uuid, `{"amount":100,"currency":"eur"}`))
+	if first.Code != 201 || first.Header().Get("Idempotent-Replayed") != "" {
+		t.Fatalf("first: %d %v", first.Code, first.Header())
+	}
+	// Same request, other spelling of the JSON and of the key.
+	second := f.do(post(strings.Trim(uuid, `"`), `{ "currency": "eur", "amount": 100 }`))
+	if second.Code != 201 || !bytes.Equal(second.Body.Bytes(), first.Body.Bytes()) {
+		t.Fatalf("replay: %d %q, want 201 %q", second.Code, second.Body, first.Body)
+	}
+	if second.Header().Get("Idempotent-Replayed") != "true" || second.Header().Get("Location") != "/v1/charges/ch_1" ||
+		second.Header().Get("Content-Type") != "application/json" {
+		t.Fatalf("replay headers: %v", second.Header())
+	}
+	if second.Header().Get("Set-Cookie") != "" {
+		t.Fatal("replay carried Set-Cookie")
+	}
+	if n := f.calls.Load(); n != 1 {
+		t.Fatalf("handler ran %d times, want 1", n)
+	}
+}
+
+func TestHopByHopHeadersNotReplayed(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, idem.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Connection", "X-Private")
+		w.Header().Set("X-Private", "1")
+		w.Header().Set("Keep-Alive", "timeout=5")
+		w.Header().Set("X-Public", "2")
+		w.WriteHeader(200)
+	})
+	f.do(post(uuid, `{}`))
+	w := f.do(post(uuid, `{}`))
+	for _, h := range []string{"Connection", "X-Private", "Keep-Alive"} {
+		if w.Header().Get(h) != "" {
+			t.Fatalf("replay carried %s", h)
+		}
+	}
+	if w.Header().Get("X-Public") != "2" {
+		t.Fatalf("replay lost X-Public: %v", w.Header())
+	}
+}
+
+func TestMissingKey(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, idem.Config{}, nil)
+	wantProblem(t, f.do(post("", `{}`)), 400, "key-missing")
+	if f.calls.Load() != 0 {
+		t.Fatal("handler ran without a key")
+	}
+	// The Stripe profile lets it through; so does an explicit option.
+	s := newFixture(t, idem.Config{Profile: idem.ProfileStripe}, nil)
+	if w := s.do(post("", `{}`)); w.Code != 201 || s.calls.Load() != 1 {
+		t.Fatalf("stripe profile without a key: %d, calls %d", w.Code, s.calls.Load())
+	}
+	o := newFixture(t, idem.Config{KeyRequired: idem.Bool(false)}, nil)
+	if w := o.do(post("", `{}`)); w.Code != 201 {
+		t.Fatalf("optional key: %d", w.Code)
+	}
+}
+
+func TestMalformedKeys(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, idem.Config{}, nil)
+	for name, key := range map[string]string{
+		"empty quoted":    `""`,
+		"too long":        `"` + strings.Repeat("a", 256) + `"`,
+		"control char":    "\"abc\x01def\"",
+		"unterminated":    `"abc`,
+		"inner space":     `abc def`,
+		"non-ascii":       `"clé"`,
+	} {
+		wantProblem(t, f.do(post(key, `{}`)), 400, "key-malformed")
+		_ = name
+	}
+	if w := f.do(post(`"`+strings.Repeat("a", 255)+`"`, `{}`)); w.Code != 201 {
+		t.Fatalf("255-character key: %d", w.Code)
+	}
+	c := post(uuid, `{}`)
+	c.header["Idempotency-Key"] = []string{uuid, uuid}
+	wantProblem(t, f.do(c), 400, "key-repeated")
+	// A list in one field line is a repetition too.
+	wantProblem(t, f.do(post(`"a", "b"`, `{}`)), 400, "key-repeated")
+	if n := f.calls.Load(); n != 1 {
+		t.Fatalf("handler ran %d times, want 1 (the valid 255-character key)", n)
+	}
+}
+
+func TestMismatch(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, idem.Config{}, nil)
+	f.do(post(uuid, `{"amount":100}`))
+	wantProblem(t, f.do(post(uuid, `{"amount":200}`)), 422, "key-reused")
+	// The original record is untouched: it still replays.
+	if w := f.do(post(uuid, `{"amount":100}`)); w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("original after a mismatch: %d", w.Code)
+	}
+	// Another route is another scope: the same key is a new request there.
+	c := post(uuid, `{"amount":200}`)
+	c.path = "/v1/refunds"
+	if w := f.do(c); w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "" {
+		t.Fatalf("same key on another route: %d %v", w.Code, w.Header())
+	}
+	if n := f.calls.Load(); n != 2 {
+		t.Fatalf("handler ran %d times, want 2", n)
+	}
+}
+
+func TestStripeProfileErrors(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, idem.Config{Profile: idem.ProfileStripe}, nil)
+	f.do(post(uuid, `{"amount":100}`))
+	w := f.do(post(uuid, `{"amount":200}`))
+	if w.Code != 400 || w.Header().Get("Content-Type") != "application/json" {
+		t.Fatalf("stripe mismatch: %d %s", w.Code, w.Header().Get("Content-Type"))
+	}
+	var doc struct {
+		Error struct{ Type, Message string }
+	}
+	if err := json.Unmarshal(w.Body.Bytes(), &doc); err != nil || doc.Error.Type != "idempotency_error" ||
+		!strings.Contains(doc.Error.Message, "same parameters") {
+		t.Fatalf("stripe error body %s (%v)", w.Body, err)
+	}
+}
+
+// blocking returns a handler that signals when it starts and waits for
+// release before answering 201.
+func blocking() (http.HandlerFunc, chan struct{}, chan struct{}) {
+	started, release := make(chan struct{}, 16), make(chan struct{})
+	return func(w http.ResponseWriter, r *http.Request) {
+		started <- struct{}{}
+		<-release
+		w.WriteHeader(201)
+		io.WriteString(w, `{"ok":true}`)
+	}, started, release
+}
+
+func TestInFlightDuplicate(t *testing.T) {
+	t.Parallel()
+	h, started, release := blocking()
+	f := newFixture(t, idem.Config{RetryAfter: 2 * time.Second}, h)
+	done := make(chan *httptest.ResponseRecorder)
+	go func() { done <- f.do(post(uuid, `{"a":1}`)) }()
+	<-started
+	w := f.do(post(uuid, `{"a":1}`))
+	wantProblem(t, w, 409, "request-in-progress")
+	if w.Header().Get("Retry-After") != "2" {
+		t.Fatalf("Retry-After %q, want 2", w.Header().Get("Retry-After"))
+	}
+	// A different body is refused as a mismatch even while in flight.
+	wantProblem(t, f.do(post(uuid, `{"a":2}`)), 422, "key-reused")
+	close(release)
+	if first := <-done; first.Code != 201 {
+		t.Fatalf("original: %d", first.Code)
+	}
+	if n := f.calls.Load(); n != 1 {
+		t.Fatalf("handler ran %d times", n)
+	}
+}
+
+func TestWaitThenReplay(t *testing.T) {
+	t.Parallel()
+	h, started, release := blocking()
+	f := newFixture(t, idem.Config{Wait: 10 * time.Second}, h)
+	done := make(chan *httptest.ResponseRecorder, 2)
+	go func() { done <- f.do(post(uuid, `{"a":1}`)) }()
+	<-started
+	go func() { done <- f.do(post(uuid, `{"a":1}`)) }()
+	time.Sleep(20 * time.Millisecond) // let the duplicate start waiting
+	close(release)
+	a, b := <-done, <-done
+	if a.Code != 201 || b.Code != 201 || a.Body.String() != b.Body.String() {
+		t.Fatalf("wait mode: %d %q / %d %q", a.Code, a.Body, b.Code, b.Body)
+	}
+	if a.Header().Get("Idempotent-Replayed")+b.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatal("exactly one of the two answers should be a replay")
+	}
+	if n := f.calls.Load(); n != 1 {
+		t.Fatalf("handler ran %d times", n)
+	}
+}
+
+func TestUncertainOutcome(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, idem.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		idem.FromContext(r.Context()).Uncertain("payment gateway timed out")
+		w.WriteHeader(http.StatusGatewayTimeout)
+	})
+	if w := f.do(post(uuid, `{}`)); w.Code != 504 {
+		t.Fatalf("first: %d", w.Code)
+	}
+	wantProblem(t, f.do(post(uuid, `{}`)), 409, "outcome-unknown")
+	if n := f.calls.Load(); n != 1 {
+		t.Fatalf("an unknown outcome was executed again (%d calls)", n)
+	}
+}
+
+func TestStoreDownAtReserveFailsClosed(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, idem.Config{}, nil)
+	f.store.failReserve.Store(true)
+	w := f.do(post(uuid, `{}`))
+	wantProblem(t, w, 503, "store-unavailable")
+	if w.Header().Get("Retry-After") == "" {
+		t.Fatal("503 without Retry-After")
+	}
+	if f.calls.Load() != 0 {
+		t.Fatal("handler ran while the store was down")
+	}
+	f.store.failReserve.Store(false)
+	if w := f.do(post(uuid, `{}`)); w.Code != 201 || f.calls.Load() != 1 {
+		t.Fatalf("after the outage: %d, calls %d", w.Code, f.calls.Load())
+	}
+}
+
+func TestStoreTimeoutAtReserveFailsClosed(t *testing.T) {
+	t.Parallel()
+	slow := &slowStore{Store: memory.New(memory.Config{}), delay: time.Second}
+	e, err := idem.New(slow, idem.Config{StoreTimeout: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int64
+	h := e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { calls.Add(1) }))
+	r := httptest.NewRequest("POST", "/x", strings.NewReader(`{}`))
+	r.Header.Set("Idempotency-Key", uuid)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	wantProblem(t, w, 503, "store-unavailable")
+	if calls.Load() != 0 {
+		t.Fatal("handler ran after a store timeout")
+	}
+}
+
+type slowStore struct {
+	store.Store
+	delay time.Duration
+}
+
+func (s *slowStore) Reserve(ctx context.Context, p store.ReserveParams) (store.ReserveResult, error) {
+	select {
+	case <-time.After(s.delay):
+	case <-ctx.Done():
+		return store.ReserveResult{}, ctx.Err()
+	}
+	return s.Store.Reserve(ctx, p)
+}
+
+func TestStoreDownAtComplete(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, idem.Config{}, nil)
+	f.store.failComplete.Store(true)
+	// The client still gets the response it earned.
+	if w := f.do(post(uuid, `{}`)); w.Code != 201 || !strings.Contains(w.Body.String(), "ch_1") {
+		t.Fatalf("response when Complete failed: %d %q", w.Code, w.Body)
+	}
+	f.store.failComplete.Store(false)
+	// The record was not released: a retry cannot execute a second time.
+	wantProblem(t, f.do(post(uuid, `{}`)), 409, "request-in-progress")
+	f.clock.Advance(31 * time.Second) // the lease expires: policy unknown
+	wantProblem(t, f.do(post(uuid, `{}`)), 409, "outcome-unknown")
+	if n := f.calls.Load(); n != 1 {
+		t.Fatalf("handler ran %d times", n)
+	}
+}
+
+func TestPanicMarksUnknown(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, idem.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		panic("boom")
+	})
+	func() {
+		defer func() {
+			if p := recover(); p != "boom" {
+				t.Fatalf("panic not propagated: %v", p)
+			}
+		}()
+		f.do(post(uuid, `{}`))
+	}()
+	wantProblem(t, f.do(post(uuid, `{}`)), 409, "outcome-unknown")
+	if n := f.calls.Load(); n != 1 {
+		t.Fatalf("handler ran %d times", n)
+	}
+}
+
+func TestResponsePolicy(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		status int
+		stored bool
+		cfg    idem.Config
+	}{
+		{200, true, idem.Config{}},
+		{302, true, idem.Config{}},
+		{400, true, idem.Config{}},
+		{404, true, idem.Config{}},
+		{408, false, idem.Config{}},
+		{425, false, idem.Config{}},
+		{429, false, idem.Config{}},
+		{500, false, idem.Config{}},
+		{503, false, idem.Config{}},
+		{500, true, idem.Config{StoreServerErrors: true}},
+		{429, true, idem.Config{StoreServerErrors: true}},
+	} {
+		f := newFixture(t, tc.cfg, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(tc.status) })
+		f.do(post(uuid, `{}`))
+		w := f.do(post(uuid, `{}`))
+		replayed := w.Header().Get("Idempotent-Replayed") == "true"
+		if w.Code != tc.status || replayed != tc.stored {
+			t.Fatalf("status %d (%+v): second answer %d replayed=%v, want stored=%v", tc.status, tc.cfg, w.Code, replayed, tc.stored)
+		}
+		want := int64(2)
+		if tc.stored {
+			want = 1
+		}
+		if n := f.calls.Load(); n != want {
+			t.Fatalf("status %d: handler ran %d times, want %d", tc.status, n, want)
+		}
+	}
+}
+
+func TestBodyLimits(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, idem.Config{MaxBodyBytes: 64}, nil)
+	big := `{"a":"` + strings.Repeat("x", 100) + `"}`
+	wantProblem(t, f.do(post(uuid, big)), 413, "body-too-large")
+	// Unknown length (chunked): the limit holds while reading.
+	r := httptest.NewRequest("POST", "/v1/charges", io.MultiReader(strings.NewReader(big)))
+	r.ContentLength = -1
+	r.Header.Set("Idempotency-Key", uuid)
+	w := httptest.NewRecorder()
+	f.h.ServeHTTP(w, r)
+	wantProblem(t, w, 413, "body-too-large")
+	exact := `{"a":"` + strings.Repeat("x", 64-8) + `"}`
+	if w := f.do(post(uuid, exact)); w.Code != 201 {
+		t.Fatalf("body of exactly the limit: %d", w.Code)
+	}
+	if n := f.calls.Load(); n != 1 {
+		t.Fatalf("handler ran %d times", n)
+	}
+}
+
+func TestInvalidBodies(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, idem.Config{}, nil)
+	for _, body := range []string{`{"a":`, `{"a":1,"a":2}`, "{\"a\":\"\xff\"}", `{"a":01}`} {
+		p := wantProblem(t, f.do(post(uuid, body)), 400, "invalid-body")
+		if p.Detail == "" {
+			t.Fatalf("invalid body %q: no detail", body)
+		}
+	}
+	if f.calls.Load() != 0 {
+		t.Fatal("handler ran on an invalid body")
+	}
+	// The handler sees the body exactly as sent.
+	var seen []byte
+	g := newFixture(t, idem.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		seen, _ = io.ReadAll(r.Body)
+	})
+	g.do(post(uuid, `{ "b": 2, "a": 1 }`))
+	if string(seen) != `{ "b": 2, "a": 1 }` {
+		t.Fatalf("handler saw %q", seen)
+	}
+}
+
+func TestLargeResponseKeptWithoutBody(t *testing.T) {
+	t.Parallel()
+	big := strings.Repeat("x", 2000)
+	f := newFixture(t, idem.Config{MaxResponseBytes: 1000}, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		w.WriteHeader(201)
+		io.WriteString(w, big[:1000])
+		io.WriteString(w, big[1000:])
+	})
+	if w := f.do(post(uuid, `{}`)); w.Code != 201 || w.Body.String() != big {
+		t.Fatalf("first answer truncated: %d, %d bytes", w.Code, w.Body.Len())
+	}
+	w := f.do(post(uuid, `{}`))
+	if w.Code != 201 || w.Body.Len() != 0 || w.Header().Get("Idempotent-Body-Omitted") != "true" ||
+		w.Header().Get("Idempotent-Replayed") != "true" || w.Header().Get("Content-Type") != "text/plain" {
+		t.Fatalf("replay of an over-limit response: %d %q %v", w.Code, w.Body, w.Header())
+	}
+	if n := f.calls.Load(); n != 1 {
+		t.Fatalf("over-limit response re-executed: %d calls", n)
+	}
+}
+
+func TestUnprotectedMethodsPassThrough(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, idem.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		if idem.FromContext(r.Context()) != nil {
+			t.Error("unprotected method got an execution")
+		}
+		w.WriteHeader(200)
+	})
+	for _, m := range []string{"GET", "HEAD", "OPTIONS", "PUT", "DELETE"} {
+		for i := 0; i < 2; i++ {
+			c := post(uuid, "")
+			c.method = m
+			if w := f.do(c); w.Code != 200 || w.Header().Get("Idempotent-Replayed") != "" {
+				t.Fatalf("%s: %d %v", m, w.Code, w.Header())
+			}
+		}
+		c := post("", "")
+		c.method = m
+		if w := f.do(c); w.Code != 200 {
+			t.Fatalf("%s without a key: %d", m, w.Code)
+		}
+	}
+	if n := f.calls.Load(); n != 15 {
+		t.Fatalf("handler ran %d times, want 15", n)
+	}
+}
+
+func TestTenantsAreIsolated(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, idem.Config{Tenant: func(r *http.Request) string { return r.Header.Get("X-Tenant") }}, nil)
+	a, b := post(uuid, `{"x":1}`), post(uuid, `{"x":2}`)
+	a.header.Set("X-Tenant", "acme")
+	b.header.Set("X-Tenant", "globex")
+	if w := f.do(a); w.Code != 201 {
+		t.Fatal(w.Code)
+	}
+	if w := f.do(b); w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "" {
+		t.Fatalf("second tenant got %d %v", w.Code, w.Header())
+	}
+	if n := f.calls.Load(); n != 2 {
+		t.Fatalf("handler ran %d times, want 2", n)
+	}
+}
+
+func TestFenceAndTakeover(t *testing.T) {
+	t.Parallel()
+	var fences []int64
+	var mu sync.Mutex
+	h, started, release := blocking()
+	f := newFixture(t, idem.Config{LeasePolicy: store.LeaseRetry}, func(w http.ResponseWriter, r *http.Request) {
+		x := idem.FromContext(r.Context())
+		mu.Lock()
+		fences = append(fences, x.Fence())
+		mu.Unlock()
+		h(w, r)
+	})
+	done := make(chan *httptest.ResponseRecorder, 2)
+	go func() { done <- f.do(post(uuid, `{}`)) }()
+	<-started
+	// The first holder is cut off: its lease expires in store time.
+	f.clock.Advance(31 * time.Second)
+	go func() { done <- f.do(post(uuid, `{}`)) }()
+	<-started
+	close(release)
+	<-done
+	<-done
+	mu.Lock()
+	defer mu.Unlock()
+	if len(fences) != 2 || fences[0] != 1 || fences[1] != 2 {
+		t.Fatalf("fences %v, want [1 2]", fences)
+	}
+	rec, err := f.store.Get(context.Background(), "0:POST /v1/charges", "8e03978e-40d5-43e8-bc93-6894a57f9324")
+	if err != nil || rec.Fence != 2 || rec.State != store.StateCompleted {
+		t.Fatalf("record after takeover: %+v %v", rec, err)
+	}
+}
+
+func TestHeartbeatKeepsLease(t *testing.T) {
+	t.Parallel()
+	// Real time here: the heartbeat is a timer. The lease is short and the
+	// handler outlives it several times; the store clock is the real one.
+	s := memory.New(memory.Config{})
+	e, err := idem.New(s, idem.Config{Lease: 90 * time.Millisecond, LeasePolicy: store.LeaseRetry})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int64
+	h := e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		time.Sleep(400 * time.Millisecond)
+		w.WriteHeader(201)
+	}))
+	send := func() *httptest.ResponseRecorder {
+		r := httptest.NewRequest("POST", "/x", strings.NewReader(`{}`))
+		r.Header.Set("Idempotency-Key", uuid)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	done := make(chan *httptest.ResponseRecorder)
+	go func() { done <- send() }()
+	time.Sleep(250 * time.Millisecond) // well past one lease
+	if w := send(); w.Code != 409 {
+		t.Fatalf("duplicate while the slow handler runs: %d (lease not renewed?)", w.Code)
+	}
+	if w := <-done; w.Code != 201 {
+		t.Fatal(w.Code)
+	}
+	if calls.Load() != 1 {
+		t.Fatalf("handler ran %d times", calls.Load())
+	}
+}
+
+func TestClientDisconnectMidRequest(t *testing.T) {
+	t.Parallel()
+	s := memory.New(memory.Config{})
+	e, err := idem.New(s, idem.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered := make(chan struct{})
+	returned := make(chan struct{})
+	srv := httptest.NewServer(e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer close(returned)
+		close(entered)
+		<-r.Context().Done() // the handler gives up when its client leaves
+	})))
+	defer srv.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL+"/x", strings.NewReader(`{}`))
+	req.Header.Set("Idempotency-Key", uuid)
+	errc := make(chan error)
+	go func() {
+		_, err := http.DefaultClient.Do(req)
+		errc <- err
+	}()
+	<-entered
+	cancel()
+	if err := <-errc; err == nil {
+		t.Fatal("the cancelled request succeeded")
+	}
+	<-returned
+	// The engine records the outcome after the handler returns.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		rec, err := s.Get(context.Background(), "0:POST /x", strings.Trim(uuid, `"`))
+		if err == nil && rec.State == store.StateUnknown {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("record after the client left: %+v %v, want unknown", rec, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestStreamingFlushPassesThrough(t *testing.T) {
+	t.Parallel()
+	s := memory.New(memory.Config{})
+	e, _ := idem.New(s, idem.Config{})
+	proceed := make(chan struct{})
+	srv := httptest.NewServer(e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "first\n")
+		http.NewResponseController(w).Flush()
+		<-proceed
+		io.WriteString(w, "second\n")
+	})))
+	defer srv.Close()
+	send := func() *http.Response {
+		req, _ := http.NewRequest("POST", srv.URL+"/stream", strings.NewReader(`{}`))
+		req.Header.Set("Idempotency-Key", uuid)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	resp := send()
+	line := make([]byte, 6)
+	if _, err := io.ReadFull(resp.Body, line); err != nil || string(line) != "first\n" {
+		t.Fatalf("flushed chunk: %q %v", line, err)
+	}
+	close(proceed)
+	rest, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(rest) != "second\n" {
+		t.Fatalf("rest %q", rest)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		r2 := send()
+		b, _ := io.ReadAll(r2.Body)
+		r2.Body.Close()
+		if r2.StatusCode == 200 {
+			if string(b) != "first\nsecond\n" || r2.Header.Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("replay of a streamed response: %q %v", b, r2.Header)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no replay: %d %s", r2.StatusCode, b)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestNestedMiddlewareReservesOnce(t *testing.T) {
+	t.Parallel()
+	s := memory.New(memory.Config{})
+	e, _ := idem.New(s, idem.Config{})
+	var calls atomic.Int64
+	h := e.Middleware(e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.WriteHeader(201)
+	})))
+	for i := 0; i < 2; i++ {
+		r := httptest.NewRequest("POST", "/x", strings.NewReader(`{}`))
+		r.Header.Set("Idempotency-Key", uuid)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != 201 {
+			t.Fatal(w.Code)
+		}
+	}
+	if calls.Load() != 1 {
+		t.Fatalf("handler ran %d times", calls.Load())
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	t.Parallel()
+	s := memory.New(memory.Config{})
+	for _, cfg := range []idem.Config{
+		{Profile: "soap"},
+		{LeasePolicy: "maybe"},
+		{MismatchStatus: 200},
+		{TTL: -time.Second},
+		{MaxBodyBytes: -1},
+	} {
+		if _, err := idem.New(s, cfg); err == nil {
+			t.Fatalf("New(%+v) accepted an invalid config", cfg)
+		}
+	}
+	if _, err := idem.New(nil, idem.Config{}); err == nil {
+		t.Fatal("New without a store")
+	}
+}
