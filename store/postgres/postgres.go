@@ -1,0 +1,633 @@
+// Package postgres is the PostgreSQL store of idem, the reference production
+// store, built on pgx v5 and pgxpool.
+//
+// # Round trips
+//
+// A new request costs one round trip to reserve and one to complete; a
+// replay costs one and writes nothing (no new row version, no row lock).
+// Reserve is a single statement (a data-modifying CTE: an INSERT ... ON
+// CONFLICT DO NOTHING, a read of the existing row, and a guarded UPDATE for
+// the transitions that need one); see sqlReserve in queries.go. The
+// statement runs a second time only when it raced a concurrent transaction
+// on the same key and its snapshot could not see that transaction's row.
+//
+// # Transactions
+//
+// [Store.ReserveTx], [Store.CompleteTx] and [Store.CheckpointTx] run the same
+// statements on the caller's [pgx.Tx], so a business write and the key's
+// completion commit together.
+//
+// # Schema
+//
+// The table idem_records and the bookkeeping table idem_migrations live in
+// Config.Schema, or in the first schema of the connection's search_path.
+// Migrations are embedded and applied by [Open] and [New] unless
+// Config.SkipMigrate is set; see [Store.Migrate].
+package postgres
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idem-go/idem/internal/migrate"
+	"github.com/idem-go/idem/store"
+)
+
+var (
+	_ store.Store           = (*Store)(nil)
+	_ store.TxStore[pgx.Tx] = (*Store)(nil)
+	_ querier               = (*pgxpool.Pool)(nil)
+	_ querier               = (pgx.Tx)(nil)
+)
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// Config configures a Store.
+type Config struct {
+	// Clock replaces the database clock for every expiry decision. Defaults
+	// to nil: the server's statement_timestamp(), one clock for every
+	// instance, immune to skew between application servers. Tests set it
+	// to move time without sleeping.
+	Clock store.Clock
+	// Schema holds the store's tables. Defaults to "": the connection's
+	// search_path decides (the first schema in it that exists).
+	Schema string
+	// SkipMigrate leaves the schema alone at Open/New, for deployments that
+	// run migrations as a separate step (Store.Migrate, `idem migrate`).
+	// Defaults to false: pending migrations are applied.
+	SkipMigrate bool
+}
+
+// Store is a store.Store on PostgreSQL. It is safe for concurrent use.
+type Store struct {
+	pool      *pgxpool.Pool
+	ownsPool  bool
+	cfg       Config
+	q         queries
+	closed    atomic.Bool
+	reserveRe atomic.Int64 // Reserve statements run again after a race
+}
+
+// querier is what the transitions need; *pgxpool.Pool and pgx.Tx both have
+// it, so the Tx forms share one implementation with the pool forms.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Open connects to the database at url (a libpq URL or keyword/value
+// string, as pgxpool.ParseConfig accepts) and returns a Store that owns the
+// pool: Close closes it.
+func Open(ctx context.Context, url string, cfg Config) (*Store, error) {
+	pcfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("idem/postgres: open: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("idem/postgres: open: %w", err)
+	}
+	s, err := New(ctx, pool, cfg)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	s.ownsPool = true
+	return s, nil
+}
+
+// New returns a Store on an existing pool. The caller keeps ownership of
+// the pool: Close does not close it.
+func New(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Store, error) {
+	if pool == nil {
+		return nil, errors.Join(store.ErrInvalidParams, errors.New("idem/postgres: nil pool"))
+	}
+	s := &Store{pool: pool, cfg: cfg, q: newQueries(cfg.Schema)}
+	if !cfg.SkipMigrate {
+		if err := s.Migrate(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// Migrate applies the pending embedded migrations in one transaction under
+// a transaction-scoped advisory lock, so concurrent processes starting
+// together apply each migration once. Applied versions are recorded in
+// idem_migrations. Calling it again is a no-op.
+func (s *Store) Migrate(ctx context.Context) error {
+	all, err := migrate.Load(migrationFS, "migrations")
+	if err != nil {
+		return fmt.Errorf("idem/postgres: migrate: %w", err)
+	}
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if s.cfg.Schema != "" {
+			path := pgx.Identifier{s.cfg.Schema}.Sanitize()
+			if _, err := tx.Exec(ctx, sqlMigrateSearchPath, path); err != nil {
+				return err
+			}
+		}
+		if _, err := tx.Exec(ctx, sqlMigrateLock); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, sqlMigrateTable); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, sqlMigrateApplied)
+		if err != nil {
+			return err
+		}
+		versions, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		if err != nil {
+			return err
+		}
+		applied := make(map[int]bool, len(versions))
+		for _, v := range versions {
+			applied[int(v)] = true
+		}
+		for _, m := range migrate.Pending(all, applied) {
+			if _, err := tx.Exec(ctx, m.SQL); err != nil {
+				return fmt.Errorf("%s: %w", m.Name, err)
+			}
+			if _, err := tx.Exec(ctx, sqlMigrateRecord, m.Version, m.Name); err != nil {
+				return fmt.Errorf("%s: %w", m.Name, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return wrap("migrate", err)
+	}
+	return nil
+}
+
+// Pool returns the pool the store runs on, e.g. to begin the transactions
+// passed to the Tx forms.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// now is the clock parameter of every statement: NULL selects the database
+// clock.
+func (s *Store) now() any {
+	if s.cfg.Clock == nil {
+		return nil
+	}
+	return s.cfg.Clock().UTC()
+}
+
+// Reserve implements store.Store.
+func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.ReserveResult, error) {
+	return s.reserve(ctx, s.pool, p)
+}
+
+// ReserveTx is Reserve inside the caller's transaction: the record is
+// created (or taken) only if tx commits. Under REPEATABLE READ or
+// SERIALIZABLE a race on the key surfaces as a serialization failure from
+// the database; the caller retries its transaction.
+func (s *Store) ReserveTx(ctx context.Context, tx pgx.Tx, p store.ReserveParams) (store.ReserveResult, error) {
+	return s.reserve(ctx, tx, p)
+}
+
+// maxReserveRuns bounds the statement runs of one Reserve. A rerun needs a
+// concurrent transaction to have committed a change to the same key between
+// this run's snapshot and its write; after a few, something keeps churning
+// the key and failing closed is safer than looping.
+const maxReserveRuns = 5
+
+func (s *Store) reserve(ctx context.Context, q querier, p store.ReserveParams) (store.ReserveResult, error) {
+	if err := p.Validate(); err != nil {
+		return store.ReserveResult{}, err
+	}
+	for run := 0; run < maxReserveRuns; run++ {
+		if run > 0 {
+			s.reserveRe.Add(1)
+		}
+		var action string
+		var rec store.Record
+		row := q.QueryRow(ctx, s.q.reserve,
+			p.Scope, p.Key, p.Fingerprint, micros(p.Lease), micros(p.TTL), string(p.LeasePolicy), s.now())
+		err := scanRecord(row, &rec, &action)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue // insert conflicted with a row newer than the snapshot
+		}
+		if err != nil {
+			return store.ReserveResult{}, wrap("reserve", err)
+		}
+		switch action {
+		case "created", "replace":
+			return store.ReserveResult{Outcome: store.Created, Record: rec}, nil
+		case "reclaim":
+			return store.ReserveResult{Outcome: store.Reclaimed, Record: rec}, nil
+		case "takeover":
+			return store.ReserveResult{Outcome: store.TakenOver, Record: rec}, nil
+		case "existing", "to_unknown":
+			return store.ReserveResult{Outcome: store.Existing, Record: rec}, nil
+		case "stale":
+			continue // a concurrent transition won; look again
+		default:
+			return store.ReserveResult{}, fmt.Errorf("idem/postgres: reserve: unexpected action %q", action)
+		}
+	}
+	return store.ReserveResult{}, fmt.Errorf("idem/postgres: reserve: key %q kept changing under %d attempts", p.Key, maxReserveRuns)
+}
+
+// Complete implements store.Store.
+func (s *Store) Complete(ctx context.Context, p store.CompleteParams) error {
+	return s.complete(ctx, s.pool, p)
+}
+
+// CompleteTx is Complete inside the caller's transaction: the response is
+// stored only if tx commits, together with the caller's business writes.
+// The row stays locked by tx until it ends.
+func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, p store.CompleteParams) error {
+	return s.complete(ctx, tx, p)
+}
+
+func (s *Store) complete(ctx context.Context, q querier, p store.CompleteParams) error {
+	if err := validFence(p.FenceParams); err != nil {
+		return err
+	}
+	headers, err := encodeHeader(p.Response.Header)
+	if err != nil {
+		return err
+	}
+	body := p.Response.Body
+	if p.Response.BodyOmitted {
+		body = nil
+	}
+	return s.fenced(ctx, q, "complete", s.q.complete, p.FenceParams,
+		p.Response.Status, headers, body, p.Response.BodyOmitted, micros(p.TTL))
+}
+
+// Release implements store.Store.
+func (s *Store) Release(ctx context.Context, p store.ReleaseParams) error {
+	if err := validFence(p.FenceParams); err != nil {
+		return err
+	}
+	return s.fenced(ctx, s.pool, "release", s.q.release, p.FenceParams, p.Error)
+}
+
+// MarkUnknown implements store.Store.
+func (s *Store) MarkUnknown(ctx context.Context, p store.ReleaseParams) error {
+	if err := validFence(p.FenceParams); err != nil {
+		return err
+	}
+	return s.fenced(ctx, s.pool, "mark unknown", s.q.markUnknown, p.FenceParams, p.Error)
+}
+
+// Checkpoint implements store.Store.
+func (s *Store) Checkpoint(ctx context.Context, p store.CheckpointParams) error {
+	return s.checkpoint(ctx, s.pool, p)
+}
+
+// CheckpointTx is Checkpoint inside the caller's transaction, so a phase's
+// writes and its recovery point commit together.
+func (s *Store) CheckpointTx(ctx context.Context, tx pgx.Tx, p store.CheckpointParams) error {
+	return s.checkpoint(ctx, tx, p)
+}
+
+func (s *Store) checkpoint(ctx context.Context, q querier, p store.CheckpointParams) error {
+	if err := validFence(p.FenceParams); err != nil {
+		return err
+	}
+	return s.fenced(ctx, q, "checkpoint", s.q.checkpoint, p.FenceParams, p.RecoveryPoint)
+}
+
+// Extend implements store.Store.
+func (s *Store) Extend(ctx context.Context, p store.ExtendParams) error {
+	if err := validFence(p.FenceParams); err != nil {
+		return err
+	}
+	if p.Lease <= 0 {
+		return errors.Join(store.ErrInvalidParams, errors.New("lease must be positive"))
+	}
+	return s.fenced(ctx, s.pool, "extend", s.q.extend, p.FenceParams, micros(p.Lease))
+}
+
+// fenced runs one of the lease-holder UPDATEs ($1 scope, $2 key, $3 fence,
+// $4 now, then extra) and turns "no row matched" into ErrLeaseLost.
+func (s *Store) fenced(ctx context.Context, q querier, op, sql string, f store.FenceParams, extra ...any) error {
+	args := append([]any{f.Scope, f.Key, f.Fence, s.now()}, extra...)
+	tag, err := q.Exec(ctx, sql, args...)
+	if err != nil {
+		return wrap(op, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("idem/postgres: %s: %w", op, store.ErrLeaseLost)
+	}
+	return nil
+}
+
+// Get implements store.Store.
+func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error) {
+	if scope == "" || key == "" {
+		return store.Record{}, errScopeKey
+	}
+	var rec store.Record
+	err := scanRecord(s.pool.QueryRow(ctx, s.q.get, scope, key), &rec, nil)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return store.Record{}, fmt.Errorf("idem/postgres: get: %w", store.ErrNotFound)
+	}
+	if err != nil {
+		return store.Record{}, wrap("get", err)
+	}
+	return rec, nil
+}
+
+// Delete implements store.Store.
+func (s *Store) Delete(ctx context.Context, scope, key string) error {
+	if scope == "" || key == "" {
+		return errScopeKey
+	}
+	tag, err := s.pool.Exec(ctx, s.q.delete, scope, key)
+	if err != nil {
+		return wrap("delete", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("idem/postgres: delete: %w", store.ErrNotFound)
+	}
+	return nil
+}
+
+// SweepExpiredLeases implements store.Store.
+func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]store.Record, error) {
+	if p.Limit <= 0 {
+		return nil, errLimit
+	}
+	rows, err := s.pool.Query(ctx, s.q.sweep, p.Limit, s.now())
+	if err != nil {
+		return nil, wrap("sweep", err)
+	}
+	recs, err := collectRecords(rows)
+	if err != nil {
+		return nil, wrap("sweep", err)
+	}
+	return recs, nil
+}
+
+// Reap implements store.Store. Terminal records go first; abandoned ones
+// share what is left of p.Limit. Each batch is its own short statement, so
+// no lock outlives one batch.
+func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult, error) {
+	if p.Limit <= 0 {
+		return store.ReapResult{}, errLimit
+	}
+	if p.Abandoned.Status <= 0 {
+		return store.ReapResult{}, errors.Join(store.ErrInvalidParams, errors.New("abandoned response is required"))
+	}
+	var res store.ReapResult
+	now := s.now()
+	sql := s.q.reapDelete
+	if p.Soft {
+		sql = s.q.reapSoft
+	}
+	tag, err := s.pool.Exec(ctx, sql, p.Limit, now)
+	if err != nil {
+		return res, wrap("reap", err)
+	}
+	res.Deleted = int(tag.RowsAffected())
+	left := p.Limit - res.Deleted
+	if left <= 0 {
+		return res, nil
+	}
+	headers, err := encodeHeader(p.Abandoned.Header)
+	if err != nil {
+		return res, err
+	}
+	body := p.Abandoned.Body
+	if p.Abandoned.BodyOmitted {
+		body = nil
+	}
+	tag, err = s.pool.Exec(ctx, s.q.reapAbandon, left, now,
+		p.Abandoned.Status, headers, body, p.Abandoned.BodyOmitted, micros(p.AbandonedTTL))
+	if err != nil {
+		return res, wrap("reap", err)
+	}
+	res.Abandoned = int(tag.RowsAffected())
+	return res, nil
+}
+
+// ListUnknown implements store.Store.
+func (s *Store) ListUnknown(ctx context.Context, p store.ListUnknownParams) ([]store.Record, error) {
+	if p.Limit <= 0 {
+		return nil, errLimit
+	}
+	rows, err := s.pool.Query(ctx, s.q.listUnknown, p.DueOnly, p.Limit, s.now())
+	if err != nil {
+		return nil, wrap("list unknown", err)
+	}
+	recs, err := collectRecords(rows)
+	if err != nil {
+		return nil, wrap("list unknown", err)
+	}
+	return recs, nil
+}
+
+// Resolve implements store.Store.
+func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	var (
+		status   *int
+		headers  []byte
+		body     []byte
+		omitted  bool
+		err      error
+		resolved bool
+		state    *string
+	)
+	if p.To == store.StateCompleted {
+		status = &p.Response.Status
+		if headers, err = encodeHeader(p.Response.Header); err != nil {
+			return err
+		}
+		omitted = p.Response.BodyOmitted
+		if !omitted {
+			body = p.Response.Body
+		}
+	}
+	err = s.pool.QueryRow(ctx, s.q.resolve, p.Scope, p.Key, s.now(),
+		string(p.To), status, headers, body, omitted, micros(p.TTL)).Scan(&resolved, &state)
+	if err != nil {
+		return wrap("resolve", err)
+	}
+	return unknownOutcome("resolve", resolved, state)
+}
+
+// Defer implements store.Store.
+func (s *Store) Defer(ctx context.Context, p store.DeferParams) error {
+	if p.Scope == "" || p.Key == "" {
+		return errScopeKey
+	}
+	if p.Delay < 0 {
+		return errors.Join(store.ErrInvalidParams, errors.New("delay must not be negative"))
+	}
+	var (
+		deferred bool
+		state    *string
+	)
+	err := s.pool.QueryRow(ctx, s.q.deferQ, p.Scope, p.Key, s.now(), micros(p.Delay), p.Error).
+		Scan(&deferred, &state)
+	if err != nil {
+		return wrap("defer", err)
+	}
+	return unknownOutcome("defer", deferred, state)
+}
+
+// unknownOutcome explains why an UPDATE guarded by state = 'unknown' did
+// not match. A state still reading "unknown" means a concurrent resolver
+// moved the record after this statement's snapshot.
+func unknownOutcome(op string, done bool, state *string) error {
+	switch {
+	case done:
+		return nil
+	case state == nil:
+		return fmt.Errorf("idem/postgres: %s: %w", op, store.ErrNotFound)
+	default:
+		return fmt.Errorf("idem/postgres: %s: record is %s: %w", op, *state, store.ErrStateConflict)
+	}
+}
+
+// Ping implements store.Store.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.pool.Ping(ctx); err != nil {
+		return wrap("ping", err)
+	}
+	return nil
+}
+
+// Close closes the pool if Open created it. It is safe to call twice.
+func (s *Store) Close() error {
+	if s.closed.CompareAndSwap(false, true) && s.ownsPool {
+		s.pool.Close()
+	}
+	return nil
+}
+
+var (
+	errScopeKey = errors.Join(store.ErrInvalidParams, errors.New("scope and key are required"))
+	errLimit    = errors.Join(store.ErrInvalidParams, errors.New("limit must be positive"))
+)
+
+func validFence(f store.FenceParams) error {
+	if f.Scope == "" || f.Key == "" {
+		return errScopeKey
+	}
+	return nil
+}
+
+// wrap maps a driver error at the store boundary. Constraint violations are
+// parameters the schema refuses; everything else (connection loss, context
+// cancellation, timeouts) is returned wrapped so the engine fails closed.
+func wrap(op string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "23502", "23514", "22001", "22P02", "22021":
+			// not null, check, string too long, bad text, bad UTF-8
+			return fmt.Errorf("idem/postgres: %s: %w: %w", op, store.ErrInvalidParams, err)
+		}
+	}
+	return fmt.Errorf("idem/postgres: %s: %w", op, err)
+}
+
+// micros rounds a duration up to whole microseconds, the database's
+// precision, so a positive duration never becomes zero.
+func micros(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Microsecond - 1) / time.Microsecond)
+}
+
+// encodeHeader stores a nil header as NULL so it reads back nil.
+func encodeHeader(h http.Header) ([]byte, error) {
+	if h == nil {
+		return nil, nil
+	}
+	b, err := json.Marshal(h)
+	if err != nil {
+		return nil, fmt.Errorf("idem/postgres: encode header: %w", err)
+	}
+	return b, nil
+}
+
+// scanRecord reads recordColumns, preceded by the action column when action
+// is not nil.
+func scanRecord(row pgx.Row, rec *store.Record, action *string) error {
+	var (
+		state, policy              string
+		status                     *int32
+		headers, body              []byte
+		omitted                    bool
+		completedAt, reconcileAt   *time.Time
+		lockedUntil, created       time.Time
+		updated, expires           time.Time
+		attempts, reconcileAttempt int32
+	)
+	dest := []any{
+		&rec.Scope, &rec.Key, &rec.Fingerprint, &state, &rec.Fence, &policy, &lockedUntil,
+		&rec.RecoveryPoint, &status, &headers, &body,
+		&omitted, &rec.LastError, &attempts, &created, &updated,
+		&completedAt, &expires, &reconcileAt, &reconcileAttempt,
+	}
+	if action != nil {
+		dest = append([]any{action}, dest...)
+	}
+	if err := row.Scan(dest...); err != nil {
+		return err
+	}
+	rec.State = store.State(state)
+	rec.LeasePolicy = store.LeasePolicy(policy)
+	rec.LockedUntil = lockedUntil.UTC()
+	rec.Attempts = int(attempts)
+	rec.CreatedAt = created.UTC()
+	rec.UpdatedAt = updated.UTC()
+	rec.ExpiresAt = expires.UTC()
+	rec.ReconcileAttempts = int(reconcileAttempt)
+	rec.CompletedAt = utcOrZero(completedAt)
+	rec.ReconcileAfter = utcOrZero(reconcileAt)
+	rec.Response = nil
+	if status != nil {
+		resp := &store.Response{Status: int(*status), Body: body, BodyOmitted: omitted}
+		if headers != nil {
+			if err := json.Unmarshal(headers, &resp.Header); err != nil {
+				return fmt.Errorf("decode header: %w", err)
+			}
+		}
+		rec.Response = resp
+	}
+	return nil
+}
+
+func collectRecords(rows pgx.Rows) ([]store.Record, error) {
+	defer rows.Close()
+	var out []store.Record
+	for rows.Next() {
+		var rec store.Record
+		if err := scanRecord(rows, &rec, nil); err != nil {
+			return nil, err
+		}
+		out = append(out, rec)
+	}
+	return out, rows.Err()
+}
+
+func utcOrZero(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return t.UTC()
+}

@@ -1,0 +1,376 @@
+package postgres
+
+import (
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// All SQL of the store lives in this file. Statements name the table as
+// {schema}idem_records; newQueries replaces {schema} once, at construction,
+// with the sanitized Config.Schema (or nothing, to follow search_path).
+//
+// Time: every statement that needs "now" takes it as a nullable parameter
+// and uses coalesce($n::timestamptz, statement_timestamp()). NULL means the
+// database clock; statement_timestamp() rather than now() so that the Tx
+// forms, run late inside a long caller transaction, do not date leases from
+// the transaction's start. Durations are passed as whole microseconds.
+
+// recordColumns is the column list every statement returns, in the order
+// scanRecord reads it.
+const recordColumns = `scope, key, fingerprint, state, fence, lease_policy, locked_until,
+	recovery_point, response_status, response_headers, response_body,
+	response_body_omitted, last_error, attempts, created_at, updated_at,
+	completed_at, expires_at, reconcile_after, reconcile_attempts`
+
+// recordColumnsR is recordColumns qualified by the alias r, for statements
+// that join other relations with the same column names.
+const recordColumnsR = `r.scope, r.key, r.fingerprint, r.state, r.fence, r.lease_policy,
+	r.locked_until, r.recovery_point, r.response_status, r.response_headers,
+	r.response_body, r.response_body_omitted, r.last_error, r.attempts,
+	r.created_at, r.updated_at, r.completed_at, r.expires_at, r.reconcile_after,
+	r.reconcile_attempts`
+
+// sqlReserve is Reserve in one statement (one round trip).
+//
+//   - ins tries the insert. ON CONFLICT DO NOTHING neither writes nor locks
+//     when the key exists, so a replay leaves the row untouched.
+//   - cur reads the existing row from the statement's snapshot and decides
+//     what Reserve must do with it (action).
+//   - upd performs that action when it needs a write. Its guard is checked
+//     again on the latest row version (READ COMMITTED re-evaluates the WHERE
+//     of an UPDATE after waiting for a concurrent writer), and it requires
+//     state and fence to be unchanged since the snapshot, so the action
+//     computed from cur still applies to the row it writes.
+//
+// The final SELECT returns exactly one row, or none:
+//   - 'created' from ins; the action from upd; 'existing' from cur when no
+//     write was needed;
+//   - 'stale' when cur wanted a write but upd lost a race against a
+//     concurrent transition (the snapshot is out of date);
+//   - no row when the insert conflicted with a row committed after the
+//     statement's snapshot was taken: the conflict stops the insert, but
+//     cur and upd cannot see that row.
+//
+// The last two only happen under a true race on one key; Reserve then runs
+// the statement again with a fresh snapshot.
+const sqlReserve = `
+WITH clock AS (
+	SELECT coalesce($7::timestamptz, statement_timestamp()) AS now
+),
+ins AS (
+	INSERT INTO {schema}idem_records AS r
+		(scope, key, fingerprint, state, fence, lease_policy, locked_until,
+		 attempts, created_at, updated_at, expires_at)
+	SELECT $1, $2, $3, 'in_progress', 1, $6,
+		c.now + $4::bigint * interval '1 microsecond',
+		1, c.now, c.now, c.now + $5::bigint * interval '1 microsecond'
+	FROM clock c
+	ON CONFLICT (scope, key) DO NOTHING
+	RETURNING ` + recordColumns + `
+),
+cur AS (
+	SELECT ` + recordColumns + `,
+		CASE
+			WHEN r.state = 'expired'
+				OR (r.state IN ('completed', 'failed_retryable') AND r.expires_at <= c.now)
+				THEN 'replace'
+			WHEN r.fingerprint <> $3 THEN 'none'
+			WHEN r.state = 'failed_retryable' THEN 'reclaim'
+			WHEN r.state = 'in_progress' AND r.locked_until <= c.now THEN
+				CASE WHEN r.lease_policy = 'unknown' THEN 'to_unknown' ELSE 'takeover' END
+			ELSE 'none'
+		END AS action
+	FROM {schema}idem_records r, clock c
+	WHERE r.scope = $1 AND r.key = $2
+),
+upd AS (
+	UPDATE {schema}idem_records AS r SET
+		state = CASE WHEN cur.action = 'to_unknown' THEN 'unknown' ELSE 'in_progress' END,
+		fingerprint = CASE WHEN cur.action = 'replace' THEN $3 ELSE r.fingerprint END,
+		fence = CASE WHEN cur.action = 'to_unknown' THEN r.fence ELSE r.fence + 1 END,
+		lease_policy = CASE WHEN cur.action = 'replace' THEN $6 ELSE r.lease_policy END,
+		locked_until = CASE WHEN cur.action = 'to_unknown' THEN r.locked_until
+			ELSE c.now + $4::bigint * interval '1 microsecond' END,
+		recovery_point = CASE WHEN cur.action = 'replace' THEN '' ELSE r.recovery_point END,
+		response_status = NULL,
+		response_headers = NULL,
+		response_body = NULL,
+		response_body_omitted = false,
+		last_error = CASE WHEN cur.action = 'to_unknown' THEN 'lease_expired' ELSE '' END,
+		attempts = CASE cur.action WHEN 'replace' THEN 1 WHEN 'to_unknown' THEN r.attempts
+			ELSE r.attempts + 1 END,
+		created_at = CASE WHEN cur.action = 'replace' THEN c.now ELSE r.created_at END,
+		updated_at = c.now,
+		completed_at = NULL,
+		expires_at = CASE WHEN cur.action IN ('replace', 'reclaim')
+			THEN c.now + $5::bigint * interval '1 microsecond' ELSE r.expires_at END,
+		reconcile_after = CASE WHEN cur.action = 'to_unknown' THEN c.now END,
+		reconcile_attempts = CASE WHEN cur.action = 'replace' THEN 0 ELSE r.reconcile_attempts END
+	FROM cur, clock c
+	WHERE r.scope = $1 AND r.key = $2
+		AND cur.action <> 'none'
+		AND NOT EXISTS (SELECT FROM ins)
+		AND r.state = cur.state AND r.fence = cur.fence
+		AND (cur.action NOT IN ('takeover', 'to_unknown') OR r.locked_until <= c.now)
+	RETURNING cur.action, ` + recordColumnsR + `
+)
+SELECT 'created', ` + recordColumns + ` FROM ins
+UNION ALL
+SELECT action, ` + recordColumns + ` FROM upd
+UNION ALL
+SELECT CASE WHEN action = 'none' THEN 'existing' ELSE 'stale' END, ` + recordColumns + `
+FROM cur
+WHERE NOT EXISTS (SELECT FROM ins) AND NOT EXISTS (SELECT FROM upd)`
+
+// The lease-holder transitions: one UPDATE each, guarded by state and
+// fence. Zero rows affected means the lease was lost.
+// $1 scope, $2 key, $3 fence, $4 now (nullable), then the operation's own.
+
+const sqlComplete = `
+UPDATE {schema}idem_records SET
+	state = 'completed',
+	response_status = $5,
+	response_headers = $6,
+	response_body = $7,
+	response_body_omitted = $8,
+	last_error = '',
+	completed_at = coalesce($4::timestamptz, statement_timestamp()),
+	updated_at = coalesce($4::timestamptz, statement_timestamp()),
+	expires_at = CASE WHEN $9::bigint > 0
+		THEN coalesce($4::timestamptz, statement_timestamp()) + $9::bigint * interval '1 microsecond'
+		ELSE expires_at END
+WHERE scope = $1 AND key = $2 AND state = 'in_progress' AND fence = $3`
+
+const sqlRelease = `
+UPDATE {schema}idem_records SET
+	state = 'failed_retryable',
+	last_error = $5,
+	updated_at = coalesce($4::timestamptz, statement_timestamp())
+WHERE scope = $1 AND key = $2 AND state = 'in_progress' AND fence = $3`
+
+const sqlMarkUnknown = `
+UPDATE {schema}idem_records SET
+	state = 'unknown',
+	last_error = $5,
+	reconcile_after = coalesce($4::timestamptz, statement_timestamp()),
+	updated_at = coalesce($4::timestamptz, statement_timestamp())
+WHERE scope = $1 AND key = $2 AND state = 'in_progress' AND fence = $3`
+
+const sqlCheckpoint = `
+UPDATE {schema}idem_records SET
+	recovery_point = $5,
+	updated_at = coalesce($4::timestamptz, statement_timestamp())
+WHERE scope = $1 AND key = $2 AND state = 'in_progress' AND fence = $3`
+
+const sqlExtend = `
+UPDATE {schema}idem_records SET
+	locked_until = coalesce($4::timestamptz, statement_timestamp()) + $5::bigint * interval '1 microsecond',
+	updated_at = coalesce($4::timestamptz, statement_timestamp())
+WHERE scope = $1 AND key = $2 AND state = 'in_progress' AND fence = $3`
+
+const sqlGet = `
+SELECT ` + recordColumns + `
+FROM {schema}idem_records
+WHERE scope = $1 AND key = $2`
+
+const sqlDelete = `
+DELETE FROM {schema}idem_records WHERE scope = $1 AND key = $2`
+
+// sqlSweep locks a bounded batch with SKIP LOCKED, so concurrent sweepers
+// split the work instead of queueing on each other or moving a row twice.
+// $1 limit, $2 now.
+const sqlSweep = `
+WITH clock AS (
+	SELECT coalesce($2::timestamptz, statement_timestamp()) AS now
+),
+due AS (
+	SELECT r.scope, r.key
+	FROM {schema}idem_records r, clock c
+	WHERE r.state = 'in_progress' AND r.locked_until <= c.now AND r.lease_policy = 'unknown'
+	ORDER BY r.locked_until
+	LIMIT $1
+	FOR UPDATE OF r SKIP LOCKED
+)
+UPDATE {schema}idem_records AS r SET
+	state = 'unknown',
+	last_error = 'lease_expired',
+	reconcile_after = c.now,
+	updated_at = c.now
+FROM due, clock c
+WHERE r.scope = due.scope AND r.key = due.key
+RETURNING ` + recordColumnsR
+
+// The reaper statements each touch at most $1 rows and skip rows another
+// reaper (or a live request) holds. $1 limit, $2 now.
+
+const sqlReapDelete = `
+WITH clock AS (
+	SELECT coalesce($2::timestamptz, statement_timestamp()) AS now
+),
+batch AS (
+	SELECT r.scope, r.key
+	FROM {schema}idem_records r, clock c
+	WHERE r.state IN ('completed', 'failed_retryable') AND r.expires_at <= c.now
+	ORDER BY r.expires_at
+	LIMIT $1
+	FOR UPDATE OF r SKIP LOCKED
+)
+DELETE FROM {schema}idem_records AS r
+USING batch
+WHERE r.scope = batch.scope AND r.key = batch.key`
+
+// sqlReapSoft keeps the row as expired for audit but drops the stored
+// response: it will never be replayed again.
+const sqlReapSoft = `
+WITH clock AS (
+	SELECT coalesce($2::timestamptz, statement_timestamp()) AS now
+),
+batch AS (
+	SELECT r.scope, r.key
+	FROM {schema}idem_records r, clock c
+	WHERE r.state IN ('completed', 'failed_retryable') AND r.expires_at <= c.now
+	ORDER BY r.expires_at
+	LIMIT $1
+	FOR UPDATE OF r SKIP LOCKED
+)
+UPDATE {schema}idem_records AS r SET
+	state = 'expired',
+	response_status = NULL,
+	response_headers = NULL,
+	response_body = NULL,
+	response_body_omitted = false,
+	updated_at = c.now
+FROM batch, clock c
+WHERE r.scope = batch.scope AND r.key = batch.key`
+
+// sqlReapAbandon turns in_progress and unknown records past expires_at into
+// completed records with the operator's response. An in_progress record
+// whose holder still renews its lease is not abandoned: its holder is alive.
+// $1 limit, $2 now, $3 status, $4 headers, $5 body, $6 body omitted, $7 ttl.
+const sqlReapAbandon = `
+WITH clock AS (
+	SELECT coalesce($2::timestamptz, statement_timestamp()) AS now
+),
+batch AS (
+	SELECT r.scope, r.key
+	FROM {schema}idem_records r, clock c
+	WHERE r.expires_at <= c.now
+		AND (r.state = 'unknown' OR (r.state = 'in_progress' AND r.locked_until <= c.now))
+	ORDER BY r.expires_at
+	LIMIT $1
+	FOR UPDATE OF r SKIP LOCKED
+)
+UPDATE {schema}idem_records AS r SET
+	state = 'completed',
+	response_status = $3,
+	response_headers = $4,
+	response_body = $5,
+	response_body_omitted = $6,
+	last_error = 'abandoned',
+	completed_at = c.now,
+	updated_at = c.now,
+	expires_at = c.now + $7::bigint * interval '1 microsecond',
+	reconcile_after = NULL
+FROM batch, clock c
+WHERE r.scope = batch.scope AND r.key = batch.key`
+
+// $1 due only, $2 limit, $3 now.
+const sqlListUnknown = `
+SELECT ` + recordColumns + `
+FROM {schema}idem_records
+WHERE state = 'unknown'
+	AND (NOT $1::boolean OR reconcile_after <= coalesce($3::timestamptz, statement_timestamp()))
+ORDER BY reconcile_after, scope, key
+LIMIT $2`
+
+// sqlResolve and sqlDefer also report the row's state from the snapshot so
+// that a miss can be told apart: absent (ErrNotFound) or not unknown
+// (ErrStateConflict), in the same round trip.
+// $1 scope, $2 key, $3 now, then the operation's own.
+const sqlResolve = `
+WITH upd AS (
+	UPDATE {schema}idem_records SET
+		state = $4,
+		response_status = $5,
+		response_headers = $6,
+		response_body = $7,
+		response_body_omitted = $8,
+		last_error = CASE WHEN $4 = 'completed' THEN '' ELSE last_error END,
+		completed_at = CASE WHEN $4 = 'completed'
+			THEN coalesce($3::timestamptz, statement_timestamp()) END,
+		updated_at = coalesce($3::timestamptz, statement_timestamp()),
+		expires_at = CASE WHEN $9::bigint > 0
+			THEN coalesce($3::timestamptz, statement_timestamp()) + $9::bigint * interval '1 microsecond'
+			ELSE expires_at END,
+		reconcile_after = NULL
+	WHERE scope = $1 AND key = $2 AND state = 'unknown'
+	RETURNING 1
+)
+SELECT EXISTS (SELECT FROM upd),
+	(SELECT state FROM {schema}idem_records WHERE scope = $1 AND key = $2)`
+
+const sqlDefer = `
+WITH upd AS (
+	UPDATE {schema}idem_records SET
+		reconcile_attempts = reconcile_attempts + 1,
+		reconcile_after = coalesce($3::timestamptz, statement_timestamp()) + $4::bigint * interval '1 microsecond',
+		last_error = $5,
+		updated_at = coalesce($3::timestamptz, statement_timestamp())
+	WHERE scope = $1 AND key = $2 AND state = 'unknown'
+	RETURNING 1
+)
+SELECT EXISTS (SELECT FROM upd),
+	(SELECT state FROM {schema}idem_records WHERE scope = $1 AND key = $2)`
+
+// Migrations. The runner sets search_path to Config.Schema (when given) for
+// its own transaction only, so the migration files stay unqualified.
+
+const sqlMigrateSearchPath = `SELECT set_config('search_path', $1, true)`
+
+// The lock is per schema: two stores in different schemas migrate
+// independently; two processes on one schema serialize.
+const sqlMigrateLock = `SELECT pg_advisory_xact_lock(hashtextextended('idem.migrate.' || current_schema(), 0))`
+
+const sqlMigrateTable = `
+CREATE TABLE IF NOT EXISTS idem_migrations (
+	version    integer     PRIMARY KEY,
+	name       text        NOT NULL,
+	applied_at timestamptz NOT NULL DEFAULT now()
+)`
+
+const sqlMigrateApplied = `SELECT version FROM idem_migrations`
+
+const sqlMigrateRecord = `INSERT INTO idem_migrations (version, name) VALUES ($1, $2)`
+
+// queries is the statement set of one Store, with the schema resolved.
+type queries struct {
+	reserve, complete, release, markUnknown, checkpoint, extend string
+	get, delete, sweep, reapDelete, reapSoft, reapAbandon       string
+	listUnknown, resolve, deferQ                                string
+}
+
+func newQueries(schema string) queries {
+	prefix := ""
+	if schema != "" {
+		prefix = pgx.Identifier{schema}.Sanitize() + "."
+	}
+	r := strings.NewReplacer("{schema}", prefix)
+	return queries{
+		reserve:     r.Replace(sqlReserve),
+		complete:    r.Replace(sqlComplete),
+		release:     r.Replace(sqlRelease),
+		markUnknown: r.Replace(sqlMarkUnknown),
+		checkpoint:  r.Replace(sqlCheckpoint),
+		extend:      r.Replace(sqlExtend),
+		get:         r.Replace(sqlGet),
+		delete:      r.Replace(sqlDelete),
+		sweep:       r.Replace(sqlSweep),
+		reapDelete:  r.Replace(sqlReapDelete),
+		reapSoft:    r.Replace(sqlReapSoft),
+		reapAbandon: r.Replace(sqlReapAbandon),
+		listUnknown: r.Replace(sqlListUnknown),
+		resolve:     r.Replace(sqlResolve),
+		deferQ:      r.Replace(sqlDefer),
+	}
+}
