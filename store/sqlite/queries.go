@@ -1,0 +1,236 @@
+package sqlite
+
+// Every statement of the store lives in this file. Times are bound as unix
+// microseconds computed in Go from the store's clock, so no statement reads
+// SQLite's own clock. The WHERE clauses that select by state repeat the
+// predicates of the partial indexes in migrations/001_records.sql verbatim:
+// SQLite uses a partial index only when the query implies its WHERE clause.
+
+// recordColumns is the column list scanRecord reads, in its order. The
+// driver reads an empty BLOB as nil, so "response_body IS NULL" tells a nil
+// body from an empty one.
+const recordColumns = `scope, key, fingerprint, state, fence, lease_policy, locked_until,
+	recovery_point, response_status, response_headers, response_body, response_body IS NULL,
+	response_body_omitted, last_error, attempts, created_at, updated_at, completed_at, expires_at,
+	reconcile_after, reconcile_attempts`
+
+const qGet = `SELECT ` + recordColumns + ` FROM idem_records WHERE scope = ?1 AND key = ?2`
+
+// qCreate inserts a fresh record, or recreates one that is soft-expired or
+// terminal past its expiry (fence+1, everything else reset). Any other
+// existing record is left alone and no row is returned.
+//
+// ?1 scope, ?2 key, ?3 fingerprint, ?4 lease policy, ?5 locked_until,
+// ?6 now, ?7 expires_at.
+const qCreate = `INSERT INTO idem_records (scope, key, fingerprint, state, fence, lease_policy,
+	locked_until, attempts, created_at, updated_at, expires_at)
+VALUES (?1, ?2, ?3, 'in_progress', 1, ?4, ?5, 1, ?6, ?6, ?7)
+ON CONFLICT (scope, key) DO UPDATE SET
+	fingerprint = excluded.fingerprint,
+	state = 'in_progress',
+	fence = fence + 1,
+	lease_policy = excluded.lease_policy,
+	locked_until = excluded.locked_until,
+	recovery_point = '',
+	response_status = NULL,
+	response_headers = NULL,
+	response_body = NULL,
+	response_body_omitted = 0,
+	last_error = '',
+	attempts = 1,
+	created_at = excluded.created_at,
+	updated_at = excluded.updated_at,
+	completed_at = NULL,
+	expires_at = excluded.expires_at,
+	reconcile_after = NULL,
+	reconcile_attempts = 0
+WHERE state = 'expired'
+	OR (state IN ('completed', 'failed_retryable') AND expires_at <= excluded.created_at)
+RETURNING ` + recordColumns
+
+// qReclaim gives a failed_retryable record back to a retry with the same
+// fingerprint. ?1 scope, ?2 key, ?3 fingerprint, ?4 locked_until, ?5 now,
+// ?6 expires_at.
+const qReclaim = `UPDATE idem_records SET
+	state = 'in_progress',
+	fence = fence + 1,
+	attempts = attempts + 1,
+	locked_until = ?4,
+	expires_at = ?6,
+	last_error = '',
+	updated_at = ?5
+WHERE scope = ?1 AND key = ?2 AND state = 'failed_retryable' AND fingerprint = ?3
+	AND expires_at > ?5
+RETURNING ` + recordColumns
+
+// qTakeOver hands an expired lease under policy retry or resume to a new
+// holder; recovery_point is kept for resume. ?1 scope, ?2 key,
+// ?3 fingerprint, ?4 locked_until, ?5 now.
+const qTakeOver = `UPDATE idem_records SET
+	fence = fence + 1,
+	attempts = attempts + 1,
+	locked_until = ?4,
+	updated_at = ?5
+WHERE scope = ?1 AND key = ?2 AND state = 'in_progress' AND fingerprint = ?3
+	AND lease_policy IN ('retry', 'resume') AND locked_until <= ?5
+RETURNING ` + recordColumns
+
+// qLeaseExpired moves one in_progress record whose lease expired under
+// policy unknown to unknown, due for reconciliation now. ?1 scope, ?2 key,
+// ?3 now.
+const qLeaseExpired = `UPDATE idem_records SET
+	state = 'unknown',
+	reconcile_after = ?3,
+	last_error = 'lease_expired',
+	updated_at = ?3
+WHERE scope = ?1 AND key = ?2 AND state = 'in_progress'
+	AND lease_policy = 'unknown' AND locked_until <= ?3
+RETURNING ` + recordColumns
+
+// The lease holder's transitions: ?1 scope, ?2 key, ?3 fence, then their own
+// parameters. Zero rows changed means the lease is lost.
+
+// qComplete: ?4 status, ?5 headers, ?6 body, ?7 body omitted, ?8 now,
+// ?9 new expires_at or NULL to keep it.
+const qComplete = `UPDATE idem_records SET
+	state = 'completed',
+	response_status = ?4,
+	response_headers = ?5,
+	response_body = ?6,
+	response_body_omitted = ?7,
+	last_error = '',
+	completed_at = ?8,
+	updated_at = ?8,
+	expires_at = coalesce(?9, expires_at)
+WHERE scope = ?1 AND key = ?2 AND state = 'in_progress' AND fence = ?3`
+
+// qRelease: ?4 error, ?5 now.
+const qRelease = `UPDATE idem_records SET
+	state = 'failed_retryable',
+	last_error = ?4,
+	updated_at = ?5
+WHERE scope = ?1 AND key = ?2 AND state = 'in_progress' AND fence = ?3`
+
+// qMarkUnknown: ?4 error, ?5 now.
+const qMarkUnknown = `UPDATE idem_records SET
+	state = 'unknown',
+	last_error = ?4,
+	reconcile_after = ?5,
+	updated_at = ?5
+WHERE scope = ?1 AND key = ?2 AND state = 'in_progress' AND fence = ?3`
+
+// qCheckpoint: ?4 recovery point, ?5 now.
+const qCheckpoint = `UPDATE idem_records SET
+	recovery_point = ?4,
+	updated_at = ?5
+WHERE scope = ?1 AND key = ?2 AND state = 'in_progress' AND fence = ?3`
+
+// qExtend: ?4 locked_until, ?5 now.
+const qExtend = `UPDATE idem_records SET
+	locked_until = ?4,
+	updated_at = ?5
+WHERE scope = ?1 AND key = ?2 AND state = 'in_progress' AND fence = ?3`
+
+const qDelete = `DELETE FROM idem_records WHERE scope = ?1 AND key = ?2`
+
+const qState = `SELECT state FROM idem_records WHERE scope = ?1 AND key = ?2`
+
+// qSweep moves up to ?2 expired leases under policy unknown to unknown.
+// ?1 now.
+const qSweep = `UPDATE idem_records SET
+	state = 'unknown',
+	reconcile_after = ?1,
+	last_error = 'lease_expired',
+	updated_at = ?1
+WHERE rowid IN (
+	SELECT rowid FROM idem_records
+	WHERE state = 'in_progress' AND lease_policy = 'unknown' AND locked_until <= ?1
+	ORDER BY locked_until
+	LIMIT ?2)
+RETURNING ` + recordColumns
+
+// qReapDelete deletes up to ?2 terminal records past expiry. ?1 now.
+const qReapDelete = `DELETE FROM idem_records
+WHERE rowid IN (
+	SELECT rowid FROM idem_records
+	WHERE state IN ('completed', 'failed_retryable') AND expires_at <= ?1
+	ORDER BY expires_at
+	LIMIT ?2)`
+
+// qReapSoft is qReapDelete for soft mode: the records stay as expired.
+const qReapSoft = `UPDATE idem_records SET
+	state = 'expired',
+	updated_at = ?1
+WHERE rowid IN (
+	SELECT rowid FROM idem_records
+	WHERE state IN ('completed', 'failed_retryable') AND expires_at <= ?1
+	ORDER BY expires_at
+	LIMIT ?2)`
+
+// qReapAbandon completes up to ?2 in_progress/unknown records past expiry
+// with the abandoned response. ?1 now, ?3 status, ?4 headers, ?5 body,
+// ?6 body omitted, ?7 new expires_at.
+const qReapAbandon = `UPDATE idem_records SET
+	state = 'completed',
+	response_status = ?3,
+	response_headers = ?4,
+	response_body = ?5,
+	response_body_omitted = ?6,
+	last_error = 'abandoned',
+	completed_at = ?1,
+	updated_at = ?1,
+	expires_at = ?7,
+	reconcile_after = NULL
+WHERE rowid IN (
+	SELECT rowid FROM idem_records
+	WHERE state IN ('in_progress', 'unknown') AND expires_at <= ?1
+	ORDER BY expires_at
+	LIMIT ?2)`
+
+// qListUnknownDue: ?1 now, ?2 limit.
+const qListUnknownDue = `SELECT ` + recordColumns + ` FROM idem_records
+WHERE state = 'unknown' AND reconcile_after <= ?1
+ORDER BY reconcile_after
+LIMIT ?2`
+
+// qListUnknownAll: ?1 limit.
+const qListUnknownAll = `SELECT ` + recordColumns + ` FROM idem_records
+WHERE state = 'unknown'
+ORDER BY reconcile_after
+LIMIT ?1`
+
+// qResolve settles an unknown record. ?1 scope, ?2 key, ?3 target state,
+// ?4 status, ?5 headers, ?6 body, ?7 body omitted (the response columns are
+// NULL/0 for failed_retryable), ?8 completed_at or NULL, ?9 now, ?10 new
+// expires_at or NULL to keep it. A completed record carries no last_error;
+// a failed_retryable one keeps the reason it became unknown.
+const qResolve = `UPDATE idem_records SET
+	state = ?3,
+	response_status = ?4,
+	response_headers = ?5,
+	response_body = ?6,
+	response_body_omitted = ?7,
+	completed_at = ?8,
+	last_error = CASE WHEN ?3 = 'completed' THEN '' ELSE last_error END,
+	reconcile_after = NULL,
+	updated_at = ?9,
+	expires_at = coalesce(?10, expires_at)
+WHERE scope = ?1 AND key = ?2 AND state = 'unknown'`
+
+// qDefer: ?3 reconcile_after, ?4 error, ?5 now.
+const qDefer = `UPDATE idem_records SET
+	reconcile_attempts = reconcile_attempts + 1,
+	reconcile_after = ?3,
+	last_error = ?4,
+	updated_at = ?5
+WHERE scope = ?1 AND key = ?2 AND state = 'unknown'`
+
+const qMigrationsTable = `CREATE TABLE IF NOT EXISTS idem_migrations (
+	version    INTEGER PRIMARY KEY,
+	name       TEXT    NOT NULL,
+	applied_at INTEGER NOT NULL
+)`
+
+const qMigrationsApplied = `SELECT version FROM idem_migrations`
+
+const qMigrationInsert = `INSERT INTO idem_migrations (version, name, applied_at) VALUES (?1, ?2, ?3)`
