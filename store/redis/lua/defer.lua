@@ -1,0 +1,18 @@
+-- defer: reschedules the reconciliation of an unknown record.
+-- ARGV: clock, grace_ms, delay_us, last_error
+-- Returns 0 done, 1 absent, 2 not unknown.
+local idx = {KEYS[1], KEYS[2], KEYS[3], KEYS[4]}
+local rk = KEYS[5]
+local now = clock(ARGV[1])
+local grace, ra = tonumber(ARGV[2]), now + tonumber(ARGV[3])
+local v = redis.call('HMGET', rk, 'st', 'pol', 'lu', 'ea')
+if not v[1] then
+  return 1
+end
+if v[1] ~= UNKNOWN then
+  return 2
+end
+redis.call('HINCRBY', rk, 'rat', 1)
+redis.call('HSET', rk, 'ra', num(ra), 'le', ARGV[4], 'ua', num(now))
+settle(idx, rk, UNKNOWN, v[2], tonumber(v[3]), ra, tonumber(v[4]), now, grace)
+return 0

@@ -1,0 +1,92 @@
+-- lib.lua is prepended to every script of the store (see scripts.go).
+--
+-- Conventions shared by all scripts:
+--   * Times and durations are integer microseconds since the Unix epoch. Lua
+--     numbers are doubles, exact up to 2^53 (year 2255 in microseconds).
+--   * The clock argument is '' to use the Redis server's TIME, else the time
+--     passed by the caller (an injected clock).
+--   * Scripts that change one record get KEYS = {lease, unknown, term, open,
+--     record}; batch scripts get the four index keys followed by records.
+--     All of them share one hash slot (the record's index shard).
+
+local IN_PROGRESS = 'in_progress'
+local COMPLETED = 'completed'
+local FAILED = 'failed_retryable'
+local UNKNOWN = 'unknown'
+local EXPIRED = 'expired'
+
+-- num formats an integer without the exponent notation Lua 5.1 uses for
+-- numbers beyond 14 digits (which would lose microseconds).
+local function num(n)
+  return string.format('%.0f', n)
+end
+
+local function clock(arg)
+  if arg ~= '' then
+    return tonumber(arg)
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local function terminal(st)
+  return st == COMPLETED or st == FAILED
+end
+
+-- settle makes the four index memberships and the Redis TTL of a record agree
+-- with its new state. Every script that changes a record calls it in the same
+-- script, so the indexes are never stale.
+--   lease: in_progress under policy unknown, by locked_until (sweeper)
+--   unknown: unknown, by reconcile_after (reconciler)
+--   term: completed and failed_retryable, by expires_at (reaper: delete)
+--   open: in_progress and unknown, by expires_at (reaper: abandon)
+local function settle(idx, rk, st, pol, lu, ra, ea, now, grace_ms)
+  if st == IN_PROGRESS and pol == 'unknown' then
+    redis.call('ZADD', idx[1], num(lu), rk)
+  else
+    redis.call('ZREM', idx[1], rk)
+  end
+  if st == UNKNOWN then
+    redis.call('ZADD', idx[2], num(ra), rk)
+  else
+    redis.call('ZREM', idx[2], rk)
+  end
+  if terminal(st) then
+    redis.call('ZADD', idx[3], num(ea), rk)
+  else
+    redis.call('ZREM', idx[3], rk)
+  end
+  if st == IN_PROGRESS or st == UNKNOWN then
+    redis.call('ZADD', idx[4], num(ea), rk)
+    -- Never let Redis drop a record whose outcome is still open.
+    redis.call('PERSIST', rk)
+  else
+    redis.call('ZREM', idx[4], rk)
+    -- A terminal (or soft-expired) record outlives expires_at by the grace
+    -- period even when no reaper runs; the TTL is relative so an injected
+    -- clock far from the server's time cannot drop a record early.
+    local left = math.floor((ea - now) / 1000)
+    if left < 0 then
+      left = 0
+    end
+    redis.call('PEXPIRE', rk, num(left + grace_ms))
+  end
+end
+
+local function unindex(idx, rk)
+  for i = 1, 4 do
+    redis.call('ZREM', idx[i], rk)
+  end
+end
+
+-- set_response stores a response from ARGV[i..i+4]:
+-- status, header (JSON), body, has_body ('1' when the body is not nil),
+-- body_omitted ('1'/'0').
+local function set_response(rk, i)
+  redis.call('HSET', rk, 'rs', ARGV[i], 'rh', ARGV[i + 1], 'ro', ARGV[i + 4])
+  if ARGV[i + 3] == '1' then
+    redis.call('HSET', rk, 'rb', ARGV[i + 2])
+  else
+    redis.call('HDEL', rk, 'rb')
+  end
+end

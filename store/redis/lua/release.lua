@@ -1,0 +1,22 @@
+-- release: in_progress (current fence) -> failed_retryable (Release) or
+-- unknown due now (MarkUnknown).
+-- ARGV: clock, grace_ms, fence, target state, last_error
+-- Returns 0 done, 1 absent, 2 not in_progress or another fence.
+local idx = {KEYS[1], KEYS[2], KEYS[3], KEYS[4]}
+local rk = KEYS[5]
+local now = clock(ARGV[1])
+local grace, to = tonumber(ARGV[2]), ARGV[4]
+
+local v = redis.call('HMGET', rk, 'st', 'f', 'pol', 'lu', 'ea')
+if not v[1] then
+  return 1
+end
+if v[1] ~= IN_PROGRESS or v[2] ~= ARGV[3] then
+  return 2
+end
+redis.call('HSET', rk, 'st', to, 'le', ARGV[5], 'ua', num(now))
+if to == UNKNOWN then
+  redis.call('HSET', rk, 'ra', num(now))
+end
+settle(idx, rk, to, v[3], tonumber(v[4]), now, tonumber(v[5]), now, grace)
+return 0

@@ -1,0 +1,68 @@
+-- reserve: the single atomic entry point of a request (store.Store.Reserve).
+-- ARGV: clock, scope, key, fingerprint, lease_us, ttl_us, policy, grace_ms
+-- Returns {outcome, HGETALL}; outcome follows store.ReserveOutcome
+-- (0 existing, 1 created, 2 reclaimed, 3 taken over).
+local idx = {KEYS[1], KEYS[2], KEYS[3], KEYS[4]}
+local rk = KEYS[5]
+local now = clock(ARGV[1])
+local scope, key, fp = ARGV[2], ARGV[3], ARGV[4]
+local lease, ttl, pol, grace = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
+
+local v = redis.call('HMGET', rk, 'st', 'fp', 'f', 'pol', 'lu', 'ea', 'at')
+local st, rfp, fence, rpol = v[1], v[2], tonumber(v[3]), v[4]
+local lu, ea, at = tonumber(v[5]), tonumber(v[6]), tonumber(v[7])
+
+local function result(outcome)
+  return {outcome, redis.call('HGETALL', rk)}
+end
+
+if not st or st == EXPIRED or (terminal(st) and ea <= now) then
+  local f = 1
+  if st then
+    -- Fence+1 over an expired record, so a zombie holder of the previous
+    -- generation can never complete the new one.
+    f = fence + 1
+    redis.call('DEL', rk)
+  else
+    -- A new index entry: drop up to two entries of the terminal index whose
+    -- record Redis already evicted by TTL (expires_at + grace is past), so
+    -- the index stays bounded even when no reaper runs.
+    local stale = redis.call('ZRANGEBYSCORE', idx[3], '-inf', num(now - grace * 1000), 'LIMIT', 0, 2)
+    for _, m in ipairs(stale) do
+      if redis.call('EXISTS', m) == 0 then
+        redis.call('ZREM', idx[3], m)
+      end
+    end
+  end
+  redis.call('HSET', rk, 's', scope, 'k', key, 'fp', fp, 'st', IN_PROGRESS, 'f', num(f),
+    'pol', pol, 'lu', num(now + lease), 'rp', '', 'le', '', 'at', '1',
+    'ca', num(now), 'ua', num(now), 'ea', num(now + ttl), 'rat', '0')
+  settle(idx, rk, IN_PROGRESS, pol, now + lease, 0, now + ttl, now, grace)
+  return result(1)
+end
+
+if rfp ~= fp then
+  return result(0)
+end
+
+if st == FAILED then
+  redis.call('HSET', rk, 'st', IN_PROGRESS, 'f', num(fence + 1), 'at', num(at + 1),
+    'pol', pol, 'lu', num(now + lease), 'ea', num(now + ttl), 'le', '', 'ua', num(now))
+  redis.call('HDEL', rk, 'ra')
+  settle(idx, rk, IN_PROGRESS, pol, now + lease, 0, now + ttl, now, grace)
+  return result(2)
+end
+
+if st == IN_PROGRESS and lu <= now then
+  if rpol == 'unknown' then
+    redis.call('HSET', rk, 'st', UNKNOWN, 'ra', num(now), 'le', 'lease_expired', 'ua', num(now))
+    settle(idx, rk, UNKNOWN, rpol, lu, now, ea, now, grace)
+    return result(0)
+  end
+  -- retry / resume: a new fence; recovery_point is kept for resume.
+  redis.call('HSET', rk, 'f', num(fence + 1), 'at', num(at + 1), 'lu', num(now + lease), 'ua', num(now))
+  settle(idx, rk, IN_PROGRESS, rpol, now + lease, 0, ea, now, grace)
+  return result(3)
+end
+
+return result(0)
