@@ -33,15 +33,19 @@ const recordColumnsR = `r.scope, r.key, r.fingerprint, r.state, r.fence, r.lease
 
 // sqlReserve is Reserve in one statement (one round trip).
 //
-//   - ins tries the insert. ON CONFLICT DO NOTHING neither writes nor locks
-//     when the key exists, so a replay leaves the row untouched.
 //   - cur reads the existing row from the statement's snapshot and decides
 //     what Reserve must do with it (action).
+//   - ins inserts when cur saw no row. ON CONFLICT DO NOTHING covers a row
+//     committed after the snapshot: it neither writes nor locks, and the
+//     insert is not even attempted when cur saw the row (a replay costs an
+//     index probe, not a speculative insertion).
 //   - upd performs that action when it needs a write. Its guard is checked
 //     again on the latest row version (READ COMMITTED re-evaluates the WHERE
 //     of an UPDATE after waiting for a concurrent writer), and it requires
 //     state and fence to be unchanged since the snapshot, so the action
-//     computed from cur still applies to the row it writes.
+//     computed from cur still applies to the row it writes. The
+//     uncorrelated EXISTS on cur becomes a one-time filter, so a replay
+//     does not even scan the table a second time.
 //
 // The final SELECT returns exactly one row, or none:
 //   - 'created' from ins; the action from upd; 'existing' from cur when no
@@ -58,17 +62,6 @@ const sqlReserve = `
 WITH clock AS (
 	SELECT coalesce($7::timestamptz, statement_timestamp()) AS now
 ),
-ins AS (
-	INSERT INTO {schema}idem_records AS r
-		(scope, key, fingerprint, state, fence, lease_policy, locked_until,
-		 attempts, created_at, updated_at, expires_at)
-	SELECT $1, $2, $3, 'in_progress', 1, $6,
-		c.now + $4::bigint * interval '1 microsecond',
-		1, c.now, c.now, c.now + $5::bigint * interval '1 microsecond'
-	FROM clock c
-	ON CONFLICT (scope, key) DO NOTHING
-	RETURNING ` + recordColumns + `
-),
 cur AS (
 	SELECT ` + recordColumns + `,
 		CASE
@@ -83,6 +76,18 @@ cur AS (
 		END AS action
 	FROM {schema}idem_records r, clock c
 	WHERE r.scope = $1 AND r.key = $2
+),
+ins AS (
+	INSERT INTO {schema}idem_records AS r
+		(scope, key, fingerprint, state, fence, lease_policy, locked_until,
+		 attempts, created_at, updated_at, expires_at)
+	SELECT $1, $2, $3, 'in_progress', 1, $6,
+		c.now + $4::bigint * interval '1 microsecond',
+		1, c.now, c.now, c.now + $5::bigint * interval '1 microsecond'
+	FROM clock c
+	WHERE NOT EXISTS (SELECT FROM cur)
+	ON CONFLICT (scope, key) DO NOTHING
+	RETURNING ` + recordColumns + `
 ),
 upd AS (
 	UPDATE {schema}idem_records AS r SET
@@ -110,6 +115,7 @@ upd AS (
 	FROM cur, clock c
 	WHERE r.scope = $1 AND r.key = $2
 		AND cur.action <> 'none'
+		AND EXISTS (SELECT FROM cur WHERE cur.action <> 'none')
 		AND NOT EXISTS (SELECT FROM ins)
 		AND r.state = cur.state AND r.fence = cur.fence
 		AND (cur.action NOT IN ('takeover', 'to_unknown') OR r.locked_until <= c.now)
