@@ -109,10 +109,43 @@ func TestConformance(t *testing.T) {
 }
 
 // newTestStore opens a store on a fresh prefix with a manual clock.
-func newTestStore(t *testing.T) (*Store, *storetest.Clock) {
+func newTestStore(t *testing.T, open storetest.Opener) (*Store, *storetest.Clock) {
 	t.Helper()
 	clock := storetest.NewClock()
-	return singleNode(t)(t, clock.Now).(*Store), clock
+	return open(t, clock.Now).(*Store), clock
+}
+
+// storeTests are the store-specific tests; they run on a single node and on
+// the cluster.
+var storeTests = []struct {
+	name string
+	fn   func(*testing.T, storetest.Opener)
+}{
+	{"ReserveBranches", testReserveBranches},
+	{"TakeOver", testTakeOver},
+	{"ResponseEncoding", testResponseEncoding},
+	{"RedisTTL", testRedisTTL},
+	{"EvictedIndexEntryTrimmed", testEvictedIndexEntryTrimmed},
+	{"SweepReapList", testSweepReapList},
+	{"SoftReap", testSoftReap},
+	{"ServerClock", testServerClock},
+	{"ScriptCacheFlushed", testScriptCacheFlushed},
+	{"InvalidParams", testInvalidParams},
+}
+
+func runStoreTests(t *testing.T, newDatabase func(*testing.T) storetest.Opener) {
+	for _, tt := range storeTests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			tt.fn(t, newDatabase(t))
+		})
+	}
+}
+
+func TestStore(t *testing.T) {
+	t.Parallel()
+	redisAddr(t)
+	runStoreTests(t, singleNode)
 }
 
 var ctx = context.Background()
@@ -140,9 +173,8 @@ func fence(r store.Record) store.FenceParams {
 	return store.FenceParams{Scope: r.Scope, Key: r.Key, Fence: r.Fence}
 }
 
-func TestReserveBranches(t *testing.T) {
-	t.Parallel()
-	s, clock := newTestStore(t)
+func testReserveBranches(t *testing.T, open storetest.Opener) {
+	s, clock := newTestStore(t, open)
 	t0 := clock.Now()
 
 	p := reserveParams("k1")
@@ -220,9 +252,8 @@ func TestReserveBranches(t *testing.T) {
 	checkIndexes(t, s)
 }
 
-func TestTakeOver(t *testing.T) {
-	t.Parallel()
-	s, clock := newTestStore(t)
+func testTakeOver(t *testing.T, open storetest.Opener) {
+	s, clock := newTestStore(t, open)
 	for _, pol := range []store.LeasePolicy{store.LeaseRetry, store.LeaseResume} {
 		p := reserveParams("k-" + string(pol))
 		p.LeasePolicy = pol
@@ -259,9 +290,8 @@ func TestTakeOver(t *testing.T) {
 }
 
 // The body's nil-ness and an omitted body survive the round trip.
-func TestResponseEncoding(t *testing.T) {
-	t.Parallel()
-	s, _ := newTestStore(t)
+func testResponseEncoding(t *testing.T, open storetest.Opener) {
+	s, _ := newTestStore(t, open)
 	for i, resp := range []store.Response{
 		{Status: 204},
 		{Status: 200, Body: []byte{}, Header: http.Header{}},
@@ -285,9 +315,8 @@ func TestResponseEncoding(t *testing.T) {
 }
 
 // Terminal records carry a Redis TTL of expires_at + grace; open ones none.
-func TestRedisTTL(t *testing.T) {
-	t.Parallel()
-	s, _ := newTestStore(t)
+func testRedisTTL(t *testing.T, open storetest.Opener) {
+	s, _ := newTestStore(t, open)
 	p := reserveParams("ttl")
 	rec := mustReserve(t, s, p, store.Created)
 	rk := s.recordKey(p.Scope, p.Key)
@@ -321,11 +350,21 @@ func TestRedisTTL(t *testing.T) {
 func checkIndexes(t *testing.T, s *Store) {
 	t.Helper()
 	want := map[string]float64{}
+	var mu sync.Mutex
 	for sh := range shardCount {
 		keys := s.indexKeys(sh)
-		iter := s.client.Scan(ctx, 0, s.tag(sh)+"r:*", 1000).Iterator()
-		for iter.Next(ctx) {
-			rk := iter.Val()
+		var recordKeys []string
+		err := forEachMaster(ctx, s.client, func(ctx context.Context, c *goredis.Client) error {
+			keys, err := c.Keys(ctx, s.tag(sh)+"r:*").Result()
+			mu.Lock()
+			recordKeys = append(recordKeys, keys...)
+			mu.Unlock()
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, rk := range recordKeys {
 			m, err := s.client.HGetAll(ctx, rk).Result()
 			if err != nil {
 				t.Fatal(err)
@@ -347,9 +386,6 @@ func checkIndexes(t *testing.T, s *Store) {
 			if rec.State == store.StateInProgress || rec.State == store.StateUnknown {
 				want[keys[idxOpen]+" "+rk] = us(rec.ExpiresAt)
 			}
-		}
-		if err := iter.Err(); err != nil {
-			t.Fatal(err)
 		}
 	}
 	got := map[string]float64{}
@@ -389,9 +425,8 @@ func keyInShard(scope string, shard int, not string) string {
 // A record that Redis evicted by TTL leaves a terminal-index entry; creating
 // a record in the same shard removes it, so the index stays bounded without
 // a reaper.
-func TestEvictedIndexEntryTrimmed(t *testing.T) {
-	t.Parallel()
-	s, clock := newTestStore(t)
+func testEvictedIndexEntryTrimmed(t *testing.T, open storetest.Opener) {
+	s, clock := newTestStore(t, open)
 	p := reserveParams("evicted")
 	rec := mustReserve(t, s, p, store.Created)
 	if err := s.Complete(ctx, store.CompleteParams{FenceParams: fence(rec), Response: store.Response{Status: 200}}); err != nil {
@@ -413,9 +448,8 @@ func TestEvictedIndexEntryTrimmed(t *testing.T) {
 	}
 }
 
-func TestSweepReapList(t *testing.T) {
-	t.Parallel()
-	s, clock := newTestStore(t)
+func testSweepReapList(t *testing.T, open storetest.Opener) {
+	s, clock := newTestStore(t, open)
 	const n = 20
 	recs := make([]store.Record, n)
 	for i := range recs {
@@ -538,9 +572,8 @@ func TestSweepReapList(t *testing.T) {
 	checkIndexes(t, s)
 }
 
-func TestSoftReap(t *testing.T) {
-	t.Parallel()
-	s, clock := newTestStore(t)
+func testSoftReap(t *testing.T, open storetest.Opener) {
+	s, clock := newTestStore(t, open)
 	p := reserveParams("soft")
 	rec := mustReserve(t, s, p, store.Created)
 	if err := s.Complete(ctx, store.CompleteParams{FenceParams: fence(rec), Response: store.Response{Status: 200}}); err != nil {
@@ -564,9 +597,8 @@ func TestSoftReap(t *testing.T) {
 }
 
 // Without Config.Clock the store uses the Redis server's TIME.
-func TestServerClock(t *testing.T) {
-	t.Parallel()
-	s := singleNode(t)(t, nil).(*Store)
+func testServerClock(t *testing.T, open storetest.Opener) {
+	s := open(t, nil).(*Store)
 	before := time.Now()
 	rec := mustReserve(t, s, reserveParams("server-clock"), store.Created)
 	if d := rec.CreatedAt.Sub(before); d < -5*time.Second || d > 5*time.Second {
@@ -585,9 +617,8 @@ func TestServerClock(t *testing.T) {
 
 // After the server's script cache is flushed, single calls and pipelined
 // batches fall back to EVAL.
-func TestScriptCacheFlushed(t *testing.T) {
-	t.Parallel()
-	s, clock := newTestStore(t)
+func testScriptCacheFlushed(t *testing.T, open storetest.Opener) {
+	s, clock := newTestStore(t, open)
 	rec := mustReserve(t, s, reserveParams("flush"), store.Created)
 	if err := s.client.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
@@ -603,9 +634,8 @@ func TestScriptCacheFlushed(t *testing.T) {
 	mustReserve(t, s, reserveParams("flush2"), store.Created)
 }
 
-func TestInvalidParams(t *testing.T) {
-	t.Parallel()
-	s, _ := newTestStore(t)
+func testInvalidParams(t *testing.T, open storetest.Opener) {
+	s, _ := newTestStore(t, open)
 	for name, err := range map[string]error{
 		"reserve":  func() error { _, err := s.Reserve(ctx, store.ReserveParams{Scope: "s"}); return err }(),
 		"complete": s.Complete(ctx, store.CompleteParams{}),
