@@ -143,7 +143,7 @@ func (e *Engine) Begin(ctx context.Context, req Request) (Decision, error) {
 		Lease: e.cfg.Lease, TTL: e.cfg.TTL, LeasePolicy: e.cfg.LeasePolicy,
 	}
 	var res store.ReserveResult
-	err := e.call(ctx, opReserve, func(ctx context.Context) (err error) {
+	err := e.call(ctx, opReserve, false, func(ctx context.Context) (err error) {
 		res, err = e.store.Reserve(ctx, p)
 		return err
 	})
@@ -197,7 +197,7 @@ func (e *Engine) Await(ctx context.Context, req Request, wait time.Duration) (De
 	scope := req.Scope()
 	for {
 		var r store.Record
-		err := e.call(ctx, opGet, func(ctx context.Context) (err error) {
+		err := e.call(ctx, opGet, false, func(ctx context.Context) (err error) {
 			r, err = e.store.Get(ctx, scope, req.Key)
 			return err
 		})
@@ -229,12 +229,19 @@ func (e *Engine) Await(ctx context.Context, req Request, wait time.Duration) (De
 
 // call runs one store operation under the store timeout, measuring it and
 // wrapping its failure in ErrStore. Lease and state conflicts are answers,
-// not failures, and pass through unwrapped.
-func (e *Engine) call(ctx context.Context, op storeOp, f func(context.Context) error) error {
-	ctx, cancel := context.WithTimeout(ctx, e.cfg.StoreTimeout)
+// not failures, and pass through unwrapped. A detached call ignores the
+// cancellation of ctx (but keeps its values).
+func (e *Engine) call(ctx context.Context, op storeOp, detached bool, f func(context.Context) error) error {
+	return e.callIn(new(callCtx), ctx, op, detached, f)
+}
+
+// callIn is call with the caller providing the (zero) callCtx, so that an
+// Execution's final transition needs no allocation of its own.
+func (e *Engine) callIn(cctx *callCtx, ctx context.Context, op storeOp, detached bool, f func(context.Context) error) error {
+	cctx.init(ctx, e.cfg.StoreTimeout, detached)
 	start := time.Now()
-	err := f(ctx)
-	cancel()
+	err := f(cctx)
+	cctx.release()
 	e.obs.storeOp(ctx, op, time.Since(start), err)
 	if err == nil || isAnswer(err) {
 		return err
@@ -268,6 +275,32 @@ type Execution struct {
 
 	uncertain atomic.Pointer[string]
 	committed atomic.Bool
+
+	// Storage that would otherwise be allocated per request: the context
+	// of the final transition and the middleware's response recorder.
+	endCtx callCtx
+	rec    recorder
+	reqCtx execCtx
+}
+
+// execCtx is a request context carrying its Execution, embedded in the
+// Execution so that attaching it costs no allocation.
+type execCtx struct {
+	context.Context
+	x *Execution
+}
+
+func (c *execCtx) Value(key any) any {
+	if key == (ctxKey{}) {
+		return c.x
+	}
+	return c.Context.Value(key)
+}
+
+// attach returns ctx carrying x.
+func (x *Execution) attach(ctx context.Context) context.Context {
+	x.reqCtx = execCtx{Context: ctx, x: x}
+	return &x.reqCtx
 }
 
 func (e *Engine) newExecution(res store.ReserveResult) *Execution {
@@ -310,7 +343,7 @@ func (x *Execution) fenceParams() store.FenceParams {
 // renew extends the lease and schedules the next renewal.
 func (x *Execution) renew() {
 	e := x.e
-	err := e.call(context.Background(), opExtend, func(ctx context.Context) error {
+	err := e.call(context.Background(), opExtend, false, func(ctx context.Context) error {
 		return e.store.Extend(ctx, store.ExtendParams{FenceParams: x.fenceParams(), Lease: e.cfg.Lease})
 	})
 	x.mu.Lock()
@@ -345,7 +378,7 @@ func (x *Execution) finish() bool {
 // Checkpoint commits a recovery point outside any transaction. SQL stores
 // offer CheckpointTx to commit it with the phase's own writes.
 func (x *Execution) Checkpoint(ctx context.Context, point string) error {
-	err := x.e.call(context.WithoutCancel(ctx), opCheckpoint, func(ctx context.Context) error {
+	err := x.e.call(ctx, opCheckpoint, true, func(ctx context.Context) error {
 		return x.e.store.Checkpoint(ctx, x.CheckpointParams(point))
 	})
 	if err == nil {
@@ -423,7 +456,7 @@ var errFinished = errors.New("idem: execution already finished")
 // client that hung up must not stop the engine from recording what the
 // handler did.
 func (x *Execution) end(ctx context.Context, op storeOp, what string, f func(context.Context) error) error {
-	err := x.e.call(context.WithoutCancel(ctx), op, f)
+	err := x.e.callIn(&x.endCtx, ctx, op, true, f)
 	if err != nil {
 		x.e.obs.finishFailed(ctx, op)
 		x.e.log.Error("idem: could not record the outcome; the key stays in progress until its lease expires",

@@ -120,31 +120,46 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 	if r.ContentLength > limit {
 		return nil, errBodyTooLarge
 	}
-	size := int64(512)
+	rb := &replayBody{}
+	var b []byte
 	if r.ContentLength > 0 {
-		size = r.ContentLength + 1 // +1 so the final read sees EOF without growing
+		// The common case: one exact allocation, then a read that must
+		// find the end of the body.
+		b = make([]byte, r.ContentLength)
+		if _, err := io.ReadFull(r.Body, b); err != nil {
+			return nil, err
+		}
+		if n, _ := r.Body.Read(rb.probe[:]); n > 0 {
+			return nil, errors.New("body longer than its Content-Length")
+		}
+	} else {
+		buf := bytes.NewBuffer(nil)
+		n, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1))
+		if err != nil {
+			return nil, err
+		}
+		if n > limit {
+			return nil, errBodyTooLarge
+		}
+		b = buf.Bytes()
 	}
-	buf := bytes.NewBuffer(make([]byte, 0, size))
-	n, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1))
-	if err != nil {
-		return nil, err
-	}
-	if n > limit {
-		return nil, errBodyTooLarge
-	}
-	b := buf.Bytes()
-	r.Body = &replayBody{Reader: bytes.NewReader(b)}
+	rb.Reset(b)
+	r.Body = rb
 	return b, nil
 }
 
 // replayBody hands the already-read body to the handler.
-type replayBody struct{ *bytes.Reader }
+type replayBody struct {
+	bytes.Reader
+	probe [1]byte
+}
 
 func (*replayBody) Close() error { return nil }
 
 func (e *Engine) execute(w http.ResponseWriter, r *http.Request, body []byte, x *Execution, next http.Handler) {
-	ctx := NewContext(r.Context(), x)
-	rec := &recorder{ResponseWriter: w, limit: e.cfg.MaxResponseBytes}
+	ctx := x.attach(r.Context())
+	rec := &x.rec
+	rec.ResponseWriter, rec.limit = w, e.cfg.MaxResponseBytes
 	r2 := r.WithContext(ctx)
 	defer func() {
 		if p := recover(); p != nil {
@@ -231,26 +246,20 @@ var unreplayable = map[string]bool{
 }
 
 // replayableHeader copies h without the headers a replay must not carry,
-// including those named by Connection.
+// including those named by Connection. The value slices are shared with h,
+// capped so that an Add on either side copies instead of writing into the
+// other; net/http treats header values as immutable once set.
 func replayableHeader(h http.Header) http.Header {
 	if len(h) == 0 {
 		return nil
 	}
 	named := h["Connection"]
-	n := 0
-	for k, v := range h {
-		if !unreplayable[k] {
-			n += len(v)
-		}
-	}
 	out := make(http.Header, len(h))
-	vals := make([]string, 0, n) // one backing array for every value
 	for k, v := range h {
 		if unreplayable[k] || listed(named, k) {
 			continue
 		}
-		vals = append(vals, v...)
-		out[k] = vals[len(vals)-len(v) : len(vals) : len(vals)]
+		out[k] = v[:len(v):len(v)]
 	}
 	return out
 }

@@ -30,19 +30,21 @@ func (o storeOp) String() string { return opNames[o] }
 // reserveOutcomes are the values of the outcome attribute of
 // idem.reserve.outcomes (DESIGN §6).
 var reserveOutcomes = []string{
-	"created", "replay", "in_progress", "key_misuse", "failed_retry", "unknown", "taken_over", "store_error",
+	"created", "replay", "in_progress", "key_misuse", "failed_retry", "unknown", "taken_over", "store_error", "rejected",
 }
 
 // observer holds the engine's instruments with their attribute sets built
 // once, so recording costs no allocation on the request path.
 type observer struct {
 	reserves    metric.Int64Counter
-	reserveOpts map[string]metric.AddOption
+	reserveOpts map[string][]metric.AddOption
 	storeErrs   metric.Int64Counter
 	finishFails metric.Int64Counter
 	latency     metric.Float64Histogram
-	opAdd       [numOps]metric.AddOption
-	opRecord    [numOps]metric.RecordOption
+	// Option slices, not single options: a variadic call through an
+	// interface would allocate a fresh slice per call.
+	opAdd    [numOps][]metric.AddOption
+	opRecord [numOps][]metric.RecordOption
 }
 
 const meterName = "github.com/idem-go/idem"
@@ -52,7 +54,7 @@ func newObserver(mp metric.MeterProvider) (*observer, error) {
 		mp = otel.GetMeterProvider()
 	}
 	m := mp.Meter(meterName)
-	o := &observer{reserveOpts: map[string]metric.AddOption{}}
+	o := &observer{reserveOpts: map[string][]metric.AddOption{}}
 	var err error
 	if o.reserves, err = m.Int64Counter("idem.reserve.outcomes",
 		metric.WithDescription("Reservations by outcome: created, replay, in_progress, key_misuse, failed_retry, unknown, taken_over, store_error.")); err != nil {
@@ -71,27 +73,27 @@ func newObserver(mp metric.MeterProvider) (*observer, error) {
 		return nil, err
 	}
 	for _, out := range reserveOutcomes {
-		o.reserveOpts[out] = metric.WithAttributeSet(attribute.NewSet(attribute.String("outcome", out)))
+		o.reserveOpts[out] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("outcome", out)))}
 	}
 	for op := storeOp(0); op < numOps; op++ {
 		set := attribute.NewSet(attribute.String("op", op.String()))
-		o.opAdd[op] = metric.WithAttributeSet(set)
-		o.opRecord[op] = metric.WithAttributeSet(set)
+		o.opAdd[op] = []metric.AddOption{metric.WithAttributeSet(set)}
+		o.opRecord[op] = []metric.RecordOption{metric.WithAttributeSet(set)}
 	}
 	return o, nil
 }
 
 func (o *observer) reserve(ctx context.Context, outcome string) {
-	o.reserves.Add(ctx, 1, o.reserveOpts[outcome])
+	o.reserves.Add(ctx, 1, o.reserveOpts[outcome]...)
 }
 
 func (o *observer) storeOp(ctx context.Context, op storeOp, d time.Duration, err error) {
-	o.latency.Record(ctx, d.Seconds(), o.opRecord[op])
+	o.latency.Record(ctx, d.Seconds(), o.opRecord[op]...)
 	if err != nil && !isAnswer(err) {
-		o.storeErrs.Add(ctx, 1, o.opAdd[op])
+		o.storeErrs.Add(ctx, 1, o.opAdd[op]...)
 	}
 }
 
 func (o *observer) finishFailed(ctx context.Context, op storeOp) {
-	o.finishFails.Add(ctx, 1, o.opAdd[op])
+	o.finishFails.Add(ctx, 1, o.opAdd[op]...)
 }

@@ -23,6 +23,13 @@ type Config struct {
 
 type id struct{ scope, key string }
 
+// entry is a record with room for its response, so completing it does not
+// allocate.
+type entry struct {
+	store.Record
+	resp store.Response
+}
+
 // Store is a map behind one mutex: every transition is trivially atomic.
 // Responses are kept by reference: the engine hands over ownership of the
 // body and headers at Complete and never modifies them afterwards, and
@@ -30,7 +37,7 @@ type id struct{ scope, key string }
 type Store struct {
 	clock store.Clock
 	mu    sync.Mutex
-	recs  map[id]*store.Record
+	recs  map[id]*entry
 }
 
 // New returns an empty store.
@@ -39,7 +46,7 @@ func New(cfg Config) *Store {
 	if c == nil {
 		c = time.Now
 	}
-	return &Store{clock: c, recs: make(map[id]*store.Record)}
+	return &Store{clock: c, recs: make(map[id]*entry)}
 }
 
 func (s *Store) now() time.Time { return s.clock().UTC() }
@@ -56,16 +63,19 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := id{p.Scope, p.Key}
-	r := s.recs[k]
+	var r *store.Record
+	if e := s.recs[k]; e != nil {
+		r = &e.Record
+	}
 	fresh := func(fence int64) store.ReserveResult {
-		n := &store.Record{
+		n := &entry{Record: store.Record{
 			Scope: p.Scope, Key: p.Key, Fingerprint: p.Fingerprint,
 			State: store.StateInProgress, Fence: fence, LeasePolicy: p.LeasePolicy,
 			LockedUntil: now.Add(p.Lease), Attempts: 1,
 			CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(p.TTL),
-		}
+		}}
 		s.recs[k] = n
-		return store.ReserveResult{Outcome: store.Created, Record: *n}
+		return store.ReserveResult{Outcome: store.Created, Record: n.Record}
 	}
 	switch {
 	case r == nil:
@@ -105,7 +115,7 @@ func toUnknown(r *store.Record, now time.Time, why string) {
 }
 
 // held runs f on the record if the caller holds its lease.
-func (s *Store) held(ctx context.Context, fp store.FenceParams, f func(r *store.Record, now time.Time)) error {
+func (s *Store) held(ctx context.Context, fp store.FenceParams, f func(r *entry, now time.Time)) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -123,14 +133,15 @@ func (s *Store) held(ctx context.Context, fp store.FenceParams, f func(r *store.
 
 // Complete implements store.Store.
 func (s *Store) Complete(ctx context.Context, p store.CompleteParams) error {
-	return s.held(ctx, p.FenceParams, func(r *store.Record, now time.Time) {
-		complete(r, now, p.Response, p.TTL)
+	return s.held(ctx, p.FenceParams, func(r *entry, now time.Time) {
+		r.complete(now, p.Response, p.TTL)
 	})
 }
 
-func complete(r *store.Record, now time.Time, resp store.Response, ttl time.Duration) {
+func (r *entry) complete(now time.Time, resp store.Response, ttl time.Duration) {
 	r.State = store.StateCompleted
-	r.Response = &resp
+	r.resp = resp
+	r.Response = &r.resp
 	r.CompletedAt = now
 	if ttl > 0 {
 		r.ExpiresAt = now.Add(ttl)
@@ -139,7 +150,7 @@ func complete(r *store.Record, now time.Time, resp store.Response, ttl time.Dura
 
 // Release implements store.Store.
 func (s *Store) Release(ctx context.Context, p store.ReleaseParams) error {
-	return s.held(ctx, p.FenceParams, func(r *store.Record, now time.Time) {
+	return s.held(ctx, p.FenceParams, func(r *entry, now time.Time) {
 		r.State = store.StateFailedRetryable
 		r.LastError = p.Error
 	})
@@ -147,21 +158,21 @@ func (s *Store) Release(ctx context.Context, p store.ReleaseParams) error {
 
 // MarkUnknown implements store.Store.
 func (s *Store) MarkUnknown(ctx context.Context, p store.ReleaseParams) error {
-	return s.held(ctx, p.FenceParams, func(r *store.Record, now time.Time) {
-		toUnknown(r, now, p.Error)
+	return s.held(ctx, p.FenceParams, func(r *entry, now time.Time) {
+		toUnknown(&r.Record, now, p.Error)
 	})
 }
 
 // Checkpoint implements store.Store.
 func (s *Store) Checkpoint(ctx context.Context, p store.CheckpointParams) error {
-	return s.held(ctx, p.FenceParams, func(r *store.Record, now time.Time) {
+	return s.held(ctx, p.FenceParams, func(r *entry, now time.Time) {
 		r.RecoveryPoint = p.RecoveryPoint
 	})
 }
 
 // Extend implements store.Store.
 func (s *Store) Extend(ctx context.Context, p store.ExtendParams) error {
-	return s.held(ctx, p.FenceParams, func(r *store.Record, now time.Time) {
+	return s.held(ctx, p.FenceParams, func(r *entry, now time.Time) {
 		r.LockedUntil = now.Add(p.Lease)
 	})
 }
@@ -177,7 +188,7 @@ func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error
 	if r == nil {
 		return store.Record{}, store.ErrNotFound
 	}
-	return *r, nil
+	return r.Record, nil
 }
 
 // Delete implements store.Store.
@@ -215,23 +226,23 @@ func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]
 		if len(out) == p.Limit {
 			break
 		}
-		toUnknown(r, now, "lease_expired")
-		out = append(out, *r)
+		toUnknown(&r.Record, now, "lease_expired")
+		out = append(out, r.Record)
 	}
 	return out, nil
 }
 
 // sorted returns the records matching keep ordered by the time by returns.
 // The memory store is for tests and small services, so a scan is fine.
-func (s *Store) sorted(keep func(*store.Record) bool, by func(*store.Record) time.Time) []*store.Record {
-	var rs []*store.Record
+func (s *Store) sorted(keep func(*store.Record) bool, by func(*store.Record) time.Time) []*entry {
+	var rs []*entry
 	for _, r := range s.recs {
-		if keep(r) {
+		if keep(&r.Record) {
 			rs = append(rs, r)
 		}
 	}
 	sort.Slice(rs, func(i, j int) bool {
-		ti, tj := by(rs[i]), by(rs[j])
+		ti, tj := by(&rs[i].Record), by(&rs[j].Record)
 		if !ti.Equal(tj) {
 			return ti.Before(tj)
 		}
@@ -271,7 +282,7 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 			delete(s.recs, id{r.Scope, r.Key})
 			res.Deleted++
 		default: // in_progress or unknown: abandoned
-			complete(r, now, p.Abandoned, p.AbandonedTTL)
+			r.complete(now, p.Abandoned, p.AbandonedTTL)
 			r.LastError = "abandoned"
 			r.UpdatedAt = now
 			res.Abandoned++
@@ -298,13 +309,13 @@ func (s *Store) ListUnknown(ctx context.Context, p store.ListUnknownParams) ([]s
 		if len(out) == p.Limit {
 			break
 		}
-		out = append(out, *r)
+		out = append(out, r.Record)
 	}
 	return out, nil
 }
 
 // unknown runs f on an unknown record.
-func (s *Store) unknown(ctx context.Context, scope, key string, f func(r *store.Record, now time.Time)) error {
+func (s *Store) unknown(ctx context.Context, scope, key string, f func(r *entry, now time.Time)) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -328,10 +339,10 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	return s.unknown(ctx, p.Scope, p.Key, func(r *store.Record, now time.Time) {
+	return s.unknown(ctx, p.Scope, p.Key, func(r *entry, now time.Time) {
 		r.ReconcileAfter = time.Time{}
 		if p.To == store.StateCompleted {
-			complete(r, now, *p.Response, p.TTL)
+			r.complete(now, *p.Response, p.TTL)
 			return
 		}
 		r.State = store.StateFailedRetryable
@@ -343,7 +354,7 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 
 // Defer implements store.Store.
 func (s *Store) Defer(ctx context.Context, p store.DeferParams) error {
-	return s.unknown(ctx, p.Scope, p.Key, func(r *store.Record, now time.Time) {
+	return s.unknown(ctx, p.Scope, p.Key, func(r *entry, now time.Time) {
 		r.ReconcileAttempts++
 		r.ReconcileAfter = now.Add(p.Delay)
 		r.LastError = p.Error

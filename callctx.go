@@ -1,0 +1,110 @@
+package idem
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// callCtx bounds one store call by a deadline, optionally detached from its
+// parent's cancellation (a completion must be recorded even when the
+// client hung up). It is context.WithTimeout without the cost on the common
+// path: the timer and the Done channel exist only if the store asks for
+// Done; a store that only checks Err (the memory store) gets the deadline
+// from a clock read.
+type callCtx struct {
+	parent   context.Context
+	deadline time.Time
+	detached bool
+
+	mu         sync.Mutex
+	armed      bool
+	done       chan struct{}
+	err        error
+	timer      *time.Timer
+	stopParent func() bool
+}
+
+// init prepares a zero callCtx; a callCtx is used for one call only.
+func (c *callCtx) init(parent context.Context, timeout time.Duration, detached bool) {
+	c.parent, c.deadline, c.detached = parent, time.Now().Add(timeout), detached
+}
+
+func (c *callCtx) Deadline() (time.Time, bool) {
+	if !c.detached {
+		if d, ok := c.parent.Deadline(); ok && d.Before(c.deadline) {
+			return d, true
+		}
+	}
+	return c.deadline, true
+}
+
+func (c *callCtx) Value(key any) any { return c.parent.Value(key) }
+
+// Err follows the context contract: once Done was handed out, Err is
+// non-nil exactly when Done is closed.
+func (c *callCtx) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.armed {
+		return c.err
+	}
+	return c.cause()
+}
+
+// cause is the error the context has now, judged without a channel.
+func (c *callCtx) cause() error {
+	if !c.detached {
+		if err := c.parent.Err(); err != nil {
+			return err
+		}
+	}
+	if !time.Now().Before(c.deadline) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+func (c *callCtx) Done() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.armed {
+		c.armed = true
+		c.done = make(chan struct{})
+		if err := c.cause(); err != nil {
+			c.err = err
+			close(c.done)
+			return c.done
+		}
+		c.timer = time.AfterFunc(time.Until(c.deadline), func() { c.cancel(context.DeadlineExceeded) })
+		if !c.detached && c.parent.Done() != nil {
+			c.stopParent = context.AfterFunc(c.parent, func() { c.cancel(c.parent.Err()) })
+		}
+	}
+	return c.done
+}
+
+func (c *callCtx) cancel(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err == nil {
+		c.err = err
+		close(c.done)
+	}
+}
+
+// release stops the timer and the parent watch, as a CancelFunc would. The
+// context reports context.Canceled afterwards if it was armed.
+func (c *callCtx) release() {
+	c.mu.Lock()
+	armed := c.armed
+	c.mu.Unlock()
+	if !armed {
+		return
+	}
+	c.timer.Stop()
+	if c.stopParent != nil {
+		c.stopParent()
+	}
+	c.cancel(context.Canceled)
+}
