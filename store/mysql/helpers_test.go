@@ -1,0 +1,130 @@
+package mysql
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"net"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	mysqldrv "github.com/go-sql-driver/mysql"
+
+	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/storetest"
+)
+
+const dsnEnv = "IDEM_TEST_MYSQL_DSN"
+
+// baseConfig returns the parsed test DSN or skips the test.
+func baseConfig(tb testing.TB) *mysqldrv.Config {
+	tb.Helper()
+	dsn := os.Getenv(dsnEnv)
+	if dsn == "" {
+		tb.Skipf("%s is not set (e.g. %s='root@tcp(127.0.0.1:3306)/test'): skipping MySQL/MariaDB store tests", dsnEnv, dsnEnv)
+	}
+	cfg, err := mysqldrv.ParseDSN(dsn)
+	if err != nil {
+		tb.Fatalf("%s: %v", dsnEnv, err)
+	}
+	return cfg
+}
+
+// newDatabase creates an empty database idem_test_<random>, drops it when
+// the test ends, and returns the config of a connection to it.
+func newDatabase(tb testing.TB) *mysqldrv.Config {
+	tb.Helper()
+	cfg := baseConfig(tb)
+	admin, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	name := "idem_test_" + hex.EncodeToString(b)
+	// name is generated hex: safe to splice into DDL, which takes no
+	// placeholders.
+	if _, err := admin.Exec("CREATE DATABASE `" + name + "`"); err != nil {
+		admin.Close()
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if _, err := admin.Exec("DROP DATABASE IF EXISTS `" + name + "`"); err != nil {
+			tb.Errorf("drop %s: %v", name, err)
+		}
+		admin.Close()
+	})
+	cfg = cfg.Clone()
+	cfg.DBName = name
+	return cfg
+}
+
+func openStore(tb testing.TB, cfg *mysqldrv.Config, clock store.Clock) *Store {
+	tb.Helper()
+	s, err := Open(context.Background(), cfg.FormatDSN(), Config{Clock: clock})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// newStore opens a store with a manual clock on a fresh database.
+func newStore(t *testing.T) (*Store, *storetest.Clock) {
+	t.Helper()
+	clock := storetest.NewClock()
+	return openStore(t, newDatabase(t), clock.Now), clock
+}
+
+// counter counts the packets the driver writes: after the handshake, one
+// write is one command sent, i.e. one round trip.
+type counter struct{ writes atomic.Int64 }
+
+type countingConn struct {
+	net.Conn
+	c *counter
+}
+
+func (c countingConn) Write(p []byte) (int, error) {
+	c.c.writes.Add(1)
+	return c.Conn.Write(p)
+}
+
+var dialSeq atomic.Int64
+
+// countingNet registers a dialer that counts writes and returns its network
+// name, to be put in a DSN's Net.
+func countingNet(c *counter) string {
+	name := "idemcount" + hex.EncodeToString([]byte{byte(dialSeq.Add(1))})
+	mysqldrv.RegisterDialContext(name, func(ctx context.Context, addr string) (net.Conn, error) {
+		var d net.Dialer
+		conn, err := d.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return nil, err
+		}
+		return countingConn{Conn: conn, c: c}, nil
+	})
+	return name
+}
+
+func reserveParams(key string) store.ReserveParams {
+	return store.ReserveParams{
+		Scope:       "tenant|POST /payments",
+		Key:         key,
+		Fingerprint: "fp-" + key,
+		Lease:       30 * time.Second,
+		TTL:         24 * time.Hour,
+		LeasePolicy: store.LeaseUnknown,
+	}
+}
+
+func okResponse(body string) store.Response {
+	return store.Response{
+		Status: 201,
+		Header: map[string][]string{"Content-Type": {"application/json"}},
+		Body:   []byte(body),
+	}
+}

@@ -1,0 +1,751 @@
+package mysql
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/storetest"
+)
+
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	baseConfig(t)
+	storetest.Run(t, storetest.Harness{
+		NewDatabase: func(t *testing.T) storetest.Opener {
+			cfg := newDatabase(t)
+			return func(t *testing.T, clock store.Clock) store.Store {
+				return openStore(t, cfg, clock)
+			}
+		},
+		Durable: true,
+		Shared:  true,
+	})
+}
+
+func mustReserve(t *testing.T, s *Store, p store.ReserveParams, want store.ReserveOutcome) store.Record {
+	t.Helper()
+	res, err := s.Reserve(t.Context(), p)
+	if err != nil {
+		t.Fatalf("reserve %q: %v", p.Key, err)
+	}
+	if res.Outcome != want {
+		t.Fatalf("reserve %q: outcome %v, want %v (record %+v)", p.Key, res.Outcome, want, res.Record)
+	}
+	return res.Record
+}
+
+// TestReserveBranches walks every branch of the Store.Reserve doc comment.
+func TestReserveBranches(t *testing.T) {
+	t.Parallel()
+	s, clock := newStore(t)
+	ctx := t.Context()
+
+	t.Run("absent creates fence 1", func(t *testing.T) {
+		p := reserveParams("absent")
+		now := clock.Now()
+		r := mustReserve(t, s, p, store.Created)
+		if r.State != store.StateInProgress || r.Fence != 1 || r.Attempts != 1 {
+			t.Fatalf("record %+v", r)
+		}
+		if !r.CreatedAt.Equal(now) || !r.LockedUntil.Equal(now.Add(p.Lease)) || !r.ExpiresAt.Equal(now.Add(p.TTL)) {
+			t.Fatalf("times %v %v %v, now %v", r.CreatedAt, r.LockedUntil, r.ExpiresAt, now)
+		}
+		if r.LockedUntil.Location() != time.UTC {
+			t.Fatalf("time not in UTC: %v", r.LockedUntil.Location())
+		}
+	})
+
+	t.Run("live in_progress is existing", func(t *testing.T) {
+		p := reserveParams("live")
+		mustReserve(t, s, p, store.Created)
+		r := mustReserve(t, s, p, store.Existing)
+		if r.State != store.StateInProgress || r.Fence != 1 {
+			t.Fatalf("record %+v", r)
+		}
+	})
+
+	t.Run("completed replays untouched", func(t *testing.T) {
+		p := reserveParams("completed")
+		r := mustReserve(t, s, p, store.Created)
+		if err := s.Complete(ctx, store.CompleteParams{FenceParams: fence(r), Response: okResponse(`{"id":1}`)}); err != nil {
+			t.Fatal(err)
+		}
+		before := rowVersion(t, s, p.Scope, p.Key)
+		clock.Advance(time.Second)
+		r = mustReserve(t, s, p, store.Existing)
+		if r.State != store.StateCompleted || r.Response == nil || string(r.Response.Body) != `{"id":1}` ||
+			r.Response.Header.Get("Content-Type") != "application/json" || r.Response.Status != 201 {
+			t.Fatalf("record %+v", r)
+		}
+		if after := rowVersion(t, s, p.Scope, p.Key); after != before {
+			t.Fatalf("replay changed the row: row_version %d -> %d", before, after)
+		}
+	})
+
+	t.Run("fingerprint mismatch returns the record untouched", func(t *testing.T) {
+		p := reserveParams("mismatch")
+		mustReserve(t, s, p, store.Created)
+		clock.Advance(time.Minute) // lease expired: the mismatch still wins
+		other := p
+		other.Fingerprint = "something else"
+		before := rowVersion(t, s, p.Scope, p.Key)
+		r := mustReserve(t, s, other, store.Existing)
+		if r.Fingerprint != p.Fingerprint || r.State != store.StateInProgress {
+			t.Fatalf("record %+v", r)
+		}
+		if after := rowVersion(t, s, p.Scope, p.Key); after != before {
+			t.Fatal("mismatch changed the row")
+		}
+	})
+
+	t.Run("terminal past expires_at is recreated with fence+1", func(t *testing.T) {
+		p := reserveParams("expired-terminal")
+		p.TTL = time.Hour
+		r := mustReserve(t, s, p, store.Created)
+		if err := s.Checkpoint(ctx, store.CheckpointParams{FenceParams: fence(r), RecoveryPoint: "charged"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Complete(ctx, store.CompleteParams{FenceParams: fence(r), Response: okResponse("x")}); err != nil {
+			t.Fatal(err)
+		}
+		clock.Advance(time.Hour)
+		other := p
+		other.Fingerprint = "new request"
+		other.LeasePolicy = store.LeaseRetry
+		now := clock.Now()
+		r = mustReserve(t, s, other, store.Created)
+		if r.Fence != 2 || r.Attempts != 1 || r.Fingerprint != "new request" || r.Response != nil ||
+			r.RecoveryPoint != "" || !r.CompletedAt.IsZero() || r.LeasePolicy != store.LeaseRetry ||
+			!r.CreatedAt.Equal(now) || !r.ExpiresAt.Equal(now.Add(p.TTL)) {
+			t.Fatalf("record %+v", r)
+		}
+	})
+
+	t.Run("soft-expired is recreated", func(t *testing.T) {
+		p := reserveParams("soft")
+		p.TTL = time.Hour
+		r := mustReserve(t, s, p, store.Created)
+		if err := s.Release(ctx, store.ReleaseParams{FenceParams: fence(r), Error: "503"}); err != nil {
+			t.Fatal(err)
+		}
+		// Only this key is past expiry in the soft reap below: other
+		// subtests use 24h TTLs and the clock has moved less than that.
+		clock.Advance(time.Hour)
+		if _, err := s.Reap(ctx, store.ReapParams{Limit: 100, Soft: true, Abandoned: okResponse("gone"), AbandonedTTL: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.Get(ctx, p.Scope, p.Key)
+		if err != nil || got.State != store.StateExpired {
+			t.Fatalf("after soft reap: %+v %v", got, err)
+		}
+		r = mustReserve(t, s, p, store.Created)
+		if r.Fence != 2 || r.LastError != "" {
+			t.Fatalf("record %+v", r)
+		}
+	})
+
+	t.Run("failed_retryable is reclaimed", func(t *testing.T) {
+		p := reserveParams("reclaim")
+		r := mustReserve(t, s, p, store.Created)
+		if err := s.Checkpoint(ctx, store.CheckpointParams{FenceParams: fence(r), RecoveryPoint: "p1"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Release(ctx, store.ReleaseParams{FenceParams: fence(r), Error: "upstream 503"}); err != nil {
+			t.Fatal(err)
+		}
+		got, _ := s.Get(ctx, p.Scope, p.Key)
+		if got.State != store.StateFailedRetryable || got.LastError != "upstream 503" {
+			t.Fatalf("after release %+v", got)
+		}
+		clock.Advance(time.Second)
+		now := clock.Now()
+		r = mustReserve(t, s, p, store.Reclaimed)
+		if r.State != store.StateInProgress || r.Fence != 2 || r.Attempts != 2 || r.LastError != "" ||
+			!r.LockedUntil.Equal(now.Add(p.Lease)) || !r.ExpiresAt.Equal(now.Add(p.TTL)) {
+			t.Fatalf("record %+v", r)
+		}
+		// The old holder is fenced out.
+		err := s.Complete(ctx, store.CompleteParams{FenceParams: store.FenceParams{Scope: p.Scope, Key: p.Key, Fence: 1}, Response: okResponse("late")})
+		if !errors.Is(err, store.ErrLeaseLost) {
+			t.Fatalf("stale complete: %v", err)
+		}
+	})
+
+	t.Run("expired lease under unknown goes to unknown", func(t *testing.T) {
+		p := reserveParams("lease-unknown")
+		mustReserve(t, s, p, store.Created)
+		clock.Advance(p.Lease)
+		now := clock.Now()
+		r := mustReserve(t, s, p, store.Existing)
+		if r.State != store.StateUnknown || r.LastError != "lease_expired" || !r.ReconcileAfter.Equal(now) || r.Fence != 1 {
+			t.Fatalf("record %+v", r)
+		}
+		r = mustReserve(t, s, p, store.Existing)
+		if r.State != store.StateUnknown {
+			t.Fatalf("unknown must stay unknown: %+v", r)
+		}
+	})
+
+	for _, policy := range []store.LeasePolicy{store.LeaseRetry, store.LeaseResume} {
+		t.Run("expired lease under "+string(policy)+" is taken over", func(t *testing.T) {
+			p := reserveParams("takeover-" + string(policy))
+			p.LeasePolicy = policy
+			r := mustReserve(t, s, p, store.Created)
+			if err := s.Checkpoint(ctx, store.CheckpointParams{FenceParams: fence(r), RecoveryPoint: "step-2"}); err != nil {
+				t.Fatal(err)
+			}
+			clock.Advance(p.Lease + time.Microsecond)
+			now := clock.Now()
+			r = mustReserve(t, s, p, store.TakenOver)
+			if r.Fence != 2 || r.Attempts != 2 || r.RecoveryPoint != "step-2" || r.State != store.StateInProgress ||
+				!r.LockedUntil.Equal(now.Add(p.Lease)) {
+				t.Fatalf("record %+v", r)
+			}
+			for name, err := range map[string]error{
+				"complete":     s.Complete(ctx, store.CompleteParams{FenceParams: store.FenceParams{Scope: p.Scope, Key: p.Key, Fence: 1}, Response: okResponse("late")}),
+				"release":      s.Release(ctx, store.ReleaseParams{FenceParams: store.FenceParams{Scope: p.Scope, Key: p.Key, Fence: 1}}),
+				"mark unknown": s.MarkUnknown(ctx, store.ReleaseParams{FenceParams: store.FenceParams{Scope: p.Scope, Key: p.Key, Fence: 1}}),
+				"checkpoint":   s.Checkpoint(ctx, store.CheckpointParams{FenceParams: store.FenceParams{Scope: p.Scope, Key: p.Key, Fence: 1}}),
+				"extend":       s.Extend(ctx, store.ExtendParams{FenceParams: store.FenceParams{Scope: p.Scope, Key: p.Key, Fence: 1}, Lease: time.Minute}),
+			} {
+				if !errors.Is(err, store.ErrLeaseLost) {
+					t.Errorf("stale %s: %v", name, err)
+				}
+			}
+		})
+	}
+
+	t.Run("unknown is existing", func(t *testing.T) {
+		p := reserveParams("marked-unknown")
+		r := mustReserve(t, s, p, store.Created)
+		if err := s.MarkUnknown(ctx, store.ReleaseParams{FenceParams: fence(r), Error: "gateway timeout"}); err != nil {
+			t.Fatal(err)
+		}
+		r = mustReserve(t, s, p, store.Existing)
+		if r.State != store.StateUnknown || r.LastError != "gateway timeout" {
+			t.Fatalf("record %+v", r)
+		}
+	})
+}
+
+func fence(r store.Record) store.FenceParams {
+	return store.FenceParams{Scope: r.Scope, Key: r.Key, Fence: r.Fence}
+}
+
+func rowVersion(t *testing.T, s *Store, scope, key string) int64 {
+	t.Helper()
+	var v int64
+	if err := s.DB().QueryRowContext(t.Context(),
+		"SELECT row_version FROM idem_records WHERE scope = ? AND `key` = ?", scope, key).Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// TestKeysAreBytes checks that keys and scopes compare byte for byte: no
+// case folding, no trailing-space padding, any bytes.
+func TestKeysAreBytes(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	for _, k := range []string{"abc", "ABC", "abc ", "ab\x00c", "é", "e\u0301", "\xff\xfe"} {
+		mustReserve(t, s, reserveParams(k), store.Created)
+	}
+	p := reserveParams("abc")
+	p.Scope = "TENANT|POST /payments"
+	mustReserve(t, s, p, store.Created)
+
+	long := reserveParams(strings.Repeat("𝄞", 255)) // 1020 bytes
+	long.Scope = strings.Repeat("s", maxScopeLen)
+	long.Fingerprint = strings.Repeat("f", maxFingerprintLen)
+	mustReserve(t, s, long, store.Created)
+	got, err := s.Get(t.Context(), long.Scope, long.Key)
+	if err != nil || got.Key != long.Key {
+		t.Fatalf("long key: %v", err)
+	}
+	tooLong := reserveParams(strings.Repeat("k", maxKeyLen+1))
+	if _, err := s.Reserve(t.Context(), tooLong); !errors.Is(err, store.ErrInvalidParams) {
+		t.Fatalf("over-long key: %v", err)
+	}
+}
+
+// TestResponseRoundTrip checks bodies byte for byte, nil versus empty, and
+// omitted bodies.
+func TestResponseRoundTrip(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := t.Context()
+	binary := make([]byte, 1<<20)
+	for i := range binary {
+		binary[i] = byte(rand.IntN(256))
+	}
+	for name, resp := range map[string]store.Response{
+		"binary":  {Status: 200, Body: binary},
+		"empty":   {Status: 204, Body: []byte{}, Header: map[string][]string{}},
+		"nil":     {Status: 204},
+		"omitted": {Status: 200, BodyOmitted: true, Header: map[string][]string{"X-A": {"1", "2"}}},
+	} {
+		r := mustReserve(t, s, reserveParams(name), store.Created)
+		if err := s.Complete(ctx, store.CompleteParams{FenceParams: fence(r), Response: resp}); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.Get(ctx, r.Scope, r.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := got.Response
+		if g == nil || g.Status != resp.Status || g.BodyOmitted != resp.BodyOmitted ||
+			!bytes.Equal(g.Body, resp.Body) || (g.Body == nil) != (resp.Body == nil) ||
+			(g.Header == nil) != (resp.Header == nil) || len(g.Header) != len(resp.Header) {
+			t.Errorf("%s: got %+v", name, g)
+		}
+	}
+}
+
+func TestFencedOperations(t *testing.T) {
+	t.Parallel()
+	s, clock := newStore(t)
+	ctx := t.Context()
+	p := reserveParams("k")
+	r := mustReserve(t, s, p, store.Created)
+	f := fence(r)
+
+	// Same instant, same values: a guarded UPDATE that changes nothing but
+	// row_version must still count as a match.
+	for range 2 {
+		if err := s.Extend(ctx, store.ExtendParams{FenceParams: f, Lease: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Checkpoint(ctx, store.CheckpointParams{FenceParams: f, RecoveryPoint: "a"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, _ := s.Get(ctx, p.Scope, p.Key)
+	if !got.LockedUntil.Equal(clock.Now().Add(time.Minute)) || got.RecoveryPoint != "a" {
+		t.Fatalf("record %+v", got)
+	}
+	if err := s.Complete(ctx, store.CompleteParams{FenceParams: store.FenceParams{Scope: p.Scope, Key: "absent", Fence: 1}, Response: okResponse("x")}); !errors.Is(err, store.ErrLeaseLost) {
+		t.Fatalf("complete absent: %v", err)
+	}
+	clock.Advance(time.Minute)
+	if err := s.Complete(ctx, store.CompleteParams{FenceParams: f, Response: okResponse("ok"), TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ = s.Get(ctx, p.Scope, p.Key)
+	if got.State != store.StateCompleted || !got.CompletedAt.Equal(clock.Now()) || !got.ExpiresAt.Equal(clock.Now().Add(time.Hour)) {
+		t.Fatalf("record %+v", got)
+	}
+	if err := s.Complete(ctx, store.CompleteParams{FenceParams: f, Response: okResponse("again")}); !errors.Is(err, store.ErrLeaseLost) {
+		t.Fatalf("second complete: %v", err)
+	}
+}
+
+func TestMaintenance(t *testing.T) {
+	t.Parallel()
+	s, clock := newStore(t)
+	ctx := t.Context()
+
+	// Three expired leases under unknown, one under retry, one live.
+	for i := range 3 {
+		mustReserve(t, s, reserveParams(fmt.Sprint("sweep-", i)), store.Created)
+	}
+	retryP := reserveParams("retry")
+	retryP.LeasePolicy = store.LeaseRetry
+	mustReserve(t, s, retryP, store.Created)
+	clock.Advance(time.Minute)
+	mustReserve(t, s, reserveParams("live"), store.Created)
+
+	swept, err := s.SweepExpiredLeases(ctx, store.SweepParams{Limit: 2})
+	if err != nil || len(swept) != 2 {
+		t.Fatalf("sweep: %d %v", len(swept), err)
+	}
+	swept2, err := s.SweepExpiredLeases(ctx, store.SweepParams{Limit: 10})
+	if err != nil || len(swept2) != 1 {
+		t.Fatalf("second sweep: %d %v", len(swept2), err)
+	}
+	for _, r := range append(swept, swept2...) {
+		got, _ := s.Get(ctx, r.Scope, r.Key)
+		if r.State != store.StateUnknown || got.State != store.StateUnknown || !got.ReconcileAfter.Equal(clock.Now()) ||
+			!r.ReconcileAfter.Equal(got.ReconcileAfter) || got.LastError != "lease_expired" {
+			t.Fatalf("swept %+v, stored %+v", r, got)
+		}
+	}
+	if got, _ := s.Get(ctx, retryP.Scope, retryP.Key); got.State != store.StateInProgress {
+		t.Fatalf("retry record swept: %+v", got)
+	}
+
+	// Reconciliation.
+	due, err := s.ListUnknown(ctx, store.ListUnknownParams{DueOnly: true, Limit: 10})
+	if err != nil || len(due) != 3 {
+		t.Fatalf("list: %d %v", len(due), err)
+	}
+	if err := s.Defer(ctx, store.DeferParams{Scope: due[0].Scope, Key: due[0].Key, Delay: time.Hour, Error: "provider down"}); err != nil {
+		t.Fatal(err)
+	}
+	if due, _ = s.ListUnknown(ctx, store.ListUnknownParams{DueOnly: true, Limit: 10}); len(due) != 2 {
+		t.Fatalf("due after defer: %d", len(due))
+	}
+	all, _ := s.ListUnknown(ctx, store.ListUnknownParams{Limit: 10})
+	if len(all) != 3 || all[2].ReconcileAttempts != 1 || all[2].LastError != "provider down" {
+		t.Fatalf("all unknown: %+v", all)
+	}
+	resp := okResponse("settled")
+	if err := s.Resolve(ctx, store.ResolveParams{Scope: due[0].Scope, Key: due[0].Key, To: store.StateCompleted, Response: &resp, TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Resolve(ctx, store.ResolveParams{Scope: due[1].Scope, Key: due[1].Key, To: store.StateFailedRetryable}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := s.Get(ctx, due[0].Scope, due[0].Key)
+	if got.State != store.StateCompleted || string(got.Response.Body) != "settled" || !got.ReconcileAfter.IsZero() {
+		t.Fatalf("resolved %+v", got)
+	}
+	if err := s.Resolve(ctx, store.ResolveParams{Scope: due[0].Scope, Key: due[0].Key, To: store.StateFailedRetryable}); !errors.Is(err, store.ErrStateConflict) {
+		t.Fatalf("resolve completed: %v", err)
+	}
+	if err := s.Defer(ctx, store.DeferParams{Scope: "nope", Key: "nope"}); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("defer absent: %v", err)
+	}
+
+	// Reap: everything is past its 24h expiry except the abandoned records'
+	// new expiry.
+	clock.Advance(25 * time.Hour)
+	res, err := s.Reap(ctx, store.ReapParams{Limit: 2, Abandoned: okResponse("timeout"), AbandonedTTL: time.Hour})
+	if err != nil || res.Deleted != 2 || res.Abandoned != 0 {
+		t.Fatalf("reap 1: %+v %v", res, err)
+	}
+	res, err = s.Reap(ctx, store.ReapParams{Limit: 10, Abandoned: okResponse("timeout"), AbandonedTTL: time.Hour})
+	// Left: 1 unknown (deferred), 1 in_progress under retry, 1 live.
+	if err != nil || res.Deleted != 0 || res.Abandoned != 3 {
+		t.Fatalf("reap 2: %+v %v", res, err)
+	}
+	got, _ = s.Get(ctx, retryP.Scope, retryP.Key)
+	if got.State != store.StateCompleted || got.LastError != "abandoned" || string(got.Response.Body) != "timeout" {
+		t.Fatalf("abandoned %+v", got)
+	}
+	clock.Advance(time.Hour)
+	if res, err = s.Reap(ctx, store.ReapParams{Limit: 10, Abandoned: okResponse("timeout"), AbandonedTTL: time.Hour}); err != nil || res.Deleted != 3 {
+		t.Fatalf("reap 3: %+v %v", res, err)
+	}
+	if err := s.Delete(ctx, retryP.Scope, retryP.Key); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("delete reaped: %v", err)
+	}
+}
+
+// TestServerClock runs with the database's clock.
+func TestServerClock(t *testing.T) {
+	t.Parallel()
+	s := openStore(t, newDatabase(t), nil)
+	ctx := t.Context()
+	before := time.Now().Add(-time.Minute)
+	r := mustReserve(t, s, reserveParams("k"), store.Created)
+	if r.CreatedAt.Before(before) || r.CreatedAt.After(time.Now().Add(time.Minute)) || r.CreatedAt.Location() != time.UTC {
+		t.Fatalf("created_at %v is not the server's now", r.CreatedAt)
+	}
+	if d := r.LockedUntil.Sub(r.CreatedAt); d != 30*time.Second {
+		t.Fatalf("lease %v", d)
+	}
+	if err := s.Complete(ctx, store.CompleteParams{FenceParams: fence(r), Response: okResponse("x")}); err != nil {
+		t.Fatal(err)
+	}
+	mustReserve(t, s, reserveParams("k"), store.Existing)
+	if swept, err := s.SweepExpiredLeases(ctx, store.SweepParams{Limit: 10}); err != nil || len(swept) != 0 {
+		t.Fatalf("sweep: %v %v", swept, err)
+	}
+}
+
+// TestRoundTrips counts the commands the driver sends for the request path.
+func TestRoundTrips(t *testing.T) {
+	t.Parallel()
+	cfg := newDatabase(t)
+	var c counter
+	cfg.Net = countingNet(&c)
+	clock := storetest.NewClock()
+	s := openStore(t, cfg, clock.Now)
+	ctx := t.Context()
+
+	count := func(name string, fn func()) int64 {
+		t.Helper()
+		before := c.writes.Load()
+		fn()
+		n := c.writes.Load() - before
+		t.Logf("%s: %d round trip(s)", name, n)
+		return n
+	}
+	// Warm the pool so that no dial or handshake is counted.
+	warm := mustReserve(t, s, reserveParams("warm"), store.Created)
+	if err := s.Complete(ctx, store.CompleteParams{FenceParams: fence(warm), Response: okResponse("w")}); err != nil {
+		t.Fatal(err)
+	}
+
+	var r store.Record
+	want := map[string]int64{"reserve (new)": 1, "complete": 1, "reserve (replay)": 1}
+	got := map[string]int64{
+		"reserve (new)": count("reserve (new)", func() { r = mustReserve(t, s, reserveParams("k"), store.Created) }),
+		"complete": count("complete", func() {
+			if err := s.Complete(ctx, store.CompleteParams{FenceParams: fence(r), Response: okResponse("x")}); err != nil {
+				t.Fatal(err)
+			}
+		}),
+		"reserve (replay)": count("reserve (replay)", func() { mustReserve(t, s, reserveParams("k"), store.Existing) }),
+	}
+	for k, n := range want {
+		if got[k] != n {
+			t.Errorf("%s: %d round trips, want %d", k, got[k], n)
+		}
+	}
+
+	// The fallback of New on a pool without multi-statement support.
+	plainCfg := cfg.Clone()
+	plainCfg.MultiStatements = false
+	plainCfg.InterpolateParams = true
+	db, err := sql.Open("mysql", plainCfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	ps, err := New(ctx, db, Config{Clock: clock.Now, SkipMigrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ps.batch {
+		t.Fatal("probe accepted a pool without multiStatements")
+	}
+	mustReserve(t, ps, reserveParams("warm2"), store.Created)
+	if n := count("reserve (new, New without multiStatements)", func() { mustReserve(t, ps, reserveParams("k2"), store.Created) }); n != 4 {
+		t.Errorf("fallback reserve: %d round trips, want 4", n)
+	}
+}
+
+// TestReserveStorm races 64 goroutines over many keys: exactly one winner
+// per key, no error surfaced, whatever deadlocks the server reports.
+func TestReserveStorm(t *testing.T) {
+	t.Parallel()
+	s, clock := newStore(t)
+	ctx := t.Context()
+	const workers, keys = 64, 200
+	var mu sync.Mutex
+	created := map[string]int{}
+	reclaimed := map[string]int{}
+	run := func(want store.ReserveOutcome, tally map[string]int) {
+		var wg sync.WaitGroup
+		errs := make(chan error, workers)
+		for w := range workers {
+			wg.Go(func() {
+				order := rand.Perm(keys)
+				if w%2 == 0 { // half the workers in the same order: more lock contention
+					for i := range order {
+						order[i] = i
+					}
+				}
+				for _, i := range order {
+					res, err := s.Reserve(ctx, reserveParams(fmt.Sprint("storm-", i)))
+					if err != nil {
+						errs <- err
+						return
+					}
+					if res.Outcome == want {
+						mu.Lock()
+						tally[res.Record.Key]++
+						mu.Unlock()
+					} else if res.Outcome != store.Existing {
+						errs <- fmt.Errorf("unexpected outcome %v", res.Outcome)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+	}
+	run(store.Created, created)
+	for i := range keys {
+		k := fmt.Sprint("storm-", i)
+		if created[k] != 1 {
+			t.Fatalf("%s created %d times", k, created[k])
+		}
+		if err := s.Release(ctx, store.ReleaseParams{FenceParams: store.FenceParams{Scope: reserveParams(k).Scope, Key: k, Fence: 1}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clock.Advance(time.Second)
+	run(store.Reclaimed, reclaimed)
+	for i := range keys {
+		k := fmt.Sprint("storm-", i)
+		if reclaimed[k] != 1 {
+			t.Fatalf("%s reclaimed %d times", k, reclaimed[k])
+		}
+	}
+}
+
+// TestCompleteTxRollsBackWithBusinessWrite checks that CompleteTx commits or
+// rolls back with the caller's own writes.
+func TestCompleteTxRollsBackWithBusinessWrite(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := t.Context()
+	if _, err := s.DB().ExecContext(ctx, "CREATE TABLE payments (id VARCHAR(64) PRIMARY KEY) ENGINE=InnoDB"); err != nil {
+		t.Fatal(err)
+	}
+	p := reserveParams("pay-1")
+	r := mustReserve(t, s, p, store.Created)
+
+	attempt := func(commit bool) {
+		t.Helper()
+		tx, err := s.DB().BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.ExecContext(ctx, "INSERT INTO payments (id) VALUES (?)", "pay-1"); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.CheckpointTx(ctx, tx, store.CheckpointParams{FenceParams: fence(r), RecoveryPoint: "charged"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.CompleteTx(ctx, tx, store.CompleteParams{FenceParams: fence(r), Response: okResponse("paid")}); err != nil {
+			t.Fatal(err)
+		}
+		if commit {
+			err = tx.Commit()
+		} else {
+			err = tx.Rollback()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	var n int
+	attempt(false)
+	got, _ := s.Get(ctx, p.Scope, p.Key)
+	_ = s.DB().QueryRowContext(ctx, "SELECT COUNT(*) FROM payments").Scan(&n)
+	if got.State != store.StateInProgress || got.RecoveryPoint != "" || n != 0 {
+		t.Fatalf("after rollback: state %s, point %q, %d payments", got.State, got.RecoveryPoint, n)
+	}
+	attempt(true)
+	got, _ = s.Get(ctx, p.Scope, p.Key)
+	_ = s.DB().QueryRowContext(ctx, "SELECT COUNT(*) FROM payments").Scan(&n)
+	if got.State != store.StateCompleted || got.RecoveryPoint != "charged" || n != 1 {
+		t.Fatalf("after commit: state %s, point %q, %d payments", got.State, got.RecoveryPoint, n)
+	}
+
+	// ReserveTx in a transaction that rolls back leaves no record.
+	tx, err := s.DB().BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.ReserveTx(ctx, tx, reserveParams("pay-2"))
+	if err != nil || res.Outcome != store.Created {
+		t.Fatalf("reserve tx: %v %v", res.Outcome, err)
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(ctx, p.Scope, "pay-2"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("rolled-back reserve left a record: %v", err)
+	}
+	// ReserveTx reads the latest row even when the caller's snapshot is
+	// older than it.
+	tx, err = s.DB().BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	var cnt int
+	if err := tx.QueryRowContext(ctx, "SELECT COUNT(*) FROM idem_records").Scan(&cnt); err != nil { // takes the snapshot
+		t.Fatal(err)
+	}
+	mustReserve(t, s, reserveParams("pay-3"), store.Created)
+	res, err = s.ReserveTx(ctx, tx, reserveParams("pay-3"))
+	if err != nil || res.Outcome != store.Existing || res.Record.State != store.StateInProgress {
+		t.Fatalf("reserve tx on newer row: %v %+v %v", res.Outcome, res.Record, err)
+	}
+}
+
+// TestConcurrentMigrate opens several stores on one empty database at once.
+func TestConcurrentMigrate(t *testing.T) {
+	t.Parallel()
+	cfg := newDatabase(t)
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for range 4 {
+		wg.Go(func() {
+			s, err := Open(context.Background(), cfg.FormatDSN(), Config{})
+			if err != nil {
+				errs <- err
+				return
+			}
+			errs <- s.Close()
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := openStore(t, cfg, nil)
+	var n, versions int
+	if err := s.DB().QueryRowContext(t.Context(), "SELECT COUNT(*), COUNT(DISTINCT version) FROM idem_migrations").Scan(&n, &versions); err != nil {
+		t.Fatal(err)
+	}
+	if n != versions || n != 1 {
+		t.Fatalf("idem_migrations has %d rows for %d versions", n, versions)
+	}
+}
+
+// TestSimultaneousAssignment runs Reserve's transitions under MariaDB's
+// sql_mode SIMULTANEOUS_ASSIGNMENT, where SET clauses read old values.
+func TestSimultaneousAssignment(t *testing.T) {
+	t.Parallel()
+	cfg := newDatabase(t)
+	openStore(t, cfg, nil) // migrate
+	cfg.MultiStatements = true
+	cfg.InterpolateParams = true
+	cfg.Params = map[string]string{"sql_mode": "'STRICT_TRANS_TABLES,SIMULTANEOUS_ASSIGNMENT'"}
+	db, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	if err := db.PingContext(t.Context()); err != nil {
+		t.Skipf("server has no SIMULTANEOUS_ASSIGNMENT (MySQL): %v", err)
+	}
+	clock := storetest.NewClock()
+	s, err := New(t.Context(), db, Config{Clock: clock.Now, SkipMigrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	p := reserveParams("k")
+	p.LeasePolicy = store.LeaseResume
+	r := mustReserve(t, s, p, store.Created)
+	if err := s.Release(ctx, store.ReleaseParams{FenceParams: fence(r)}); err != nil {
+		t.Fatal(err)
+	}
+	r = mustReserve(t, s, p, store.Reclaimed)
+	clock.Advance(time.Hour)
+	r = mustReserve(t, s, p, store.TakenOver)
+	if r.Fence != 3 || r.Attempts != 3 || r.State != store.StateInProgress {
+		t.Fatalf("record %+v", r)
+	}
+	if err := s.Complete(ctx, store.CompleteParams{FenceParams: fence(r), Response: okResponse("x")}); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(48 * time.Hour)
+	r = mustReserve(t, s, p, store.Created)
+	if r.Fence != 4 || r.Attempts != 1 || r.Response != nil {
+		t.Fatalf("record %+v", r)
+	}
+}

@@ -1,0 +1,279 @@
+package mysql
+
+import (
+	_ "embed"
+	"fmt"
+	"strings"
+)
+
+//go:embed queries.sql
+var queriesFile string
+
+// query is one statement of queries.sql, compiled to positional placeholders.
+type query struct {
+	name   string
+	sql    string
+	params []string // the parameter name of each ?, in order
+}
+
+// args holds a statement's named parameters.
+type args map[string]any
+
+// bind returns the positional arguments of q taken from a.
+func (q *query) bind(a args) ([]any, error) {
+	out := make([]any, len(q.params))
+	for i, name := range q.params {
+		v, ok := a[name]
+		if !ok {
+			return nil, fmt.Errorf("idem/mysql: query %s: no value for :%s", q.name, name)
+		}
+		out[i] = v
+	}
+	return out, nil
+}
+
+var queries = mustLoadQueries(queriesFile)
+
+// q returns the named query; a missing name is a bug caught by any test.
+func q(name string) *query {
+	qq, ok := queries[name]
+	if !ok {
+		panic("idem/mysql: no query " + name)
+	}
+	return qq
+}
+
+var (
+	qReserveUpsert  = q("reserve_upsert")
+	qReserveSelect  = q("reserve_select")
+	qComplete       = q("complete")
+	qRelease        = q("release")
+	qMarkUnknown    = q("mark_unknown")
+	qCheckpoint     = q("checkpoint")
+	qExtend         = q("extend")
+	qGet            = q("get")
+	qState          = q("state")
+	qDelete         = q("delete")
+	qSweepSelect    = q("sweep_select")
+	qSweepUpdate    = q("sweep_update")
+	qReapDelete     = q("reap_delete")
+	qReapSoft       = q("reap_soft")
+	qReapAbandon    = q("reap_abandon")
+	qListUnknownDue = q("list_unknown_due")
+	qListUnknownAll = q("list_unknown_all")
+	qResolve        = q("resolve")
+	qDefer          = q("defer")
+	qMigrateLock    = q("migrate_lock")
+	qMigrateUnlock  = q("migrate_unlock")
+	qMigrateTable   = q("migrate_table")
+	qMigrateApplied = q("migrate_applied")
+	qMigrateRecord  = q("migrate_record")
+	qProbeBatch     = q("probe_batch")
+
+	// qReserveBatch sends Reserve's transaction as one multi-statement
+	// query: one round trip instead of four. Its parameters are the upsert's
+	// followed by the select's.
+	qReserveBatch = &query{
+		name:   "reserve_batch",
+		sql:    "START TRANSACTION; " + qReserveUpsert.sql + "; " + qReserveSelect.sql + "; COMMIT",
+		params: append(append([]string(nil), qReserveUpsert.params...), qReserveSelect.params...),
+	}
+)
+
+func mustLoadQueries(src string) map[string]*query {
+	m, err := loadQueries(src)
+	if err != nil {
+		panic(err)
+	}
+	return m
+}
+
+// loadQueries splits a queries file into "-- name: NAME" blocks, expands
+// {record_columns} and compiles each block.
+func loadQueries(src string) (map[string]*query, error) {
+	raw := map[string]string{}
+	var order []string
+	var name string
+	var body strings.Builder
+	flush := func() {
+		if name != "" {
+			raw[name] = body.String()
+			order = append(order, name)
+		}
+		body.Reset()
+	}
+	for line := range strings.Lines(src) {
+		if n, ok := strings.CutPrefix(strings.TrimSpace(line), "-- name:"); ok {
+			flush()
+			name = strings.TrimSpace(n)
+			if _, dup := raw[name]; dup {
+				return nil, fmt.Errorf("idem/mysql: query %s defined twice", name)
+			}
+			continue
+		}
+		body.WriteString(line)
+	}
+	flush()
+
+	cols, err := compile("record_columns", raw["record_columns"])
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]*query{}
+	for _, n := range order {
+		text := strings.ReplaceAll(raw[n], "{record_columns}", cols.sql)
+		qq, err := compile(n, text)
+		if err != nil {
+			return nil, err
+		}
+		out[n] = qq
+	}
+	return out, nil
+}
+
+// compile turns :name parameters into ? placeholders, drops comments,
+// collapses whitespace and strips a trailing semicolon. Quoted strings and
+// identifiers are copied untouched.
+func compile(name, text string) (*query, error) {
+	qq := &query{name: name}
+	var b strings.Builder
+	pendingSpace := false
+	err := lexSQL(text, func(kind tokenKind, tok string) {
+		if kind == tokSpace || kind == tokComment {
+			pendingSpace = b.Len() > 0
+			return
+		}
+		if pendingSpace {
+			b.WriteByte(' ')
+			pendingSpace = false
+		}
+		if kind == tokParam {
+			b.WriteByte('?')
+			qq.params = append(qq.params, tok[1:])
+			return
+		}
+		b.WriteString(tok)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("idem/mysql: query %s: %w", name, err)
+	}
+	qq.sql = strings.TrimSpace(b.String())
+	qq.sql = strings.TrimSpace(strings.TrimSuffix(qq.sql, ";"))
+	if qq.sql == "" {
+		return nil, fmt.Errorf("idem/mysql: query %s is empty", name)
+	}
+	return qq, nil
+}
+
+// splitStatements splits a migration file into statements at the semicolons
+// that are outside quotes and comments. Comments are kept out of the result.
+func splitStatements(text string) ([]string, error) {
+	var out []string
+	var b strings.Builder
+	flush := func() {
+		if s := strings.TrimSpace(b.String()); s != "" {
+			out = append(out, s)
+		}
+		b.Reset()
+	}
+	err := lexSQL(text, func(kind tokenKind, tok string) {
+		switch kind {
+		case tokComment:
+			b.WriteByte(' ')
+		case tokSemicolon:
+			flush()
+		default:
+			b.WriteString(tok)
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	flush()
+	return out, nil
+}
+
+type tokenKind int
+
+const (
+	tokText tokenKind = iota
+	tokSpace
+	tokComment
+	tokQuoted
+	tokParam
+	tokSemicolon
+)
+
+// lexSQL cuts MySQL text into the pieces compile and splitStatements care
+// about: quoted strings and identifiers ('...', "...", `...`), comments
+// ("-- " and "#" to end of line, /* ... */), whitespace runs, :name
+// parameters, semicolons, and everything else one byte at a time.
+func lexSQL(text string, emit func(tokenKind, string)) error {
+	for i := 0; i < len(text); {
+		c := text[i]
+		switch {
+		case c == '\'' || c == '"' || c == '`':
+			j := i + 1
+			for ; j < len(text); j++ {
+				if text[j] == '\\' && c != '`' {
+					j++
+					continue
+				}
+				if text[j] == c {
+					if j+1 < len(text) && text[j+1] == c { // doubled quote
+						j++
+						continue
+					}
+					break
+				}
+			}
+			if j >= len(text) {
+				return fmt.Errorf("unterminated %c quote", c)
+			}
+			emit(tokQuoted, text[i:j+1])
+			i = j + 1
+		case c == '#' || (c == '-' && strings.HasPrefix(text[i:], "--") &&
+			(i+2 == len(text) || text[i+2] == ' ' || text[i+2] == '\t' || text[i+2] == '\n')):
+			j := strings.IndexByte(text[i:], '\n')
+			if j < 0 {
+				j = len(text) - i
+			}
+			emit(tokComment, text[i:i+j])
+			i += j
+		case c == '/' && strings.HasPrefix(text[i:], "/*"):
+			j := strings.Index(text[i+2:], "*/")
+			if j < 0 {
+				return fmt.Errorf("unterminated comment")
+			}
+			emit(tokComment, text[i:i+2+j+2])
+			i += 2 + j + 2
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
+			j := i
+			for j < len(text) && (text[j] == ' ' || text[j] == '\t' || text[j] == '\n' || text[j] == '\r') {
+				j++
+			}
+			emit(tokSpace, text[i:j])
+			i = j
+		case c == ':' && i+1 < len(text) && isIdentStart(text[i+1]):
+			j := i + 1
+			for j < len(text) && isIdent(text[j]) {
+				j++
+			}
+			emit(tokParam, text[i:j])
+			i = j
+		case c == ';':
+			emit(tokSemicolon, ";")
+			i++
+		default:
+			emit(tokText, text[i:i+1])
+			i++
+		}
+	}
+	return nil
+}
+
+func isIdentStart(c byte) bool {
+	return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
+}
+
+func isIdent(c byte) bool { return isIdentStart(c) || (c >= '0' && c <= '9') }
