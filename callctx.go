@@ -102,7 +102,9 @@ func (c *callCtx) release() {
 	if !armed {
 		return
 	}
-	c.timer.Stop()
+	if c.timer != nil {
+		c.timer.Stop()
+	}
 	if c.stopParent != nil {
 		c.stopParent()
 	}
