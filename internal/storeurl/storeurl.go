@@ -1,0 +1,199 @@
+// Package storeurl opens an idem store from the one-line DSN every command of
+// the idem binary takes (--store). A DSN means the same store in every
+// command:
+//
+//	sqlite:PATH                          embedded SQLite file (the default: sqlite:idem.db)
+//	sqlite::memory:                      private in-memory SQLite (tests)
+//	memory:                              process memory, gone at exit
+//	postgres://user:pass@host:5432/db    PostgreSQL (also postgresql://; any libpq URL)
+//	mysql://user:pass@host:3306/db       MySQL or MariaDB
+//	redis://[user:pass@]host:6379/0      Redis (also rediss://, redis+cluster://h1:p1,h2:p2)
+//
+// Userinfo in a URL is percent-encoded as in any URL ("p%40ss" for "p@ss").
+// Errors never repeat the DSN, which may hold a password.
+package storeurl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+
+	mysqldrv "github.com/go-sql-driver/mysql"
+
+	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/memory"
+	"github.com/idem-go/idem/store/mysql"
+	"github.com/idem-go/idem/store/postgres"
+	"github.com/idem-go/idem/store/redis"
+	"github.com/idem-go/idem/store/sqlite"
+)
+
+// Default is the store of every command when --store is not given.
+const Default = "sqlite:idem.db"
+
+// Kind names a store implementation.
+type Kind string
+
+// The store kinds a DSN can name.
+const (
+	SQLite   Kind = "sqlite"
+	Memory   Kind = "memory"
+	Postgres Kind = "postgres"
+	MySQL    Kind = "mysql"
+	Redis    Kind = "redis"
+)
+
+// Supported lists the DSN forms, for error messages and usage text.
+const Supported = "sqlite:PATH, memory:, postgres://..., postgresql://..., mysql://user:pass@host:port/db, " +
+	"redis://host:port/db (also rediss://, redis+cluster://)"
+
+// DSN is a parsed store DSN.
+type DSN struct {
+	Kind Kind
+	// Target is what the store's Open takes: a file path for SQLite, the
+	// URL for PostgreSQL and Redis, a go-sql-driver DSN for MySQL, "" for
+	// memory. It may hold a password: never log it.
+	Target string
+}
+
+// Options adjust how Open opens a store.
+type Options struct {
+	// Migrate applies the store's pending migrations at open. The proxy
+	// sets it (a fresh database just works); maintenance commands that
+	// must not change the schema leave it false. Stores without
+	// migrations (memory, Redis) ignore it.
+	Migrate bool
+	// Clock replaces the store's clock (tests). Nil keeps the store's own
+	// clock: the database server's, or the process clock for the embedded
+	// stores.
+	Clock store.Clock
+}
+
+// ErrUnsupported is returned (wrapped) for a DSN whose scheme names no store.
+var ErrUnsupported = errors.New("storeurl: unsupported store DSN")
+
+// Parse reads a DSN without opening anything.
+func Parse(dsn string) (DSN, error) {
+	scheme, rest, ok := strings.Cut(dsn, ":")
+	if !ok || scheme == "" {
+		return DSN{}, fmt.Errorf("%w: want one of %s", ErrUnsupported, Supported)
+	}
+	switch strings.ToLower(scheme) {
+	case "sqlite", "sqlite3":
+		// sqlite:///abs/path and sqlite://rel/path read as URLs would:
+		// the "//" introduces an empty authority, not part of the path.
+		path := strings.TrimPrefix(rest, "//")
+		if path == "" {
+			return DSN{}, errors.New("storeurl: sqlite DSN needs a file path (sqlite:PATH, e.g. sqlite:idem.db)")
+		}
+		return DSN{Kind: SQLite, Target: path}, nil
+	case "memory", "mem":
+		if rest != "" && rest != "//" {
+			return DSN{}, errors.New(`storeurl: memory DSN takes no argument (write "memory:")`)
+		}
+		return DSN{Kind: Memory}, nil
+	case "postgres", "postgresql":
+		if !strings.HasPrefix(rest, "//") {
+			return DSN{}, errors.New("storeurl: postgres DSN must be a URL: postgres://user:pass@host:port/db")
+		}
+		return DSN{Kind: Postgres, Target: dsn}, nil
+	case "mysql":
+		target, err := mysqlDSN(dsn)
+		if err != nil {
+			return DSN{}, err
+		}
+		return DSN{Kind: MySQL, Target: target}, nil
+	case "redis", "rediss", "redis+cluster", "rediss+cluster":
+		if !strings.HasPrefix(rest, "//") {
+			return DSN{}, errors.New("storeurl: redis DSN must be a URL: redis://host:port/db")
+		}
+		return DSN{Kind: Redis, Target: dsn}, nil
+	}
+	return DSN{}, fmt.Errorf("%w: scheme %q; want one of %s", ErrUnsupported, scheme, Supported)
+}
+
+// mysqlDSN converts mysql://user:pass@host:port/db?params to the
+// go-sql-driver form user:pass@tcp(host:port)/db?params. The driver's own
+// Config formats the result, so a password holding '@', ':' or '/' survives.
+func mysqlDSN(raw string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		// url.Error repeats the whole URL, password included.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return "", fmt.Errorf("storeurl: invalid mysql URL: %w", err)
+	}
+	if u.Opaque != "" || u.Hostname() == "" {
+		return "", errors.New("storeurl: mysql DSN must be a URL: mysql://user:pass@host:port/db")
+	}
+	db := strings.TrimPrefix(u.Path, "/")
+	if db == "" || strings.Contains(db, "/") {
+		return "", errors.New("storeurl: mysql DSN needs a database name: mysql://user:pass@host:port/db")
+	}
+	cfg := mysqldrv.NewConfig()
+	if u.RawQuery != "" {
+		// Let the driver parse and validate its own parameters.
+		if cfg, err = mysqldrv.ParseDSN("/?" + u.RawQuery); err != nil {
+			return "", fmt.Errorf("storeurl: mysql DSN parameters: %w", err)
+		}
+	}
+	user := u.User.Username()
+	if strings.Contains(user, ":") {
+		return "", errors.New("storeurl: a mysql user name cannot contain ':'")
+	}
+	cfg.User = user
+	cfg.Passwd, _ = u.User.Password()
+	port := u.Port()
+	if port == "" {
+		port = "3306"
+	}
+	cfg.Net = "tcp"
+	cfg.Addr = net.JoinHostPort(u.Hostname(), port)
+	cfg.DBName = db
+	return cfg.FormatDSN(), nil
+}
+
+// Open opens the store dsn names. The caller closes it.
+func Open(ctx context.Context, dsn string, opts Options) (store.Store, error) {
+	d, err := Parse(dsn)
+	if err != nil {
+		return nil, err
+	}
+	var s store.Store
+	switch d.Kind {
+	case Memory:
+		return memory.New(memory.Config{Clock: opts.Clock}), nil
+	case SQLite:
+		s, err = sqlite.Open(ctx, d.Target, sqlite.Config{Clock: opts.Clock, SkipMigrate: !opts.Migrate})
+	case Postgres:
+		s, err = postgres.Open(ctx, d.Target, postgres.Config{Clock: opts.Clock, SkipMigrate: !opts.Migrate})
+	case MySQL:
+		s, err = mysql.Open(ctx, d.Target, mysql.Config{Clock: opts.Clock, SkipMigrate: !opts.Migrate})
+	case Redis:
+		s, err = redis.Open(ctx, d.Target, redis.Config{Clock: opts.Clock})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("storeurl: open %s store: %w", d.Kind, err)
+	}
+	return s, nil
+}
+
+// Migrator is implemented by stores with a schema (the SQL stores).
+type Migrator interface {
+	Migrate(ctx context.Context) error
+}
+
+// Migrate applies s's pending migrations. It reports false, doing nothing,
+// for a store without a schema (memory, Redis).
+func Migrate(ctx context.Context, s store.Store) (bool, error) {
+	m, ok := s.(Migrator)
+	if !ok {
+		return false, nil
+	}
+	return true, m.Migrate(ctx)
+}
