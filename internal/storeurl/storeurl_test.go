@@ -13,8 +13,8 @@ import (
 	mysqldrv "github.com/go-sql-driver/mysql"
 	"go.uber.org/goleak"
 
-	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/internal/storeurl"
+	"github.com/idem-go/idem/store"
 )
 
 func TestMain(m *testing.M) {
