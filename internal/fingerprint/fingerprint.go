@@ -162,6 +162,7 @@ func (h *Hasher) Sum(method, route, contentType string, body []byte, fields []st
 const maxPooledItems = 1 << 14
 
 func (h *Hasher) put(s *state) {
+	s.src = nil // do not keep the request body alive
 	if cap(s.nodes) > maxPooledItems {
 		s.nodes = nil
 	}

@@ -375,6 +375,9 @@ func TestFieldsJSON(t *testing.T) {
 	if sum(`{"\u00e9":1}`, "é") == sum(`{}`, "é") {
 		t.Error("escaped member name not matched")
 	}
+	if sum(`{"\ufffd":1}`, "\xff") != sum(`{}`, "\xff") {
+		t.Error("a field name that is not UTF-8 matched a member")
+	}
 	// Selection of a non-object document fingerprints the whole of it.
 	if sum(`[1]`, "a") != sum(`[1]`) {
 		t.Error("non-object document with fields differs from whole document")

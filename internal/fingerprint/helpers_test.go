@@ -2,12 +2,17 @@ package fingerprint
 
 import (
 	"bytes"
-	"testing"
 )
+
+// fataler is what the helpers need of *testing.T and *rapid.T.
+type fataler interface {
+	Helper()
+	Fatalf(format string, args ...any)
+}
 
 // canonical returns the canonical JSON bytes for body and whether the
 // meaning guard fired, bypassing the hash.
-func canonical(tb testing.TB, body []byte) ([]byte, bool, error) {
+func canonical(tb fataler, body []byte) ([]byte, bool, error) {
 	tb.Helper()
 	s := New(nil).pool.Get().(*state)
 	var out bytes.Buffer
@@ -22,7 +27,7 @@ func canonical(tb testing.TB, body []byte) ([]byte, bool, error) {
 	return out.Bytes(), s.guarded, nil
 }
 
-func mustSum(tb testing.TB, h *Hasher, method, route, contentType, body string, fields ...string) string {
+func mustSum(tb fataler, h *Hasher, method, route, contentType, body string, fields ...string) string {
 	tb.Helper()
 	sum, err := h.Sum(method, route, contentType, []byte(body), fields)
 	if err != nil {

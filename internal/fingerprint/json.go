@@ -496,6 +496,12 @@ func (s *state) emitFields(fields []string) error {
 	for _, f := range fields {
 		s.writeUvarint(len(f))
 		s.writeString(f)
+		if !utf8.ValidString(f) {
+			// Decoding would turn its bad bytes into U+FFFD and match a
+			// member that is really named so: no member has this name.
+			s.writeByte(0)
+			continue
+		}
 		members := s.stack[base:]
 		at, found := slices.BinarySearchFunc(members, f, func(k int32, f string) int {
 			return compareUTF16(s.nameRunes(k), stringRunes(f))
