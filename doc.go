@@ -1,0 +1,55 @@
+// Package idem is an idempotency-key engine for HTTP APIs.
+//
+// A client sends Idempotency-Key: "<uuid>" on a POST; idem makes every
+// retry of that request produce its effect once and get the original
+// response back, across concurrent duplicates, crashes, restarts and many
+// server instances sharing one store.
+//
+// # Using the middleware
+//
+// Create one Engine over a store and wrap the handlers to protect:
+//
+//	st, _ := sqlite.Open(ctx, "idem.db", sqlite.Config{})
+//	engine, _ := idem.New(st, idem.Config{
+//		Tenant: func(r *http.Request) string { return accountFromAuth(r) },
+//	})
+//	mux.Handle("POST /v1/charges", engine.Middleware(charges))
+//
+// Put the middleware inside the mux so the route pattern (r.Pattern) scopes
+// the keys; a key is shared by one tenant, one method and one route only.
+//
+// # What a client sees
+//
+// The first request with a key runs the handler. Its response is stored
+// when it is a final answer (2xx, 3xx, 4xx except 408, 425 and 429) and
+// replayed byte for byte, with Idempotent-Replayed: true, to every retry
+// with the same request; 5xx and the transient 4xx release the key so that a
+// retry runs again. A retry while the first is running gets 409 with
+// Retry-After (or waits and replays, with Config.Wait). The same key with a
+// different request gets 422 (400 under ProfileStripe). If the store cannot
+// be reached the handler does not run: 503 with Retry-After.
+//
+// # Crashes and uncertain outcomes
+//
+// Each execution holds a fenced lease that the engine renews while the
+// handler runs. When a holder dies its lease expires, and by default
+// (store.LeaseUnknown) the record becomes unknown: retries get 409 and the
+// request is never run twice until reconciliation settles it. Routes whose
+// handlers are safe to re-run can choose store.LeaseRetry, and handlers
+// written as atomic phases store.LeaseResume, which continues from the
+// last committed recovery point. A handler that cannot tell whether its
+// effect happened (a payment gateway timed out) calls
+// Execution.Uncertain; a panic does the same.
+//
+// # Transactions
+//
+// Handlers on SQL stores can commit their business write and the key's
+// completion in one transaction: build the response, call the store's
+// CompleteTx with Execution.CompleteParams inside the transaction, commit,
+// call Execution.Committed, then write the response.
+//
+// # Lower level
+//
+// Engine.Begin, Execution.Complete, Release and MarkUnknown drive the same
+// protocol without net/http, for queues and RPC frameworks.
+package idem

@@ -1,0 +1,85 @@
+package idem_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/memory"
+)
+
+func ExampleEngine_Middleware() {
+	engine, err := idem.New(memory.New(memory.Config{}), idem.Config{})
+	if err != nil {
+		panic(err)
+	}
+	charges := 0
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/charges", engine.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		charges++
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":"ch_%d"}`, charges)
+	})))
+
+	for i := 0; i < 2; i++ {
+		r := httptest.NewRequest("POST", "/v1/charges", strings.NewReader(`{"amount":100}`))
+		r.Header.Set("Content-Type", "application/json")
+		r.Header.Set("Idempotency-Key", `"8e03978e-40d5-43e8-bc93-6894a57f9324"`)
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, r)
+		fmt.Printf("%d %s replayed=%q\n", w.Code, w.Body, w.Header().Get("Idempotent-Replayed"))
+	}
+	fmt.Println("charges made:", charges)
+	// Output:
+	// 201 {"id":"ch_1"} replayed=""
+	// 201 {"id":"ch_1"} replayed="true"
+	// charges made: 1
+}
+
+func ExampleFromContext() {
+	engine, _ := idem.New(memory.New(memory.Config{}), idem.Config{})
+	h := engine.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		x := idem.FromContext(r.Context())
+		// Pass the key and the fence downstream, so that the provider
+		// deduplicates and refuses a zombie holder's late calls.
+		fmt.Println("key", x.Key(), "fence", x.Fence())
+		w.WriteHeader(http.StatusAccepted)
+	}))
+	r := httptest.NewRequest("POST", "/v1/payouts", strings.NewReader(`{}`))
+	r.Header.Set("Idempotency-Key", "payout-42")
+	h.ServeHTTP(httptest.NewRecorder(), r)
+	// Output:
+	// key payout-42 fence 1
+}
+
+func ExampleEngine_Begin() {
+	ctx := context.Background()
+	engine, _ := idem.New(memory.New(memory.Config{}), idem.Config{})
+	req := idem.Request{Tenant: "acct_1", Method: "CONSUME", Route: "orders-queue", Key: "msg-7"}
+	req.Fingerprint, _ = engine.Fingerprint(req.Method, req.Route, "application/json", []byte(`{"order":7}`))
+
+	for i := 0; i < 2; i++ {
+		d, err := engine.Begin(ctx, req)
+		if err != nil {
+			panic(err) // the store is down: do not process, redeliver later
+		}
+		switch d.Verdict {
+		case idem.Execute:
+			// ... process the message ...
+			d.Exec.Complete(ctx, store.Response{Status: 200, Body: []byte("done")})
+			fmt.Println("processed")
+		case idem.Replay:
+			fmt.Println("duplicate, first result:", string(d.Record.Response.Body))
+		default:
+			fmt.Println(d.Verdict)
+		}
+	}
+	// Output:
+	// processed
+	// duplicate, first result: done
+}
