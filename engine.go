@@ -441,9 +441,13 @@ func (x *Execution) MarkUnknown(ctx context.Context, reason string) error {
 		return errFinished
 	}
 	x.e.log.Warn("idem: outcome unknown", "scope", x.scope, "key", x.key, "fence", x.fence, "reason", reason)
-	return x.end(ctx, opMarkUnknown, "unknown", func(ctx context.Context) error {
+	err := x.end(ctx, opMarkUnknown, "unknown", func(ctx context.Context) error {
 		return x.e.store.MarkUnknown(ctx, store.ReleaseParams{FenceParams: x.fenceParams(), Error: reason})
 	})
+	if err == nil {
+		x.e.obs.count(ctx, "reconcile_scheduled", 1)
+	}
+	return err
 }
 
 // Abandon stops the heartbeat without touching the record (its completion

@@ -20,10 +20,16 @@ const (
 	opCheckpoint
 	opExtend
 	opGet
+	opSweep
+	opReap
+	opListUnknown
+	opResolve
+	opDefer
 	numOps
 )
 
-var opNames = [numOps]string{"reserve", "complete", "release", "mark_unknown", "checkpoint", "extend", "get"}
+var opNames = [numOps]string{"reserve", "complete", "release", "mark_unknown", "checkpoint", "extend", "get",
+	"sweep", "reap", "list_unknown", "resolve", "defer"}
 
 func (o storeOp) String() string { return opNames[o] }
 
@@ -41,6 +47,7 @@ type observer struct {
 	storeErrs   metric.Int64Counter
 	finishFails metric.Int64Counter
 	latency     metric.Float64Histogram
+	events      map[string]metric.Int64Counter
 	// Option slices, not single options: a variadic call through an
 	// interface would allocate a fresh slice per call.
 	opAdd    [numOps][]metric.AddOption
@@ -72,6 +79,14 @@ func newObserver(mp metric.MeterProvider) (*observer, error) {
 		metric.WithDescription("Latency of store operations.")); err != nil {
 		return nil, err
 	}
+	o.events = map[string]metric.Int64Counter{}
+	for name, desc := range maintenanceEvents {
+		c, err := m.Int64Counter("idem."+name, metric.WithDescription(desc))
+		if err != nil {
+			return nil, err
+		}
+		o.events[name] = c
+	}
 	for _, out := range reserveOutcomes {
 		o.reserveOpts[out] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("outcome", out)))}
 	}
@@ -96,4 +111,21 @@ func (o *observer) storeOp(ctx context.Context, op storeOp, d time.Duration, err
 
 func (o *observer) finishFailed(ctx context.Context, op storeOp) {
 	o.finishFails.Add(ctx, 1, o.opAdd[op]...)
+}
+
+// maintenanceEvents are the counters of the background services.
+var maintenanceEvents = map[string]string{
+	"zombies_swept":       "In-progress records whose lease expired, moved to unknown by the sweeper.",
+	"ttl_pruned":          "Terminal records deleted (or soft-expired) past their expiry.",
+	"abandoned":           "In-progress or unknown records past their expiry, closed with a timeout answer.",
+	"reconcile_scheduled": "Records scheduled for reconciliation.",
+	"reconcile_resolved":  "Unknown records settled by the resolver, a webhook or an operator.",
+	"reconcile_failed":    "Reconciliation attempts that failed.",
+	"reconcile_dead":      "Unknown records dead-lettered for an operator.",
+}
+
+func (o *observer) count(ctx context.Context, event string, n int) {
+	if n > 0 {
+		o.events[event].Add(ctx, int64(n))
+	}
 }

@@ -1,0 +1,80 @@
+package idem_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/memory"
+	"github.com/idem-go/idem/store/postgres"
+	"github.com/idem-go/idem/store/sqlite"
+	"github.com/jackc/pgx/v5"
+)
+
+// namedStore opens a fresh store with the given clock.
+type namedStore struct {
+	name string
+	open func(t *testing.T, clock store.Clock) store.Store
+}
+
+// realStores are the stores engine-level tests run against: memory, SQLite
+// and, when IDEM_TEST_POSTGRES_URL is set, PostgreSQL.
+func realStores(t *testing.T) []namedStore {
+	stores := []namedStore{
+		{"memory", func(t *testing.T, clock store.Clock) store.Store {
+			return memory.New(memory.Config{Clock: clock})
+		}},
+		{"sqlite", func(t *testing.T, clock store.Clock) store.Store {
+			s, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "idem.db"), sqlite.Config{Clock: clock})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			return s
+		}},
+	}
+	if url := os.Getenv("IDEM_TEST_POSTGRES_URL"); url != "" {
+		stores = append(stores, namedStore{"postgres", func(t *testing.T, clock store.Clock) store.Store {
+			schema := freshSchema(t, url)
+			s, err := postgres.Open(context.Background(), url, postgres.Config{Clock: clock, Schema: schema})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			return s
+		}})
+	} else {
+		t.Log("IDEM_TEST_POSTGRES_URL is not set: engine tests run without PostgreSQL")
+	}
+	return stores
+}
+
+// freshSchema creates an empty schema dropped at the end of the test.
+func freshSchema(t *testing.T, url string) string {
+	t.Helper()
+	ctx := context.Background()
+	b := make([]byte, 6)
+	rand.Read(b)
+	schema := "idem_engine_" + hex.EncodeToString(b)
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatalf("PostgreSQL at IDEM_TEST_POSTGRES_URL: %v", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c, err := pgx.Connect(ctx, url)
+		if err != nil {
+			return
+		}
+		defer c.Close(ctx)
+		c.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
+	})
+	return schema
+}
