@@ -22,7 +22,7 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 		// Linearisable: the record was in this state at the instant of the
 		// read, and an Existing answer is what Reserve returns at that
 		// instant.
-		rec, err := getRecord(ctx, s.reader, p.Scope, p.Key)
+		rec, err := getRecord(ctx, s.read(), p.Scope, p.Key)
 		switch {
 		case err == nil && decide(&rec, s.now(), &p) == actExisting:
 			return store.ReserveResult{Outcome: store.Existing, Record: rec}, nil
@@ -31,7 +31,7 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 		}
 	}
 	var res store.ReserveResult
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx querier) error {
 		var err error
 		res, err = s.reserve(ctx, tx, &p)
 		return err
@@ -144,7 +144,7 @@ func errChanged(err error) error {
 
 // Complete implements [store.Store].
 func (s *Store) Complete(ctx context.Context, p store.CompleteParams) error {
-	return s.complete(ctx, s.db, &p)
+	return s.complete(ctx, s.writer(), &p)
 }
 
 // CompleteTx is Complete inside the caller's transaction: the response is
@@ -178,7 +178,7 @@ func (s *Store) Release(ctx context.Context, p store.ReleaseParams) error {
 	if err := validFence(&p.FenceParams); err != nil {
 		return err
 	}
-	return fenced(ctx, s.db, "release", qRelease, p.Scope, p.Key, p.Fence,
+	return fenced(ctx, s.writer(), "release", qRelease, p.Scope, p.Key, p.Fence,
 		p.Error, s.now().UnixMicro())
 }
 
@@ -187,13 +187,13 @@ func (s *Store) MarkUnknown(ctx context.Context, p store.ReleaseParams) error {
 	if err := validFence(&p.FenceParams); err != nil {
 		return err
 	}
-	return fenced(ctx, s.db, "mark unknown", qMarkUnknown, p.Scope, p.Key, p.Fence,
+	return fenced(ctx, s.writer(), "mark unknown", qMarkUnknown, p.Scope, p.Key, p.Fence,
 		p.Error, s.now().UnixMicro())
 }
 
 // Checkpoint implements [store.Store].
 func (s *Store) Checkpoint(ctx context.Context, p store.CheckpointParams) error {
-	return s.checkpoint(ctx, s.db, &p)
+	return s.checkpoint(ctx, s.writer(), &p)
 }
 
 // CheckpointTx is Checkpoint inside the caller's transaction, so a phase's
@@ -219,7 +219,7 @@ func (s *Store) Extend(ctx context.Context, p store.ExtendParams) error {
 		return invalid("lease must be positive")
 	}
 	now := s.now()
-	return fenced(ctx, s.db, "extend", qExtend, p.Scope, p.Key, p.Fence,
+	return fenced(ctx, s.writer(), "extend", qExtend, p.Scope, p.Key, p.Fence,
 		now.Add(p.Lease).UnixMicro(), now.UnixMicro())
 }
 
@@ -244,7 +244,7 @@ func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error
 	if scope == "" || key == "" {
 		return store.Record{}, invalid("scope and key are required")
 	}
-	rec, err := getRecord(ctx, s.reader, scope, key)
+	rec, err := getRecord(ctx, s.read(), scope, key)
 	if err != nil {
 		return store.Record{}, fmt.Errorf("idem/sqlite: get: %w", err)
 	}
@@ -260,7 +260,7 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 	if scope == "" || key == "" {
 		return invalid("scope and key are required")
 	}
-	res, err := s.db.ExecContext(ctx, qDelete, scope, key)
+	res, err := s.writer().ExecContext(ctx, qDelete, scope, key)
 	if err == nil {
 		var n int64
 		if n, err = res.RowsAffected(); err == nil && n == 0 {
@@ -279,7 +279,7 @@ func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]
 	if p.Limit <= 0 {
 		return nil, invalid("limit must be positive")
 	}
-	recs, err := queryRecords(ctx, s.db, qSweep, s.now().UnixMicro(), p.Limit)
+	recs, err := queryRecords(ctx, s.writer(), qSweep, s.now().UnixMicro(), p.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("idem/sqlite: sweep: %w", err)
 	}
@@ -305,7 +305,7 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 		return store.ReapResult{}, err
 	}
 	var out store.ReapResult
-	err = s.inTx(ctx, func(tx *sql.Tx) error {
+	err = s.inTx(ctx, func(tx querier) error {
 		now := s.now()
 		terminal := qReapDelete
 		if p.Soft {
@@ -347,9 +347,9 @@ func (s *Store) ListUnknown(ctx context.Context, p store.ListUnknownParams) ([]s
 		err  error
 	)
 	if p.DueOnly {
-		recs, err = queryRecords(ctx, s.reader, qListUnknownDue, s.now().UnixMicro(), p.Limit)
+		recs, err = queryRecords(ctx, s.read(), qListUnknownDue, s.now().UnixMicro(), p.Limit)
 	} else {
-		recs, err = queryRecords(ctx, s.reader, qListUnknownAll, p.Limit)
+		recs, err = queryRecords(ctx, s.read(), qListUnknownAll, p.Limit)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("idem/sqlite: list unknown: %w", err)
@@ -400,7 +400,7 @@ func (s *Store) Defer(ctx context.Context, p store.DeferParams) error {
 // nothing, tells ErrNotFound from ErrStateConflict within the same
 // transaction.
 func (s *Store) settle(ctx context.Context, op, scope, key, query string, args ...any) error {
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx querier) error {
 		n, err := execCount(ctx, tx, query, args...)
 		if err != nil || n > 0 {
 			return err

@@ -53,7 +53,8 @@ import (
 	"github.com/idem-go/idem/internal/migrate"
 	"github.com/idem-go/idem/store"
 
-	_ "modernc.org/sqlite" // registers the "sqlite" driver
+	msqlite "modernc.org/sqlite" // registers the "sqlite" driver
+	sqlite3 "modernc.org/sqlite/lib"
 )
 
 //go:embed migrations/*.sql
@@ -102,6 +103,8 @@ func (c Config) validate() error {
 type Store struct {
 	db     *sql.DB // the writer: one connection, immediate transactions
 	reader *sql.DB // read-only pool; db itself for an in-memory database
+	wst    *statements
+	rst    *statements // wst for an in-memory database
 	clock  store.Clock
 }
 
@@ -139,35 +142,76 @@ func Open(ctx context.Context, path string, cfg Config) (*Store, error) {
 	writer.SetMaxIdleConns(1)
 	writer.SetConnMaxLifetime(0)
 	writer.SetConnMaxIdleTime(0)
-	s := &Store{db: writer, reader: writer, clock: cfg.Clock}
-	if err := writer.PingContext(ctx); err != nil {
+	s := &Store{db: writer, reader: writer, wst: &statements{db: writer}, clock: cfg.Clock}
+	s.rst = s.wst
+	if err := connect(ctx, writer, cfg.BusyTimeout); err != nil {
 		writer.Close()
 		return nil, fmt.Errorf("idem/sqlite: open %s: %w", path, err)
 	}
 	if !cfg.SkipMigrate {
 		if err := s.Migrate(ctx); err != nil {
-			writer.Close()
+			s.Close()
 			return nil, err
 		}
 	}
-	if memory {
-		return s, nil
-	}
 
-	reader, err := sql.Open("sqlite", dsn(path, url.Values{
-		"_pragma":     {"busy_timeout(" + busy + ")", "foreign_keys(1)"},
-		"_query_only": {"1"},
-	}))
-	if err != nil {
-		writer.Close()
+	if !memory {
+		reader, err := sql.Open("sqlite", dsn(path, url.Values{
+			"_pragma":     {"busy_timeout(" + busy + ")", "foreign_keys(1)"},
+			"_query_only": {"1"},
+		}))
+		if err != nil {
+			s.Close()
+			return nil, fmt.Errorf("idem/sqlite: open: %w", err)
+		}
+		n := max(4, runtime.GOMAXPROCS(0))
+		reader.SetMaxOpenConns(n)
+		reader.SetMaxIdleConns(n)
+		reader.SetConnMaxLifetime(0)
+		s.reader, s.rst = reader, &statements{db: reader}
+	}
+	// Under SkipMigrate the schema may not exist yet: the statements stay
+	// unprepared (and fail when run) until Migrate.
+	if err := s.prepare(ctx); err != nil && !cfg.SkipMigrate {
+		s.Close()
 		return nil, fmt.Errorf("idem/sqlite: open: %w", err)
 	}
-	n := max(4, runtime.GOMAXPROCS(0))
-	reader.SetMaxOpenConns(n)
-	reader.SetMaxIdleConns(n)
-	reader.SetConnMaxLifetime(0)
-	s.reader = reader
 	return s, nil
+}
+
+func (s *Store) prepare(ctx context.Context) error {
+	if err := s.wst.prepare(ctx, writerQueries); err != nil {
+		return err
+	}
+	if s.rst != s.wst {
+		return s.rst.prepare(ctx, readerQueries)
+	}
+	return nil
+}
+
+// writer and read run statements on the writer and on the read pool.
+func (s *Store) writer() querier { return prepared{st: s.wst} }
+func (s *Store) read() querier   { return prepared{st: s.rst} }
+
+// connect opens the writer's connection. The first connections to a new
+// file race to switch it to WAL; SQLite reports SQLITE_BUSY to the losers
+// at once, without its busy handler (the switch upgrades a read
+// transaction), so connect retries for up to the busy timeout. Once the
+// file is in WAL mode the pragma takes no lock and this returns at once.
+func connect(ctx context.Context, db *sql.DB, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := db.PingContext(ctx)
+		var e *msqlite.Error
+		if err == nil || !errors.As(err, &e) || e.Code()&0xff != sqlite3.SQLITE_BUSY || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 }
 
 // dsn appends the driver parameters to path. A plain file name is turned
@@ -200,7 +244,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("idem/sqlite: %w", err)
 	}
-	err = s.inTx(ctx, func(tx *sql.Tx) error {
+	err = s.inTx(ctx, func(tx querier) error {
 		if _, err := tx.ExecContext(ctx, qMigrationsTable); err != nil {
 			return err
 		}
@@ -218,6 +262,9 @@ func (s *Store) Migrate(ctx context.Context) error {
 		}
 		return nil
 	})
+	if err == nil {
+		err = s.prepare(ctx)
+	}
 	if err != nil {
 		return fmt.Errorf("idem/sqlite: migrate: %w", err)
 	}
@@ -256,11 +303,11 @@ func (s *Store) Ping(ctx context.Context) error {
 // Close closes the database. Transactions begun on DB must be finished
 // first.
 func (s *Store) Close() error {
-	var err error
+	errs := []error{s.wst.close()}
 	if s.reader != s.db {
-		err = s.reader.Close()
+		errs = append(errs, s.rst.close(), s.reader.Close())
 	}
-	return errors.Join(err, s.db.Close())
+	return errors.Join(append(errs, s.db.Close())...)
 }
 
 // now reads the clock at the precision the database keeps, so that values
@@ -270,22 +317,14 @@ func (s *Store) now() time.Time {
 }
 
 // inTx runs fn in an immediate transaction on the writer.
-func (s *Store) inTx(ctx context.Context, fn func(*sql.Tx) error) error {
+func (s *Store) inTx(ctx context.Context, fn func(querier) error) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
-	if err := fn(tx); err != nil {
+	if err := fn(prepared{st: s.wst, tx: tx}); err != nil {
 		_ = tx.Rollback() // fn's error is the one worth reporting
 		return err
 	}
 	return tx.Commit()
-}
-
-// querier is what *sql.DB and *sql.Tx share: the operations run on either,
-// so a method and its Tx form are one implementation.
-type querier interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
