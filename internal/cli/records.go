@@ -1,0 +1,216 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/storeurl"
+	"github.com/idem-go/idem/store"
+)
+
+// runMigrate is `idem migrate`.
+func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("migrate", "[--store DSN]", stderr)
+	dsn := fs.String("store", storeurl.Default, "store `DSN`: "+storeurl.Supported)
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usageErr(fs, "unexpected argument %q", pos[0])
+	}
+	d, err := storeurl.Parse(*dsn)
+	if err != nil {
+		return err
+	}
+	s, err := storeurl.Open(ctx, *dsn, storeurl.Options{})
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	ok, err := storeurl.Migrate(ctx, s)
+	switch {
+	case err != nil:
+		return fmt.Errorf("migrate %s store: %w", d.Kind, err)
+	case !ok:
+		fmt.Fprintf(stdout, "%s store has no schema: nothing to migrate\n", d.Kind)
+	default:
+		fmt.Fprintf(stdout, "%s store: migrations applied\n", d.Kind)
+	}
+	return nil
+}
+
+// keyFlags are the flags that name one record: a raw --scope, or the
+// tenant, method and route the engine builds the scope from.
+type keyFlags struct {
+	dsn    string
+	scope  string
+	tenant string
+	method string
+	route  string
+}
+
+const keySynopsis = `[--store DSN] (--scope SCOPE | [--tenant T] [--method M] --route R) KEY
+
+The engine's scope is len(tenant) ":" tenant METHOD " " route, e.g.
+"0:POST /v1/charges" without a tenant. Behind idem proxy the route is the
+request's path and query as sent, and the tenant is the --tenant-header
+value, or "auth:" + the first 32 hex digits of SHA-256 (HMAC-SHA-256 keyed
+by $IDEM_TENANT_SECRET when set) of the Authorization header.`
+
+func (k *keyFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&k.dsn, "store", storeurl.Default, "store `DSN`: "+storeurl.Supported)
+	fs.StringVar(&k.scope, "scope", "", "the record's raw `scope`")
+	fs.StringVar(&k.tenant, "tenant", "", "`tenant` of the request (instead of --scope)")
+	fs.StringVar(&k.method, "method", http.MethodPost, "`method` of the request (instead of --scope)")
+	fs.StringVar(&k.route, "route", "", "`route` of the request, e.g. /v1/charges (instead of --scope)")
+}
+
+// resolve returns the scope and key named on the command line.
+func (k *keyFlags) resolve(fs *flag.FlagSet, pos []string) (scope, key string, err error) {
+	if len(pos) != 1 || pos[0] == "" {
+		return "", "", usageErr(fs, "want exactly one KEY argument")
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	switch {
+	case k.scope != "" && (set["tenant"] || set["method"] || set["route"]):
+		return "", "", usageErr(fs, "give either --scope or --tenant/--method/--route, not both")
+	case k.scope != "":
+		return k.scope, pos[0], nil
+	case k.route == "":
+		return "", "", usageErr(fs, "name the record with --scope, or with --route (and --tenant, --method)")
+	}
+	req := idem.Request{Tenant: k.tenant, Method: strings.ToUpper(k.method), Route: k.route}
+	return req.Scope(), pos[0], nil
+}
+
+// openExisting opens the store of an operator command, which must never
+// create a database or change its schema.
+func openExisting(ctx context.Context, dsn string) (store.Store, error) {
+	if path, missing := sqliteMissing(dsn); missing {
+		return nil, fmt.Errorf("sqlite database %s does not exist", path)
+	}
+	return storeurl.Open(ctx, dsn, storeurl.Options{})
+}
+
+// runInspect is `idem inspect`.
+func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("inspect", keySynopsis, stderr)
+	var k keyFlags
+	k.register(fs)
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	scope, key, err := k.resolve(fs, pos)
+	if err != nil {
+		return err
+	}
+	s, err := openExisting(ctx, k.dsn)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	rec, err := s.Get(ctx, scope, key)
+	if errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("no record for key %q in scope %q", key, scope)
+	}
+	if err != nil {
+		return err
+	}
+	enc := json.NewEncoder(stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(viewRecord(rec))
+}
+
+// runDelete is `idem delete`.
+func runDelete(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("delete", keySynopsis, stderr)
+	var k keyFlags
+	k.register(fs)
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	scope, key, err := k.resolve(fs, pos)
+	if err != nil {
+		return err
+	}
+	s, err := openExisting(ctx, k.dsn)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	err = s.Delete(ctx, scope, key)
+	if errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("no record for key %q in scope %q", key, scope)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "deleted key %q in scope %q\n", key, scope)
+	return nil
+}
+
+// recordView is the JSON form of a record printed by inspect. Times are
+// RFC 3339 in UTC; zero times are left out.
+type recordView struct {
+	Scope             string            `json:"scope"`
+	Key               string            `json:"key"`
+	State             store.State       `json:"state"`
+	Fence             int64             `json:"fence"`
+	Fingerprint       string            `json:"fingerprint"`
+	LeasePolicy       store.LeasePolicy `json:"lease_policy"`
+	LockedUntil       *time.Time        `json:"locked_until,omitempty"`
+	RecoveryPoint     string            `json:"recovery_point,omitempty"`
+	Attempts          int               `json:"attempts"`
+	LastError         string            `json:"last_error"`
+	CreatedAt         *time.Time        `json:"created_at,omitempty"`
+	UpdatedAt         *time.Time        `json:"updated_at,omitempty"`
+	CompletedAt       *time.Time        `json:"completed_at,omitempty"`
+	ExpiresAt         *time.Time        `json:"expires_at,omitempty"`
+	ReconcileAfter    *time.Time        `json:"reconcile_after,omitempty"`
+	ReconcileAttempts int               `json:"reconcile_attempts"`
+	Response          *responseView     `json:"response,omitempty"`
+}
+
+type responseView struct {
+	Status      int         `json:"status"`
+	BodyLength  int         `json:"body_length"`
+	BodyOmitted bool        `json:"body_omitted,omitempty"`
+	Header      http.Header `json:"header,omitempty"`
+}
+
+func viewRecord(r store.Record) recordView {
+	v := recordView{
+		Scope: r.Scope, Key: r.Key, State: r.State, Fence: r.Fence, Fingerprint: r.Fingerprint,
+		LeasePolicy: r.LeasePolicy, RecoveryPoint: r.RecoveryPoint, Attempts: r.Attempts,
+		LastError: r.LastError, ReconcileAttempts: r.ReconcileAttempts,
+		LockedUntil: timePtr(r.LockedUntil), CreatedAt: timePtr(r.CreatedAt), UpdatedAt: timePtr(r.UpdatedAt),
+		CompletedAt: timePtr(r.CompletedAt), ExpiresAt: timePtr(r.ExpiresAt), ReconcileAfter: timePtr(r.ReconcileAfter),
+	}
+	if r.Response != nil {
+		v.Response = &responseView{
+			Status: r.Response.Status, BodyLength: len(r.Response.Body),
+			BodyOmitted: r.Response.BodyOmitted, Header: r.Response.Header,
+		}
+	}
+	return v
+}
+
+func timePtr(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	t = t.UTC()
+	return &t
+}
