@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -176,6 +177,10 @@ func (c Config) withDefaults() (settings, error) {
 	if c.MaxBodyBytes < 0 || c.MaxResponseBytes < 0 {
 		errs = append(errs, errors.New("idem: MaxBodyBytes and MaxResponseBytes must not be negative"))
 	}
+	// The order in which fields are listed is not part of the request.
+	c.Fields = slices.Clone(c.Fields)
+	slices.Sort(c.Fields)
+	c.Fields = slices.Compact(c.Fields)
 	if c.Tenant == nil {
 		c.Tenant = func(*http.Request) string { return "" }
 	}

@@ -88,7 +88,13 @@ func (r *Request) Scope() string {
 // Fingerprint hashes a request's content as the engine does: method, route
 // and the canonical body (JCS for JSON, sorted pairs for forms, raw bytes
 // otherwise), restricted to Config.Fields when set.
+//
+// An empty body is an empty body whatever its declared type: clients often
+// label a body-less POST application/json.
 func (e *Engine) Fingerprint(method, route, contentType string, body []byte) (string, error) {
+	if len(body) == 0 {
+		contentType = ""
+	}
 	return e.hasher.Sum(method, route, contentType, body, e.cfg.Fields)
 }
 

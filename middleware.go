@@ -72,7 +72,7 @@ func (e *Engine) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 		return
 	}
 	route := e.cfg.Route(r)
-	fp, err := e.hasher.Sum(r.Method, route, r.Header.Get("Content-Type"), body, e.cfg.Fields)
+	fp, err := e.Fingerprint(r.Method, route, r.Header.Get("Content-Type"), body)
 	if err != nil {
 		e.refuse(r, w, probInvalidBody, err.Error())
 		return

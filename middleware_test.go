@@ -774,3 +774,32 @@ func TestConfigErrors(t *testing.T) {
 		t.Fatal("New without a store")
 	}
 }
+
+func TestEmptyJSONBodyIsEmpty(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, idem.Config{}, nil)
+	if w := f.do(post(uuid, "")); w.Code != 201 {
+		t.Fatalf("body-less POST labelled JSON: %d %s", w.Code, w.Body)
+	}
+	if w := f.do(post(uuid, "")); w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry: %d %v", w.Code, w.Header())
+	}
+}
+
+func TestSelectedFields(t *testing.T) {
+	t.Parallel()
+	// Only amount and currency identify the request; the order of the list
+	// does not matter.
+	f := newFixture(t, idem.Config{Fields: []string{"currency", "amount"}}, nil)
+	g := newFixture(t, idem.Config{Fields: []string{"amount", "currency"}}, nil)
+	f.do(post(uuid, `{"amount":100,"currency":"eur","trace":"a"}`))
+	if w := f.do(post(uuid, `{"amount":100,"currency":"eur","trace":"b"}`)); w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("unselected field changed: %d", w.Code)
+	}
+	wantProblem(t, f.do(post(uuid, `{"amount":200,"currency":"eur","trace":"a"}`)), 422, "key-reused")
+	fa, _ := f.engine.Fingerprint("POST", "/x", "application/json", []byte(`{"amount":1,"currency":"eur"}`))
+	ga, _ := g.engine.Fingerprint("POST", "/x", "application/json", []byte(`{"amount":1,"currency":"eur"}`))
+	if fa != ga {
+		t.Fatal("the order of Fields changed the fingerprint")
+	}
+}
