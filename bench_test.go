@@ -1,10 +1,12 @@
 package idem_test
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,15 +14,23 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/memory"
+	"github.com/idem-go/idem/store/sqlite"
 )
 
-// benchStores are the stores BenchmarkMiddleware runs against; each store
-// package that is embedded adds itself in an init of a _test file.
+// benchStores are the embedded stores BenchmarkMiddleware runs against.
 var benchStores = []struct {
 	name string
 	open func(b *testing.B) store.Store
 }{
 	{"memory", func(*testing.B) store.Store { return memory.New(memory.Config{}) }},
+	{"sqlite", func(b *testing.B) store.Store {
+		s, err := sqlite.Open(context.Background(), filepath.Join(b.TempDir(), "bench.db"), sqlite.Config{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { s.Close() })
+		return s
+	}},
 }
 
 const benchBody = `{"amount":1000,"currency":"eur","customer":"cus_9s6XKzkNRiz8i3","description":"order 1234"}`
