@@ -24,7 +24,7 @@ type testCluster struct {
 
 // startCluster starts and creates a cluster of n masters, or skips the test
 // unless IDEM_TEST_REDIS_CLUSTER=1.
-func startCluster(t *testing.T, n int) *testCluster {
+func startCluster(t testing.TB, n int) *testCluster {
 	t.Helper()
 	if os.Getenv("IDEM_TEST_REDIS_CLUSTER") != "1" {
 		t.Skip("IDEM_TEST_REDIS_CLUSTER is not 1: skipping the Redis Cluster tests (they need redis-server and redis-cli on PATH)")
@@ -88,7 +88,7 @@ func startCluster(t *testing.T, n int) *testCluster {
 }
 
 // poll calls ok until it reports true or ctx ends.
-func poll(t *testing.T, ctx context.Context, what string, ok func() bool) {
+func poll(t testing.TB, ctx context.Context, what string, ok func() bool) {
 	t.Helper()
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
@@ -105,7 +105,7 @@ func poll(t *testing.T, ctx context.Context, what string, ok func() bool) {
 // free too. The listeners are held until all are chosen, so no port is
 // picked twice; another process may still take one before redis-server
 // binds it, which then fails the test loudly.
-func freePorts(t *testing.T, n int) []int {
+func freePorts(t testing.TB, n int) []int {
 	t.Helper()
 	var ports []int
 	var held []net.Listener

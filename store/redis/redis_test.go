@@ -663,7 +663,9 @@ func testInvalidParams(t *testing.T, open storetest.Opener) {
 // Every key of one record shares the record's hash tag; different records
 // spread over the shards.
 func TestKeyLayout(t *testing.T) {
-	s, err := New(goredis.NewClient(&goredis.Options{}), Config{})
+	client := goredis.NewClient(&goredis.Options{})
+	defer client.Close()
+	s, err := New(client, Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,9 +8,14 @@ local now = clock(ARGV[1])
 local scope, key, fp = ARGV[2], ARGV[3], ARGV[4]
 local lease, ttl, pol, grace = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
 
-local v = redis.call('HMGET', rk, 'st', 'fp', 'f', 'pol', 'lu', 'ea', 'at')
-local st, rfp, fence, rpol = v[1], v[2], tonumber(v[3]), v[4]
-local lu, ea, at = tonumber(v[5]), tonumber(v[6]), tonumber(v[7])
+-- One read of the whole record: a replay returns it as read.
+local all = redis.call('HGETALL', rk)
+local r = {}
+for i = 1, #all, 2 do
+  r[all[i]] = all[i + 1]
+end
+local st, rfp, fence, rpol = r.st, r.fp, tonumber(r.f), r.pol
+local lu, ea, at = tonumber(r.lu), tonumber(r.ea), tonumber(r.at)
 
 local function result(outcome)
   return {outcome, redis.call('HGETALL', rk)}
@@ -42,7 +47,7 @@ if not st or st == EXPIRED or (terminal(st) and ea <= now) then
 end
 
 if rfp ~= fp then
-  return result(0)
+  return {0, all}
 end
 
 if st == FAILED then
@@ -65,4 +70,4 @@ if st == IN_PROGRESS and lu <= now then
   return result(3)
 end
 
-return result(0)
+return {0, all}
