@@ -6,8 +6,10 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem/store"
@@ -135,117 +137,155 @@ SELECT fingerprint, state, fence, response_status, response_headers, response_bo
 FROM {schema}idem_records WHERE scope = $1 AND key = $2`
 )
 
-// BenchmarkCeiling runs SQL straight through pgx with no store code around
-// it, on the same pool settings and parallelism, so one run gives both
-// ratios: store/store_sql is the cost of the Go layer (validation,
-// scanning into a Record, header JSON), store_sql/minimal_sql the cost of
-// the one-statement state machine over the textbook statements.
+// BenchmarkCeiling runs the same requests three ways, interleaved in every
+// goroutine so that all three see the same machine load at the same time:
+//
+//   - store: through the Store (validation, Record scanning, header JSON);
+//   - store_sql: the store's own statements sent straight through pgx, with
+//     no store code around them;
+//   - minimal_sql: textbook statements with none of the state machine
+//     (INSERT ... ON CONFLICT DO NOTHING + UPDATE; a point SELECT).
+//
+// It reports each one's latency (ns/req) and the ratios: store/store_sql is
+// the cost of the Go layer, store_sql/minimal_sql the cost of the
+// one-statement state machine over the textbook statements.
 func BenchmarkCeiling(b *testing.B) {
 	headers := []byte(`{"Content-Type":["application/json"]}`)
-	for _, c := range []struct {
-		name             string
-		reserve, complet string
-		reserveArgs      func(p store.ReserveParams) []any
-		completeArgs     func(p store.ReserveParams, fence int64) []any
-	}{
-		{
-			name:    "store_sql",
-			reserve: postgres.SQLReserve, complet: postgres.SQLComplete,
-			reserveArgs: func(p store.ReserveParams) []any {
-				return []any{p.Scope, p.Key, p.Fingerprint, p.Lease.Microseconds(), p.TTL.Microseconds(), string(p.LeasePolicy), nil}
-			},
-			completeArgs: func(p store.ReserveParams, fence int64) []any {
-				return []any{p.Scope, p.Key, fence, nil, benchResponse.Status, headers, benchResponse.Body, false, int64(0)}
-			},
-		},
-		{
-			name:    "minimal_sql",
-			reserve: minimalInsert, complet: minimalComplete,
-			reserveArgs: func(p store.ReserveParams) []any { return []any{p.Scope, p.Key, p.Fingerprint} },
-			completeArgs: func(p store.ReserveParams, fence int64) []any {
-				return []any{p.Scope, p.Key, fence, benchResponse.Status, headers, benchResponse.Body}
-			},
-		},
-	} {
-		b.Run("reserve_complete/"+c.name, func(b *testing.B) {
-			pool, schema := benchPool(b)
-			reserve, complet := inSchema(c.reserve, schema), inSchema(c.complet, schema)
-			ctx := context.Background()
-			var seq atomic.Int64
-			b.SetParallelism(benchParallelism)
-			b.ResetTimer()
-			b.RunParallel(func(pb *testing.PB) {
-				for pb.Next() {
-					p := reserveParams(fmt.Sprint("new-", seq.Add(1)))
-					row := pool.QueryRow(ctx, reserve, c.reserveArgs(p)...)
-					var fence int64
-					dest := scanDest(c.name, &fence)
-					if err := row.Scan(dest...); err != nil {
-						b.Fatal(err)
-					}
-					tag, err := pool.Exec(ctx, complet, c.completeArgs(p, fence)...)
-					if err != nil || tag.RowsAffected() != 1 {
-						b.Fatalf("complete: %v %v", tag, err)
-					}
+	b.Run("reserve_complete", func(b *testing.B) {
+		pool, schema := benchPool(b)
+		s, err := postgres.New(context.Background(), pool, postgres.Config{Schema: schema, SkipMigrate: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		reserve, complet := inSchema(postgres.SQLReserve, schema), inSchema(postgres.SQLComplete, schema)
+		minIns, minUpd := inSchema(minimalInsert, schema), inSchema(minimalComplete, schema)
+		ctx := context.Background()
+		var seq atomic.Int64
+		ways := []func(p store.ReserveParams) error{
+			func(p store.ReserveParams) error { // store
+				r, err := s.Reserve(ctx, p)
+				if err != nil {
+					return err
 				}
-			})
+				return s.Complete(ctx, store.CompleteParams{
+					FenceParams: store.FenceParams{Scope: p.Scope, Key: p.Key, Fence: r.Record.Fence},
+					Response:    benchResponse,
+				})
+			},
+			func(p store.ReserveParams) error { // store_sql
+				var fence int64
+				err := pool.QueryRow(ctx, reserve, p.Scope, p.Key, p.Fingerprint, p.Lease.Microseconds(),
+					p.TTL.Microseconds(), string(p.LeasePolicy), nil).Scan(scanDest(&fence)...)
+				if err != nil {
+					return err
+				}
+				return expectOne(pool.Exec(ctx, complet, p.Scope, p.Key, fence, nil,
+					benchResponse.Status, headers, benchResponse.Body, false, int64(0)))
+			},
+			func(p store.ReserveParams) error { // minimal_sql
+				var fence int64
+				if err := pool.QueryRow(ctx, minIns, p.Scope, p.Key, p.Fingerprint).Scan(&fence); err != nil {
+					return err
+				}
+				return expectOne(pool.Exec(ctx, minUpd, p.Scope, p.Key, fence,
+					benchResponse.Status, headers, benchResponse.Body))
+			},
+		}
+		runInterleaved(b, ways, func() store.ReserveParams {
+			return reserveParams(fmt.Sprint("new-", seq.Add(1)))
 		})
-	}
-	for _, c := range []struct{ name, sql string }{
-		{"store_sql", postgres.SQLReserve},
-		{"minimal_sql", minimalSelect},
-	} {
-		b.Run("replay/"+c.name, func(b *testing.B) {
-			pool, schema := benchPool(b)
-			s, err := postgres.New(context.Background(), pool, postgres.Config{Schema: schema, SkipMigrate: true})
+	})
+	b.Run("replay", func(b *testing.B) {
+		pool, schema := benchPool(b)
+		s, err := postgres.New(context.Background(), pool, postgres.Config{Schema: schema, SkipMigrate: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx := context.Background()
+		for i := range replayKeys {
+			p := reserveParams(fmt.Sprint("done-", i))
+			r, err := s.Reserve(ctx, p)
 			if err != nil {
 				b.Fatal(err)
 			}
-			ctx := context.Background()
-			for i := range replayKeys {
-				p := reserveParams(fmt.Sprint("done-", i))
-				r, err := s.Reserve(ctx, p)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := s.Complete(ctx, store.CompleteParams{FenceParams: store.FenceParams{Scope: p.Scope, Key: p.Key, Fence: r.Record.Fence}, Response: benchResponse}); err != nil {
-					b.Fatal(err)
-				}
+			if err := s.Complete(ctx, store.CompleteParams{FenceParams: store.FenceParams{Scope: p.Scope, Key: p.Key, Fence: r.Record.Fence}, Response: benchResponse}); err != nil {
+				b.Fatal(err)
 			}
-			sql := inSchema(c.sql, schema)
-			var seq atomic.Int64
-			b.SetParallelism(benchParallelism)
-			b.ResetTimer()
-			b.RunParallel(func(pb *testing.PB) {
-				for pb.Next() {
-					p := reserveParams(fmt.Sprint("done-", seq.Add(1)%replayKeys))
-					args := []any{p.Scope, p.Key}
-					if c.name == "store_sql" {
-						args = []any{p.Scope, p.Key, p.Fingerprint, p.Lease.Microseconds(), p.TTL.Microseconds(), string(p.LeasePolicy), nil}
-					}
-					rows, err := pool.Query(ctx, sql, args...)
-					if err != nil {
-						b.Fatal(err)
-					}
-					n := 0
-					for rows.Next() {
-						n++
-					}
-					if rows.Err() != nil || n != 1 {
-						b.Fatalf("replay: %d rows, %v", n, rows.Err())
-					}
+		}
+		reserve, minSel := inSchema(postgres.SQLReserve, schema), inSchema(minimalSelect, schema)
+		var seq atomic.Int64
+		ways := []func(p store.ReserveParams) error{
+			func(p store.ReserveParams) error { // store
+				r, err := s.Reserve(ctx, p)
+				if err == nil && r.Record.State != store.StateCompleted {
+					err = fmt.Errorf("replay saw %s", r.Record.State)
 				}
-			})
+				return err
+			},
+			func(p store.ReserveParams) error { // store_sql
+				var fence int64
+				return pool.QueryRow(ctx, reserve, p.Scope, p.Key, p.Fingerprint, p.Lease.Microseconds(),
+					p.TTL.Microseconds(), string(p.LeasePolicy), nil).Scan(scanDest(&fence)...)
+			},
+			func(p store.ReserveParams) error { // minimal_sql
+				var (
+					fp, state string
+					fence     int64
+					status    int32
+					hdr, body []byte
+				)
+				return pool.QueryRow(ctx, minSel, p.Scope, p.Key).Scan(&fp, &state, &fence, &status, &hdr, &body)
+			},
+		}
+		runInterleaved(b, ways, func() store.ReserveParams {
+			return reserveParams(fmt.Sprint("done-", seq.Add(1)%replayKeys))
 		})
+	})
+}
+
+var ceilingWays = []string{"store", "store_sql", "minimal_sql"}
+
+// runInterleaved runs every way once per iteration, rotating which goes
+// first, and reports each way's mean latency and the ratios.
+func runInterleaved(b *testing.B, ways []func(store.ReserveParams) error, next func() store.ReserveParams) {
+	var total [3]atomic.Int64
+	var rot atomic.Int64
+	b.SetParallelism(benchParallelism)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			first := int(rot.Add(1))
+			for j := range ways {
+				w := (first + j) % len(ways)
+				p := next()
+				start := time.Now()
+				if err := ways[w](p); err != nil {
+					b.Fatalf("%s: %v", ceilingWays[w], err)
+				}
+				total[w].Add(int64(time.Since(start)))
+			}
+		}
+	})
+	b.StopTimer()
+	per := func(w int) float64 { return float64(total[w].Load()) / float64(b.N) }
+	for w, name := range ceilingWays {
+		b.ReportMetric(per(w), name+"-ns/req")
 	}
+	b.ReportMetric(per(0)/per(1), "store/store_sql")
+	b.ReportMetric(per(1)/per(2), "store_sql/minimal_sql")
+	b.ReportMetric(per(0)/per(2), "store/minimal_sql")
+}
+
+func expectOne(tag pgconn.CommandTag, err error) error {
+	if err == nil && tag.RowsAffected() != 1 {
+		err = fmt.Errorf("%d rows affected, want 1", tag.RowsAffected())
+	}
+	return err
 }
 
 // scanDest keeps the fence and skips the other columns (a nil destination
 // skips a column in pgx).
-func scanDest(name string, fence *int64) []any {
-	if name == "minimal_sql" {
-		return []any{fence}
-	}
+func scanDest(fence *int64) []any {
 	dest := make([]any, 21) // action + 20 record columns; fence is the 6th
 	dest[5] = fence
 	return dest

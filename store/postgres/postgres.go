@@ -11,6 +11,12 @@
 // statement runs a second time only when it raced a concurrent transaction
 // on the same key and its snapshot could not see that transaction's row.
 //
+// These counts are for a warm connection, which is the steady state of a
+// busy pool: pgx prepares each statement once per connection (one extra
+// round trip on its first use), and pgxpool by default pings a connection
+// that sat idle for a second before handing it out (see
+// pgxpool.Config.ShouldPing; pass your own pool to [New] to change it).
+//
 // # Transactions
 //
 // [Store.ReserveTx], [Store.CompleteTx] and [Store.CheckpointTx] run the same
