@@ -43,12 +43,13 @@ func transient(err error) bool {
 // failed maxAttempts times. The first retry is immediate (the winner of a
 // deadlock has usually committed by then); later ones back off with jitter so
 // that a storm of losers does not collide again in lockstep.
-func retry(ctx context.Context, fn func() error) error {
+func (s *Store) retry(ctx context.Context, fn func() error) error {
 	for attempt := 1; ; attempt++ {
 		err := fn()
 		if err == nil || !transient(err) || attempt >= maxAttempts {
 			return err
 		}
+		s.retries.Add(1)
 		if attempt == 1 {
 			continue
 		}

@@ -42,6 +42,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	mysqldrv "github.com/go-sql-driver/mysql"
@@ -68,6 +69,11 @@ type Config struct {
 	// `idem migrate`, separately). Defaults to false: pending migrations are
 	// applied under a GET_LOCK so that concurrent openers apply them once.
 	SkipMigrate bool
+	// MaxConns caps the open connections of the pool the store runs its own
+	// statements on (Open only; with New the caller tunes its *sql.DB).
+	// Defaults to 0: no cap, as in database/sql. Mind the server's
+	// max_connections (151 by default) across all instances.
+	MaxConns int
 }
 
 // Store is the MySQL/MariaDB store. It is safe for concurrent use.
@@ -77,6 +83,9 @@ type Store struct {
 	batch bool    // q accepts multi-statement queries with client-side interpolation
 	owned []*sql.DB
 	clock store.Clock
+	// retries counts transient failures (deadlock, duplicate key) that were
+	// retried; tests read it to see the retry path taken.
+	retries atomic.Int64
 
 	closeOnce sync.Once
 	closeErr  error
@@ -125,6 +134,10 @@ func Open(ctx context.Context, dsn string, cfg Config) (*Store, error) {
 	// database/sql keeps only two idle connections by default; under
 	// concurrent requests the rest would be closed and redialed each time.
 	own.SetMaxIdleConns(32)
+	if cfg.MaxConns > 0 {
+		own.SetMaxOpenConns(cfg.MaxConns)
+		own.SetMaxIdleConns(min(32, cfg.MaxConns))
+	}
 
 	s := &Store{db: pub, q: own, batch: true, owned: []*sql.DB{own, pub}, clock: cfg.Clock}
 	if err := s.start(ctx, cfg); err != nil {

@@ -480,7 +480,10 @@ func TestRoundTrips(t *testing.T) {
 		t.Logf("%s: %d round trip(s)", name, n)
 		return n
 	}
-	// Warm the pool so that no dial or handshake is counted.
+	// Warm both pools so that no dial or handshake is counted.
+	if err := s.DB().PingContext(ctx); err != nil {
+		t.Fatal(err)
+	}
 	warm := mustReserve(t, s, reserveParams("warm"), store.Created)
 	if err := s.Complete(ctx, store.CompleteParams{FenceParams: fence(warm), Response: okResponse("w")}); err != nil {
 		t.Fatal(err)
@@ -502,6 +505,25 @@ func TestRoundTrips(t *testing.T) {
 			t.Errorf("%s: %d round trips, want %d", k, got[k], n)
 		}
 	}
+
+	// The transactional forms on DB(): BEGIN, ReserveTx (upsert, select),
+	// CompleteTx, COMMIT.
+	count("BEGIN + ReserveTx + CompleteTx + COMMIT", func() {
+		tx, err := s.DB().BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := s.ReserveTx(ctx, tx, reserveParams("tx"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.CompleteTx(ctx, tx, store.CompleteParams{FenceParams: fence(res.Record), Response: okResponse("x")}); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	})
 
 	// The fallback of New on a pool without multi-statement support.
 	plainCfg := cfg.Clone()
@@ -531,7 +553,8 @@ func TestReserveStorm(t *testing.T) {
 	t.Parallel()
 	s, clock := newStore(t)
 	ctx := t.Context()
-	const workers, keys = 64, 200
+	const workers, keys = 64, 64
+	deadlocksBefore := deadlocks(t, s)
 	var mu sync.Mutex
 	created := map[string]int{}
 	reclaimed := map[string]int{}
@@ -587,6 +610,97 @@ func TestReserveStorm(t *testing.T) {
 			t.Fatalf("%s reclaimed %d times", k, reclaimed[k])
 		}
 	}
+	// Server-wide, so other tests add to it: a rough figure for the log.
+	t.Logf("%d reserves, %d retried deadlocks or races; InnoDB deadlocks meanwhile (server-wide): %d",
+		2*workers*keys, s.retries.Load(), deadlocks(t, s)-deadlocksBefore)
+}
+
+// TestReserveAfterRolledBackInsert queues Reserves behind an uncommitted
+// insert of the same key and then rolls it back: the queued upserts then
+// race to insert, the pattern where InnoDB reports deadlocks on
+// INSERT ... ON DUPLICATE KEY UPDATE. Exactly one must create the record
+// and none may fail.
+func TestReserveAfterRolledBackInsert(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := t.Context()
+	for round := range 5 {
+		p := reserveParams(fmt.Sprint("rolled-back-", round))
+		tx, err := s.DB().BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res, err := s.ReserveTx(ctx, tx, p); err != nil || res.Outcome != store.Created {
+			t.Fatalf("reserve tx: %v %v", res.Outcome, err)
+		}
+		const waiters = 8
+		outcomes := make(chan store.ReserveOutcome, waiters)
+		errs := make(chan error, waiters)
+		var wg sync.WaitGroup
+		for range waiters {
+			wg.Go(func() {
+				res, err := s.Reserve(ctx, p)
+				if err != nil {
+					errs <- err
+					return
+				}
+				outcomes <- res.Outcome
+			})
+		}
+		waitForLockWaits(t, s, waiters)
+		if err := tx.Rollback(); err != nil {
+			t.Fatal(err)
+		}
+		wg.Wait()
+		close(errs)
+		close(outcomes)
+		for err := range errs {
+			t.Fatal(err)
+		}
+		created := 0
+		for o := range outcomes {
+			if o == store.Created {
+				created++
+			}
+		}
+		if created != 1 {
+			t.Fatalf("round %d: %d created", round, created)
+		}
+	}
+	t.Logf("deadlocks and duplicate-key races retried: %d", s.retries.Load())
+}
+
+// waitForLockWaits polls until n sessions on the store's database wait for
+// a row lock.
+func waitForLockWaits(t *testing.T, s *Store, n int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var waiting int
+		err := s.DB().QueryRowContext(t.Context(), `
+			SELECT COUNT(*) FROM information_schema.INNODB_TRX t
+			JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id
+			WHERE t.trx_state = 'LOCK WAIT' AND p.DB = DATABASE()`).Scan(&waiting)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if waiting >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d sessions waiting for the row lock", waiting, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func deadlocks(t *testing.T, s *Store) int64 {
+	var name string
+	var n int64
+	if err := s.DB().QueryRowContext(t.Context(), "SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'").Scan(&name, &n); err != nil {
+		t.Logf("no Innodb_deadlocks status: %v", err)
+	}
+	return n
 }
 
 // TestCompleteTxRollsBackWithBusinessWrite checks that CompleteTx commits or

@@ -51,7 +51,7 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 		return store.ReserveResult{}, err
 	}
 	var res store.ReserveResult
-	err := retry(ctx, func() error {
+	err := s.retry(ctx, func() error {
 		var err error
 		if s.batch {
 			res, err = s.reserveBatch(ctx, p)
@@ -71,7 +71,7 @@ func (s *Store) ReserveTx(ctx context.Context, tx *sql.Tx, p store.ReserveParams
 		return store.ReserveResult{}, err
 	}
 	var res store.ReserveResult
-	err := retry(ctx, func() error {
+	err := s.retry(ctx, func() error {
 		var err error
 		res, err = s.reserveIn(ctx, tx, p)
 		if errorNumber(err) == errDeadlock {
@@ -247,7 +247,7 @@ func (s *Store) fenced(ctx context.Context, q querier, op string, qq *query, a a
 	}
 	if q == querier(s.q) {
 		// An autocommit statement that lost a deadlock changed nothing.
-		err = retry(ctx, run)
+		err = s.retry(ctx, run)
 	} else {
 		err = run()
 	}
@@ -383,7 +383,7 @@ func (s *Store) exec(ctx context.Context, qq *query, a args) (int64, error) {
 		return 0, err
 	}
 	var n int64
-	err = retry(ctx, func() error {
+	err = s.retry(ctx, func() error {
 		res, err := s.q.ExecContext(ctx, qq.sql, bound...)
 		if err != nil {
 			return err
@@ -403,7 +403,7 @@ func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]
 		return nil, invalid("limit must be positive")
 	}
 	var out []store.Record
-	err := retry(ctx, func() error {
+	err := s.retry(ctx, func() error {
 		var err error
 		out, err = s.sweepOnce(ctx, p.Limit)
 		return err
@@ -482,7 +482,7 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 		return store.ReapResult{}, err
 	}
 	var out store.ReapResult
-	err := retry(ctx, func() error {
+	err := s.retry(ctx, func() error {
 		var err error
 		out, err = s.reapOnce(ctx, p, abandon)
 		return err
