@@ -43,10 +43,12 @@
 //
 // The background operations cannot run in one script, since the shards
 // live in different slots. SweepExpiredLeases, Reap and ListUnknown work in
-// two phases: a read-only script on every shard returns the lowest entries
-// due (one pipeline, so one round trip per node), the client keeps the
-// Limit lowest, then one script per shard re-checks each chosen record and
-// changes it only if it still qualifies. That re-check is the guard that
+// two phases: a read-only script on every shard returns a small page of its
+// lowest entries due (one pipeline, so one round trip per node; a second
+// pipeline only to the shards whose page was full and might hide lower
+// entries), the client keeps the Limit lowest overall, then one script per
+// shard re-checks each chosen record and changes it only if it still
+// qualifies. That re-check is the guard that
 // lets several sweepers and reapers run at once: each record is moved once,
 // and a record that changed in between is left alone. A batch may do less
 // than Limit when another instance took some of its candidates.

@@ -131,6 +131,7 @@ var storeTests = []struct {
 	{"ServerClock", testServerClock},
 	{"ScriptCacheFlushed", testScriptCacheFlushed},
 	{"InvalidParams", testInvalidParams},
+	{"CandidatePages", testCandidatePages},
 }
 
 func runStoreTests(t *testing.T, newDatabase func(*testing.T) storetest.Opener) {
@@ -708,4 +709,57 @@ func TestClusterURL(t *testing.T) {
 	if err != nil || len(opts.Addrs) != 2 || opts.Password != "p" || opts.DialTimeout != 3*time.Second {
 		t.Errorf("parsed %+v %v", opts, err)
 	}
+}
+
+// Background scans return the globally oldest entries even when one shard
+// holds more of them than the first round's page.
+func testCandidatePages(t *testing.T, open storetest.Opener) {
+	s, clock := newTestStore(t, open)
+	const scope = "tenant POST /pay"
+	crowded := shardOf(scope, "seed")
+	var order []string // keys, oldest lease first
+	used := map[string]bool{}
+	for i := range 60 {
+		var key string
+		if i%4 == 3 {
+			key = fmt.Sprint("spread-", i) // most likely another shard
+		} else {
+			for j := 0; ; j++ {
+				key = fmt.Sprint("crowded-", j)
+				if !used[key] && shardOf(scope, key) == crowded {
+					break
+				}
+			}
+		}
+		used[key] = true
+		p := reserveParams(key)
+		p.Lease = time.Minute
+		mustReserve(t, s, p, store.Created)
+		order = append(order, key)
+		clock.Advance(time.Second)
+	}
+	clock.Advance(time.Hour)
+	for _, limit := range []int{1, 25, 30} {
+		swept, err := s.SweepExpiredLeases(ctx, store.SweepParams{Limit: limit})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(swept) != limit {
+			t.Fatalf("limit %d swept %d", limit, len(swept))
+		}
+		for i, r := range swept {
+			if r.Key != order[i] {
+				t.Fatalf("limit %d: swept[%d] = %s, want %s", limit, i, r.Key, order[i])
+			}
+		}
+		order = order[limit:]
+	}
+	if swept, _ := s.SweepExpiredLeases(ctx, store.SweepParams{Limit: 100}); len(swept) != len(order) {
+		t.Fatalf("last sweep moved %d, want %d", len(swept), len(order))
+	}
+	all, err := s.ListUnknown(ctx, store.ListUnknownParams{Limit: 45})
+	if err != nil || len(all) != 45 {
+		t.Fatalf("list: %d %v", len(all), err)
+	}
+	checkIndexes(t, s)
 }

@@ -63,47 +63,130 @@ func (s *Store) batch(ctx context.Context, calls []call) ([]any, error) {
 
 // candidates runs phase 1 over the named indexes of every shard and returns
 // the limit lowest-scored entries (score <= now when due), lowest first.
+//
+// Fetching limit entries from each of the 256 shards would move up to
+// 256*limit entries to use limit of them, so the first round asks every
+// shard for a small page. Only a page that came back full can hide lower
+// entries than the ones kept; a second round asks those shards alone for
+// what lies between their last entry and the limit-th lowest score found
+// (or for up to limit more, when fewer than limit were found).
 func (s *Store) candidates(ctx context.Context, due bool, limit int, indexes ...int) ([]candidate, error) {
-	calls := make([]call, shardCount)
 	now := s.now()
+	page := min(limit, max(8, 2*((limit+shardCount-1)/shardCount)))
+	lists := make([]indexList, 0, shardCount*len(indexes))
+	calls := make([]call, shardCount)
 	for sh := range shardCount {
 		all := s.indexKeys(sh)
 		keys := make([]string, len(indexes))
+		args := []any{now, flag(due), page, "+inf"}
 		for i, ix := range indexes {
 			keys[i] = all[ix]
+			args = append(args, "-inf")
+			lists = append(lists, indexList{shard: sh, key: all[ix]})
 		}
-		calls[sh] = call{scriptDue, keys, []any{now, flag(due), limit}}
+		calls[sh] = call{scriptDue, keys, args}
 	}
 	replies, err := s.batch(ctx, calls)
 	if err != nil {
 		return nil, err
 	}
-	var out []candidate
+	var found []candidate
 	for sh, reply := range replies {
-		lists, _ := reply.([]any)
-		for _, l := range lists {
-			entries, _ := l.([]any)
-			for i := 0; i+1 < len(entries); i += 2 {
-				member, _ := entries[i].(string)
-				raw, _ := entries[i+1].(string)
-				score, err := strconv.ParseFloat(raw, 64)
-				if err != nil {
-					return nil, fmt.Errorf("malformed index score %q: %w", raw, err)
+		parts, _ := reply.([]any)
+		for i := range indexes {
+			l := &lists[sh*len(indexes)+i]
+			if i < len(parts) {
+				if l.entries, err = parseEntries(sh, parts[i]); err != nil {
+					return nil, err
 				}
-				out = append(out, candidate{shard: sh, member: member, score: int64(score)})
 			}
+			found = append(found, l.entries...)
 		}
 	}
-	slices.SortFunc(out, func(a, b candidate) int {
-		return cmp.Or(cmp.Compare(a.score, b.score), cmp.Compare(a.member, b.member))
-	})
-	// One record can sit in two of the indexes read together (never in
-	// practice: term and open are disjoint), so dedupe before cutting.
-	out = slices.CompactFunc(out, func(a, b candidate) bool { return a.member == b.member })
+	sortCandidates(found)
+
+	bound := "+inf"
+	if len(found) >= limit {
+		bound = strconv.FormatInt(found[limit-1].score, 10)
+	}
+	var again []call
+	var againShards []int
+	for _, l := range lists {
+		if len(l.entries) < page {
+			continue // the shard had nothing more
+		}
+		last := l.entries[len(l.entries)-1].score
+		if len(found) >= limit && last > found[limit-1].score {
+			continue // all it hides scores above what is kept
+		}
+		again = append(again, call{scriptDue, []string{l.key},
+			[]any{now, flag(due), limit, bound, strconv.FormatInt(last, 10)}})
+		againShards = append(againShards, l.shard)
+	}
+	if len(again) > 0 {
+		replies, err := s.batch(ctx, again)
+		if err != nil {
+			return nil, err
+		}
+		for i, reply := range replies {
+			parts, _ := reply.([]any)
+			if len(parts) != 1 {
+				return nil, fmt.Errorf("malformed index reply %v", reply)
+			}
+			entries, err := parseEntries(againShards[i], parts[0])
+			if err != nil {
+				return nil, err
+			}
+			found = append(found, entries...)
+		}
+		sortCandidates(found)
+	}
+
+	// The second round repeats entries that tie with a page's last score,
+	// and a record can in principle change index between rounds: keep the
+	// first (lowest) sighting of each record.
+	seen := make(map[string]bool, len(found))
+	out := found[:0]
+	for _, c := range found {
+		if !seen[c.member] {
+			seen[c.member] = true
+			out = append(out, c)
+		}
+	}
 	if len(out) > limit {
 		out = out[:limit]
 	}
 	return out, nil
+}
+
+// indexList is what phase 1 read from one index of one shard.
+type indexList struct {
+	shard   int
+	key     string
+	entries []candidate
+}
+
+// parseEntries reads a ZRANGEBYSCORE WITHSCORES reply.
+func parseEntries(shard int, reply any) ([]candidate, error) {
+	flat, _ := reply.([]any)
+	out := make([]candidate, 0, len(flat)/2)
+	for i := 0; i+1 < len(flat); i += 2 {
+		member, _ := flat[i].(string)
+		raw, _ := flat[i+1].(string)
+		// Scores are integral microseconds below 2^53, exact in a float64.
+		score, err := strconv.ParseFloat(raw, 64)
+		if err != nil {
+			return nil, fmt.Errorf("malformed index score %q: %w", raw, err)
+		}
+		out = append(out, candidate{shard: shard, member: member, score: int64(score)})
+	}
+	return out, nil
+}
+
+func sortCandidates(c []candidate) {
+	slices.SortFunc(c, func(a, b candidate) int {
+		return cmp.Or(cmp.Compare(a.score, b.score), cmp.Compare(a.member, b.member))
+	})
 }
 
 // perShard builds one phase-2 call per shard holding candidates: KEYS are the
