@@ -4,6 +4,7 @@ import (
 	"context"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,7 +18,10 @@ import (
 // request costs the commits' fsyncs):
 //   - ReserveComplete: a new request, Reserve of a fresh key then Complete;
 //   - Replay: Reserve of a completed key (what a retry costs);
-//   - Get: Get of a completed key.
+//   - Get: Get of a completed key;
+//   - ReplayWhileWriting, GetWhileWriting: the same while four goroutines
+//     run ReserveComplete, which is where the read pool pays: a read never
+//     queues behind the writer's fsync.
 func BenchmarkStore(b *testing.B) {
 	ctx := context.Background()
 	s, err := sqlite.Open(ctx, filepath.Join(b.TempDir(), "idem.db"), sqlite.Config{})
@@ -93,4 +97,37 @@ func BenchmarkStore(b *testing.B) {
 			})
 		})
 	}
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+					reserveComplete(b)
+				}
+			}
+		}()
+	}
+	defer func() {
+		close(stop)
+		wg.Wait()
+	}()
+	b.Run("ReplayWhileWriting", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			replay(b)
+		}
+	})
+	b.Run("GetWhileWriting", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			get(b)
+		}
+	})
 }

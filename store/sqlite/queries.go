@@ -225,6 +225,9 @@ const qDefer = `UPDATE idem_records SET
 	updated_at = ?5
 WHERE scope = ?1 AND key = ?2 AND state = 'unknown'`
 
+// qPing reads the schema page, so it fails when the file cannot be read.
+const qPing = `SELECT count(*) FROM sqlite_schema`
+
 const qMigrationsTable = `CREATE TABLE IF NOT EXISTS idem_migrations (
 	version    INTEGER PRIMARY KEY,
 	name       TEXT    NOT NULL,

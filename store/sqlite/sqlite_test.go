@@ -490,3 +490,59 @@ func reserveChild() int {
 	}
 	return 0
 }
+
+// ":memory:" runs the whole store on its one writer connection.
+func TestInMemory(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := open(t, ":memory:", sqlite.Config{})
+	rec := mustReserve(t, s, reserveP("k", "fp", store.LeaseUnknown), store.Created)
+	if err := s.Complete(ctx, store.CompleteParams{FenceParams: fenceOf(rec), Response: store.Response{Status: 200}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustReserve(t, s, reserveP("k", "fp", store.LeaseUnknown), store.Existing); got.State != store.StateCompleted {
+		t.Fatalf("replay: %s", got.State)
+	}
+	if err := s.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestPingAfterClose(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := open(t, filepath.Join(t.TempDir(), "idem.db"), sqlite.Config{})
+	if err := s.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Ping(ctx); err == nil {
+		t.Fatal("Ping after Close succeeded")
+	}
+}
+
+func TestOpenRejectsBadConfig(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	if _, err := sqlite.Open(ctx, "", sqlite.Config{}); err == nil {
+		t.Error("Open with an empty path succeeded")
+	}
+	if _, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "idem.db"), sqlite.Config{BusyTimeout: -time.Second}); err == nil {
+		t.Error("Open with a negative busy timeout succeeded")
+	}
+}
+
+// A path with URI metacharacters names the file it says.
+func TestPathWithQuestionMark(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "a?b#c%d.db")
+	s := open(t, path, sqlite.Config{})
+	mustReserve(t, s, reserveP("k", "fp", store.LeaseUnknown), store.Created)
+	if _, err := os.Stat(path); err != nil {
+		entries, _ := os.ReadDir(dir)
+		t.Fatalf("database file not at %q: %v (directory holds %v)", path, err, entries)
+	}
+}
