@@ -1,0 +1,14 @@
+package postgres
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// InTx runs fn in a transaction on the store's pool and commits it when fn
+// returns nil (rolls back otherwise). With CheckpointTx it makes the store
+// an idem.PhaseStore[pgx.Tx] for atomic phases.
+func (s *Store) InTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, s.Pool(), fn)
+}
