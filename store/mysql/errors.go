@@ -39,14 +39,14 @@ func transient(err error) bool {
 	return n == errDeadlock || n == errDupEntry
 }
 
-// retry runs fn until it succeeds, fails with a non-transient error, or has
-// failed maxAttempts times. The first retry is immediate (the winner of a
+// retry runs fn until it succeeds, fails with an error retryable does not
+// accept, or has failed maxAttempts times. The first retry is immediate (the winner of a
 // deadlock has usually committed by then); later ones back off with jitter so
 // that a storm of losers does not collide again in lockstep.
-func (s *Store) retry(ctx context.Context, fn func() error) error {
+func (s *Store) retry(ctx context.Context, retryable func(error) bool, fn func() error) error {
 	for attempt := 1; ; attempt++ {
 		err := fn()
-		if err == nil || !transient(err) || attempt >= maxAttempts {
+		if err == nil || !retryable(err) || attempt >= maxAttempts {
 			return err
 		}
 		s.retries.Add(1)
@@ -63,6 +63,10 @@ func (s *Store) retry(ctx context.Context, fn func() error) error {
 		}
 	}
 }
+
+// duplicateKey reports an insert race: only the failed statement was rolled
+// back, so it can run again even inside a caller's transaction.
+func duplicateKey(err error) bool { return errorNumber(err) == errDupEntry }
 
 func wrap(op string, err error) error {
 	if err == nil {

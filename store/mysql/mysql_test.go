@@ -31,6 +31,38 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+// TestConformanceNew runs the suite on stores made by New on a plain pool
+// (no multiStatements, no interpolateParams): Reserve's fallback
+// transaction and prepared statements.
+func TestConformanceNew(t *testing.T) {
+	t.Parallel()
+	baseConfig(t)
+	storetest.Run(t, storetest.Harness{
+		NewDatabase: func(t *testing.T) storetest.Opener {
+			cfg := newDatabase(t)
+			cfg.MultiStatements = false
+			cfg.InterpolateParams = false
+			return func(t *testing.T, clock store.Clock) store.Store {
+				db, err := sql.Open("mysql", cfg.FormatDSN())
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { db.Close() })
+				s, err := New(t.Context(), db, Config{Clock: clock})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if s.batch {
+					t.Fatal("New chose the batch on a pool without multiStatements")
+				}
+				return s
+			}
+		},
+		Durable: true,
+		Shared:  true,
+	})
+}
+
 func mustReserve(t *testing.T, s *Store, p store.ReserveParams, want store.ReserveOutcome) store.Record {
 	t.Helper()
 	res, err := s.Reserve(t.Context(), p)

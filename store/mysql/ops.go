@@ -51,7 +51,7 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 		return store.ReserveResult{}, err
 	}
 	var res store.ReserveResult
-	err := s.retry(ctx, func() error {
+	err := s.retry(ctx, transient, func() error {
 		var err error
 		if s.batch {
 			res, err = s.reserveBatch(ctx, p)
@@ -71,26 +71,13 @@ func (s *Store) ReserveTx(ctx context.Context, tx *sql.Tx, p store.ReserveParams
 		return store.ReserveResult{}, err
 	}
 	var res store.ReserveResult
-	err := s.retry(ctx, func() error {
+	err := s.retry(ctx, duplicateKey, func() error {
 		var err error
 		res, err = s.reserveIn(ctx, tx, p)
-		if errorNumber(err) == errDeadlock {
-			return errTxAborted{err}
-		}
 		return err
 	})
-	var aborted errTxAborted
-	if errors.As(err, &aborted) {
-		err = aborted.err
-	}
 	return res, wrap("reserve", err)
 }
-
-// errTxAborted hides a deadlock from retry: the caller's transaction is
-// gone, so repeating the statements in it cannot succeed.
-type errTxAborted struct{ err error }
-
-func (e errTxAborted) Error() string { return e.err.Error() }
 
 func checkReserve(p *store.ReserveParams) error {
 	if err := p.Validate(); err != nil {
@@ -167,7 +154,7 @@ func (s *Store) reserveBatch(ctx context.Context, p store.ReserveParams) (res st
 	}
 	defer func() {
 		if err != nil {
-			abandon(ctx, conn)
+			rollbackOrDiscard(ctx, conn)
 		}
 		_ = conn.Close()
 	}()
@@ -180,9 +167,9 @@ func (s *Store) reserveBatch(ctx context.Context, p store.ReserveParams) (res st
 	return readReserve(rows)
 }
 
-// abandon ends whatever transaction a failed batch left open on conn, and
-// discards the connection when even that fails.
-func abandon(ctx context.Context, conn *sql.Conn) {
+// rollbackOrDiscard ends whatever transaction a failed batch left open on
+// conn, and discards the connection when even that fails.
+func rollbackOrDiscard(ctx context.Context, conn *sql.Conn) {
 	rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if _, err := conn.ExecContext(rbCtx, "ROLLBACK"); err != nil {
@@ -245,11 +232,13 @@ func (s *Store) fenced(ctx context.Context, q querier, op string, qq *query, a a
 		n, err = res.RowsAffected()
 		return err
 	}
-	if q == querier(s.q) {
-		// An autocommit statement that lost a deadlock changed nothing.
-		err = s.retry(ctx, run)
-	} else {
+	if _, inTx := q.(*sql.Tx); inTx {
+		// A deadlock has rolled the caller's whole transaction back: only
+		// the caller can run it again.
 		err = run()
+	} else {
+		// An autocommit statement that lost a deadlock changed nothing.
+		err = s.retry(ctx, transient, run)
 	}
 	if err != nil {
 		return wrap(op, err)
@@ -383,7 +372,7 @@ func (s *Store) exec(ctx context.Context, qq *query, a args) (int64, error) {
 		return 0, err
 	}
 	var n int64
-	err = s.retry(ctx, func() error {
+	err = s.retry(ctx, transient, func() error {
 		res, err := s.q.ExecContext(ctx, qq.sql, bound...)
 		if err != nil {
 			return err
@@ -403,7 +392,7 @@ func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]
 		return nil, invalid("limit must be positive")
 	}
 	var out []store.Record
-	err := s.retry(ctx, func() error {
+	err := s.retry(ctx, transient, func() error {
 		var err error
 		out, err = s.sweepOnce(ctx, p.Limit)
 		return err
@@ -482,7 +471,7 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 		return store.ReapResult{}, err
 	}
 	var out store.ReapResult
-	err := s.retry(ctx, func() error {
+	err := s.retry(ctx, transient, func() error {
 		var err error
 		out, err = s.reapOnce(ctx, p, abandon)
 		return err
@@ -617,5 +606,5 @@ func (s *Store) unknownOnly(ctx context.Context, op string, qq *query, a args) e
 	case err != nil:
 		return wrap(op, err)
 	}
-	return fmt.Errorf("%w: %s is %s, not unknown", store.ErrStateConflict, op, state)
+	return fmt.Errorf("%w: %s: record is %s, not unknown", store.ErrStateConflict, op, state)
 }
