@@ -31,7 +31,10 @@ if not st or st == EXPIRED or (terminal(st) and ea <= now) then
   else
     -- A new index entry: drop up to two entries of the terminal index whose
     -- record Redis already evicted by TTL (expires_at + grace is past), so
-    -- the index stays bounded even when no reaper runs.
+    -- the index stays bounded even when no reaper runs. The entries are
+    -- records of this shard, so in this slot: reading them though they are
+    -- not in KEYS is allowed (the scripts declare no flags, so Redis 7 runs
+    -- them in compatibility mode, and Cluster only requires one slot).
     local stale = redis.call('ZRANGEBYSCORE', idx[3], '-inf', num(now - grace * 1000), 'LIMIT', 0, 2)
     for _, m in ipairs(stale) do
       if redis.call('EXISTS', m) == 0 then
