@@ -15,6 +15,8 @@ func BenchmarkReserveComplete(b *testing.B) {
 	var seq atomic.Int64
 	resp := okResponse(`{"id":"pay_123","amount":1000}`)
 	b.ReportAllocs()
+	// The work waits on the server, not the CPU: run 8 goroutines per P.
+	b.SetParallelism(8)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
@@ -52,6 +54,7 @@ func BenchmarkReplay(b *testing.B) {
 			}
 			var seq atomic.Int64
 			b.ReportAllocs()
+			b.SetParallelism(8)
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
