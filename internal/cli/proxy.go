@@ -99,7 +99,7 @@ type Proxy struct {
 // NewProxy opens the store and binds the listeners; Serve starts serving.
 // Binding here lets a caller read Addr before serving, and a port conflict
 // fail before anything runs.
-func NewProxy(ctx context.Context, cfg ProxyConfig) (p *Proxy, err error) {
+func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 	if cfg.Listen == "" {
 		cfg.Listen = "127.0.0.1:8080"
 	}
@@ -124,7 +124,7 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (p *Proxy, err error) {
 		return nil, err
 	}
 
-	p = &Proxy{cfg: cfg, log: cfg.Logger, upstream: up}
+	p := &Proxy{cfg: cfg, log: cfg.Logger, upstream: up}
 	// Undo what was set up if a later step fails.
 	defer func() {
 		if err != nil {
