@@ -117,7 +117,8 @@ type Record struct {
 	// Response is set for completed records, nil otherwise.
 	Response *Response
 	// LastError says why the record left in_progress for failed_retryable
-	// or unknown ("" otherwise).
+	// or unknown; "abandoned" on a record the reaper closed; "" otherwise
+	// (a reclaim, takeover or resolution to completed clears it).
 	LastError string
 	// Attempts counts executions started (1 after the first reserve).
 	Attempts int
@@ -264,7 +265,8 @@ type ListUnknownParams struct {
 	// DueOnly restricts to ReconcileAfter <= now; false lists every unknown
 	// record (for operators).
 	DueOnly bool
-	Limit   int
+	// Limit bounds the list. Must be positive.
+	Limit int
 }
 
 // ResolveParams settles an unknown record.
@@ -299,7 +301,8 @@ type Store interface {
 	//     fingerprint differs, whatever its state;
 	//   - reclaims a failed_retryable record with the same fingerprint;
 	//   - for an in_progress record whose lease expired: under its stored
-	//     policy unknown, moves it to unknown and returns it (Existing);
+	//     policy unknown, moves it to unknown (LastError "lease_expired",
+	//     due for reconciliation now) and returns it (Existing);
 	//     under retry or resume, takes it over (TakenOver);
 	//   - otherwise returns the record (Existing).
 	// N concurrent Reserves of one absent key yield exactly one Created; the
@@ -333,15 +336,16 @@ type Store interface {
 	Delete(ctx context.Context, scope, key string) error
 
 	// SweepExpiredLeases moves up to p.Limit in_progress records whose lease
-	// expired and whose policy is unknown to unknown (due for
-	// reconciliation now) and returns them. Records under retry or resume
+	// expired and whose policy is unknown to unknown (LastError
+	// "lease_expired", due for reconciliation now) and returns them. Records under retry or resume
 	// stay in_progress for a retry to take over. Safe to run from several
 	// instances at once: each record is moved once.
 	SweepExpiredLeases(ctx context.Context, p SweepParams) ([]Record, error)
 
 	// Reap deletes (or soft-expires) up to p.Limit terminal records past
-	// ExpiresAt, and turns in_progress/unknown records past ExpiresAt into
-	// completed records holding p.Abandoned.
+	// ExpiresAt, and turns unknown records past ExpiresAt, and in_progress
+	// ones past ExpiresAt whose lease expired too (a holder still renewing
+	// its lease is alive), into completed records holding p.Abandoned.
 	Reap(ctx context.Context, p ReapParams) (ReapResult, error)
 
 	// ListUnknown returns unknown records, oldest ReconcileAfter first.

@@ -85,20 +85,23 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 	case r.Fingerprint != p.Fingerprint:
 		return store.ReserveResult{Outcome: store.Existing, Record: *r}, nil
 	case r.State == store.StateFailedRetryable:
-		s.take(r, now, p.Lease)
+		s.take(r, now, p.Lease, p.TTL, true)
 		return store.ReserveResult{Outcome: store.Reclaimed, Record: *r}, nil
 	case r.LeaseExpired(now):
 		if r.LeasePolicy == store.LeaseUnknown {
 			toUnknown(r, now, "lease_expired")
 			return store.ReserveResult{Outcome: store.Existing, Record: *r}, nil
 		}
-		s.take(r, now, p.Lease)
+		s.take(r, now, p.Lease, p.TTL, false)
 		return store.ReserveResult{Outcome: store.TakenOver, Record: *r}, nil
 	}
 	return store.ReserveResult{Outcome: store.Existing, Record: *r}, nil
 }
 
-func (s *Store) take(r *store.Record, now time.Time, lease time.Duration) {
+func (s *Store) take(r *store.Record, now time.Time, lease, ttl time.Duration, reclaim bool) {
+	if reclaim {
+		r.ExpiresAt = now.Add(ttl)
+	}
 	r.State = store.StateInProgress
 	r.Fence++
 	r.Attempts++
@@ -267,7 +270,8 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	due := s.sorted(func(r *store.Record) bool {
-		return r.State != store.StateExpired && !now.Before(r.ExpiresAt)
+		return r.State != store.StateExpired && !now.Before(r.ExpiresAt) &&
+			(r.State != store.StateInProgress || r.LeaseExpired(now))
 	}, func(r *store.Record) time.Time { return r.ExpiresAt })
 	for _, r := range due {
 		if res.Deleted+res.Abandoned == p.Limit {
@@ -343,6 +347,7 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 		r.ReconcileAfter = time.Time{}
 		if p.To == store.StateCompleted {
 			r.complete(now, *p.Response, p.TTL)
+			r.LastError = ""
 			return
 		}
 		r.State = store.StateFailedRetryable

@@ -167,8 +167,9 @@ WHERE rowid IN (
 	ORDER BY expires_at
 	LIMIT ?2)`
 
-// qReapAbandon completes up to ?2 in_progress/unknown records past expiry
-// with the abandoned response. ?1 now, ?3 status, ?4 headers, ?5 body,
+// qReapAbandon completes up to ?2 unknown records past expiry, and
+// in_progress ones past expiry whose lease expired too (a holder still
+// renewing is alive), with the abandoned response. ?1 now, ?3 status, ?4 headers, ?5 body,
 // ?6 body omitted, ?7 new expires_at.
 const qReapAbandon = `UPDATE idem_records SET
 	state = 'completed',
@@ -184,6 +185,7 @@ const qReapAbandon = `UPDATE idem_records SET
 WHERE rowid IN (
 	SELECT rowid FROM idem_records
 	WHERE state IN ('in_progress', 'unknown') AND expires_at <= ?1
+		AND (state = 'unknown' OR locked_until <= ?1)
 	ORDER BY expires_at
 	LIMIT ?2)`
 

@@ -172,6 +172,7 @@ func run(t *testing.T, h Harness) {
 	t.Run("Reap", func(t *testing.T) { testReap(t, h) })
 	t.Run("ReapSoft", func(t *testing.T) { testReapSoft(t, h) })
 	t.Run("ReapBounded", func(t *testing.T) { testReapBounded(t, h) })
+	t.Run("ReapSparesLiveLease", func(t *testing.T) { testReapLiveLease(t, h) })
 	t.Run("Sweep", func(t *testing.T) { testSweep(t, h) })
 	t.Run("SweepersRaceEachRecordOnce", func(t *testing.T) { testSweepRace(t, h) })
 	t.Run("Reconciliation", func(t *testing.T) { testReconcile(t, h) })
@@ -379,6 +380,10 @@ func testReleaseReclaim(t *testing.T, h Harness) {
 		t.Fatalf("reclaim: %v fence %d attempts %d state %s", res.Outcome, res.Record.Fence, res.Record.Attempts, res.Record.State)
 	}
 	wantTime(t, "LockedUntil after reclaim", res.Record.LockedUntil, e.clock.Now().Add(lease))
+	wantTime(t, "ExpiresAt after reclaim", res.Record.ExpiresAt, e.clock.Now().Add(ttl))
+	if res.Record.LastError != "" {
+		t.Fatalf("LastError after reclaim: %q, want empty", res.Record.LastError)
+	}
 	wantTime(t, "CreatedAt after reclaim", res.Record.CreatedAt, r.CreatedAt)
 	e.complete(res.Record, sampleResponse())
 	if got := e.get("s", "k"); got.State != store.StateCompleted {
@@ -748,6 +753,25 @@ func testReapBounded(t *testing.T, h Harness) {
 	}
 }
 
+func testReapLiveLease(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	r := e.create("s", "long", "fp", store.LeaseUnknown)
+	e.clock.Advance(ttl - time.Second)
+	// The holder is alive: it renews its lease past the record's expiry.
+	if err := e.s.Extend(e.ctx, store.ExtendParams{FenceParams: fenceOf(r), Lease: lease}); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(2 * time.Second)
+	p := store.ReapParams{Limit: 10, Abandoned: abandoned, AbandonedTTL: time.Hour}
+	if res, err := e.s.Reap(e.ctx, p); err != nil || res != (store.ReapResult{}) {
+		t.Fatalf("Reap of a record whose holder is alive: %+v %v", res, err)
+	}
+	e.clock.Advance(lease)
+	if res, err := e.s.Reap(e.ctx, p); err != nil || res.Abandoned != 1 {
+		t.Fatalf("Reap once the holder died: %+v %v", res, err)
+	}
+}
+
 func testSweep(t *testing.T, h Harness) {
 	e := newEnv(t, h)
 	var zombies []store.Record
@@ -884,8 +908,8 @@ func testReconcile(t *testing.T, h Harness) {
 	if res.Outcome != store.Existing || res.Record.State != store.StateCompleted || !sameResponse(res.Record.Response, &resp) {
 		t.Fatalf("after Resolve completed: %v %+v", res.Outcome, res.Record)
 	}
-	if res.Record.CompletedAt.IsZero() {
-		t.Fatal("resolved record has no CompletedAt")
+	if res.Record.CompletedAt.IsZero() || res.Record.LastError != "" {
+		t.Fatalf("resolved record: CompletedAt %v, LastError %q", res.Record.CompletedAt, res.Record.LastError)
 	}
 	// Resolve to retryable: the retry executes again.
 	if err := e.s.Resolve(e.ctx, store.ResolveParams{Scope: "s", Key: "u2", To: store.StateFailedRetryable}); err != nil {
