@@ -62,9 +62,19 @@ func newDatabase(tb testing.TB) *mysqldrv.Config {
 	return cfg
 }
 
+// testMaxConns caps each test store's pool: the suite races 64 goroutines
+// per handle, tests run in parallel, and the server's max_connections (151
+// by default) is shared with every other test of the machine.
+const testMaxConns = 16
+
 func openStore(tb testing.TB, cfg *mysqldrv.Config, clock store.Clock) *Store {
 	tb.Helper()
-	s, err := Open(context.Background(), cfg.FormatDSN(), Config{Clock: clock})
+	return openStoreConns(tb, cfg, clock, testMaxConns)
+}
+
+func openStoreConns(tb testing.TB, cfg *mysqldrv.Config, clock store.Clock, maxConns int) *Store {
+	tb.Helper()
+	s, err := Open(context.Background(), cfg.FormatDSN(), Config{Clock: clock, MaxConns: maxConns})
 	if err != nil {
 		tb.Fatal(err)
 	}

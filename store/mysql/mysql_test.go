@@ -48,6 +48,7 @@ func TestConformanceNew(t *testing.T) {
 					t.Fatal(err)
 				}
 				t.Cleanup(func() { db.Close() })
+				db.SetMaxOpenConns(testMaxConns)
 				s, err := New(t.Context(), db, Config{Clock: clock})
 				if err != nil {
 					t.Fatal(err)
@@ -583,7 +584,8 @@ func TestRoundTrips(t *testing.T) {
 // per key, no error surfaced, whatever deadlocks the server reports.
 func TestReserveStorm(t *testing.T) {
 	t.Parallel()
-	s, clock := newStore(t)
+	clock := storetest.NewClock()
+	s := openStoreConns(t, newDatabase(t), clock.Now, 32)
 	ctx := t.Context()
 	const workers, keys = 64, 64
 	deadlocksBefore := deadlocks(t, s)

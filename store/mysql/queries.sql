@@ -227,6 +227,8 @@ UPDATE idem_records SET
     row_version = row_version + 1
 WHERE state IN ('in_progress', 'unknown')
   AND expires_at <= COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6))
+  -- A holder that still renews its lease is alive, not abandoned.
+  AND (state = 'unknown' OR locked_until <= COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)))
 LIMIT :limit
 
 -- name: list_unknown_due
@@ -252,6 +254,9 @@ UPDATE idem_records SET
     response_body = :body,
     response_body_omitted = :body_omitted,
     completed_at = IF(:to = 'completed', COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)), NULL),
+    -- A settled outcome has no error; a retryable one keeps why it left
+    -- in_progress until a retry reclaims it.
+    last_error = IF(:to = 'completed', '', last_error),
     updated_at = COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)),
     expires_at = IF(:ttl_us > 0,
         DATE_ADD(COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)), INTERVAL :ttl_us MICROSECOND),
