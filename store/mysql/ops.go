@@ -172,7 +172,7 @@ func (s *Store) reserveBatch(ctx context.Context, p store.ReserveParams) (res st
 func rollbackOrDiscard(ctx context.Context, conn *sql.Conn) {
 	rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if _, err := conn.ExecContext(rbCtx, "ROLLBACK"); err != nil {
+	if _, err := conn.ExecContext(rbCtx, qRollback.sql); err != nil {
 		_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 	}
 }
@@ -203,14 +203,18 @@ func readReserve(rows *sql.Rows) (store.ReserveResult, error) {
 		// The upsert holds the row's lock until commit, so it cannot vanish.
 		return store.ReserveResult{}, errors.New("reserved row not found")
 	}
-	out := store.ReserveResult{Outcome: store.Existing, Record: rec}
+	out := store.ReserveResult{Record: rec}
 	switch decision {
+	case decisionExisting, decisionUnknown:
+		out.Outcome = store.Existing
 	case decisionCreated:
 		out.Outcome = store.Created
 	case decisionReclaim:
 		out.Outcome = store.Reclaimed
 	case decisionTakeover:
 		out.Outcome = store.TakenOver
+	default:
+		return store.ReserveResult{}, fmt.Errorf("reserve decision %d is not one of reserve_upsert's", decision)
 	}
 	return out, nil
 }

@@ -69,10 +69,12 @@ var (
 	qMigrateApplied = q("migrate_applied")
 	qMigrateRecord  = q("migrate_record")
 	qProbeBatch     = q("probe_batch")
+	qRollback       = q("rollback")
 
 	// qReserveBatch sends Reserve's transaction as one multi-statement
-	// query: one round trip instead of four. Its parameters are the upsert's
-	// followed by the select's.
+	// query: one round trip instead of four. It is built from the two
+	// queries above so that both paths run the same SQL; its parameters are
+	// the upsert's followed by the select's.
 	qReserveBatch = &query{
 		name:   "reserve_batch",
 		sql:    "START TRANSACTION; " + qReserveUpsert.sql + "; " + qReserveSelect.sql + "; COMMIT",

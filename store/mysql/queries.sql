@@ -296,6 +296,10 @@ SELECT version FROM idem_migrations
 -- name: migrate_record
 INSERT INTO idem_migrations (version, name, applied_at) VALUES (:version, :name, UTC_TIMESTAMP(6))
 
+-- name: rollback
+-- Ends the transaction a failed Reserve batch may have left open.
+ROLLBACK
+
 -- name: probe_batch
 -- Succeeds only on a connection that interpolates parameters client-side and
 -- accepts several statements per query: what Reserve's one-round-trip batch
