@@ -1,0 +1,163 @@
+// Package cache puts a Redis read-through cache for replays in front of
+// another store (the middle ground of seeds 001 and 002): the backing store,
+// typically PostgreSQL or MySQL, stays the source of truth for every
+// reservation and transition; Redis only answers replays of completed
+// records.
+//
+// What the cache may answer: a Reserve whose (scope, key) has a completed
+// record in the cache with the same fingerprint, before that record's
+// expiry. Everything else (new keys, other fingerprints, in-flight and
+// unknown records) goes to the backing store. Entries are written when the
+// backing store answers a replay, with a TTL that never exceeds the
+// record's remaining retention (and Config.MaxTTL).
+//
+// Losing the cache (a flush, a restart, Redis down) changes no answer, only
+// its speed: every cache error falls through to the backing store. An
+// operator Delete or a Resolve through this store removes the cache entry;
+// a Delete made directly on the backing store (bypassing this wrapper)
+// leaves the entry answering replays for at most MaxTTL, so keep MaxTTL
+// short when operators cache-bust, and pass the cache to `idem delete`.
+package cache
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/idem-go/idem/store"
+	goredis "github.com/redis/go-redis/v9"
+)
+
+var _ store.Store = (*Store)(nil)
+
+// Config configures the cache.
+type Config struct {
+	// Prefix starts every cache key. Defaults to "idem:cache:".
+	Prefix string
+	// MaxTTL bounds how long an entry lives. Defaults to 5m.
+	MaxTTL time.Duration
+	// Clock is the time source for entry lifetimes; it should agree with
+	// the backing store's. Defaults to time.Now.
+	Clock store.Clock
+	// Logger receives cache failures (which never fail a request).
+	// Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Store is a store.Store: the backing store with replays served from Redis.
+type Store struct {
+	store.Store
+	rdb goredis.UniversalClient
+	cfg Config
+}
+
+// New returns backing behind a replay cache on rdb. The caller keeps
+// ownership of rdb; Close closes the backing store only.
+func New(backing store.Store, rdb goredis.UniversalClient, cfg Config) *Store {
+	if cfg.Prefix == "" {
+		cfg.Prefix = "idem:cache:"
+	}
+	if cfg.MaxTTL <= 0 {
+		cfg.MaxTTL = 5 * time.Minute
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Store{Store: backing, rdb: rdb, cfg: cfg}
+}
+
+// key names the entry of (scope, key); the hash tag keeps it in one slot.
+func (s *Store) key(scope, key string) string {
+	return s.cfg.Prefix + "{" + strconv.Itoa(len(scope)) + ":" + scope + key + "}"
+}
+
+// entry is what the cache keeps: the record and the end of the entry's
+// own life (checked against the clock, not only Redis's TTL).
+type entry struct {
+	Record store.Record `json:"r"`
+	Until  time.Time    `json:"u"`
+}
+
+// Reserve answers replays from the cache and everything else from the
+// backing store.
+func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.ReserveResult, error) {
+	if err := p.Validate(); err != nil {
+		return store.ReserveResult{}, err
+	}
+	now := s.cfg.Clock()
+	if rec, ok := s.lookup(ctx, p.Scope, p.Key, now); ok && rec.Fingerprint == p.Fingerprint {
+		return store.ReserveResult{Outcome: store.Existing, Record: rec}, nil
+	}
+	res, err := s.Store.Reserve(ctx, p)
+	if err == nil && res.Outcome == store.Existing && res.Record.State == store.StateCompleted {
+		s.fill(ctx, res.Record, now)
+	}
+	return res, err
+}
+
+func (s *Store) lookup(ctx context.Context, scope, key string, now time.Time) (store.Record, bool) {
+	b, err := s.rdb.Get(ctx, s.key(scope, key)).Bytes()
+	if err != nil {
+		if !errors.Is(err, goredis.Nil) && ctx.Err() == nil {
+			s.cfg.Logger.Warn("idem/cache: read failed; answering from the store", "err", err)
+		}
+		return store.Record{}, false
+	}
+	var e entry
+	if err := json.Unmarshal(b, &e); err != nil {
+		s.cfg.Logger.Warn("idem/cache: unreadable entry ignored", "err", err)
+		return store.Record{}, false
+	}
+	r := e.Record
+	if r.State != store.StateCompleted || r.Scope != scope || r.Key != key ||
+		!now.Before(e.Until) || !now.Before(r.ExpiresAt) {
+		return store.Record{}, false
+	}
+	return r, true
+}
+
+func (s *Store) fill(ctx context.Context, r store.Record, now time.Time) {
+	ttl := min(r.ExpiresAt.Sub(now), s.cfg.MaxTTL)
+	if ttl < time.Millisecond {
+		return
+	}
+	b, err := json.Marshal(entry{Record: r, Until: now.Add(ttl)})
+	if err == nil {
+		err = s.rdb.Set(ctx, s.key(r.Scope, r.Key), b, ttl).Err()
+	}
+	if err != nil && ctx.Err() == nil {
+		s.cfg.Logger.Warn("idem/cache: write failed", "err", err)
+	}
+}
+
+// invalidate drops the entry of a record whose answer changed. A failure
+// is returned: leaving a stale entry behind must not pass silently.
+func (s *Store) invalidate(ctx context.Context, scope, key string) error {
+	if err := s.rdb.Del(ctx, s.key(scope, key)).Err(); err != nil {
+		return errors.Join(errors.New("idem/cache: could not drop the cache entry"), err)
+	}
+	return nil
+}
+
+// Delete removes the record from the backing store and the cache.
+func (s *Store) Delete(ctx context.Context, scope, key string) error {
+	err := s.Store.Delete(ctx, scope, key)
+	if ierr := s.invalidate(ctx, scope, key); ierr != nil {
+		return errors.Join(err, ierr)
+	}
+	return err
+}
+
+// Resolve settles a record in the backing store and drops its entry.
+func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
+	if err := s.Store.Resolve(ctx, p); err != nil {
+		return err
+	}
+	return s.invalidate(ctx, p.Scope, p.Key)
+}

@@ -1,0 +1,272 @@
+package cache_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/cache"
+	"github.com/idem-go/idem/store/sqlite"
+	"github.com/idem-go/idem/store/storetest"
+	goredis "github.com/redis/go-redis/v9"
+)
+
+func redisClient(t *testing.T) (goredis.UniversalClient, string) {
+	t.Helper()
+	addr := os.Getenv("IDEM_TEST_REDIS_ADDR")
+	if addr == "" {
+		t.Skip("IDEM_TEST_REDIS_ADDR is not set (e.g. 127.0.0.1:6379): the cache tests need Redis")
+	}
+	rdb := goredis.NewClient(&goredis.Options{Addr: addr})
+	b := make([]byte, 6)
+	rand.Read(b)
+	prefix := "idem:cachetest:" + hex.EncodeToString(b) + ":"
+	t.Cleanup(func() {
+		ctx := context.Background()
+		if keys, err := rdb.Keys(ctx, prefix+"*").Result(); err == nil && len(keys) > 0 {
+			rdb.Del(ctx, keys...)
+		}
+		rdb.Close()
+	})
+	return rdb, prefix
+}
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// The cache is a store: it passes the whole conformance suite over SQLite.
+func TestConformance(t *testing.T) {
+	rdb, prefix := redisClient(t)
+	storetest.Run(t, storetest.Harness{
+		Durable: true,
+		Shared:  true,
+		NewDatabase: func(t *testing.T) storetest.Opener {
+			path := filepath.Join(t.TempDir(), "idem.db")
+			b := make([]byte, 4)
+			rand.Read(b)
+			p := prefix + hex.EncodeToString(b) + ":"
+			return func(t *testing.T, clock store.Clock) store.Store {
+				s, err := sqlite.Open(context.Background(), path, sqlite.Config{Clock: clock})
+				if err != nil {
+					t.Fatal(err)
+				}
+				c := cache.New(s, rdb, cache.Config{Prefix: p, Clock: clock, Logger: quiet})
+				t.Cleanup(func() { c.Close() })
+				return c
+			}
+		},
+	})
+}
+
+type fixture struct {
+	clock   *storetest.Clock
+	backing *sqlite.Store
+	rdb     goredis.UniversalClient
+	c       *cache.Store
+	prefix  string
+}
+
+func newFixture(t *testing.T) *fixture {
+	rdb, prefix := redisClient(t)
+	f := &fixture{clock: storetest.NewClock(), rdb: rdb, prefix: prefix}
+	s, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "idem.db"), sqlite.Config{Clock: f.clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	f.backing = s
+	f.c = cache.New(s, rdb, cache.Config{Prefix: prefix, Clock: f.clock.Now, MaxTTL: time.Minute, Logger: quiet})
+	return f
+}
+
+func params(fp string) store.ReserveParams {
+	return store.ReserveParams{Scope: "s", Key: "k", Fingerprint: fp, Lease: 30 * time.Second, TTL: time.Hour, LeasePolicy: store.LeaseUnknown}
+}
+
+// completed reserves and completes (s, k) through the cache and replays it
+// once so the entry is written.
+func (f *fixture) completed(t *testing.T) {
+	ctx := context.Background()
+	res, err := f.c.Reserve(ctx, params("fp"))
+	if err != nil || res.Outcome != store.Created {
+		t.Fatal(res.Outcome, err)
+	}
+	resp := store.Response{Status: 201, Body: []byte(`{"id":1}`)}
+	if err := f.c.Complete(ctx, store.CompleteParams{FenceParams: store.FenceParams{Scope: "s", Key: "k", Fence: res.Record.Fence}, Response: resp}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := f.c.Reserve(ctx, params("fp")); err != nil || res.Record.State != store.StateCompleted {
+		t.Fatal(res, err)
+	}
+}
+
+func (f *fixture) cached(t *testing.T) bool {
+	n, err := f.rdb.Keys(context.Background(), f.prefix+"*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(n) > 0
+}
+
+func TestReplayServedFromCache(t *testing.T) {
+	f := newFixture(t)
+	f.completed(t)
+	if !f.cached(t) {
+		t.Fatal("no cache entry after a replay")
+	}
+	// Prove the answer comes from Redis: remove the record from the backing
+	// store behind the cache's back.
+	if err := f.backing.Delete(context.Background(), "s", "k"); err != nil {
+		t.Fatal(err)
+	}
+	res, err := f.c.Reserve(context.Background(), params("fp"))
+	if err != nil || res.Outcome != store.Existing || string(res.Record.Response.Body) != `{"id":1}` {
+		t.Fatalf("cached replay: %v %+v %v", res.Outcome, res.Record.Response, err)
+	}
+	// That staleness is bounded by MaxTTL (1 minute here).
+	f.clock.Advance(time.Minute)
+	res, err = f.c.Reserve(context.Background(), params("fp"))
+	if err != nil || res.Outcome != store.Created {
+		t.Fatalf("after MaxTTL the backing store answers: %v %v", res.Outcome, err)
+	}
+}
+
+func TestDifferentFingerprintGoesToTheStore(t *testing.T) {
+	f := newFixture(t)
+	f.completed(t)
+	res, err := f.c.Reserve(context.Background(), params("other"))
+	if err != nil || res.Outcome != store.Existing || res.Record.Fingerprint != "fp" {
+		t.Fatalf("mismatch: %v %+v %v", res.Outcome, res.Record, err)
+	}
+}
+
+func TestCacheLossChangesNoAnswer(t *testing.T) {
+	f := newFixture(t)
+	f.completed(t)
+	ctx := context.Background()
+	keys, _ := f.rdb.Keys(ctx, f.prefix+"*").Result()
+	f.rdb.Del(ctx, keys...) // a flush
+	res, err := f.c.Reserve(ctx, params("fp"))
+	if err != nil || res.Outcome != store.Existing || res.Record.State != store.StateCompleted {
+		t.Fatalf("after a flush: %v %v", res.Outcome, err)
+	}
+	// Redis down: a client on a dead address. Answers still come, from SQLite.
+	dead := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	defer dead.Close()
+	down := cache.New(f.backing, dead, cache.Config{Prefix: f.prefix, Clock: f.clock.Now, Logger: quiet})
+	res, err = down.Reserve(ctx, params("fp"))
+	if err != nil || res.Outcome != store.Existing || string(res.Record.Response.Body) != `{"id":1}` {
+		t.Fatalf("with Redis down: %v %v", res.Outcome, err)
+	}
+	p := params("fp")
+	p.Key = "new"
+	if res, err := down.Reserve(ctx, p); err != nil || res.Outcome != store.Created {
+		t.Fatalf("new key with Redis down: %v %v", res.Outcome, err)
+	}
+	// But a Delete that cannot drop its cache entry says so.
+	if err := down.Delete(ctx, "s", "new"); err == nil {
+		t.Fatal("Delete with Redis down reported success")
+	}
+}
+
+func TestOperatorDeleteDropsTheEntry(t *testing.T) {
+	f := newFixture(t)
+	f.completed(t)
+	if err := f.c.Delete(context.Background(), "s", "k"); err != nil {
+		t.Fatal(err)
+	}
+	if f.cached(t) {
+		t.Fatal("cache entry survived an operator delete")
+	}
+	res, err := f.c.Reserve(context.Background(), params("fp"))
+	if err != nil || res.Outcome != store.Created {
+		t.Fatalf("after delete: %v %v", res.Outcome, err)
+	}
+	if err := f.c.Delete(context.Background(), "s", "missing"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("delete of a missing key: %v", err)
+	}
+}
+
+func TestEntryNeverOutlivesTheRecord(t *testing.T) {
+	f := newFixture(t)
+	f.c = cache.New(f.backing, f.rdb, cache.Config{Prefix: f.prefix, Clock: f.clock.Now, MaxTTL: 48 * time.Hour, Logger: quiet})
+	f.completed(t)
+	ttl, err := f.rdb.TTL(context.Background(), mustOneKey(t, f)).Result()
+	if err != nil || ttl <= 0 || ttl > time.Hour {
+		t.Fatalf("entry TTL %v (record retention 1h): %v", ttl, err)
+	}
+	f.clock.Advance(time.Hour)
+	res, err := f.c.Reserve(context.Background(), params("fp"))
+	if err != nil || res.Outcome != store.Created {
+		t.Fatalf("past the record's expiry: %v %v", res.Outcome, err)
+	}
+}
+
+func mustOneKey(t *testing.T, f *fixture) string {
+	keys, err := f.rdb.Keys(context.Background(), f.prefix+"*").Result()
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("cache keys %v %v", keys, err)
+	}
+	return keys[0]
+}
+
+// BenchmarkCacheReplay compares replays from the backing store alone
+// ("bare") with replays through the cache, in one run, on SQLite and, when
+// IDEM_TEST_POSTGRES_URL is set, on PostgreSQL.
+func BenchmarkCacheReplay(b *testing.B) {
+	addr := os.Getenv("IDEM_TEST_REDIS_ADDR")
+	if addr == "" {
+		b.Skip("IDEM_TEST_REDIS_ADDR is not set")
+	}
+	rdb := goredis.NewClient(&goredis.Options{Addr: addr})
+	defer rdb.Close()
+	backings := map[string]func(b *testing.B) store.Store{
+		"sqlite": func(b *testing.B) store.Store {
+			s, err := sqlite.Open(context.Background(), filepath.Join(b.TempDir(), "idem.db"), sqlite.Config{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			return s
+		},
+	}
+	if url := os.Getenv("IDEM_TEST_POSTGRES_URL"); url != "" {
+		backings["postgres"] = func(b *testing.B) store.Store { return openPostgresBench(b, url) }
+	}
+	for name, open := range backings {
+		s := open(b)
+		ctx := context.Background()
+		res, err := s.Reserve(ctx, params("fp"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		resp := store.Response{Status: 201, Body: []byte(`{"id":"ch_1","status":"succeeded"}`)}
+		if err := s.Complete(ctx, store.CompleteParams{FenceParams: store.FenceParams{Scope: "s", Key: "k", Fence: res.Record.Fence}, Response: resp}); err != nil {
+			b.Fatal(err)
+		}
+		c := cache.New(s, rdb, cache.Config{Prefix: "idem:cachebench:" + name + ":", Logger: quiet})
+		for _, v := range []struct {
+			leaf string
+			s    store.Store
+		}{{"bare", s}, {"cached", c}} {
+			b.Run(name+"/"+v.leaf, func(b *testing.B) {
+				b.ReportAllocs()
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						res, err := v.s.Reserve(ctx, params("fp"))
+						if err != nil || res.Record.State != store.StateCompleted {
+							b.Fatal(res.Outcome, err)
+						}
+					}
+				})
+			})
+		}
+		c.Delete(ctx, "s", "k")
+		s.Close()
+	}
+}
