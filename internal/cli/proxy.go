@@ -244,8 +244,9 @@ func (p *Proxy) Serve(ctx context.Context) error {
 	defer cancel()
 	var errs []error
 	if err := p.server.Shutdown(sctx); err != nil {
-		// Requests still running past the deadline are cut; their keys stay
-		// in progress until the lease expires and then become unknown.
+		// Past the deadline the clients are cut off and the store closes
+		// under the requests still running: as after a crash, their keys
+		// stay in progress until the lease expires, then become unknown.
 		errs = append(errs, fmt.Errorf("proxy: shutdown: %w", err), p.server.Close())
 	}
 	if p.admin != nil {
