@@ -59,14 +59,28 @@ func forEachMaster(ctx context.Context, client goredis.UniversalClient, fn func(
 	return fmt.Errorf("unexpected client %T", client)
 }
 
+// deletePrefix deletes with one DEL per key (a cluster node refuses a DEL
+// of keys in several slots), pipelined per SCAN page.
 func deletePrefix(ctx context.Context, c *goredis.Client, prefix string) error {
-	iter := c.Scan(ctx, 0, prefix+"*", 500).Iterator()
-	for iter.Next(ctx) {
-		if err := c.Del(ctx, iter.Val()).Err(); err != nil {
+	var cursor uint64
+	for {
+		keys, next, err := c.Scan(ctx, cursor, prefix+"*", 1000).Result()
+		if err != nil {
 			return err
 		}
+		if len(keys) > 0 {
+			pipe := c.Pipeline()
+			for _, k := range keys {
+				pipe.Del(ctx, k)
+			}
+			if _, err := pipe.Exec(ctx); err != nil {
+				return err
+			}
+		}
+		if cursor = next; cursor == 0 {
+			return nil
+		}
 	}
-	return iter.Err()
 }
 
 func countPrefix(ctx context.Context, c *goredis.Client, prefix string) (int, error) {
@@ -132,6 +146,7 @@ var storeTests = []struct {
 	{"ScriptCacheFlushed", testScriptCacheFlushed},
 	{"InvalidParams", testInvalidParams},
 	{"CandidatePages", testCandidatePages},
+	{"LiveLeasesDoNotFillReapBatch", testLiveLeasesDoNotFillReapBatch},
 }
 
 func runStoreTests(t *testing.T, newDatabase func(*testing.T) storetest.Opener) {
@@ -384,8 +399,11 @@ func checkIndexes(t *testing.T, s *Store) {
 			if rec.State.Terminal() {
 				want[keys[idxTerm]+" "+rk] = us(rec.ExpiresAt)
 			}
-			if rec.State == store.StateInProgress || rec.State == store.StateUnknown {
+			if rec.State == store.StateUnknown {
 				want[keys[idxOpen]+" "+rk] = us(rec.ExpiresAt)
+			}
+			if rec.State == store.StateInProgress {
+				want[keys[idxOpen]+" "+rk] = max(us(rec.ExpiresAt), us(rec.LockedUntil))
 			}
 		}
 	}
@@ -760,6 +778,42 @@ func testCandidatePages(t *testing.T, open storetest.Opener) {
 	all, err := s.ListUnknown(ctx, store.ListUnknownParams{Limit: 45})
 	if err != nil || len(all) != 45 {
 		t.Fatalf("list: %d %v", len(all), err)
+	}
+	checkIndexes(t, s)
+}
+
+// In-progress records past expires_at whose holders still renew are not
+// reap candidates at all, so they cannot fill a batch and starve the
+// records the reaper must close.
+func testLiveLeasesDoNotFillReapBatch(t *testing.T, open storetest.Opener) {
+	s, clock := newTestStore(t, open)
+	var live []store.Record
+	for i := range 5 {
+		live = append(live, mustReserve(t, s, reserveParams(fmt.Sprint("live-", i)), store.Created))
+	}
+	for i := range 5 {
+		r := mustReserve(t, s, reserveParams(fmt.Sprint("dead-", i)), store.Created)
+		if err := s.MarkUnknown(ctx, store.ReleaseParams{FenceParams: fence(r), Error: "timeout"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clock.Advance(24*time.Hour - time.Second)
+	for _, r := range live {
+		if err := s.Extend(ctx, store.ExtendParams{FenceParams: fence(r), Lease: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clock.Advance(time.Minute)
+	p := store.ReapParams{Limit: 5, Abandoned: store.Response{Status: 500}, AbandonedTTL: time.Hour}
+	if res, err := s.Reap(ctx, p); err != nil || res.Abandoned != 5 {
+		t.Fatalf("reap: %+v %v", res, err)
+	}
+	if res, err := s.Reap(ctx, p); err != nil || res != (store.ReapResult{}) {
+		t.Fatalf("reap of live holders: %+v %v", res, err)
+	}
+	clock.Advance(time.Hour)
+	if res, err := s.Reap(ctx, p); err != nil || res.Abandoned != 5 {
+		t.Fatalf("reap once the holders died: %+v %v", res, err)
 	}
 	checkIndexes(t, s)
 }

@@ -39,7 +39,9 @@ end
 --   lease: in_progress under policy unknown, by locked_until (sweeper)
 --   unknown: unknown, by reconcile_after (reconciler)
 --   term: completed and failed_retryable, by expires_at (reaper: delete)
---   open: in_progress and unknown, by expires_at (reaper: abandon)
+--   open: unknown by expires_at, in_progress by the later of expires_at and
+--         locked_until (reaper: abandon; a holder still renewing its lease
+--         is alive and is spared)
 local function settle(idx, rk, st, pol, lu, ra, ea, now, grace_ms)
   if st == IN_PROGRESS and pol == 'unknown' then
     redis.call('ZADD', idx[1], num(lu), rk)
@@ -57,7 +59,11 @@ local function settle(idx, rk, st, pol, lu, ra, ea, now, grace_ms)
     redis.call('ZREM', idx[3], rk)
   end
   if st == IN_PROGRESS or st == UNKNOWN then
-    redis.call('ZADD', idx[4], num(ea), rk)
+    local due = ea
+    if st == IN_PROGRESS and lu > ea then
+      due = lu
+    end
+    redis.call('ZADD', idx[4], num(due), rk)
     -- Never let Redis drop a record whose outcome is still open.
     redis.call('PERSIST', rk)
   else

@@ -1,6 +1,7 @@
 -- reap: for the given records of one shard whose expires_at is past, deletes
--- (or soft-expires) terminal ones and turns in_progress/unknown ones into
--- completed records holding the abandoned response. The check is repeated
+-- (or soft-expires) terminal ones and turns unknown ones, and in_progress
+-- ones whose lease expired too, into completed records holding the
+-- abandoned response. The check is repeated
 -- here, so concurrent reapers change each record once.
 -- KEYS: the shard's four index keys, then records.
 -- ARGV: clock, grace_ms, soft ('1'/'0'), abandoned_ttl_us,
@@ -27,7 +28,7 @@ for i = 5, #KEYS do
         unindex(idx, rk)
       end
       deleted = deleted + 1
-    elseif st == IN_PROGRESS or st == UNKNOWN then
+    elseif st == UNKNOWN or (st == IN_PROGRESS and tonumber(v[3]) <= now) then
       set_response(rk, 5)
       local nea = now + abttl
       redis.call('HSET', rk, 'st', COMPLETED, 'le', 'abandoned', 'cpa', num(now), 'ua', num(now), 'ea', num(nea))

@@ -68,7 +68,7 @@ if st == IN_PROGRESS and lu <= now then
     return result(0)
   end
   -- retry / resume: a new fence; recovery_point is kept for resume.
-  redis.call('HSET', rk, 'f', num(fence + 1), 'at', num(at + 1), 'lu', num(now + lease), 'ua', num(now))
+  redis.call('HSET', rk, 'f', num(fence + 1), 'at', num(at + 1), 'lu', num(now + lease), 'le', '', 'ua', num(now))
   settle(idx, rk, IN_PROGRESS, rpol, now + lease, 0, ea, now, grace)
   return result(3)
 end
