@@ -54,10 +54,11 @@ if rfp ~= fp then
 end
 
 if st == FAILED then
+  -- The policy stays the one fixed when the record was created.
   redis.call('HSET', rk, 'st', IN_PROGRESS, 'f', num(fence + 1), 'at', num(at + 1),
-    'pol', pol, 'lu', num(now + lease), 'ea', num(now + ttl), 'le', '', 'ua', num(now))
+    'lu', num(now + lease), 'ea', num(now + ttl), 'le', '', 'ua', num(now))
   redis.call('HDEL', rk, 'ra')
-  settle(idx, rk, IN_PROGRESS, pol, now + lease, 0, now + ttl, now, grace)
+  settle(idx, rk, IN_PROGRESS, rpol, now + lease, 0, now + ttl, now, grace)
   return result(2)
 end
 
