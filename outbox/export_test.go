@@ -1,0 +1,32 @@
+package outbox
+
+import (
+	"context"
+
+	"github.com/riverqueue/river"
+)
+
+// RetryJob makes River run a job again at once, as River does after a
+// crash between the record of a delivery and River's completion.
+func (o *Outbox[TTx]) RetryJob(ctx context.Context, id int64) error {
+	_, err := o.client.JobRetry(ctx, id)
+	return err
+}
+
+// Job returns the state and attempt of a River job.
+func (o *Outbox[TTx]) Job(ctx context.Context, id int64) (state string, attempt int, err error) {
+	j, err := o.client.JobGet(ctx, id)
+	if err != nil {
+		return "", 0, err
+	}
+	return string(j.State), j.Attempt, nil
+}
+
+// JobCount returns how many River jobs of the outbox's kind exist.
+func (o *Outbox[TTx]) JobCount(ctx context.Context) (int, error) {
+	res, err := o.client.JobList(ctx, river.NewJobListParams().Kinds(jobKind).First(10_000))
+	if err != nil {
+		return 0, err
+	}
+	return len(res.Jobs), nil
+}

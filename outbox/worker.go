@@ -1,0 +1,126 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"time"
+
+	"github.com/riverqueue/river"
+)
+
+// jobKind is the River job kind of every outbox message; Message.Kind
+// travels in the args and picks the Deliverer.
+const jobKind = "idem_outbox"
+
+// jobArgs is a message as River stores it. Key and kind make the job
+// unique (river:"unique"), matching the outbox table's primary key.
+type jobArgs struct {
+	MsgKind string          `json:"kind" river:"unique"`
+	Key     string          `json:"key" river:"unique"`
+	Fence   int64           `json:"fence"`
+	Payload json.RawMessage `json:"payload"`
+}
+
+func (jobArgs) Kind() string { return jobKind }
+
+func newJobArgs(m Message) jobArgs {
+	return jobArgs{MsgKind: m.Kind, Key: m.Key, Fence: m.Fence, Payload: m.Payload}
+}
+
+func (a jobArgs) message() Message {
+	return Message{Kind: a.MsgKind, Key: a.Key, Fence: a.Fence, Payload: a.Payload}
+}
+
+// worker delivers one message per River job.
+type worker[TTx any] struct {
+	river.WorkerDefaults[jobArgs]
+	o *Outbox[TTx]
+}
+
+// NextRetry applies Config.Backoff to this kind only; zero defers to
+// River's policy. River's rescuer uses it too for crashed deliveries.
+func (w *worker[TTx]) NextRetry(job *river.Job[jobArgs]) time.Time {
+	if w.o.cfg.Backoff == nil {
+		return time.Time{}
+	}
+	return time.Now().Add(w.o.cfg.Backoff(job.Attempt))
+}
+
+func (w *worker[TTx]) Timeout(*river.Job[jobArgs]) time.Duration { return w.o.cfg.DeliveryTimeout }
+
+// Work delivers the message unless a downstream id is already recorded
+// for it, and records the provider's id before it returns success to
+// River. A crash anywhere before the record leaves the job running, and
+// River's rescuer retries it after RescueAfter: the provider, given the
+// same key, answers without a second effect. A crash after the record
+// makes the retry find the id and skip the provider.
+func (w *worker[TTx]) Work(ctx context.Context, job *river.Job[jobArgs]) error {
+	o := w.o
+	msg := job.Args.message()
+	log := o.log.With("key", msg.Key, "kind", msg.Kind, "fence", msg.Fence, "job_id", job.ID, "attempt", job.Attempt)
+
+	r, err := o.db.lookup(ctx, msg.Key, msg.Kind)
+	switch {
+	case err == nil && r.downstreamID != "":
+		log.InfoContext(ctx, "outbox: already delivered; provider not called again", "downstream_id", r.downstreamID)
+		return nil
+	case err != nil && !errors.Is(err, errNoRow):
+		return o.failed(ctx, log, job, msg, fmt.Errorf("look up delivery: %w", err))
+	}
+
+	d := o.cfg.Deliverers[msg.Kind]
+	if d == nil {
+		// Possibly enqueued by a newer deployment: another worker may know it.
+		return o.failed(ctx, log, job, msg, fmt.Errorf("no Deliverer for kind %q in this process", msg.Kind))
+	}
+	id, err := deliver(ctx, d, msg)
+	if err != nil {
+		return o.failed(ctx, log, job, msg, err)
+	}
+	stored, err := o.db.record(ctx, msg, job.ID, id, job.Attempt)
+	if err != nil {
+		// The effect happened but is not recorded: the retry calls the
+		// provider again with the same key, which answers the same id.
+		return o.failed(ctx, log, job, msg, fmt.Errorf("record downstream id %q: %w", id, err))
+	}
+	if stored != id {
+		log.WarnContext(ctx, "outbox: provider answered another id than the one recorded for this key; keeping the recorded one",
+			"downstream_id", stored, "answered_id", id)
+	}
+	o.obs.add(ctx, o.obs.delivered, msg.Kind)
+	log.InfoContext(ctx, "outbox: delivered", "downstream_id", stored)
+	return nil
+}
+
+// deliver calls d, turning a panic into an error so it is counted and
+// retried like any failed attempt.
+func deliver(ctx context.Context, d Deliverer, msg Message) (id string, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("deliverer panicked: %v\n%s", p, debug.Stack())
+		}
+	}()
+	id, err = d.Deliver(ctx, msg)
+	if err == nil && id == "" {
+		err = errors.New("deliverer returned an empty downstream id")
+	}
+	return id, err
+}
+
+// failed counts and logs a failed attempt and returns err to River, which
+// retries it or, on the last allowed attempt, discards the job: that is
+// the dead letter.
+func (o *Outbox[TTx]) failed(ctx context.Context, log *slog.Logger, job *river.Job[jobArgs], msg Message, err error) error {
+	if job.Attempt >= job.MaxAttempts {
+		o.obs.add(ctx, o.obs.dead, msg.Kind)
+		log.ErrorContext(ctx, "outbox: dead-lettered after its last attempt", "max_attempts", job.MaxAttempts, "err", err)
+	} else {
+		o.obs.add(ctx, o.obs.retried, msg.Kind)
+		log.WarnContext(ctx, "outbox: delivery failed; will retry", "max_attempts", job.MaxAttempts, "err", err)
+	}
+	return err
+}
