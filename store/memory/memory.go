@@ -211,36 +211,23 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 
 var errLimit = errors.Join(store.ErrInvalidParams, errors.New("limit must be positive"))
 
-// SweepExpiredLeases implements store.Store.
-func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]store.Record, error) {
-	if p.Limit <= 0 {
-		return nil, errLimit
+// scan visits, under the lock and oldest first by the time by returns, at
+// most limit records for which keep holds. The memory store is for tests
+// and small services, so a full scan is fine.
+func (s *Store) scan(ctx context.Context, limit int, keep func(r *store.Record, now time.Time) bool,
+	by func(*store.Record) time.Time, visit func(r *entry, now time.Time)) error {
+	if limit <= 0 {
+		return errLimit
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return err
 	}
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []store.Record
-	for _, r := range s.sorted(func(r *store.Record) bool {
-		return r.LeaseExpired(now) && r.LeasePolicy == store.LeaseUnknown
-	}, func(r *store.Record) time.Time { return r.LockedUntil }) {
-		if len(out) == p.Limit {
-			break
-		}
-		toUnknown(&r.Record, now, "lease_expired")
-		out = append(out, r.Record)
-	}
-	return out, nil
-}
-
-// sorted returns the records matching keep ordered by the time by returns.
-// The memory store is for tests and small services, so a scan is fine.
-func (s *Store) sorted(keep func(*store.Record) bool, by func(*store.Record) time.Time) []*entry {
 	var rs []*entry
 	for _, r := range s.recs {
-		if keep(&r.Record) {
+		if keep(&r.Record, now) {
 			rs = append(rs, r)
 		}
 	}
@@ -254,29 +241,31 @@ func (s *Store) sorted(keep func(*store.Record) bool, by func(*store.Record) tim
 		}
 		return rs[i].Key < rs[j].Key
 	})
-	return rs
+	for _, r := range rs[:min(limit, len(rs))] {
+		visit(r, now)
+	}
+	return nil
+}
+
+// SweepExpiredLeases implements store.Store.
+func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]store.Record, error) {
+	var out []store.Record
+	err := s.scan(ctx, p.Limit, func(r *store.Record, now time.Time) bool {
+		return r.LeaseExpired(now) && r.LeasePolicy == store.LeaseUnknown
+	}, func(r *store.Record) time.Time { return r.LockedUntil }, func(r *entry, now time.Time) {
+		toUnknown(&r.Record, now, "lease_expired")
+		out = append(out, r.Record)
+	})
+	return out, err
 }
 
 // Reap implements store.Store.
 func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult, error) {
 	var res store.ReapResult
-	if p.Limit <= 0 {
-		return res, errLimit
-	}
-	if err := ctx.Err(); err != nil {
-		return res, err
-	}
-	now := s.now()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	due := s.sorted(func(r *store.Record) bool {
+	err := s.scan(ctx, p.Limit, func(r *store.Record, now time.Time) bool {
 		return r.State != store.StateExpired && !now.Before(r.ExpiresAt) &&
 			(r.State != store.StateInProgress || r.LeaseExpired(now))
-	}, func(r *store.Record) time.Time { return r.ExpiresAt })
-	for _, r := range due {
-		if res.Deleted+res.Abandoned == p.Limit {
-			break
-		}
+	}, func(r *store.Record) time.Time { return r.ExpiresAt }, func(r *entry, now time.Time) {
 		switch {
 		case r.State.Terminal() && p.Soft:
 			r.State = store.StateExpired
@@ -285,37 +274,25 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 		case r.State.Terminal():
 			delete(s.recs, id{r.Scope, r.Key})
 			res.Deleted++
-		default: // in_progress or unknown: abandoned
+		default: // in_progress whose holder died, or unknown: abandoned
 			r.complete(now, p.Abandoned, p.AbandonedTTL)
 			r.LastError = "abandoned"
 			r.UpdatedAt = now
 			res.Abandoned++
 		}
-	}
-	return res, nil
+	})
+	return res, err
 }
 
 // ListUnknown implements store.Store.
 func (s *Store) ListUnknown(ctx context.Context, p store.ListUnknownParams) ([]store.Record, error) {
-	if p.Limit <= 0 {
-		return nil, errLimit
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	now := s.now()
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	var out []store.Record
-	for _, r := range s.sorted(func(r *store.Record) bool {
+	err := s.scan(ctx, p.Limit, func(r *store.Record, now time.Time) bool {
 		return r.State == store.StateUnknown && (!p.DueOnly || !now.Before(r.ReconcileAfter))
-	}, func(r *store.Record) time.Time { return r.ReconcileAfter }) {
-		if len(out) == p.Limit {
-			break
-		}
+	}, func(r *store.Record) time.Time { return r.ReconcileAfter }, func(r *entry, now time.Time) {
 		out = append(out, r.Record)
-	}
-	return out, nil
+	})
+	return out, err
 }
 
 // unknown runs f on an unknown record.
