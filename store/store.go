@@ -145,10 +145,12 @@ type ReserveParams struct {
 	Fingerprint string
 	// Lease is how long the winner holds the record before it must Extend.
 	Lease time.Duration
-	// TTL sets ExpiresAt = now + TTL on a new or reclaimed record.
+	// TTL sets ExpiresAt = now + TTL on a new or reclaimed record (a
+	// takeover keeps the record's ExpiresAt).
 	TTL time.Duration
-	// LeasePolicy is stored on a new record and applied when an existing
-	// record's lease has expired.
+	// LeasePolicy is stored on a new record. An existing record keeps the
+	// policy it was created with: that stored policy decides what happens
+	// when its lease expires, whatever a later request asks.
 	LeasePolicy LeasePolicy
 }
 
