@@ -20,14 +20,15 @@ const (
 	pgMigrationsApplied = `SELECT version FROM idem_outbox_migrations`
 	pgMigrationInsert   = `INSERT INTO idem_outbox_migrations (version, name) VALUES ($1, $2)`
 
-	// pgEnqueue points an undelivered message at its newest job: a message
-	// re-enqueued after it was dead-lettered is carried by the new job. A
-	// delivered message keeps its row untouched.
+	// pgEnqueue points an undelivered message at a new job: one enqueued
+	// again after it was dead-lettered is carried by the new job. When River
+	// skipped the insert as a duplicate (the job is the row's own), and when
+	// the message was delivered, the row stays as it is.
 	pgEnqueue = `INSERT INTO idem_outbox (key, kind, fence, job_id)
 VALUES ($1, $2, $3, $4)
 ON CONFLICT (key, kind) DO UPDATE
     SET fence = excluded.fence, job_id = excluded.job_id
-    WHERE idem_outbox.downstream_id IS NULL`
+    WHERE idem_outbox.downstream_id IS NULL AND idem_outbox.job_id <> excluded.job_id`
 
 	pgLookup = `SELECT fence, job_id, downstream_id, attempts, created_at, delivered_at
 FROM idem_outbox WHERE key = $1 AND kind = $2`
@@ -64,7 +65,7 @@ const (
 VALUES (?1, ?2, ?3, ?4, ?5)
 ON CONFLICT (key, kind) DO UPDATE
     SET fence = excluded.fence, job_id = excluded.job_id
-    WHERE idem_outbox.downstream_id IS NULL`
+    WHERE idem_outbox.downstream_id IS NULL AND idem_outbox.job_id <> excluded.job_id`
 
 	sqliteLookup = `SELECT fence, job_id, downstream_id, attempts, created_at, delivered_at
 FROM idem_outbox WHERE key = ?1 AND kind = ?2`
