@@ -311,9 +311,8 @@ func (rw *recorder) Write(b []byte) (int, error) {
 			rw.omitted = true
 			rw.body = nil
 		} else {
-			if rw.body == nil {
-				rw.body = make([]byte, 0, max(512, len(b)))
-			}
+			// Sized by append: most handlers write once, and the copy is
+			// kept for the record's whole retention.
 			rw.body = append(rw.body, b...)
 		}
 	}
