@@ -36,6 +36,9 @@ var commands = []command{
 	{"migrate", "apply the store's pending schema migrations", runMigrate},
 	{"inspect", "print the record of one key as JSON", runInspect},
 	{"delete", "delete the record of one key (operator cache-bust)", runDelete},
+	{"sweep", "move in-progress records whose lease expired to unknown, once", runSweep},
+	{"reap", "delete expired records and close abandoned ones, once", runReap},
+	{"reconcile", "list and settle records whose outcome is unknown (list, resolve, run)", runReconcile},
 }
 
 func lookup(name string) (command, bool) {
@@ -102,6 +105,12 @@ Store DSNs (--store, the same meaning in every command; default %s):
   sqlite:PATH  memory:  postgres://user:pass@host:5432/db
   mysql://user:pass@host:3306/db  redis://host:6379/0
 `, storeurl.Default)
+	fmt.Fprint(w, `
+A request whose outcome is unknown (the proxy or the upstream died while
+it ran) is never run again by a retry: retries get 409 until the record is
+settled, by the proxy's reconciler (--resolve-url) or by an operator
+(idem reconcile list, then idem reconcile resolve).
+`)
 }
 
 // newFlags returns a flag set that reports errors instead of exiting.

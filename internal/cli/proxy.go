@@ -24,6 +24,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/storeurl"
 	"github.com/idem-go/idem/store"
+	"go.opentelemetry.io/otel/metric"
 )
 
 // ProxyConfig configures a Proxy. Zero durations and sizes take the
@@ -70,8 +71,30 @@ type ProxyConfig struct {
 	// AdminHandlers). Empty: no admin server.
 	Admin string
 	// AdminHandlers are mounted on the admin server beside /healthz and
-	// /readyz, keyed by ServeMux pattern: the place for "/metrics".
+	// /readyz, keyed by ServeMux pattern.
 	AdminHandlers map[string]http.Handler
+	// MeterProvider receives the engine's metrics. Nil with an admin
+	// server: the proxy installs an OpenTelemetry SDK provider and serves
+	// its metrics in the Prometheus format at /metrics on the admin
+	// server (unless AdminHandlers has "/metrics").
+	MeterProvider metric.MeterProvider
+
+	// NoMaintenance turns off the background services the proxy runs
+	// while it serves (sweeper, reaper, and the reconciler when there is a
+	// resolver). Another instance, or scheduled idem sweep / reap /
+	// reconcile run, must then do their work.
+	NoMaintenance bool
+	// Maintenance configures the background services; zero fields take
+	// the defaults of idem.MaintenanceConfig.
+	Maintenance idem.MaintenanceConfig
+	// ResolveURL, when set and Maintenance.Resolver is nil, is the
+	// upstream operators' endpoint the reconciler asks about unknown
+	// outcomes (resolveProtocol).
+	ResolveURL string
+
+	// Cache, when set, is a Redis URL: replays are served from a cache in
+	// front of the store (package store/cache).
+	Cache string
 
 	// Logger receives the proxy's and the engine's events. Defaults to a
 	// text logger on stderr.
@@ -88,6 +111,8 @@ type Proxy struct {
 	upstream  *url.URL
 	transport *http.Transport
 	handler   http.Handler
+	metrics   *metrics         // nil when the caller brought its own provider
+	maint     *idem.Maintainer // nil with NoMaintenance
 
 	ln       net.Listener
 	server   *http.Server
@@ -124,6 +149,17 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 		return nil, err
 	}
 
+	if cfg.NoMaintenance && cfg.ResolveURL != "" {
+		return nil, errors.New("proxy: --resolve-url needs the background services (drop --maintenance=false)")
+	}
+	if cfg.ResolveURL != "" && cfg.Maintenance.Resolver == nil {
+		r, err := newHTTPResolver(cfg.ResolveURL)
+		if err != nil {
+			return nil, fmt.Errorf("proxy: %w", err)
+		}
+		cfg.Maintenance.Resolver = r
+	}
+
 	p := &Proxy{cfg: cfg, log: cfg.Logger, upstream: up}
 	// Undo what was set up if a later step fails.
 	defer func() {
@@ -131,22 +167,40 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 			p.closeAll()
 		}
 	}()
-	if p.store, err = storeurl.Open(ctx, cfg.Store, storeurl.Options{Migrate: cfg.Migrate, Clock: cfg.StoreClock}); err != nil {
+	if cfg.MeterProvider == nil && cfg.Admin != "" && !mountsMetrics(cfg.AdminHandlers) {
+		if p.metrics, err = newMetrics(cfg.Logger); err != nil {
+			return nil, fmt.Errorf("proxy: metrics: %w", err)
+		}
+		cfg.MeterProvider = p.metrics.provider
+		handlers := map[string]http.Handler{"/metrics": p.metrics.handler}
+		for pattern, h := range cfg.AdminHandlers {
+			handlers[pattern] = h
+		}
+		cfg.AdminHandlers = handlers
+		p.cfg = cfg
+	}
+	if p.store, err = storeurl.Open(ctx, cfg.Store, storeurl.Options{
+		Migrate: cfg.Migrate, Clock: cfg.StoreClock, Cache: cfg.Cache, Logger: cfg.Logger,
+	}); err != nil {
 		return nil, err
 	}
 	p.engine, err = idem.New(p.store, idem.Config{
-		Profile:      idem.Profile(cfg.Profile),
-		Methods:      cfg.Methods,
-		TTL:          cfg.TTL,
-		Lease:        cfg.Lease,
-		Wait:         cfg.Wait,
-		MaxBodyBytes: cfg.MaxBody,
-		Tenant:       tenantFunc(cfg.TenantHeader, cfg.TenantSecret),
-		Route:        proxyRoute,
-		Logger:       cfg.Logger,
+		Profile:       idem.Profile(cfg.Profile),
+		Methods:       cfg.Methods,
+		TTL:           cfg.TTL,
+		Lease:         cfg.Lease,
+		Wait:          cfg.Wait,
+		MaxBodyBytes:  cfg.MaxBody,
+		Tenant:        tenantFunc(cfg.TenantHeader, cfg.TenantSecret),
+		Route:         proxyRoute,
+		Logger:        cfg.Logger,
+		MeterProvider: cfg.MeterProvider,
 	})
 	if err != nil {
 		return nil, err
+	}
+	if !cfg.NoMaintenance {
+		p.maint = p.engine.Maintainer(cfg.Maintenance)
 	}
 	p.transport = newTransport(cfg.UpstreamTimeout)
 	rp := &httputil.ReverseProxy{
@@ -179,8 +233,19 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 		}
 	}
 	p.log.Info("idem proxy listening", "listen", p.ln.Addr().String(), "upstream", up.Redacted(),
-		"store", string(dsn.Kind), "admin", adminString(p.adminLn))
+		"store", string(dsn.Kind), "cache", cfg.Cache != "", "admin", adminString(p.adminLn),
+		"maintenance", p.maint != nil, "reconciler", p.maint != nil && cfg.Maintenance.Resolver != nil)
 	return p, nil
+}
+
+// mountsMetrics reports whether the caller brought its own /metrics.
+func mountsMetrics(handlers map[string]http.Handler) bool {
+	for pattern := range handlers {
+		if _, path, _ := strings.Cut(pattern, " "); pattern == "/metrics" || path == "/metrics" {
+			return true
+		}
+	}
+	return false
 }
 
 func adminString(ln net.Listener) string {
@@ -218,11 +283,15 @@ func (p *Proxy) Store() store.Store { return p.store }
 // Handler returns the proxy's handler (engine middleware and reverse proxy).
 func (p *Proxy) Handler() http.Handler { return p.handler }
 
-// Serve serves until ctx is cancelled or a server fails, then shuts down
-// gracefully: readiness turns 503, in-flight requests get ShutdownTimeout
-// to finish, and the store is closed last, so every request that ran could
-// record its outcome. It returns nil after a clean shutdown.
+// Serve serves, and runs the background services, until ctx is cancelled
+// or a server fails, then shuts down gracefully: readiness turns 503,
+// in-flight requests get ShutdownTimeout to finish, the background
+// services stop, and the store is closed last, so every request that ran
+// could record its outcome. It returns nil after a clean shutdown.
 func (p *Proxy) Serve(ctx context.Context) error {
+	if p.maint != nil {
+		p.maint.Start(ctx)
+	}
 	errc := make(chan error, 2)
 	running := 1
 	go func() { errc <- p.server.Serve(p.ln) }()
@@ -260,6 +329,14 @@ func (p *Proxy) Serve(ctx context.Context) error {
 		}
 	}
 	p.transport.CloseIdleConnections()
+	if p.maint != nil {
+		p.maint.Stop()
+	}
+	if p.metrics != nil {
+		if err := p.metrics.shutdown(sctx); err != nil {
+			errs = append(errs, fmt.Errorf("proxy: metrics: %w", err))
+		}
+	}
 	if err := p.store.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("proxy: close store: %w", err))
 	}
@@ -283,6 +360,9 @@ func (p *Proxy) closeAll() {
 	}
 	if p.store != nil {
 		p.store.Close()
+	}
+	if p.metrics != nil {
+		p.metrics.shutdown(context.Background())
 	}
 }
 
@@ -462,12 +542,33 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return p.Serve(ctx)
 }
 
+// proxySynopsis is the usage text of idem proxy.
+const proxySynopsis = `--upstream URL [flags]
+
+Puts the idempotency engine in front of the API at --upstream: a request
+under an Idempotency-Key runs once, and its retries get the first answer.
+
+While it serves, the proxy runs the background services, unless
+--maintenance=false: the sweeper moves in-progress records whose lease
+expired (their holder crashed) to unknown every --sweep-interval, the
+reaper deletes expired records every --reap-interval, and with
+--resolve-url the reconciler asks the upstream's operators about unknown
+outcomes every --reconcile-interval. Several proxies on one store may all
+run them. Without a reconciler, settle unknown records with
+idem reconcile resolve (or idem reconcile run).
+
+With --admin, /metrics serves the engine's metrics in the Prometheus format
+(idem_reserve_outcomes_total{outcome=...}, idem_store_errors_total,
+idem_store_duration_seconds, idem_zombies_swept_total, ...).
+
+` + resolveProtocol
+
 // tenantSecretEnv names the environment variable holding the key of the
 // Authorization hash: a secret stays out of the process list.
 const tenantSecretEnv = "IDEM_TENANT_SECRET"
 
 func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logFormat, logLevel string, err error) {
-	fs := newFlags("proxy", "--upstream URL [flags]", stderr)
+	fs := newFlags("proxy", proxySynopsis, stderr)
 	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:8080", "`address` the proxy listens on")
 	fs.StringVar(&cfg.Upstream, "upstream", "", "base `URL` of the API behind the proxy (required)")
 	fs.StringVar(&cfg.Store, "store", storeurl.Default, "store `DSN`: "+storeurl.Supported)
@@ -483,7 +584,14 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	fs.Var(&maxBody, "max-body", "largest request `size` fingerprinted (larger: 413), e.g. 1MiB")
 	fs.DurationVar(&cfg.UpstreamTimeout, "upstream-timeout", 60*time.Second, "wait for the upstream's response headers (after it, the outcome is unknown); 0 for no limit")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 20*time.Second, "time in-flight requests get to finish at shutdown")
-	fs.StringVar(&cfg.Admin, "admin", "", "`address` of the admin server (/healthz, /readyz); off when empty")
+	fs.StringVar(&cfg.Admin, "admin", "", "`address` of the admin server (/healthz, /readyz, /metrics); off when empty")
+	fs.StringVar(&cfg.Cache, "cache", "", "Redis `URL` of a replay cache in front of the store: "+storeurl.CacheSupported)
+	maintenance := fs.Bool("maintenance", true, "run the background services: sweeper, reaper, and reconciler (with --resolve-url)")
+	fs.DurationVar(&cfg.Maintenance.SweepInterval, "sweep-interval", 15*time.Second, "how often expired leases are swept to unknown")
+	fs.DurationVar(&cfg.Maintenance.ReapInterval, "reap-interval", time.Minute, "how often expired records are reaped")
+	fs.DurationVar(&cfg.Maintenance.ReconcileInterval, "reconcile-interval", 10*time.Second, "how often due unknown records are sent to --resolve-url")
+	fs.BoolVar(&cfg.Maintenance.SoftExpire, "soft-expire", false, "keep expired records as state expired (audit) instead of deleting them")
+	fs.StringVar(&cfg.ResolveURL, "resolve-url", "", "`URL` the reconciler asks about unknown outcomes (protocol above); no reconciler when empty")
 	fs.StringVar(&logFormat, "log-format", "text", "log format on stderr: text or json")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	pos, err := parse(fs, args)
@@ -498,6 +606,28 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	}
 	if cfg.UpstreamTimeout == 0 {
 		cfg.UpstreamTimeout = -1 // the flag's 0 means no limit
+	}
+	for name, d := range map[string]time.Duration{
+		"sweep-interval": cfg.Maintenance.SweepInterval, "reap-interval": cfg.Maintenance.ReapInterval,
+		"reconcile-interval": cfg.Maintenance.ReconcileInterval,
+	} {
+		if d <= 0 {
+			return cfg, "", "", usageErr(fs, "--%s must be positive", name)
+		}
+	}
+	cfg.NoMaintenance = !*maintenance
+	if cfg.NoMaintenance && cfg.ResolveURL != "" {
+		return cfg, "", "", usageErr(fs, "--resolve-url needs the background services: drop --maintenance=false")
+	}
+	if cfg.ResolveURL != "" {
+		if _, err := newHTTPResolver(cfg.ResolveURL); err != nil {
+			return cfg, "", "", usageErr(fs, "%v", err)
+		}
+	}
+	if cfg.Cache != "" {
+		if _, err := storeurl.ParseCache(cfg.Cache); err != nil {
+			return cfg, "", "", usageErr(fs, "--cache: %v", err)
+		}
 	}
 	for i, m := range methods {
 		methods[i] = strings.ToUpper(m)

@@ -58,9 +58,11 @@ type keyFlags struct {
 	route  string
 }
 
-const keySynopsis = `[--store DSN] (--scope SCOPE | [--tenant T] [--method M] --route R) KEY
+// keySynopsis is the usage of the commands that name one record.
+const keySynopsis = "[--store DSN] (--scope SCOPE | [--tenant T] [--method M] --route R) KEY\n\n" + scopeHelp
 
-The engine's scope is len(tenant) ":" tenant METHOD " " route, e.g.
+// scopeHelp says how a record's scope is built.
+const scopeHelp = `The engine's scope is len(tenant) ":" tenant METHOD " " route, e.g.
 "0:POST /v1/charges" without a tenant. Behind idem proxy the route is the
 request's path and query as sent, and the tenant is the --tenant-header
 value, or "auth:" + the first 32 hex digits of SHA-256 (HMAC-SHA-256 keyed
@@ -95,11 +97,12 @@ func (k *keyFlags) resolve(fs *flag.FlagSet, pos []string) (scope, key string, e
 
 // openExisting opens the store of an operator command, which must never
 // create a database or change its schema.
-func openExisting(ctx context.Context, dsn string) (store.Store, error) {
+// A non-empty cache is the Redis replay cache in front of it (--cache).
+func openExisting(ctx context.Context, dsn, cache string) (store.Store, error) {
 	if path, missing := sqliteMissing(dsn); missing {
 		return nil, fmt.Errorf("sqlite database %s does not exist", path)
 	}
-	return storeurl.Open(ctx, dsn, storeurl.Options{})
+	return storeurl.Open(ctx, dsn, storeurl.Options{Cache: cache})
 }
 
 // runInspect is `idem inspect`.
@@ -115,7 +118,7 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	s, err := openExisting(ctx, k.dsn)
+	s, err := openExisting(ctx, k.dsn, "")
 	if err != nil {
 		return err
 	}
@@ -134,9 +137,13 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 
 // runDelete is `idem delete`.
 func runDelete(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("delete", keySynopsis, stderr)
+	fs := newFlags("delete", "[--cache URL] "+keySynopsis+`
+
+With --cache (the proxy's --cache), the replay cache's entry goes too;
+without it, a cached replay keeps answering until the entry's max_ttl.`, stderr)
 	var k keyFlags
 	k.register(fs)
+	cache := fs.String("cache", "", "Redis `URL` of the proxy's replay cache, to drop its entry too: "+storeurl.CacheSupported)
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -145,7 +152,7 @@ func runDelete(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	s, err := openExisting(ctx, k.dsn)
+	s, err := openExisting(ctx, k.dsn, *cache)
 	if err != nil {
 		return err
 	}

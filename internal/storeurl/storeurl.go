@@ -17,6 +17,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"strings"
@@ -70,6 +71,12 @@ type Options struct {
 	// clock: the database server's, or the process clock for the embedded
 	// stores.
 	Clock store.Clock
+	// Cache, when set, is a Redis URL (see ParseCache): the store is
+	// wrapped in the replay cache of package store/cache, and Delete and
+	// Resolve through it drop the cache entry too.
+	Cache string
+	// Logger receives the cache's failures. Defaults to slog.Default().
+	Logger *slog.Logger
 }
 
 // ErrUnsupported is returned (wrapped) for a DSN whose scheme names no store.
@@ -167,7 +174,7 @@ func Open(ctx context.Context, dsn string, opts Options) (store.Store, error) {
 	var s store.Store
 	switch d.Kind {
 	case Memory:
-		return memory.New(memory.Config{Clock: opts.Clock}), nil
+		s = memory.New(memory.Config{Clock: opts.Clock})
 	case SQLite:
 		s, err = sqlite.Open(ctx, d.Target, sqlite.Config{Clock: opts.Clock, SkipMigrate: !opts.Migrate})
 	case Postgres:
@@ -179,6 +186,14 @@ func Open(ctx context.Context, dsn string, opts Options) (store.Store, error) {
 	}
 	if err != nil {
 		return nil, fmt.Errorf("storeurl: open %s store: %w", d.Kind, err)
+	}
+	if opts.Cache != "" {
+		c, err := withCache(s, opts.Cache, opts)
+		if err != nil {
+			s.Close()
+			return nil, err
+		}
+		s = c
 	}
 	return s, nil
 }

@@ -1,0 +1,378 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/storeurl"
+	"github.com/idem-go/idem/store"
+)
+
+// The operator commands run one pass of a background service (package
+// idem's Maintainer) against a store and print what it did: for a cron job
+// when no proxy runs the services, or for an operator who wants it now.
+
+// maintainer opens the store of an operator command and returns the
+// background services over it. cfg's zero fields take the defaults. The
+// caller closes the store.
+func maintainer(ctx context.Context, dsn string, cfg idem.MaintenanceConfig, ttl time.Duration, stderr io.Writer) (*idem.Maintainer, store.Store, error) {
+	s, err := openExisting(ctx, dsn, "")
+	if err != nil {
+		return nil, nil, err
+	}
+	// The engine's events (each swept zombie, each dead letter) go to
+	// stderr; stdout keeps the command's own report.
+	e, err := idem.New(s, idem.Config{TTL: ttl, Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		s.Close()
+		return nil, nil, err
+	}
+	return e.Maintainer(cfg), s, nil
+}
+
+// positive checks a numeric flag that must be above zero.
+func positive(fs *flag.FlagSet, name string, v int) error {
+	if v <= 0 {
+		return usageErr(fs, "--%s must be positive", name)
+	}
+	return nil
+}
+
+// runSweep is `idem sweep`.
+func runSweep(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("sweep", `[--store DSN] [--batch N]
+
+Moves every in-progress record whose lease expired (its holder died) to
+unknown, once, and prints how many. Records whose lease policy is retry or
+resume stay for their retry to take over. The proxy runs this every
+--sweep-interval unless --maintenance=false.`, stderr)
+	dsn := fs.String("store", storeurl.Default, "store `DSN`: "+storeurl.Supported)
+	batch := fs.Int("batch", 100, "records changed per store call")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usageErr(fs, "unexpected argument %q", pos[0])
+	}
+	if err := positive(fs, "batch", *batch); err != nil {
+		return err
+	}
+	m, s, err := maintainer(ctx, *dsn, idem.MaintenanceConfig{BatchSize: *batch}, 0, stderr)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	n, err := m.SweepOnce(ctx)
+	fmt.Fprintf(stdout, "swept %d expired lease(s) to unknown\n", n)
+	return err
+}
+
+// runReap is `idem reap`.
+func runReap(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("reap", `[--store DSN] [--soft] [--batch N] [--abandoned-ttl D]
+
+Deletes completed and failed records past their expiry (--soft keeps them
+as state expired, for audit), and closes abandoned records (in progress or
+unknown past their expiry) with a stored 504 answer, once; prints the
+counts. The proxy runs this every --reap-interval unless --maintenance=false.`, stderr)
+	dsn := fs.String("store", storeurl.Default, "store `DSN`: "+storeurl.Supported)
+	soft := fs.Bool("soft", false, "keep expired records as state expired instead of deleting them")
+	batch := fs.Int("batch", 100, "records changed per store call")
+	abandonedTTL := fs.Duration("abandoned-ttl", 24*time.Hour, "how long an abandoned record keeps its 504 answer")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usageErr(fs, "unexpected argument %q", pos[0])
+	}
+	if err := positive(fs, "batch", *batch); err != nil {
+		return err
+	}
+	if *abandonedTTL <= 0 {
+		return usageErr(fs, "--abandoned-ttl must be positive")
+	}
+	m, s, err := maintainer(ctx, *dsn, idem.MaintenanceConfig{BatchSize: *batch, SoftExpire: *soft, AbandonedTTL: *abandonedTTL}, 0, stderr)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	res, err := m.ReapOnce(ctx)
+	verb := "deleted"
+	if *soft {
+		verb = "expired"
+	}
+	fmt.Fprintf(stdout, "%s %d expired record(s), closed %d abandoned record(s)\n", verb, res.Deleted, res.Abandoned)
+	return err
+}
+
+// reconcileCommands are the subcommands of `idem reconcile`.
+var reconcileCommands = []command{
+	{"list", "list records whose outcome is unknown", runReconcileList},
+	{"resolve", "settle one unknown record by hand", runReconcileResolve},
+	{"run", "ask a resolve URL about every due unknown record, once", runReconcileRun},
+}
+
+// runReconcile is `idem reconcile`: it dispatches to its subcommands.
+func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	usage := func(w io.Writer) {
+		fmt.Fprint(w, `Usage: idem reconcile <subcommand> [flags]
+
+Unknown records are requests that may or may not have taken effect (the
+proxy or the upstream failed mid-request). Retries get 409 until the record
+is settled: as happened (retries replay the given response) or as not
+happened (the next retry runs the request).
+
+Subcommands:
+`)
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		for _, c := range reconcileCommands {
+			fmt.Fprintf(tw, "  %s\t%s\n", c.name, c.summary)
+		}
+		tw.Flush()
+		fmt.Fprint(w, "\nRun 'idem reconcile <subcommand> -h' for its flags.\n")
+	}
+	if len(args) == 0 {
+		usage(stderr)
+		return ErrUsage
+	}
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		usage(stderr)
+		return flag.ErrHelp
+	}
+	for _, c := range reconcileCommands {
+		if c.name == args[0] {
+			return c.run(ctx, args[1:], stdout, stderr)
+		}
+	}
+	fmt.Fprintf(stderr, "idem reconcile: unknown subcommand %q\n\n", args[0])
+	usage(stderr)
+	return ErrUsage
+}
+
+// deadLettered reports whether an unknown record was given up on by the
+// reconciler: its next attempt lies beyond any backoff.
+func deadLettered(r store.Record, now time.Time) bool {
+	return r.ReconcileAfter.Sub(now) > idem.DeadLetterDelay/2
+}
+
+// runReconcileList is `idem reconcile list`.
+func runReconcileList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("reconcile list", `[--store DSN] [--all] [--limit N] [--json]
+
+Lists unknown records due for reconciliation, oldest first; --all lists
+every unknown record, also those waiting for their next attempt and the
+dead-lettered ones (given up on by the reconciler: only an operator settles
+them, with idem reconcile resolve), shown as DEAD-LETTERED in the
+RECONCILE_AFTER column. ATTEMPTS counts reconciliation attempts.`, stderr)
+	dsn := fs.String("store", storeurl.Default, "store `DSN`: "+storeurl.Supported)
+	all := fs.Bool("all", false, "list every unknown record, not only the due ones")
+	limit := fs.Int("limit", 100, "list at most `N` records")
+	asJSON := fs.Bool("json", false, "print one JSON object per line instead of a table")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usageErr(fs, "unexpected argument %q", pos[0])
+	}
+	if err := positive(fs, "limit", *limit); err != nil {
+		return err
+	}
+	s, err := openExisting(ctx, *dsn, "")
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	recs, err := s.ListUnknown(ctx, store.ListUnknownParams{DueOnly: !*all, Limit: *limit})
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		for _, r := range recs {
+			v := struct {
+				recordView
+				DeadLettered bool `json:"dead_lettered"`
+			}{viewRecord(r), deadLettered(r, now)}
+			if err := enc.Encode(v); err != nil {
+				return err
+			}
+		}
+	} else {
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "SCOPE\tKEY\tFENCE\tATTEMPTS\tRECONCILE_AFTER\tLAST_ERROR")
+		for _, r := range recs {
+			after := r.ReconcileAfter.UTC().Format(time.RFC3339)
+			if deadLettered(r, now) {
+				after = "DEAD-LETTERED"
+			}
+			fmt.Fprintf(tw, "%q\t%q\t%d\t%d\t%s\t%s\n", r.Scope, r.Key, r.Fence, r.ReconcileAttempts, after, oneLine(r.LastError))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	if len(recs) == *limit {
+		fmt.Fprintf(stderr, "idem reconcile list: showing the first %d; there may be more (--limit)\n", *limit)
+	}
+	return nil
+}
+
+// oneLine keeps a table row on one line whatever an error message holds.
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
+}
+
+// headerFlag collects repeated --header 'Name: value' flags.
+type headerFlag struct{ h http.Header }
+
+func (f *headerFlag) String() string { return "" }
+
+func (f *headerFlag) Set(s string) error {
+	name, value, ok := strings.Cut(s, ":")
+	if !ok {
+		return errors.New(`want "Name: value"`)
+	}
+	if f.h == nil {
+		f.h = http.Header{}
+	}
+	return addHeader(f.h, strings.TrimSpace(name), value)
+}
+
+// runReconcileResolve is `idem reconcile resolve`.
+func runReconcileResolve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("reconcile resolve", `KEY (--scope S | [--tenant T] [--method M] --route R) [--store DSN]
+       (--completed --status CODE [--header 'Name: value']... [--body TEXT | --body @FILE] | --retryable)
+
+Settles one unknown record. --completed: the request took effect, and every
+retry replays the given status, headers and body (with Idempotent-Replayed:
+true). --retryable: it certainly had no effect, and the next retry runs it.
+Only unknown records can be settled; in-progress ones are swept to unknown
+once their lease expires (idem sweep).
+
+`+scopeHelp, stderr)
+	var k keyFlags
+	k.register(fs)
+	completed := fs.Bool("completed", false, "the request took effect: store the response given by --status, --header and --body")
+	retryable := fs.Bool("retryable", false, "the request had no effect: release the key so the next retry runs it")
+	status := fs.Int("status", 0, "HTTP status `code` replayed to every retry (with --completed)")
+	var hdr headerFlag
+	fs.Var(&hdr, "header", "response header `'Name: value'` replayed (repeatable; with --completed)")
+	body := fs.String("body", "", "response body replayed: `TEXT`, or @FILE to read it from a file (with --completed)")
+	ttl := fs.Duration("ttl", 24*time.Hour, "how long the settled record is kept (completed: replayed)")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	scope, key, err := k.resolve(fs, pos)
+	if err != nil {
+		return err
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var res idem.Resolution
+	switch {
+	case *completed == *retryable:
+		return usageErr(fs, "give exactly one of --completed and --retryable")
+	case *retryable:
+		if set["status"] || set["header"] || set["body"] {
+			return usageErr(fs, "--status, --header and --body go with --completed")
+		}
+		res.Outcome = idem.DidNotHappen
+	default:
+		if !set["status"] {
+			return usageErr(fs, "--completed needs --status")
+		}
+		if err := checkStatus(*status); err != nil {
+			return usageErr(fs, "--status: %v", err)
+		}
+		b := []byte(*body)
+		if path, ok := strings.CutPrefix(*body, "@"); ok {
+			if b, err = os.ReadFile(path); err != nil {
+				return fmt.Errorf("--body: %w", err)
+			}
+		}
+		res = idem.Resolution{Outcome: idem.Happened, Response: &store.Response{Status: *status, Header: hdr.h, Body: b}}
+	}
+	if *ttl <= 0 {
+		return usageErr(fs, "--ttl must be positive")
+	}
+	m, s, err := maintainer(ctx, k.dsn, idem.MaintenanceConfig{}, *ttl, stderr)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	err = m.Settle(ctx, scope, key, res)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return fmt.Errorf("no record for key %q in scope %q", key, scope)
+	case errors.Is(err, store.ErrStateConflict):
+		state := "not unknown"
+		if rec, gerr := s.Get(ctx, scope, key); gerr == nil {
+			state = string(rec.State)
+		}
+		return fmt.Errorf("key %q in scope %q is %s: only unknown records can be settled", key, scope, state)
+	case err != nil:
+		return err
+	}
+	to := store.StateCompleted
+	if res.Outcome == idem.DidNotHappen {
+		to = store.StateFailedRetryable
+	}
+	fmt.Fprintf(stdout, "resolved key %q in scope %q: %s\n", key, scope, to)
+	return nil
+}
+
+// runReconcileRun is `idem reconcile run`.
+func runReconcileRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("reconcile run", `--resolve-url URL [--store DSN] [--batch N]
+
+Asks the resolve URL about every unknown record that is due, once, settles
+the ones it can tell, and prints the counts. The proxy does the same every
+--reconcile-interval when it is given --resolve-url.
+
+`+resolveProtocol, stderr)
+	dsn := fs.String("store", storeurl.Default, "store `DSN`: "+storeurl.Supported)
+	resolveURL := fs.String("resolve-url", "", "`URL` of the upstream operators' resolve endpoint (required)")
+	batch := fs.Int("batch", 100, "records asked about in this pass, at most")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usageErr(fs, "unexpected argument %q", pos[0])
+	}
+	if *resolveURL == "" {
+		return usageErr(fs, "--resolve-url is required")
+	}
+	if err := positive(fs, "batch", *batch); err != nil {
+		return err
+	}
+	r, err := newHTTPResolver(*resolveURL)
+	if err != nil {
+		return usageErr(fs, "%v", err)
+	}
+	m, s, err := maintainer(ctx, *dsn, idem.MaintenanceConfig{BatchSize: *batch, Resolver: r}, 0, stderr)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	res, err := m.ReconcileOnce(ctx)
+	fmt.Fprintf(stdout, "resolved %d, deferred %d, dead-lettered %d\n", res.Resolved, res.Deferred, res.DeadLettered)
+	return err
+}
