@@ -29,7 +29,7 @@ const (
 	helperDBEnv         = "IDEM_OUTBOX_HELPER"            // "postgres" or "sqlite"
 	helperDSNEnv        = "IDEM_OUTBOX_HELPER_DSN"        // the schema, or the SQLite file
 	helperDownstreamEnv = "IDEM_OUTBOX_HELPER_DOWNSTREAM" // the provider's URL
-	delivereredLine     = "DELIVERED "                    // the child's stdout: the effect happened
+	deliveredLine     = "DELIVERED "                    // the child's stdout: the effect happened
 )
 
 func TestCrashAfterTheSideEffectBeforeTheRecord(t *testing.T) {
@@ -71,7 +71,7 @@ func testCrash[TTx any](t *testing.T, db database[TTx]) {
 	go func() {
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
-			if id, ok := strings.CutPrefix(sc.Text(), delivereredLine); ok {
+			if id, ok := strings.CutPrefix(sc.Text(), deliveredLine); ok {
 				firstID <- id
 			}
 		}
@@ -147,7 +147,7 @@ func TestHelperWorker(t *testing.T) {
 			if err != nil {
 				return "", err
 			}
-			fmt.Println(delivereredLine + id)
+			fmt.Println(deliveredLine + id)
 			<-hang // ignores ctx: the process is killed here
 			return id, nil
 		})},

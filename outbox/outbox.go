@@ -229,13 +229,14 @@ var (
 // transaction type: pgx.Tx for PostgreSQL, *sql.Tx for SQLite. It is safe
 // for concurrent use.
 type Outbox[TTx any] struct {
-	cfg     Config
-	client  *river.Client[TTx]
-	driver  riverdriver.Driver[TTx]
-	db      backend[TTx]
-	obs     *observer
-	log     *slog.Logger
-	workers bool
+	cfg    Config
+	client *river.Client[TTx]
+	driver riverdriver.Driver[TTx]
+	db     backend[TTx]
+	obs    *observer
+	log    *slog.Logger
+	// delivers is false for an enqueue-only outbox (no Deliverers).
+	delivers bool
 }
 
 // NewPostgres returns an outbox on pool. River's tables and the outbox's
@@ -280,7 +281,7 @@ func newOutbox[TTx any](driver riverdriver.Driver[TTx], db backend[TTx], cfg Con
 	if err != nil {
 		return nil, fmt.Errorf("outbox: metrics: %w", err)
 	}
-	o := &Outbox[TTx]{cfg: cfg, driver: driver, db: db, obs: obs, log: cfg.Logger, workers: len(cfg.Deliverers) > 0}
+	o := &Outbox[TTx]{cfg: cfg, driver: driver, db: db, obs: obs, log: cfg.Logger, delivers: len(cfg.Deliverers) > 0}
 	workers := river.NewWorkers()
 	if err := river.AddWorkerSafely(workers, &worker[TTx]{o: o}); err != nil {
 		return nil, fmt.Errorf("outbox: %w", err)
@@ -353,7 +354,7 @@ func (o *Outbox[TTx]) check(msg Message) error {
 		return fmt.Errorf("%w: empty Kind", ErrInvalidMessage)
 	case msg.Key == "":
 		return fmt.Errorf("%w: empty Key", ErrInvalidMessage)
-	case o.workers && o.cfg.Deliverers[msg.Kind] == nil:
+	case o.delivers && o.cfg.Deliverers[msg.Kind] == nil:
 		return fmt.Errorf("%w: no Deliverer for kind %q", ErrInvalidMessage, msg.Kind)
 	case len(msg.Payload) > 0 && !json.Valid(msg.Payload):
 		return fmt.Errorf("%w: Payload is not valid JSON", ErrInvalidMessage)
@@ -364,7 +365,7 @@ func (o *Outbox[TTx]) check(msg Message) error {
 // Start starts delivering in the background until Stop or until ctx is
 // done; ctx must outlive the deliveries (not a request's context).
 func (o *Outbox[TTx]) Start(ctx context.Context) error {
-	if !o.workers {
+	if !o.delivers {
 		return errors.New("outbox: no Deliverers configured; this outbox only enqueues")
 	}
 	if err := o.client.Start(ctx); err != nil {
@@ -443,11 +444,12 @@ func (o *Outbox[TTx]) DeadLetters(ctx context.Context, limit int) ([]Delivery, e
 	if limit <= 0 {
 		return nil, nil
 	}
+	page := min(limit, 1000) // River lists at most 10,000 jobs at once
 	params := river.NewJobListParams().
 		Kinds(jobKind).
 		States(rivertype.JobStateDiscarded, rivertype.JobStateCancelled).
 		OrderBy(river.JobListOrderByFinalizedAt, river.SortOrderDesc).
-		First(limit)
+		First(page)
 	var out []Delivery
 	for {
 		res, err := o.client.JobList(ctx, params)
@@ -479,7 +481,7 @@ func (o *Outbox[TTx]) DeadLetters(ctx context.Context, limit int) ([]Delivery, e
 				return out, nil
 			}
 		}
-		if len(res.Jobs) < limit {
+		if len(res.Jobs) < page {
 			return out, nil
 		}
 		params = params.After(res.LastCursor)
