@@ -29,7 +29,7 @@ const (
 	helperDBEnv         = "IDEM_OUTBOX_HELPER"            // "postgres" or "sqlite"
 	helperDSNEnv        = "IDEM_OUTBOX_HELPER_DSN"        // the schema, or the SQLite file
 	helperDownstreamEnv = "IDEM_OUTBOX_HELPER_DOWNSTREAM" // the provider's URL
-	deliveredLine     = "DELIVERED "                    // the child's stdout: the effect happened
+	deliveredLine       = "DELIVERED "                    // the child's stdout: the effect happened
 )
 
 func TestCrashAfterTheSideEffectBeforeTheRecord(t *testing.T) {
