@@ -17,11 +17,15 @@ import (
 	"github.com/idem-go/idem/store/sqlite"
 )
 
-// benchStores are the embedded stores BenchmarkMiddleware runs against.
-var benchStores = []struct {
+type benchStore struct {
 	name string
 	open func(b *testing.B) store.Store
-}{
+}
+
+// benchStores are the stores BenchmarkMiddleware runs against: the
+// embedded ones here, the server-backed ones when their test environment
+// variables are set (bench_servers_test.go).
+var benchStores = []benchStore{
 	{"memory", func(*testing.B) store.Store { return memory.New(memory.Config{}) }},
 	{"sqlite", func(b *testing.B) store.Store {
 		s, err := sqlite.Open(context.Background(), filepath.Join(b.TempDir(), "bench.db"), sqlite.Config{})
