@@ -9,11 +9,11 @@ import (
 	"strings"
 	"testing"
 
+	gomysql "github.com/go-sql-driver/mysql"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/mysql"
 	"github.com/idem-go/idem/store/postgres"
 	"github.com/idem-go/idem/store/redis"
-	gomysql "github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 )
 

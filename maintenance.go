@@ -205,7 +205,7 @@ func (m *Maintainer) SweepOnce(ctx context.Context) (int, error) {
 var abandonedResponse = store.Response{
 	Status: http.StatusGatewayTimeout,
 	Header: http.Header{"Content-Type": {"application/problem+json"}},
-	Body: []byte(`{"type":"` + ProblemBase + `abandoned","title":"The request was abandoned before its outcome was recorded","status":504}`),
+	Body:   []byte(`{"type":"` + ProblemBase + `abandoned","title":"The request was abandoned before its outcome was recorded","status":504}`),
 }
 
 // ReapOnce deletes (or soft-expires) terminal records past their expiry

@@ -329,4 +329,3 @@ func (rw *recorder) Flush() {
 
 // Unwrap lets http.ResponseController reach the underlying writer.
 func (rw *recorder) Unwrap() http.ResponseWriter { return rw.ResponseWriter }
-

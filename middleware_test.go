@@ -205,12 +205,12 @@ func TestMalformedKeys(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, idem.Config{}, nil)
 	for name, key := range map[string]string{
-		"empty quoted":    `""`,
-		"too long":        `"` + strings.Repeat("a", 256) + `"`,
-		"control char":    "\"abc\x01def\"",
-		"unterminated":    `"abc`,
-		"inner space":     `abc def`,
-		"non-ascii":       `"clé"`,
+		"empty quoted": `""`,
+		"too long":     `"` + strings.Repeat("a", 256) + `"`,
+		"control char": "\"abc\x01def\"",
+		"unterminated": `"abc`,
+		"inner space":  `abc def`,
+		"non-ascii":    `"clé"`,
 	} {
 		wantProblem(t, f.do(post(key, `{}`)), 400, "key-malformed")
 		_ = name
