@@ -432,6 +432,10 @@ func TestMaintenanceCommandErrors(t *testing.T) {
 			t.Errorf("%s on memory: %q %v", args, out, err)
 		}
 	}
+	if _, _, err := run("delete", "--store", "memory:", "--cache", "memcached://x", "--scope", "s", "k"); err == nil ||
+		!strings.Contains(err.Error(), "must be a Redis URL") {
+		t.Errorf("delete with a cache that is not Redis: %v", err)
+	}
 	// A store that fails is reported, not swallowed.
 	if _, _, err := run("sweep", "--store", "postgres://127.0.0.1:1/none?connect_timeout=1"); err == nil {
 		t.Error("sweep on an unreachable store succeeded")

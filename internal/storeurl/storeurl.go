@@ -11,6 +11,9 @@
 //
 // Userinfo in a URL is percent-encoded as in any URL ("p%40ss" for "p@ss").
 // Errors never repeat the DSN, which may hold a password.
+//
+// Options.Cache puts a Redis replay cache (package store/cache) in front of
+// the store; its URL is read by ParseCache (--cache).
 package storeurl
 
 import (
