@@ -244,19 +244,35 @@ type ReconcileResult struct {
 	DeadLettered int // given up on: an operator must resolve them
 }
 
-// ReconcileOnce asks the Resolver about every unknown record that is due.
+// ReconcileOnce asks the Resolver about every unknown record that is due,
+// batch after batch. A record asked about is settled or rescheduled, so it
+// is not due again within the pass.
 func (m *Maintainer) ReconcileOnce(ctx context.Context) (ReconcileResult, error) {
-	var out ReconcileResult
+	var total ReconcileResult
 	if m.cfg.Resolver == nil {
-		return out, errors.New("idem: reconciliation needs a Resolver")
+		return total, errors.New("idem: reconciliation needs a Resolver")
 	}
+	for {
+		res, n, err := m.reconcileBatch(ctx)
+		total.Resolved += res.Resolved
+		total.Deferred += res.Deferred
+		total.DeadLettered += res.DeadLettered
+		if err != nil || n < m.cfg.BatchSize {
+			return total, err
+		}
+	}
+}
+
+// reconcileBatch handles one batch and returns how many records it read.
+func (m *Maintainer) reconcileBatch(ctx context.Context) (ReconcileResult, int, error) {
+	var out ReconcileResult
 	var recs []store.Record
 	err := m.e.call(ctx, opListUnknown, false, func(ctx context.Context) (err error) {
 		recs, err = m.e.store.ListUnknown(ctx, store.ListUnknownParams{DueOnly: true, Limit: m.cfg.BatchSize})
 		return err
 	})
 	if err != nil {
-		return out, err
+		return out, 0, err
 	}
 	for _, r := range recs {
 		res, rerr := m.cfg.Resolver.Resolve(ctx, r)
@@ -269,7 +285,7 @@ func (m *Maintainer) ReconcileOnce(ctx context.Context) (ReconcileResult, error)
 			case errors.Is(err, store.ErrStateConflict) || errors.Is(err, store.ErrNotFound):
 				continue // settled by someone else meanwhile
 			case errors.Is(err, ErrStore):
-				return out, err
+				return out, len(recs), err
 			}
 			rerr = err
 		}
@@ -293,10 +309,16 @@ func (m *Maintainer) ReconcileOnce(ctx context.Context) (ReconcileResult, error)
 			return m.e.store.Defer(ctx, store.DeferParams{Scope: r.Scope, Key: r.Key, Delay: delay, Error: why})
 		})
 		if err != nil && !isAnswer(err) {
-			return out, err
+			return out, len(recs), err
 		}
 	}
-	return out, nil
+	return out, len(recs), nil
+}
+
+// DeadLettered reports whether reconciliation gave up on an unknown record
+// and left it for an operator.
+func DeadLettered(r store.Record) bool {
+	return r.State == store.StateUnknown && r.ReconcileAfter.Sub(r.UpdatedAt) > DeadLetterDelay/2
 }
 
 func (m *Maintainer) backoff(attempts int) time.Duration {
@@ -318,7 +340,12 @@ func (m *Maintainer) settle(ctx context.Context, scope, key string, res Resoluti
 	p := store.ResolveParams{Scope: scope, Key: key, To: store.StateFailedRetryable}
 	switch res.Outcome {
 	case Happened:
-		p.To, p.Response, p.TTL = store.StateCompleted, res.Response, m.e.cfg.TTL
+		if res.Response == nil {
+			return errors.New("idem: a request that happened needs the response to replay")
+		}
+		resp := *res.Response
+		resp.Header = replayableHeader(resp.Header) // as the middleware stores them
+		p.To, p.Response, p.TTL = store.StateCompleted, &resp, m.e.cfg.TTL
 	case DidNotHappen:
 	default:
 		return errors.New("idem: a settlement must say whether the request happened")

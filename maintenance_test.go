@@ -252,8 +252,23 @@ func TestReconciler(t *testing.T) {
 			if res, _ := m.m.ReconcileOnce(context.Background()); res != (idem.ReconcileResult{}) {
 				t.Fatalf("dead letters were retried: %+v", res)
 			}
-			// An operator (or a webhook) settles a dead letter.
 			scope := (&idem.Request{Method: "POST", Route: "/v1/charges"}).Scope()
+			for key, dead := range map[string]bool{"pending": true, "broken": true, "paid": false} {
+				rec, err := m.store.Get(context.Background(), scope, key)
+				if err != nil || idem.DeadLettered(rec) != dead {
+					t.Fatalf("%s: DeadLettered = %v, want %v (%v)", key, idem.DeadLettered(rec), dead, err)
+				}
+			}
+			// A webhook settles "broken": never replay a cookie or a
+			// hop-by-hop header, whatever the caller passes.
+			if err := m.m.Settle(context.Background(), scope, "broken", idem.Resolution{Outcome: idem.Happened, Response: &store.Response{
+				Status: 201, Header: http.Header{"Set-Cookie": {"s=1"}, "Connection": {"close"}, "X-Id": {"7"}}, Body: []byte("{}")}}); err != nil {
+				t.Fatal(err)
+			}
+			if w := m.send("broken", false); w.Code != 201 || w.Header().Get("Set-Cookie") != "" || w.Header().Get("Connection") != "" || w.Header().Get("X-Id") != "7" {
+				t.Fatalf("replay of a settled record: %d %v", w.Code, w.Header())
+			}
+			// An operator settles a dead letter.
 			if err := m.m.Settle(context.Background(), scope, "pending", idem.Resolution{Outcome: idem.DidNotHappen}); err != nil {
 				t.Fatal(err)
 			}

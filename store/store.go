@@ -121,7 +121,7 @@ type Record struct {
 	// (a reclaim, takeover or resolution to completed clears it).
 	LastError string
 	// Attempts counts executions started (1 after the first reserve).
-	Attempts int
+	Attempts    int
 	CreatedAt   time.Time
 	UpdatedAt   time.Time
 	CompletedAt time.Time // zero unless completed

@@ -163,12 +163,6 @@ Subcommands:
 	return ErrUsage
 }
 
-// deadLettered reports whether an unknown record was given up on by the
-// reconciler: its next attempt lies beyond any backoff.
-func deadLettered(r store.Record, now time.Time) bool {
-	return r.ReconcileAfter.Sub(now) > idem.DeadLetterDelay/2
-}
-
 // runReconcileList is `idem reconcile list`.
 func runReconcileList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("reconcile list", `[--store DSN] [--all] [--limit N] [--json]
@@ -201,14 +195,13 @@ RECONCILE_AFTER column. ATTEMPTS counts reconciliation attempts.`, stderr)
 	if err != nil {
 		return err
 	}
-	now := time.Now()
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		for _, r := range recs {
 			v := struct {
 				recordView
 				DeadLettered bool `json:"dead_lettered"`
-			}{viewRecord(r), deadLettered(r, now)}
+			}{viewRecord(r), idem.DeadLettered(r)}
 			if err := enc.Encode(v); err != nil {
 				return err
 			}
@@ -218,7 +211,7 @@ RECONCILE_AFTER column. ATTEMPTS counts reconciliation attempts.`, stderr)
 		fmt.Fprintln(tw, "SCOPE\tKEY\tFENCE\tATTEMPTS\tRECONCILE_AFTER\tLAST_ERROR")
 		for _, r := range recs {
 			after := r.ReconcileAfter.UTC().Format(time.RFC3339)
-			if deadLettered(r, now) {
+			if idem.DeadLettered(r) {
 				after = "DEAD-LETTERED"
 			}
 			fmt.Fprintf(tw, "%q\t%q\t%d\t%d\t%s\t%s\n", r.Scope, r.Key, r.Fence, r.ReconcileAttempts, after, oneLine(r.LastError))

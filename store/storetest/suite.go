@@ -328,11 +328,15 @@ func testFencing(t *testing.T, h Harness) {
 	stale := fenceOf(r)
 	stale.Fence = r.Fence + 1
 	ops := map[string]func() error{
-		"Complete":    func() error { return e.s.Complete(e.ctx, store.CompleteParams{FenceParams: stale, Response: sampleResponse()}) },
+		"Complete": func() error {
+			return e.s.Complete(e.ctx, store.CompleteParams{FenceParams: stale, Response: sampleResponse()})
+		},
 		"Release":     func() error { return e.s.Release(e.ctx, store.ReleaseParams{FenceParams: stale, Error: "x"}) },
 		"MarkUnknown": func() error { return e.s.MarkUnknown(e.ctx, store.ReleaseParams{FenceParams: stale, Error: "x"}) },
-		"Checkpoint":  func() error { return e.s.Checkpoint(e.ctx, store.CheckpointParams{FenceParams: stale, RecoveryPoint: "p"}) },
-		"Extend":      func() error { return e.s.Extend(e.ctx, store.ExtendParams{FenceParams: stale, Lease: time.Hour}) },
+		"Checkpoint": func() error {
+			return e.s.Checkpoint(e.ctx, store.CheckpointParams{FenceParams: stale, RecoveryPoint: "p"})
+		},
+		"Extend": func() error { return e.s.Extend(e.ctx, store.ExtendParams{FenceParams: stale, Lease: time.Hour}) },
 	}
 	for name, op := range ops {
 		if err := op(); !errors.Is(err, store.ErrLeaseLost) {
