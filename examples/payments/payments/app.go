@@ -72,7 +72,11 @@ func newApp[TTx any](ctx context.Context, cfg Config, st txStore[TTx], db conn[T
 	newOutbox func(outbox.Config) (*outbox.Outbox[TTx], error)) (*app[TTx], error) {
 	a := &app[TTx]{
 		cfg: cfg, log: cfg.Logger, st: st, db: db,
-		prov: &providerClient{base: cfg.ProviderURL, http: &http.Client{}, timeout: cfg.ProviderTimeout},
+		prov: &providerClient{
+			base: cfg.ProviderURL, timeout: cfg.ProviderTimeout,
+			// A transport of its own, whose idle connections Close ends.
+			http: &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()},
+		},
 	}
 	err := st.InTx(ctx, func(tx TTx) error {
 		for _, q := range schema {
@@ -516,6 +520,7 @@ func (a *app[TTx]) stop(ctx context.Context) error {
 }
 
 func (a *app[TTx]) close() error {
+	a.prov.http.CloseIdleConnections()
 	var errs []error
 	for _, c := range a.closers {
 		errs = append(errs, c())
@@ -524,7 +529,7 @@ func (a *app[TTx]) close() error {
 }
 
 func (a *app[TTx]) maintainer() *idem.Maintainer { return a.maint }
-func (a *app[TTx]) store() store.Store            { return a.st }
+func (a *app[TTx]) store() store.Store           { return a.st }
 
 func (a *app[TTx]) refundCount(ctx context.Context, paymentID string) (int, error) {
 	var n int
