@@ -135,23 +135,18 @@ func (b pgBackend) migrate(ctx context.Context, m *rivermigrate.Migrator[pgx.Tx]
 		if err != nil {
 			return err
 		}
-		versions, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		applied, err := migrate.AppliedVersions(rows)
+		rows.Close()
 		if err != nil {
 			return err
 		}
-		applied := make(map[int]bool, len(versions))
-		for _, v := range versions {
-			applied[int(v)] = true
-		}
-		for _, mig := range migrate.Pending(own, applied) {
-			if _, err := tx.Exec(ctx, mig.SQL); err != nil {
-				return fmt.Errorf("migration %s: %w", mig.Name, err)
-			}
-			if _, err := tx.Exec(ctx, pgMigrationInsert, mig.Version, mig.Name); err != nil {
-				return fmt.Errorf("migration %s: %w", mig.Name, err)
-			}
-		}
-		return nil
+		return migrate.Apply(own, applied, func(m migrate.Migration) error {
+			_, err := tx.Exec(ctx, m.SQL)
+			return err
+		}, func(m migrate.Migration) error {
+			_, err := tx.Exec(ctx, pgMigrationInsert, m.Version, m.Name)
+			return err
+		})
 	})
 }
 
@@ -242,26 +237,19 @@ func (b sqliteBackend) migrate(ctx context.Context, m *rivermigrate.Migrator[*sq
 	if err != nil {
 		return err
 	}
-	applied := map[int]bool{}
-	for rows.Next() {
-		var v int
-		if err := rows.Scan(&v); err != nil {
-			rows.Close()
-			return err
-		}
-		applied[v] = true
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+	applied, err := migrate.AppliedVersions(rows)
+	if err := errors.Join(err, rows.Close()); err != nil {
 		return err
 	}
-	for _, mig := range migrate.Pending(own, applied) {
-		if _, err := tx.ExecContext(ctx, mig.SQL); err != nil {
-			return fmt.Errorf("migration %s: %w", mig.Name, err)
-		}
-		if _, err := tx.ExecContext(ctx, sqliteMigrationInsert, mig.Version, mig.Name, time.Now().UnixMicro()); err != nil {
-			return fmt.Errorf("migration %s: %w", mig.Name, err)
-		}
+	err = migrate.Apply(own, applied, func(m migrate.Migration) error {
+		_, err := tx.ExecContext(ctx, m.SQL)
+		return err
+	}, func(m migrate.Migration) error {
+		_, err := tx.ExecContext(ctx, sqliteMigrationInsert, m.Version, m.Name, time.Now().UnixMicro())
+		return err
+	})
+	if err != nil {
+		return err
 	}
 	return tx.Commit()
 }

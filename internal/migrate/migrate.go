@@ -63,3 +63,40 @@ func Pending(all []Migration, applied map[int]bool) []Migration {
 	}
 	return out
 }
+
+// Apply runs, in version order, the migrations of all whose version is not
+// in applied: exec runs a migration's SQL, then record notes its version.
+// Stores call it inside their own locked transaction. The error names the
+// migration that failed.
+func Apply(all []Migration, applied map[int]bool, exec, record func(Migration) error) error {
+	for _, m := range Pending(all, applied) {
+		if err := exec(m); err != nil {
+			return fmt.Errorf("migration %s: %w", m.Name, err)
+		}
+		if err := record(m); err != nil {
+			return fmt.Errorf("migration %s: %w", m.Name, err)
+		}
+	}
+	return nil
+}
+
+// Rows is the part of *sql.Rows (and of similar row iterators) that
+// AppliedVersions reads.
+type Rows interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+}
+
+// AppliedVersions reads a one-column result of applied versions.
+func AppliedVersions(rows Rows) (map[int]bool, error) {
+	applied := map[int]bool{}
+	for rows.Next() {
+		var v int
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		applied[v] = true
+	}
+	return applied, rows.Err()
+}

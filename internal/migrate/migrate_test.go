@@ -1,6 +1,7 @@
 package migrate
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"testing/fstest"
@@ -40,5 +41,42 @@ func TestLoadRefusesBadNames(t *testing.T) {
 		if _, err := Load(fsys, "m"); err == nil || !strings.HasPrefix(err.Error(), "migrate:") {
 			t.Fatalf("%s: Load = %v, want a migrate error", name, err)
 		}
+	}
+}
+
+type fakeRows struct {
+	vals []int
+	i    int
+}
+
+func (r *fakeRows) Next() bool { r.i++; return r.i <= len(r.vals) }
+func (r *fakeRows) Scan(dest ...any) error {
+	*dest[0].(*int) = r.vals[r.i-1]
+	return nil
+}
+func (r *fakeRows) Err() error { return nil }
+
+func TestApply(t *testing.T) {
+	all := []Migration{{Version: 1, Name: "001_a"}, {Version: 2, Name: "002_b"}, {Version: 3, Name: "003_c"}}
+	applied, err := AppliedVersions(&fakeRows{vals: []int{1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ran, recorded []int
+	err = Apply(all, applied, func(m Migration) error {
+		ran = append(ran, m.Version)
+		if m.Version == 3 {
+			return errors.New("syntax error")
+		}
+		return nil
+	}, func(m Migration) error {
+		recorded = append(recorded, m.Version)
+		return nil
+	})
+	if err == nil || !strings.Contains(err.Error(), "003_c") {
+		t.Fatalf("Apply error %v, want one naming 003_c", err)
+	}
+	if len(ran) != 2 || ran[0] != 2 || len(recorded) != 1 || recorded[0] != 2 {
+		t.Fatalf("ran %v recorded %v", ran, recorded)
 	}
 }

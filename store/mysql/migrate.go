@@ -64,40 +64,37 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if _, err := conn.ExecContext(ctx, qMigrateTable.sql); err != nil {
 		return wrap("migrate", err)
 	}
-	applied := map[int]bool{}
 	rows, err := conn.QueryContext(ctx, qMigrateApplied.sql)
 	if err != nil {
 		return wrap("migrate", err)
 	}
-	for rows.Next() {
-		var v int
-		if err := rows.Scan(&v); err != nil {
-			_ = rows.Close()
-			return wrap("migrate", err)
-		}
-		applied[v] = true
-	}
-	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+	applied, err := migrate.AppliedVersions(rows)
+	if err := errors.Join(err, rows.Close()); err != nil {
 		return wrap("migrate", err)
 	}
 
-	for _, m := range migrate.Pending(all, applied) {
+	err = migrate.Apply(all, applied, func(m migrate.Migration) error {
+		// MySQL runs one statement per call (DDL commits implicitly, so a
+		// migration is not atomic here: keep each to one idempotent step).
 		stmts, err := splitStatements(m.SQL)
 		if err != nil {
-			return fmt.Errorf("idem/mysql: migration %s: %w", m.Name, err)
+			return err
 		}
 		for _, stmt := range stmts {
 			if _, err := conn.ExecContext(ctx, stmt); err != nil {
-				return fmt.Errorf("idem/mysql: migration %s: %w", m.Name, err)
+				return err
 			}
 		}
+		return nil
+	}, func(m migrate.Migration) error {
 		rec, err := qMigrateRecord.bind(args{"version": m.Version, "name": m.Name})
-		if err != nil {
-			return wrap("migrate", err)
+		if err == nil {
+			_, err = conn.ExecContext(ctx, qMigrateRecord.sql, rec...)
 		}
-		if _, err := conn.ExecContext(ctx, qMigrateRecord.sql, rec...); err != nil {
-			return fmt.Errorf("idem/mysql: migration %s: %w", m.Name, err)
-		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("idem/mysql: %w", err)
 	}
 	return nil
 }

@@ -155,23 +155,18 @@ func (s *Store) Migrate(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		versions, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		applied, err := migrate.AppliedVersions(rows)
+		rows.Close()
 		if err != nil {
 			return err
 		}
-		applied := make(map[int]bool, len(versions))
-		for _, v := range versions {
-			applied[int(v)] = true
-		}
-		for _, m := range migrate.Pending(all, applied) {
-			if _, err := tx.Exec(ctx, m.SQL); err != nil {
-				return fmt.Errorf("%s: %w", m.Name, err)
-			}
-			if _, err := tx.Exec(ctx, sqlMigrateRecord, m.Version, m.Name); err != nil {
-				return fmt.Errorf("%s: %w", m.Name, err)
-			}
-		}
-		return nil
+		return migrate.Apply(all, applied, func(m migrate.Migration) error {
+			_, err := tx.Exec(ctx, m.SQL)
+			return err
+		}, func(m migrate.Migration) error {
+			_, err := tx.Exec(ctx, sqlMigrateRecord, m.Version, m.Name)
+			return err
+		})
 	})
 	if err != nil {
 		return wrap("migrate", err)

@@ -255,15 +255,13 @@ func (s *Store) Migrate(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		for _, m := range migrate.Pending(all, applied) {
-			if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
-				return fmt.Errorf("migration %s: %w", m.Name, err)
-			}
-			if _, err := tx.ExecContext(ctx, qMigrationInsert, m.Version, m.Name, s.now().UnixMicro()); err != nil {
-				return fmt.Errorf("migration %s: %w", m.Name, err)
-			}
-		}
-		return nil
+		return migrate.Apply(all, applied, func(m migrate.Migration) error {
+			_, err := tx.ExecContext(ctx, m.SQL)
+			return err
+		}, func(m migrate.Migration) error {
+			_, err := tx.ExecContext(ctx, qMigrationInsert, m.Version, m.Name, s.now().UnixMicro())
+			return err
+		})
 	})
 	if err == nil {
 		err = s.prepare(ctx)
@@ -280,15 +278,7 @@ func appliedMigrations(ctx context.Context, q querier) (map[int]bool, error) {
 		return nil, err
 	}
 	defer rows.Close()
-	applied := map[int]bool{}
-	for rows.Next() {
-		var v int
-		if err := rows.Scan(&v); err != nil {
-			return nil, err
-		}
-		applied[v] = true
-	}
-	return applied, rows.Err()
+	return migrate.AppliedVersions(rows)
 }
 
 // Ping checks that the database file can be read. It uses the read pool,
