@@ -38,14 +38,17 @@ type batchConfig struct {
 	complete bool
 }
 
+// batchVariants are the prototypes BenchmarkEnginePostgres runs; replay
+// marks those it also runs on replays.
 var batchVariants = []struct {
-	name string
-	cfg  batchConfig
+	name   string
+	cfg    batchConfig
+	replay bool
 }{
-	{"batch-100us", batchConfig{window: 100 * time.Microsecond, inFlight: engineWorkers, max: 64}},
-	{"batch-100us-both", batchConfig{window: 100 * time.Microsecond, inFlight: engineWorkers, max: 64, complete: true}},
-	{"batch-queue", batchConfig{inFlight: 4, max: 64}},
-	{"batch-queue-both", batchConfig{inFlight: 4, max: 64, complete: true}},
+	{"batch-100us", batchConfig{window: 100 * time.Microsecond, inFlight: engineWorkers, max: 64}, false},
+	{"batch-100us-both", batchConfig{window: 100 * time.Microsecond, inFlight: engineWorkers, max: 64, complete: true}, true},
+	{"batch-queue", batchConfig{inFlight: 4, max: 64}, false},
+	{"batch-queue-both", batchConfig{inFlight: 4, max: 64, complete: true}, false},
 }
 
 // sqlReserveBatch is the fresh-key branch of sqlReserve for many keys; the

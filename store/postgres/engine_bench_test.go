@@ -57,7 +57,7 @@ const (
 )
 
 // enginePool opens a pool of engineWorkers connections on a fresh,
-// migrated schema; benchPool's, for tests as well as benchmarks.
+// migrated schema: benchPool, for tests as well as benchmarks.
 func enginePool(tb testing.TB) (*pgxpool.Pool, string) {
 	tb.Helper()
 	schema := newSchema(tb)
@@ -77,7 +77,8 @@ func enginePool(tb testing.TB) (*pgxpool.Pool, string) {
 	return pool, schema
 }
 
-// benchEnabled reports whether the slow figures (latency, growth) run.
+// benchEnabled skips the slow measurements (latency, growth) unless
+// IDEM_BENCH=1.
 func benchEnabled(t *testing.T) {
 	t.Helper()
 	if os.Getenv("IDEM_BENCH") != "1" {
@@ -222,8 +223,10 @@ type variant struct {
 //   - new: a fresh key per request (reserve + complete, two round trips);
 //   - replay: one completed key replayed (one round trip, no write).
 //
-// Each group has the leaves engine and ceiling, and new also has
-// prototypes that batch concurrent reserves (batch_bench_test.go). Every
+// Each group has the leaves engine and ceiling, and prototypes that batch
+// concurrent reserves (batch_bench_test.go): all of them in new, the one
+// that batches completions too in replay, to show what it costs there
+// (a replay runs the batch's INSERT, then the one-key statement). Every
 // leaf runs its own variant for b.N requests in slices of about 100ms that
 // alternate with slices of its companion (the ceiling for engine and the
 // batches, engine for the ceiling), so that both see the same machine at
@@ -238,7 +241,31 @@ type variant struct {
 //	go test -run '^$' -bench BenchmarkEnginePostgres -benchtime 2s -count 5 ./store/postgres/ | tee /tmp/pg.txt
 //	go run ./internal/tools/benchratio < /tmp/pg.txt
 func BenchmarkEnginePostgres(b *testing.B) {
-	b.Run("new", func(b *testing.B) {
+	groups := []struct {
+		name string
+		// variants builds the engine and ceiling operations of the group
+		// on a handler and a ceiling that share one schema.
+		variants func(b *testing.B, h http.Handler, c *ceiling) (engine, ceil variant)
+	}{
+		{"new", func(b *testing.B, h http.Handler, c *ceiling) (engine, ceil variant) {
+			ek, ck := &keyGen{prefix: "new-"}, &keyGen{prefix: "cei-"}
+			engine = variant{"engine", func(context.Context) error { return serveEngine(h, ek.next(), false) }}
+			ceil = variant{"ceiling", func(ctx context.Context) error { return c.newKey(ctx, ck.next()) }}
+			return engine, ceil
+		}},
+		{"replay", func(b *testing.B, h http.Handler, c *ceiling) (engine, ceil variant) {
+			const key = "done-1"
+			if err := serveEngine(h, key, false); err != nil {
+				b.Fatal(err)
+			}
+			engine = variant{"engine", func(context.Context) error { return serveEngine(h, key, true) }}
+			ceil = variant{"ceiling", func(ctx context.Context) error { return c.replay(ctx, key) }}
+			return engine, ceil
+		}},
+	}
+	for _, g := range groups {
+		// setup opens a fresh schema and returns the group's variants, the
+		// engine over the store or over wrap(store) when wrap is set.
 		setup := func(b *testing.B, wrap func(*postgres.Store, string) store.Store) (pool *pgxpool.Pool, engine, ceil variant) {
 			pool, schema := enginePool(b)
 			s, err := postgres.New(context.Background(), pool, postgres.Config{Schema: schema, SkipMigrate: true})
@@ -250,63 +277,37 @@ func BenchmarkEnginePostgres(b *testing.B) {
 				st = wrap(s, schema)
 			}
 			e := newEngine(b, st)
-			h := e.Middleware(http.HandlerFunc(engineHandler))
-			c := newCeiling(b, pool, schema, e)
-			ek, ck := &keyGen{prefix: "new-"}, &keyGen{prefix: "cei-"}
-			engine = variant{"engine", func(context.Context) error { return serveEngine(h, ek.next(), false) }}
-			ceil = variant{"ceiling", func(ctx context.Context) error { return c.newKey(ctx, ck.next()) }}
+			engine, ceil = g.variants(b, e.Middleware(http.HandlerFunc(engineHandler)), newCeiling(b, pool, schema, e))
 			return pool, engine, ceil
 		}
-		b.Run("engine", func(b *testing.B) {
-			pool, engine, ceil := setup(b, nil)
-			runPaired(b, pool, engine, ceil)
-		})
-		b.Run("ceiling", func(b *testing.B) {
-			pool, engine, ceil := setup(b, nil)
-			runPaired(b, pool, ceil, engine)
-		})
-		for _, bv := range batchVariants {
-			b.Run(bv.name, func(b *testing.B) {
-				var bs *batchStore
-				pool, engine, ceil := setup(b, func(s *postgres.Store, schema string) store.Store {
-					bs = newBatchStore(s, schema, bv.cfg)
-					b.Cleanup(bs.stop)
-					return bs
-				})
-				engine.name = bv.name
+		b.Run(g.name, func(b *testing.B) {
+			b.Run("engine", func(b *testing.B) {
+				pool, engine, ceil := setup(b, nil)
 				runPaired(b, pool, engine, ceil)
-				// Over the whole run, warm-up and companion slices aside.
-				b.ReportMetric(bs.reserves.meanBatch(), "reserves/batch")
 			})
-		}
-	})
-	b.Run("replay", func(b *testing.B) {
-		setup := func(b *testing.B) (pool *pgxpool.Pool, engine, ceil variant) {
-			pool, schema := enginePool(b)
-			s, err := postgres.New(context.Background(), pool, postgres.Config{Schema: schema, SkipMigrate: true})
-			if err != nil {
-				b.Fatal(err)
+			b.Run("ceiling", func(b *testing.B) {
+				pool, engine, ceil := setup(b, nil)
+				runPaired(b, pool, ceil, engine)
+			})
+			for _, bv := range batchVariants {
+				if g.name == "replay" && !bv.replay {
+					continue
+				}
+				b.Run(bv.name, func(b *testing.B) {
+					var bs *batchStore
+					pool, engine, ceil := setup(b, func(s *postgres.Store, schema string) store.Store {
+						bs = newBatchStore(s, schema, bv.cfg)
+						b.Cleanup(bs.stop)
+						return bs
+					})
+					engine.name = bv.name
+					runPaired(b, pool, engine, ceil)
+					// Over the whole run, warm-up and companion slices aside.
+					b.ReportMetric(bs.reserves.meanBatch(), "reserves/batch")
+				})
 			}
-			e := newEngine(b, s)
-			h := e.Middleware(http.HandlerFunc(engineHandler))
-			const key = "done-1"
-			if err := serveEngine(h, key, false); err != nil {
-				b.Fatal(err)
-			}
-			c := newCeiling(b, pool, schema, e)
-			engine = variant{"engine", func(context.Context) error { return serveEngine(h, key, true) }}
-			ceil = variant{"ceiling", func(ctx context.Context) error { return c.replay(ctx, key) }}
-			return pool, engine, ceil
-		}
-		b.Run("engine", func(b *testing.B) {
-			pool, engine, ceil := setup(b)
-			runPaired(b, pool, engine, ceil)
 		})
-		b.Run("ceiling", func(b *testing.B) {
-			pool, engine, ceil := setup(b)
-			runPaired(b, pool, ceil, engine)
-		})
-	})
+	}
 }
 
 // runPaired runs b.N operations of own and, interleaved with them, slices
@@ -586,7 +587,9 @@ func (l latencies) String() string {
 // TestPostgresLatency measures latency at low load: one request at a time,
 // 2000 new keys then 2000 replays (each key replayed once), through the
 // engine's middleware and, alternating with it request by request, through
-// the ceiling (the same statements straight through pgx).
+// the ceiling (the same statements straight through pgx). New keys also go
+// through the engine over two batching prototypes, to show what gathering
+// costs a lone request.
 //
 //	IDEM_BENCH=1 go test -run TestPostgresLatency -v -count 1 ./store/postgres/
 func TestPostgresLatency(t *testing.T) {
@@ -601,49 +604,72 @@ func TestPostgresLatency(t *testing.T) {
 	e := newEngine(t, s)
 	h := e.Middleware(http.HandlerFunc(engineHandler))
 	c := newCeiling(t, pool, schema, e)
-
-	// Warm up: the statement cache of the connection(s) in use.
-	for i := range 50 {
-		w := fmt.Sprint("warm-", i)
-		if err := serveEngine(h, "e"+w, false); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.newKey(ctx, "c"+w); err != nil {
-			t.Fatal(err)
-		}
-	}
-	measure := func(what string, engine, ceil func(i int) error) {
-		t.Helper()
-		var el, cl latencies
-		for i := range n {
-			// Alternate which goes first so neither always follows the other.
-			for j := range 2 {
-				start := time.Now()
-				var err error
-				if (i+j)%2 == 0 {
-					err = engine(i)
-					el = append(el, time.Since(start))
-				} else {
-					err = ceil(i)
-					cl = append(cl, time.Since(start))
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
+	batched := func(name string) http.Handler {
+		for _, bv := range batchVariants {
+			if bv.name == name {
+				bs := newBatchStore(s, schema, bv.cfg)
+				t.Cleanup(bs.stop)
+				return newEngine(t, bs).Middleware(http.HandlerFunc(engineHandler))
 			}
 		}
-		t.Logf("%-6s engine:  %s", what, el)
-		t.Logf("%-6s ceiling: %s", what, cl)
-		t.Logf("%-6s engine/ceiling p50 %.2f, p99 %.2f", what,
-			float64(el.quantile(0.5))/float64(cl.quantile(0.5)), float64(el.quantile(0.99))/float64(cl.quantile(0.99)))
+		t.Fatalf("no batch variant %s", name)
+		return nil
+	}
+	hw, hq := batched("batch-100us-both"), batched("batch-queue-both")
+
+	type way struct {
+		name string
+		do   func(i int) error
+	}
+	// measure runs request i of every way in turn, rotating which goes
+	// first so that none always follows another.
+	measure := func(what string, ways ...way) {
+		t.Helper()
+		lat := make([]latencies, len(ways))
+		for i := range n {
+			for j := range ways {
+				k := (i + j) % len(ways)
+				start := time.Now()
+				if err := ways[k].do(i); err != nil {
+					t.Fatalf("%s %s: %v", what, ways[k].name, err)
+				}
+				lat[k] = append(lat[k], time.Since(start))
+			}
+		}
+		for k, w := range ways {
+			t.Logf("%-6s %-16s %s", what, w.name+":", lat[k])
+		}
+		base := lat[len(ways)-1]
+		for k, w := range ways[:len(ways)-1] {
+			t.Logf("%-6s %s/ceiling: p50 %.2f, p99 %.2f", what, w.name,
+				float64(lat[k].quantile(0.5))/float64(base.quantile(0.5)),
+				float64(lat[k].quantile(0.99))/float64(base.quantile(0.99)))
+		}
 	}
 	key := func(side string, i int) string { return fmt.Sprint(side, "-", i) }
+	// Warm up the statement cache of the connection(s) in use.
+	for i := range 50 {
+		if err := serveEngine(h, key("we", i), false); err != nil {
+			t.Fatal(err)
+		}
+		if err := serveEngine(hw, key("ww", i), false); err != nil {
+			t.Fatal(err)
+		}
+		if err := serveEngine(hq, key("wq", i), false); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.newKey(ctx, key("wc", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	measure("new",
-		func(i int) error { return serveEngine(h, key("e", i), false) },
-		func(i int) error { return c.newKey(ctx, key("c", i)) })
+		way{"engine", func(i int) error { return serveEngine(h, key("e", i), false) }},
+		way{"batch-100us-both", func(i int) error { return serveEngine(hw, key("w", i), false) }},
+		way{"batch-queue-both", func(i int) error { return serveEngine(hq, key("q", i), false) }},
+		way{"ceiling", func(i int) error { return c.newKey(ctx, key("c", i)) }})
 	measure("replay",
-		func(i int) error { return serveEngine(h, key("e", i), true) },
-		func(i int) error { return c.replay(ctx, key("c", i)) })
+		way{"engine", func(i int) error { return serveEngine(h, key("e", i), true) }},
+		way{"ceiling", func(i int) error { return c.replay(ctx, key("c", i)) }})
 }
 
 // sqlFill appends rows $1 .. $2 (by number) to idem_records in one
@@ -681,14 +707,22 @@ func TestPostgresGrowth(t *testing.T) {
 	ctx := context.Background()
 	const (
 		small   = 10_000
-		large   = 10_000_000
 		samples = 2000
 	)
+	large := int64(10_000_000)
+	if v := os.Getenv("IDEM_BENCH_GROWTH_ROWS"); v != "" { // a quicker trial run
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n <= small {
+			t.Fatalf("IDEM_BENCH_GROWTH_ROWS=%q: want a number above %d", v, small)
+		}
+		large = n
+	}
 	admin := adminConn(t)
 	type table struct {
 		name   string
 		schema string
 		s      *postgres.Store
+		rows   int64
 	}
 	open := func(name string) *table {
 		pool, schema := enginePool(t)
@@ -696,7 +730,7 @@ func TestPostgresGrowth(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return &table{name, schema, s}
+		return &table{name: name, schema: schema, s: s}
 	}
 	exec := func(what, sql string, args ...any) time.Duration {
 		t.Helper()
@@ -717,6 +751,7 @@ func TestPostgresGrowth(t *testing.T) {
 			pgx.Identifier{tb.schema, "idem_records"}.Sanitize()).Scan(&size); err != nil {
 			t.Fatal(err)
 		}
+		tb.rows = to
 		t.Logf("%s: rows %d..%d inserted in %v, ANALYZE %v, CHECKPOINT %v; table with indexes %s",
 			tb.name, from, to, d.Round(time.Millisecond), da.Round(time.Millisecond), dc.Round(time.Millisecond), size)
 	}
@@ -747,7 +782,7 @@ func TestPostgresGrowth(t *testing.T) {
 	}
 	// measure runs samples requests on each table, alternating between
 	// them request by request, after a warm-up.
-	measure := func(when string, tables ...*table) map[*table][2]time.Duration {
+	measure := func(tables ...*table) map[*table][2]time.Duration {
 		t.Helper()
 		for range 200 {
 			for _, tb := range tables {
@@ -765,8 +800,8 @@ func TestPostgresGrowth(t *testing.T) {
 			}
 		}
 		for k, tb := range tables {
-			t.Logf("%s, %s: reserve %s", when, tb.name, lat[k][0])
-			t.Logf("%s, %s: reserve+complete %s", when, tb.name, lat[k][1])
+			t.Logf("%s, %d rows: reserve %s", tb.name, tb.rows, lat[k][0])
+			t.Logf("%s, %d rows: reserve+complete %s", tb.name, tb.rows, lat[k][1])
 			res[tb] = [2]time.Duration{lat[k][0].quantile(0.5), lat[k][1].quantile(0.5)}
 		}
 		return res
@@ -775,17 +810,17 @@ func TestPostgresGrowth(t *testing.T) {
 	grown, control := open("grown"), open("control")
 	fill(grown, 1, small)
 	fill(control, 1, small)
-	before := measure("at 10k", grown, control)[grown]
+	before := measure(grown, control)[grown]
 
 	start := time.Now()
 	fill(grown, small+1, large)
 	t.Logf("growth to %d rows (insert, analyze, checkpoint): %v", large, time.Since(start).Round(time.Second))
-	after := measure("at 10M", grown, control)
+	after := measure(grown, control)
 	ratio := func(a, b time.Duration) float64 { return float64(a) / float64(b) }
-	t.Logf("reserve p50: %v at 10k, %v at 10M: %.2fx (control table at 10k meanwhile: %v, %.2fx)",
-		before[0].Round(time.Microsecond), after[grown][0].Round(time.Microsecond), ratio(after[grown][0], before[0]),
-		after[control][0].Round(time.Microsecond), ratio(after[grown][0], after[control][0]))
-	t.Logf("reserve+complete p50: %v at 10k, %v at 10M: %.2fx (control table at 10k meanwhile: %v, %.2fx)",
-		before[1].Round(time.Microsecond), after[grown][1].Round(time.Microsecond), ratio(after[grown][1], before[1]),
-		after[control][1].Round(time.Microsecond), ratio(after[grown][1], after[control][1]))
+	t.Logf("reserve p50: %v at %d rows, %v at %d: %.2fx (control table at %d meanwhile: %v, %.2fx)",
+		before[0].Round(time.Microsecond), small, after[grown][0].Round(time.Microsecond), large, ratio(after[grown][0], before[0]),
+		small, after[control][0].Round(time.Microsecond), ratio(after[grown][0], after[control][0]))
+	t.Logf("reserve+complete p50: %v at %d rows, %v at %d: %.2fx (control table at %d meanwhile: %v, %.2fx)",
+		before[1].Round(time.Microsecond), small, after[grown][1].Round(time.Microsecond), large, ratio(after[grown][1], before[1]),
+		small, after[control][1].Round(time.Microsecond), ratio(after[grown][1], after[control][1]))
 }
