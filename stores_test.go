@@ -2,17 +2,16 @@ package idem_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/idem-go/idem/internal/testenv"
 
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/memory"
 	"github.com/idem-go/idem/store/postgres"
 	"github.com/idem-go/idem/store/sqlite"
-	"github.com/jackc/pgx/v5"
 )
 
 // namedStore opens a fresh store with the given clock.
@@ -55,26 +54,5 @@ func realStores(t *testing.T) []namedStore {
 
 // freshSchema creates an empty schema dropped at the end of the test.
 func freshSchema(t *testing.T, url string) string {
-	t.Helper()
-	ctx := context.Background()
-	b := make([]byte, 6)
-	rand.Read(b)
-	schema := "idem_engine_" + hex.EncodeToString(b)
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatalf("PostgreSQL at IDEM_TEST_POSTGRES_URL: %v", err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		c, err := pgx.Connect(ctx, url)
-		if err != nil {
-			return
-		}
-		defer c.Close(ctx)
-		c.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
-	})
-	return schema
+	return testenv.PostgresSchema(t, url)
 }

@@ -3,9 +3,7 @@ package outbox_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +17,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/idem-go/idem/internal/testenv"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -89,30 +89,7 @@ func testURL(t testing.TB) string {
 // newSchema creates an empty schema for one test and drops it afterwards.
 func newSchema(t testing.TB, url string) string {
 	t.Helper()
-	var b [6]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		t.Fatal(err)
-	}
-	schema := "idem_outbox_test_" + hex.EncodeToString(b[:])
-	ctx := context.Background()
-	exec := func(q string) error {
-		conn, err := pgx.Connect(ctx, url)
-		if err != nil {
-			return err
-		}
-		defer conn.Close(ctx)
-		_, err = conn.Exec(ctx, q)
-		return err
-	}
-	if err := exec("CREATE SCHEMA " + pgx.Identifier{schema}.Sanitize()); err != nil {
-		t.Fatalf("create schema: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := exec("DROP SCHEMA " + pgx.Identifier{schema}.Sanitize() + " CASCADE"); err != nil {
-			t.Errorf("drop schema: %v", err)
-		}
-	})
-	return schema
+	return testenv.PostgresSchema(t, url)
 }
 
 // openPool opens a pool whose search_path is schema: River, the outbox and

@@ -2,8 +2,6 @@ package cache_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"log/slog"
 	"os"
@@ -11,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/cache"
 	"github.com/idem-go/idem/store/sqlite"
@@ -20,14 +19,8 @@ import (
 
 func redisClient(t *testing.T) (goredis.UniversalClient, string) {
 	t.Helper()
-	addr := os.Getenv("IDEM_TEST_REDIS_ADDR")
-	if addr == "" {
-		t.Skip("IDEM_TEST_REDIS_ADDR is not set (e.g. 127.0.0.1:6379): the cache tests need Redis")
-	}
-	rdb := goredis.NewClient(&goredis.Options{Addr: addr})
-	b := make([]byte, 6)
-	rand.Read(b)
-	prefix := "idem:cachetest:" + hex.EncodeToString(b) + ":"
+	rdb := goredis.NewClient(&goredis.Options{Addr: testenv.RedisAddr(t)})
+	prefix := testenv.Name("idem:cachetest:") + ":"
 	t.Cleanup(func() {
 		ctx := context.Background()
 		if keys, err := rdb.Keys(ctx, prefix+"*").Result(); err == nil && len(keys) > 0 {
@@ -48,9 +41,7 @@ func TestConformance(t *testing.T) {
 		Shared:  true,
 		NewDatabase: func(t *testing.T) storetest.Opener {
 			path := filepath.Join(t.TempDir(), "idem.db")
-			b := make([]byte, 4)
-			rand.Read(b)
-			p := prefix + hex.EncodeToString(b) + ":"
+			p := testenv.Name(prefix) + ":"
 			return func(t *testing.T, clock store.Clock) store.Store {
 				s, err := sqlite.Open(context.Background(), path, sqlite.Config{Clock: clock})
 				if err != nil {
@@ -220,11 +211,7 @@ func mustOneKey(t *testing.T, f *fixture) string {
 // ("bare") with replays through the cache, in one run, on SQLite and, when
 // IDEM_TEST_POSTGRES_URL is set, on PostgreSQL.
 func BenchmarkCacheReplay(b *testing.B) {
-	addr := os.Getenv("IDEM_TEST_REDIS_ADDR")
-	if addr == "" {
-		b.Skip("IDEM_TEST_REDIS_ADDR is not set")
-	}
-	rdb := goredis.NewClient(&goredis.Options{Addr: addr})
+	rdb := goredis.NewClient(&goredis.Options{Addr: testenv.RedisAddr(b)})
 	defer rdb.Close()
 	backings := map[string]func(b *testing.B) store.Store{
 		"sqlite": func(b *testing.B) store.Store {
@@ -235,7 +222,7 @@ func BenchmarkCacheReplay(b *testing.B) {
 			return s
 		},
 	}
-	if url := os.Getenv("IDEM_TEST_POSTGRES_URL"); url != "" {
+	if url := os.Getenv(testenv.PostgresEnv); url != "" {
 		backings["postgres"] = func(b *testing.B) store.Store { return openPostgresBench(b, url) }
 	}
 	for name, open := range backings {

@@ -2,14 +2,13 @@ package mysql
 
 import (
 	"context"
-	"crypto/rand"
-	"database/sql"
 	"encoding/hex"
 	"net"
-	"os"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idem-go/idem/internal/testenv"
 
 	mysqldrv "github.com/go-sql-driver/mysql"
 
@@ -22,44 +21,14 @@ const dsnEnv = "IDEM_TEST_MYSQL_DSN"
 // baseConfig returns the parsed test DSN or skips the test.
 func baseConfig(tb testing.TB) *mysqldrv.Config {
 	tb.Helper()
-	dsn := os.Getenv(dsnEnv)
-	if dsn == "" {
-		tb.Skipf("%s is not set (e.g. %s='root@tcp(127.0.0.1:3306)/test'): skipping MySQL/MariaDB store tests", dsnEnv, dsnEnv)
-	}
-	cfg, err := mysqldrv.ParseDSN(dsn)
-	if err != nil {
-		tb.Fatalf("%s: %v", dsnEnv, err)
-	}
-	return cfg
+	return testenv.MySQLConfig(tb)
 }
 
-// newDatabase creates an empty database idem_test_<random>, drops it when
-// the test ends, and returns the config of a connection to it.
+// newDatabase creates an empty database for one test, dropped when it
+// ends, and returns the config of a connection to it.
 func newDatabase(tb testing.TB) *mysqldrv.Config {
 	tb.Helper()
-	cfg := baseConfig(tb)
-	admin, err := sql.Open("mysql", cfg.FormatDSN())
-	if err != nil {
-		tb.Fatal(err)
-	}
-	b := make([]byte, 8)
-	_, _ = rand.Read(b)
-	name := "idem_test_" + hex.EncodeToString(b)
-	// name is generated hex: safe to splice into DDL, which takes no
-	// placeholders.
-	if _, err := admin.Exec("CREATE DATABASE `" + name + "`"); err != nil {
-		admin.Close()
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		if _, err := admin.Exec("DROP DATABASE IF EXISTS `" + name + "`"); err != nil {
-			tb.Errorf("drop %s: %v", name, err)
-		}
-		admin.Close()
-	})
-	cfg = cfg.Clone()
-	cfg.DBName = name
-	return cfg
+	return testenv.MySQLDatabase(tb)
 }
 
 // testMaxConns caps each test store's pool: the suite races 64 goroutines

@@ -2,19 +2,18 @@ package postgres_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idem-go/idem/internal/testenv"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -34,43 +33,13 @@ func TestMain(m *testing.M) {
 // testURL returns the server URL or skips the test.
 func testURL(tb testing.TB) string {
 	tb.Helper()
-	u := os.Getenv(urlEnv)
-	if u == "" {
-		tb.Skipf("%s is not set; set it to e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable to run the PostgreSQL store tests", urlEnv)
-	}
-	return u
+	return testenv.PostgresURL(tb)
 }
 
 // newSchema creates an empty schema for one test and drops it afterwards.
 func newSchema(tb testing.TB) string {
 	tb.Helper()
-	u := testURL(tb)
-	var b [6]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		tb.Fatal(err)
-	}
-	schema := "idem_test_" + hex.EncodeToString(b[:])
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, u)
-	if err != nil {
-		tb.Fatalf("connect: %v", err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
-		tb.Fatalf("create schema: %v", err)
-	}
-	tb.Cleanup(func() {
-		conn, err := pgx.Connect(ctx, u)
-		if err != nil {
-			tb.Errorf("connect: %v", err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-			tb.Errorf("drop schema: %v", err)
-		}
-	})
-	return schema
+	return testenv.PostgresSchema(tb, testURL(tb))
 }
 
 // withSearchPath returns the test URL with search_path set to schema, so
