@@ -57,6 +57,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, p
 		backoff     = fs.Duration("outbox-backoff", time.Second, "delay after a failed charge attempt, times the attempt number")
 		logLevel    = fs.String("log-level", "info", "debug, info, warn or error")
 		logJSON     = fs.Bool("log-json", false, "log JSON instead of text")
+		onlyProv    = fs.Bool("provider-only", false, "run only the fake provider (on --provider-listen), e.g. to crash the service without losing the provider's charges")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -101,6 +102,23 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, p
 			*provURL = "http://" + providerAt
 		}
 		log.Info("fake card provider listening", "addr", providerAt)
+	}
+	if *onlyProv {
+		if provider == nil {
+			return errors.New("--provider-only needs --provider-listen")
+		}
+		if ready != nil {
+			ready("", providerAt)
+		}
+		var serveErr error
+		select {
+		case <-ctx.Done():
+		case serveErr = <-provErr:
+		}
+		provider.Close()
+		stopCtx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+		defer cancel()
+		return errors.Join(serveErr, provSrv.Shutdown(stopCtx))
 	}
 	if *provURL == "" {
 		return errors.New("--provider-url is required with --provider-listen empty")

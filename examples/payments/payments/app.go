@@ -448,6 +448,10 @@ func (a *app[TTx]) insertRefund(ctx context.Context, tx TTx, account string, in 
 // the refund's provider key and the execution's fence, and the local write
 // of the answer. The refund is read back from the database because the
 // phase that created it may have run in a process that died since.
+//
+// The call runs inside the phase's transaction, as RunPhases has it. On
+// SQLite that transaction holds the database's only writer for as long as
+// the provider takes (other writes wait), which ProviderTimeout bounds.
 func (a *app[TTx]) refundAtProvider(ctx context.Context, tx TTx, key string, fence int64) error {
 	f, err := scanRefund(a.db.queryRow(ctx, tx, qRefundByKey, key))
 	if err != nil {
