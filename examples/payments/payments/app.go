@@ -307,7 +307,7 @@ func (a *app[TTx]) deliverCharge(ctx context.Context, msg outbox.Message) (strin
 	return ch.ID, nil
 }
 
-// refundRequest is the body of POST /v1/refunds.
+// refundBody is the body of POST /v1/refunds.
 type refundBody struct {
 	Payment string `json:"payment"`
 	Amount  int64  `json:"amount"`

@@ -471,3 +471,35 @@ func TestRefundLimits(t *testing.T) {
 		}
 	})
 }
+
+// The resolver answers what the handler answered, byte for byte: a retry
+// gets the same 201 whether the request finished or was reconciled, even
+// after the payment moved on (charged, refunded).
+func TestResolverAnswersLikeTheHandler(t *testing.T) {
+	forEachDB(t, func(t *testing.T, dsn string) {
+		e := newEnv(t, dsn, nil)
+		pay := e.post("/v1/payments", "acct_1", "k-same", `{"amount":800,"currency":"eur","customer":"cus_1"}`)
+		expect(t, pay, http.StatusCreated, "")
+		p := e.charged("acct_1", decode[Payment](t, pay).ID)
+		ref := e.post("/v1/refunds", "acct_1", "r-same", `{"payment":"`+p.ID+`","amount":300}`)
+		expect(t, ref, http.StatusCreated, "")
+
+		for _, c := range []struct {
+			route, key string
+			want       *httptest.ResponseRecorder
+		}{{routePayments, "k-same", pay}, {routeRefunds, "r-same", ref}} {
+			res, err := e.svc.core.resolve(t.Context(), e.record("acct_1", c.route, c.key))
+			if err != nil || res.Outcome != idem.Happened {
+				t.Fatalf("%s: %+v %v", c.route, res, err)
+			}
+			if res.Response.Status != c.want.Code || string(res.Response.Body) != c.want.Body.String() {
+				t.Fatalf("%s: resolver answers %d %s; the handler answered %d %s", c.route,
+					res.Response.Status, res.Response.Body, c.want.Code, c.want.Body)
+			}
+		}
+		// Finishing a finished refund changes nothing.
+		if got := e.payment("acct_1", p.ID); got.AmountRefunded != 300 {
+			t.Fatalf("payment %+v; want 300 refunded once", got)
+		}
+	})
+}

@@ -109,6 +109,7 @@ type core interface {
 	stop(ctx context.Context) error
 	close() error
 	maintainer() *idem.Maintainer
+	resolve(ctx context.Context, rec store.Record) (idem.Resolution, error)
 	store() store.Store
 	refundCount(ctx context.Context, paymentID string) (int, error)
 }
