@@ -39,6 +39,9 @@ var commands = []command{
 	{"sweep", "move in-progress records whose lease expired to unknown, once", runSweep},
 	{"reap", "delete expired records and close abandoned ones, once", runReap},
 	{"reconcile", "list and settle records whose outcome is unknown (list, resolve, run)", runReconcile},
+	{"check", "run the idempotency checklist against any HTTP API (exit 1 on a failed check)", runCheck},
+	{"bench", "load an API with duplicate keys; latency of executions, replays and 409s", runBench},
+	{"demo", "show idem at work: a fake API, the proxy in front, a scripted tour", runDemo},
 }
 
 func lookup(name string) (command, bool) {
@@ -87,7 +90,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 func usage(w io.Writer) {
-	fmt.Fprint(w, `idem puts idempotency keys in front of HTTP APIs.
+	fmt.Fprint(w, `idem puts idempotency keys in front of HTTP APIs. New here? Run: idem demo
 
 Usage:
   idem <command> [flags] [arguments]

@@ -1,0 +1,414 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+)
+
+// benchConfig is what idem bench sends.
+type benchConfig struct {
+	URL         string
+	Method      string
+	Body        []byte
+	Header      http.Header
+	Keys        int
+	Dups        int
+	Concurrency int
+	// Duration, when positive, keeps sending rounds of Keys x Dups
+	// requests, each round under new keys, until it has passed.
+	Duration time.Duration
+	// ReplayOnly completes one key first and sends every request under it.
+	ReplayOnly bool
+	Timeout    time.Duration
+}
+
+// benchClass is what an answer was, as the client sees it.
+type benchClass int
+
+const (
+	classExecuted benchClass = iota // neither a replay nor a 409
+	classReplayed                   // Idempotent-Replayed: true
+	classConflict                   // 409: the first was in flight (or its outcome unknown)
+	numClasses
+)
+
+// classNames are padded alike: the report's table aligns right.
+var classNames = [numClasses]string{"first executions", "replays         ", "409 in progress "}
+
+// benchStats is one worker's tally; workers merge theirs at the end.
+type benchStats struct {
+	latency    [numClasses][]time.Duration
+	status     map[int]int
+	errors     int
+	errSamples []string
+	// executions counts, per key, the answers that were neither replays
+	// nor 409s nor 5xx (a 5xx releases the key, and a retry runs again).
+	executions map[string]int
+}
+
+func newBenchStats() *benchStats {
+	return &benchStats{status: map[int]int{}, executions: map[string]int{}}
+}
+
+func (s *benchStats) merge(o *benchStats) {
+	for c := range o.latency {
+		s.latency[c] = append(s.latency[c], o.latency[c]...)
+	}
+	for k, v := range o.status {
+		s.status[k] += v
+	}
+	s.errors += o.errors
+	for _, e := range o.errSamples {
+		if len(s.errSamples) < 3 && !slices.Contains(s.errSamples, e) {
+			s.errSamples = append(s.errSamples, e)
+		}
+	}
+	for k, v := range o.executions {
+		s.executions[k] += v
+	}
+}
+
+// benchWork hands out the keys to send, one per request.
+type benchWork struct {
+	mu       sync.Mutex
+	jobs     []string
+	next     int
+	round    int
+	deadline time.Time // zero: one round only
+	ctx      context.Context
+	newRound func(round int) []string
+}
+
+// take returns the key of the next request, or false when the run is over.
+func (w *benchWork) take() (string, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ctx.Err() != nil {
+		return "", false
+	}
+	if w.next == len(w.jobs) {
+		if w.deadline.IsZero() || time.Now().After(w.deadline) {
+			return "", false
+		}
+		w.round++
+		w.jobs, w.next = w.newRound(w.round), 0
+	}
+	if !w.deadline.IsZero() && time.Now().After(w.deadline) {
+		return "", false
+	}
+	k := w.jobs[w.next]
+	w.next++
+	return k, true
+}
+
+// newLoadTransport is a transport for many concurrent requests to one
+// host: Go's default keeps 2 idle connections per host, so a load tool
+// would measure its own dialing. Like any net/http client, it may resend
+// a request carrying Idempotency-Key once when a reused connection fails
+// before the answer: that is a client retry, which the API must absorb.
+func newLoadTransport(concurrency int) *http.Transport {
+	return &http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
+		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:          0, // no limit across hosts
+		MaxIdleConnsPerHost:   max(concurrency, 2),
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ExpectContinueTimeout: time.Second,
+		ForceAttemptHTTP2:     true,
+	}
+}
+
+// bench runs the load and prints its report.
+func bench(ctx context.Context, cfg benchConfig, out io.Writer) error {
+	tr := newLoadTransport(cfg.Concurrency)
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr, Timeout: cfg.Timeout,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	// Requests in flight finish when ctx ends (an interrupted run still
+	// reports what it did); ctx only stops new ones.
+	reqCtx := context.WithoutCancel(ctx)
+
+	prefix := newKey()[len("idem-check-"):]
+	newRound := func(round int) []string {
+		jobs := make([]string, 0, cfg.Keys*cfg.Dups)
+		for i := range cfg.Keys {
+			for range cfg.Dups {
+				jobs = append(jobs, fmt.Sprintf("idem-bench-%s-%d-%d", prefix, round, i))
+			}
+		}
+		rand.Shuffle(len(jobs), func(i, j int) { jobs[i], jobs[j] = jobs[j], jobs[i] })
+		return jobs
+	}
+	mode := fmt.Sprintf("%d keys x %d duplicates, shuffled", cfg.Keys, cfg.Dups)
+	if cfg.ReplayOnly {
+		key := "idem-bench-" + prefix + "-replay"
+		first, err := benchWarmup(reqCtx, c, cfg, key)
+		if err != nil {
+			return err
+		}
+		newRound = func(int) []string { return slices.Repeat([]string{key}, cfg.Keys*cfg.Dups) }
+		mode = fmt.Sprintf("replay only: one completed key (first answer %d), %d requests a round", first, cfg.Keys*cfg.Dups)
+	}
+	work := &benchWork{ctx: ctx, newRound: newRound, jobs: newRound(0)}
+	if cfg.Duration > 0 {
+		work.deadline = time.Now().Add(cfg.Duration)
+		mode += fmt.Sprintf(", new keys every round for %s", cfg.Duration)
+	}
+	fmt.Fprintf(out, "idem bench: %s %s\n  %s, concurrency %d\n\n", cfg.Method, cfg.URL, mode, cfg.Concurrency)
+
+	parts := make([]*benchStats, cfg.Concurrency)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range parts {
+		s := newBenchStats()
+		parts[i] = s
+		wg.Go(func() {
+			for {
+				key, ok := work.take()
+				if !ok {
+					return
+				}
+				benchOne(reqCtx, c, cfg, key, s)
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	total := newBenchStats()
+	for _, s := range parts {
+		total.merge(s)
+	}
+	return benchReport(out, cfg, total, elapsed)
+}
+
+// benchWarmup completes the key of a replay-only run.
+func benchWarmup(ctx context.Context, c *http.Client, cfg benchConfig, key string) (int, error) {
+	deadline := time.Now().Add(cfg.Timeout)
+	for {
+		status, _, err := benchRequest(ctx, c, cfg, key)
+		switch {
+		case err != nil:
+			return 0, fmt.Errorf("bench: the first request failed: %w", err)
+		case status == http.StatusConflict && time.Now().Before(deadline):
+			if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
+				return 0, err
+			}
+			continue
+		case status >= 400:
+			return 0, fmt.Errorf("bench: the first request under the replayed key got %d: give a --method, --body and --header the API accepts", status)
+		}
+		return status, nil
+	}
+}
+
+func benchRequest(ctx context.Context, c *http.Client, cfg benchConfig, key string) (status int, replayed bool, err error) {
+	var body io.Reader
+	if cfg.Body != nil {
+		body = bytes.NewReader(cfg.Body)
+	}
+	req, err := http.NewRequestWithContext(ctx, cfg.Method, cfg.URL, body)
+	if err != nil {
+		return 0, false, err
+	}
+	for k, v := range cfg.Header {
+		req.Header[k] = v
+	}
+	req.Header["Idempotency-Key"] = []string{quoted(key)}
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, false, err
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		return 0, false, err
+	}
+	return resp.StatusCode, answer{header: resp.Header}.replayed(), nil
+}
+
+func benchOne(ctx context.Context, c *http.Client, cfg benchConfig, key string, s *benchStats) {
+	t0 := time.Now()
+	status, replayed, err := benchRequest(ctx, c, cfg, key)
+	took := time.Since(t0)
+	if err != nil {
+		s.errors++
+		if len(s.errSamples) < 3 {
+			s.errSamples = append(s.errSamples, err.Error())
+		}
+		return
+	}
+	s.status[status]++
+	class := classExecuted
+	switch {
+	case status == http.StatusConflict:
+		class = classConflict
+	case replayed:
+		class = classReplayed
+	case status < 500:
+		s.executions[key]++
+	}
+	s.latency[class] = append(s.latency[class], took)
+}
+
+// percentile returns the nearest-rank percentile p (0..1] of sorted d.
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(p*float64(len(sorted)))) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+func fmtLatency(d time.Duration) string {
+	switch {
+	case d >= time.Second:
+		return d.Round(time.Millisecond).String()
+	case d >= time.Millisecond:
+		return d.Round(10 * time.Microsecond).String()
+	}
+	return d.Round(time.Microsecond).String()
+}
+
+func benchReport(out io.Writer, cfg benchConfig, s *benchStats, elapsed time.Duration) error {
+	answered := 0
+	for _, n := range s.status {
+		answered += n
+	}
+	sent := answered + s.errors
+	fmt.Fprintf(out, "%d requests in %s: %.1f requests/s, %d errors\n\n",
+		sent, elapsed.Round(time.Millisecond), float64(sent)/elapsed.Seconds(), s.errors)
+
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "                \tcount\tp50\tp90\tp99\tmax\t")
+	for c := range numClasses {
+		d := s.latency[c]
+		slices.Sort(d)
+		if len(d) == 0 {
+			fmt.Fprintf(tw, "%s\t0\t-\t-\t-\t-\t\n", classNames[c])
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t\n", classNames[c], len(d),
+			fmtLatency(percentile(d, .50)), fmtLatency(percentile(d, .90)),
+			fmtLatency(percentile(d, .99)), fmtLatency(d[len(d)-1]))
+	}
+	tw.Flush()
+
+	fmt.Fprint(out, "\nstatuses:")
+	codes := make([]int, 0, len(s.status))
+	for code := range s.status {
+		codes = append(codes, code)
+	}
+	slices.Sort(codes)
+	for _, code := range codes {
+		fmt.Fprintf(out, "  %d x %d", code, s.status[code])
+	}
+	fmt.Fprintln(out)
+	if s.errors > 0 {
+		fmt.Fprintf(out, "errors: %d, e.g. %s\n", s.errors, strings.Join(s.errSamples, "; "))
+	}
+
+	var keys, twice, executions int
+	for _, n := range s.executions {
+		keys++
+		executions += n
+		if n > 1 {
+			twice++
+		}
+	}
+	switch {
+	case twice > 0:
+		fmt.Fprintf(out, "DUPLICATES: %d keys were answered as new executions more than once (%d executions for %d keys)\n", twice, executions, keys)
+	case cfg.ReplayOnly:
+		fmt.Fprintf(out, "no request ran again: %d new executions under the completed key\n", executions)
+	default:
+		fmt.Fprintf(out, "no key ran twice: %d executions for %d keys\n", executions, keys)
+	}
+
+	var errs []error
+	if s.errors > 0 {
+		errs = append(errs, fmt.Errorf("%d requests failed", s.errors))
+	}
+	if twice > 0 || cfg.ReplayOnly && executions > 0 {
+		errs = append(errs, errors.New("duplicates of a key ran more than once"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	return nil
+}
+
+const benchSynopsis = `--url URL [flags]
+
+Sends --keys keys x --dups duplicates of a request (shuffled, so the
+duplicates of a key meet at random) from --concurrency clients and prints
+the request rate, latency percentiles of first executions, replays and 409s
+apart, the statuses and the errors. --duration repeats rounds under new keys
+until it has passed. --replay-only completes one key first and sends every
+request under it. The exit status is 1 when requests failed or a key was
+answered as a new execution twice.
+`
+
+// runBench is `idem bench`.
+func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("bench", benchSynopsis, stderr)
+	var cfg benchConfig
+	fs.StringVar(&cfg.URL, "url", "", "`URL` to send the requests to (required)")
+	fs.StringVar(&cfg.Method, "method", http.MethodPost, "request `method`")
+	body := fs.String("body", defaultBody, "request body: `TEXT`, or @FILE")
+	var hdr requestHeaders
+	fs.Var(&hdr, "header", "request header `'Name: value'` (repeatable)")
+	fs.IntVar(&cfg.Keys, "keys", 1000, "distinct keys a round")
+	fs.IntVar(&cfg.Dups, "dups", 2, "requests per key (1: no duplicates)")
+	fs.IntVar(&cfg.Concurrency, "concurrency", 32, "requests in flight")
+	fs.DurationVar(&cfg.Duration, "duration", 0, "run rounds under new keys for this long; 0: one round")
+	fs.BoolVar(&cfg.ReplayOnly, "replay-only", false, "complete one key, then send every request under it")
+	fs.DurationVar(&cfg.Timeout, "timeout", 30*time.Second, "bound on each request")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) == 1 && cfg.URL == "" {
+		cfg.URL = pos[0]
+	} else if len(pos) > 0 {
+		return usageErr(fs, "unexpected argument %q", pos[0])
+	}
+	if cfg.URL == "" {
+		return usageErr(fs, "--url is required")
+	}
+	if err := targetURL(cfg.URL); err != nil {
+		return usageErr(fs, "--url %v", err)
+	}
+	for name, v := range map[string]int{"keys": cfg.Keys, "dups": cfg.Dups, "concurrency": cfg.Concurrency} {
+		if err := positive(fs, name, v); err != nil {
+			return err
+		}
+	}
+	if cfg.Duration < 0 || cfg.Timeout <= 0 {
+		return usageErr(fs, "--duration must not be negative and --timeout must be positive")
+	}
+	cfg.Method = strings.ToUpper(cfg.Method)
+	if cfg.Body, err = bodyArg(*body); err != nil {
+		return fmt.Errorf("--body: %w", err)
+	}
+	cfg.Header = hdr.h
+	if cfg.Header == nil {
+		cfg.Header = http.Header{}
+	}
+	if cfg.Header.Get("Content-Type") == "" && len(cfg.Body) > 0 && json.Valid(cfg.Body) {
+		cfg.Header.Set("Content-Type", "application/json")
+	}
+	return bench(ctx, cfg, stdout)
+}

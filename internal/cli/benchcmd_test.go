@@ -1,0 +1,103 @@
+package cli
+
+import (
+	"errors"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// benchRow returns the count column of a class row of the bench report.
+func benchRow(t *testing.T, out, class string) string {
+	t.Helper()
+	m := regexp.MustCompile(`(?m)^\s*` + regexp.QuoteMeta(class) + `\s+(\d+)`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no %q row in:\n%s", class, out)
+	}
+	return m[1]
+}
+
+func TestBenchThroughTheProxy(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, delayed(&chargeAPI{}, 5*time.Millisecond))
+	_, base := startProxy(t, ProxyConfig{Upstream: up.URL, Store: "memory:"})
+
+	t.Run("duplicates", func(t *testing.T) {
+		t.Parallel()
+		out, _, err := run("bench", "--url", base+"/v1/charges", "--keys", "20", "--dups", "3", "--concurrency", "8")
+		t.Log("\n" + out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(out, "60 requests in ") || !strings.Contains(out, "no key ran twice: 20 executions for 20 keys") {
+			t.Errorf("report")
+		}
+		if n := benchRow(t, out, "first executions"); n != "20" {
+			t.Errorf("%s first executions, want 20", n)
+		}
+		for _, want := range []string{"requests/s", "p50", "p99", "max", "409 in progress", "statuses:  201 x "} {
+			if !strings.Contains(out, want) {
+				t.Errorf("report lacks %q", want)
+			}
+		}
+	})
+	t.Run("replay only", func(t *testing.T) {
+		t.Parallel()
+		out, _, err := run("bench", "--url", base+"/v1/charges", "--keys", "10", "--dups", "5", "--concurrency", "4", "--replay-only")
+		t.Log("\n" + out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := benchRow(t, out, "replays"); n != "50" {
+			t.Errorf("%s replays, want 50", n)
+		}
+		if !strings.Contains(out, "no request ran again: 0 new executions") {
+			t.Errorf("report")
+		}
+	})
+	t.Run("duration", func(t *testing.T) {
+		t.Parallel()
+		out, _, err := run("bench", "--url", base+"/v1/charges", "--keys", "5", "--dups", "2", "--concurrency", "4",
+			"--duration", "200ms", "--header", "Authorization: Bearer bench")
+		t.Log("\n" + out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(out, "new keys every round for 200ms") || !strings.Contains(out, "no key ran twice") {
+			t.Errorf("report")
+		}
+	})
+}
+
+func TestBenchReportsDuplicateExecutions(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, &chargeAPI{}) // no idempotency at all
+	out, _, err := run("bench", "--url", up.URL, "--keys", "5", "--dups", "3", "--concurrency", "3")
+	t.Log("\n" + out)
+	if err == nil || !strings.Contains(err.Error(), "ran more than once") {
+		t.Fatalf("bench of a plain API: %v", err)
+	}
+	if !strings.Contains(out, "DUPLICATES: 5 keys were answered as new executions more than once (15 executions for 5 keys)") {
+		t.Errorf("report")
+	}
+	if _, _, err := run("bench", "--url", "http://127.0.0.1:1/", "--keys", "2", "--dups", "1", "--timeout", "2s"); err == nil ||
+		!strings.Contains(err.Error(), "2 requests failed") {
+		t.Errorf("bench of a closed port: %v", err)
+	}
+}
+
+func TestBenchUsage(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"bench"},
+		{"bench", "--url", "ftp://x"},
+		{"bench", "--url", "http://x", "--keys", "0"},
+		{"bench", "--url", "http://x", "--duration", "-1s"},
+		{"bench", "--url", "http://x", "extra"},
+	} {
+		if _, _, err := run(args...); !errors.Is(err, ErrUsage) {
+			t.Errorf("%q: %v, want ErrUsage", args, err)
+		}
+	}
+}
