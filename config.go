@@ -196,6 +196,10 @@ func (c Config) withDefaults() (settings, error) {
 
 func defaultRoute(r *http.Request) string {
 	if r.Pattern != "" {
+		// "POST /v1/charges" names the method too; the scope already has it.
+		if p, ok := strings.CutPrefix(r.Pattern, r.Method+" "); ok {
+			return strings.TrimLeft(p, " ")
+		}
 		return r.Pattern
 	}
 	return r.URL.Path

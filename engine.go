@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -83,6 +84,23 @@ type Request struct {
 // length-prefixed so that no two triples share a scope.
 func (r *Request) Scope() string {
 	return strconv.Itoa(len(r.Tenant)) + ":" + r.Tenant + r.Method + " " + r.Route
+}
+
+// ParseScope splits a record scope built by Request.Scope into its tenant,
+// method and route, for resolvers and operators that need to know which
+// operation a record belongs to.
+func ParseScope(scope string) (tenant, method, route string, ok bool) {
+	n, rest, found := strings.Cut(scope, ":")
+	size, err := strconv.Atoi(n)
+	if !found || err != nil || size < 0 || size > len(rest) {
+		return "", "", "", false
+	}
+	tenant, rest = rest[:size], rest[size:]
+	method, route, found = strings.Cut(rest, " ")
+	if !found || method == "" {
+		return "", "", "", false
+	}
+	return tenant, method, route, true
 }
 
 // Fingerprint hashes a request's content as the engine does: method, route
@@ -467,7 +485,15 @@ var errFinished = errors.New("idem: execution already finished")
 // handler did.
 func (x *Execution) end(ctx context.Context, op storeOp, what string, f func(context.Context) error) error {
 	err := x.e.callIn(&x.endCtx, ctx, op, true, f)
-	if err != nil {
+	switch {
+	case errors.Is(err, store.ErrLeaseLost):
+		// Not a failure of the store: the record moved on without us
+		// (completed by the handler's transaction, taken over after a
+		// stall, swept, or deleted by an operator).
+		x.e.obs.finishFailed(ctx, op)
+		x.e.log.Warn("idem: outcome not recorded: this execution no longer holds the record",
+			"scope", x.scope, "key", x.key, "fence", x.fence, "outcome", what)
+	case err != nil:
 		x.e.obs.finishFailed(ctx, op)
 		x.e.log.Error("idem: could not record the outcome; the key stays in progress until its lease expires",
 			"scope", x.scope, "key", x.key, "fence", x.fence, "outcome", what, "err", err)

@@ -804,3 +804,20 @@ func TestSelectedFields(t *testing.T) {
 		t.Fatal("the order of Fields changed the fingerprint")
 	}
 }
+
+func TestSelectedFieldsOnAMislabelledBody(t *testing.T) {
+	t.Parallel()
+	// A JSON document sent as a form (curl -d without a Content-Type) has
+	// none of the selected fields: two different ones must not share a
+	// fingerprint.
+	f := newFixture(t, idem.Config{Fields: []string{"amount", "currency"}}, nil)
+	form := func(body string) call {
+		c := post(uuid, body)
+		c.header.Set("Content-Type", "application/x-www-form-urlencoded")
+		return c
+	}
+	if w := f.do(form(`{"amount":1000}`)); w.Code != 201 {
+		t.Fatal(w.Code)
+	}
+	wantProblem(t, f.do(form(`{"amount":2000}`)), 422, "key-reused")
+}

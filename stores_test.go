@@ -2,14 +2,18 @@ package idem_test
 
 import (
 	"context"
+	"database/sql"
 	"os"
 	"path/filepath"
 	"testing"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/testenv"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/memory"
+	"github.com/idem-go/idem/store/mysql"
 	"github.com/idem-go/idem/store/postgres"
 	"github.com/idem-go/idem/store/sqlite"
 )
@@ -56,3 +60,10 @@ func realStores(t *testing.T) []namedStore {
 func freshSchema(t *testing.T, url string) string {
 	return testenv.PostgresSchema(t, url)
 }
+
+// Every SQL store can run atomic phases.
+var (
+	_ idem.PhaseStore[pgx.Tx]  = (*postgres.Store)(nil)
+	_ idem.PhaseStore[*sql.Tx] = (*sqlite.Store)(nil)
+	_ idem.PhaseStore[*sql.Tx] = (*mysql.Store)(nil)
+)

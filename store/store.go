@@ -417,6 +417,9 @@ func (p *ResolveParams) Validate() error {
 // caller's transaction T (pgx.Tx, *sql.Tx), so the business write, the key's
 // completion and any outbox rows commit together or not at all.
 type TxStore[T any] interface {
+	// InTx runs fn in a new transaction of the store's database and commits
+	// it when fn returns nil (rolls back otherwise).
+	InTx(ctx context.Context, fn func(tx T) error) error
 	ReserveTx(ctx context.Context, tx T, p ReserveParams) (ReserveResult, error)
 	CompleteTx(ctx context.Context, tx T, p CompleteParams) error
 	CheckpointTx(ctx context.Context, tx T, p CheckpointParams) error

@@ -64,7 +64,10 @@
 // The whole body must still be valid. Only selected values are subject to the
 // number guard. A JSON body that is not an object is fingerprinted whole. A
 // form body is fingerprinted by the values of the named keys (a missing key
-// has no values, which differs from one empty value). Raw bodies ignore
+// has no values, which differs from one empty value). A JSON object or form
+// with none of the selected members is fingerprinted whole, like a body of
+// any other shape, so that requests the route did not expect (a JSON
+// document labelled as a form) never share a fingerprint. Raw bodies ignore
 // fields.
 package fingerprint
 

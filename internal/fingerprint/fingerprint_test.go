@@ -375,8 +375,14 @@ func TestFieldsJSON(t *testing.T) {
 	if sum(`{"\u00e9":1}`, "é") == sum(`{}`, "é") {
 		t.Error("escaped member name not matched")
 	}
-	if sum(`{"\ufffd":1}`, "\xff") != sum(`{}`, "\xff") {
+	// No member matches a field name that is not UTF-8: the body has no
+	// selected member and is fingerprinted whole.
+	if sum(`{"\ufffd":1}`, "\xff") != sum(`{"\ufffd":1}`) {
 		t.Error("a field name that is not UTF-8 matched a member")
+	}
+	// Bodies with none of the selected members do not all look alike.
+	if sum(`{"x":1}`, "a") == sum(`{"x":2}`, "a") {
+		t.Error("bodies without any selected member share a fingerprint")
 	}
 	// Selection of a non-object document fingerprints the whole of it.
 	if sum(`[1]`, "a") != sum(`[1]`) {

@@ -67,7 +67,10 @@ func (s *state) json(method, route string, body []byte, fields []string) error {
 		return err
 	}
 	kind := kindJSON
-	selecting := len(fields) > 0 && s.nodes[0].kind == nObject
+	// Selecting needs an object with at least one selected member; anything
+	// else is fingerprinted whole, so that bodies of another shape never
+	// all look alike.
+	selecting := len(fields) > 0 && s.nodes[0].kind == nObject && s.anyMember(fields)
 	if selecting {
 		kind = kindJSONFields
 	}
@@ -477,6 +480,28 @@ func (s *state) emitObject(i int32, emit bool) error {
 		s.writeByte('}')
 	}
 	return nil
+}
+
+// anyMember reports whether the object at node 0 has one of fields as a
+// member name.
+func (s *state) anyMember(fields []string) bool {
+	base, err := s.sortMembers(0)
+	defer func() { s.stack = s.stack[:base] }()
+	if err != nil {
+		return true // emitFields reports the error
+	}
+	members := s.stack[base:]
+	for _, f := range fields {
+		if !utf8.ValidString(f) {
+			continue
+		}
+		if _, found := slices.BinarySearchFunc(members, f, func(k int32, f string) int {
+			return compareUTF16(s.nameRunes(k), stringRunes(f))
+		}); found {
+			return true
+		}
+	}
+	return false
 }
 
 // emitFields writes the selected top-level members of the object at node 0:

@@ -239,7 +239,10 @@ func (e *env) newPayment(account string, amount int) Payment {
 // record returns the idempotency record of a request.
 func (e *env) record(account, route, key string) store.Record {
 	e.t.Helper()
-	scope := (&idem.Request{Tenant: account, Method: http.MethodPost, Route: route}).Scope()
+	// route is a mux pattern, "POST /v1/refunds": the engine scopes by the
+	// method and the path.
+	path := strings.TrimPrefix(route, http.MethodPost+" ")
+	scope := (&idem.Request{Tenant: account, Method: http.MethodPost, Route: path}).Scope()
 	rec, err := e.svc.core.store().Get(context.Background(), scope, key)
 	if err != nil {
 		e.t.Fatalf("record %s %s: %v", route, key, err)

@@ -3,7 +3,6 @@ package payments
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/outbox"
@@ -15,11 +14,11 @@ import (
 // under the provider key derived from the record (outbox.KeyFor of its
 // scope and key), locally and at the provider.
 func (a *app[TTx]) resolve(ctx context.Context, rec store.Record) (idem.Resolution, error) {
-	// A scope ends with the method and the route pattern (idem.Request.Scope).
-	switch {
-	case strings.HasSuffix(rec.Scope, " "+routePayments):
+	_, method, route, _ := idem.ParseScope(rec.Scope)
+	switch method + " " + route {
+	case routePayments:
 		return a.resolvePayment(ctx, rec)
-	case strings.HasSuffix(rec.Scope, " "+routeRefunds):
+	case routeRefunds:
 		return a.resolveRefund(ctx, rec)
 	}
 	return idem.Resolution{}, fmt.Errorf("no resolver for the route of scope %q", rec.Scope)
