@@ -821,3 +821,20 @@ func TestSelectedFieldsOnAMislabelledBody(t *testing.T) {
 	}
 	wantProblem(t, f.do(form(`{"amount":2000}`)), 422, "key-reused")
 }
+
+func TestScopeFromMethodPattern(t *testing.T) {
+	t.Parallel()
+	s := memory.New(memory.Config{})
+	e, _ := idem.New(s, idem.Config{Logger: slog.New(slog.DiscardHandler)})
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/orders/{id}", e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(201)
+	})))
+	r := httptest.NewRequest("POST", "/v1/orders/42", strings.NewReader(`{}`))
+	r.Header.Set("Idempotency-Key", "k1")
+	mux.ServeHTTP(httptest.NewRecorder(), r)
+	// The pattern, not the path, scopes the key; its method is not repeated.
+	if _, err := s.Get(context.Background(), "0:POST /v1/orders/{id}", "k1"); err != nil {
+		t.Fatalf("record under the pattern's scope: %v", err)
+	}
+}
