@@ -25,7 +25,16 @@ type Phase[T any] struct {
 	// Name becomes the record's recovery point when the phase commits.
 	// Names must be distinct.
 	Name string
-	// Run does the phase's work in tx.
+	// Foreign, when set, performs the phase's foreign side effect before
+	// its transaction begins, so a slow provider does not hold a database
+	// transaction (on SQLite, the only writer) open. Capture its result in
+	// a variable that Run records. A crash after Foreign but before the
+	// commit re-runs the whole phase on resume, exactly as a crash inside
+	// the transaction would: send the idempotency key (and the fence) to
+	// the provider so that the second call does nothing new.
+	Foreign func(ctx context.Context) error
+	// Run does the phase's local work in tx; the recovery point commits
+	// with it.
 	Run func(ctx context.Context, tx T) error
 }
 
@@ -52,9 +61,16 @@ func RunPhases[T any](ctx context.Context, x *Execution, db PhaseStore[T], phase
 		}
 	}
 	for _, p := range phases[start:] {
+		if p.Foreign != nil {
+			if err := p.Foreign(ctx); err != nil {
+				return fmt.Errorf("idem: phase %s: %w", p.Name, err)
+			}
+		}
 		err := db.InTx(ctx, func(tx T) error {
-			if err := p.Run(ctx, tx); err != nil {
-				return err
+			if p.Run != nil {
+				if err := p.Run(ctx, tx); err != nil {
+					return err
+				}
 			}
 			return db.CheckpointTx(ctx, tx, x.CheckpointParams(p.Name))
 		})
