@@ -36,6 +36,11 @@ const (
 	// DidNotHappen: the operation certainly had no effect; the key is
 	// released and the next retry runs it.
 	DidNotHappen
+	// RunAgain: the operation may have had part of its effect, but running
+	// it again is safe (its foreign calls carry the key, and its committed
+	// phases are kept): the key is released like DidNotHappen, and the next
+	// retry of a request of atomic phases resumes after its recovery point.
+	RunAgain
 )
 
 // Resolution is a Resolver's answer.
@@ -346,7 +351,7 @@ func (m *Maintainer) settle(ctx context.Context, scope, key string, res Resoluti
 		resp := *res.Response
 		resp.Header = replayableHeader(resp.Header) // as the middleware stores them
 		p.To, p.Response, p.TTL = store.StateCompleted, &resp, m.e.cfg.TTL
-	case DidNotHappen:
+	case DidNotHappen, RunAgain:
 	default:
 		return errors.New("idem: a settlement must say whether the request happened")
 	}

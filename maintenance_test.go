@@ -210,6 +210,8 @@ func TestReconciler(t *testing.T) {
 						Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"ch_paid"}`)}}, nil
 				case "lost":
 					return idem.Resolution{Outcome: idem.DidNotHappen}, nil
+				case "partial":
+					return idem.Resolution{Outcome: idem.RunAgain}, nil
 				case "broken":
 					return idem.Resolution{}, errors.New("provider returned 500")
 				}
@@ -217,7 +219,7 @@ func TestReconciler(t *testing.T) {
 			})
 			m := newMaint(t, ns, idem.MaintenanceConfig{Resolver: resolver, ReconcileBackoff: time.Minute,
 				ReconcileMaxBackoff: 4 * time.Minute, MaxReconcileAttempts: 3}, idem.Config{})
-			for _, k := range []string{"paid", "lost", "pending", "broken"} {
+			for _, k := range []string{"paid", "lost", "partial", "pending", "broken"} {
 				m.send(k, true)
 			}
 			m.clock.Advance(time.Minute)
@@ -225,15 +227,17 @@ func TestReconciler(t *testing.T) {
 				t.Fatal(err)
 			}
 			res, err := m.m.ReconcileOnce(context.Background())
-			if err != nil || res.Resolved != 2 || res.Deferred != 2 {
+			if err != nil || res.Resolved != 3 || res.Deferred != 2 {
 				t.Fatalf("reconcile: %+v %v", res, err)
 			}
 			// Resolved: the retry replays the provider's answer, or runs again.
 			if w := m.send("paid", false); w.Code != 201 || w.Body.String() != `{"id":"ch_paid"}` {
 				t.Fatalf("retry of a resolved key: %d %s", w.Code, w.Body)
 			}
-			if w := m.send("lost", false); w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "" {
-				t.Fatalf("retry of a key that did not happen: %d", w.Code)
+			for _, k := range []string{"lost", "partial"} {
+				if w := m.send(k, false); w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "" {
+					t.Fatalf("retry of %s after it was released: %d", k, w.Code)
+				}
 			}
 			// Not due again until the backoff passed.
 			if res, _ := m.m.ReconcileOnce(context.Background()); res.Deferred != 0 {

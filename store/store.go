@@ -167,7 +167,9 @@ const (
 	// the caller holds the lease.
 	Created
 	// Reclaimed: a failed_retryable record with the same fingerprint was
-	// taken back to in_progress with a new fence.
+	// taken back to in_progress with a new fence. It keeps its
+	// RecoveryPoint and LeasePolicy, so a request of atomic phases that
+	// failed part way resumes after its last committed phase.
 	Reclaimed
 	// TakenOver: an in_progress record whose lease expired, under policy
 	// retry or resume, was taken over with a new fence. RecoveryPoint is

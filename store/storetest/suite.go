@@ -371,6 +371,9 @@ func testFencing(t *testing.T, h Harness) {
 func testReleaseReclaim(t *testing.T, h Harness) {
 	e := newEnv(t, h)
 	r := e.create("s", "k", "fp", store.LeaseUnknown)
+	if err := e.s.Checkpoint(e.ctx, store.CheckpointParams{FenceParams: fenceOf(r), RecoveryPoint: "charged"}); err != nil {
+		t.Fatal(err)
+	}
 	if err := e.s.Release(e.ctx, store.ReleaseParams{FenceParams: fenceOf(r), Error: "upstream refused"}); err != nil {
 		t.Fatal(err)
 	}
@@ -385,8 +388,9 @@ func testReleaseReclaim(t *testing.T, h Harness) {
 	}
 	wantTime(t, "LockedUntil after reclaim", res.Record.LockedUntil, e.clock.Now().Add(lease))
 	wantTime(t, "ExpiresAt after reclaim", res.Record.ExpiresAt, e.clock.Now().Add(ttl))
-	if res.Record.LastError != "" {
-		t.Fatalf("LastError after reclaim: %q, want empty", res.Record.LastError)
+	if res.Record.LastError != "" || res.Record.RecoveryPoint != "charged" || res.Record.LeasePolicy != store.LeaseUnknown {
+		t.Fatalf("after reclaim: LastError %q, RecoveryPoint %q, LeasePolicy %q; want empty, kept, kept",
+			res.Record.LastError, res.Record.RecoveryPoint, res.Record.LeasePolicy)
 	}
 	wantTime(t, "CreatedAt after reclaim", res.Record.CreatedAt, r.CreatedAt)
 	e.complete(res.Record, sampleResponse())
