@@ -116,6 +116,13 @@ type Config struct {
 	// River client on the same tables cleans them with its own setting.
 	// Defaults to 7 days.
 	DeadLetterRetention time.Duration
+	// OnDead, when set, is called after a message's last allowed attempt
+	// failed, so the application can settle what waited on it (mark a
+	// payment failed, page an operator). It runs in the worker with the
+	// attempt's context; its error is logged. A delivery that crashed its
+	// process on the last attempt is discarded by River without this call;
+	// DeadLetters lists both.
+	OnDead func(ctx context.Context, msg Message, lastErr error) error
 	// Logger receives delivery events and River's logs. Defaults to
 	// slog.Default().
 	Logger *slog.Logger

@@ -218,6 +218,14 @@ func testPoisonMessagesAreDeadLettered[TTx any](t *testing.T, db database[TTx]) 
 	cfg.Deliverers["explode"] = outbox.DelivererFunc(func(context.Context, outbox.Message) (string, error) {
 		panic("boom")
 	})
+	var deadMu sync.Mutex
+	deadKeys := map[string]bool{}
+	cfg.OnDead = func(_ context.Context, m outbox.Message, lastErr error) error {
+		deadMu.Lock()
+		defer deadMu.Unlock()
+		deadKeys[m.Key] = lastErr != nil
+		return nil
+	}
 	ob := db.newOutbox(t, cfg)
 	start(t, ob)
 
@@ -234,6 +242,11 @@ func testPoisonMessagesAreDeadLettered[TTx any](t *testing.T, db database[TTx]) 
 	if dead.Attempts != 3 || !strings.Contains(dead.LastError, "422") {
 		t.Errorf("dead delivery = %+v; want 3 attempts and the provider's 422", dead)
 	}
+	deadMu.Lock()
+	if len(deadKeys) != 2 || !deadKeys[poison.Key] || !deadKeys[panics.Key] {
+		t.Errorf("OnDead saw %v; want the refused and the panicking message, each with its error", deadKeys)
+	}
+	deadMu.Unlock()
 
 	letters, err := ob.DeadLetters(ctx, 10)
 	if err != nil {

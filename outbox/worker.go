@@ -118,6 +118,11 @@ func (o *Outbox[TTx]) failed(ctx context.Context, log *slog.Logger, job *river.J
 	if job.Attempt >= job.MaxAttempts {
 		o.obs.add(ctx, o.obs.dead, msg.Kind)
 		log.ErrorContext(ctx, "outbox: dead-lettered after its last attempt", "max_attempts", job.MaxAttempts, "err", err)
+		if o.cfg.OnDead != nil {
+			if herr := o.cfg.OnDead(ctx, msg, err); herr != nil {
+				log.ErrorContext(ctx, "outbox: OnDead failed", "err", herr)
+			}
+		}
 	} else {
 		o.obs.add(ctx, o.obs.retried, msg.Kind)
 		log.WarnContext(ctx, "outbox: delivery failed; will retry", "max_attempts", job.MaxAttempts, "err", err)
