@@ -233,9 +233,16 @@ type variant struct {
 // the same time. ns/op is the wall time per request of the leaf's own
 // slices (1/throughput with 16 in flight); ops/s is the same figure as a
 // rate, pair-ops/s the companion's, and ratio the non-ceiling variant's
-// throughput over the ceiling's measured within that leaf.
+// throughput over the ceiling's measured within that leaf. cpu-us/op is
+// the CPU time of this process per request and pg-cpu-us/op that of the
+// pool's server backends (read from /proc when the server is local), each
+// with its pair- counterpart: on a machine whose cores the client and the
+// server share, throughput follows their sum.
 //
-// Reproduce (the ratio lines compare the medians of the leaves):
+// Reproduce. benchratio divides the median ns/op of each leaf by the
+// ceiling leaf's (a time ratio, the inverse of a throughput ratio), and
+// those leaves ran one after the other; the ratio metric, taken within
+// one leaf, is the steadier figure on a busy machine.
 //
 //	export IDEM_TEST_POSTGRES_URL='postgres://postgres@127.0.0.1:5432/test?sslmode=disable'
 //	go test -run '^$' -bench BenchmarkEnginePostgres -benchtime 2s -count 5 ./store/postgres/ | tee /tmp/pg.txt
