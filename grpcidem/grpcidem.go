@@ -1,0 +1,413 @@
+// Package grpcidem gives gRPC unary methods the idempotency contract of the
+// idem HTTP middleware: a client attaches an idempotency-key to a call, and
+// every retry of the same call produces its effect once and gets the
+// original answer back, across concurrent duplicates, crashes and many
+// server instances sharing one store.
+//
+// # Using the interceptor
+//
+// Create one idem.Engine over a store and install the interceptor:
+//
+//	engine, _ := idem.New(st, idem.Config{})
+//	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
+//		recovery, // yours: grpcidem re-panics after recording the panic
+//		grpcidem.UnaryServerInterceptor(engine, grpcidem.Config{
+//			Required: []string{"/payments.v1.Payments/Charge"},
+//			Tenant:   func(ctx context.Context) string { return accountFromAuth(ctx) },
+//		}),
+//	))
+//
+// A client sends the key as request metadata:
+//
+//	ctx = metadata.AppendToOutgoingContext(ctx, "idempotency-key", "8e03978e-40d5-43e8-bc93-6894a57f9324")
+//
+// The key follows the rules of the HTTP header: an RFC 8941 sf-string
+// ("\"abc\"") or a bare token of visible ASCII (abc), which are the same key,
+// at most 255 characters, given once.
+//
+// # What a client sees
+//
+//   - The first call with a key runs the handler. Its answer (the response
+//     message, or an error whose code is a final answer) is stored and
+//     replayed to every retry of the same call, with the header metadata
+//     idempotent-replayed: true. Header and trailer metadata the handler set
+//     are not stored.
+//   - A call to a Required method without a key, with a malformed key or with
+//     the key given twice: InvalidArgument. A call to another method without
+//     a key passes through untouched; with a key it is protected too.
+//   - The same key with a different request message: FailedPrecondition
+//     (Config.MismatchCode). The same key sent to another method is another
+//     record (see Scope and fingerprint below).
+//   - The same key while the first call is still running: Aborted with a
+//     RetryInfo (or, with Config.Wait, the call waits for the first one and
+//     gets its answer).
+//   - The same key after an outcome that may or may not have happened (a
+//     panic, an Uncertain call, a server that died): Aborted with a distinct
+//     reason, until reconciliation settles the record.
+//   - The store cannot be reached: Unavailable with a RetryInfo, and the
+//     handler does not run (fail closed).
+//
+// Every refusal of the interceptor's own carries an errdetails.ErrorInfo
+// with Domain ErrorDomain and one of the Reason constants, so a client can
+// tell a reused key (ReasonKeyMismatch) from the handler's own
+// FailedPrecondition.
+//
+// # Scope and fingerprint
+//
+// A record is identified by the tenant (Config.Tenant, from the call's
+// authentication, never from the message), the pseudo-method "GRPC", the
+// full method name and the key. The fingerprint is the request message
+// marshalled deterministically (proto.MarshalOptions{Deterministic: true}):
+// the server re-encodes the message it decoded, so a retry that sends the
+// same fields matches even if the client's encoder ordered them differently.
+//
+// # Which errors are final
+//
+// As in the HTTP response policy, a definite answer is stored and replayed
+// and a transient failure releases the key so that a retry runs again; see
+// DefaultClassify and Config.Classify. A handler whose effect may have
+// happened without its knowing (a downstream call timed out) must call
+// Uncertain: the record then goes to reconciliation whatever it returns.
+//
+// # Panics and cancelled calls
+//
+// A panicking handler leaves its record unknown (it may have been part way
+// through its effects) and the panic goes on up the chain, to a recovery
+// interceptor outside this one or to the process. When the call's context
+// ends (client gone, deadline passed) before the handler returned, a
+// response or a final error the handler still returned is stored; any other
+// error makes the record unknown, because a handler failing while its call
+// is torn down may have been part way through its effects.
+package grpcidem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/header"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+)
+
+// Metadata keys read and written by the interceptor.
+const (
+	// KeyMetadata is the request metadata that carries the idempotency key.
+	KeyMetadata = "idempotency-key"
+	// ReplayedMetadata is set to "true" in the header metadata of a replay.
+	ReplayedMetadata = "idempotent-replayed"
+)
+
+// Method and ContentType are what the interceptor passes to the engine for
+// every gRPC call: Method as the request method of the scope and the
+// fingerprint, ContentType for the fingerprint (the message bytes are
+// hashed raw). Reconciliation tools can recognise gRPC records by Method
+// (see idem.ParseScope).
+const (
+	Method      = "GRPC"
+	ContentType = "application/grpc+proto"
+)
+
+// Outcome is what becomes of a record when its handler returned an error.
+type Outcome int
+
+const (
+	// Keep: the error is the call's final answer; it is stored and replayed
+	// to every retry.
+	Keep Outcome = iota
+	// Release: the call certainly had no effect; the key is released and a
+	// retry runs the handler again.
+	Release
+	// Unknown: the call may have had effects; retries are refused (Aborted)
+	// until reconciliation settles the record.
+	Unknown
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Keep:
+		return "keep"
+	case Release:
+		return "release"
+	case Unknown:
+		return "unknown"
+	}
+	return "invalid"
+}
+
+// DefaultClassify mirrors the HTTP response policy (DESIGN §4: 4xx stored,
+// 5xx and the transient 4xx released) through the usual mapping of gRPC
+// codes to HTTP statuses:
+//
+//   - Keep (definite answers, 4xx): InvalidArgument, NotFound, AlreadyExists,
+//     PermissionDenied, FailedPrecondition, OutOfRange, Unauthenticated.
+//   - Release (transient, 5xx, 429, 499): every other code: Canceled,
+//     Unknown (which includes plain Go errors), DeadlineExceeded,
+//     ResourceExhausted, Aborted, Unimplemented, Internal, Unavailable,
+//     DataLoss.
+//
+// DeadlineExceeded is released like HTTP 504: a handler that returns it
+// because a downstream call timed out after it may have taken effect must
+// call Uncertain, exactly as an HTTP handler answering 504 must.
+func DefaultClassify(err error) Outcome {
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.NotFound, codes.AlreadyExists, codes.PermissionDenied,
+		codes.FailedPrecondition, codes.OutOfRange, codes.Unauthenticated:
+		return Keep
+	}
+	return Release
+}
+
+// Config configures the interceptor. The zero value is valid: every field
+// has a documented default.
+type Config struct {
+	// Required lists the full method names ("/pkg.Service/Method") that
+	// require a key: a call without one is refused with InvalidArgument. A
+	// call to any other method is protected too when it carries a key, and
+	// passes through untouched when it does not. Defaults to none.
+	Required []string
+
+	// Tenant returns the caller's tenant, taken from the call's
+	// authentication (peer certificate, auth metadata checked by an earlier
+	// interceptor), never from the message; keys of two tenants never meet.
+	// Defaults to one shared tenant "".
+	Tenant func(ctx context.Context) string
+
+	// Classify decides what becomes of a record whose handler returned an
+	// error. Defaults to DefaultClassify.
+	Classify func(err error) Outcome
+
+	// MismatchCode answers a key reused with a different request. Defaults
+	// to codes.FailedPrecondition: the key is well formed, but the server's
+	// state (the key's first request) forbids this one, and the client must
+	// not retry it unchanged. (The HTTP middleware's 422 is the same idea.)
+	MismatchCode codes.Code
+
+	// Wait, when positive, makes a duplicate of an in-flight call wait up to
+	// Wait for the original to finish and then replay its answer, instead of
+	// answering Aborted at once. Defaults to 0 (answer at once).
+	Wait time.Duration
+
+	// RetryAfter is the delay advertised in the RetryInfo of Aborted and
+	// Unavailable answers. Defaults to 1s.
+	RetryAfter time.Duration
+
+	// MaxResponseBytes bounds the encoded answer kept for replay. A larger
+	// answer is still delivered, but only the fact that the call completed
+	// is kept: retries get FailedPrecondition with ReasonResponseNotKept
+	// and the handler is never run again. Defaults to 1 MiB.
+	MaxResponseBytes int
+
+	// Logger receives the interceptor's events. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+type interceptor struct {
+	e        *idem.Engine
+	cfg      Config
+	required map[string]bool
+}
+
+// UnaryServerInterceptor returns an interceptor that runs the idempotency
+// protocol of e for unary calls. It panics on an invalid Config, as a
+// programming error.
+//
+// Install it inside the recovery interceptor, if any, and after the
+// interceptors that authenticate the call (Tenant reads what they found).
+func UnaryServerInterceptor(e *idem.Engine, cfg Config) grpc.UnaryServerInterceptor {
+	if e == nil {
+		panic("grpcidem: an engine is required")
+	}
+	switch {
+	case cfg.Wait < 0, cfg.RetryAfter < 0, cfg.MaxResponseBytes < 0:
+		panic("grpcidem: Wait, RetryAfter and MaxResponseBytes must not be negative")
+	case cfg.MismatchCode > codes.Unauthenticated:
+		panic(fmt.Sprintf("grpcidem: MismatchCode %d is not a gRPC code", cfg.MismatchCode))
+	}
+	if cfg.Tenant == nil {
+		cfg.Tenant = func(context.Context) string { return "" }
+	}
+	if cfg.Classify == nil {
+		cfg.Classify = DefaultClassify
+	}
+	if cfg.MismatchCode == codes.OK {
+		cfg.MismatchCode = codes.FailedPrecondition
+	}
+	if cfg.RetryAfter == 0 {
+		cfg.RetryAfter = time.Second
+	}
+	if cfg.MaxResponseBytes == 0 {
+		cfg.MaxResponseBytes = 1 << 20
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	i := &interceptor{e: e, cfg: cfg, required: make(map[string]bool, len(cfg.Required))}
+	for _, m := range cfg.Required {
+		i.required[m] = true
+	}
+	return i.intercept
+}
+
+var deterministic = proto.MarshalOptions{Deterministic: true}
+
+func (i *interceptor) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if idem.FromContext(ctx) != nil {
+		// Already inside a protected call (an in-process chain): the outer
+		// execution answers for it.
+		return handler(ctx, req)
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	key, err := header.Parse(md.Get(KeyMetadata))
+	switch {
+	case errors.Is(err, header.ErrMissing):
+		if !i.required[info.FullMethod] {
+			return handler(ctx, req)
+		}
+		return nil, i.refusal(codes.InvalidArgument, ReasonKeyMissing,
+			"idempotency: this method requires "+KeyMetadata+" metadata", false)
+	case errors.Is(err, header.ErrRepeated):
+		return nil, i.refusal(codes.InvalidArgument, ReasonKeyRepeated,
+			"idempotency: "+KeyMetadata+" metadata must be given once", false)
+	case err != nil:
+		return nil, i.refusal(codes.InvalidArgument, ReasonKeyMalformed, "idempotency: "+err.Error(), false)
+	}
+
+	msg, ok := req.(proto.Message)
+	if !ok {
+		return nil, status.Errorf(codes.Internal, "idempotency: request of %s is a %T, not a protobuf message", info.FullMethod, req)
+	}
+	body, err := deterministic.Marshal(msg)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "idempotency: cannot fingerprint the request: %v", err)
+	}
+	fp, err := i.e.Fingerprint(Method, info.FullMethod, ContentType, body)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "idempotency: cannot fingerprint the request: %v", err)
+	}
+	r := idem.Request{Tenant: i.cfg.Tenant(ctx), Method: Method, Route: info.FullMethod, Key: key, Fingerprint: fp}
+	d, err := i.e.Begin(ctx, r)
+	if err == nil && d.Verdict == idem.InProgress && i.cfg.Wait > 0 {
+		d, err = i.e.Await(ctx, r, i.cfg.Wait)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+		i.cfg.Logger.Error("idem: store failed before the handler ran; refused with Unavailable",
+			"method", info.FullMethod, "key", key, "err", err)
+		return nil, i.refusal(codes.Unavailable, ReasonStoreUnavailable,
+			"idempotency: the idempotency store is unavailable; the call was not executed", true)
+	}
+	switch d.Verdict {
+	case idem.Execute:
+		return i.execute(ctx, req, d.Exec, handler)
+	case idem.Replay:
+		grpc.SetHeader(ctx, metadata.Pairs(ReplayedMetadata, "true"))
+		return Decode(*d.Record.Response)
+	case idem.Mismatch:
+		i.cfg.Logger.Warn("idem: key reused with a different request", "scope", d.Record.Scope, "key", key)
+		return nil, i.refusal(i.cfg.MismatchCode, ReasonKeyMismatch,
+			"idempotency: this key was already used with a different request; use a new key for a new request", false)
+	case idem.OutcomeUnknown:
+		return nil, i.refusal(codes.Aborted, ReasonOutcomeUnknown,
+			"idempotency: the outcome of the first call with this key is unknown and is being reconciled; retry later", true)
+	default: // idem.InProgress
+		return nil, i.refusal(codes.Aborted, ReasonInProgress,
+			"idempotency: a call with this key is in progress; retry later", true)
+	}
+}
+
+// execute runs the handler under x and records what it did.
+func (i *interceptor) execute(ctx context.Context, req any, x *idem.Execution, handler grpc.UnaryHandler) (any, error) {
+	c := &call{}
+	hctx := context.WithValue(idem.NewContext(ctx, x), callKey{}, c)
+	defer func() {
+		if p := recover(); p != nil {
+			x.MarkUnknown(ctx, fmt.Sprintf("handler panicked: %v", p))
+			panic(p)
+		}
+	}()
+	resp, err := handler(hctx, req)
+	i.settle(ctx, x, c, resp, err)
+	return resp, err
+}
+
+// settle records the handler's answer: the response policy of DESIGN §4
+// in gRPC terms. Completion failures are the engine's to log and count; the
+// client gets the answer it earned either way.
+func (i *interceptor) settle(ctx context.Context, x *idem.Execution, c *call, resp any, herr error) {
+	if reason := c.uncertain.Load(); reason != nil {
+		x.MarkUnknown(ctx, *reason)
+		return
+	}
+	outcome := Keep
+	if herr != nil {
+		outcome = i.cfg.Classify(herr)
+		if outcome != Keep && ctx.Err() != nil {
+			x.MarkUnknown(ctx, fmt.Sprintf("the call ended (%v) before the handler returned a result; it returned %s",
+				ctx.Err(), status.Code(herr)))
+			return
+		}
+	}
+	switch outcome {
+	case Release:
+		x.Release(ctx, "status "+status.Code(herr).String())
+		return
+	case Unknown:
+		x.MarkUnknown(ctx, "status "+status.Code(herr).String())
+		return
+	}
+	var msg proto.Message
+	if herr == nil {
+		var ok bool
+		if msg, ok = resp.(proto.Message); !ok || msg == nil {
+			// Nothing that can be replayed, yet the handler ran.
+			x.MarkUnknown(ctx, fmt.Sprintf("the handler's response (%T) cannot be stored", resp))
+			return
+		}
+	}
+	stored, err := Encode(msg, herr)
+	if err != nil {
+		x.MarkUnknown(ctx, "the handler's response cannot be stored: "+err.Error())
+		return
+	}
+	if len(stored.Body) > i.cfg.MaxResponseBytes {
+		stored.Body, stored.BodyOmitted = nil, true
+	}
+	x.Complete(ctx, stored)
+}
+
+type callKey struct{}
+
+// call is the interceptor's state for one execution, reachable by the
+// handler through its context.
+type call struct {
+	uncertain atomic.Pointer[string]
+}
+
+// Uncertain declares that the call's effect may have happened without the
+// handler being able to confirm it (a payment gateway timed out, a commit's
+// outcome was lost): the record goes to unknown for reconciliation, whatever
+// the handler returns, and retries get Aborted until it is settled.
+//
+// Call it with the context the handler received. It also marks the
+// Execution (idem.FromContext(ctx).Uncertain), but calling that method alone
+// is not enough behind this interceptor: the engine keeps the mark for its
+// HTTP middleware and does not expose it, so only this function reaches the
+// interceptor.
+func Uncertain(ctx context.Context, reason string) {
+	if x := idem.FromContext(ctx); x != nil {
+		x.Uncertain(reason)
+	}
+	if c, ok := ctx.Value(callKey{}).(*call); ok {
+		c.uncertain.Store(&reason)
+	}
+}
