@@ -23,6 +23,8 @@ type callCtx struct {
 	err        error
 	timer      *time.Timer
 	stopParent func() bool
+	afters     map[int]func()
+	nextAfter  int
 }
 
 // init prepares a zero callCtx; a callCtx is used for one call only.
@@ -90,6 +92,37 @@ func (c *callCtx) cancel(err error) {
 	if c.err == nil {
 		c.err = err
 		close(c.done)
+		for _, f := range c.afters {
+			go f()
+		}
+		c.afters = nil
+	}
+}
+
+// AfterFunc arranges for f to run in its own goroutine once the context is
+// done, as context.AfterFunc does. Drivers (pgx) register one per query:
+// without this method the context package would start a goroutine per
+// query to watch Done.
+func (c *callCtx) AfterFunc(f func()) (stop func() bool) {
+	c.Done() // arms the deadline and the parent watch
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		go f()
+		return func() bool { return false }
+	}
+	if c.afters == nil {
+		c.afters = map[int]func(){}
+	}
+	id := c.nextAfter
+	c.nextAfter++
+	c.afters[id] = f
+	return func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		_, pending := c.afters[id]
+		delete(c.afters, id)
+		return pending
 	}
 }
 

@@ -96,3 +96,30 @@ func TestCallCtxParentDeadlineIsEarlier(t *testing.T) {
 		t.Fatal("a detached context took the parent's deadline")
 	}
 }
+
+func TestCallCtxAfterFunc(t *testing.T) {
+	c := newTestCallCtx(context.Background(), 20*time.Millisecond, false)
+	ran := make(chan struct{})
+	context.AfterFunc(c, func() { close(ran) })
+	stopped := context.AfterFunc(c, func() { t.Error("a stopped AfterFunc ran") })
+	if !stopped() {
+		t.Fatal("stop of a pending AfterFunc returned false")
+	}
+	select {
+	case <-ran:
+	case <-time.After(5 * time.Second):
+		t.Fatal("AfterFunc did not run at the deadline")
+	}
+	if stopped() {
+		t.Fatal("second stop returned true")
+	}
+	// Registered after the context is done: runs at once.
+	late := make(chan struct{})
+	context.AfterFunc(c, func() { close(late) })
+	select {
+	case <-late:
+	case <-time.After(5 * time.Second):
+		t.Fatal("AfterFunc on a done context did not run")
+	}
+	c.release()
+}
