@@ -21,9 +21,9 @@
 //
 //	ctx = metadata.AppendToOutgoingContext(ctx, "idempotency-key", "8e03978e-40d5-43e8-bc93-6894a57f9324")
 //
-// The key follows the rules of the HTTP header: an RFC 8941 sf-string
-// ("\"abc\"") or a bare token of visible ASCII (abc), which are the same key,
-// at most 255 characters, given once.
+// The key follows the rules of the HTTP header: an RFC 8941 sf-string such
+// as "abc" (quotes included) or a bare token of visible ASCII such as abc,
+// which are the same key; at most 255 characters; given once.
 //
 // # What a client sees
 //
@@ -60,6 +60,9 @@
 // marshalled deterministically (proto.MarshalOptions{Deterministic: true}):
 // the server re-encodes the message it decoded, so a retry that sends the
 // same fields matches even if the client's encoder ordered them differently.
+// Deterministic output is stable within one build of the server; servers
+// built with different protobuf versions could, rarely, take a retry for a
+// different request: a false mismatch, the safe direction.
 //
 // # Which errors are final
 //
@@ -68,6 +71,21 @@
 // DefaultClassify and Config.Classify. A handler whose effect may have
 // happened without its knowing (a downstream call timed out) must call
 // Uncertain: the record then goes to reconciliation whatever it returns.
+//
+// # Transactions
+//
+// A handler on a SQL store can commit its business write and the record's
+// completion in one transaction: encode its answer with Encode, pass
+// idem.FromContext(ctx).CompleteParams(answer) to the store's CompleteTx
+// inside the transaction, commit, call Committed, then return the same
+// answer.
+//
+// # Metadata
+//
+// Header and trailer metadata set by the handler are not stored, and a
+// replay carries only idempotent-replayed: true. Capturing them would mean
+// replacing the call's grpc.ServerTransportStream, which breaks
+// grpc.SetSendCompressor and anything else that expects gRPC's own stream.
 //
 // # Panics and cancelled calls
 //
@@ -311,6 +329,9 @@ func (i *interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 		return i.execute(ctx, req, d.Exec, handler)
 	case idem.Replay:
 		grpc.SetHeader(ctx, metadata.Pairs(ReplayedMetadata, "true"))
+		if d.Record.Response == nil {
+			return nil, status.Error(codes.Internal, "idempotency: the completed record has no answer")
+		}
 		return Decode(*d.Record.Response)
 	case idem.Mismatch:
 		i.cfg.Logger.Warn("idem: key reused with a different request", "scope", d.Record.Scope, "key", key)
@@ -344,6 +365,10 @@ func (i *interceptor) execute(ctx context.Context, req any, x *idem.Execution, h
 // in gRPC terms. Completion failures are the engine's to log and count; the
 // client gets the answer it earned either way.
 func (i *interceptor) settle(ctx context.Context, x *idem.Execution, c *call, resp any, herr error) {
+	if c.committed.Load() {
+		x.Abandon() // the handler's transaction completed the record
+		return
+	}
 	if reason := c.uncertain.Load(); reason != nil {
 		x.MarkUnknown(ctx, *reason)
 		return
@@ -391,6 +416,7 @@ type callKey struct{}
 // handler through its context.
 type call struct {
 	uncertain atomic.Pointer[string]
+	committed atomic.Bool
 }
 
 // Uncertain declares that the call's effect may have happened without the
@@ -409,5 +435,20 @@ func Uncertain(ctx context.Context, reason string) {
 	}
 	if c, ok := ctx.Value(callKey{}).(*call); ok {
 		c.uncertain.Store(&reason)
+	}
+}
+
+// Committed records that the handler completed the record in its own
+// transaction (the store's CompleteTx with
+// idem.FromContext(ctx).CompleteParams of Encode's answer), so the
+// interceptor must not store the answer again. Call it after the commit,
+// with the context the handler received; like Uncertain, it also marks the
+// Execution.
+func Committed(ctx context.Context) {
+	if x := idem.FromContext(ctx); x != nil {
+		x.Committed()
+	}
+	if c, ok := ctx.Value(callKey{}).(*call); ok {
+		c.committed.Store(true)
 	}
 }

@@ -2,6 +2,7 @@ package grpcidem_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -783,4 +784,33 @@ func TestInvalidConfig(t *testing.T) {
 			grpcidem.UnaryServerInterceptor(engine, cfg)
 		})
 	}
+}
+
+func TestCommittedInHandlerTransaction(t *testing.T) {
+	t.Parallel()
+	st := openSQLite(t, filepath.Join(t.TempDir(), "idem.db")).(*sqlite.Store)
+	f := newFixture(t, st, grpcidem.Config{})
+	f.health.check = func(ctx context.Context, _ *hpb.HealthCheckRequest) (*hpb.HealthCheckResponse, error) {
+		resp := &hpb.HealthCheckResponse{Status: hpb.HealthCheckResponse_SERVING}
+		answer, err := grpcidem.Encode(resp, nil)
+		if err != nil {
+			return nil, err
+		}
+		x := idem.FromContext(ctx)
+		err = st.InTx(ctx, func(tx *sql.Tx) error {
+			// ... the business write goes here ...
+			return st.CompleteTx(ctx, tx, x.CompleteParams(answer))
+		})
+		if err != nil {
+			return nil, err
+		}
+		grpcidem.Committed(ctx)
+		return resp, nil
+	}
+	wantOK(t, f.check(ctx, "k", "db"), hpb.HealthCheckResponse_SERVING, false)
+	if n := len(f.store.settled); n != 0 {
+		t.Errorf("the interceptor recorded the answer again (%s)", <-f.store.settled)
+	}
+	wantOK(t, f.check(ctx, "k", "db"), hpb.HealthCheckResponse_SERVING, true)
+	wantCalls(t, f, 1)
 }
