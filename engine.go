@@ -438,6 +438,18 @@ func (x *Execution) CompleteParams(resp store.Response) store.CompleteParams {
 // the response again.
 func (x *Execution) Committed() { x.committed.Store(true) }
 
+// IsCommitted reports whether Committed was called, for integrations
+// (RPC interceptors, queue consumers) that settle executions themselves.
+func (x *Execution) IsCommitted() bool { return x.committed.Load() }
+
+// UncertainReason reports whether Uncertain was called, and its reason.
+func (x *Execution) UncertainReason() (string, bool) {
+	if r := x.uncertain.Load(); r != nil {
+		return *r, true
+	}
+	return "", false
+}
+
 // Complete stores the response for replay.
 func (x *Execution) Complete(ctx context.Context, resp store.Response) error {
 	if !x.finish() {

@@ -173,13 +173,15 @@ func (e *Engine) execute(w http.ResponseWriter, r *http.Request, body []byte, x 
 
 // settle records what the handler did: the response policy of DESIGN §4.
 func (e *Engine) settle(ctx context.Context, x *Execution, rec *recorder) {
-	switch {
-	case x.committed.Load():
+	if x.IsCommitted() {
 		x.Abandon() // the handler's transaction completed the record
 		return
-	case x.uncertain.Load() != nil:
-		x.MarkUnknown(ctx, *x.uncertain.Load())
+	}
+	if reason, ok := x.UncertainReason(); ok {
+		x.MarkUnknown(ctx, reason)
 		return
+	}
+	switch {
 	case !rec.wroteHeader && ctx.Err() != nil:
 		// The client left and the handler gave up without an answer: it
 		// may have been part way through its effects.

@@ -70,15 +70,16 @@
 // and a transient failure releases the key so that a retry runs again; see
 // DefaultClassify and Config.Classify. A handler whose effect may have
 // happened without its knowing (a downstream call timed out) must call
-// Uncertain: the record then goes to reconciliation whatever it returns.
+// idem.FromContext(ctx).Uncertain: the record then goes to reconciliation
+// whatever it returns.
 //
 // # Transactions
 //
 // A handler on a SQL store can commit its business write and the record's
 // completion in one transaction: encode its answer with Encode, pass
 // idem.FromContext(ctx).CompleteParams(answer) to the store's CompleteTx
-// inside the transaction, commit, call Committed, then return the same
-// answer.
+// inside the transaction, commit, call idem.FromContext(ctx).Committed,
+// then return the same answer.
 //
 // # Metadata
 //
@@ -103,7 +104,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync/atomic"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -173,7 +173,8 @@ func (o Outcome) String() string {
 //
 // DeadlineExceeded is released like HTTP 504: a handler that returns it
 // because a downstream call timed out after it may have taken effect must
-// call Uncertain, exactly as an HTTP handler answering 504 must.
+// call idem.FromContext(ctx).Uncertain, exactly as an HTTP handler
+// answering 504 must.
 func DefaultClassify(err error) Outcome {
 	switch status.Code(err) {
 	case codes.InvalidArgument, codes.NotFound, codes.AlreadyExists, codes.PermissionDenied,
@@ -348,8 +349,7 @@ func (i *interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 
 // execute runs the handler under x and records what it did.
 func (i *interceptor) execute(ctx context.Context, req any, x *idem.Execution, handler grpc.UnaryHandler) (any, error) {
-	c := &call{}
-	hctx := context.WithValue(idem.NewContext(ctx, x), callKey{}, c)
+	hctx := idem.NewContext(ctx, x)
 	defer func() {
 		if p := recover(); p != nil {
 			x.MarkUnknown(ctx, fmt.Sprintf("handler panicked: %v", p))
@@ -357,20 +357,20 @@ func (i *interceptor) execute(ctx context.Context, req any, x *idem.Execution, h
 		}
 	}()
 	resp, err := handler(hctx, req)
-	i.settle(ctx, x, c, resp, err)
+	i.settle(ctx, x, resp, err)
 	return resp, err
 }
 
 // settle records the handler's answer: the response policy of DESIGN §4
 // in gRPC terms. Completion failures are the engine's to log and count; the
 // client gets the answer it earned either way.
-func (i *interceptor) settle(ctx context.Context, x *idem.Execution, c *call, resp any, herr error) {
-	if c.committed.Load() {
+func (i *interceptor) settle(ctx context.Context, x *idem.Execution, resp any, herr error) {
+	if x.IsCommitted() {
 		x.Abandon() // the handler's transaction completed the record
 		return
 	}
-	if reason := c.uncertain.Load(); reason != nil {
-		x.MarkUnknown(ctx, *reason)
+	if reason, ok := x.UncertainReason(); ok {
+		x.MarkUnknown(ctx, reason)
 		return
 	}
 	outcome := Keep
@@ -408,47 +408,4 @@ func (i *interceptor) settle(ctx context.Context, x *idem.Execution, c *call, re
 		stored.Body, stored.BodyOmitted = nil, true
 	}
 	x.Complete(ctx, stored)
-}
-
-type callKey struct{}
-
-// call is the interceptor's state for one execution, reachable by the
-// handler through its context.
-type call struct {
-	uncertain atomic.Pointer[string]
-	committed atomic.Bool
-}
-
-// Uncertain declares that the call's effect may have happened without the
-// handler being able to confirm it (a payment gateway timed out, a commit's
-// outcome was lost): the record goes to unknown for reconciliation, whatever
-// the handler returns, and retries get Aborted until it is settled.
-//
-// Call it with the context the handler received. It also marks the
-// Execution (idem.FromContext(ctx).Uncertain), but calling that method alone
-// is not enough behind this interceptor: the engine keeps the mark for its
-// HTTP middleware and does not expose it, so only this function reaches the
-// interceptor.
-func Uncertain(ctx context.Context, reason string) {
-	if x := idem.FromContext(ctx); x != nil {
-		x.Uncertain(reason)
-	}
-	if c, ok := ctx.Value(callKey{}).(*call); ok {
-		c.uncertain.Store(&reason)
-	}
-}
-
-// Committed records that the handler completed the record in its own
-// transaction (the store's CompleteTx with
-// idem.FromContext(ctx).CompleteParams of Encode's answer), so the
-// interceptor must not store the answer again. Call it after the commit,
-// with the context the handler received; like Uncertain, it also marks the
-// Execution.
-func Committed(ctx context.Context) {
-	if x := idem.FromContext(ctx); x != nil {
-		x.Committed()
-	}
-	if c, ok := ctx.Value(callKey{}).(*call); ok {
-		c.committed.Store(true)
-	}
 }

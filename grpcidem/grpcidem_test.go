@@ -648,7 +648,7 @@ func TestUncertain(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, memoryStore(t), grpcidem.Config{})
 	f.health.check = func(ctx context.Context, _ *hpb.HealthCheckRequest) (*hpb.HealthCheckResponse, error) {
-		grpcidem.Uncertain(ctx, "gateway timed out")
+		idem.FromContext(ctx).Uncertain("gateway timed out")
 		return nil, status.Error(codes.Unavailable, "try again")
 	}
 	if code := status.Code(f.check(ctx, "k", "db").err); code != codes.Unavailable {
@@ -804,7 +804,7 @@ func TestCommittedInHandlerTransaction(t *testing.T) {
 		if err != nil {
 			return nil, err
 		}
-		grpcidem.Committed(ctx)
+		idem.FromContext(ctx).Committed()
 		return resp, nil
 	}
 	wantOK(t, f.check(ctx, "k", "db"), hpb.HealthCheckResponse_SERVING, false)
