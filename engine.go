@@ -67,6 +67,14 @@ func (e *Engine) With(modify func(*Config)) (*Engine, error) {
 // Store returns the engine's store.
 func (e *Engine) Store() store.Store { return e.store }
 
+// Config returns the engine's configuration with every default applied,
+// for integrations that answer in other protocols.
+func (e *Engine) Config() Config {
+	c := e.cfg.Config
+	c.KeyRequired = Bool(e.cfg.keyRequired)
+	return c
+}
+
 // Request identifies one idempotent request for Begin.
 type Request struct {
 	// Tenant is the authenticated caller; Method and Route the operation.

@@ -211,20 +211,22 @@ type Config struct {
 
 	// Wait, when positive, makes a duplicate of an in-flight call wait up to
 	// Wait for the original to finish and then replay its answer, instead of
-	// answering Aborted at once. Defaults to 0 (answer at once).
+	// answering Aborted at once. Defaults to the engine's Config.Wait.
 	Wait time.Duration
 
 	// RetryAfter is the delay advertised in the RetryInfo of Aborted and
-	// Unavailable answers. Defaults to 1s.
+	// Unavailable answers. Defaults to the engine's Config.RetryAfter.
 	RetryAfter time.Duration
 
 	// MaxResponseBytes bounds the encoded answer kept for replay. A larger
 	// answer is still delivered, but only the fact that the call completed
 	// is kept: retries get FailedPrecondition with ReasonResponseNotKept
-	// and the handler is never run again. Defaults to 1 MiB.
+	// and the handler is never run again. Defaults to the engine's
+	// Config.MaxResponseBytes.
 	MaxResponseBytes int
 
-	// Logger receives the interceptor's events. Defaults to slog.Default().
+	// Logger receives the interceptor's events. Defaults to the engine's
+	// Config.Logger.
 	Logger *slog.Logger
 }
 
@@ -259,14 +261,18 @@ func UnaryServerInterceptor(e *idem.Engine, cfg Config) grpc.UnaryServerIntercep
 	if cfg.MismatchCode == codes.OK {
 		cfg.MismatchCode = codes.FailedPrecondition
 	}
+	ecfg := e.Config()
+	if cfg.Wait == 0 {
+		cfg.Wait = ecfg.Wait
+	}
 	if cfg.RetryAfter == 0 {
-		cfg.RetryAfter = time.Second
+		cfg.RetryAfter = ecfg.RetryAfter
 	}
 	if cfg.MaxResponseBytes == 0 {
-		cfg.MaxResponseBytes = 1 << 20
+		cfg.MaxResponseBytes = ecfg.MaxResponseBytes
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
+		cfg.Logger = ecfg.Logger
 	}
 	i := &interceptor{e: e, cfg: cfg, required: make(map[string]bool, len(cfg.Required))}
 	for _, m := range cfg.Required {
