@@ -27,9 +27,10 @@ type callCtx struct {
 	nextAfter  int
 }
 
-// init prepares a zero callCtx; a callCtx is used for one call only.
-func (c *callCtx) init(parent context.Context, timeout time.Duration, detached bool) {
-	c.parent, c.deadline, c.detached = parent, time.Now().Add(timeout), detached
+// init prepares a zero callCtx ending at deadline; a callCtx is used for
+// one call only.
+func (c *callCtx) init(parent context.Context, deadline time.Time, detached bool) {
+	c.parent, c.deadline, c.detached = parent, deadline, detached
 }
 
 func (c *callCtx) Deadline() (time.Time, bool) {

@@ -9,7 +9,7 @@ import (
 
 func newTestCallCtx(parent context.Context, timeout time.Duration, detached bool) *callCtx {
 	c := new(callCtx)
-	c.init(parent, timeout, detached)
+	c.init(parent, time.Now().Add(timeout), detached)
 	return c
 }
 

@@ -270,8 +270,8 @@ func (e *Engine) call(ctx context.Context, op storeOp, detached bool, f func(con
 // callIn is call with the caller providing the (zero) callCtx, so that an
 // Execution's final transition needs no allocation of its own.
 func (e *Engine) callIn(cctx *callCtx, ctx context.Context, op storeOp, detached bool, f func(context.Context) error) error {
-	cctx.init(ctx, e.cfg.StoreTimeout, detached)
 	start := time.Now()
+	cctx.init(ctx, start.Add(e.cfg.StoreTimeout), detached)
 	err := f(cctx)
 	cctx.release()
 	e.obs.storeOp(ctx, op, time.Since(start), err)
