@@ -14,6 +14,7 @@ import (
 	"github.com/riverqueue/river/rivermigrate"
 
 	"github.com/idem-go/idem/internal/migrate"
+	"github.com/idem-go/idem/internal/pgmigrate"
 )
 
 //go:embed migrations/postgres/*.sql migrations/sqlite/*.sql
@@ -128,24 +129,8 @@ func (b pgBackend) migrate(ctx context.Context, m *rivermigrate.Migrator[pgx.Tx]
 		return fmt.Errorf("river: %w", err)
 	}
 	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, pgMigrationsTable); err != nil {
-			return err
-		}
-		rows, err := tx.Query(ctx, pgMigrationsApplied)
-		if err != nil {
-			return err
-		}
-		applied, err := migrate.AppliedVersions(rows)
-		rows.Close()
-		if err != nil {
-			return err
-		}
-		return migrate.Apply(own, applied, func(m migrate.Migration) error {
-			_, err := tx.Exec(ctx, m.SQL)
-			return err
-		}, func(m migrate.Migration) error {
-			_, err := tx.Exec(ctx, pgMigrationInsert, m.Version, m.Name)
-			return err
+		return pgmigrate.Apply(ctx, tx, own, pgmigrate.Tables{
+			Create: pgMigrationsTable, Applied: pgMigrationsApplied, Record: pgMigrationInsert,
 		})
 	})
 }

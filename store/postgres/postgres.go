@@ -46,6 +46,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem/internal/migrate"
+	"github.com/idem-go/idem/internal/pgmigrate"
 	"github.com/idem-go/idem/store"
 )
 
@@ -148,24 +149,8 @@ func (s *Store) Migrate(ctx context.Context) error {
 		if _, err := tx.Exec(ctx, sqlMigrateLock); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, sqlMigrateTable); err != nil {
-			return err
-		}
-		rows, err := tx.Query(ctx, sqlMigrateApplied)
-		if err != nil {
-			return err
-		}
-		applied, err := migrate.AppliedVersions(rows)
-		rows.Close()
-		if err != nil {
-			return err
-		}
-		return migrate.Apply(all, applied, func(m migrate.Migration) error {
-			_, err := tx.Exec(ctx, m.SQL)
-			return err
-		}, func(m migrate.Migration) error {
-			_, err := tx.Exec(ctx, sqlMigrateRecord, m.Version, m.Name)
-			return err
+		return pgmigrate.Apply(ctx, tx, all, pgmigrate.Tables{
+			Create: sqlMigrateTable, Applied: sqlMigrateApplied, Record: sqlMigrateRecord,
 		})
 	})
 	if err != nil {
