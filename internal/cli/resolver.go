@@ -10,7 +10,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
 	"time"
 
@@ -108,7 +107,7 @@ func (h *httpResolver) Resolve(ctx context.Context, rec store.Record) (idem.Reso
 		Scope: rec.Scope, Key: rec.Key, Fence: rec.Fence, Fingerprint: rec.Fingerprint,
 		CreatedAt: rec.CreatedAt.UTC(), LastError: rec.LastError,
 	}
-	if tenant, method, route, ok := splitScope(rec.Scope); ok {
+	if tenant, method, route, ok := idem.ParseScope(rec.Scope); ok {
 		q.Tenant, q.Method, q.Route = &tenant, method, route
 	}
 	body, err := json.Marshal(q)
@@ -244,20 +243,4 @@ func validHeaderName(name string) bool {
 		}
 	}
 	return true
-}
-
-// splitScope reads the tenant, method and route out of an engine scope,
-// len(tenant) ":" tenant METHOD " " route.
-func splitScope(scope string) (tenant, method, route string, ok bool) {
-	n, rest, found := strings.Cut(scope, ":")
-	size, err := strconv.Atoi(n)
-	if !found || err != nil || size < 0 || size > len(rest) {
-		return "", "", "", false
-	}
-	tenant, rest = rest[:size], rest[size:]
-	method, route, found = strings.Cut(rest, " ")
-	if !found || method == "" {
-		return "", "", "", false
-	}
-	return tenant, method, route, true
 }

@@ -79,14 +79,14 @@ func TestSplitScope(t *testing.T) {
 		{"a:b c", "POST", "/"},
 	} {
 		req := idem.Request{Tenant: tt.tenant, Method: tt.method, Route: tt.route}
-		tenant, method, route, ok := splitScope(req.Scope())
+		tenant, method, route, ok := idem.ParseScope(req.Scope())
 		if !ok || tenant != tt.tenant || method != tt.method || route != tt.route {
-			t.Errorf("splitScope(%q) = %q %q %q %v", req.Scope(), tenant, method, route, ok)
+			t.Errorf("ParseScope(%q) = %q %q %q %v", req.Scope(), tenant, method, route, ok)
 		}
 	}
 	for _, scope := range []string{"", "x", "9:short", "-1:x POST /", "0:POST"} {
-		if _, _, _, ok := splitScope(scope); ok {
-			t.Errorf("splitScope(%q) succeeded", scope)
+		if _, _, _, ok := idem.ParseScope(scope); ok {
+			t.Errorf("ParseScope(%q) succeeded", scope)
 		}
 	}
 }
