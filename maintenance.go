@@ -77,6 +77,16 @@ type MaintenanceConfig struct {
 	// MaxReconcileAttempts dead-letters a record for an operator after this
 	// many attempts. Defaults to 10.
 	MaxReconcileAttempts int
+	// Services are other background workers started and stopped with the
+	// maintainer, such as an outbox.Outbox, so that one Start and one Stop
+	// run all of an instance's background work.
+	Services []Service
+}
+
+// Service is a background worker with a lifecycle, as outbox.Outbox has.
+type Service interface {
+	Start(ctx context.Context) error
+	Stop(ctx context.Context) error
 }
 
 func (c MaintenanceConfig) withDefaults() MaintenanceConfig {
@@ -121,12 +131,22 @@ func (e *Engine) Maintainer(cfg MaintenanceConfig) *Maintainer {
 	return &Maintainer{e: e, cfg: cfg.withDefaults()}
 }
 
-// Start runs the services in the background until ctx ends or Stop.
-func (m *Maintainer) Start(ctx context.Context) {
+// Start runs the services in the background until ctx ends or Stop. It
+// fails if one of Config.Services fails to start (those already started
+// are stopped again).
+func (m *Maintainer) Start(ctx context.Context) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.cancel != nil {
-		return
+		return nil
+	}
+	for i, s := range m.cfg.Services {
+		if err := s.Start(ctx); err != nil {
+			for _, started := range m.cfg.Services[:i] {
+				started.Stop(context.WithoutCancel(ctx))
+			}
+			return fmt.Errorf("idem: starting a background service: %w", err)
+		}
 	}
 	ctx, m.cancel = context.WithCancel(ctx)
 	m.loop(ctx, "sweep", m.cfg.SweepInterval, func(ctx context.Context) error {
@@ -143,18 +163,26 @@ func (m *Maintainer) Start(ctx context.Context) {
 			return err
 		})
 	}
+	return nil
 }
 
-// Stop ends the services and waits for the running passes.
-func (m *Maintainer) Stop() {
+// Stop ends the services, waits for the running passes, and stops
+// Config.Services (within ctx), returning their errors.
+func (m *Maintainer) Stop(ctx context.Context) error {
 	m.mu.Lock()
 	cancel := m.cancel
 	m.cancel = nil
 	m.mu.Unlock()
-	if cancel != nil {
-		cancel()
-		m.wg.Wait()
+	if cancel == nil {
+		return nil
 	}
+	cancel()
+	m.wg.Wait()
+	var errs []error
+	for _, s := range m.cfg.Services {
+		errs = append(errs, s.Stop(ctx))
+	}
+	return errors.Join(errs...)
 }
 
 func (m *Maintainer) loop(ctx context.Context, name string, every time.Duration, once func(context.Context) error) {

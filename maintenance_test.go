@@ -286,13 +286,38 @@ func TestReconciler(t *testing.T) {
 	}
 }
 
+// service records its lifecycle; failStart makes Start fail.
+type service struct {
+	name      string
+	failStart bool
+	events    *[]string
+}
+
+func (s *service) Start(context.Context) error {
+	*s.events = append(*s.events, "start "+s.name)
+	if s.failStart {
+		return errors.New("cannot start " + s.name)
+	}
+	return nil
+}
+
+func (s *service) Stop(context.Context) error {
+	*s.events = append(*s.events, "stop "+s.name)
+	return nil
+}
+
 func TestMaintainerStartStop(t *testing.T) {
 	t.Parallel()
 	ns := realStores(t)[0]
-	m := newMaint(t, ns, idem.MaintenanceConfig{SweepInterval: time.Millisecond, ReapInterval: time.Millisecond}, idem.Config{})
+	var events []string
+	cfg := idem.MaintenanceConfig{SweepInterval: time.Millisecond, ReapInterval: time.Millisecond,
+		Services: []idem.Service{&service{name: "outbox", events: &events}}}
+	m := newMaint(t, ns, cfg, idem.Config{})
 	m.send("z", true)
 	m.clock.Advance(time.Minute)
-	m.m.Start(context.Background())
+	if err := m.m.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	deadline := time.Now().Add(5 * time.Second)
 	for m.state("z") != store.StateUnknown {
 		if time.Now().After(deadline) {
@@ -300,6 +325,27 @@ func TestMaintainerStartStop(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	m.m.Stop()
-	m.m.Stop() // idempotent
+	if err := m.m.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.m.Stop(context.Background()); err != nil { // idempotent
+		t.Fatal(err)
+	}
+	if strings.Join(events, ",") != "start outbox,stop outbox" {
+		t.Fatalf("service lifecycle %v", events)
+	}
+	// A service that cannot start: the others are stopped again and
+	// nothing runs.
+	events = nil
+	bad := m.engine.Maintainer(idem.MaintenanceConfig{Services: []idem.Service{
+		&service{name: "a", events: &events}, &service{name: "b", failStart: true, events: &events}}})
+	if err := bad.Start(context.Background()); err == nil {
+		t.Fatal("Start succeeded with a failing service")
+	}
+	if strings.Join(events, ",") != "start a,start b,stop a" {
+		t.Fatalf("lifecycle after a failed start %v", events)
+	}
+	if err := bad.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 }

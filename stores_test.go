@@ -9,6 +9,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/testenv"
+	"github.com/idem-go/idem/outbox"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem/store"
@@ -67,3 +68,6 @@ var (
 	_ idem.PhaseStore[*sql.Tx] = (*sqlite.Store)(nil)
 	_ idem.PhaseStore[*sql.Tx] = (*mysql.Store)(nil)
 )
+
+// The outbox runs under a Maintainer.
+var _ idem.Service = (*outbox.Outbox[pgx.Tx])(nil)

@@ -290,7 +290,9 @@ func (p *Proxy) Handler() http.Handler { return p.handler }
 // could record its outcome. It returns nil after a clean shutdown.
 func (p *Proxy) Serve(ctx context.Context) error {
 	if p.maint != nil {
-		p.maint.Start(ctx)
+		if err := p.maint.Start(ctx); err != nil {
+			return err
+		}
 	}
 	errc := make(chan error, 2)
 	running := 1
@@ -330,7 +332,9 @@ func (p *Proxy) Serve(ctx context.Context) error {
 	}
 	p.transport.CloseIdleConnections()
 	if p.maint != nil {
-		p.maint.Stop()
+		if err := p.maint.Stop(sctx); err != nil {
+			errs = append(errs, fmt.Errorf("proxy: background services: %w", err))
+		}
 	}
 	if p.metrics != nil {
 		if err := p.metrics.shutdown(sctx); err != nil {

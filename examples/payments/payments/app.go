@@ -513,14 +513,13 @@ func (a *app[TTx]) start(ctx context.Context) error {
 		return err
 	}
 	if !a.cfg.hooks.manualMaintenance {
-		a.maint.Start(ctx)
+		return a.maint.Start(ctx)
 	}
 	return nil
 }
 
 func (a *app[TTx]) stop(ctx context.Context) error {
-	a.maint.Stop()
-	return a.ob.Stop(ctx)
+	return errors.Join(a.maint.Stop(ctx), a.ob.Stop(ctx))
 }
 
 func (a *app[TTx]) close() error {
