@@ -187,6 +187,12 @@ func (e *Engine) settle(ctx context.Context, x *Execution, rec *recorder) {
 		// may have been part way through its effects.
 		x.MarkUnknown(ctx, "client disconnected before a response was written")
 		return
+	case rec.writeErr != nil:
+		// The handler may have stopped writing when the client went away:
+		// what was captured might be a truncated answer, which must never
+		// be replayed as if it were whole.
+		x.MarkUnknown(ctx, "writing the response failed: "+rec.writeErr.Error())
+		return
 	}
 	status := rec.status
 	if !rec.wroteHeader {
@@ -287,6 +293,9 @@ type recorder struct {
 	body        []byte
 	limit       int
 	omitted     bool
+	// writeErr is the first error writing to the client: the handler may
+	// have stopped early, so the captured body may not be its answer.
+	writeErr error
 }
 
 func (rw *recorder) WriteHeader(code int) {
@@ -318,7 +327,11 @@ func (rw *recorder) Write(b []byte) (int, error) {
 			rw.body = append(rw.body, b...)
 		}
 	}
-	return rw.ResponseWriter.Write(b)
+	n, err := rw.ResponseWriter.Write(b)
+	if err != nil && rw.writeErr == nil {
+		rw.writeErr = err
+	}
+	return n, err
 }
 
 // Flush sends what was written so far; capture continues.

@@ -838,3 +838,46 @@ func TestScopeFromMethodPattern(t *testing.T) {
 		t.Fatalf("record under the pattern's scope: %v", err)
 	}
 }
+
+func TestClientGoneMidResponseIsNotReplayedTruncated(t *testing.T) {
+	t.Parallel()
+	s := memory.New(memory.Config{})
+	e, _ := idem.New(s, idem.Config{Logger: slog.New(slog.DiscardHandler), MaxResponseBytes: 64 << 20})
+	firstChunk := make(chan struct{})
+	done := make(chan struct{})
+	srv := httptest.NewServer(e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer close(done)
+		chunk := bytes.Repeat([]byte("x"), 64<<10)
+		w.Write(chunk)
+		http.NewResponseController(w).Flush()
+		close(firstChunk)
+		// Stream until the write fails because the client went away, as
+		// io.Copy would.
+		for i := 0; i < 1000; i++ {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+		}
+	})))
+	defer srv.Close()
+	req, _ := http.NewRequest("POST", srv.URL+"/export", strings.NewReader(`{}`))
+	req.Header.Set("Idempotency-Key", "export-1")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-firstChunk
+	resp.Body.Close() // the client leaves mid-body
+	<-done
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		rec, err := s.Get(context.Background(), "0:POST /export", "export-1")
+		if err == nil && rec.State == store.StateUnknown {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("record after the client left mid-body: %+v %v, want unknown", rec.State, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
