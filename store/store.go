@@ -335,8 +335,12 @@ type Store interface {
 	// Get returns the record or ErrNotFound.
 	Get(ctx context.Context, scope, key string) (Record, error)
 
-	// Delete removes the record whatever its state (operator cache-bust).
-	// ErrNotFound when there is none.
+	// Delete removes the record (operator cache-bust). ErrNotFound when there
+	// is none; ErrStateConflict, changing nothing, when it is in_progress:
+	// its holder may still be running, and a record created after the
+	// delete would start again at fence 1, the fence the holder still has.
+	// An in-progress record is swept to unknown once its lease expires, and
+	// can be deleted then.
 	Delete(ctx context.Context, scope, key string) error
 
 	// SweepExpiredLeases moves up to p.Limit in_progress records whose lease

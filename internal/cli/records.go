@@ -161,6 +161,10 @@ without it, a cached replay keeps answering until the entry's max_ttl.`, stderr)
 	if errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("no record for key %q in scope %q", key, scope)
 	}
+	if errors.Is(err, store.ErrStateConflict) {
+		return fmt.Errorf("key %q in scope %q is in progress and is not deleted: its request may still be running; "+
+			"once its lease expires the sweeper makes it unknown (idem sweep), and it can be resolved or deleted then", key, scope)
+	}
 	if err != nil {
 		return err
 	}

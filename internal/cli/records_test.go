@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idem-go/idem/internal/storeurl"
 	"github.com/idem-go/idem/store"
@@ -165,3 +166,25 @@ func TestRunUsage(t *testing.T) {
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+func TestDeleteRefusesInProgress(t *testing.T) {
+	t.Parallel()
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
+	s, err := storeurl.Open(context.Background(), dsn, storeurl.Options{Migrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Reserve(context.Background(), store.ReserveParams{Scope: "0:POST /v1/charges", Key: "busy",
+		Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, LeasePolicy: store.LeaseUnknown})
+	s.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := run("delete", "--store", dsn, "--route", "/v1/charges", "busy"); err == nil ||
+		!strings.Contains(err.Error(), "in progress") {
+		t.Fatalf("delete of an in-progress record: %v", err)
+	}
+	if _, _, err := run("inspect", "--store", dsn, "--route", "/v1/charges", "busy"); err != nil {
+		t.Fatalf("the refused delete removed the record: %v", err)
+	}
+}

@@ -78,8 +78,13 @@ func TestOpenWithUnreachableCache(t *testing.T) {
 	// it could not drop.
 	ctx := context.Background()
 	p := store.ReserveParams{Scope: "s", Key: "k", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, LeasePolicy: store.LeaseUnknown}
-	if res, err := s.Reserve(ctx, p); err != nil || res.Outcome != store.Created {
+	res, err := s.Reserve(ctx, p)
+	if err != nil || res.Outcome != store.Created {
 		t.Fatal(res.Outcome, err)
+	}
+	fence := store.FenceParams{Scope: "s", Key: "k", Fence: res.Record.Fence}
+	if err := s.Release(ctx, store.ReleaseParams{FenceParams: fence, Error: "test"}); err != nil {
+		t.Fatal(err)
 	}
 	if err := s.Delete(ctx, "s", "k"); err == nil || !strings.Contains(err.Error(), "could not drop the cache entry") {
 		t.Errorf("Delete with the cache down: %v", err)

@@ -147,6 +147,11 @@ func roundTrip(t *testing.T, s store.Store) {
 	if _, err := s.Get(ctx, "storeurl-test", "k"); err != nil {
 		t.Fatalf("Get: %v", err)
 	}
+	// An in-progress record is not deleted; a released one is.
+	fence := store.FenceParams{Scope: "storeurl-test", Key: "k", Fence: res.Record.Fence}
+	if err := s.Release(ctx, store.ReleaseParams{FenceParams: fence, Error: "test"}); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
 	if err := s.Delete(ctx, "storeurl-test", "k"); err != nil {
 		t.Fatalf("Delete: %v", err)
 	}

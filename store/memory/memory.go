@@ -202,8 +202,11 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := id{scope, key}
-	if s.recs[k] == nil {
+	switch r := s.recs[k]; {
+	case r == nil:
 		return store.ErrNotFound
+	case r.State == store.StateInProgress:
+		return store.ErrStateConflict
 	}
 	delete(s.recs, k)
 	return nil

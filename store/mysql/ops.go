@@ -363,7 +363,11 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 		return wrap("delete", err)
 	}
 	if n == 0 {
-		return store.ErrNotFound
+		// Absent, or in progress: tell which (the operator's path only).
+		if _, err := s.Get(ctx, scope, key); err != nil {
+			return err
+		}
+		return store.ErrStateConflict
 	}
 	return nil
 }

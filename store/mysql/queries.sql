@@ -171,7 +171,7 @@ WHERE scope = :scope AND `key` = :key
 SELECT state FROM idem_records WHERE scope = :scope AND `key` = :key
 
 -- name: delete
-DELETE FROM idem_records WHERE scope = :scope AND `key` = :key
+DELETE FROM idem_records WHERE scope = :scope AND `key` = :key AND state <> 'in_progress'
 
 -- name: sweep_select
 -- SKIP LOCKED (MariaDB >= 10.6, MySQL >= 8.0) lets several sweepers share

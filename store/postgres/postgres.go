@@ -341,7 +341,11 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 		return wrap("delete", err)
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("idem/postgres: delete: %w", store.ErrNotFound)
+		// Absent, or in progress: tell which (the operator's path only).
+		if _, err := s.Get(ctx, scope, key); err != nil {
+			return err
+		}
+		return fmt.Errorf("idem/postgres: delete: %w", store.ErrStateConflict)
 	}
 	return nil
 }

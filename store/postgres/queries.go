@@ -181,7 +181,7 @@ FROM {schema}idem_records
 WHERE scope = $1 AND key = $2`
 
 const sqlDelete = `
-DELETE FROM {schema}idem_records WHERE scope = $1 AND key = $2`
+DELETE FROM {schema}idem_records WHERE scope = $1 AND key = $2 AND state <> 'in_progress'`
 
 // sqlSweep locks a bounded batch with SKIP LOCKED, so concurrent sweepers
 // split the work instead of queueing on each other or moving a row twice.

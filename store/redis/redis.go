@@ -327,8 +327,11 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 	if err != nil {
 		return fmt.Errorf("idem/redis: delete: %w", err)
 	}
-	if n == 0 {
+	switch n {
+	case 0:
 		return fmt.Errorf("idem/redis: delete: %w", store.ErrNotFound)
+	case 2:
+		return fmt.Errorf("idem/redis: delete: %w", store.ErrStateConflict)
 	}
 	return nil
 }

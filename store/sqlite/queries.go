@@ -131,7 +131,7 @@ const qExtend = `UPDATE idem_records SET
 	updated_at = ?5
 WHERE scope = ?1 AND key = ?2 AND state = 'in_progress' AND fence = ?3`
 
-const qDelete = `DELETE FROM idem_records WHERE scope = ?1 AND key = ?2`
+const qDelete = `DELETE FROM idem_records WHERE scope = ?1 AND key = ?2 AND state <> 'in_progress'`
 
 const qState = `SELECT state FROM idem_records WHERE scope = ?1 AND key = ?2`
 

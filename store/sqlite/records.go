@@ -264,7 +264,10 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 	if err == nil {
 		var n int64
 		if n, err = res.RowsAffected(); err == nil && n == 0 {
-			err = store.ErrNotFound
+			// Absent, or in progress: tell which (the operator's path only).
+			if _, err = s.Get(ctx, scope, key); err == nil {
+				err = store.ErrStateConflict
+			}
 		}
 	}
 	if err != nil {

@@ -959,6 +959,11 @@ func testGetDelete(t *testing.T, h Harness) {
 		t.Fatalf("Delete of a missing record: %v", err)
 	}
 	r := e.create("s", "k", "fp", store.LeaseUnknown)
+	// In progress: its holder may be alive, so it is not deleted.
+	if err := e.s.Delete(e.ctx, "s", "k"); !errors.Is(err, store.ErrStateConflict) {
+		t.Fatalf("Delete of an in-progress record: %v, want ErrStateConflict", err)
+	}
+	e.mustUnchanged(r, "a refused Delete")
 	e.complete(r, sampleResponse())
 	if err := e.s.Delete(e.ctx, "s", "k"); err != nil {
 		t.Fatal(err)

@@ -1,9 +1,14 @@
--- delete: removes a record whatever its state, with its index entries.
--- Returns 1 deleted, 0 absent.
+-- delete: removes a record, with its index entries, unless it is in
+-- progress. Returns 1 deleted, 0 absent, 2 in progress (nothing changed).
 local idx = {KEYS[1], KEYS[2], KEYS[3], KEYS[4]}
 local rk = KEYS[5]
-if redis.call('DEL', rk) == 0 then
+local state = redis.call('HGET', rk, 'st')
+if not state then
   return 0
 end
+if state == IN_PROGRESS then
+  return 2
+end
+redis.call('DEL', rk)
 unindex(idx, rk)
 return 1
