@@ -1,0 +1,34 @@
+# Targets match what CI runs (.ci/run). Server-backed tests read
+# IDEM_TEST_POSTGRES_URL, IDEM_TEST_MYSQL_DSN, IDEM_TEST_REDIS_ADDR and
+# IDEM_TEST_REDIS_CLUSTER; without them they skip with a message.
+
+.PHONY: test race vet lint ci bench fuzz
+
+test:
+	go test ./...
+
+race:
+	go test -race ./...
+
+vet:
+	go vet ./...
+
+lint: vet
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
+
+# Starts the local services if they are down, then vet and the race tests.
+ci:
+	./.ci/run
+
+# Ratios against the baseline of the same run; see BENCHMARKS.md.
+bench:
+	go test -run '^$$' -bench BenchmarkMiddleware -benchmem -count 5 . | go run ./internal/tools/benchratio
+
+# A short run of every fuzz target.
+fuzz:
+	go test -run '^$$' -fuzz FuzzParse -fuzztime 20s ./internal/header/
+	go test -run '^$$' -fuzz FuzzQuotedFastPath -fuzztime 20s ./internal/header/
+	go test -run '^$$' -fuzz FuzzSum -fuzztime 20s ./internal/fingerprint/
+	go test -run '^$$' -fuzz FuzzCanonicalJSON -fuzztime 20s ./internal/fingerprint/
+	go test -run '^$$' -fuzz FuzzCanonicalNumber -fuzztime 20s ./internal/fingerprint/
+	go test -run '^$$' -fuzz FuzzForm -fuzztime 20s ./internal/fingerprint/
