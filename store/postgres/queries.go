@@ -210,7 +210,9 @@ RETURNING ` + recordColumnsR
 // The reaper statements each touch at most $1 rows and skip rows another
 // reaper (or a live request) holds. $1 limit, $2 now.
 
-const sqlReapDelete = `
+// reapTerminalBatch locks up to $1 terminal records past expiry, oldest
+// first, for the two terminal reap statements.
+const reapTerminalBatch = `
 WITH clock AS (
 	SELECT coalesce($2::timestamptz, statement_timestamp()) AS now
 ),
@@ -222,24 +224,16 @@ batch AS (
 	LIMIT $1
 	FOR UPDATE OF r SKIP LOCKED
 )
+`
+
+const sqlReapDelete = reapTerminalBatch + `
 DELETE FROM {schema}idem_records AS r
 USING batch
 WHERE r.scope = batch.scope AND r.key = batch.key`
 
 // sqlReapSoft keeps the row as expired for audit but drops the stored
 // response: it will never be replayed again.
-const sqlReapSoft = `
-WITH clock AS (
-	SELECT coalesce($2::timestamptz, statement_timestamp()) AS now
-),
-batch AS (
-	SELECT r.scope, r.key
-	FROM {schema}idem_records r, clock c
-	WHERE r.state IN ('completed', 'failed_retryable') AND r.expires_at <= c.now
-	ORDER BY r.expires_at
-	LIMIT $1
-	FOR UPDATE OF r SKIP LOCKED
-)
+const sqlReapSoft = reapTerminalBatch + `
 UPDATE {schema}idem_records AS r SET
 	state = 'expired',
 	response_status = NULL,
