@@ -446,16 +446,22 @@ func (x *Execution) CompleteParams(resp store.Response) store.CompleteParams {
 // the response again.
 func (x *Execution) Committed() { x.committed.Store(true) }
 
-// IsCommitted reports whether Committed was called, for integrations
-// (RPC interceptors, queue consumers) that settle executions themselves.
-func (x *Execution) IsCommitted() bool { return x.committed.Load() }
-
-// UncertainReason reports whether Uncertain was called, and its reason.
-func (x *Execution) UncertainReason() (string, bool) {
-	if r := x.uncertain.Load(); r != nil {
-		return *r, true
+// FinishDeclared finishes the execution as its handler declared, if it
+// did: after Committed it only stops the heartbeat (the handler's
+// transaction completed the record); after Uncertain it marks the record
+// unknown. It reports whether it finished the execution; integrations
+// (the middleware, RPC interceptors, queue consumers) call it first and
+// apply their response policy only when it returns false.
+func (x *Execution) FinishDeclared(ctx context.Context) bool {
+	if x.committed.Load() {
+		x.Abandon()
+		return true
 	}
-	return "", false
+	if r := x.uncertain.Load(); r != nil {
+		x.MarkUnknown(ctx, *r)
+		return true
+	}
+	return false
 }
 
 // Complete stores the response for replay.

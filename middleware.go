@@ -173,12 +173,7 @@ func (e *Engine) execute(w http.ResponseWriter, r *http.Request, body []byte, x 
 
 // settle records what the handler did: the response policy of DESIGN §4.
 func (e *Engine) settle(ctx context.Context, x *Execution, rec *recorder) {
-	if x.IsCommitted() {
-		x.Abandon() // the handler's transaction completed the record
-		return
-	}
-	if reason, ok := x.UncertainReason(); ok {
-		x.MarkUnknown(ctx, reason)
+	if x.FinishDeclared(ctx) {
 		return
 	}
 	switch {

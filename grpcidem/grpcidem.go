@@ -371,12 +371,7 @@ func (i *interceptor) execute(ctx context.Context, req any, x *idem.Execution, h
 // in gRPC terms. Completion failures are the engine's to log and count; the
 // client gets the answer it earned either way.
 func (i *interceptor) settle(ctx context.Context, x *idem.Execution, resp any, herr error) {
-	if x.IsCommitted() {
-		x.Abandon() // the handler's transaction completed the record
-		return
-	}
-	if reason, ok := x.UncertainReason(); ok {
-		x.MarkUnknown(ctx, reason)
+	if x.FinishDeclared(ctx) {
 		return
 	}
 	outcome := Keep
