@@ -24,8 +24,11 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
+	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // State is the lifecycle state of a record.
@@ -385,7 +388,39 @@ var (
 	// ErrInvalidParams: the parameters break the contract (empty scope or
 	// key, non-positive limit, ...).
 	ErrInvalidParams = errors.New("idem/store: invalid parameters")
+	// ErrTooLong: a scope or key is longer than MaxScopeBytes or
+	// MaxKeyBytes. It matches ErrInvalidParams too.
+	ErrTooLong = fmt.Errorf("%w: too long", ErrInvalidParams)
 )
+
+// Limits every store accepts, whatever its schema, so that one request gets
+// one answer on every store.
+const (
+	// MaxScopeBytes bounds a record's scope.
+	MaxScopeBytes = 1024
+	// MaxKeyBytes bounds a record's key.
+	MaxKeyBytes = 1024
+)
+
+// CheckID checks a record's identity as every store must: scope and key
+// present, within MaxScopeBytes and MaxKeyBytes, valid UTF-8 without NUL
+// (text columns of SQL databases refuse the others, and a store error must
+// never stand for a client's bad bytes).
+func CheckID(scope, key string) error {
+	switch {
+	case scope == "" || key == "":
+		return errors.Join(ErrInvalidParams, errors.New("scope and key are required"))
+	case len(scope) > MaxScopeBytes:
+		return errors.Join(ErrTooLong, fmt.Errorf("scope of %d bytes, the limit is %d", len(scope), MaxScopeBytes))
+	case len(key) > MaxKeyBytes:
+		return errors.Join(ErrTooLong, fmt.Errorf("key of %d bytes, the limit is %d", len(key), MaxKeyBytes))
+	case !utf8.ValidString(scope) || strings.IndexByte(scope, 0) >= 0:
+		return errors.Join(ErrInvalidParams, errors.New("scope is not valid UTF-8 without NUL"))
+	case !utf8.ValidString(key) || strings.IndexByte(key, 0) >= 0:
+		return errors.Join(ErrInvalidParams, errors.New("key is not valid UTF-8 without NUL"))
+	}
+	return nil
+}
 
 // Clock returns the current time. Stores use their own clock (the database
 // server's) when none is given.
@@ -393,9 +428,10 @@ type Clock func() time.Time
 
 // Validate checks the parameters every store must refuse.
 func (p *ReserveParams) Validate() error {
+	if err := CheckID(p.Scope, p.Key); err != nil {
+		return err
+	}
 	switch {
-	case p.Scope == "" || p.Key == "":
-		return errors.Join(ErrInvalidParams, errors.New("scope and key are required"))
 	case p.Fingerprint == "":
 		return errors.Join(ErrInvalidParams, errors.New("fingerprint is required"))
 	case p.Lease <= 0 || p.TTL <= 0:
@@ -408,9 +444,10 @@ func (p *ReserveParams) Validate() error {
 
 // Validate checks a resolution.
 func (p *ResolveParams) Validate() error {
+	if err := CheckID(p.Scope, p.Key); err != nil {
+		return err
+	}
 	switch {
-	case p.Scope == "" || p.Key == "":
-		return errors.Join(ErrInvalidParams, errors.New("scope and key are required"))
 	case p.To == StateCompleted && p.Response == nil:
 		return errors.Join(ErrInvalidParams, errors.New("resolving to completed needs a response"))
 	case p.To != StateCompleted && p.To != StateFailedRetryable:
