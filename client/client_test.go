@@ -725,3 +725,15 @@ func TestInvalidSettings(t *testing.T) {
 		}
 	}
 }
+
+func TestNewKey(t *testing.T) {
+	t.Parallel()
+	seen := map[string]bool{}
+	for range 1000 {
+		k := client.NewKey()
+		if !uuidV4.MatchString(k) || seen[k] {
+			t.Fatalf("NewKey() = %q (seen before: %v)", k, seen[k])
+		}
+		seen[k] = true
+	}
+}
