@@ -91,6 +91,14 @@
 // mismatch is a 422 the client can see, a false match would replay another
 // request's response.
 //
+// Deciding is cheap for almost every number: the digits alone settle a
+// number of more than 17 significant digits (no double needs more) or out
+// of the double range. Subnormal values (below about 2.2e-308) are the
+// exception, as converting them exactly costs some thousand times more than
+// a normal number; past 64 of them in one body the body is hashed raw, the
+// safe direction, so that no body of a given size costs much more to
+// fingerprint than the same size of small integers.
+//
 // JSON text that is not valid UTF-8, and \u escapes that are lone UTF-16
 // surrogates (which many decoders silently turn into U+FFFD, merging distinct
 // inputs), are ErrInvalidJSON.
@@ -261,9 +269,11 @@ type state struct {
 	scratch []byte            // form: decoded keys and values
 	w       sink              // where canonical bytes go; nil means h
 	guarded bool              // JSON: a written number failed the meaning guard
-	src     []byte            // JSON: the document
-	prefix  []byte            // the hash input before the kind: domain, method, route, target
-	target  []byte            // the canonical target
+	// JSON: work done on numbers, bounded per body (see maxSlowNumbers)
+	slowNumbers, parsedNumbers int
+	src                        []byte // JSON: the document
+	prefix                     []byte // the hash input before the kind: domain, method, route, target
+	target                     []byte // the canonical target
 }
 
 // sink receives canonical bytes; tests use it to capture them.

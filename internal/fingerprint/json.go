@@ -99,6 +99,7 @@ func (s *state) parse(src []byte) error {
 	s.src = src
 	s.nodes = s.nodes[:0]
 	s.guarded = false
+	s.slowNumbers, s.parsedNumbers = 0, 0
 	p := parser{src: src, nodes: s.nodes}
 	err := p.value(0)
 	if err == nil {
@@ -727,21 +728,68 @@ func (s *state) decodedName(k int32) string {
 	return string(b)
 }
 
+// Limits that let emitNumber decide most numbers from their decimal digits
+// alone. A number is 0.d1d2...dn × 10^point (see decimal).
+const (
+	// maxShortestDigits: the shortest decimal that round-trips a double
+	// has at most 17 significant digits, so a number with more can never
+	// equal its canonical form.
+	maxShortestDigits = 17
+	// maxPoint: 10^309 exceeds every double.
+	maxPoint = 309
+	// minPoint: a value below 10^-324 is less than half the smallest
+	// subnormal and rounds to zero.
+	minPoint = -323
+	// subnormalPoint: a value below 10^-307 may be subnormal, which
+	// strconv parses with arbitrary-precision decimal arithmetic, some
+	// thousand times slower than a normal double.
+	subnormalPoint = -307
+	// maxSlowNumbers bounds the subnormal candidates parsed per body; past
+	// it the body is hashed raw, which is always safe, so a megabyte of
+	// 5e-324 costs what a megabyte of integers does.
+	maxSlowNumbers = 64
+)
+
 // emitNumber writes the RFC 8785 form of a number, or marks the document
 // guarded when that form would not denote exactly the same decimal value.
 func (s *state) emitNumber(num []byte) {
+	if s.guarded {
+		return // the body is hashed raw: its numbers need no more work
+	}
 	if isCanonicalNumber(num) {
 		s.write(num)
 		return
 	}
-	f, err := strconv.ParseFloat(string(num), 64)
+	d := parseDecimal(num)
+	switch {
+	case d.n == 0:
+		if d.neg {
+			s.guarded = true // -0: a float64 handler tells it from 0
+		} else {
+			s.writeByte('0')
+		}
+		return
+	case d.n > maxShortestDigits || d.point > maxPoint || d.point < minPoint:
+		s.guarded = true
+		return
+	case d.point <= subnormalPoint:
+		if s.slowNumbers++; s.slowNumbers > maxSlowNumbers {
+			s.guarded = true
+			return
+		}
+	}
+	s.parsedNumbers++
+	// At most 17 digits and a short exponent: strconv never sees a long
+	// text, and the conversion needs no allocation.
+	var short [32]byte
+	f, err := strconv.ParseFloat(string(d.appendShort(short[:0])), 64)
 	if err != nil {
-		// Out of double range; the grammar was checked by parse.
+		// Above the largest double; the grammar was checked by parse.
 		s.guarded = true
 		return
 	}
 	canon, err := jcs.NumberToJSON(f)
-	if err != nil || !sameDecimal(string(num), canon) {
+	if err != nil || !equalDecimal(d, parseDecimal(canon)) {
 		s.guarded = true
 		return
 	}
@@ -802,8 +850,11 @@ func isCanonicalNumber(num []byte) bool {
 // decimal value, sign of zero included. It compares normalised digit strings
 // and exponents, so it costs O(len) with no allocation whatever the exponent
 // (1e99999999 never expands).
-func sameDecimal(a, b string) bool {
-	da, db := parseDecimal(a), parseDecimal(b)
+func sameDecimal[A, B string | []byte](a A, b B) bool {
+	return equalDecimal(parseDecimal(a), parseDecimal(b))
+}
+
+func equalDecimal[A, B string | []byte](da decimal[A], db decimal[B]) bool {
 	if da.neg != db.neg || da.n != db.n {
 		return false
 	}
@@ -824,16 +875,16 @@ func sameDecimal(a, b string) bool {
 // decimal is the value 0.d1d2...dn × 10^point, where the digits d are
 // intDigits followed by frac with sigStart leading zeros skipped and n
 // significant digits kept (trailing zeros dropped). n == 0 means zero.
-type decimal struct {
+type decimal[T string | []byte] struct {
 	neg       bool
-	intDigits string
-	frac      string
+	intDigits T
+	frac      T
 	sigStart  int
 	n         int
 	point     int64
 }
 
-func (d *decimal) digit(k int) byte {
+func (d *decimal[T]) digit(k int) byte {
 	k += d.sigStart
 	if k < len(d.intDigits) {
 		return d.intDigits[k]
@@ -841,10 +892,27 @@ func (d *decimal) digit(k int) byte {
 	return d.frac[k-len(d.intDigits)]
 }
 
+// appendShort appends the value as its significant digits and an exponent
+// (123e-5), the shortest text strconv needs; the point is saturated, so it
+// is meant for the normal range.
+func (d *decimal[T]) appendShort(b []byte) []byte {
+	if d.n == 0 {
+		return append(b, '0')
+	}
+	if d.neg {
+		b = append(b, '-')
+	}
+	for k := 0; k < d.n; k++ {
+		b = append(b, d.digit(k))
+	}
+	b = append(b, 'e')
+	return strconv.AppendInt(b, d.point-int64(d.n), 10)
+}
+
 // parseDecimal normalises a number in the JSON grammar (a '+' in the
 // exponent allowed, as jcs.NumberToJSON writes).
-func parseDecimal(s string) decimal {
-	var d decimal
+func parseDecimal[T string | []byte](s T) decimal[T] {
+	var d decimal[T]
 	i := 0
 	if i < len(s) && s[i] == '-' {
 		d.neg = true
