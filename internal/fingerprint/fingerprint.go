@@ -105,17 +105,36 @@
 //
 // # Selected fields
 //
-// With fields, a JSON object body is fingerprinted by those top-level members
-// only, in the order given: for each field its name, then whether it is
-// present, then its canonical value, so a missing member differs from null.
-// The whole body must still be valid. Only selected values are subject to the
-// number guard. A JSON body that is not an object is fingerprinted whole. A
-// form body is fingerprinted by the values of the named keys (a missing key
-// has no values, which differs from one empty value). A JSON object or form
-// with none of the selected members is fingerprinted whole, like a body of
-// any other shape, so that requests the route did not expect (a JSON
-// document labelled as a form) never share a fingerprint. Raw bodies ignore
-// fields.
+// With fields, a JSON object body is fingerprinted by the selected members
+// only, in the order the fields are given. A field is a path of member
+// names separated by '.': payment.amount selects member amount of the
+// object that is member payment of the body. In a name, '~' is written ~0
+// and '.' is written ~1 (a~1b selects the member named "a.b"; a~0b the
+// member "a~b"); a path is compared with member names after their JSON
+// escapes are decoded. A field that is not UTF-8 or has another '~'
+// sequence selects nothing (ValidateFields reports it). Paths never index
+// arrays.
+//
+// For each field the hash input holds its text, then how its path ends:
+//
+//   - found: the canonical value, null included;
+//   - missing: the level (0 for the first name) of the member that is
+//     absent, so {} and {"payment":{}} differ, and both differ from
+//     {"payment":{"amount":null}};
+//   - not an object: the level and the canonical value found where an
+//     object was needed (an array, a string, null ...), whole, so two
+//     bodies that differ there are two requests.
+//
+// The whole body must still be valid, with no name repeated in any object.
+// Only the values written are subject to the number guard. A JSON body that
+// is not an object, or in which no field's path is found, is fingerprinted
+// whole, like a body of any other shape, so that requests the route did not
+// expect never share a fingerprint.
+//
+// A form body is fingerprinted by the values of the named keys: a field is
+// a key compared byte for byte, '.' and '~' included (forms have no nesting).
+// A missing key has no values, which differs from one empty value; a form
+// with none of the keys is fingerprinted whole. Raw bodies ignore fields.
 package fingerprint
 
 import (

@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
 
@@ -70,7 +71,7 @@ func (s *state) json(body []byte, fields []string) error {
 	// Selecting needs an object with at least one selected member; anything
 	// else is fingerprinted whole, so that bodies of another shape never
 	// all look alike.
-	selecting := len(fields) > 0 && s.nodes[0].kind == nObject && s.anyMember(fields)
+	selecting := len(fields) > 0 && s.nodes[0].kind == nObject && s.anyField(fields)
 	if selecting {
 		kind = kindJSONFields
 	}
@@ -483,62 +484,118 @@ func (s *state) emitObject(i int32, emit bool) error {
 	return nil
 }
 
-// anyMember reports whether the object at node 0 has one of fields as a
-// member name.
-func (s *state) anyMember(fields []string) bool {
-	base, err := s.sortMembers(0)
-	defer func() { s.stack = s.stack[:base] }()
-	if err != nil {
-		return true // emitFields reports the error
+// How a field path ends; the byte values are part of the hash input.
+const (
+	pathMissing   byte = 0 // a member on the path is absent
+	pathFound     byte = 1 // the whole path resolves
+	pathNotObject byte = 2 // a value on the path is not an object
+)
+
+// resolve follows a field path from the object at node 0. It returns how the
+// path ends, the level (index of the path segment) where it stopped, and the
+// value node reached: the selected value, or the value that is not an
+// object. A field that is not a valid path matches nothing.
+func (s *state) resolve(field string) (end byte, level int, value int32) {
+	if validateField(field) != nil {
+		return pathMissing, 0, 0
 	}
-	members := s.stack[base:]
-	for _, f := range fields {
-		if !utf8.ValidString(f) {
+	for rest := field; ; level++ {
+		seg, tail, more := strings.Cut(rest, ".")
+		if s.nodes[value].kind != nObject {
+			return pathNotObject, level, value
+		}
+		k, ok := s.member(value, seg)
+		if !ok {
+			return pathMissing, level, 0
+		}
+		value = k + 1
+		if !more {
+			return pathFound, level, value
+		}
+		rest = tail
+	}
+}
+
+// member finds the member of object obj named by the path segment seg (in
+// which ~0 and ~1 stand for '~' and '.'). Objects hold no duplicate names
+// once validated, so the first match is the only one.
+func (s *state) member(obj int32, seg string) (int32, bool) {
+	plain := strings.IndexByte(seg, '~') < 0
+	for k, end := obj+1, s.nodes[obj].next; k < end; k = s.nodes[k+1].next {
+		n := s.nodes[k]
+		if plain && n.flags&fEscaped == 0 {
+			// UTF-8 on both sides, nothing to decode: bytes decide.
+			if string(s.src[n.start:n.end]) == seg {
+				return k, true
+			}
 			continue
 		}
-		if _, found := slices.BinarySearchFunc(members, f, func(k int32, f string) int {
-			return compareUTF16(s.nameRunes(k), stringRunes(f))
-		}); found {
+		if compareUTF16(s.nameRunes(k), segmentRunes(seg)) == 0 {
+			return k, true
+		}
+	}
+	return 0, false
+}
+
+// anyField reports whether one of fields resolves in the object at node 0.
+func (s *state) anyField(fields []string) bool {
+	for _, f := range fields {
+		if end, _, _ := s.resolve(f); end == pathFound {
 			return true
 		}
 	}
 	return false
 }
 
-// emitFields writes the selected top-level members of the object at node 0:
-// for each field its length-prefixed name, then 0 if absent or 1 and the
-// canonical value. Unselected members are still checked for duplicates.
+// emitFields writes the selected members of the object at node 0: for each
+// field its length-prefixed text, then how its path ends: pathFound and the
+// canonical value, pathMissing and the level of the absent member, or
+// pathNotObject, the level and the canonical value found instead of an
+// object. The whole document is still checked for duplicate names.
 func (s *state) emitFields(fields []string) error {
-	base, err := s.sortMembers(0)
-	defer func() { s.stack = s.stack[:base] }()
-	if err != nil {
+	if _, err := s.emitValue(0, false); err != nil {
 		return err
-	}
-	for m := base; m < len(s.stack); m++ {
-		if _, err := s.emitValue(s.stack[m]+1, false); err != nil {
-			return err
-		}
 	}
 	for _, f := range fields {
 		s.writeUvarint(len(f))
 		s.writeString(f)
-		if !utf8.ValidString(f) {
-			// Decoding would turn its bad bytes into U+FFFD and match a
-			// member that is really named so: no member has this name.
-			s.writeByte(0)
-			continue
+		end, level, value := s.resolve(f)
+		s.writeByte(end)
+		if end != pathFound {
+			s.writeUvarint(level)
 		}
-		members := s.stack[base:]
-		at, found := slices.BinarySearchFunc(members, f, func(k int32, f string) int {
-			return compareUTF16(s.nameRunes(k), stringRunes(f))
-		})
-		if !found {
-			s.writeByte(0)
-			continue
+		if end != pathMissing {
+			if _, err := s.emitValue(value, true); err != nil {
+				return err
+			}
 		}
-		s.writeByte(1)
-		if _, err := s.emitValue(members[at]+1, true); err != nil {
+	}
+	return nil
+}
+
+// ValidateFields reports the first field that is not a valid path: a path
+// is UTF-8, its segments separated by '.', with '~' written ~0 and '.' in a
+// member name written ~1. Sum does not fail on an invalid field, which
+// selects nothing; a caller should reject it when it is configured.
+func ValidateFields(fields []string) error {
+	for _, f := range fields {
+		if err := validateField(f); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+func validateField(f string) error {
+	if !utf8.ValidString(f) {
+		return fmt.Errorf("fingerprint: field %q is not UTF-8", f)
+	}
+	for i := 0; i < len(f); i++ {
+		if f[i] == '~' {
+			if i+1 == len(f) || (f[i+1] != '0' && f[i+1] != '1') {
+				return fmt.Errorf("fingerprint: field %q: '~' must be followed by 0 or 1", f)
+			}
+			i++
 		}
 	}
 	return nil
@@ -629,12 +686,12 @@ func unescape(raw []byte, i int) (rune, int) {
 	return rune(raw[i+1]), 2 // '"', '\\', '/'
 }
 
-// runeIter yields the decoded runes of a member name or of a Go string, for
-// comparing names without building them.
+// runeIter yields the decoded runes of a member name or of a field path
+// segment, for comparing names without building them.
 type runeIter struct {
 	raw     []byte
 	str     string
-	escaped bool
+	escaped bool // raw holds JSON escapes; str holds ~0 and ~1
 	i       int
 }
 
@@ -643,12 +700,22 @@ func (s *state) nameRunes(k int32) runeIter {
 	return runeIter{raw: s.src[n.start:n.end], escaped: n.flags&fEscaped != 0}
 }
 
-func stringRunes(v string) runeIter { return runeIter{str: v} }
+func segmentRunes(seg string) runeIter {
+	return runeIter{str: seg, escaped: strings.IndexByte(seg, '~') >= 0}
+}
 
 func (it *runeIter) next() (rune, bool) {
 	if it.raw == nil {
 		if it.i >= len(it.str) {
 			return 0, false
+		}
+		if it.escaped && it.str[it.i] == '~' {
+			// Checked by ValidateFields: ~0 or ~1.
+			it.i += 2
+			if it.str[it.i-1] == '0' {
+				return '~', true
+			}
+			return '.', true
 		}
 		r, size := utf8.DecodeRuneInString(it.str[it.i:])
 		it.i += size
