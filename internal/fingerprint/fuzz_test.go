@@ -176,27 +176,29 @@ func exactRat(s string) (*big.Rat, bool) {
 }
 
 // FuzzSum checks that Sum never panics, returns only its documented errors,
-// and is deterministic, over every kind of body and with fields.
+// and is deterministic, over every kind of body, with fields and targets.
 func FuzzSum(f *testing.F) {
 	for _, s := range jsonSeeds {
-		f.Add(uint8(0), []byte(s), "a")
+		f.Add(uint8(0), []byte(s), "a", "/x?a=1")
 	}
 	for _, s := range []string{"a=1&b=2", "a=%zz", "a;b", "=&=", "a+b=%2B"} {
-		f.Add(uint8(1), []byte(s), "a")
+		f.Add(uint8(1), []byte(s), "a", "/x?"+s)
 	}
+	f.Add(uint8(0), []byte(`{"a":{"b":[1]}}`), "a.b", "/x")
 	types := []string{jsonType, formType, "", "application/problem+json; charset=utf-8", "multipart/form-data"}
-	f.Fuzz(func(t *testing.T, kind uint8, body []byte, field string) {
+	f.Fuzz(func(t *testing.T, kind uint8, body []byte, field, target string) {
 		ct := types[int(kind)%len(types)]
 		h := New(nil)
 		for _, fields := range [][]string{nil, {field}, {field, "a", field}} {
-			sum, err := h.Sum(Input{Method: "POST", Route: "/x", ContentType: ct, Body: body, Fields: fields})
+			in := Input{Method: "POST", Route: "/x", Target: target, ContentType: ct, Body: body, Fields: fields}
+			sum, err := h.Sum(in)
 			if err != nil {
 				if !errors.Is(err, ErrInvalidJSON) && !errors.Is(err, ErrDuplicateKey) && !errors.Is(err, ErrInvalidForm) {
 					t.Fatalf("undocumented error %v", err)
 				}
 				continue
 			}
-			again, err := h.Sum(Input{Method: "POST", Route: "/x", ContentType: ct, Body: body, Fields: fields})
+			again, err := h.Sum(in)
 			if err != nil || again != sum {
 				t.Fatalf("not deterministic: %s then %s, %v", sum, again, err)
 			}
