@@ -2,6 +2,7 @@ package fingerprint
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -742,11 +743,40 @@ func (it *runeIter) next() (rune, bool) {
 // compareNames orders member names by their UTF-16 code units.
 func (s *state) compareNames(a, b int32) int {
 	na, nb := s.nodes[a], s.nodes[b]
-	if (na.flags | nb.flags) == 0 {
-		// Plain ASCII: bytes are code units.
-		return bytes.Compare(s.src[na.start:na.end], s.src[nb.start:nb.end])
+	switch (na.flags | nb.flags) &^ fNonASCII {
+	case 0:
+		if na.flags|nb.flags == 0 {
+			// Plain ASCII: bytes are code units.
+			return bytes.Compare(s.src[na.start:na.end], s.src[nb.start:nb.end])
+		}
+		return compareUTF8AsUTF16(s.src[na.start:na.end], s.src[nb.start:nb.end])
 	}
 	return compareUTF16(s.nameRunes(a), s.nameRunes(b))
+}
+
+// compareUTF8AsUTF16 orders two valid UTF-8 strings by their UTF-16 code
+// units without decoding them. Byte order is code point order; the two
+// differ only where a supplementary character (lead byte F0-F4, first unit
+// a high surrogate) meets one in U+E000-U+FFFF (lead byte EE or EF). The
+// first differing byte is at the same offset in one character of each, so
+// it is either a lead byte in both or a continuation byte after equal leads.
+func compareUTF8AsUTF16(a, b []byte) int {
+	n := min(len(a), len(b))
+	i := 0
+	for i < n && a[i] == b[i] {
+		i++
+	}
+	if i == n {
+		return cmp.Compare(len(a), len(b))
+	}
+	ca, cb := a[i], b[i]
+	switch {
+	case ca >= 0xF0 && (cb == 0xEE || cb == 0xEF):
+		return -1
+	case cb >= 0xF0 && (ca == 0xEE || ca == 0xEF):
+		return 1
+	}
+	return cmp.Compare(ca, cb)
 }
 
 // compareUTF16 compares two rune sequences as RFC 8785 sorts names: by UTF-16
