@@ -48,13 +48,14 @@
 // # Versions
 //
 // The first line names the layout version. A change to anything hashed
-// (what is covered, how it is canonicalised) takes a new version, so old
-// and new fingerprints of one request always differ, never collide by
-// accident. Version 1 covered method, route and body, not the target; a
+// (what is covered, how it is canonicalised) takes a new version, so the
+// old and new fingerprints of one request always differ. Version 1 covered
+// method, route and body, not the target, and read a field as one
+// top-level member name; version 2 adds the target and field paths. A
 // record written under version 1 therefore never matches a version 2
-// fingerprint, and a retry of such a record after an upgrade is answered 422
-// (key reused), never executed a second time. Such records age out with
-// their keys.
+// fingerprint: a retry of such a record after an upgrade is answered 422
+// (key reused), never executed a second time, and such records age out
+// with their keys.
 //
 // # Bodies
 //
@@ -119,8 +120,8 @@
 //
 //   - found: the canonical value, null included;
 //   - missing: the level (0 for the first name) of the member that is
-//     absent, so {} and {"payment":{}} differ, and both differ from
-//     {"payment":{"amount":null}};
+//     absent, so for payment.amount {} and {"payment":{}} differ, and both
+//     differ from {"payment":{"amount":null}};
 //   - not an object: the level and the canonical value found where an
 //     object was needed (an array, a string, null ...), whole, so two
 //     bodies that differ there are two requests.
@@ -210,15 +211,17 @@ type Input struct {
 	// Target is the concrete request target in origin form: the escaped
 	// path, then '?' and the raw query when there is one, as returned by
 	// (*url.URL).RequestURI. Sum canonicalises the query; see the package
-	// comment.
+	// comment. A protocol without one (gRPC) passes what names the call,
+	// the full method name, or nothing, the same way on every retry.
 	Target string
 	// ContentType is the request's Content-Type header; it chooses how the
 	// body is canonicalised.
 	ContentType string
 	// Body is the whole request body.
 	Body []byte
-	// Fields, when non-empty, selects the JSON members (or form keys) to
-	// fingerprint instead of the whole body; see "Selected fields".
+	// Fields, when non-empty, selects the JSON members (by path: a.b) or
+	// the form keys to fingerprint instead of the whole body; see "Selected
+	// fields" and ValidateFields.
 	Fields []string
 }
 

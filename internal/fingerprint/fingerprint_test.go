@@ -39,6 +39,16 @@ func TestSumLayout(t *testing.T) {
 	if got := mustSumInput(t, New(nil), Input{Method: "POST", Route: "/", Target: "/?", ContentType: jsonType, Body: []byte(`{ "b": 2, "a": 1 }`)}); got != hex.EncodeToString(want[:]) {
 		t.Fatalf("json fingerprint %s, want %x", got, want)
 	}
+	// Fields: each field's text, then how its path ends (1 found and the
+	// value, 0 missing and the level, 2 not an object, the level and the
+	// value). An empty target is an empty path.
+	fieldsInput := "idem fingerprint v2\n" + "\x04POST" + "\x01/" + "\x01\x00" + "\x03" +
+		"\x03a.b\x01" + "1" + "\x01x\x00\x00" + "\x05c.d.e\x02\x01" + "[2]"
+	want = sha256.Sum256([]byte(fieldsInput))
+	in = Input{Method: "POST", Route: "/", ContentType: jsonType, Body: []byte(`{"c":[2.0],"a":{"b":1}}`), Fields: []string{"a.b", "x", "c.d.e"}}
+	if got := mustSumInput(t, New(nil), in); got != hex.EncodeToString(want[:]) {
+		t.Fatalf("json fields fingerprint %s, want %x", got, want)
+	}
 }
 
 // TestVersions: a request fingerprinted under layout version 1 (method,
