@@ -16,7 +16,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 )
 
@@ -126,7 +126,7 @@ func TestProxySweepsAndReapsInTheBackground(t *testing.T) {
 		clock := newTestClock()
 		up := newUpstream(t, &chargeAPI{})
 		p, _ := startProxy(t, ProxyConfig{Upstream: up.URL, Store: dsn, StoreClock: clock.now,
-			Maintenance: idem.MaintenanceConfig{SweepInterval: 5 * time.Millisecond, ReapInterval: 5 * time.Millisecond}})
+			Maintenance: maintenance.Config{SweepInterval: 5 * time.Millisecond, ReapInterval: 5 * time.Millisecond}})
 		s := p.Store()
 		ctx := context.Background()
 		// A holder that died (nobody renews its lease), and a completed
@@ -169,7 +169,7 @@ func TestProxyReconcilesThroughTheResolveURL(t *testing.T) {
 		}}
 		resolver := newUpstream(t, api)
 		p, base := startProxy(t, ProxyConfig{Upstream: srv.URL, Store: dsn, ResolveURL: resolver.URL,
-			Maintenance: idem.MaintenanceConfig{ReconcileInterval: 5 * time.Millisecond}})
+			Maintenance: maintenance.Config{ReconcileInterval: 5 * time.Millisecond}})
 		if p.maint == nil || p.cfg.Maintenance.Resolver == nil {
 			t.Fatal("no reconciler")
 		}

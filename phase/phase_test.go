@@ -1,4 +1,4 @@
-package idem_test
+package phase_test
 
 import (
 	"context"
@@ -7,15 +7,37 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/phase"
 	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/mysql"
+	"github.com/idem-go/idem/store/postgres"
 	"github.com/idem-go/idem/store/sqlite"
 	"github.com/idem-go/idem/store/storetest"
+	"github.com/jackc/pgx/v5"
 )
+
+// Every SQL store can run atomic phases.
+var (
+	_ phase.Store[pgx.Tx]  = (*postgres.Store)(nil)
+	_ phase.Store[*sql.Tx] = (*sqlite.Store)(nil)
+	_ phase.Store[*sql.Tx] = (*mysql.Store)(nil)
+)
+
+func sendCharge(h http.Handler, key string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest("POST", "/v1/payments", strings.NewReader(`{"amount":100}`))
+	r.Header.Set("Content-Type", "application/json")
+	r.Header.Set("Idempotency-Key", key)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
 
 // TestPhasesOnSQLite runs atomic phases on the embedded store: a phase that
 // fails rolls back its writes and keeps the recovery point; the retry after
@@ -38,8 +60,8 @@ func TestPhasesOnSQLite(t *testing.T) {
 	}
 	failSecond := true
 	var foreignCalls, inTxDuringForeign int
-	step := func(name string) idem.Phase[*sql.Tx] {
-		return idem.Phase[*sql.Tx]{Name: name, Run: func(ctx context.Context, tx *sql.Tx) error {
+	step := func(name string) phase.Phase[*sql.Tx] {
+		return phase.Phase[*sql.Tx]{Name: name, Run: func(ctx context.Context, tx *sql.Tx) error {
 			if _, err := tx.ExecContext(ctx, `INSERT INTO steps VALUES (?)`, name); err != nil {
 				return err
 			}
@@ -49,7 +71,7 @@ func TestPhasesOnSQLite(t *testing.T) {
 			return nil
 		}}
 	}
-	third := idem.Phase[*sql.Tx]{Name: "third",
+	third := phase.Phase[*sql.Tx]{Name: "third",
 		Foreign: func(ctx context.Context) error {
 			foreignCalls++
 			// The writer is free while the foreign call runs: a write from
@@ -66,7 +88,7 @@ func TestPhasesOnSQLite(t *testing.T) {
 	}
 	h := e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		x := idem.FromContext(r.Context())
-		if err := idem.RunPhases(r.Context(), x, s, step("first"), step("second"), third); err != nil {
+		if err := phase.Run(r.Context(), x, s, step("first"), step("second"), third); err != nil {
 			x.Abandon() // leave the record in progress, as a crash would
 			http.Error(w, err.Error(), 500)
 			return
@@ -124,9 +146,40 @@ func TestPhasesUnknownRecoveryPoint(t *testing.T) {
 	if err := d.Exec.Checkpoint(context.Background(), "renamed_phase"); err != nil {
 		t.Fatal(err)
 	}
-	err = idem.RunPhases(context.Background(), d.Exec, s, idem.Phase[*sql.Tx]{Name: "a"})
+	err = phase.Run(context.Background(), d.Exec, s, phase.Phase[*sql.Tx]{Name: "a"})
 	if err == nil {
-		t.Fatal("RunPhases accepted a recovery point that is none of its phases")
+		t.Fatal("Run accepted a recovery point that is none of its phases")
 	}
 	d.Exec.Abandon()
+}
+
+// Phases whose names cannot be recovery points are refused before any
+// phase runs.
+func TestPhasesBadNames(t *testing.T) {
+	t.Parallel()
+	s, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "p.db"), sqlite.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	e, _ := idem.New(s, idem.Config{LeasePolicy: store.LeaseResume, Logger: slog.New(slog.DiscardHandler)})
+	d, err := e.Begin(context.Background(), idem.Request{Method: "POST", Route: "/x", Key: "k", Fingerprint: "fp"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Exec.Abandon()
+	ran := 0
+	run := func(ctx context.Context, tx *sql.Tx) error { ran++; return nil }
+	for name, phases := range map[string][]phase.Phase[*sql.Tx]{
+		"no name":  {{Name: "a", Run: run}, {Run: run}},
+		"repeated": {{Name: "a", Run: run}, {Name: "b", Run: run}, {Name: "a", Run: run}},
+	} {
+		err := phase.Run(context.Background(), d.Exec, s, phases...)
+		if err == nil || !strings.Contains(err.Error(), "phase") {
+			t.Errorf("%s: Run returned %v, want an error", name, err)
+		}
+	}
+	if ran != 0 || d.Exec.RecoveryPoint() != "" {
+		t.Fatalf("phases ran (%d) or checkpointed (%q) despite bad names", ran, d.Exec.RecoveryPoint())
+	}
 }
