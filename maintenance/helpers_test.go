@@ -119,6 +119,13 @@ func (c *testClock) Advance(d time.Duration) {
 	c.timers = kept
 }
 
+// pending counts the waits that have not ended.
+func (c *testClock) pending() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.timers)
+}
+
 // sleeps returns the waits so far and forgets them.
 func (c *testClock) sleeps() []time.Duration {
 	c.mu.Lock()
