@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/internal/storeurl"
+	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 )
 
