@@ -30,6 +30,33 @@ var (
 	_ phase.Store[*sql.Tx] = (*mysql.Store)(nil)
 )
 
+// resumable opens a SQLite store on clock and an engine that resumes
+// after the last committed phase.
+func resumable(t *testing.T, clock store.Clock) (*sqlite.Store, *idem.Engine) {
+	t.Helper()
+	s, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "p.db"), sqlite.Config{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	e, err := idem.New(s, idem.Config{LeasePolicy: store.LeaseResume, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, e
+}
+
+// execution begins a request and abandons it at the end of the test.
+func execution(t *testing.T, e *idem.Engine) *idem.Execution {
+	t.Helper()
+	d, err := e.Begin(context.Background(), idem.Request{Method: "POST", Route: "/x", Key: "k", Fingerprint: "fp"})
+	if err != nil || d.Exec == nil {
+		t.Fatalf("begin: %+v %v", d, err)
+	}
+	t.Cleanup(d.Exec.Abandon)
+	return d.Exec
+}
+
 func sendCharge(h http.Handler, key string) *httptest.ResponseRecorder {
 	r := httptest.NewRequest("POST", "/v1/payments", strings.NewReader(`{"amount":100}`))
 	r.Header.Set("Content-Type", "application/json")
@@ -46,16 +73,8 @@ func sendCharge(h http.Handler, key string) *httptest.ResponseRecorder {
 func TestPhasesOnSQLite(t *testing.T) {
 	t.Parallel()
 	clock := storetest.NewClock()
-	s, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "p.db"), sqlite.Config{Clock: clock.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s, e := resumable(t, clock.Now)
 	if _, err := s.DB().Exec(`CREATE TABLE steps (name TEXT NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
-	e, err := idem.New(s, idem.Config{LeasePolicy: store.LeaseResume, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
 		t.Fatal(err)
 	}
 	failSecond := true
@@ -132,54 +151,35 @@ func TestPhasesOnSQLite(t *testing.T) {
 
 func TestPhasesUnknownRecoveryPoint(t *testing.T) {
 	t.Parallel()
-	clock := storetest.NewClock()
-	s, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "p.db"), sqlite.Config{Clock: clock.Now})
-	if err != nil {
+	s, e := resumable(t, nil)
+	x := execution(t, e)
+	if err := x.Checkpoint(context.Background(), "renamed_phase"); err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
-	e, _ := idem.New(s, idem.Config{LeasePolicy: store.LeaseResume, Logger: slog.New(slog.DiscardHandler)})
-	d, err := e.Begin(context.Background(), idem.Request{Method: "POST", Route: "/x", Key: "k", Fingerprint: "fp"})
-	if err != nil {
-		t.Fatal(err)
+	err := phase.Run(context.Background(), x, s, phase.Phase[*sql.Tx]{Name: "a"})
+	if err == nil || !strings.Contains(err.Error(), `"renamed_phase"`) {
+		t.Fatalf("Run with a recovery point that is none of its phases: %v", err)
 	}
-	if err := d.Exec.Checkpoint(context.Background(), "renamed_phase"); err != nil {
-		t.Fatal(err)
-	}
-	err = phase.Run(context.Background(), d.Exec, s, phase.Phase[*sql.Tx]{Name: "a"})
-	if err == nil {
-		t.Fatal("Run accepted a recovery point that is none of its phases")
-	}
-	d.Exec.Abandon()
 }
 
 // Phases whose names cannot be recovery points are refused before any
 // phase runs.
 func TestPhasesBadNames(t *testing.T) {
 	t.Parallel()
-	s, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "p.db"), sqlite.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	e, _ := idem.New(s, idem.Config{LeasePolicy: store.LeaseResume, Logger: slog.New(slog.DiscardHandler)})
-	d, err := e.Begin(context.Background(), idem.Request{Method: "POST", Route: "/x", Key: "k", Fingerprint: "fp"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Exec.Abandon()
+	s, e := resumable(t, nil)
+	x := execution(t, e)
 	ran := 0
 	run := func(ctx context.Context, tx *sql.Tx) error { ran++; return nil }
 	for name, phases := range map[string][]phase.Phase[*sql.Tx]{
 		"no name":  {{Name: "a", Run: run}, {Run: run}},
 		"repeated": {{Name: "a", Run: run}, {Name: "b", Run: run}, {Name: "a", Run: run}},
 	} {
-		err := phase.Run(context.Background(), d.Exec, s, phases...)
+		err := phase.Run(context.Background(), x, s, phases...)
 		if err == nil || !strings.Contains(err.Error(), "phase") {
 			t.Errorf("%s: Run returned %v, want an error", name, err)
 		}
 	}
-	if ran != 0 || d.Exec.RecoveryPoint() != "" {
-		t.Fatalf("phases ran (%d) or checkpointed (%q) despite bad names", ran, d.Exec.RecoveryPoint())
+	if ran != 0 || x.RecoveryPoint() != "" {
+		t.Fatalf("phases ran (%d) or checkpointed (%q) despite bad names", ran, x.RecoveryPoint())
 	}
 }
