@@ -125,7 +125,7 @@ func TestProxySweepsAndReapsInTheBackground(t *testing.T) {
 	eachStore(t, func(t *testing.T, dsn string) {
 		clock := newTestClock()
 		up := newUpstream(t, &chargeAPI{})
-		p, _ := startProxy(t, ProxyConfig{Upstream: up.URL, Store: dsn, StoreClock: clock.now,
+		p, _ := startProxy(t, ProxyConfig{Upstream: up.URL, Store: dsn, StoreClock: clock.now, Admin: "127.0.0.1:0",
 			Maintenance: maintenance.Config{SweepInterval: 5 * time.Millisecond, ReapInterval: 5 * time.Millisecond}})
 		s := p.Store()
 		ctx := context.Background()
@@ -140,6 +140,17 @@ func TestProxySweepsAndReapsInTheBackground(t *testing.T) {
 		clock.advance(2 * time.Minute)
 		eventually(t, "the sweeper to move the zombie to unknown", func() bool { return stateOf(t, s, "zombie") == store.StateUnknown })
 		eventually(t, "the reaper to delete the expired record", func() bool { return stateOf(t, s, "old") == "absent" })
+		// The services' metrics are served beside the engine's, under the
+		// names they always had.
+		c := client(t)
+		eventually(t, "the services' metrics", func() bool {
+			text := string(send(t, c, "GET", "http://"+p.AdminAddr().String()+"/metrics", "", "").body)
+			swept, _ := metricValue(t, text, "idem_zombies_swept_total")
+			pruned, _ := metricValue(t, text, "idem_ttl_pruned_total")
+			_, sweeps := metricValue(t, text, "idem_store_duration_seconds_count", `op="sweep"`)
+			_, reaps := metricValue(t, text, "idem_store_duration_seconds_count", `op="reap"`)
+			return swept == 1 && pruned == 1 && sweeps && reaps
+		})
 	})
 }
 
