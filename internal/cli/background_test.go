@@ -168,6 +168,18 @@ func TestProxyWithoutMaintenance(t *testing.T) {
 	}
 }
 
+// A maintenance configuration no default can mend stops the proxy before
+// it listens.
+func TestProxyRefusesABadMaintenanceConfig(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, &chargeAPI{})
+	_, err := NewProxy(context.Background(), ProxyConfig{Listen: "127.0.0.1:0", Upstream: up.URL, Store: "memory:",
+		Maintenance: maintenance.Config{ReconcileBackoff: 2 * time.Hour}})
+	if err == nil || !strings.Contains(err.Error(), "ReconcileMaxBackoff (1h0m0s) is shorter than ReconcileBackoff (2h0m0s)") {
+		t.Fatalf("NewProxy: %v", err)
+	}
+}
+
 // The proxy's reconciler settles an unknown request through the resolve
 // URL, and the retry replays what the upstream's operators said happened.
 func TestProxyReconcilesThroughTheResolveURL(t *testing.T) {
