@@ -58,6 +58,8 @@ const (
 
 var outcomeNames = [...]string{"still_unknown", "happened", "did_not_happen", "run_again"}
 
+// String returns the outcome's name, or Outcome(n) for a value that is
+// none of them.
 func (o Outcome) String() string {
 	if o >= 0 && int(o) < len(outcomeNames) {
 		return outcomeNames[o]
