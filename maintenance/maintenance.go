@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/internal/replay"
 	"github.com/idem-go/idem/store"
 )
 
@@ -418,7 +417,7 @@ func (m *Maintainer) Settle(ctx context.Context, scope, key string, res Resoluti
 			return errors.New("maintenance: a request that happened needs the response to replay")
 		}
 		resp := *res.Response
-		resp.Header = replay.Header(resp.Header) // as the middleware stores them
+		resp.Header = store.ReplayableHeader(resp.Header) // as the engine stores them
 		p.To, p.Response, p.TTL = store.StateCompleted, &resp, m.cfg.TTL
 	case DidNotHappen, RunAgain:
 	default:

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/internal/replay"
 	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 )
@@ -211,7 +210,7 @@ func addHeader(h http.Header, name string, values ...string) error {
 	}
 	name = http.CanonicalHeaderKey(name)
 	// The replay computes Content-Length from the body it writes.
-	if replay.Unreplayable(name) || name == "Content-Length" {
+	if !store.Replayable(name) {
 		return nil
 	}
 	for _, v := range values {
