@@ -617,8 +617,8 @@ func TestMigrateConcurrent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n != 1 || maxVersion != 1 {
-		t.Fatalf("idem_migrations: %d rows, max version %d; want 1, 1", n, maxVersion)
+	if n != 2 || maxVersion != 2 {
+		t.Fatalf("idem_migrations: %d rows, max version %d; want 2, 2", n, maxVersion)
 	}
 	// The schema is usable from every process.
 	for i, s := range stores {
@@ -662,7 +662,7 @@ func TestErrorsSurface(t *testing.T) {
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("reserve with a canceled context: %v", err)
 	}
-	if err := s.Complete(ctx, store.CompleteParams{FenceParams: store.FenceParams{Scope: "s", Key: "k", Fence: 1}}); !errors.Is(err, context.Canceled) {
+	if err := s.Complete(ctx, store.CompleteParams{FenceParams: store.FenceParams{Scope: "s", Key: "k", Fence: 1}, Response: store.Response{Status: 200}}); !errors.Is(err, context.Canceled) {
 		t.Errorf("complete with a canceled context: %v", err)
 	}
 	if err := s.Ping(ctx); !errors.Is(err, context.Canceled) {
