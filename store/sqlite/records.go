@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/store"
+
+	msqlite "modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
 )
 
 // Reserve implements [store.Store]. A replay (or any other answer that
@@ -27,7 +30,7 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 		case err == nil && store.Decide(&rec, &p, s.now()) == store.ActExisting:
 			return store.ReserveResult{Outcome: store.Existing, Record: rec}, nil
 		case err != nil && !errors.Is(err, store.ErrNotFound):
-			return store.ReserveResult{}, fmt.Errorf("idem/sqlite: reserve: %w", err)
+			return store.ReserveResult{}, wrap("reserve", err)
 		}
 	}
 	var res store.ReserveResult
@@ -37,7 +40,7 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 		return err
 	})
 	if err != nil {
-		return store.ReserveResult{}, fmt.Errorf("idem/sqlite: reserve: %w", err)
+		return store.ReserveResult{}, wrap("reserve", err)
 	}
 	return res, nil
 }
@@ -50,7 +53,7 @@ func (s *Store) ReserveTx(ctx context.Context, tx *sql.Tx, p store.ReserveParams
 	}
 	res, err := s.reserve(ctx, tx, &p)
 	if err != nil {
-		return store.ReserveResult{}, fmt.Errorf("idem/sqlite: reserve: %w", err)
+		return store.ReserveResult{}, wrap("reserve", err)
 	}
 	return res, nil
 }
@@ -191,11 +194,11 @@ func (s *Store) Extend(ctx context.Context, p store.ExtendParams) error {
 func fenced(ctx context.Context, q querier, op, query string, args ...any) error {
 	res, err := q.ExecContext(ctx, query, args...)
 	if err != nil {
-		return fmt.Errorf("idem/sqlite: %s: %w", op, err)
+		return wrap(op, err)
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
-		return fmt.Errorf("idem/sqlite: %s: %w", op, err)
+		return wrap(op, err)
 	}
 	if n == 0 {
 		return fmt.Errorf("idem/sqlite: %s: %w", op, store.ErrLeaseLost)
@@ -210,7 +213,7 @@ func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error
 	}
 	rec, err := getRecord(ctx, s.read(), scope, key)
 	if err != nil {
-		return store.Record{}, fmt.Errorf("idem/sqlite: get: %w", err)
+		return store.Record{}, wrap("get", err)
 	}
 	return rec, nil
 }
@@ -235,7 +238,7 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("idem/sqlite: delete: %w", err)
+		return wrap("delete", err)
 	}
 	return nil
 }
@@ -250,7 +253,7 @@ func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]
 	recs, err := queryRecords(ctx, s.writer(), qSweep, now.UnixMicro(), p.Limit,
 		now.UnixMicro()-store.Micros(p.Grace))
 	if err != nil {
-		return nil, fmt.Errorf("idem/sqlite: sweep: %w", err)
+		return nil, wrap("sweep", err)
 	}
 	return recs, nil
 }
@@ -286,7 +289,7 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 		return err
 	})
 	if err != nil {
-		return store.ReapResult{}, fmt.Errorf("idem/sqlite: reap: %w", err)
+		return store.ReapResult{}, wrap("reap", err)
 	}
 	return out, nil
 }
@@ -315,7 +318,7 @@ func (s *Store) ListUnknown(ctx context.Context, p store.ListUnknownParams) ([]s
 		recs, err = queryRecords(ctx, s.read(), qListUnknownAll, p.Limit)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("idem/sqlite: list unknown: %w", err)
+		return nil, wrap("list unknown", err)
 	}
 	return recs, nil
 }
@@ -376,9 +379,25 @@ func (s *Store) settle(ctx context.Context, op, scope, key, query string, args .
 		return fmt.Errorf("%w: state is %s", store.ErrStateConflict, state)
 	})
 	if err != nil {
-		return fmt.Errorf("idem/sqlite: %s: %w", op, err)
+		return wrap(op, err)
 	}
 	return nil
+}
+
+// wrap prefixes an error with the operation and marks the transient ones
+// retryable (store.IsRetryable): SQLITE_BUSY, another process held the write
+// lock past the busy timeout, and SQLITE_LOCKED, a conflict inside this
+// process's shared cache; both roll back only the failed statement or
+// transaction.
+func wrap(op string, err error) error {
+	var e *msqlite.Error
+	if errors.As(err, &e) {
+		switch e.Code() & 0xff {
+		case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
+			err = store.Retryable(err)
+		}
+	}
+	return fmt.Errorf("idem/sqlite: %s: %w", op, err)
 }
 
 // after is now plus d in unix microseconds, d rounded up as every store
