@@ -16,6 +16,14 @@
 // worker that lost its lease can never overwrite the work of the worker that
 // took it over; see [NextFence] for why it also grows across a delete.
 //
+// Errors: an operation either succeeds, gives a definite answer
+// (ErrLeaseLost, ErrNotFound, ErrStateConflict, ErrInvalidParams and
+// ErrTooLong, which say something about the record or the request), or
+// fails. [IsRetryable] tells the failures that are transient (a broken
+// connection, a server restarting, a lost deadlock, a busy lock) from the
+// others. Parameters are checked by their Validate methods before any store
+// touches its database.
+//
 // Time: all expiry decisions use the store's clock (the database's now(),
 // the Redis server's TIME) unless the store was given a [Clock], which tests
 // use to move time without sleeping.

@@ -289,6 +289,7 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 		default: // in_progress whose holder died, or unknown: abandoned
 			r.complete(now, p.Abandoned, p.AbandonedTTL)
 			r.ExpiresAt = after(now, p.AbandonedTTL) // even for a zero ttl
+			r.ReconcileAfter, r.DeadLetteredAt = time.Time{}, time.Time{}
 			r.LastError = "abandoned"
 			r.UpdatedAt = now
 			res.Abandoned++

@@ -1368,4 +1368,15 @@ func testDeadLetter(t *testing.T, h Harness) {
 	if err := e.s.Defer(e.ctx, store.DeferParams{Scope: "s", Key: "nope", DeadLetter: true}); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("dead-lettering a missing record: %v, want ErrNotFound", err)
 	}
+	// Past its ExpiresAt a dead-lettered record is abandoned like any
+	// unknown one, and is no longer dead-lettered.
+	if err := e.s.Defer(e.ctx, store.DeferParams{Scope: "s", Key: "live", DeadLetter: true}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := e.s.Reap(e.ctx, store.ReapParams{Limit: 10, Abandoned: abandoned, AbandonedTTL: time.Hour}); err != nil || res.Abandoned != 1 {
+		t.Fatalf("Reap of a dead-lettered record past expiry: %+v %v", res, err)
+	}
+	if got := e.get("s", "live"); got.State != store.StateCompleted || got.DeadLettered() || got.LastError != "abandoned" {
+		t.Fatalf("abandoned dead-lettered record: %s, DeadLetteredAt %v, LastError %q", got.State, got.DeadLetteredAt, got.LastError)
+	}
 }
