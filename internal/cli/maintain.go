@@ -222,7 +222,7 @@ RECONCILE_AFTER column. ATTEMPTS counts reconciliation attempts.`, stderr)
 			v := struct {
 				recordView
 				DeadLettered bool `json:"dead_lettered"`
-			}{viewRecord(r), maintenance.DeadLettered(r)}
+			}{viewRecord(r), r.DeadLettered()}
 			if err := enc.Encode(v); err != nil {
 				return err
 			}
@@ -232,7 +232,7 @@ RECONCILE_AFTER column. ATTEMPTS counts reconciliation attempts.`, stderr)
 		fmt.Fprintln(tw, "SCOPE\tKEY\tFENCE\tATTEMPTS\tRECONCILE_AFTER\tLAST_ERROR")
 		for _, r := range recs {
 			after := r.ReconcileAfter.UTC().Format(time.RFC3339)
-			if maintenance.DeadLettered(r) {
+			if r.DeadLettered() {
 				after = "DEAD-LETTERED"
 			}
 			fmt.Fprintf(tw, "%q\t%q\t%d\t%d\t%s\t%s\n", r.Scope, r.Key, r.Fence, r.ReconcileAttempts, after, oneLine(r.LastError))
