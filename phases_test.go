@@ -117,16 +117,17 @@ func TestPhasesUnknownRecoveryPoint(t *testing.T) {
 	}
 	defer s.Close()
 	e, _ := idem.New(s, idem.Config{LeasePolicy: store.LeaseResume, Logger: slog.New(slog.DiscardHandler)})
-	d, err := e.Begin(context.Background(), idem.Request{Method: "POST", Route: "/x", Key: "k", Fingerprint: "fp"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Exec.Checkpoint(context.Background(), "renamed_phase"); err != nil {
-		t.Fatal(err)
-	}
-	err = idem.RunPhases(context.Background(), d.Exec, s, idem.Phase[*sql.Tx]{Name: "a"})
-	if err == nil {
-		t.Fatal("RunPhases accepted a recovery point that is none of its phases")
-	}
-	d.Exec.Abandon()
+	call := idem.Call{Method: "POST", Route: "/x", Target: "/x", Keys: []string{"k"}}
+	e.Run(context.Background(), call, func(ctx context.Context) idem.Result {
+		x := idem.FromContext(ctx)
+		defer x.Abandon()
+		if err := x.Checkpoint(ctx, "renamed_phase"); err != nil {
+			t.Fatal(err)
+		}
+		err = idem.RunPhases(ctx, x, s, idem.Phase[*sql.Tx]{Name: "a"})
+		if err == nil {
+			t.Fatal("RunPhases accepted a recovery point that is none of its phases")
+		}
+		return idem.Result{}
+	})
 }

@@ -1,0 +1,22 @@
+package idem
+
+import (
+	"net/http"
+)
+
+// Clock and Timer let tests step the engine's time.
+type (
+	Clock = clock
+	Timer = timer
+)
+
+// SetClock makes e (and the engines later derived from it) read c.
+func SetClock(e *Engine, c Clock) { e.clk = c }
+
+// FingerprintOf is the engine's fingerprint of an HTTP request body.
+func (e *Engine) FingerprintOf(method, route, target, contentType string, body []byte) (string, error) {
+	return e.fingerprint(&Call{Method: method, Route: route, Target: target, ContentType: contentType, Body: body})
+}
+
+// RequestTarget is the target the middleware fingerprints for r.
+func RequestTarget(r *http.Request) string { return requestTarget(r.URL) }
