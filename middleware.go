@@ -317,8 +317,11 @@ func (rw *recorder) WriteHeader(code int) {
 		rw.stream()
 		return
 	}
-	if n, err := strconv.Atoi(h.Get("Content-Length")); err == nil && n > 0 && n <= rw.limit {
-		rw.body = make([]byte, 0, n)
+	if cl := h["Content-Length"]; len(cl) == 1 {
+		// The handler announced its size: one allocation of the right one.
+		if n, err := strconv.Atoi(cl[0]); err == nil && n > 0 && n <= rw.limit {
+			rw.body = make([]byte, 0, n)
+		}
 	}
 }
 

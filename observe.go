@@ -36,7 +36,7 @@ func (o storeOp) String() string { return opNames[o] }
 // reserveOutcomes are the values of the outcome attribute of
 // idem.reserve.outcomes (DESIGN §6).
 var reserveOutcomes = []string{
-	"created", "replay", "in_progress", "key_misuse", "failed_retry", "unknown", "taken_over", "store_error", "rejected",
+	"created", "replay", "in_progress", "key_reused", "failed_retry", "unknown", "taken_over", "store_error", "rejected",
 }
 
 // observer holds the engine's instruments with their attribute sets built
@@ -64,7 +64,7 @@ func newObserver(mp metric.MeterProvider) (*observer, error) {
 	o := &observer{reserveOpts: map[string][]metric.AddOption{}}
 	var err error
 	if o.reserves, err = m.Int64Counter("idem.reserve.outcomes",
-		metric.WithDescription("Reservations by outcome: created, replay, in_progress, key_misuse, failed_retry, unknown, taken_over, store_error.")); err != nil {
+		metric.WithDescription("Reservations by outcome: created, replay, in_progress, key_reused, failed_retry, unknown, taken_over, store_error, rejected.")); err != nil {
 		return nil, err
 	}
 	if o.storeErrs, err = m.Int64Counter("idem.store.errors",
