@@ -2,7 +2,6 @@ package idem
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -120,11 +119,12 @@ type Call struct {
 	Method string
 	Route  string
 
-	// Target is the concrete request target: for HTTP the escaped path and
-	// the query as sorted pairs (see Handle), for gRPC the full method name.
-	// It is part of the fingerprint, so the same key sent to another
-	// resource or with another query is a different request (KeyReused),
-	// never a replay of the first one's answer.
+	// Target is the concrete request target: for HTTP the escaped path
+	// and, when there is one, '?' and the raw query ((*url.URL).RequestURI);
+	// for gRPC the full method name. It is part of the fingerprint, the
+	// query compared as its decoded pairs sorted by name, so the same key
+	// sent to another resource or with another query is a different request
+	// (KeyReused), never a replay of the first one's answer.
 	Target string
 
 	// Keys are the raw values of the idempotency key, one per field line
@@ -412,16 +412,10 @@ func (e *Engine) fingerprint(c *Call) (string, error) {
 	if len(c.Body) == 0 {
 		contentType = ""
 	}
-	// Until the hasher takes the target itself, the route and the target
-	// share its route field, the route length-prefixed so that no two
-	// pairs hash alike.
-	var rt strings.Builder
-	var n [binary.MaxVarintLen64]byte
-	rt.Grow(len(n) + len(c.Route) + len(c.Target))
-	rt.Write(binary.AppendUvarint(n[:0], uint64(len(c.Route))))
-	rt.WriteString(c.Route)
-	rt.WriteString(c.Target)
-	return e.hasher.Sum(c.Method, rt.String(), contentType, c.Body, e.cfg.Fields)
+	return e.hasher.Sum(fingerprint.Input{
+		Method: c.Method, Route: c.Route, Target: c.Target,
+		ContentType: contentType, Body: c.Body, Fields: e.cfg.Fields,
+	})
 }
 
 // decision is what begin found.

@@ -1,8 +1,6 @@
 package idem
 
-import (
-	"net/http"
-)
+import ()
 
 // Clock and Timer let tests step the engine's time.
 type (
@@ -17,6 +15,3 @@ func SetClock(e *Engine, c Clock) { e.clk = c }
 func (e *Engine) FingerprintOf(method, route, target, contentType string, body []byte) (string, error) {
 	return e.fingerprint(&Call{Method: method, Route: route, Target: target, ContentType: contentType, Body: body})
 }
-
-// RequestTarget is the target the middleware fingerprints for r.
-func RequestTarget(r *http.Request) string { return requestTarget(r.URL) }

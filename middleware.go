@@ -7,8 +7,6 @@ import (
 	"io"
 	"mime"
 	"net/http"
-	"net/url"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -51,7 +49,7 @@ func (e *Engine) Middleware(next http.Handler) http.Handler {
 //   - anything else: a problem document (see WriteProblem, Run and
 //     docs/problems.md).
 //
-// The request target (the escaped path and the query as sorted pairs) is
+// The request target (the escaped path and the query, compared as sorted pairs) is
 // part of the fingerprint: the same key on another resource or with
 // another query is refused as reused.
 func (e *Engine) Handle(w http.ResponseWriter, r *http.Request, route string, next http.Handler) bool {
@@ -71,7 +69,7 @@ func (e *Engine) handle(w http.ResponseWriter, r *http.Request, route string, co
 	h.rec.init(w, e.cfg.MaxResponseBytes)
 	h.r, h.next = r, next
 	c := Call{
-		Tenant: e.cfg.Tenant(r), Method: method, Route: route, Target: requestTarget(r.URL),
+		Tenant: e.cfg.Tenant(r), Method: method, Route: route, Target: r.URL.RequestURI(),
 		Keys: r.Header["Idempotency-Key"], ContentType: r.Header.Get("Content-Type"),
 	}
 	a := e.run(r.Context(), &c, h)
@@ -205,44 +203,6 @@ type replayBody struct {
 }
 
 func (*replayBody) Close() error { return nil }
-
-// requestTarget is the concrete target of a request as the fingerprint
-// sees it: the escaped path, and the query as its pairs sorted by name
-// (the values of a repeated name keep their order: most frameworks read
-// the first). Spellings of one pair (%41 and A, + and %20) are one pair;
-// a segment that does not decode (a bad escape, a ';') is kept as sent.
-func requestTarget(u *url.URL) string {
-	path := u.EscapedPath()
-	if u.RawQuery == "" {
-		return path
-	}
-	type pair struct{ key, text string }
-	var pairs []pair
-	for seg := range strings.SplitSeq(u.RawQuery, "&") {
-		if seg == "" {
-			continue
-		}
-		k, v, _ := strings.Cut(seg, "=")
-		dk, errk := url.QueryUnescape(k)
-		dv, errv := url.QueryUnescape(v)
-		if errk != nil || errv != nil || strings.Contains(seg, ";") {
-			pairs = append(pairs, pair{seg, seg})
-			continue
-		}
-		pairs = append(pairs, pair{dk, url.QueryEscape(dk) + "=" + url.QueryEscape(dv)})
-	}
-	slices.SortStableFunc(pairs, func(a, b pair) int { return strings.Compare(a.key, b.key) })
-	var sb strings.Builder
-	sb.WriteString(path)
-	sb.WriteByte('?')
-	for i, p := range pairs {
-		if i > 0 {
-			sb.WriteByte('&')
-		}
-		sb.WriteString(p.text)
-	}
-	return sb.String()
-}
 
 var (
 	replayedTrue = []string{"true"}
