@@ -402,4 +402,3 @@ func TestCompletionGivesUpWhenTheLeaseWouldLapse(t *testing.T) {
 		t.Fatalf("retry after the lost completion: %d, want 409 outcome unknown", w.Code)
 	}
 }
-
