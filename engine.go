@@ -403,6 +403,10 @@ func (e *Engine) refuseID(ctx context.Context, err error) Answer {
 	return e.refuse(ctx, probScopeInvalid, "")
 }
 
+// Fingerprint returns the fingerprint Run computes for c (Body as given;
+// ReadBody is not called), for tools that write records themselves.
+func (e *Engine) Fingerprint(c Call) (string, error) { return e.fingerprint(&c) }
+
 // fingerprint hashes what identifies the call's request: method, route,
 // concrete target and canonical body (restricted to Config.Fields). An
 // empty body is an empty body whatever its declared type: clients often

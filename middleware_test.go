@@ -812,8 +812,8 @@ func TestSelectedFields(t *testing.T) {
 		t.Fatalf("unselected field changed: %d", w.Code)
 	}
 	wantProblem(t, f.do(post(uuid, `{"amount":200,"currency":"eur","trace":"a"}`)), 422, "key-reused")
-	fa, _ := f.engine.FingerprintOf("POST", "/x", "/x", "application/json", []byte(`{"amount":1,"currency":"eur"}`))
-	ga, _ := g.engine.FingerprintOf("POST", "/x", "/x", "application/json", []byte(`{"amount":1,"currency":"eur"}`))
+	fa, _ := f.engine.Fingerprint(idem.Call{Method: "POST", Route: "/x", Target: "/x", ContentType: "application/json", Body: []byte(`{"amount":1,"currency":"eur"}`)})
+	ga, _ := g.engine.Fingerprint(idem.Call{Method: "POST", Route: "/x", Target: "/x", ContentType: "application/json", Body: []byte(`{"amount":1,"currency":"eur"}`)})
 	if fa != ga {
 		t.Fatal("the order of Fields changed the fingerprint")
 	}
@@ -1075,7 +1075,7 @@ func TestReplayFiltersStoredHeaders(t *testing.T) {
 	s := memory.New(memory.Config{})
 	e, _ := idem.New(s, idem.Config{Logger: slog.New(slog.DiscardHandler)})
 	body := []byte(`{"a":1}`)
-	fp, err := e.FingerprintOf("POST", "/v1/charges", "/v1/charges", "application/json", body)
+	fp, err := e.Fingerprint(idem.Call{Method: "POST", Route: "/v1/charges", Target: "/v1/charges", ContentType: "application/json", Body: body})
 	if err != nil {
 		t.Fatal(err)
 	}
