@@ -119,8 +119,18 @@ type flakyStore struct {
 	failCompletes atomic.Int64 // calls left to fail
 	failExtends   atomic.Int64
 	extendsAlways atomic.Bool
+	failReleases  atomic.Int64
 	completes     atomic.Int64 // calls seen
 	extends       atomic.Int64
+	releases      atomic.Int64
+}
+
+func (f *flakyStore) Release(ctx context.Context, p store.ReleaseParams) error {
+	f.releases.Add(1)
+	if takeFailure(&f.failReleases) {
+		return errOutage
+	}
+	return f.Store.Release(ctx, p)
 }
 
 func takeFailure(n *atomic.Int64) bool {
@@ -400,5 +410,35 @@ func TestCompletionGivesUpWhenTheLeaseWouldLapse(t *testing.T) {
 	}
 	if w := sendKeyed(h, "k"); w.Code != http.StatusConflict {
 		t.Fatalf("retry after the lost completion: %d, want 409 outcome unknown", w.Code)
+	}
+}
+
+// A release that meets a store blip is retried like a completion: the
+// client's 5xx arrives once the key is free, so its retry runs again
+// instead of finding the request still in progress.
+func TestReleaseIsRetried(t *testing.T) {
+	t.Parallel()
+	s := &flakyStore{Store: memory.New(memory.Config{})}
+	s.failReleases.Store(2)
+	e, err := idem.New(s, idem.Config{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int64
+	h := e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	if w := sendKeyed(h, "k"); w.Code != http.StatusServiceUnavailable {
+		t.Fatalf("first: %d", w.Code)
+	}
+	if w := sendKeyed(h, "k"); w.Code != http.StatusCreated || calls.Load() != 2 {
+		t.Fatalf("retry after a released failure: %d after %d calls, want 201 from a second run", w.Code, calls.Load())
+	}
+	if n := s.releases.Load(); n != 3 {
+		t.Fatalf("%d release attempts, want 3", n)
 	}
 }
