@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -74,6 +73,15 @@ func (e *Engine) Store() store.Store { return e.store }
 // Logger returns the logger the engine reports its events to, for
 // integrations that log next to it.
 func (e *Engine) Logger() *slog.Logger { return e.log }
+
+// TTL returns how long the engine keeps a completed answer (Config.TTL
+// with its default applied), for services that settle records as the
+// engine would.
+func (e *Engine) TTL() time.Duration { return e.cfg.TTL }
+
+// StoreTimeout returns the bound on each of the engine's store calls
+// (Config.StoreTimeout with its default applied).
+func (e *Engine) StoreTimeout() time.Duration { return e.cfg.StoreTimeout }
 
 // Request names the operation a record belongs to: the record's scope is
 // built from it. Operators and resolvers use it to find a request's record.
@@ -638,9 +646,10 @@ func isAnswer(err error) bool {
 		errors.Is(err, store.ErrStateConflict) || errors.Is(err, store.ErrInvalidParams)
 }
 
-// transient reports whether a failed store call may succeed if tried again.
-func transient(err error) bool { return err != nil && !isAnswer(err) }
-
-// replayableHeader is store.ReplayableHeader, under the name the
-// maintenance code of this package still uses.
-func replayableHeader(h http.Header) http.Header { return store.ReplayableHeader(h) }
+// transient reports whether a failed final transition may succeed if tried
+// again: a failure the store marks retryable, or the engine's own per-call
+// timeout (final transitions are detached from the caller's context, so a
+// deadline there is the store being slow).
+func transient(err error) bool {
+	return store.IsRetryable(err) || (errors.Is(err, context.DeadlineExceeded) && !isAnswer(err))
+}

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -21,10 +20,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/memory"
-	"github.com/idem-go/idem/store/mysql"
 	"github.com/idem-go/idem/store/storetest"
 )
 
@@ -36,7 +33,8 @@ type faultyStore struct {
 	completes    atomic.Int64
 }
 
-var errOutage = errors.New("connection refused")
+// errOutage is a dropped connection, as the stores report one.
+var errOutage = store.Retryable(errors.New("connection refused"))
 
 func (f *faultyStore) Reserve(ctx context.Context, p store.ReserveParams) (store.ReserveResult, error) {
 	if f.failReserve.Load() {
@@ -238,7 +236,7 @@ func TestMalformedKeys(t *testing.T) {
 	}
 }
 
-func TestMismatch(t *testing.T) {
+func TestKeyReused(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, idem.Config{}, nil)
 	f.do(post(uuid, `{"amount":100}`))
@@ -1001,17 +999,7 @@ func (refusingStore) Reserve(context.Context, store.ReserveParams) (store.Reserv
 // without an ERROR log or a store-error metric, on every store.
 func TestPathsThatCannotNameARecord(t *testing.T) {
 	t.Parallel()
-	stores := realStores(t)
-	if os.Getenv(testenv.MySQLEnv) != "" {
-		stores = append(stores, namedStore{"mariadb", func(t *testing.T, clock store.Clock) store.Store {
-			s, err := mysql.Open(context.Background(), testenv.MySQLDatabase(t).FormatDSN(), mysql.Config{Clock: clock})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { s.Close() })
-			return s
-		}})
-	}
+	stores := engineStores(t)
 	stores = append(stores, namedStore{"refusing", func(t *testing.T, clock store.Clock) store.Store {
 		return refusingStore{memory.New(memory.Config{})}
 	}})

@@ -175,7 +175,7 @@ func (c *ceiling) completeArgs(key string, fence int64) []any {
 func (c *ceiling) newKey(ctx context.Context, key string) error {
 	var action string
 	var fence int64
-	dest := make([]any, 21) // action + the 20 record columns
+	dest := make([]any, 22) // action + the 21 record columns
 	dest[0], dest[5] = &action, &fence
 	if err := c.pool.QueryRow(ctx, c.reserve, c.reserveArgs(key)...).Scan(dest...); err != nil {
 		return fmt.Errorf("reserve: %w", err)
@@ -190,7 +190,7 @@ func (c *ceiling) newKey(ctx context.Context, key string) error {
 // costs.
 func (c *ceiling) replay(ctx context.Context, key string) error {
 	var action, state string
-	dest := make([]any, 21)
+	dest := make([]any, 22)
 	dest[0], dest[4] = &action, &state
 	if err := c.pool.QueryRow(ctx, c.reserve, c.reserveArgs(key)...).Scan(dest...); err != nil {
 		return fmt.Errorf("replay: %w", err)
