@@ -446,8 +446,7 @@ func (e *Engine) begin(ctx context.Context, scope, key, fp string) (decision, er
 		Lease: e.cfg.Lease, TTL: e.cfg.TTL, LeasePolicy: e.cfg.LeasePolicy,
 	}
 	var res store.ReserveResult
-	start := e.clk.Now()
-	err := e.call(ctx, opReserve, false, func(ctx context.Context) (err error) {
+	start, err := e.callAt(new(callCtx), ctx, opReserve, false, func(ctx context.Context) (err error) {
 		res, err = e.store.Reserve(ctx, p)
 		return err
 	})
@@ -627,15 +626,22 @@ func (e *Engine) call(ctx context.Context, op storeOp, detached bool, f func(con
 // callIn is call with the caller providing the (zero) callCtx, so that an
 // Execution's final transition needs no allocation of its own.
 func (e *Engine) callIn(cctx *callCtx, ctx context.Context, op storeOp, detached bool, f func(context.Context) error) error {
+	_, err := e.callAt(cctx, ctx, op, detached, f)
+	return err
+}
+
+// callAt is callIn that also returns when the call started (a lease
+// reserved by it runs from then at the latest).
+func (e *Engine) callAt(cctx *callCtx, ctx context.Context, op storeOp, detached bool, f func(context.Context) error) (time.Time, error) {
 	start := e.clk.Now()
 	cctx.init(e.clk, ctx, start.Add(e.cfg.StoreTimeout), detached)
 	err := f(cctx)
 	cctx.release()
 	e.obs.storeOp(ctx, op, e.clk.Now().Sub(start), err)
 	if err == nil || isAnswer(err) {
-		return err
+		return start, err
 	}
-	return fmt.Errorf("%w: %s: %w", ErrStore, op, err)
+	return start, fmt.Errorf("%w: %s: %w", ErrStore, op, err)
 }
 
 // isAnswer reports whether a store error is a definite answer about the
