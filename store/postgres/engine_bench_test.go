@@ -136,7 +136,8 @@ type ceiling struct {
 
 func newCeiling(tb testing.TB, pool *pgxpool.Pool, schema string, e *idem.Engine) *ceiling {
 	tb.Helper()
-	fp, err := e.Fingerprint(http.MethodPost, engineRoute, "application/json", []byte(engineReqBody))
+	fp, err := e.Fingerprint(idem.Call{Method: http.MethodPost, Route: engineRoute, Target: engineRoute,
+		ContentType: "application/json", Body: []byte(engineReqBody)})
 	if err != nil {
 		tb.Fatal(err)
 	}
