@@ -10,3 +10,16 @@ const (
 	SQLReserve  = sqlReserve
 	SQLComplete = sqlComplete
 )
+
+// BatchStats reports the calls that rode in pipelines of two or more and
+// the pipelines a statement error rolled back.
+func (s *Store) BatchStats() (batched, rolledBack int64) {
+	return s.batch.batched.Load(), s.batch.rolledBack.Load()
+}
+
+// BatchQueue reports the free batch slots and the calls waiting for one.
+func (s *Store) BatchQueue() (free, pending int) {
+	s.batch.mu.Lock()
+	defer s.batch.mu.Unlock()
+	return s.batch.free, len(s.batch.pending)
+}

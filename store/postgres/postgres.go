@@ -32,12 +32,14 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"embed"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -74,7 +76,28 @@ type Config struct {
 	// run migrations as a separate step (Store.Migrate, `idem migrate`).
 	// Defaults to false: pending migrations are applied.
 	SkipMigrate bool
+	// MaxConns is the size of the pool Open creates (New leaves the
+	// caller's pool alone). Defaults to 0: the URL's pool_max_conns when it
+	// has one, else DefaultMaxConns. pgxpool's own default, max(4, number of
+	// CPUs), would make every request beyond the fourth wait for a
+	// connection.
+	MaxConns int32
+	// MaxBatches is how many group commits (see DefaultMaxBatches) may be
+	// on their way to the database at once. A Reserve or lease-holder
+	// update that finds one free runs alone at once; one that finds none
+	// waits for the next batch, which leaves as soon as a batch in flight
+	// returns. Fewer slots make larger batches (fewer commits) under load;
+	// each slot holds one connection of the pool. Defaults to 0:
+	// DefaultMaxBatches. Negative turns batching off: every call runs its
+	// own statement on its own connection.
+	MaxBatches int
 }
+
+// DefaultMaxConns is the pool size Open uses when neither Config.MaxConns
+// nor the URL's pool_max_conns sets one. Batched calls use at most
+// Config.MaxBatches connections whatever the load; the rest serve Get,
+// maintenance and the statements that run alone after a rolled-back batch.
+const DefaultMaxConns = 32
 
 // Store is a store.Store on PostgreSQL. It is safe for concurrent use.
 type Store struct {
@@ -84,6 +107,7 @@ type Store struct {
 	q         queries
 	closed    atomic.Bool
 	reserveRe atomic.Int64 // Reserve statements run again after a race
+	batch     *batcher     // nil: batching off
 }
 
 // querier is what the transitions need; *pgxpool.Pool and pgx.Tx both have
@@ -101,6 +125,14 @@ func Open(ctx context.Context, url string, cfg Config) (*Store, error) {
 	pcfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("idem/postgres: open: %w", err)
+	}
+	switch {
+	case cfg.MaxConns < 0:
+		return nil, errors.Join(store.ErrInvalidParams, errors.New("idem/postgres: MaxConns must not be negative"))
+	case cfg.MaxConns > 0:
+		pcfg.MaxConns = cfg.MaxConns
+	case !strings.Contains(url, "pool_max_conns"):
+		pcfg.MaxConns = DefaultMaxConns
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
@@ -122,6 +154,9 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Store, error) {
 		return nil, errors.Join(store.ErrInvalidParams, errors.New("idem/postgres: nil pool"))
 	}
 	s := &Store{pool: pool, cfg: cfg, q: newQueries(cfg.Schema)}
+	if cfg.MaxBatches >= 0 {
+		s.batch = newBatcher(s, cmp.Or(cfg.MaxBatches, DefaultMaxBatches))
+	}
 	if !cfg.SkipMigrate {
 		if err := s.Migrate(ctx); err != nil {
 			return nil, err
@@ -199,11 +234,9 @@ func (s *Store) reserve(ctx context.Context, q querier, p store.ReserveParams) (
 		if run > 0 {
 			s.reserveRe.Add(1)
 		}
-		var action string
-		var rec store.Record
-		row := q.QueryRow(ctx, s.q.reserve,
-			p.Scope, p.Key, p.Fingerprint, micros(p.Lease), micros(p.TTL), string(p.LeasePolicy), s.now())
-		err := scanRecord(row, &rec, &action)
+		op := s.run(ctx, q, true, s.q.reserve, []any{
+			p.Scope, p.Key, p.Fingerprint, micros(p.Lease), micros(p.TTL), string(p.LeasePolicy), s.now()})
+		action, rec, err := op.action, op.rec, op.err
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // insert conflicted with a row newer than the snapshot
 		}
@@ -305,11 +338,11 @@ func (s *Store) Extend(ctx context.Context, p store.ExtendParams) error {
 // $4 now, then extra) and turns "no row matched" into ErrLeaseLost.
 func (s *Store) fenced(ctx context.Context, q querier, op, sql string, f store.FenceParams, extra ...any) error {
 	args := append([]any{f.Scope, f.Key, f.Fence, s.now()}, extra...)
-	tag, err := q.Exec(ctx, sql, args...)
-	if err != nil {
-		return wrap(op, err)
+	r := s.run(ctx, q, false, sql, args)
+	if r.err != nil {
+		return wrap(op, r.err)
 	}
-	if tag.RowsAffected() == 0 {
+	if r.tag.RowsAffected() == 0 {
 		return fmt.Errorf("idem/postgres: %s: %w", op, store.ErrLeaseLost)
 	}
 	return nil
@@ -502,6 +535,9 @@ func (s *Store) Ping(ctx context.Context) error {
 func (s *Store) Close() error {
 	if s.closed.CompareAndSwap(false, true) && s.ownsPool {
 		s.pool.Close()
+	}
+	if s.batch != nil {
+		s.batch.flights.Wait()
 	}
 	return nil
 }
