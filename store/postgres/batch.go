@@ -5,28 +5,26 @@ import (
 	"context"
 	"errors"
 	"slices"
-	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idem-go/idem/internal/groupcommit"
 	"github.com/idem-go/idem/store"
 )
 
 // Group commit.
 //
 // Reserve and the lease-holder updates (Complete, Release, MarkUnknown,
-// Checkpoint, Extend) on the store's own pool go through a batcher. A call
-// that finds one of Config.MaxBatches slots free runs its statement at once,
-// alone, exactly as it would without the batcher, so a lone request pays
-// nothing. A call that finds every slot busy queues; when a slot's round
-// trip returns, everything queued by then leaves together as one pipeline
+// Checkpoint, Extend) on the store's own pool go through a
+// groupcommit.Group of Config.MaxBatches slots. A call that finds a slot
+// free runs its statement at once, alone, exactly as without the group, so
+// a lone request pays nothing. The calls that queue while every slot is
+// busy leave together, when a slot's round trip returns, as one pipeline
 // (pgx.Batch) of the very same statements: one round trip, one implicit
 // transaction, one commit and one WAL flush for all of them. No timer ever
-// holds a call back: a batch is only what piled up while the database was
-// busy with the previous one, as in a database's own group commit.
+// holds a call back.
 //
 // The statements of a batch commit or roll back together. A statement error
 // (a constraint the parameters break, a deadlock, a serialization failure)
@@ -40,20 +38,18 @@ import (
 // other.
 
 // DefaultMaxBatches is the number of batches that may be on their way to the
-// database at once when Config.MaxBatches is 0.
+// database at once when Config.MaxBatches is 0. Two keep one batch
+// executing while the next one forms; more slots make smaller batches.
 const DefaultMaxBatches = 2
 
 // maxBatchOps bounds one pipeline; what is left waits for the next slot.
 const maxBatchOps = 128
 
-// batchOp is one call waiting for, or riding in, a batch.
+// batchOp is one statement waiting for, or riding in, a batch.
 type batchOp struct {
-	ctx      context.Context
 	sql      string
 	args     []any // $1 scope, $2 key for every batched statement
 	returns  bool  // the statement returns a record (Reserve), else a command tag
-	done     chan struct{}
-	taken    bool // in a batch already; guarded by batcher.mu
 	rec      store.Record
 	action   string
 	tag      pgconn.CommandTag
@@ -62,111 +58,24 @@ type batchOp struct {
 }
 
 type batcher struct {
-	s       *Store
-	mu      sync.Mutex
-	free    int // slots not in flight
-	pending []*batchOp
-	flights sync.WaitGroup
-
-	batched    atomic.Int64 // calls sent in pipelines of two or more
+	s          *Store
+	group      *groupcommit.Group[*batchOp]
 	rolledBack atomic.Int64 // pipelines rolled back by a statement error
 }
 
 func newBatcher(s *Store, slots int) *batcher {
-	return &batcher{s: s, free: slots}
+	b := &batcher{s: s}
+	b.group = groupcommit.New(slots, maxBatchOps,
+		func(ctx context.Context, op *batchOp) { s.runOne(ctx, s.pool, op) }, b.flush)
+	return b
 }
 
-// errRunAlone tells the caller that its batch rolled back without a verdict
-// on its statement.
-var errRunAlone = errors.New("idem/postgres: batch rolled back")
-
-// do runs op alone when a slot is free, else queues it for the next batch.
-// After do returns, op's results are final unless do returned an error of
-// its own (the caller's context ended while op was in a batch).
-func (b *batcher) do(op *batchOp) error {
-	b.mu.Lock()
-	if b.free > 0 {
-		b.free--
-		b.mu.Unlock()
-		b.s.runOne(op.ctx, b.s.pool, op)
-		b.release()
-		return nil
-	}
-	op.done = make(chan struct{})
-	b.pending = append(b.pending, op)
-	b.mu.Unlock()
-	select {
-	case <-op.done:
-		return nil
-	case <-op.ctx.Done():
-	}
-	b.mu.Lock()
-	if !op.taken {
-		if i := slices.Index(b.pending, op); i >= 0 {
-			b.pending = slices.Delete(b.pending, i, i+1)
-		}
-		b.mu.Unlock()
-		return op.ctx.Err()
-	}
-	b.mu.Unlock()
-	// The batch is on its way: its outcome for op is not known yet, as with
-	// a single statement abandoned mid-flight.
-	return op.ctx.Err()
-}
-
-// release hands the caller's slot to what queued meanwhile, or frees it.
-func (b *batcher) release() {
-	if batch := b.next(); batch != nil {
-		b.flights.Add(1)
-		go b.loop(batch)
-	}
-}
-
-// next takes the queued calls for the slot being released, or frees the
-// slot when nothing waits.
-func (b *batcher) next() []*batchOp {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if len(b.pending) == 0 {
-		b.free++
-		return nil
-	}
-	n := min(len(b.pending), maxBatchOps)
-	batch := slices.Clone(b.pending[:n])
-	b.pending = slices.Delete(b.pending, 0, n)
-	for _, op := range batch {
-		op.taken = true
-	}
-	return batch
-}
-
-func (b *batcher) loop(batch []*batchOp) {
-	defer b.flights.Done()
-	for batch != nil {
-		b.flush(batch)
-		batch = b.next()
-	}
-}
-
-// flush sends batch as one pipeline and hands every call its result.
-func (b *batcher) flush(batch []*batchOp) {
-	defer func() {
-		for _, op := range batch {
-			close(op.done)
-		}
-	}()
-	if len(batch) == 1 {
-		b.s.runOne(batch[0].ctx, b.s.pool, batch[0])
-		return
-	}
+// flush sends two or more statements as one pipeline.
+func (b *batcher) flush(ctx context.Context, batch []*batchOp) {
 	slices.SortStableFunc(batch, func(x, y *batchOp) int {
 		return cmp.Or(cmp.Compare(x.args[0].(string), y.args[0].(string)),
 			cmp.Compare(x.args[1].(string), y.args[1].(string)))
 	})
-	b.batched.Add(int64(len(batch)))
-	ctx, cancel := batchContext(batch)
-	defer cancel()
-
 	var pb pgx.Batch
 	for _, op := range batch {
 		pb.Queue(op.sql, op.args...)
@@ -200,23 +109,6 @@ func (b *batcher) flush(batch []*batchOp) {
 	}
 }
 
-// batchContext outlives no caller that still waits: it ends at the latest
-// deadline of the batch's calls (none if one has none), and a caller that
-// gives up does not cancel the others' statements.
-func batchContext(batch []*batchOp) (context.Context, context.CancelFunc) {
-	var latest time.Time
-	for _, op := range batch {
-		d, ok := op.ctx.Deadline()
-		if !ok {
-			return context.WithCancel(context.WithoutCancel(batch[0].ctx))
-		}
-		if d.After(latest) {
-			latest = d
-		}
-	}
-	return context.WithDeadline(context.WithoutCancel(batch[0].ctx), latest)
-}
-
 // runOne runs op's statement by itself on q.
 func (s *Store) runOne(ctx context.Context, q querier, op *batchOp) {
 	if op.returns {
@@ -227,15 +119,15 @@ func (s *Store) runOne(ctx context.Context, q querier, op *batchOp) {
 }
 
 // run executes one statement of Reserve (returns) or of a lease-holder
-// update through the batcher when q is the store's pool, directly otherwise
+// update through the group when q is the store's pool, directly otherwise
 // (the Tx forms, or batching turned off).
 func (s *Store) run(ctx context.Context, q querier, returns bool, sql string, args []any) *batchOp {
-	op := &batchOp{ctx: ctx, sql: sql, args: args, returns: returns}
+	op := &batchOp{sql: sql, args: args, returns: returns}
 	if s.batch == nil || q != querier(s.pool) {
 		s.runOne(ctx, q, op)
 		return op
 	}
-	if err := s.batch.do(op); err != nil {
+	if err := s.batch.group.Do(ctx, op); err != nil {
 		return &batchOp{err: err}
 	}
 	if op.runAlone {

@@ -14,12 +14,10 @@ const (
 // BatchStats reports the calls that rode in pipelines of two or more and
 // the pipelines a statement error rolled back.
 func (s *Store) BatchStats() (batched, rolledBack int64) {
-	return s.batch.batched.Load(), s.batch.rolledBack.Load()
+	return s.batch.group.Batched(), s.batch.rolledBack.Load()
 }
 
 // BatchQueue reports the free batch slots and the calls waiting for one.
 func (s *Store) BatchQueue() (free, pending int) {
-	s.batch.mu.Lock()
-	defer s.batch.mu.Unlock()
-	return s.batch.free, len(s.batch.pending)
+	return s.batch.group.Queue()
 }

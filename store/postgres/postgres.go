@@ -537,7 +537,7 @@ func (s *Store) Close() error {
 		s.pool.Close()
 	}
 	if s.batch != nil {
-		s.batch.flights.Wait()
+		s.batch.group.Wait()
 	}
 	return nil
 }

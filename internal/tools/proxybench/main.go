@@ -24,9 +24,9 @@
 // the statistics of the variant's own table, heap tuples inserted and
 // updated, how many updates were HOT, and index bytes grown.
 //
-// -baseline PATH adds a second PostgreSQL variant run by another idem
-// binary (e.g. one built from an earlier commit), for a before/after
-// comparison in the same run.
+// -baseline name=PATH adds a PostgreSQL variant postgres-name run by
+// another idem binary (e.g. one built from an earlier commit), for a
+// before/after comparison in the same run.
 package main
 
 import (
@@ -79,7 +79,7 @@ func main() {
 	flag.StringVar(&o.pgURL, "postgres", envOr("IDEM_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
 		"PostgreSQL `URL`; empty skips the PostgreSQL variants")
 	flag.StringVar(&o.idemBin, "idem", "", "idem binary `path`; default: build ./cmd/idem")
-	flag.StringVar(&o.baseline, "baseline", "", "another idem binary `path`, run as the variant postgres-baseline")
+	flag.StringVar(&o.baseline, "baseline", "", "other idem binaries run as more PostgreSQL variants: `name=path`[,name=path...], e.g. baseline=/tmp/idem-before")
 	flag.StringVar(&o.tenantFlags, "tenant-flags", "--tenant-header X-Tenant", "idem proxy flags that say where the tenant comes from (the load sends X-Tenant: bench)")
 	flag.IntVar(&o.storeConns, "store-conns", 0, "idem proxy --store-conns for the PostgreSQL variants (0: its default)")
 	flag.StringVar(&o.only, "only", "", "comma-separated variant names to run (default all)")
@@ -233,8 +233,15 @@ func run(o options) error {
 		}
 		defer pg.Close(ctx)
 		pgVariants := []struct{ name, bin string }{{"postgres", o.idemBin}}
-		if o.baseline != "" {
-			pgVariants = append(pgVariants, struct{ name, bin string }{"postgres-baseline", o.baseline})
+		for nb := range strings.SplitSeq(o.baseline, ",") {
+			if nb == "" {
+				continue
+			}
+			name, bin, ok := strings.Cut(nb, "=")
+			if !ok || name == "" || bin == "" {
+				return fmt.Errorf("-baseline %q: want name=path", nb)
+			}
+			pgVariants = append(pgVariants, struct{ name, bin string }{"postgres-" + name, bin})
 		}
 		for _, pv := range pgVariants {
 			schema := fmt.Sprintf("proxybench_%d_%s", os.Getpid(), strings.ReplaceAll(pv.name, "-", "_"))

@@ -141,9 +141,13 @@ func report(w io.Writer, o options, variants []*variant, newRes, repRes map[stri
 	ratio("memory, new keys / plain proxy", "memory", "plain", 0, "target 0.85x")
 	ratio("postgres, new keys / pgbench INSERT + UPDATE", "postgres", "pgbench", 0, "goal >= 0.8x, moonshot >= 1.0x")
 	ratio("postgres, replays / pgbench SELECT", "postgres", "pgbench", 1, "goal >= 0.8x")
-	ratio("postgres-baseline, new keys / pgbench INSERT + UPDATE", "postgres-baseline", "pgbench", 0, "before")
-	ratio("postgres-baseline, replays / pgbench SELECT", "postgres-baseline", "pgbench", 1, "before")
-	ratio("postgres / postgres-baseline, new keys", "postgres", "postgres-baseline", 0, "after / before")
+	for _, v := range variants {
+		if !strings.HasPrefix(v.name, "postgres-") {
+			continue
+		}
+		ratio(v.name+", new keys / pgbench INSERT + UPDATE", v.name, "pgbench", 0, "another binary")
+		ratio(v.name+", replays / pgbench SELECT", v.name, "pgbench", 1, "another binary")
+	}
 
 	if len(after) == 0 {
 		return
