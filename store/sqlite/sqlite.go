@@ -52,6 +52,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idem-go/idem/internal/groupcommit"
 	"github.com/idem-go/idem/internal/migrate"
 	"github.com/idem-go/idem/store"
 
@@ -109,6 +110,7 @@ type Store struct {
 	wst    *statements
 	rst    *statements // wst for an in-memory database
 	clock  store.Clock
+	group  *groupcommit.Group[*writeOp] // Reserve and Complete writes
 }
 
 // Open opens (creating if needed) the database at path and, unless
@@ -147,6 +149,7 @@ func Open(ctx context.Context, path string, cfg Config) (*Store, error) {
 	writer.SetConnMaxIdleTime(0)
 	s := &Store{db: writer, reader: writer, wst: &statements{db: writer}, clock: cfg.Clock}
 	s.rst = s.wst
+	s.newGroup()
 	if err := connect(ctx, writer, cfg.BusyTimeout); err != nil {
 		writer.Close()
 		return nil, fmt.Errorf("idem/sqlite: open %s: %w", path, err)
@@ -294,6 +297,7 @@ func (s *Store) Ping(ctx context.Context) error {
 // Close closes the database. Transactions begun on DB must be finished
 // first.
 func (s *Store) Close() error {
+	s.group.Wait()
 	errs := []error{s.wst.close()}
 	if s.reader != s.db {
 		errs = append(errs, s.rst.close(), s.reader.Close())
