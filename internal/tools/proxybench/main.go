@@ -24,8 +24,8 @@
 // the statistics of the variant's own table, heap tuples inserted and
 // updated, how many updates were HOT, and index bytes grown.
 //
-// -baseline name=PATH adds a PostgreSQL variant postgres-name run by
-// another idem binary (e.g. one built from an earlier commit), for a
+// -baseline name=PATH adds the variants sqlite-name and postgres-name run
+// by another idem binary (e.g. one built from an earlier commit), for a
 // before/after comparison in the same run.
 package main
 
@@ -79,7 +79,7 @@ func main() {
 	flag.StringVar(&o.pgURL, "postgres", envOr("IDEM_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
 		"PostgreSQL `URL`; empty skips the PostgreSQL variants")
 	flag.StringVar(&o.idemBin, "idem", "", "idem binary `path`; default: build ./cmd/idem")
-	flag.StringVar(&o.baseline, "baseline", "", "other idem binaries run as more PostgreSQL variants: `name=path`[,name=path...], e.g. baseline=/tmp/idem-before")
+	flag.StringVar(&o.baseline, "baseline", "", "other idem binaries run as more SQLite and PostgreSQL variants: `name=path`[,name=path...], e.g. before=/tmp/idem-before")
 	flag.StringVar(&o.tenantFlags, "tenant-flags", "--tenant-header X-Tenant", "idem proxy flags that say where the tenant comes from (the load sends X-Tenant: bench)")
 	flag.IntVar(&o.storeConns, "store-conns", 0, "idem proxy --store-conns for the PostgreSQL variants (0: its default)")
 	flag.StringVar(&o.only, "only", "", "comma-separated variant names to run (default all)")
@@ -214,16 +214,37 @@ func run(o options) error {
 		return spawn(bin, args...)
 	}
 
-	variants := []*variant{{name: "plain", url: plain}}
-	for _, s := range []struct{ name, dsn string }{
-		{"memory", "memory:"},
-		{"sqlite", "sqlite:" + filepath.Join(dir, "idem.db")},
-	} {
-		u, err := idemProxy(o.idemBin, s.dsn)
-		if err != nil {
-			return err
+	type binary struct{ suffix, path string }
+	bins := []binary{{"", o.idemBin}}
+	for nb := range strings.SplitSeq(o.baseline, ",") {
+		if nb == "" {
+			continue
 		}
-		variants = append(variants, &variant{name: s.name, url: u})
+		name, bin, ok := strings.Cut(nb, "=")
+		if !ok || name == "" || bin == "" {
+			return fmt.Errorf("-baseline %q: want name=path", nb)
+		}
+		bins = append(bins, binary{"-" + name, bin})
+	}
+	wanted := func(name string) bool {
+		return o.only == "" || slices.Contains(strings.Split(o.only, ","), name)
+	}
+
+	variants := []*variant{{name: "plain", url: plain}}
+	for _, b := range bins {
+		for _, s := range []struct{ name, dsn string }{
+			{"memory", "memory:"},
+			{"sqlite", "sqlite:" + filepath.Join(dir, "idem"+b.suffix+".db")},
+		} {
+			if b.suffix != "" && s.name == "memory" || !wanted(s.name+b.suffix) {
+				continue
+			}
+			u, err := idemProxy(b.path, s.dsn)
+			if err != nil {
+				return err
+			}
+			variants = append(variants, &variant{name: s.name + b.suffix, url: u})
+		}
 	}
 
 	var pg *pgx.Conn
@@ -232,16 +253,11 @@ func run(o options) error {
 			return fmt.Errorf("postgres: %w", err)
 		}
 		defer pg.Close(ctx)
-		pgVariants := []struct{ name, bin string }{{"postgres", o.idemBin}}
-		for nb := range strings.SplitSeq(o.baseline, ",") {
-			if nb == "" {
-				continue
+		var pgVariants []struct{ name, bin string }
+		for _, b := range bins {
+			if wanted("postgres" + b.suffix) {
+				pgVariants = append(pgVariants, struct{ name, bin string }{"postgres" + b.suffix, b.path})
 			}
-			name, bin, ok := strings.Cut(nb, "=")
-			if !ok || name == "" || bin == "" {
-				return fmt.Errorf("-baseline %q: want name=path", nb)
-			}
-			pgVariants = append(pgVariants, struct{ name, bin string }{"postgres-" + name, bin})
 		}
 		for _, pv := range pgVariants {
 			schema := fmt.Sprintf("proxybench_%d_%s", os.Getpid(), strings.ReplaceAll(pv.name, "-", "_"))
@@ -270,10 +286,7 @@ func run(o options) error {
 			variants = append(variants, v)
 		}
 	}
-	if o.only != "" {
-		keep := strings.Split(o.only, ",")
-		variants = slices.DeleteFunc(variants, func(v *variant) bool { return !slices.Contains(keep, v.name) })
-	}
+	variants = slices.DeleteFunc(variants, func(v *variant) bool { return !wanted(v.name) })
 	for _, v := range variants {
 		if v.url != "" {
 			if err := httpVariant(ctx, v, o); err != nil {

@@ -142,11 +142,14 @@ func report(w io.Writer, o options, variants []*variant, newRes, repRes map[stri
 	ratio("postgres, new keys / pgbench INSERT + UPDATE", "postgres", "pgbench", 0, "goal >= 0.8x, moonshot >= 1.0x")
 	ratio("postgres, replays / pgbench SELECT", "postgres", "pgbench", 1, "goal >= 0.8x")
 	for _, v := range variants {
-		if !strings.HasPrefix(v.name, "postgres-") {
-			continue
+		if base, suffix, ok := strings.Cut(v.name, "-"); ok {
+			ratio(base+" / "+v.name+", new keys", base, v.name, 0, "this binary over another")
+			ratio(base+" / "+v.name+", replays", base, v.name, 1, "this binary over another")
+			if base == "postgres" {
+				ratio(v.name+", new keys / pgbench INSERT + UPDATE", v.name, "pgbench", 0, "binary "+suffix)
+				ratio(v.name+", replays / pgbench SELECT", v.name, "pgbench", 1, "binary "+suffix)
+			}
 		}
-		ratio(v.name+", new keys / pgbench INSERT + UPDATE", v.name, "pgbench", 0, "another binary")
-		ratio(v.name+", replays / pgbench SELECT", v.name, "pgbench", 1, "another binary")
 	}
 
 	if len(after) == 0 {
