@@ -547,6 +547,10 @@ func TestCeilingStatements(t *testing.T) {
 			t.Fatalf("%s: the ceiling sent %d statements, the engine %d", what, len(ceiling), len(engine))
 		}
 		for i := range engine {
+			if engine[i].sql == c.complete {
+				// The fence is the store clock at each record's creation.
+				ceiling[i].args[2], engine[i].args[2] = positive(ceiling[i].args[2]), positive(engine[i].args[2])
+			}
 			if ceiling[i].sql != engine[i].sql {
 				t.Errorf("%s: statement %d: the ceiling sent\n%s", what, i, ceiling[i].sql)
 			}
@@ -845,4 +849,13 @@ func benchMaxBatches(b *testing.B) int {
 		b.Fatalf("IDEM_BENCH_MAX_BATCHES=%q: %v", v, err)
 	}
 	return n
+}
+
+// positive replaces a positive int64 by 1, so two fences issued at
+// different instants compare equal when both are valid.
+func positive(v any) any {
+	if f, ok := v.(int64); ok && f > 0 {
+		return int64(1)
+	}
+	return v
 }

@@ -1,0 +1,87 @@
+package store
+
+import (
+	"net/http"
+	"strings"
+)
+
+// unreplayable are the headers a stored answer never keeps: hop-by-hop
+// headers (RFC 9110 §7.6.1), cookies (a replay must not hand one caller's
+// session to a retry), Date (a replay gets its own), Content-Length (the
+// replay computes it from the body it writes) and the engine's own markers.
+var unreplayable = map[string]bool{
+	"Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true, "Proxy-Authorization": true,
+	"Proxy-Connection": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
+	"Set-Cookie": true, "Set-Cookie2": true, "Date": true, "Content-Length": true,
+	"Idempotent-Replayed": true, "Idempotent-Body-Omitted": true,
+}
+
+// Replayable reports whether a header of this canonical name may be kept
+// for replay (Connection-named headers aside; see ReplayableHeader).
+func Replayable(name string) bool { return !unreplayable[name] }
+
+// ReplayableHeader returns the headers of h that a stored answer may keep:
+// it drops the unreplayable ones, those named by h's Connection header, and
+// any whose name is not an HTTP token or whose value holds a control
+// character other than horizontal tab. Every path that stores an answer
+// (the engine, resolvers, operators, webhooks) filters through it, and the
+// replay filters again.
+//
+// The value slices are shared with h, capped so that an Add on either side
+// copies instead of writing into the other; net/http treats header values as
+// immutable once set.
+func ReplayableHeader(h http.Header) http.Header {
+	if len(h) == 0 {
+		return nil
+	}
+	named := h["Connection"]
+	out := make(http.Header, len(h))
+	for k, v := range h {
+		if unreplayable[k] || listed(named, k) || !ValidHeader(k, v) {
+			continue
+		}
+		out[k] = v[:len(v):len(v)]
+	}
+	return out
+}
+
+// ValidHeader reports whether name is an RFC 9110 token and no value holds
+// a control character (other than horizontal tab) or DEL.
+func ValidHeader(name string, values []string) bool {
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		if !tokenByte(name[i]) {
+			return false
+		}
+	}
+	for _, v := range values {
+		for i := 0; i < len(v); i++ {
+			if c := v[i]; (c < 0x20 && c != '\t') || c == 0x7f {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func tokenByte(c byte) bool {
+	switch {
+	case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		return true
+	}
+	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
+}
+
+// listed reports whether a Connection header lists name.
+func listed(connection []string, name string) bool {
+	for _, line := range connection {
+		for tok := range strings.SplitSeq(line, ",") {
+			if http.CanonicalHeaderKey(strings.TrimSpace(tok)) == name {
+				return true
+			}
+		}
+	}
+	return false
+}
