@@ -17,6 +17,26 @@
 // that sat idle for a second before handing it out (see
 // pgxpool.Config.ShouldPing; pass your own pool to [New] to change it).
 //
+// # Group commit and pool size
+//
+// Reserve and the lease-holder updates share commits under load. A call that
+// finds one of Config.MaxBatches slots free (DefaultMaxBatches, 2) runs its
+// statement alone, at once. Calls that arrive while every slot is busy
+// queue, and leave together when a slot returns, as one pipeline of the
+// same statements in one implicit transaction: one round trip per call
+// still, but one commit and one WAL flush for the whole batch. No call ever
+// waits for a timer, so a lone request's latency is unchanged. The
+// statements of a batch commit or roll back together: a statement error
+// rolls the batch back and each of its calls then runs alone, so only the
+// faulty call sees the error. Calls on the Tx forms never join a batch.
+//
+// [Open] sizes the pool to Config.MaxConns, or to the URL's pool_max_conns,
+// or to [DefaultMaxConns] (32), not to pgxpool's max(4, CPUs): with 16
+// requests in flight, 4 connections would queue the rest before the
+// batches could form. Batched calls hold at most MaxBatches connections;
+// the rest serve Get, maintenance and reruns. Size the pool of [New] the
+// same way, and mind max_connections across all instances.
+//
 // # Transactions
 //
 // [Store.ReserveTx], [Store.CompleteTx] and [Store.CheckpointTx] run the same

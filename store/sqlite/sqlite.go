@@ -17,6 +17,12 @@
 // lets run beside the writer: a replay never queues behind another
 // request's commit and its fsync.
 //
+// Writes of Reserve and Complete that queue for the writer while it is
+// busy run together when it frees, in one immediate transaction with one
+// savepoint per call, and share one commit and one fsync (group commit). A
+// write that finds the writer idle runs alone, at once: no call waits for a
+// timer. A call whose statements fail rolls back to its savepoint only.
+//
 // # Transactions
 //
 // [Store.DB] is the writer pool. A transaction begun on it is immediate, and
