@@ -161,11 +161,23 @@ func run(o options) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	var procs []*exec.Cmd
+	var (
+		procs   []*exec.Cmd
+		schemas []string
+		pg      *pgx.Conn
+	)
 	defer func() {
+		// The proxies go first: their background services would log
+		// errors about the tables dropped under them.
 		for _, p := range procs {
 			_ = p.Process.Kill()
 			_ = p.Wait()
+		}
+		for _, s := range schemas {
+			dropSchema(pg, s)
+		}
+		if pg != nil {
+			pg.Close(context.Background())
 		}
 	}()
 
@@ -247,12 +259,10 @@ func run(o options) error {
 		}
 	}
 
-	var pg *pgx.Conn
 	if o.pgURL != "" {
 		if pg, err = pgx.Connect(ctx, o.pgURL); err != nil {
 			return fmt.Errorf("postgres: %w", err)
 		}
-		defer pg.Close(ctx)
 		var pgVariants []struct{ name, bin string }
 		for _, b := range bins {
 			if wanted("postgres" + b.suffix) {
@@ -264,7 +274,7 @@ func run(o options) error {
 			if err := createSchema(ctx, pg, schema); err != nil {
 				return err
 			}
-			defer dropSchema(pg, schema)
+			schemas = append(schemas, schema)
 			u, err := idemProxy(pv.bin, withSearchPath(o.pgURL, schema))
 			if err != nil {
 				return err
@@ -278,7 +288,7 @@ func run(o options) error {
 			if err := createSchema(ctx, pg, schema); err != nil {
 				return err
 			}
-			defer dropSchema(pg, schema)
+			schemas = append(schemas, schema)
 			v, err := ceilingVariant(ctx, o, pg, schema, dir)
 			if err != nil {
 				return err
