@@ -20,7 +20,7 @@
 // # Group commit and pool size
 //
 // Reserve and the lease-holder updates share commits under load. A call that
-// finds one of Config.MaxBatches slots free (DefaultMaxBatches, 2) runs its
+// finds one of Config.MaxBatches slots free (DefaultMaxBatches, 4) runs its
 // statement alone, at once. Calls that arrive while every slot is busy
 // queue, and leave together when a slot returns, as one pipeline of the
 // same statements in one implicit transaction: one round trip per call
