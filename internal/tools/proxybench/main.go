@@ -156,6 +156,13 @@ type sliceResult struct {
 
 func run(o options) error {
 	ctx := context.Background()
+	if o.rounds < 1 || o.slice < time.Second || o.clients < 1 {
+		return errors.New("-rounds and -clients must be positive, -slice at least 1s")
+	}
+	others, err := parseBaselines(o.baseline)
+	if err != nil {
+		return err
+	}
 	dir, err := os.MkdirTemp("", "proxybench")
 	if err != nil {
 		return err
@@ -226,18 +233,7 @@ func run(o options) error {
 		return spawn(bin, args...)
 	}
 
-	type binary struct{ suffix, path string }
-	bins := []binary{{"", o.idemBin}}
-	for nb := range strings.SplitSeq(o.baseline, ",") {
-		if nb == "" {
-			continue
-		}
-		name, bin, ok := strings.Cut(nb, "=")
-		if !ok || name == "" || bin == "" {
-			return fmt.Errorf("-baseline %q: want name=path", nb)
-		}
-		bins = append(bins, binary{"-" + name, bin})
-	}
+	bins := append([]binary{{"", o.idemBin}}, others...)
 	wanted := func(name string) bool {
 		return o.only == "" || slices.Contains(strings.Split(o.only, ","), name)
 	}
@@ -354,6 +350,28 @@ func run(o options) error {
 	}
 	report(os.Stdout, o, variants, newRes, repRes, statsBefore, after, started)
 	return nil
+}
+
+// binary is an idem binary and the suffix of its variants' names.
+type binary struct{ suffix, path string }
+
+// parseBaselines reads -baseline: name=path[,name=path...].
+func parseBaselines(v string) ([]binary, error) {
+	var bins []binary
+	for nb := range strings.SplitSeq(v, ",") {
+		if nb == "" {
+			continue
+		}
+		name, bin, ok := strings.Cut(nb, "=")
+		if !ok || name == "" || bin == "" || strings.ContainsAny(name, "-=") {
+			return nil, fmt.Errorf("-baseline %q: want name=path, the name without '-'", nb)
+		}
+		if slices.ContainsFunc(bins, func(b binary) bool { return b.suffix == "-"+name }) {
+			return nil, fmt.Errorf("-baseline: %s named twice", name)
+		}
+		bins = append(bins, binary{"-" + name, bin})
+	}
+	return bins, nil
 }
 
 func freeAddr() (string, error) {
