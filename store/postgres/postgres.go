@@ -29,6 +29,9 @@
 // statements of a batch commit or roll back together: a statement error
 // rolls the batch back and each of its calls then runs alone, so only the
 // faulty call sees the error. Calls on the Tx forms never join a batch.
+// The calls of a batch wait for one another: a statement that waits for a
+// row lock (a key that a caller's open transaction holds through the Tx
+// forms) holds up its batch while the other slots keep serving.
 //
 // [Open] sizes the pool to Config.MaxConns, or to the URL's pool_max_conns,
 // or to [DefaultMaxConns] (32), not to pgxpool's max(4, CPUs): with 16
