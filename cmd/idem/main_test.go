@@ -259,7 +259,7 @@ const (
 func crashMidRequest(t *testing.T) (*proxyProc, string, *blockingAPI, *http.Client) {
 	api, up := newBlockingAPI(t)
 	dsn := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
-	args := []string{"--store", dsn, "--lease", "1s", "--upstream", up.URL, "--sweep-interval", "100ms"}
+	args := []string{"--store", dsn, "--lease", "1s", "--upstream", up.URL, "--sweep-interval", "100ms", "--single-tenant"}
 	tr := &http.Transport{}
 	t.Cleanup(tr.CloseIdleConnections)
 	c := &http.Client{Transport: tr, Timeout: 30 * time.Second}

@@ -151,7 +151,7 @@ func TestProxyWithoutMaintenance(t *testing.T) {
 		t.Fatal("the background services run with NoMaintenance")
 	}
 	_, err := NewProxy(context.Background(), ProxyConfig{Listen: "127.0.0.1:0", Upstream: up.URL, Store: "memory:",
-		NoMaintenance: true, ResolveURL: "http://127.0.0.1:1/resolve"})
+		NoMaintenance: true, ResolveURL: "http://127.0.0.1:1/resolve", SingleTenant: true})
 	if err == nil || !strings.Contains(err.Error(), "--resolve-url needs the background services") {
 		t.Errorf("a resolver without the services: %v", err)
 	}

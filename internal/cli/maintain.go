@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/internal/storeurl"
 	"github.com/idem-go/idem/store"
 )
 
@@ -57,10 +56,13 @@ Moves every in-progress record whose lease expired (its holder died) to
 unknown, once, and prints how many. Records whose lease policy is retry or
 resume stay for their retry to take over. The proxy runs this every
 --sweep-interval unless --maintenance=false.`, stderr)
-	dsn := fs.String("store", storeurl.Default, "store `DSN`: "+storeurl.Supported)
+	dsn := storeFlag(fs)
 	batch := fs.Int("batch", 100, "records changed per store call")
 	pos, err := parse(fs, args)
 	if err != nil {
+		return err
+	}
+	if err := dsn.resolve(fs); err != nil {
 		return err
 	}
 	if len(pos) > 0 {
@@ -69,7 +71,7 @@ resume stay for their retry to take over. The proxy runs this every
 	if err := positive(fs, "batch", *batch); err != nil {
 		return err
 	}
-	m, s, err := maintainer(ctx, *dsn, idem.MaintenanceConfig{BatchSize: *batch}, 0, stderr)
+	m, s, err := maintainer(ctx, dsn.value, idem.MaintenanceConfig{BatchSize: *batch}, 0, stderr)
 	if err != nil {
 		return err
 	}
@@ -87,12 +89,15 @@ Deletes completed and failed records past their expiry (--soft keeps them
 as state expired, for audit), and closes abandoned records (in progress or
 unknown past their expiry) with a stored 504 answer, once; prints the
 counts. The proxy runs this every --reap-interval unless --maintenance=false.`, stderr)
-	dsn := fs.String("store", storeurl.Default, "store `DSN`: "+storeurl.Supported)
+	dsn := storeFlag(fs)
 	soft := fs.Bool("soft", false, "keep expired records as state expired instead of deleting them")
 	batch := fs.Int("batch", 100, "records changed per store call")
 	abandonedTTL := fs.Duration("abandoned-ttl", 24*time.Hour, "how long an abandoned record keeps its 504 answer")
 	pos, err := parse(fs, args)
 	if err != nil {
+		return err
+	}
+	if err := dsn.resolve(fs); err != nil {
 		return err
 	}
 	if len(pos) > 0 {
@@ -104,7 +109,7 @@ counts. The proxy runs this every --reap-interval unless --maintenance=false.`, 
 	if *abandonedTTL <= 0 {
 		return usageErr(fs, "--abandoned-ttl must be positive")
 	}
-	m, s, err := maintainer(ctx, *dsn, idem.MaintenanceConfig{BatchSize: *batch, SoftExpire: *soft, AbandonedTTL: *abandonedTTL}, 0, stderr)
+	m, s, err := maintainer(ctx, dsn.value, idem.MaintenanceConfig{BatchSize: *batch, SoftExpire: *soft, AbandonedTTL: *abandonedTTL}, 0, stderr)
 	if err != nil {
 		return err
 	}
@@ -172,12 +177,15 @@ every unknown record, also those waiting for their next attempt and the
 dead-lettered ones (given up on by the reconciler: only an operator settles
 them, with idem reconcile resolve), shown as DEAD-LETTERED in the
 RECONCILE_AFTER column. ATTEMPTS counts reconciliation attempts.`, stderr)
-	dsn := fs.String("store", storeurl.Default, "store `DSN`: "+storeurl.Supported)
+	dsn := storeFlag(fs)
 	all := fs.Bool("all", false, "list every unknown record, not only the due ones")
 	limit := fs.Int("limit", 100, "list at most `N` records")
 	asJSON := fs.Bool("json", false, "print one JSON object per line instead of a table")
 	pos, err := parse(fs, args)
 	if err != nil {
+		return err
+	}
+	if err := dsn.resolve(fs); err != nil {
 		return err
 	}
 	if len(pos) > 0 {
@@ -186,7 +194,7 @@ RECONCILE_AFTER column. ATTEMPTS counts reconciliation attempts.`, stderr)
 	if err := positive(fs, "limit", *limit); err != nil {
 		return err
 	}
-	s, err := openExisting(ctx, *dsn, "")
+	s, err := openExisting(ctx, dsn.value, "")
 	if err != nil {
 		return err
 	}
@@ -340,11 +348,14 @@ the ones it can tell, and prints the counts. The proxy does the same every
 --reconcile-interval when it is given --resolve-url.
 
 `+resolveProtocol, stderr)
-	dsn := fs.String("store", storeurl.Default, "store `DSN`: "+storeurl.Supported)
+	dsn := storeFlag(fs)
 	resolveURL := fs.String("resolve-url", "", "`URL` of the upstream operators' resolve endpoint (required)")
 	batch := fs.Int("batch", 100, "records asked about in this pass, at most")
 	pos, err := parse(fs, args)
 	if err != nil {
+		return err
+	}
+	if err := dsn.resolve(fs); err != nil {
 		return err
 	}
 	if len(pos) > 0 {
@@ -360,7 +371,7 @@ the ones it can tell, and prints the counts. The proxy does the same every
 	if err != nil {
 		return usageErr(fs, "%v", err)
 	}
-	m, s, err := maintainer(ctx, *dsn, idem.MaintenanceConfig{BatchSize: *batch, Resolver: r}, 0, stderr)
+	m, s, err := maintainer(ctx, dsn.value, idem.MaintenanceConfig{BatchSize: *batch, Resolver: r}, 0, stderr)
 	if err != nil {
 		return err
 	}
