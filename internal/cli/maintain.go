@@ -308,7 +308,7 @@ once their lease expires (idem sweep).
 				return fmt.Errorf("--body: %w", err)
 			}
 		}
-		res = idem.Resolution{Outcome: idem.Happened, Response: &store.Response{Status: *status, Header: hdr.h, Body: b}}
+		res = idem.Resolution{Outcome: idem.Happened, Response: &store.Response{Status: *status, Header: replayable(hdr.h), Body: b}}
 	}
 	if *ttl <= 0 {
 		return usageErr(fs, "--ttl must be positive")

@@ -50,7 +50,13 @@ const maxResolveAnswer = 16 << 20
 type httpResolver struct {
 	url    string
 	client *http.Client
+	// maxBody bounds the body a settled answer keeps, as the engine's
+	// MaxResponseBytes bounds a live one.
+	maxBody int
 }
+
+// defaultMaxResponseBytes is the engine's default MaxResponseBytes.
+const defaultMaxResponseBytes = 1 << 20
 
 var _ idem.Resolver = (*httpResolver)(nil)
 
@@ -59,7 +65,7 @@ func newHTTPResolver(raw string) (*httpResolver, error) {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("--resolve-url %q: want an http:// or https:// URL with a host", raw)
 	}
-	return &httpResolver{url: raw, client: &http.Client{Timeout: resolveTimeout}}, nil
+	return &httpResolver{url: raw, client: &http.Client{Timeout: resolveTimeout}, maxBody: defaultMaxResponseBytes}, nil
 }
 
 // resolveQuestion is the JSON posted to the resolve URL.
@@ -135,7 +141,7 @@ func (h *httpResolver) Resolve(ctx context.Context, rec store.Record) (idem.Reso
 	if len(raw) > maxResolveAnswer {
 		return idem.Resolution{}, fmt.Errorf("resolve URL: answer larger than %d bytes", maxResolveAnswer)
 	}
-	return parseResolveAnswer(raw)
+	return parseResolveAnswer(raw, h.maxBody)
 }
 
 // redactedURLError drops the URL from a client error: it may carry
@@ -148,7 +154,11 @@ func redactedURLError(err error) error {
 	return err
 }
 
-func parseResolveAnswer(raw []byte) (idem.Resolution, error) {
+// parseResolveAnswer reads the resolve URL's answer. A settled response
+// keeps what a live one would: the headers store.ReplayableHeader lets
+// through, and a body of at most maxBody bytes (a larger one is left out
+// and the replay says so, as the middleware does).
+func parseResolveAnswer(raw []byte, maxBody int) (idem.Resolution, error) {
 	var a resolveAnswer
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	if err := dec.Decode(&a); err != nil {
@@ -172,6 +182,7 @@ func parseResolveAnswer(raw []byte) (idem.Resolution, error) {
 			return idem.Resolution{}, fmt.Errorf("resolve URL: %w", err)
 		}
 	}
+	resp.Header = replayable(resp.Header)
 	switch {
 	case a.Body != nil && a.BodyBase64 != nil:
 		return idem.Resolution{}, errors.New(`resolve URL: give "body" or "body_base64", not both`)
@@ -184,6 +195,9 @@ func parseResolveAnswer(raw []byte) (idem.Resolution, error) {
 		}
 		resp.Body = b
 	}
+	if len(resp.Body) > maxBody {
+		resp.Body, resp.BodyOmitted = nil, true
+	}
 	return idem.Resolution{Outcome: idem.Happened, Response: resp}, nil
 }
 
@@ -195,22 +209,19 @@ func checkStatus(status int) error {
 	return nil
 }
 
-// unreplayable are the headers a settled response never stores: what the
-// engine drops from a live response (hop-by-hop headers, cookies, Date,
-// its own markers), and Content-Length, which the replay computes from
-// the body it writes.
-var unreplayable = map[string]bool{
-	"Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true, "Proxy-Authorization": true,
-	"Proxy-Connection": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
-	"Set-Cookie": true, "Set-Cookie2": true, "Date": true, "Idempotent-Replayed": true, "Idempotent-Body-Omitted": true,
-	"Content-Length": true,
+// replayable keeps the headers a stored answer may carry; never nil.
+func replayable(h http.Header) http.Header {
+	if h = store.ReplayableHeader(h); h == nil {
+		h = http.Header{}
+	}
+	return h
 }
 
-// addHeader adds a header of a settled response, refusing names and
-// values that are not valid on the wire and silently leaving out the ones
-// a replay must not carry.
+// addHeader adds a header of a settled response, refusing names that are
+// not tokens and values that would split the header on the wire; the
+// caller filters the result through replayable.
 func addHeader(h http.Header, name string, values ...string) error {
-	if !validHeaderName(name) {
+	if !validToken(name) {
 		return fmt.Errorf("header name %q is not a valid field name", name)
 	}
 	for _, v := range values {
@@ -219,28 +230,8 @@ func addHeader(h http.Header, name string, values ...string) error {
 		}
 	}
 	name = http.CanonicalHeaderKey(name)
-	if unreplayable[name] {
-		return nil
-	}
 	for _, v := range values {
 		h.Add(name, strings.TrimSpace(v))
 	}
 	return nil
-}
-
-// validHeaderName reports whether name is an RFC 9110 token.
-func validHeaderName(name string) bool {
-	if name == "" {
-		return false
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
-		default:
-			return false
-		}
-	}
-	return true
 }
