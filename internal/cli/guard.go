@@ -77,6 +77,11 @@ func writeProxyProblem(w http.ResponseWriter, profile idem.Profile, p proxyProbl
 
 // refuse answers p and counts it by reason.
 func (p *Proxy) refuse(w http.ResponseWriter, r *http.Request, prob proxyProblem, detail string) {
+	if r.ContentLength != 0 {
+		// The body was not read: net/http would read what is left of
+		// it before the next request, waiting on a client that may stall.
+		w.Header().Set("Connection", "close")
+	}
 	p.refusals.Add(r.Context(), 1, metric.WithAttributes(attribute.String("reason", prob.slug)))
 	writeProxyProblem(w, idem.Profile(p.cfg.Profile), prob, detail)
 }
@@ -99,10 +104,9 @@ func tenantFromContext(r *http.Request) string {
 // upstream.
 func (p *Proxy) guard(w http.ResponseWriter, r *http.Request) {
 	if p.cfg.BodyTimeout > 0 {
-		limitBodyTime(w, r, p.cfg.BodyTimeout)
+		r = limitBodyTime(w, r, p.cfg.BodyTimeout)
 	}
 	if !upperToken(r.Method) {
-		w.Header().Set("Connection", "close") // the body was not read
 		p.refuse(w, r, probMethodCase, "")
 		return
 	}
@@ -182,19 +186,23 @@ func upperToken(m string) bool {
 	return true
 }
 
-// limitBodyTime gives r's body d to arrive. The deadline is on the
-// connection's reads, so it is lifted once the body was read to its end:
-// a later read (net/http watches for the client leaving while the handler
-// runs) must not fail on it and cancel the request.
-func limitBodyTime(w http.ResponseWriter, r *http.Request, d time.Duration) {
+// limitBodyTime gives r's body d to arrive, and returns the request to
+// serve. The deadline is on the connection's reads, so it is lifted once
+// the body was read to its end: a later read (net/http watches for the
+// client leaving while the handler runs) must not fail on it and cancel
+// the request. The body is wrapped in a copy of r: net/http decides what
+// to do with an unread body by looking at the one it made.
+func limitBodyTime(w http.ResponseWriter, r *http.Request, d time.Duration) *http.Request {
 	if r.Body == nil || r.Body == http.NoBody {
-		return
+		return r
 	}
 	rc := http.NewResponseController(w)
 	if rc.SetReadDeadline(time.Now().Add(d)) != nil {
-		return
+		return r
 	}
+	r = r.WithContext(r.Context())
 	r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc}
+	return r
 }
 
 type deadlineBody struct {
