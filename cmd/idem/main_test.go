@@ -405,3 +405,19 @@ func TestBinaryUsage(t *testing.T) {
 		t.Errorf("failure: %v\n%s", err, errOut)
 	}
 }
+
+// Without a tenant source the proxy does not start, and says how to fix
+// it; a shared store needs the tenant secret given.
+func TestBinaryProxyRefusesASharedTenant(t *testing.T) {
+	t.Parallel()
+	_, errOut, err := runIdem(t, "proxy", "--upstream", "http://127.0.0.1:1", "--store", "memory:", "--listen", "127.0.0.1:0")
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(errOut, "--tenant-from") || !strings.Contains(errOut, "--single-tenant") {
+		t.Errorf("proxy without a tenant source: %v\n%s", err, errOut)
+	}
+	_, errOut, err = runIdem(t, "proxy", "--upstream", "http://127.0.0.1:1", "--store", "postgres://u@127.0.0.1:1/db",
+		"--tenant-from", "authorization", "--listen", "127.0.0.1:0")
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(errOut, "IDEM_TENANT_SECRET") {
+		t.Errorf("proxy on a shared store without a secret: %v\n%s", err, errOut)
+	}
+}

@@ -197,6 +197,23 @@ func TestProxyRefusesLowerCaseMethods(t *testing.T) {
 	}
 }
 
+// Refusals are counted by reason on /metrics.
+func TestProxyCountsRefusals(t *testing.T) {
+	t.Parallel()
+	p, base := startProxy(t, ProxyConfig{Upstream: newUpstream(t, &chargeAPI{}).URL, Store: "memory:",
+		Admin: "127.0.0.1:0", TenantFrom: []string{"authorization"}})
+	c := client(t)
+	send(t, c, "POST", base+"/v1/charges", "k", `{}`)
+	send(t, c, "post", base+"/v1/charges", "k", `{}`)
+	r := send(t, c, "GET", "http://"+p.AdminAddr().String()+"/metrics", "", "")
+	for _, reason := range []string{"tenant-missing", "method-not-upper-case"} {
+		if !strings.Contains(string(r.body), `idem_proxy_refused_total{otel_scope_name="github.com/idem-go/idem/internal/cli"`) ||
+			!strings.Contains(string(r.body), `reason="`+reason+`"} 1`) {
+			t.Errorf("no count of %s refusals in:\n%s", reason, grepLines(string(r.body), "idem_proxy_refused"))
+		}
+	}
+}
+
 func TestProxyNeedsATenantSource(t *testing.T) {
 	t.Parallel()
 	_, err := NewProxy(context.Background(), ProxyConfig{Listen: "127.0.0.1:0", Upstream: "http://127.0.0.1:1", Store: "memory:"})

@@ -838,7 +838,7 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	fs.Var(&maxHeader, "max-header-bytes", "largest request line and headers `size` (larger: 431)")
 	fs.DurationVar(&cfg.BodyTimeout, "body-timeout", defaultBodyTimeout, "time a client gets to send a request body; a stalled client is cut off (0: no limit)")
 	maxBuffered := byteSize(defaultMaxBufferedBytes)
-	fs.Var(&maxBuffered, "max-buffered-bytes", "bound on the request bodies held in memory at once (over it: 503 + Retry-After at once); at least --max-body")
+	fs.Var(&maxBuffered, "max-buffered-bytes", "bound on the `size` of the request bodies held in memory at once (over it: 503 + Retry-After at once); at least --max-body")
 	methods := listFlag{http.MethodPost, http.MethodPatch}
 	fs.Var(&methods, "methods", "comma-separated `methods` under idempotency keys; others pass through")
 	maxBody := byteSize(1 << 20)
