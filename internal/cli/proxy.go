@@ -221,6 +221,9 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.TenantHeader != "" {
+		cfg.Logger.Warn("idem proxy: --tenant-header is deprecated; use --tenant-from trusted-header:NAME", "name", cfg.TenantHeader)
+	}
 
 	if cfg.NoMaintenance && cfg.ResolveURL != "" {
 		return nil, errors.New("proxy: --resolve-url needs the background services (drop --maintenance=false)")
