@@ -6,16 +6,56 @@
 //
 // The fingerprint is SHA-256, or HMAC-SHA-256 keyed with a server secret, of
 //
-//	"idem fingerprint v1\n"
+//	"idem fingerprint v2\n"
 //	uvarint(len(method)) method
 //	uvarint(len(route)) route
+//	uvarint(len(target)) target   (the canonical target, below)
 //	one byte: the body kind (raw, json, json-fields, json-raw, form, form-fields)
 //	the canonical body
 //
-// Method and route are length-prefixed and the kind is one fixed-width byte,
-// so the prefix is self-delimiting: no two (method, route, body) triples map
-// to the same hash input, and the canonical forms of different kinds never
-// equal each other. The canonical body is the rest of the input.
+// Method, route and target are length-prefixed and the kind is one
+// fixed-width byte, so the prefix is self-delimiting: no two (method, route,
+// target, body) inputs map to the same hash input, and the canonical forms of
+// different kinds never equal each other. The canonical body is the rest of
+// the input.
+//
+// The route is the pattern (/v1/orders/{id}/pay) and the target the concrete
+// request (/v1/orders/2/pay?notify=1): with the route alone, the same key
+// sent for order 1 and then for order 2 would replay order 1's answer.
+// Input.Target is the request target in origin form, the escaped path then,
+// if there is a query, '?' and the raw query: what (*url.URL).RequestURI
+// returns for a server request. Sum canonicalises it itself, so callers
+// cannot forget to; the canonical target is
+//
+//	uvarint(len(path)) path
+//	for each query pair, sorted by key, the values of a repeated key in their order:
+//	  one byte: 0 decoded, 1 kept as sent
+//	  uvarint(len(key)) key uvarint(len(value)) value
+//
+// The path is everything before the first '?' (an escaped path has no raw
+// '?'), taken byte for byte: routers disagree on what %2F means in a path,
+// so no two spellings of a path are merged. The query is split and decoded
+// as net/url's ParseQuery does and as forms are below: pairs are separated
+// by '&', empty segments are skipped, a pair without '=' has the empty value,
+// '+' is a space and %41 is A, so a=%41 and a=A are one request while
+// a=1&b=2 and a=12 are not, and an empty query equals no query. A segment
+// with an invalid percent escape or a ';' is never an error (the server
+// already accepted the request) but is kept as sent, split at its first '=',
+// and marked so that it never equals a decoded pair: Go's handlers drop such
+// a pair, other frameworks keep it raw, and neither reading may merge two
+// requests.
+//
+// # Versions
+//
+// The first line names the layout version. A change to anything hashed
+// (what is covered, how it is canonicalised) takes a new version, so the
+// old and new fingerprints of one request always differ. Version 1 covered
+// method, route and body, not the target, and read a field as one
+// top-level member name; version 2 adds the target and field paths. A
+// record written under version 1 therefore never matches a version 2
+// fingerprint: a retry of such a record after an upgrade is answered 422
+// (key reused), never executed a second time, and such records age out
+// with their keys.
 //
 // # Bodies
 //
@@ -52,23 +92,50 @@
 // mismatch is a 422 the client can see, a false match would replay another
 // request's response.
 //
+// Deciding is cheap for almost every number: the digits alone settle a
+// number of more than 17 significant digits (no double needs more) or out
+// of the double range. Subnormal values (below about 2.2e-308) are the
+// exception, as converting them exactly costs some thousand times more than
+// a normal number; past 64 of them in one body the body is hashed raw, the
+// safe direction, so that no body of a given size costs much more to
+// fingerprint than the same size of small integers.
+//
 // JSON text that is not valid UTF-8, and \u escapes that are lone UTF-16
 // surrogates (which many decoders silently turn into U+FFFD, merging distinct
 // inputs), are ErrInvalidJSON.
 //
 // # Selected fields
 //
-// With fields, a JSON object body is fingerprinted by those top-level members
-// only, in the order given: for each field its name, then whether it is
-// present, then its canonical value, so a missing member differs from null.
-// The whole body must still be valid. Only selected values are subject to the
-// number guard. A JSON body that is not an object is fingerprinted whole. A
-// form body is fingerprinted by the values of the named keys (a missing key
-// has no values, which differs from one empty value). A JSON object or form
-// with none of the selected members is fingerprinted whole, like a body of
-// any other shape, so that requests the route did not expect (a JSON
-// document labelled as a form) never share a fingerprint. Raw bodies ignore
-// fields.
+// With fields, a JSON object body is fingerprinted by the selected members
+// only, in the order the fields are given. A field is a path of member
+// names separated by '.': payment.amount selects member amount of the
+// object that is member payment of the body. In a name, '~' is written ~0
+// and '.' is written ~1 (a~1b selects the member named "a.b"; a~0b the
+// member "a~b"); a path is compared with member names after their JSON
+// escapes are decoded. A field that is not UTF-8 or has another '~'
+// sequence selects nothing (ValidateFields reports it). Paths never index
+// arrays.
+//
+// For each field the hash input holds its text, then how its path ends:
+//
+//   - found: the canonical value, null included;
+//   - missing: the level (0 for the first name) of the member that is
+//     absent, so for payment.amount {} and {"payment":{}} differ, and both
+//     differ from {"payment":{"amount":null}};
+//   - not an object: the level and the canonical value found where an
+//     object was needed (an array, a string, null ...), whole, so two
+//     bodies that differ there are two requests.
+//
+// The whole body must still be valid, with no name repeated in any object.
+// Only the values written are subject to the number guard. A JSON body that
+// is not an object, or in which no field's path is found, is fingerprinted
+// whole, like a body of any other shape, so that requests the route did not
+// expect never share a fingerprint.
+//
+// A form body is fingerprinted by the values of the named keys: a field is
+// a key compared byte for byte, '.' and '~' included (forms have no nesting).
+// A missing key has no values, which differs from one empty value; a form
+// with none of the keys is fingerprinted whole. Raw bodies ignore fields.
 package fingerprint
 
 import (
@@ -109,7 +176,8 @@ const (
 	kindFormFields byte = 6
 )
 
-const domain = "idem fingerprint v1\n"
+// domain is the layout version; see "Versions" in the package comment.
+const domain = "idem fingerprint v2\n"
 
 // Hasher computes fingerprints. It is safe for concurrent use.
 type Hasher struct {
@@ -134,22 +202,45 @@ func New(secret []byte) *Hasher {
 	return h
 }
 
-// Sum returns the lowercase hex fingerprint of method, route and the
-// canonical body. contentType is the request's Content-Type header; fields,
-// when non-empty, selects top-level JSON members (or form keys) to
-// fingerprint instead of the whole body.
-func (h *Hasher) Sum(method, route, contentType string, body []byte, fields []string) (string, error) {
+// Input is one request as the fingerprint sees it.
+type Input struct {
+	// Method is the request method, compared byte for byte.
+	Method string
+	// Route is the route pattern the request matched (/v1/orders/{id}).
+	Route string
+	// Target is the concrete request target in origin form: the escaped
+	// path, then '?' and the raw query when there is one, as returned by
+	// (*url.URL).RequestURI. Sum canonicalises the query; see the package
+	// comment. A protocol without one (gRPC) passes what names the call,
+	// the full method name, or nothing, the same way on every retry.
+	Target string
+	// ContentType is the request's Content-Type header; it chooses how the
+	// body is canonicalised.
+	ContentType string
+	// Body is the whole request body.
+	Body []byte
+	// Fields, when non-empty, selects the JSON members (by path: a.b) or
+	// the form keys to fingerprint instead of the whole body; see "Selected
+	// fields" and ValidateFields.
+	Fields []string
+}
+
+// Sum returns the lowercase hex fingerprint of in: method, route, canonical
+// target and canonical body. Its errors are the client errors listed above;
+// the target never causes one.
+func (h *Hasher) Sum(in Input) (string, error) {
 	s := h.pool.Get().(*state)
 	defer h.put(s)
+	s.prepare(in.Method, in.Route, in.Target)
 	var err error
-	switch mediaKind(contentType) {
+	switch mediaKind(in.ContentType) {
 	case kindJSON:
-		err = s.json(method, route, body, fields)
+		err = s.json(in.Body, in.Fields)
 	case kindForm:
-		err = s.form(method, route, body, fields)
+		err = s.form(in.Body, in.Fields)
 	default:
-		s.begin(method, route, kindRaw)
-		s.write(body)
+		s.begin(kindRaw)
+		s.write(in.Body)
 	}
 	if err != nil {
 		return "", err
@@ -178,6 +269,9 @@ func (h *Hasher) put(s *state) {
 	if cap(s.scratch) > 16*maxPooledItems {
 		s.scratch = nil
 	}
+	if cap(s.prefix) > 16*maxPooledItems {
+		s.prefix, s.target = nil, nil
+	}
 	h.pool.Put(s)
 }
 
@@ -197,22 +291,36 @@ type state struct {
 	scratch []byte            // form: decoded keys and values
 	w       sink              // where canonical bytes go; nil means h
 	guarded bool              // JSON: a written number failed the meaning guard
-	src     []byte            // JSON: the document
+	// JSON: work done on numbers, bounded per body (see maxSlowNumbers)
+	slowNumbers, parsedNumbers int
+	src                        []byte // JSON: the document
+	prefix                     []byte // the hash input before the kind: domain, method, route, target
+	target                     []byte // the canonical target
 }
 
 // sink receives canonical bytes; tests use it to capture them.
 type sink interface{ Write([]byte) (int, error) }
 
+// prepare builds the part of the hash input that precedes the body kind.
+// The body parsers reuse s.pairs and s.scratch, so the canonical target is
+// built first and copied into the prefix.
+func (s *state) prepare(method, route, target string) {
+	p := append(s.prefix[:0], domain...)
+	p = binary.AppendUvarint(p, uint64(len(method)))
+	p = append(p, method...)
+	p = binary.AppendUvarint(p, uint64(len(route)))
+	p = append(p, route...)
+	s.target = s.appendTarget(s.target[:0], target)
+	p = binary.AppendUvarint(p, uint64(len(s.target)))
+	s.prefix = append(p, s.target...)
+}
+
 // begin resets the hash and writes the prefix for one kind of body.
-func (s *state) begin(method, route string, kind byte) {
+func (s *state) begin(kind byte) {
 	s.h.Reset()
 	s.buf = s.buf[:0]
-	s.buf = append(s.buf, domain...)
-	s.buf = binary.AppendUvarint(s.buf, uint64(len(method)))
-	s.buf = append(s.buf, method...)
-	s.buf = binary.AppendUvarint(s.buf, uint64(len(route)))
-	s.buf = append(s.buf, route...)
-	s.buf = append(s.buf, kind)
+	s.write(s.prefix)
+	s.writeByte(kind)
 }
 
 func (s *state) flush() {
