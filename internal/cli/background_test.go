@@ -162,7 +162,7 @@ func TestProxyWithoutMaintenance(t *testing.T) {
 		t.Fatal("the background services run with NoMaintenance")
 	}
 	_, err := NewProxy(context.Background(), ProxyConfig{Listen: "127.0.0.1:0", Upstream: up.URL, Store: "memory:",
-		NoMaintenance: true, ResolveURL: "http://127.0.0.1:1/resolve"})
+		NoMaintenance: true, ResolveURL: "http://127.0.0.1:1/resolve", SingleTenant: true})
 	if err == nil || !strings.Contains(err.Error(), "--resolve-url needs the background services") {
 		t.Errorf("a resolver without the services: %v", err)
 	}
@@ -173,7 +173,7 @@ func TestProxyWithoutMaintenance(t *testing.T) {
 func TestProxyRefusesABadMaintenanceConfig(t *testing.T) {
 	t.Parallel()
 	up := newUpstream(t, &chargeAPI{})
-	_, err := NewProxy(context.Background(), ProxyConfig{Listen: "127.0.0.1:0", Upstream: up.URL, Store: "memory:",
+	_, err := NewProxy(context.Background(), ProxyConfig{Listen: "127.0.0.1:0", Upstream: up.URL, Store: "memory:", SingleTenant: true,
 		Maintenance: maintenance.Config{ReconcileBackoff: 2 * time.Hour}})
 	if err == nil || !strings.Contains(err.Error(), "ReconcileMaxBackoff (1h0m0s) is shorter than ReconcileBackoff (2h0m0s)") {
 		t.Fatalf("NewProxy: %v", err)

@@ -3,6 +3,7 @@ package storeurl_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -284,5 +285,26 @@ func pingAndClose(t *testing.T, dsn string) {
 	}
 	if err := s.Close(); err != nil {
 		t.Errorf("Close: %v", err)
+	}
+}
+
+func TestReadFile(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	got, err := storeurl.ReadFile(write("ok", " postgres://u:p%40ss@h/db \r\nsecond line\n"))
+	if err != nil || got != "postgres://u:p%40ss@h/db" {
+		t.Errorf("ReadFile = %q, %v", got, err)
+	}
+	for _, p := range []string{write("empty", ""), write("blank", "  \nsqlite:x\n"), filepath.Join(dir, "missing")} {
+		if got, err := storeurl.ReadFile(p); err == nil || strings.Contains(fmt.Sprint(err), "sqlite:x") {
+			t.Errorf("ReadFile(%s) = %q, %v", filepath.Base(p), got, err)
+		}
 	}
 }
