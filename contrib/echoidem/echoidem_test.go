@@ -1,6 +1,7 @@
 package echoidem_test
 
 import (
+	"errors"
 	"net/http"
 	"strconv"
 	"testing"
@@ -54,3 +55,33 @@ func app(t *testing.T, e *idem.Engine, h *adaptertest.Hooks) http.Handler {
 }
 
 func TestAdapter(t *testing.T) { adaptertest.Run(t, app) }
+
+// The application's own error handler renders a handler's error once,
+// inside the protocol; a replay does not call it.
+func TestErrorHandlerRendersOnce(t *testing.T) {
+	calls := 0
+	app := adaptertest.Start(t, func(t *testing.T, e *idem.Engine, h *adaptertest.Hooks) http.Handler {
+		ec := echo.New()
+		ec.HTTPErrorHandler = func(c *echo.Context, err error) {
+			calls++
+			c.JSON(http.StatusConflict, map[string]any{"error": err.Error()})
+		}
+		ec.Use(echoidem.Middleware(e))
+		ec.POST("/d/charges", func(c *echo.Context) error {
+			h.Count("/d/charges")
+			return errors.New("card declined")
+		})
+		return ec
+	})
+	first := app.Post(t, "/d/charges", "k", `{}`)
+	again := app.Post(t, "/d/charges", "k", `{}`)
+	if first.Status != http.StatusConflict || string(first.Body) != "{\"error\":\"card declined\"}\n" {
+		t.Fatalf("first: %d %q", first.Status, first.Body)
+	}
+	if again.Status != http.StatusConflict || !again.Replayed() || string(again.Body) != string(first.Body) {
+		t.Fatalf("retry: %d replayed=%v %q", again.Status, again.Replayed(), again.Body)
+	}
+	if calls != 1 || app.Hooks.Runs("/d/charges") != 1 {
+		t.Fatalf("error handler calls %d, handler runs %d; want 1 and 1", calls, app.Hooks.Runs("/d/charges"))
+	}
+}
