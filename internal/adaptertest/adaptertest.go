@@ -36,6 +36,7 @@ import (
 type Hooks struct {
 	mu      sync.Mutex
 	counts  map[string]int
+	blocked int
 	entered chan struct{}
 	release chan struct{}
 }
@@ -57,11 +58,19 @@ func (h *Hooks) Runs(route string) int {
 	return h.counts[route]
 }
 
-// Block tells the suite the handler of /slow is running and waits until
-// the suite lets it finish.
+// Block, in the first run of the handler of /slow, tells the suite it is
+// running and waits until the suite lets it finish. Later runs (an adapter
+// that let a duplicate through) return at once, so such a defect fails
+// the suite instead of hanging it.
 func (h *Hooks) Block() {
-	h.entered <- struct{}{}
-	<-h.release
+	h.mu.Lock()
+	h.blocked++
+	first := h.blocked == 1
+	h.mu.Unlock()
+	if first {
+		h.entered <- struct{}{}
+		<-h.release
+	}
 }
 
 // Build returns the application, protected by e through the adapter.
