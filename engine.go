@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -74,6 +73,15 @@ func (e *Engine) Store() store.Store { return e.store }
 // Logger returns the logger the engine reports its events to, for
 // integrations that log next to it.
 func (e *Engine) Logger() *slog.Logger { return e.log }
+
+// TTL returns how long the engine keeps a completed answer (Config.TTL
+// with its default applied), for services that settle records as the
+// engine would.
+func (e *Engine) TTL() time.Duration { return e.cfg.TTL }
+
+// StoreTimeout returns the bound on each of the engine's store calls
+// (Config.StoreTimeout with its default applied).
+func (e *Engine) StoreTimeout() time.Duration { return e.cfg.StoreTimeout }
 
 // Request names the operation a record belongs to: the record's scope is
 // built from it. Operators and resolvers use it to find a request's record.
@@ -403,6 +411,10 @@ func (e *Engine) refuseID(ctx context.Context, err error) Answer {
 	return e.refuse(ctx, probScopeInvalid, "")
 }
 
+// Fingerprint returns the fingerprint Run computes for c (Body as given;
+// ReadBody is not called), for tools that write records themselves.
+func (e *Engine) Fingerprint(c Call) (string, error) { return e.fingerprint(&c) }
+
 // fingerprint hashes what identifies the call's request: method, route,
 // concrete target and canonical body (restricted to Config.Fields). An
 // empty body is an empty body whatever its declared type: clients often
@@ -434,8 +446,7 @@ func (e *Engine) begin(ctx context.Context, scope, key, fp string) (decision, er
 		Lease: e.cfg.Lease, TTL: e.cfg.TTL, LeasePolicy: e.cfg.LeasePolicy,
 	}
 	var res store.ReserveResult
-	start := e.clk.Now()
-	err := e.call(ctx, opReserve, false, func(ctx context.Context) (err error) {
+	start, err := e.callAt(new(callCtx), ctx, opReserve, false, func(ctx context.Context) (err error) {
 		res, err = e.store.Reserve(ctx, p)
 		return err
 	})
@@ -615,15 +626,22 @@ func (e *Engine) call(ctx context.Context, op storeOp, detached bool, f func(con
 // callIn is call with the caller providing the (zero) callCtx, so that an
 // Execution's final transition needs no allocation of its own.
 func (e *Engine) callIn(cctx *callCtx, ctx context.Context, op storeOp, detached bool, f func(context.Context) error) error {
+	_, err := e.callAt(cctx, ctx, op, detached, f)
+	return err
+}
+
+// callAt is callIn that also returns when the call started (a lease
+// reserved by it runs from then at the latest).
+func (e *Engine) callAt(cctx *callCtx, ctx context.Context, op storeOp, detached bool, f func(context.Context) error) (time.Time, error) {
 	start := e.clk.Now()
 	cctx.init(e.clk, ctx, start.Add(e.cfg.StoreTimeout), detached)
 	err := f(cctx)
 	cctx.release()
 	e.obs.storeOp(ctx, op, e.clk.Now().Sub(start), err)
 	if err == nil || isAnswer(err) {
-		return err
+		return start, err
 	}
-	return fmt.Errorf("%w: %s: %w", ErrStore, op, err)
+	return start, fmt.Errorf("%w: %s: %w", ErrStore, op, err)
 }
 
 // isAnswer reports whether a store error is a definite answer about the
@@ -634,9 +652,10 @@ func isAnswer(err error) bool {
 		errors.Is(err, store.ErrStateConflict) || errors.Is(err, store.ErrInvalidParams)
 }
 
-// transient reports whether a failed store call may succeed if tried again.
-func transient(err error) bool { return err != nil && !isAnswer(err) }
-
-// replayableHeader is store.ReplayableHeader, under the name the
-// maintenance code of this package still uses.
-func replayableHeader(h http.Header) http.Header { return store.ReplayableHeader(h) }
+// transient reports whether a failed final transition may succeed if tried
+// again: a failure the store marks retryable, or the engine's own per-call
+// timeout (final transitions are detached from the caller's context, so a
+// deadline there is the store being slow).
+func transient(err error) bool {
+	return store.IsRetryable(err) || (errors.Is(err, context.DeadlineExceeded) && !isAnswer(err))
+}

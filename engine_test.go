@@ -119,8 +119,19 @@ type flakyStore struct {
 	failCompletes atomic.Int64 // calls left to fail
 	failExtends   atomic.Int64
 	extendsAlways atomic.Bool
+	failReleases  atomic.Int64
+	loseAnswers   atomic.Int64 // Completes applied whose answer is then lost
 	completes     atomic.Int64 // calls seen
 	extends       atomic.Int64
+	releases      atomic.Int64
+}
+
+func (f *flakyStore) Release(ctx context.Context, p store.ReleaseParams) error {
+	f.releases.Add(1)
+	if takeFailure(&f.failReleases) {
+		return errOutage
+	}
+	return f.Store.Release(ctx, p)
 }
 
 func takeFailure(n *atomic.Int64) bool {
@@ -138,6 +149,12 @@ func takeFailure(n *atomic.Int64) bool {
 func (f *flakyStore) Complete(ctx context.Context, p store.CompleteParams) error {
 	f.completes.Add(1)
 	if takeFailure(&f.failCompletes) {
+		return errOutage
+	}
+	if takeFailure(&f.loseAnswers) {
+		if err := f.Store.Complete(ctx, p); err != nil {
+			return err
+		}
 		return errOutage
 	}
 	return f.Store.Complete(ctx, p)
@@ -277,10 +294,10 @@ func TestRenewalRetriesSoonAfterAFailure(t *testing.T) {
 // replays: answers are stored before they are sent, completion survives
 // transient store failures, and clients racing with the same key (one
 // retrying the moment it got its large answer) never see anything but
-// 409 before the answer and the same answer after it.
+// 409 before the answer and the same answer after it. On every store.
 func TestAcknowledgedAnswersAreReplayed(t *testing.T) {
 	t.Parallel()
-	for _, ns := range realStores(t) {
+	for _, ns := range engineStores(t) {
 		t.Run(ns.name, func(t *testing.T) {
 			t.Parallel()
 			s := &flakyStore{Store: ns.open(t, nil)}
@@ -400,5 +417,62 @@ func TestCompletionGivesUpWhenTheLeaseWouldLapse(t *testing.T) {
 	}
 	if w := sendKeyed(h, "k"); w.Code != http.StatusConflict {
 		t.Fatalf("retry after the lost completion: %d, want 409 outcome unknown", w.Code)
+	}
+}
+
+// A release that meets a store blip is retried like a completion: the
+// client's 5xx arrives once the key is free, so its retry runs again
+// instead of finding the request still in progress.
+func TestReleaseIsRetried(t *testing.T) {
+	t.Parallel()
+	s := &flakyStore{Store: memory.New(memory.Config{})}
+	s.failReleases.Store(2)
+	e, err := idem.New(s, idem.Config{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int64
+	h := e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	if w := sendKeyed(h, "k"); w.Code != http.StatusServiceUnavailable {
+		t.Fatalf("first: %d", w.Code)
+	}
+	if w := sendKeyed(h, "k"); w.Code != http.StatusCreated || calls.Load() != 2 {
+		t.Fatalf("retry after a released failure: %d after %d calls, want 201 from a second run", w.Code, calls.Load())
+	}
+	if n := s.releases.Load(); n != 3 {
+		t.Fatalf("%d release attempts, want 3", n)
+	}
+}
+
+// A completion applied by the store whose answer was lost (the connection
+// broke after the commit) is recognised when the retry finds the record
+// completed under this execution's fence: recorded, not lost.
+func TestCompletionWhoseAnswerWasLost(t *testing.T) {
+	t.Parallel()
+	s := &flakyStore{Store: memory.New(memory.Config{})}
+	s.loseAnswers.Store(1)
+	var logs bytes.Buffer
+	e, err := idem.New(s, idem.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "made")
+	}))
+	if w := sendKeyed(h, "k"); w.Code != http.StatusCreated {
+		t.Fatalf("first: %d", w.Code)
+	}
+	if w := sendKeyed(h, "k"); w.Header().Get("Idempotent-Replayed") != "true" || w.Body.String() != "made" {
+		t.Fatalf("retry: %d %q", w.Code, w.Body)
+	}
+	if strings.Contains(logs.String(), "no longer holds") || !strings.Contains(logs.String(), "outcome recorded after retries") {
+		t.Fatalf("logs: %s", logs.String())
 	}
 }

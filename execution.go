@@ -175,9 +175,10 @@ func (x *Execution) renew() {
 		if !x.ending {
 			e.log.Error("idem: lease lost while the handler ran", "scope", x.scope, "key", x.key, "fence", x.fence)
 		}
-	case !transient(err):
+	case isAnswer(err):
 		e.log.Error("idem: lease renewal refused", "scope", x.scope, "key", x.key, "fence", x.fence, "err", err)
 	default:
+		// Any other failure: keep trying, the lease outlives several.
 		x.failures++
 		e.log.Warn("idem: lease renewal failed; retrying", "scope", x.scope, "key", x.key, "attempt", x.failures, "err", err)
 		x.heartbeat.Reset(x.renewRetry())
@@ -203,14 +204,14 @@ func (x *Execution) leaseLapse() time.Time {
 
 // complete stores the response for replay.
 func (x *Execution) complete(ctx context.Context, resp store.Response, streamed bool) error {
-	return x.end(ctx, opComplete, "completed", streamed, func(ctx context.Context) error {
+	return x.end(ctx, opComplete, store.StateCompleted, streamed, func(ctx context.Context) error {
 		return x.e.store.Complete(ctx, store.CompleteParams{FenceParams: x.fenceParams(), Response: resp, TTL: x.e.cfg.TTL})
 	})
 }
 
 // release frees the key for another attempt.
 func (x *Execution) release(ctx context.Context, reason string) error {
-	return x.end(ctx, opRelease, "released", false, func(ctx context.Context) error {
+	return x.end(ctx, opRelease, store.StateFailedRetryable, false, func(ctx context.Context) error {
 		return x.e.store.Release(ctx, store.ReleaseParams{FenceParams: x.fenceParams(), Error: reason})
 	})
 }
@@ -218,11 +219,11 @@ func (x *Execution) release(ctx context.Context, reason string) error {
 // markUnknown sends the record to reconciliation.
 func (x *Execution) markUnknown(ctx context.Context, reason string) error {
 	x.e.log.Warn("idem: outcome unknown", "scope", x.scope, "key", x.key, "fence", x.fence, "reason", reason)
-	err := x.end(ctx, opMarkUnknown, "unknown", false, func(ctx context.Context) error {
+	err := x.end(ctx, opMarkUnknown, store.StateUnknown, false, func(ctx context.Context) error {
 		return x.e.store.MarkUnknown(ctx, store.ReleaseParams{FenceParams: x.fenceParams(), Error: reason})
 	})
 	if err == nil {
-		x.e.obs.count(ctx, "reconcile_scheduled", 1)
+		x.e.obs.reconcileScheduled(ctx)
 	}
 	return err
 }
@@ -246,6 +247,17 @@ func (x *Execution) finish() {
 
 var errFinished = errors.New("idem: execution already finished")
 
+// landed reports whether the record is in state with this execution's
+// fence: a transition applied by an attempt whose answer was lost.
+func (x *Execution) landed(ctx context.Context, state store.State) bool {
+	var r store.Record
+	err := x.e.call(ctx, opGet, true, func(ctx context.Context) (err error) {
+		r, err = x.e.store.Get(ctx, x.scope, x.key)
+		return err
+	})
+	return err == nil && r.State == state && r.Fence == x.fence
+}
+
 // Completion retries start at completionRetry and double up to a tenth of
 // the lease (at most completionRetryMax).
 const (
@@ -259,7 +271,7 @@ const (
 // still renewing the lease, until the lease would lapse: only then is the
 // record left to become unknown when its lease expires. It never releases a
 // record it could not complete: that could run the request twice.
-func (x *Execution) end(ctx context.Context, op storeOp, what string, streamed bool, f func(context.Context) error) error {
+func (x *Execution) end(ctx context.Context, op storeOp, what store.State, streamed bool, f func(context.Context) error) error {
 	x.mu.Lock()
 	if x.ending || x.finished {
 		x.mu.Unlock()
@@ -288,6 +300,10 @@ func (x *Execution) end(ctx context.Context, op storeOp, what string, streamed b
 		err = e.call(ctx, op, true, f)
 		attempts++
 		pause = min(pause*2, maxPause)
+	}
+	if attempts > 1 && errors.Is(err, store.ErrLeaseLost) && x.landed(ctx, what) {
+		// An earlier attempt was applied but its answer was lost.
+		err = nil
 	}
 	switch {
 	case err == nil:

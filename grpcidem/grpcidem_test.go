@@ -333,7 +333,7 @@ func TestQuotedAndBareSpellingsAreOneKey(t *testing.T) {
 	wantCalls(t, f, 1)
 }
 
-func TestMismatch(t *testing.T) {
+func TestKeyReused(t *testing.T) {
 	t.Parallel()
 	eachStore(t, func(t *testing.T, open newStore) {
 		f := newFixture(t, open(t), grpcidem.Config{})

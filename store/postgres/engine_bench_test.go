@@ -136,7 +136,8 @@ type ceiling struct {
 
 func newCeiling(tb testing.TB, pool *pgxpool.Pool, schema string, e *idem.Engine) *ceiling {
 	tb.Helper()
-	fp, err := e.Fingerprint(http.MethodPost, engineRoute, "application/json", []byte(engineReqBody))
+	fp, err := e.Fingerprint(idem.Call{Method: http.MethodPost, Route: engineRoute, Target: engineRoute,
+		ContentType: "application/json", Body: []byte(engineReqBody)})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -174,7 +175,7 @@ func (c *ceiling) completeArgs(key string, fence int64) []any {
 func (c *ceiling) newKey(ctx context.Context, key string) error {
 	var action string
 	var fence int64
-	dest := make([]any, 21) // action + the 20 record columns
+	dest := make([]any, 22) // action + the 21 record columns
 	dest[0], dest[5] = &action, &fence
 	if err := c.pool.QueryRow(ctx, c.reserve, c.reserveArgs(key)...).Scan(dest...); err != nil {
 		return fmt.Errorf("reserve: %w", err)
@@ -189,7 +190,7 @@ func (c *ceiling) newKey(ctx context.Context, key string) error {
 // costs.
 func (c *ceiling) replay(ctx context.Context, key string) error {
 	var action, state string
-	dest := make([]any, 21)
+	dest := make([]any, 22)
 	dest[0], dest[4] = &action, &state
 	if err := c.pool.QueryRow(ctx, c.reserve, c.reserveArgs(key)...).Scan(dest...); err != nil {
 		return fmt.Errorf("replay: %w", err)

@@ -286,7 +286,7 @@ func appliedMigrations(ctx context.Context, q querier) (map[int]bool, error) {
 func (s *Store) Ping(ctx context.Context) error {
 	var n int
 	if err := s.reader.QueryRowContext(ctx, qPing).Scan(&n); err != nil {
-		return fmt.Errorf("idem/sqlite: ping: %w", err)
+		return wrap("ping", err)
 	}
 	return nil
 }
