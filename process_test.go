@@ -471,7 +471,7 @@ func childServer() error {
 		key := idem.FromContext(r.Context()).Key()
 		resp, err := http.Post(upstream+"/exec?key="+key, "text/plain", nil)
 		if err != nil {
-			http.Error(w, err.Error(), 502)
+			http.Error(w, err.Error(), http.StatusBadGateway)
 			return
 		}
 		resp.Body.Close()
