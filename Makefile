@@ -2,7 +2,7 @@
 # IDEM_TEST_POSTGRES_URL, IDEM_TEST_MYSQL_DSN, IDEM_TEST_REDIS_ADDR and
 # IDEM_TEST_REDIS_CLUSTER; without them they skip with a message.
 
-.PHONY: test race vet lint ci bench fuzz
+.PHONY: test race vet lint ci bench fuzz fault
 
 test:
 	go test ./...
@@ -32,3 +32,9 @@ fuzz:
 	go test -run '^$$' -fuzz FuzzCanonicalJSON -fuzztime 20s ./internal/fingerprint/
 	go test -run '^$$' -fuzz FuzzCanonicalNumber -fuzztime 20s ./internal/fingerprint/
 	go test -run '^$$' -fuzz FuzzForm -fuzztime 20s ./internal/fingerprint/
+
+# The full fault test of the proxy (see README.md, "Fault test"): several
+# proxies, SIGKILLs, PostgreSQL crashes, concurrent duplicates. Minutes long;
+# go test runs a reduced version of it.
+fault:
+	IDEM_FAULT_FULL=1 go test -count=1 -v -timeout 30m -run '^TestFault' ./cmd/idem/
