@@ -55,13 +55,15 @@ var faultFull = flag.Bool("fault.full", false, "run the full fault test (also ID
 const faultTenantHeader = "X-Tenant"
 
 // faultProxyArgs is the proxy command line of the fault test, besides
-// --listen and --log-format. The lease is short so that the keys of a
-// killed proxy settle within seconds.
+// --listen and --log-format; the tenant flag is here and nowhere else. The
+// lease is short, so that the keys of a killed proxy settle within seconds,
+// yet longer than SQLite's busy timeout (5s), so that a loaded machine
+// rarely loses a live execution's lease.
 func faultProxyArgs(dsn, upstream string) []string {
 	return []string{
 		"--store", dsn, "--upstream", upstream,
 		"--tenant-header", faultTenantHeader,
-		"--lease", "3s", "--sweep-interval", "250ms",
+		"--lease", "5s", "--sweep-interval", "250ms",
 	}
 }
 
@@ -451,119 +453,194 @@ func (r *faultRun) settle(ctx context.Context) []answer {
 	return out
 }
 
-// report counts, prints, and fails the test on a broken promise.
-func (r *faultRun) report(name string, kills, restarts int, settled []answer) {
-	t := r.t
-	var (
-		duplicates, lost, lostLarge, changed, wrong, unexpected, unsettled int
-		completed, unknown, got2xx, clientUnknown, executions              int
-		examples                                                           []string
-	)
-	example := func(format string, a ...any) {
-		if len(examples) < 20 {
-			examples = append(examples, fmt.Sprintf(format, a...))
-		}
+// faultCounts is what a run found. The first group must be all zero.
+type faultCounts struct {
+	duplicates int // keys the upstream executed more than once
+	lost       int // keys a client got a 2xx for whose settled answer is not that 2xx, byte for byte
+	lostLarge  int // the lost keys whose answer was large
+	changed    int // keys another client got a different final answer for after one got a 2xx
+	wrong      int // 2xx answers naming another key or an execution the upstream never ran
+	unexpected int // final answers other than 2xx and 409
+	unsettled  int // keys without a settled answer
+
+	completed, unknown int // keys whose settled answer is a 2xx, 409 outcome-unknown
+	got2xx             int // keys a client got a 2xx for
+	clientUnknown      int // clients whose final answer was 409 outcome-unknown
+	executions         int
+
+	examples []string // the first broken promises, for the log
+}
+
+func (c *faultCounts) broken() int {
+	return c.duplicates + c.lost + c.changed + c.wrong + c.unexpected + c.unsettled
+}
+
+func (c *faultCounts) example(format string, a ...any) {
+	if len(c.examples) < 20 {
+		c.examples = append(c.examples, fmt.Sprintf(format, a...))
 	}
-	for k := range r.plan.keys {
+}
+
+// countFault checks every key: execs and large describe the upstream's
+// side, finals[k] holds the final answers of key k's clients (none for a
+// client that gave up), settled[k] the answer after the run (status 0:
+// none).
+func countFault(keys int, execs func(string) []int64, large func(string) bool,
+	finals [][][]answer, settled []answer) faultCounts {
+	var c faultCounts
+	isUnknown := func(a answer) bool {
+		return a.status == http.StatusConflict && a.problem == idem.ProblemBase+"outcome-unknown"
+	}
+	for k := range keys {
 		key := faultKey(k)
-		execs := r.up.executions(key)
-		executions += len(execs)
-		if len(execs) > 1 {
-			duplicates++
-			example("%s: executed %d times %v", key, len(execs), execs)
+		ex := execs(key)
+		c.executions += len(ex)
+		if len(ex) > 1 {
+			c.duplicates++
+			c.example("%s: executed %d times %v", key, len(ex), ex)
 		}
-		var all []answer
-		for _, f := range r.finals[k] {
-			all = append(all, f...)
-		}
-		for _, a := range all {
-			if a.status == http.StatusConflict && a.problem == idem.ProblemBase+"outcome-unknown" {
-				clientUnknown++
-			}
+		var clients []answer
+		for _, f := range finals[k] {
+			clients = append(clients, f...)
 		}
 		s := settled[k]
 		switch {
 		case s.status/100 == 2:
-			completed++
-		case s.status == http.StatusConflict && s.problem == idem.ProblemBase+"outcome-unknown":
-			unknown++
+			c.completed++
+		case isUnknown(s):
+			c.unknown++
 		case s.status == 0:
-			unsettled++
-			example("%s: no settled answer before the deadline", key)
+			c.unsettled++
+			c.example("%s: no settled answer before the deadline", key)
 		}
-		all = append(all, s)
 
-		var first *answer
-		for i := range all {
-			a := &all[i]
-			if a.status == 0 {
-				continue
-			}
-			if a.status/100 != 2 && a.status != http.StatusConflict {
-				unexpected++
-				example("%s: answered %d %.200s", key, a.status, a.body)
-			}
-			if a.status/100 == 2 {
+		var first *answer // the first 2xx a client got
+		for i, a := range append(clients, s) {
+			switch {
+			case a.status == 0:
+			case a.status/100 == 2:
 				var body struct {
 					Key  string
 					Exec int64
 				}
 				json.Unmarshal([]byte(a.body), &body)
-				if body.Key != key || !containsID(execs, body.Exec) {
-					wrong++
-					example("%s: 2xx names key %q execution %d; executions %v", key, body.Key, body.Exec, execs)
+				if body.Key != key || !containsID(ex, body.Exec) {
+					c.wrong++
+					c.example("%s: a 2xx names key %q execution %d; executions %v", key, body.Key, body.Exec, ex)
 				}
-				if first == nil && i < len(all)-1 {
-					first = a
+				if first == nil && i < len(clients) {
+					first = &clients[i]
 				}
+			case a.status == http.StatusConflict:
+				if isUnknown(a) && i < len(clients) {
+					c.clientUnknown++
+				}
+			default:
+				c.unexpected++
+				c.example("%s: answered %d %.200s", key, a.status, a.body)
 			}
 		}
 		if first == nil {
 			continue
 		}
-		got2xx++
+		c.got2xx++
 		if s.status != first.status || s.body != first.body {
-			lost++
-			if r.up.large(key) {
-				lostLarge++
+			c.lost++
+			if large(key) {
+				c.lostLarge++
 			}
-			example("%s: a client got %d (%d bytes), the settled answer is %d %.200s",
+			c.example("%s: a client got %d (%d bytes), the settled answer is %d %.200s",
 				key, first.status, len(first.body), s.status, s.body)
 		}
-		for _, a := range all[:len(all)-1] {
+		for _, a := range clients {
 			if a.status != first.status || a.body != first.body {
-				changed++
-				example("%s: a client got %d (%d bytes), another client %d %.200s",
+				c.changed++
+				c.example("%s: a client got %d (%d bytes), another client %d %.200s",
 					key, first.status, len(first.body), a.status, a.body)
 				break
 			}
 		}
 	}
+	return c
+}
+
+// report counts, prints, and fails the test on a broken promise.
+func (r *faultRun) report(name string, kills, restarts int, settled []answer) {
+	t := r.t
+	c := countFault(r.plan.keys, r.up.executions, r.up.large, r.finals, settled)
 	st := &r.stats
 	summary := fmt.Sprintf("fault %s: proxies=%d keys=%d dups=%d kills=%d pg-restarts=%d | "+
 		"duplicates=%d lost=%d (large %d) changed=%d wrong=%d unexpected=%d unsettled=%d | "+
 		"completed=%d unknown=%d keys-with-client-2xx=%d client-unknown=%d client-timeouts=%d "+
 		"executions=%d attempts=%d retries=%d 503s=%d in-progress-409s=%d other-5xx=%d transport-errors=%d",
 		name, r.plan.proxies, r.plan.keys, r.plan.dups, kills, restarts,
-		duplicates, lost, lostLarge, changed, wrong, unexpected, unsettled,
-		completed, unknown, got2xx, clientUnknown, r.timeouts.Load(),
-		executions, st.attempts.Load(), st.retries.Load(), st.unavailable.Load(), st.inProgress.Load(),
+		c.duplicates, c.lost, c.lostLarge, c.changed, c.wrong, c.unexpected, c.unsettled,
+		c.completed, c.unknown, c.got2xx, c.clientUnknown, r.timeouts.Load(),
+		c.executions, st.attempts.Load(), st.retries.Load(), st.unavailable.Load(), st.inProgress.Load(),
 		st.other5xx.Load(), st.transportErrs.Load())
 	t.Log(summary)
 	fmt.Println(summary)
-	for _, e := range examples {
+	for _, e := range c.examples {
 		t.Log("  " + e)
 	}
-	if duplicates+lost+changed+wrong+unexpected+unsettled > 0 {
+	if c.broken() > 0 {
 		t.Errorf("broken promises: %d keys executed more than once, %d answers lost, %d keys answered "+
 			"differently after a 2xx, %d wrong answers, %d unexpected answers, %d keys never settled",
-			duplicates, lost, changed, wrong, unexpected, unsettled)
+			c.duplicates, c.lost, c.changed, c.wrong, c.unexpected, c.unsettled)
 	}
-	if completed == 0 {
+	if c.completed == 0 {
 		t.Error("no key completed: the run tested nothing")
 	}
 	if kills != r.plan.kills || restarts != r.plan.pgRestarts {
 		t.Errorf("ran %d kills and %d PostgreSQL restarts, planned %d and %d", kills, restarts, r.plan.kills, r.plan.pgRestarts)
+	}
+}
+
+// TestFaultCounts checks the checker: each broken promise is counted.
+func TestFaultCounts(t *testing.T) {
+	t.Parallel()
+	ok := func(key string, exec int64) answer {
+		return answer{status: 201, body: fmt.Sprintf(`{"key":%q,"exec":%d}`, key, exec)}
+	}
+	unknown := answer{status: 409, problem: idem.ProblemBase + "outcome-unknown"}
+	execs := map[string][]int64{}
+	var finals [][][]answer
+	var settled []answer
+	add := func(ex []int64, clients []answer, s answer) {
+		key := faultKey(len(finals))
+		execs[key] = ex
+		var f [][]answer
+		for _, a := range clients {
+			if a.status == 0 {
+				f = append(f, nil) // a client that gave up
+			} else {
+				f = append(f, []answer{a})
+			}
+		}
+		finals = append(finals, f)
+		settled = append(settled, s)
+	}
+	add([]int64{1}, []answer{ok("k00000", 1), ok("k00000", 1), {}}, ok("k00000", 1)) // fine
+	add([]int64{2, 3}, []answer{ok("k00001", 2)}, ok("k00001", 2))                   // executed twice
+	add([]int64{4}, []answer{ok("k00002", 4), unknown}, unknown)                     // lost and changed
+	add([]int64{5}, []answer{unknown, ok("k00003", 5)}, ok("k00003", 5))             // changed
+	add([]int64{6}, []answer{ok("k00004", 7)}, ok("k00004", 7))                      // wrong execution
+	add([]int64{8}, []answer{ok("k00000", 1)}, ok("k00000", 1))                      // wrong key
+	add([]int64{9}, []answer{{status: 422, body: "reuse"}}, ok("k00006", 9))         // unexpected
+	add([]int64{10}, []answer{{}}, answer{})                                         // unsettled
+	add([]int64{11}, []answer{unknown, unknown}, unknown)                            // unknown: no error
+	add(nil, []answer{unknown}, unknown)                                             // never executed: no error
+
+	c := countFault(len(finals), func(k string) []int64 { return execs[k] },
+		func(k string) bool { return k == "k00002" }, finals, settled)
+	got := fmt.Sprintf("duplicates=%d lost=%d/%d changed=%d wrong=%d unexpected=%d unsettled=%d "+
+		"completed=%d unknown=%d got2xx=%d clientUnknown=%d executions=%d",
+		c.duplicates, c.lost, c.lostLarge, c.changed, c.wrong, c.unexpected, c.unsettled,
+		c.completed, c.unknown, c.got2xx, c.clientUnknown, c.executions)
+	want := "duplicates=1 lost=1/1 changed=2 wrong=4 unexpected=1 unsettled=1 " +
+		"completed=6 unknown=3 got2xx=6 clientUnknown=5 executions=10"
+	if got != want {
+		t.Errorf("counts\n got %s\nwant %s\n%s", got, want, strings.Join(c.examples, "\n"))
 	}
 }
 
