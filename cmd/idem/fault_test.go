@@ -71,7 +71,7 @@ func faultProxyArgs(dsn, upstream string) []string {
 type faultPlan struct {
 	proxies     int
 	keys        int
-	dups        int // concurrent clients per key, each through its own proxy
+	dups        int // concurrent clients per key, starting on different proxies
 	kills       int // SIGKILLs of a proxy, each followed by a restart
 	pgRestarts  int // crashes and restarts of PostgreSQL (PostgreSQL only)
 	inFlight    int // keys under way at once
@@ -100,13 +100,21 @@ func faultPlanFor(pg bool) faultPlan {
 }
 
 func TestFaultSQLite(t *testing.T) {
+	skipShort(t)
 	dsn := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
 	runFault(t, "sqlite", dsn, faultPlanFor(false), nil)
 }
 
 func TestFaultPostgres(t *testing.T) {
+	skipShort(t)
 	pg := startPGCluster(t)
 	runFault(t, "postgres", pg.dsn(), faultPlanFor(true), pg)
+}
+
+func skipShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the fault test runs several proxy processes; skipped with -short")
+	}
 }
 
 // countingUpstream is the API behind the proxies. It lives in the test
@@ -172,10 +180,13 @@ func (f *proxyFleet) start(slot int) error {
 }
 
 // pick returns a random proxy: its slot and base URL.
-func (f *proxyFleet) pick() (int, string) {
+func (f *proxyFleet) pick() (int, string) { return f.at(rand.IntN(len(f.procs))) }
+
+// at returns the proxy of slot i modulo the number of slots.
+func (f *proxyFleet) at(i int) (int, string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	i := rand.IntN(len(f.procs))
+	i %= len(f.procs)
 	return i, f.procs[i].base
 }
 
@@ -214,9 +225,6 @@ type faultRun struct {
 }
 
 func runFault(t *testing.T, name, dsn string, plan faultPlan, pg *pgCluster) {
-	if testing.Short() {
-		t.Skip("the fault test runs several proxy processes; skipped with -short")
-	}
 	bin := idemBinary(t)
 	up := &countingUpstream{execs: map[string][]int64{}, large: func(key string) bool {
 		n, _ := strconv.Atoi(strings.TrimPrefix(key, "k"))
@@ -299,7 +307,7 @@ func (r *faultRun) load(ctx context.Context) {
 				dups.Add(1)
 				go func() {
 					defer dups.Done()
-					r.finals[k][d] = r.clientLoop(ctx, k)
+					r.finals[k][d] = r.clientLoop(ctx, k, d)
 				}()
 			}
 			dups.Wait()
@@ -310,10 +318,11 @@ func (r *faultRun) load(ctx context.Context) {
 
 func faultKey(k int) string { return fmt.Sprintf("k%05d", k) }
 
-// clientLoop is one client of key k: it sends the request through a random
-// proxy and retries on a failure, a 5xx or 409 request-in-progress, until
-// a final answer (2xx, 409 outcome-unknown, another 4xx) or its deadline.
-func (r *faultRun) clientLoop(ctx context.Context, k int) []answer {
+// clientLoop is client d of key k: it sends the request through proxy k+d
+// (the clients of a key start on different proxies) and, on a failure, a
+// 5xx or 409 request-in-progress, retries through a random proxy until a
+// final answer (2xx, 409 outcome-unknown, another 4xx) or its deadline.
+func (r *faultRun) clientLoop(ctx context.Context, k, d int) []answer {
 	deadline := time.Now().Add(r.plan.clientLimit)
 	for first := true; ; first = false {
 		if !first {
@@ -324,7 +333,10 @@ func (r *faultRun) clientLoop(ctx context.Context, k int) []answer {
 			r.timeouts.Add(1)
 			return nil
 		}
-		slot, base := r.fleet.pick()
+		slot, base := r.fleet.at(k + d)
+		if !first {
+			slot, base = r.fleet.pick()
+		}
 		a, err := r.send(ctx, base, faultKey(k))
 		if err != nil {
 			r.stats.transportErrs.Add(1)
@@ -379,8 +391,9 @@ func (r *faultRun) send(ctx context.Context, base, key string) (answer, error) {
 
 // chaos runs the faults while the load runs, spread over its progress
 // (keys started), never by the clock: a slow machine sees the same faults.
-// Every other kill aims at the moment right after a proxy delivered a
-// fresh large answer, when its completion may not be stored yet.
+// Two kills in three aim at the moment right after a proxy delivered a
+// fresh large answer, when its completion may not be stored yet; the
+// others hit a random proxy.
 func (r *faultRun) chaos(pg *pgCluster) (kills, restarts int) {
 	t := r.t
 	events := r.plan.kills + r.plan.pgRestarts
@@ -404,7 +417,7 @@ func (r *faultRun) chaos(pg *pgCluster) (kills, restarts int) {
 			continue
 		}
 		slot := rand.IntN(r.plan.proxies)
-		if kills%2 == 0 {
+		if kills%3 != 2 {
 			select {
 			case <-r.large: // stale: drop it
 			default:
