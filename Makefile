@@ -32,6 +32,8 @@ fuzz:
 	go test -run '^$$' -fuzz FuzzCanonicalJSON -fuzztime 20s ./internal/fingerprint/
 	go test -run '^$$' -fuzz FuzzCanonicalNumber -fuzztime 20s ./internal/fingerprint/
 	go test -run '^$$' -fuzz FuzzForm -fuzztime 20s ./internal/fingerprint/
+	go test -run '^$$' -fuzz FuzzTarget -fuzztime 20s ./internal/fingerprint/
+	go test -run '^$$' -fuzz FuzzRetryAfter -fuzztime 20s ./client/
 
 # The full fault test of the proxy (see README.md, "Fault test"): several
 # proxies, SIGKILLs, PostgreSQL crashes, concurrent duplicates. Minutes long;

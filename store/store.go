@@ -12,9 +12,9 @@
 //	unknown ──Resolve (reconciler or operator)──▶ completed | failed_retryable
 //
 // Every transition is one atomic operation in the store, guarded by the state
-// and by the fence (lease token). The fence is a counter that grows at every
-// takeover, so a worker that lost its lease can never overwrite the work of
-// the worker that took it over.
+// and by the fence (lease token). The fence grows at every takeover, so a
+// worker that lost its lease can never overwrite the work of the worker that
+// took it over; see [NextFence] for why it also grows across a delete.
 //
 // Time: all expiry decisions use the store's clock (the database's now(),
 // the Redis server's TIME) unless the store was given a [Clock], which tests
@@ -107,9 +107,11 @@ type Record struct {
 	// Fingerprint identifies the request's content (method, route, body).
 	Fingerprint string
 	State       State
-	// Fence is the lease token: 1 at creation, +1 at every takeover or
-	// reclaim. Complete, Release, MarkUnknown, Checkpoint and Extend must
-	// present the current fence.
+	// Fence is the lease token, issued by [NextFence]: the store clock in
+	// microseconds since the Unix epoch when the record is created, and
+	// strictly greater than the previous fence at every takeover, reclaim
+	// or recreation over an expired row. Complete, Release, MarkUnknown,
+	// Checkpoint and Extend must present the current fence.
 	Fence int64
 	// LeasePolicy is fixed at reservation; the sweeper and takeovers use it.
 	LeasePolicy LeasePolicy
@@ -166,8 +168,8 @@ const (
 	// unknown, or any state with a different fingerprint). The engine
 	// decides 422 / 409 / replay from it.
 	Existing ReserveOutcome = iota
-	// Created: a new record (fence 1, or fence+1 over an expired record);
-	// the caller holds the lease.
+	// Created: a new record (a fence from the store clock, greater than the
+	// expired record's when it replaces one); the caller holds the lease.
 	Created
 	// Reclaimed: a failed_retryable record with the same fingerprint was
 	// taken back to in_progress with a new fence. It keeps its
@@ -302,8 +304,9 @@ type DeferParams struct {
 // processes sharing one database.
 type Store interface {
 	// Reserve is the single atomic entry point of a request. In one step it:
-	//   - creates an in_progress record (fence 1) when none exists, or when
-	//     the existing one is expired or terminal past ExpiresAt (fence+1);
+	//   - creates an in_progress record when none exists, or when the
+	//     existing one is expired or terminal past ExpiresAt (its fence from
+	//     NextFence either way);
 	//   - returns the existing record untouched (Existing) when its
 	//     fingerprint differs, whatever its state;
 	//   - reclaims a failed_retryable record with the same fingerprint;
@@ -340,10 +343,10 @@ type Store interface {
 
 	// Delete removes the record (operator cache-bust). ErrNotFound when there
 	// is none; ErrStateConflict, changing nothing, when it is in_progress:
-	// its holder may still be running, and a record created after the
-	// delete would start again at fence 1, the fence the holder still has.
-	// An in-progress record is swept to unknown once its lease expires, and
-	// can be deleted then.
+	// its holder may still be running. An in-progress record is swept to
+	// unknown once its lease expires, and can be deleted then. A record
+	// created after the delete gets a fence from the store clock, greater
+	// than every fence of the deleted one (see NextFence).
 	Delete(ctx context.Context, scope, key string) error
 
 	// SweepExpiredLeases moves up to p.Limit in_progress records whose lease
@@ -420,6 +423,33 @@ func CheckID(scope, key string) error {
 		return errors.Join(ErrInvalidParams, errors.New("key is not valid UTF-8 without NUL"))
 	}
 	return nil
+}
+
+// NextFence returns the fence a record gets when it is created, taken over,
+// reclaimed or recreated at now, given the fence of its existing row (0
+// when there is none): the store clock in microseconds since the Unix
+// epoch, and at least prev+1.
+//
+// A fence must never be handed out twice for one (scope, key), or a holder
+// cut off long enough could complete a record created after its own was
+// deleted. While a row exists, prev+1 alone guarantees it, whatever the
+// clock does. Across a delete there is no row to count from, and the clock
+// carries it: the new record's fence is the clock at its creation, greater
+// than every fence of the deleted record as long as the clock has moved
+// past the instants they were issued at (each fence is the clock at its
+// issue, or one more than the fence before it when several are issued in
+// one microsecond). The residual case is a store clock set back: a record
+// deleted and recreated before the clock catches up again may get a fence
+// an old holder still has. Stores issue the fence in the same statement as
+// the transition, from the clock the transition uses (the database's or
+// the injected [Clock]); SQL and Lua stores spell this rule in their own
+// language.
+func NextFence(prev int64, now time.Time) int64 {
+	f := max(now.UnixMicro(), 1)
+	if f <= prev {
+		f = prev + 1
+	}
+	return f
 }
 
 // Clock returns the current time. Stores use their own clock (the database

@@ -366,7 +366,7 @@ func TestReconcileRun(t *testing.T) {
 		t.Fatalf("%d questions, want 4", len(qs))
 	}
 	for _, q := range qs {
-		if q.Scope != testScope || q.Fence != 1 || q.Fingerprint != "fp-"+q.Key || q.CreatedAt.IsZero() ||
+		if q.Scope != testScope || q.Fence <= 0 || q.Fingerprint != "fp-"+q.Key || q.CreatedAt.IsZero() ||
 			q.LastError != "upstream hung up" || q.Tenant == nil || *q.Tenant != "" || q.Method != "POST" || q.Route != "/v1/charges" {
 			t.Errorf("question %+v", q)
 		}

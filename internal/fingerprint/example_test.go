@@ -8,9 +8,9 @@ import (
 
 func ExampleHasher_Sum() {
 	h := fingerprint.New(nil)
-	a, _ := h.Sum("POST", "/v1/charges", "application/json", []byte(`{"amount": 2000, "currency": "usd"}`), nil)
-	b, _ := h.Sum("POST", "/v1/charges", "application/json; charset=utf-8", []byte(`{"currency":"usd","amount":2.0e3}`), nil)
-	c, _ := h.Sum("POST", "/v1/charges", "application/json", []byte(`{"currency":"usd","amount":2001}`), nil)
+	a, _ := h.Sum(fingerprint.Input{Method: "POST", Route: "/v1/charges", ContentType: "application/json", Body: []byte(`{"amount": 2000, "currency": "usd"}`)})
+	b, _ := h.Sum(fingerprint.Input{Method: "POST", Route: "/v1/charges", ContentType: "application/json; charset=utf-8", Body: []byte(`{"currency":"usd","amount":2.0e3}`)})
+	c, _ := h.Sum(fingerprint.Input{Method: "POST", Route: "/v1/charges", ContentType: "application/json", Body: []byte(`{"currency":"usd","amount":2001}`)})
 	fmt.Println(a == b, a == c)
 	// Output: true false
 }

@@ -6,16 +6,55 @@
 //
 // The fingerprint is SHA-256, or HMAC-SHA-256 keyed with a server secret, of
 //
-//	"idem fingerprint v1\n"
+//	"idem fingerprint v2\n"
 //	uvarint(len(method)) method
 //	uvarint(len(route)) route
+//	uvarint(len(target)) target   (the canonical target, below)
 //	one byte: the body kind (raw, json, json-fields, json-raw, form, form-fields)
 //	the canonical body
 //
-// Method and route are length-prefixed and the kind is one fixed-width byte,
-// so the prefix is self-delimiting: no two (method, route, body) triples map
-// to the same hash input, and the canonical forms of different kinds never
-// equal each other. The canonical body is the rest of the input.
+// Method, route and target are length-prefixed and the kind is one
+// fixed-width byte, so the prefix is self-delimiting: no two (method, route,
+// target, body) inputs map to the same hash input, and the canonical forms of
+// different kinds never equal each other. The canonical body is the rest of
+// the input.
+//
+// The route is the pattern (/v1/orders/{id}/pay) and the target the concrete
+// request (/v1/orders/2/pay?notify=1): with the route alone, the same key
+// sent for order 1 and then for order 2 would replay order 1's answer.
+// Input.Target is the request target in origin form, the escaped path then,
+// if there is a query, '?' and the raw query: what (*url.URL).RequestURI
+// returns for a server request. Sum canonicalises it itself, so callers
+// cannot forget to; the canonical target is
+//
+//	uvarint(len(path)) path
+//	for each query pair, sorted by key, the values of a repeated key in their order:
+//	  one byte: 0 decoded, 1 kept as sent
+//	  uvarint(len(key)) key uvarint(len(value)) value
+//
+// The path is everything before the first '?' (an escaped path has no raw
+// '?'), taken byte for byte: routers disagree on what %2F means in a path,
+// so no two spellings of a path are merged. The query is split and decoded
+// as net/url's ParseQuery does and as forms are below: pairs are separated
+// by '&', empty segments are skipped, a pair without '=' has the empty value,
+// '+' is a space and %41 is A, so a=%41 and a=A are one request while
+// a=1&b=2 and a=12 are not, and an empty query equals no query. A segment
+// with an invalid percent escape or a ';' is never an error (the server
+// already accepted the request) but is kept as sent, split at its first '=',
+// and marked so that it never equals a decoded pair: Go's handlers drop such
+// a pair, other frameworks keep it raw, and neither reading may merge two
+// requests.
+//
+// # Versions
+//
+// The first line names the layout version. A change to anything hashed
+// (what is covered, how it is canonicalised) takes a new version, so old
+// and new fingerprints of one request always differ, never collide by
+// accident. Version 1 covered method, route and body, not the target; a
+// record written under version 1 therefore never matches a version 2
+// fingerprint, and a retry of such a record after an upgrade is answered 422
+// (key reused), never executed a second time. Such records age out with
+// their keys.
 //
 // # Bodies
 //
@@ -109,7 +148,8 @@ const (
 	kindFormFields byte = 6
 )
 
-const domain = "idem fingerprint v1\n"
+// domain is the layout version; see "Versions" in the package comment.
+const domain = "idem fingerprint v2\n"
 
 // Hasher computes fingerprints. It is safe for concurrent use.
 type Hasher struct {
@@ -134,22 +174,43 @@ func New(secret []byte) *Hasher {
 	return h
 }
 
-// Sum returns the lowercase hex fingerprint of method, route and the
-// canonical body. contentType is the request's Content-Type header; fields,
-// when non-empty, selects top-level JSON members (or form keys) to
-// fingerprint instead of the whole body.
-func (h *Hasher) Sum(method, route, contentType string, body []byte, fields []string) (string, error) {
+// Input is one request as the fingerprint sees it.
+type Input struct {
+	// Method is the request method, compared byte for byte.
+	Method string
+	// Route is the route pattern the request matched (/v1/orders/{id}).
+	Route string
+	// Target is the concrete request target in origin form: the escaped
+	// path, then '?' and the raw query when there is one, as returned by
+	// (*url.URL).RequestURI. Sum canonicalises the query; see the package
+	// comment.
+	Target string
+	// ContentType is the request's Content-Type header; it chooses how the
+	// body is canonicalised.
+	ContentType string
+	// Body is the whole request body.
+	Body []byte
+	// Fields, when non-empty, selects the JSON members (or form keys) to
+	// fingerprint instead of the whole body; see "Selected fields".
+	Fields []string
+}
+
+// Sum returns the lowercase hex fingerprint of in: method, route, canonical
+// target and canonical body. Its errors are the client errors listed above;
+// the target never causes one.
+func (h *Hasher) Sum(in Input) (string, error) {
 	s := h.pool.Get().(*state)
 	defer h.put(s)
+	s.prepare(in.Method, in.Route, in.Target)
 	var err error
-	switch mediaKind(contentType) {
+	switch mediaKind(in.ContentType) {
 	case kindJSON:
-		err = s.json(method, route, body, fields)
+		err = s.json(in.Body, in.Fields)
 	case kindForm:
-		err = s.form(method, route, body, fields)
+		err = s.form(in.Body, in.Fields)
 	default:
-		s.begin(method, route, kindRaw)
-		s.write(body)
+		s.begin(kindRaw)
+		s.write(in.Body)
 	}
 	if err != nil {
 		return "", err
@@ -178,6 +239,9 @@ func (h *Hasher) put(s *state) {
 	if cap(s.scratch) > 16*maxPooledItems {
 		s.scratch = nil
 	}
+	if cap(s.prefix) > 16*maxPooledItems {
+		s.prefix, s.target = nil, nil
+	}
 	h.pool.Put(s)
 }
 
@@ -198,21 +262,33 @@ type state struct {
 	w       sink              // where canonical bytes go; nil means h
 	guarded bool              // JSON: a written number failed the meaning guard
 	src     []byte            // JSON: the document
+	prefix  []byte            // the hash input before the kind: domain, method, route, target
+	target  []byte            // the canonical target
 }
 
 // sink receives canonical bytes; tests use it to capture them.
 type sink interface{ Write([]byte) (int, error) }
 
+// prepare builds the part of the hash input that precedes the body kind.
+// The body parsers reuse s.pairs and s.scratch, so the canonical target is
+// built first and copied into the prefix.
+func (s *state) prepare(method, route, target string) {
+	p := append(s.prefix[:0], domain...)
+	p = binary.AppendUvarint(p, uint64(len(method)))
+	p = append(p, method...)
+	p = binary.AppendUvarint(p, uint64(len(route)))
+	p = append(p, route...)
+	s.target = s.appendTarget(s.target[:0], target)
+	p = binary.AppendUvarint(p, uint64(len(s.target)))
+	s.prefix = append(p, s.target...)
+}
+
 // begin resets the hash and writes the prefix for one kind of body.
-func (s *state) begin(method, route string, kind byte) {
+func (s *state) begin(kind byte) {
 	s.h.Reset()
 	s.buf = s.buf[:0]
-	s.buf = append(s.buf, domain...)
-	s.buf = binary.AppendUvarint(s.buf, uint64(len(method)))
-	s.buf = append(s.buf, method...)
-	s.buf = binary.AppendUvarint(s.buf, uint64(len(route)))
-	s.buf = append(s.buf, route...)
-	s.buf = append(s.buf, kind)
+	s.write(s.prefix)
+	s.writeByte(kind)
 }
 
 func (s *state) flush() {

@@ -62,7 +62,7 @@ func (e *syntaxError) Error() string {
 
 func (e *syntaxError) Unwrap() error { return ErrInvalidJSON }
 
-func (s *state) json(method, route string, body []byte, fields []string) error {
+func (s *state) json(body []byte, fields []string) error {
 	if err := s.parse(body); err != nil {
 		return err
 	}
@@ -74,7 +74,7 @@ func (s *state) json(method, route string, body []byte, fields []string) error {
 	if selecting {
 		kind = kindJSONFields
 	}
-	s.begin(method, route, kind)
+	s.begin(kind)
 	var err error
 	if selecting {
 		err = s.emitFields(fields)
@@ -85,7 +85,7 @@ func (s *state) json(method, route string, body []byte, fields []string) error {
 		return err
 	}
 	if s.guarded {
-		s.begin(method, route, kindJSONRaw)
+		s.begin(kindJSONRaw)
 		s.write(body)
 	}
 	return nil

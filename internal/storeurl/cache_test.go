@@ -127,7 +127,7 @@ func TestOpenWithCache(t *testing.T) {
 	if err != nil || res.Outcome != store.Created {
 		t.Fatal(res.Outcome, err)
 	}
-	if err := s.Complete(ctx, store.CompleteParams{FenceParams: store.FenceParams{Scope: "s", Key: "k", Fence: 1},
+	if err := s.Complete(ctx, store.CompleteParams{FenceParams: store.FenceParams{Scope: "s", Key: "k", Fence: res.Record.Fence},
 		Response: store.Response{Status: 200, Body: []byte("ok")}}); err != nil {
 		t.Fatal(err)
 	}

@@ -79,9 +79,9 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 	}
 	switch {
 	case r == nil:
-		return fresh(1), nil
+		return fresh(store.NextFence(0, now)), nil
 	case r.State == store.StateExpired || (r.State.Terminal() && !now.Before(r.ExpiresAt)):
-		return fresh(r.Fence + 1), nil
+		return fresh(store.NextFence(r.Fence, now)), nil
 	case r.Fingerprint != p.Fingerprint:
 		return store.ReserveResult{Outcome: store.Existing, Record: *r}, nil
 	case r.State == store.StateFailedRetryable:
@@ -103,7 +103,7 @@ func (s *Store) take(r *store.Record, now time.Time, lease, ttl time.Duration, r
 		r.ExpiresAt = now.Add(ttl)
 	}
 	r.State = store.StateInProgress
-	r.Fence++
+	r.Fence = store.NextFence(r.Fence, now)
 	r.Attempts++
 	r.LockedUntil = now.Add(lease)
 	r.LastError = ""

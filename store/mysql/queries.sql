@@ -28,6 +28,11 @@ completed_at, expires_at, reconcile_after, reconcile_attempts
 -- The fresh-insert path sets LAST_INSERT_ID(1) through the fence value, and
 -- the SELECT that follows reads the decision back with LAST_INSERT_ID().
 --
+-- Fences follow store.NextFence: a fresh row's is the statement's instant in
+-- microseconds since the epoch (GREATEST with LAST_INSERT_ID(1), which is 1,
+-- keeps it positive), and a transition that issues a new fence takes the
+-- greater of that and the old fence + 1.
+--
 -- Why LAST_INSERT_ID and not one IF() per column over the old values: later
 -- assignments see the new values of earlier ones (MySQL, MariaDB by default)
 -- or the old ones (MariaDB with sql_mode SIMULTANEOUS_ASSIGNMENT). Every
@@ -49,7 +54,10 @@ INSERT INTO idem_records (
     response_body_omitted, last_error, attempts, created_at, updated_at,
     completed_at, expires_at, reconcile_after, reconcile_attempts, row_version
 ) VALUES (
-    :scope, :key, :fingerprint, 'in_progress', LAST_INSERT_ID(1), :lease_policy,
+    :scope, :key, :fingerprint, 'in_progress',
+    GREATEST(LAST_INSERT_ID(1), TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00',
+        COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)))),
+    :lease_policy,
     DATE_ADD(COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)), INTERVAL :lease_us MICROSECOND),
     '', NULL, NULL, NULL,
     FALSE, '', 1,
@@ -61,7 +69,7 @@ INSERT INTO idem_records (
 ) ON DUPLICATE KEY UPDATE
     -- Must stay the first assignment: it is the only one that reads other
     -- columns, and they are still the old row here in either mode.
-    fence = fence + (LAST_INSERT_ID(CASE
+    fence = IF(LAST_INSERT_ID(CASE
         WHEN state = 'expired'
           OR (state IN ('completed', 'failed_retryable') AND expires_at <= VALUES(updated_at)) THEN 1
         WHEN fingerprint <> VALUES(fingerprint) THEN 0
@@ -70,7 +78,7 @@ INSERT INTO idem_records (
          AND lease_policy IN ('retry', 'resume') THEN 3
         WHEN state = 'in_progress' AND locked_until <= VALUES(updated_at) THEN 4
         ELSE 0
-    END) IN (1, 2, 3)),
+    END) IN (1, 2, 3), GREATEST(fence + 1, VALUES(fence)), fence),
     state = CASE
         WHEN LAST_INSERT_ID() IN (1, 2, 3) THEN 'in_progress'
         WHEN LAST_INSERT_ID() = 4 THEN 'unknown'

@@ -546,6 +546,10 @@ func TestCeilingStatements(t *testing.T) {
 			t.Fatalf("%s: the ceiling sent %d statements, the engine %d", what, len(ceiling), len(engine))
 		}
 		for i := range engine {
+			if engine[i].sql == c.complete {
+				// The fence is the store clock at each record's creation.
+				ceiling[i].args[2], engine[i].args[2] = positive(ceiling[i].args[2]), positive(engine[i].args[2])
+			}
 			if ceiling[i].sql != engine[i].sql {
 				t.Errorf("%s: statement %d: the ceiling sent\n%s", what, i, ceiling[i].sql)
 			}
@@ -830,4 +834,13 @@ func TestPostgresGrowth(t *testing.T) {
 	t.Logf("reserve+complete p50: %v at %d rows, %v at %d: %.2fx (control table at %d meanwhile: %v, %.2fx)",
 		before[1].Round(time.Microsecond), small, after[grown][1].Round(time.Microsecond), large, ratio(after[grown][1], before[1]),
 		small, after[control][1].Round(time.Microsecond), ratio(after[grown][1], after[control][1]))
+}
+
+// positive replaces a positive int64 by 1, so two fences issued at
+// different instants compare equal when both are valid.
+func positive(v any) any {
+	if f, ok := v.(int64); ok && f > 0 {
+		return int64(1)
+	}
+	return v
 }

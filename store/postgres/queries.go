@@ -39,6 +39,8 @@ const recordColumnsR = `r.scope, r.key, r.fingerprint, r.state, r.fence, r.lease
 //     committed after the snapshot: it neither writes nor locks, and the
 //     insert is not even attempted when cur saw the row (a replay costs an
 //     index probe, not a speculative insertion).
+//   - clock.new_fence is the fence of store.NextFence for a new row: the
+//     statement's instant in microseconds (upd raises it above the row's).
 //   - upd performs that action when it needs a write. Its guard is checked
 //     again on the latest row version (READ COMMITTED re-evaluates the WHERE
 //     of an UPDATE after waiting for a concurrent writer), and it requires
@@ -60,7 +62,8 @@ const recordColumnsR = `r.scope, r.key, r.fingerprint, r.state, r.fence, r.lease
 // the statement again with a fresh snapshot.
 const sqlReserve = `
 WITH clock AS (
-	SELECT coalesce($7::timestamptz, statement_timestamp()) AS now
+	SELECT now, greatest((extract(epoch FROM now) * 1000000)::bigint, 1) AS new_fence
+	FROM (SELECT coalesce($7::timestamptz, statement_timestamp()) AS now) t
 ),
 cur AS (
 	SELECT ` + recordColumns + `,
@@ -81,7 +84,7 @@ ins AS (
 	INSERT INTO {schema}idem_records AS r
 		(scope, key, fingerprint, state, fence, lease_policy, locked_until,
 		 attempts, created_at, updated_at, expires_at)
-	SELECT $1, $2, $3, 'in_progress', 1, $6,
+	SELECT $1, $2, $3, 'in_progress', c.new_fence, $6,
 		c.now + $4::bigint * interval '1 microsecond',
 		1, c.now, c.now, c.now + $5::bigint * interval '1 microsecond'
 	FROM clock c
@@ -93,7 +96,8 @@ upd AS (
 	UPDATE {schema}idem_records AS r SET
 		state = CASE WHEN cur.action = 'to_unknown' THEN 'unknown' ELSE 'in_progress' END,
 		fingerprint = CASE WHEN cur.action = 'replace' THEN $3 ELSE r.fingerprint END,
-		fence = CASE WHEN cur.action = 'to_unknown' THEN r.fence ELSE r.fence + 1 END,
+		fence = CASE WHEN cur.action = 'to_unknown' THEN r.fence
+			ELSE greatest(r.fence + 1, c.new_fence) END,
 		lease_policy = CASE WHEN cur.action = 'replace' THEN $6 ELSE r.lease_policy END,
 		locked_until = CASE WHEN cur.action = 'to_unknown' THEN r.locked_until
 			ELSE c.now + $4::bigint * interval '1 microsecond' END,

@@ -195,14 +195,14 @@ func testReserveBranches(t *testing.T, open storetest.Opener) {
 
 	p := reserveParams("k1")
 	rec := mustReserve(t, s, p, store.Created)
-	if rec.State != store.StateInProgress || rec.Fence != 1 || rec.Attempts != 1 ||
+	if rec.State != store.StateInProgress || rec.Fence != t0.UnixMicro() || rec.Attempts != 1 ||
 		!rec.CreatedAt.Equal(t0) || !rec.LockedUntil.Equal(t0.Add(p.Lease)) || !rec.ExpiresAt.Equal(t0.Add(p.TTL)) ||
 		rec.CreatedAt.Location() != time.UTC {
 		t.Fatalf("created record: %+v", rec)
 	}
 
 	// Live in_progress: the record as it is.
-	if got := mustReserve(t, s, p, store.Existing); got.State != store.StateInProgress || got.Fence != 1 {
+	if got := mustReserve(t, s, p, store.Existing); got.State != store.StateInProgress || got.Fence != rec.Fence {
 		t.Fatalf("in flight: %+v", got)
 	}
 
@@ -228,14 +228,15 @@ func testReserveBranches(t *testing.T, open storetest.Opener) {
 		t.Fatalf("second complete: %v", err)
 	}
 
-	// Terminal past expires_at: a new record over the old one, fence+1.
+	// Terminal past expires_at: a new record over the old one, a fence
+	// from the clock.
 	clock.Advance(p.TTL)
 	got = mustReserve(t, s, other, store.Created)
-	if got.Fence != 2 || got.Fingerprint != "fp-2" || got.Response != nil || got.Attempts != 1 || !got.CompletedAt.IsZero() {
+	if got.Fence != clock.Now().UnixMicro() || got.Fingerprint != "fp-2" || got.Response != nil || got.Attempts != 1 || !got.CompletedAt.IsZero() {
 		t.Fatalf("over expired: %+v", got)
 	}
 
-	// failed_retryable with the same fingerprint: reclaimed, fence+1, attempts+1.
+	// failed_retryable with the same fingerprint: reclaimed, a new fence, attempts+1.
 	if err := s.Release(ctx, store.ReleaseParams{FenceParams: fence(got), Error: "upstream 503"}); err != nil {
 		t.Fatal(err)
 	}
@@ -247,7 +248,7 @@ func testReserveBranches(t *testing.T, open storetest.Opener) {
 	}
 	clock.Advance(time.Minute)
 	recl := mustReserve(t, s, other, store.Reclaimed)
-	if recl.Fence != 3 || recl.Attempts != 2 || recl.State != store.StateInProgress || recl.LastError != "" ||
+	if recl.Fence != clock.Now().UnixMicro() || recl.Attempts != 2 || recl.State != store.StateInProgress || recl.LastError != "" ||
 		!recl.ExpiresAt.Equal(clock.Now().Add(p.TTL)) {
 		t.Fatalf("reclaimed: %+v", recl)
 	}
@@ -255,7 +256,7 @@ func testReserveBranches(t *testing.T, open storetest.Opener) {
 	// Expired lease under policy unknown: unknown, due now, lease_expired.
 	clock.Advance(p.Lease)
 	unk := mustReserve(t, s, other, store.Existing)
-	if unk.State != store.StateUnknown || unk.LastError != "lease_expired" || !unk.ReconcileAfter.Equal(clock.Now()) || unk.Fence != 3 {
+	if unk.State != store.StateUnknown || unk.LastError != "lease_expired" || !unk.ReconcileAfter.Equal(clock.Now()) || unk.Fence != recl.Fence {
 		t.Fatalf("lease expired under unknown: %+v", unk)
 	}
 	if err := s.Complete(ctx, store.CompleteParams{FenceParams: fence(recl), Response: resp}); !errors.Is(err, store.ErrLeaseLost) {
@@ -283,7 +284,7 @@ func testTakeOver(t *testing.T, open storetest.Opener) {
 			t.Fatalf("sweep: %v %v", swept, err)
 		}
 		got := mustReserve(t, s, p, store.TakenOver)
-		if got.Fence != 2 || got.Attempts != 2 || got.RecoveryPoint != "charged" || !got.LockedUntil.Equal(clock.Now().Add(p.Lease)) {
+		if got.Fence != clock.Now().UnixMicro() || got.Attempts != 2 || got.RecoveryPoint != "charged" || !got.LockedUntil.Equal(clock.Now().Add(p.Lease)) {
 			t.Fatalf("taken over: %+v", got)
 		}
 		// Fencing: the dead holder can no longer touch the record.
@@ -609,7 +610,7 @@ func testSoftReap(t *testing.T, open storetest.Opener) {
 	if res, _ := s.Reap(ctx, store.ReapParams{Limit: 10, Soft: true, Abandoned: store.Response{Status: 500}}); res.Deleted != 0 {
 		t.Fatalf("expired record reaped twice: %+v", res)
 	}
-	if got := mustReserve(t, s, p, store.Created); got.Fence != 2 {
+	if got := mustReserve(t, s, p, store.Created); got.Fence != clock.Now().UnixMicro() {
 		t.Fatalf("over soft-expired: %+v", got)
 	}
 	checkIndexes(t, s)

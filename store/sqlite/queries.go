@@ -17,18 +17,19 @@ const recordColumns = `scope, key, fingerprint, state, fence, lease_policy, lock
 const qGet = `SELECT ` + recordColumns + ` FROM idem_records WHERE scope = ?1 AND key = ?2`
 
 // qCreate inserts a fresh record, or recreates one that is soft-expired or
-// terminal past its expiry (fence+1, everything else reset). Any other
+// terminal past its expiry (everything but the fence reset). Fences follow
+// store.NextFence: now in microseconds, and above the row's fence. Any other
 // existing record is left alone and no row is returned.
 //
 // ?1 scope, ?2 key, ?3 fingerprint, ?4 lease policy, ?5 locked_until,
 // ?6 now, ?7 expires_at.
 const qCreate = `INSERT INTO idem_records (scope, key, fingerprint, state, fence, lease_policy,
 	locked_until, attempts, created_at, updated_at, expires_at)
-VALUES (?1, ?2, ?3, 'in_progress', 1, ?4, ?5, 1, ?6, ?6, ?7)
+VALUES (?1, ?2, ?3, 'in_progress', max(?6, 1), ?4, ?5, 1, ?6, ?6, ?7)
 ON CONFLICT (scope, key) DO UPDATE SET
 	fingerprint = excluded.fingerprint,
 	state = 'in_progress',
-	fence = fence + 1,
+	fence = max(fence + 1, excluded.fence),
 	lease_policy = excluded.lease_policy,
 	locked_until = excluded.locked_until,
 	recovery_point = '',
@@ -53,7 +54,7 @@ RETURNING ` + recordColumns
 // ?6 expires_at.
 const qReclaim = `UPDATE idem_records SET
 	state = 'in_progress',
-	fence = fence + 1,
+	fence = max(fence + 1, ?5),
 	attempts = attempts + 1,
 	locked_until = ?4,
 	expires_at = ?6,
@@ -67,7 +68,7 @@ RETURNING ` + recordColumns
 // holder; recovery_point is kept for resume. ?1 scope, ?2 key,
 // ?3 fingerprint, ?4 locked_until, ?5 now.
 const qTakeOver = `UPDATE idem_records SET
-	fence = fence + 1,
+	fence = max(fence + 1, ?5),
 	attempts = attempts + 1,
 	locked_until = ?4,
 	updated_at = ?5

@@ -60,7 +60,7 @@ type action int
 
 const (
 	actExisting     action = iota // return it untouched
-	actCreate                     // replace it with a new record, fence+1
+	actCreate                     // replace it with a new record, a greater fence
 	actReclaim                    // failed_retryable -> in_progress
 	actTakeOver                   // expired lease, policy retry/resume
 	actLeaseExpired               // expired lease, policy unknown -> unknown

@@ -158,6 +158,8 @@ func run(t *testing.T, h Harness) {
 	t.Run("ResponseRoundTrip", func(t *testing.T) { testResponseRoundTrip(t, h) })
 	t.Run("ScopesAreIndependent", func(t *testing.T) { testScopes(t, h) })
 	t.Run("StaleFenceChangesNothing", func(t *testing.T) { testFencing(t, h) })
+	t.Run("FenceNeverReusedAcrossDelete", func(t *testing.T) { testFenceAcrossDelete(t, h) })
+	t.Run("FenceGrowsWhenClockStepsBack", func(t *testing.T) { testFenceClockBack(t, h) })
 	t.Run("ReleaseAndReclaim", func(t *testing.T) { testReleaseReclaim(t, h) })
 	t.Run("ConcurrentReserveOneWinner", func(t *testing.T) { testConcurrentReserve(t, h) })
 	t.Run("ConcurrentReclaimOneWinner", func(t *testing.T) { testConcurrentReclaim(t, h) })
@@ -187,8 +189,8 @@ func testReserveCreates(t *testing.T, h Harness) {
 	e := newEnv(t, h)
 	now := e.clock.Now()
 	r := e.create("tenant:POST /charges", "k1", "fp1", store.LeaseUnknown)
-	if r.State != store.StateInProgress || r.Fence != 1 || r.Attempts != 1 {
-		t.Fatalf("new record: state %s fence %d attempts %d, want in_progress 1 1", r.State, r.Fence, r.Attempts)
+	if r.State != store.StateInProgress || r.Fence != now.UnixMicro() || r.Attempts != 1 {
+		t.Fatalf("new record: state %s fence %d attempts %d, want in_progress %d 1", r.State, r.Fence, r.Attempts, now.UnixMicro())
 	}
 	if r.Scope != "tenant:POST /charges" || r.Key != "k1" || r.Fingerprint != "fp1" || r.LeasePolicy != store.LeaseUnknown {
 		t.Fatalf("new record identity: %+v", r)
@@ -213,7 +215,7 @@ func testLiveLease(t *testing.T, h Harness) {
 	r := e.create("s", "k", "fp", store.LeaseRetry)
 	e.clock.Advance(lease - time.Microsecond)
 	res := e.reserve(e.s, e.reserveP("s", "k", "fp", store.LeaseRetry))
-	if res.Outcome != store.Existing || res.Record.State != store.StateInProgress || res.Record.Fence != 1 {
+	if res.Outcome != store.Existing || res.Record.State != store.StateInProgress || res.Record.Fence != r.Fence {
 		t.Fatalf("duplicate during a live lease: %v %s fence %d", res.Outcome, res.Record.State, res.Record.Fence)
 	}
 	e.mustUnchanged(r, "a duplicate during a live lease")
@@ -262,7 +264,7 @@ func testCompleteReplay(t *testing.T, h Harness) {
 	resp := sampleResponse()
 	e.complete(r, resp)
 	got := e.get("s", "k")
-	if got.State != store.StateCompleted || got.Fence != 1 || !sameResponse(got.Response, &resp) {
+	if got.State != store.StateCompleted || got.Fence != r.Fence || !sameResponse(got.Response, &resp) {
 		t.Fatalf("completed record: state %s fence %d response %+v", got.State, got.Fence, got.Response)
 	}
 	wantTime(t, "CompletedAt", got.CompletedAt, done)
@@ -347,8 +349,8 @@ func testFencing(t *testing.T, h Harness) {
 	// A real takeover: the old holder's fence is now stale.
 	e.clock.Advance(lease)
 	res := e.reserve(e.s, e.reserveP("s", "k", "fp", store.LeaseRetry))
-	if res.Outcome != store.TakenOver || res.Record.Fence != 2 {
-		t.Fatalf("takeover: %v fence %d", res.Outcome, res.Record.Fence)
+	if res.Outcome != store.TakenOver || res.Record.Fence != e.clock.Now().UnixMicro() {
+		t.Fatalf("takeover: %v fence %d, want the clock's %d", res.Outcome, res.Record.Fence, e.clock.Now().UnixMicro())
 	}
 	old := fenceOf(r)
 	if err := e.s.Complete(e.ctx, store.CompleteParams{FenceParams: old, Response: sampleResponse()}); !errors.Is(err, store.ErrLeaseLost) {
@@ -383,7 +385,7 @@ func testReleaseReclaim(t *testing.T, h Harness) {
 	}
 	e.clock.Advance(time.Second)
 	res := e.reserve(e.s, e.reserveP("s", "k", "fp", store.LeaseUnknown))
-	if res.Outcome != store.Reclaimed || res.Record.Fence != 2 || res.Record.Attempts != 2 || res.Record.State != store.StateInProgress {
+	if res.Outcome != store.Reclaimed || res.Record.Fence != e.clock.Now().UnixMicro() || res.Record.Attempts != 2 || res.Record.State != store.StateInProgress {
 		t.Fatalf("reclaim: %v fence %d attempts %d state %s", res.Outcome, res.Record.Fence, res.Record.Attempts, res.Record.State)
 	}
 	wantTime(t, "LockedUntil after reclaim", res.Record.LockedUntil, e.clock.Now().Add(lease))
@@ -444,9 +446,10 @@ func testConcurrentReserve(t *testing.T, h Harness) {
 		if n := countOutcomes(res, store.Created); n != 1 {
 			t.Fatalf("round %d: %d winners of 64, want 1", round, n)
 		}
+		want := e.clock.Now().UnixMicro()
 		for _, r := range res {
-			if r.Outcome == store.Existing && (r.Record.State != store.StateInProgress || r.Record.Fence != 1) {
-				t.Fatalf("round %d: loser saw %s fence %d, want in_progress 1", round, r.Record.State, r.Record.Fence)
+			if r.Outcome == store.Existing && (r.Record.State != store.StateInProgress || r.Record.Fence != want) {
+				t.Fatalf("round %d: loser saw %s fence %d, want in_progress %d", round, r.Record.State, r.Record.Fence, want)
 			}
 		}
 	}
@@ -466,8 +469,9 @@ func testConcurrentReclaim(t *testing.T, h Harness) {
 		if n := countOutcomes(res, store.Reclaimed); n != 1 {
 			t.Fatalf("round %d: %d reclaims of 64, want 1", round, n)
 		}
-		if got := e.get("s", key); got.Fence != 2 || got.Attempts != 2 {
-			t.Fatalf("round %d: after the reclaim race fence %d attempts %d, want 2 2", round, got.Fence, got.Attempts)
+		// The clock did not move: the fence still grows by one.
+		if got := e.get("s", key); got.Fence != r.Fence+1 || got.Attempts != 2 {
+			t.Fatalf("round %d: after the reclaim race fence %d attempts %d, want %d 2", round, got.Fence, got.Attempts, r.Fence+1)
 		}
 	}
 }
@@ -527,7 +531,7 @@ func testExpiredUnknown(t *testing.T, h Harness) {
 		t.Fatalf("retry after the lease expired (policy unknown): %v %s %q", res.Outcome, res.Record.State, res.Record.LastError)
 	}
 	wantTime(t, "ReconcileAfter", res.Record.ReconcileAfter, e.clock.Now())
-	if res.Record.Fence != 1 {
+	if res.Record.Fence != r.Fence {
 		t.Fatalf("moving to unknown changed the fence to %d", res.Record.Fence)
 	}
 	if err := e.s.Complete(e.ctx, store.CompleteParams{FenceParams: fenceOf(r), Response: sampleResponse()}); !errors.Is(err, store.ErrLeaseLost) {
@@ -551,12 +555,12 @@ func testExpiredRetry(t *testing.T, h Harness) {
 	}
 	e.clock.Advance(lease)
 	res := e.reserve(e.s, e.reserveP("s", "k", "fp", store.LeaseRetry))
-	if res.Outcome != store.TakenOver || res.Record.Fence != 2 || res.Record.Attempts != 2 || res.Record.State != store.StateInProgress {
+	if res.Outcome != store.TakenOver || res.Record.Fence != e.clock.Now().UnixMicro() || res.Record.Attempts != 2 || res.Record.State != store.StateInProgress {
 		t.Fatalf("takeover: %v fence %d attempts %d %s", res.Outcome, res.Record.Fence, res.Record.Attempts, res.Record.State)
 	}
 	wantTime(t, "LockedUntil after takeover", res.Record.LockedUntil, e.clock.Now().Add(lease))
 	e.complete(res.Record, sampleResponse())
-	if got := e.get("s", "k"); got.State != store.StateCompleted || got.Fence != 2 {
+	if got := e.get("s", "k"); got.State != store.StateCompleted || got.Fence != res.Record.Fence {
 		t.Fatalf("after the new holder completed: %s fence %d", got.State, got.Fence)
 	}
 }
@@ -574,7 +578,7 @@ func testExpiredResume(t *testing.T, h Harness) {
 	}
 	e.clock.Advance(lease + time.Second)
 	res := e.reserve(e.s, e.reserveP("s", "k", "fp", store.LeaseResume))
-	if res.Outcome != store.TakenOver || res.Record.RecoveryPoint != "charge_created" || res.Record.Fence != 2 {
+	if res.Outcome != store.TakenOver || res.Record.RecoveryPoint != "charge_created" || res.Record.Fence != e.clock.Now().UnixMicro() {
 		t.Fatalf("resume takeover: %v point %q fence %d", res.Outcome, res.Record.RecoveryPoint, res.Record.Fence)
 	}
 	if err := e.s.Checkpoint(e.ctx, store.CheckpointParams{FenceParams: fenceOf(r), RecoveryPoint: "finished"}); !errors.Is(err, store.ErrLeaseLost) {
@@ -594,8 +598,8 @@ func testConcurrentTakeover(t *testing.T, h Harness) {
 		if n := countOutcomes(res, store.TakenOver); n != 1 {
 			t.Fatalf("round %d: %d takeovers of 64, want 1", round, n)
 		}
-		if got := e.get("s", key); got.Fence != 2 {
-			t.Fatalf("round %d: fence %d after the takeover race, want 2", round, got.Fence)
+		if got := e.get("s", key); got.Fence != e.clock.Now().UnixMicro() {
+			t.Fatalf("round %d: fence %d after the takeover race, want %d", round, got.Fence, e.clock.Now().UnixMicro())
 		}
 	}
 }
@@ -632,7 +636,7 @@ func testTerminalExpiry(t *testing.T, h Harness) {
 	// Past ExpiresAt a terminal record is absent, whatever the fingerprint.
 	res := e.reserve(e.s, e.reserveP("s", "k", "new-fp", store.LeaseUnknown))
 	if res.Outcome != store.Created || res.Record.Fingerprint != "new-fp" || res.Record.Response != nil ||
-		res.Record.Fence != 2 || res.Record.Attempts != 1 || res.Record.State != store.StateInProgress {
+		res.Record.Fence != e.clock.Now().UnixMicro() || res.Record.Attempts != 1 || res.Record.State != store.StateInProgress {
 		t.Fatalf("past expiry: %v %+v", res.Outcome, res.Record)
 	}
 	wantTime(t, "ExpiresAt of the new record", res.Record.ExpiresAt, e.clock.Now().Add(ttl))
@@ -730,7 +734,7 @@ func testReapSoft(t *testing.T, h Harness) {
 		t.Fatalf("second soft Reap: %+v %v", res, err)
 	}
 	r := e.reserve(e.s, e.reserveP("s", "done", "other", store.LeaseUnknown))
-	if r.Outcome != store.Created || r.Record.Fence != done.Fence+1 {
+	if r.Outcome != store.Created || r.Record.Fence != e.clock.Now().UnixMicro() || r.Record.Fence <= done.Fence {
 		t.Fatalf("Reserve over an expired record: %v fence %d", r.Outcome, r.Record.Fence)
 	}
 }
@@ -924,7 +928,7 @@ func testReconcile(t *testing.T, h Harness) {
 		t.Fatal(err)
 	}
 	res = e.reserve(e.s, e.reserveP("s", "u2", "fp", store.LeaseUnknown))
-	if res.Outcome != store.Reclaimed || res.Record.Fence != 2 {
+	if res.Outcome != store.Reclaimed || res.Record.Fence != e.clock.Now().UnixMicro() {
 		t.Fatalf("after Resolve retryable: %v fence %d", res.Outcome, res.Record.Fence)
 	}
 	// Only unknown records resolve.
@@ -1058,5 +1062,67 @@ func testCancelled(t *testing.T, h Harness) {
 	}
 	if _, err := e.s.Get(ctx, "s", "k"); err == nil || errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("Get with a cancelled context: %v, want the context error", err)
+	}
+}
+
+// testFenceAcrossDelete: a holder cut off long enough, whose record was
+// completed by another holder, deleted and created again, must not be able
+// to touch the new record with its old fence.
+func testFenceAcrossDelete(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	first := e.create("s", "k", "fp", store.LeaseRetry)
+	e.clock.Advance(lease)
+	taken := e.reserve(e.s, e.reserveP("s", "k", "fp", store.LeaseRetry))
+	if taken.Outcome != store.TakenOver || taken.Record.Fence <= first.Fence {
+		t.Fatalf("takeover: %v fence %d after %d", taken.Outcome, taken.Record.Fence, first.Fence)
+	}
+	e.complete(taken.Record, sampleResponse())
+	if err := e.s.Delete(e.ctx, "s", "k"); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(time.Millisecond)
+	again := e.create("s", "k", "fp", store.LeaseRetry)
+	for _, old := range []store.Record{first, taken.Record} {
+		if again.Fence <= old.Fence {
+			t.Fatalf("record created after a delete has fence %d, not above the old %d", again.Fence, old.Fence)
+		}
+		if err := e.s.Complete(e.ctx, store.CompleteParams{FenceParams: fenceOf(old), Response: sampleResponse()}); !errors.Is(err, store.ErrLeaseLost) {
+			t.Fatalf("Complete with the fence %d of the deleted record: %v, want ErrLeaseLost", old.Fence, err)
+		}
+		if err := e.s.Extend(e.ctx, store.ExtendParams{FenceParams: fenceOf(old), Lease: lease}); !errors.Is(err, store.ErrLeaseLost) {
+			t.Fatalf("Extend with the fence %d of the deleted record: %v, want ErrLeaseLost", old.Fence, err)
+		}
+	}
+	e.mustUnchanged(again, "the holders of the deleted record")
+}
+
+// testFenceClockBack: while a row exists, its fence grows whatever the
+// clock does.
+func testFenceClockBack(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	r := e.create("s", "reclaim", "fp", store.LeaseUnknown)
+	if err := e.s.Release(e.ctx, store.ReleaseParams{FenceParams: fenceOf(r), Error: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(-time.Hour)
+	res := e.reserve(e.s, e.reserveP("s", "reclaim", "fp", store.LeaseUnknown))
+	if res.Outcome != store.Reclaimed || res.Record.Fence != r.Fence+1 {
+		t.Fatalf("reclaim with the clock set back: %v fence %d, want %d", res.Outcome, res.Record.Fence, r.Fence+1)
+	}
+	if err := e.s.Complete(e.ctx, store.CompleteParams{FenceParams: fenceOf(r), Response: sampleResponse()}); !errors.Is(err, store.ErrLeaseLost) {
+		t.Fatalf("Complete with the fence before the reclaim: %v, want ErrLeaseLost", err)
+	}
+
+	// A soft-expired row is recreated above its fence, the clock set back.
+	done := e.create("s", "expired", "fp", store.LeaseUnknown)
+	e.complete(done, sampleResponse())
+	e.clock.Advance(ttl)
+	if res, err := e.s.Reap(e.ctx, store.ReapParams{Limit: 10, Soft: true, Abandoned: abandoned, AbandonedTTL: time.Hour}); err != nil || res.Deleted < 1 {
+		t.Fatalf("soft Reap: %+v %v", res, err)
+	}
+	e.clock.Advance(-2 * ttl)
+	res = e.reserve(e.s, e.reserveP("s", "expired", "fp", store.LeaseUnknown))
+	if res.Outcome != store.Created || res.Record.Fence != done.Fence+1 {
+		t.Fatalf("recreation with the clock set back: %v fence %d, want %d", res.Outcome, res.Record.Fence, done.Fence+1)
 	}
 }

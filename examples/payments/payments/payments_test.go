@@ -269,7 +269,8 @@ func TestRefundResumesAfterCrash(t *testing.T) {
 			t.Fatalf("phases before the crash: %v", got)
 		}
 		rec := e.record("acct_1", routeRefunds, "refund-1")
-		if rec.State != store.StateInProgress || rec.RecoveryPoint != phaseProviderRefunded || rec.Fence != 1 {
+		crashed := rec.Fence
+		if rec.State != store.StateInProgress || rec.RecoveryPoint != phaseProviderRefunded || crashed <= 0 {
 			t.Fatalf("record after the crash: %+v", rec)
 		}
 		if s := e.prov.Stats(); s.Refunds != 1 {
@@ -299,7 +300,7 @@ func TestRefundResumesAfterCrash(t *testing.T) {
 			t.Fatalf("payment after the refund: %+v; want 400 refunded once", got)
 		}
 		rec = e.record("acct_1", routeRefunds, "refund-1")
-		if rec.State != store.StateCompleted || rec.RecoveryPoint != phasePaymentUpdated || rec.Fence != 2 {
+		if rec.State != store.StateCompleted || rec.RecoveryPoint != phasePaymentUpdated || rec.Fence <= crashed {
 			t.Fatalf("record after the takeover: %+v", rec)
 		}
 

@@ -29,6 +29,20 @@ local function clock(arg)
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
+-- next_fence is store.NextFence: now (microseconds), and above prev (0 when
+-- there is no record), so a fence is never handed out twice for a key, even
+-- across a delete.
+local function next_fence(prev, now)
+  local f = now
+  if f < 1 then
+    f = 1
+  end
+  if f <= prev then
+    f = prev + 1
+  end
+  return f
+end
+
 local function terminal(st)
   return st == COMPLETED or st == FAILED
 end

@@ -22,11 +22,11 @@ local function result(outcome)
 end
 
 if not st or st == EXPIRED or (terminal(st) and ea <= now) then
-  local f = 1
+  local f = next_fence(0, now)
   if st then
-    -- Fence+1 over an expired record, so a zombie holder of the previous
+    -- Above the expired record's fence, so a zombie holder of the previous
     -- generation can never complete the new one.
-    f = fence + 1
+    f = next_fence(fence, now)
     redis.call('DEL', rk)
   else
     -- A new index entry: drop up to two entries of the terminal index whose
@@ -55,7 +55,7 @@ end
 
 if st == FAILED then
   -- The policy stays the one fixed when the record was created.
-  redis.call('HSET', rk, 'st', IN_PROGRESS, 'f', num(fence + 1), 'at', num(at + 1),
+  redis.call('HSET', rk, 'st', IN_PROGRESS, 'f', num(next_fence(fence, now)), 'at', num(at + 1),
     'lu', num(now + lease), 'ea', num(now + ttl), 'le', '', 'ua', num(now))
   redis.call('HDEL', rk, 'ra')
   settle(idx, rk, IN_PROGRESS, rpol, now + lease, 0, now + ttl, now, grace)
@@ -69,7 +69,7 @@ if st == IN_PROGRESS and lu <= now then
     return result(0)
   end
   -- retry / resume: a new fence; recovery_point is kept for resume.
-  redis.call('HSET', rk, 'f', num(fence + 1), 'at', num(at + 1), 'lu', num(now + lease), 'le', '', 'ua', num(now))
+  redis.call('HSET', rk, 'f', num(next_fence(fence, now)), 'at', num(at + 1), 'lu', num(now + lease), 'le', '', 'ua', num(now))
   settle(idx, rk, IN_PROGRESS, rpol, now + lease, 0, ea, now, grace)
   return result(3)
 end

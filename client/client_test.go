@@ -1,0 +1,739 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/client"
+	"github.com/idem-go/idem/store"
+)
+
+var uuidV4 = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
+
+// checkOneKey checks that every request the server received carried the
+// key the transport reports, spelled as want.
+func checkOneKey(t *testing.T, a *api, want string, n int) {
+	t.Helper()
+	got := a.received()
+	if len(got) != n {
+		t.Fatalf("the server received %d requests, want %d", len(got), n)
+	}
+	for i, r := range got {
+		if r.key != want {
+			t.Errorf("request %d carried key %q, want %q", i+1, r.key, want)
+		}
+	}
+}
+
+func checkAllClosed(t *testing.T, tr *tracked) {
+	t.Helper()
+	if issued, closed := tr.issued.Load(), tr.closed.Load(); issued != closed {
+		t.Errorf("%d responses issued, %d closed", issued, closed)
+	}
+}
+
+// A connection cut after the server ran the request and before its answer
+// reached the client: the retry gets the stored answer, nothing runs twice.
+func TestConnectionCutAfterExecution(t *testing.T) {
+	t.Parallel()
+	a := &api{}
+	srv, _ := server(t, a, idem.Config{}, nil)
+	r := newRelay(t, srv.Listener.Addr().String())
+	r.drop.Store(1)
+	c := newClock()
+	tr, tracker := newTransport(t, c)
+	var retries []client.Retry
+	tr.OnRetry = func(x client.Retry) { retries = append(retries, x) }
+
+	resp, body, err := post(t, context.Background(), tr, r.URL()+"/v1/charges", `{"amount":100}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusCreated || string(body) != `{"id":"ch_1"}` {
+		t.Fatalf("got %d %s, want the first execution's answer", resp.StatusCode, body)
+	}
+	if !client.Replayed(resp) || client.Attempts(resp) != 2 {
+		t.Errorf("Replayed %v, Attempts %d; want true, 2", client.Replayed(resp), client.Attempts(resp))
+	}
+	if n := a.executions.Load(); n != 1 {
+		t.Errorf("%d executions, want 1", n)
+	}
+	key := client.Key(resp)
+	if !uuidV4.MatchString(key) {
+		t.Errorf("Key %q is not a version 4 UUID", key)
+	}
+	checkOneKey(t, a, `"`+key+`"`, 2)
+	if len(retries) != 1 || retries[0].Reason != client.ReasonNetwork || retries[0].Err == nil ||
+		retries[0].Attempt != 1 || retries[0].Key != key || retries[0].Delay != client.DefaultBaseDelay {
+		t.Errorf("OnRetry got %+v", retries)
+	}
+	if d := c.Delays(); !slices.Equal(d, []time.Duration{client.DefaultBaseDelay}) {
+		t.Errorf("waits %v", d)
+	}
+	checkAllClosed(t, tracker)
+}
+
+// Statuses that say "not now": each retried after the wait the server asks
+// for (or the backoff when it asks for none), the request running once.
+func TestRetriedStatuses(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		front  func(http.Handler) http.Handler
+		reason client.Reason
+		waits  []time.Duration
+	}{
+		{"503 Retry-After", failFirst(2, 503, "Retry-After", "3"), client.ReasonUnavailable, []time.Duration{3 * time.Second, 3 * time.Second}},
+		{"503 backoff", failFirst(2, 503), client.ReasonUnavailable, []time.Duration{500 * time.Millisecond, time.Second}},
+		{"429", failFirst(1, 429, "Retry-After", "2"), client.ReasonRateLimited, []time.Duration{2 * time.Second}},
+		{"409 Retry-After", failFirst(1, 409, "Retry-After", "4"), client.ReasonConflict, []time.Duration{4 * time.Second}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			a := &api{}
+			srv, _ := server(t, a, idem.Config{}, tc.front)
+			c := newClock()
+			tr, tracker := newTransport(t, c)
+			var reasons []client.Reason
+			tr.OnRetry = func(x client.Retry) { reasons = append(reasons, x.Reason) }
+			resp, body, err := post(t, context.Background(), tr, srv.URL+"/v1/charges", `{"amount":100}`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != http.StatusCreated || string(body) != `{"id":"ch_1"}` || client.Replayed(resp) {
+				t.Fatalf("got %d %s replayed=%v", resp.StatusCode, body, client.Replayed(resp))
+			}
+			if got, want := client.Attempts(resp), len(tc.waits)+1; got != want {
+				t.Errorf("Attempts %d, want %d", got, want)
+			}
+			if n := a.executions.Load(); n != 1 {
+				t.Errorf("%d executions, want 1", n)
+			}
+			if d := c.Delays(); !slices.Equal(d, tc.waits) {
+				t.Errorf("waits %v, want %v", d, tc.waits)
+			}
+			for _, r := range reasons {
+				if r != tc.reason {
+					t.Errorf("reason %q, want %q", r, tc.reason)
+				}
+			}
+			checkOneKey(t, a, `"`+client.Key(resp)+`"`, len(tc.waits)+1)
+			checkAllClosed(t, tracker)
+		})
+	}
+}
+
+func TestRetryAfterDate(t *testing.T) {
+	t.Parallel()
+	c := newClock()
+	// The first failure asks for 7s from now; the second comes when that
+	// date has passed, so only the backoff (1s) is left.
+	date := c.Now().Add(7 * time.Second).Format(http.TimeFormat)
+	a := &api{}
+	srv, _ := server(t, a, idem.Config{}, failFirst(2, 503, "Retry-After", date))
+	tr, _ := newTransport(t, c)
+	resp, _, err := post(t, context.Background(), tr, srv.URL+"/v1/charges", `{}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusCreated || client.Attempts(resp) != 3 {
+		t.Fatalf("got %d after %d attempts", resp.StatusCode, client.Attempts(resp))
+	}
+	if d := c.Delays(); !slices.Equal(d, []time.Duration{7 * time.Second, time.Second}) {
+		t.Errorf("waits %v, want [7s 1s]", d)
+	}
+}
+
+// A retry that meets its own first attempt still running waits, then gets
+// the replay: here the first attempt's connection was cut while the handler
+// ran, so the only way to its answer is the store.
+func TestInProgressAfterCut(t *testing.T) {
+	t.Parallel()
+	a := &api{}
+	release := make(chan struct{})
+	var r *relay
+	a.during = func(n int32) {
+		if n == 1 {
+			r.cutClients()
+			<-release
+		}
+	}
+	srv, _ := server(t, a, idem.Config{}, nil)
+	r = newRelay(t, srv.Listener.Addr().String())
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free) // a failing test must not leave the handler blocked
+	c := newClock()
+	tr, tracker := newTransport(t, c)
+	var reasons []client.Reason
+	var statuses []int
+	tr.OnRetry = func(x client.Retry) {
+		reasons = append(reasons, x.Reason)
+		statuses = append(statuses, x.Status)
+		if x.Reason == client.ReasonInProgress {
+			free()
+		}
+	}
+	c.onSleep = func(ctx context.Context, d time.Duration) error {
+		if reasons[len(reasons)-1] == client.ReasonInProgress {
+			<-r.dropped // the first execution answered: its record is complete
+		}
+		return nil
+	}
+	resp, body, err := post(t, context.Background(), tr, r.URL()+"/v1/charges", `{"amount":100}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusCreated || string(body) != `{"id":"ch_1"}` || !client.Replayed(resp) {
+		t.Fatalf("got %d %s replayed=%v", resp.StatusCode, body, client.Replayed(resp))
+	}
+	if n := a.executions.Load(); n != 1 {
+		t.Errorf("%d executions, want 1", n)
+	}
+	if want := []client.Reason{client.ReasonNetwork, client.ReasonInProgress}; !slices.Equal(reasons, want) || statuses[1] != http.StatusConflict {
+		t.Errorf("reasons %v statuses %v, want %v", reasons, statuses, want)
+	}
+	if client.Attempts(resp) != 3 {
+		t.Errorf("Attempts %d, want 3", client.Attempts(resp))
+	}
+	// The 409 asked for 1s, more than the second backoff (1s): the wait
+	// honours both.
+	if d := c.Delays(); !slices.Equal(d, []time.Duration{500 * time.Millisecond, time.Second}) {
+		t.Errorf("waits %v", d)
+	}
+	checkOneKey(t, a, `"`+client.Key(resp)+`"`, 3)
+	checkAllClosed(t, tracker)
+}
+
+// Two callers with one key (a double click, two workers): the second waits
+// for the first and gets its answer, in either error dialect.
+func TestInProgressConcurrentCallers(t *testing.T) {
+	t.Parallel()
+	for _, profile := range []idem.Profile{idem.ProfileIETF, idem.ProfileStripe} {
+		t.Run(string(profile), func(t *testing.T) {
+			t.Parallel()
+			a := &api{}
+			started, release := make(chan struct{}), make(chan struct{})
+			a.during = func(n int32) {
+				if n == 1 {
+					close(started)
+					<-release
+				}
+			}
+			srv, _ := server(t, a, idem.Config{Profile: profile}, nil)
+			var once sync.Once
+			free := func() { once.Do(func() { close(release) }) }
+			t.Cleanup(free) // a failing test must not leave the handler blocked
+			key := client.NewKey()
+
+			type answer struct {
+				body []byte
+				err  error
+			}
+			first := make(chan answer, 1)
+			plain := &http.Transport{DisableKeepAlives: true}
+			go func() {
+				req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/charges", strings.NewReader(`{"amount":100}`))
+				req.Header.Set("Idempotency-Key", key)
+				req.Header.Set("Content-Type", "application/json")
+				resp, err := plain.RoundTrip(req)
+				if err != nil {
+					first <- answer{err: err}
+					return
+				}
+				b, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				first <- answer{b, err}
+			}()
+			<-started
+
+			c := newClock()
+			tr, _ := newTransport(t, c)
+			var reasons []client.Reason
+			tr.OnRetry = func(x client.Retry) {
+				reasons = append(reasons, x.Reason)
+				free()
+			}
+			var got1 answer
+			c.onSleep = func(ctx context.Context, d time.Duration) error {
+				got1 = <-first
+				return nil
+			}
+			resp, body, err := post(t, context.Background(), tr, srv.URL+"/v1/charges", `{"amount":100}`, "Idempotency-Key", key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got1.err != nil {
+				t.Fatalf("first caller: %v", got1.err)
+			}
+			if !client.Replayed(resp) || string(body) != string(got1.body) || client.Attempts(resp) != 2 {
+				t.Errorf("second caller got %s replayed=%v after %d attempts; the first got %s",
+					body, client.Replayed(resp), client.Attempts(resp), got1.body)
+			}
+			if !slices.Equal(reasons, []client.Reason{client.ReasonInProgress}) {
+				t.Errorf("reasons %v", reasons)
+			}
+			if n := a.executions.Load(); n != 1 {
+				t.Errorf("%d executions, want 1", n)
+			}
+			if client.Key(resp) != key {
+				t.Errorf("Key %q, want the caller's %q", client.Key(resp), key)
+			}
+		})
+	}
+}
+
+// Final answers are returned at once: retrying them could not change them.
+func TestNotRetried(t *testing.T) {
+	t.Parallel()
+	a := &api{}
+	srv, _ := server(t, a, idem.Config{}, nil)
+	url := srv.URL + "/v1/charges"
+	c := newClock()
+	tr, tracker := newTransport(t, c)
+	tr.OnRetry = func(x client.Retry) { t.Errorf("retried: %+v", x) }
+
+	key := client.NewKey()
+	if resp, _, err := post(t, context.Background(), tr, url, `{"amount":1}`, "Idempotency-Key", key); err != nil || resp.StatusCode != 201 {
+		t.Fatalf("first use of the key: %v %v", resp, err)
+	}
+	resp, body, err := post(t, context.Background(), tr, url, `{"amount":2}`, "Idempotency-Key", key)
+	if err != nil || resp.StatusCode != http.StatusUnprocessableEntity || client.Attempts(resp) != 1 {
+		t.Errorf("key reused with another body: %v %v after %d attempts", resp, err, client.Attempts(resp))
+	}
+	if !strings.Contains(string(body), "#key-reused") {
+		t.Errorf("422 body %s", body)
+	}
+
+	resp, _, err = post(t, context.Background(), tr, url, bodyBad)
+	if err != nil || resp.StatusCode != http.StatusBadRequest || client.Attempts(resp) != 1 {
+		t.Errorf("400: %v %v after %d attempts", resp, err, client.Attempts(resp))
+	}
+
+	// An outcome the server cannot know: the 409 is returned whole, with
+	// its problem type readable by the caller.
+	key = client.NewKey()
+	resp, _, err = post(t, context.Background(), tr, url, bodyUncertain, "Idempotency-Key", key)
+	if err != nil || resp.StatusCode != http.StatusGatewayTimeout || client.Attempts(resp) != 1 {
+		t.Fatalf("uncertain: %v %v", resp, err)
+	}
+	resp, body, err = post(t, context.Background(), tr, url, bodyUncertain, "Idempotency-Key", key)
+	if err != nil || resp.StatusCode != http.StatusConflict || client.Attempts(resp) != 1 {
+		t.Fatalf("outcome unknown: %v %v", resp, err)
+	}
+	if !strings.HasSuffix(jsonField(t, body, "type"), "#outcome-unknown") {
+		t.Errorf("409 body %s", body)
+	}
+	if n := a.executions.Load(); n != 3 {
+		t.Errorf("%d executions, want 3 (one per distinct request)", n)
+	}
+	if d := c.Delays(); len(d) != 0 {
+		t.Errorf("waited %v", d)
+	}
+	checkAllClosed(t, tracker)
+}
+
+// A plain 409 without Retry-After is a business conflict, not a wait.
+func TestPlainConflictWithoutRetryAfter(t *testing.T) {
+	t.Parallel()
+	a := &api{}
+	srv, _ := server(t, a, idem.Config{}, failFirst(1, 409))
+	tr, _ := newTransport(t, newClock())
+	resp, body, err := post(t, context.Background(), tr, srv.URL+"/v1/charges", `{}`)
+	if err != nil || resp.StatusCode != http.StatusConflict || client.Attempts(resp) != 1 || string(body) != "failure 1\n" {
+		t.Fatalf("%v %v %q", resp, err, body)
+	}
+}
+
+// RetryUnknown waits for reconciliation: here an operator settles the
+// record during the wait, and the retry gets the settled answer.
+func TestRetryUnknown(t *testing.T) {
+	t.Parallel()
+	a := &api{}
+	srv, st := server(t, a, idem.Config{}, nil)
+	url := srv.URL + "/v1/charges"
+	c := newClock()
+	tr, tracker := newTransport(t, c)
+	tr.RetryUnknown = 10 * time.Second
+	tr.MaxDelay = time.Minute
+	key := client.NewKey()
+	if resp, _, err := post(t, context.Background(), tr, url, bodyUncertain, "Idempotency-Key", key); err != nil || resp.StatusCode != 504 {
+		t.Fatalf("uncertain: %v %v", resp, err)
+	}
+	var reasons []client.Reason
+	tr.OnRetry = func(x client.Retry) { reasons = append(reasons, x.Reason) }
+	c.onSleep = func(ctx context.Context, d time.Duration) error {
+		recs, err := st.ListUnknown(ctx, store.ListUnknownParams{Limit: 10})
+		if err != nil || len(recs) != 1 {
+			t.Errorf("ListUnknown: %v %v", recs, err)
+			return err
+		}
+		return st.Resolve(ctx, store.ResolveParams{Scope: recs[0].Scope, Key: recs[0].Key, To: store.StateCompleted,
+			Response: &store.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"ch_found"}`)}})
+	}
+	resp, body, err := post(t, context.Background(), tr, url, bodyUncertain, "Idempotency-Key", key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 201 || string(body) != `{"id":"ch_found"}` || !client.Replayed(resp) || client.Attempts(resp) != 2 {
+		t.Errorf("got %d %s replayed=%v after %d attempts", resp.StatusCode, body, client.Replayed(resp), client.Attempts(resp))
+	}
+	if !slices.Equal(reasons, []client.Reason{client.ReasonOutcomeUnknown}) {
+		t.Errorf("reasons %v", reasons)
+	}
+	if d := c.Delays(); !slices.Equal(d, []time.Duration{10 * time.Second}) {
+		t.Errorf("waits %v", d)
+	}
+	if n := a.executions.Load(); n != 1 {
+		t.Errorf("%d executions, want 1", n)
+	}
+	checkAllClosed(t, tracker)
+}
+
+func TestMaxAttempts(t *testing.T) {
+	t.Parallel()
+	a := &api{}
+	srv, _ := server(t, a, idem.Config{}, failFirst(100, 503))
+	c := newClock()
+	tr, tracker := newTransport(t, c)
+	tr.MaxAttempts = 3
+	resp, body, err := post(t, context.Background(), tr, srv.URL+"/v1/charges", `{}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 503 || string(body) != "failure 3\n" || client.Attempts(resp) != 3 {
+		t.Errorf("got %d %q after %d attempts; want the third 503 whole", resp.StatusCode, body, client.Attempts(resp))
+	}
+	if d := c.Delays(); !slices.Equal(d, []time.Duration{500 * time.Millisecond, time.Second}) {
+		t.Errorf("waits %v", d)
+	}
+	checkAllClosed(t, tracker)
+}
+
+func TestMaxDelay(t *testing.T) {
+	t.Parallel()
+	a := &api{}
+	srv, _ := server(t, a, idem.Config{}, failFirst(100, 503))
+	c := newClock()
+	tr, _ := newTransport(t, c)
+	tr.BaseDelay, tr.MaxDelay, tr.MaxAttempts = time.Second, 2500*time.Millisecond, 10
+	resp, _, err := post(t, context.Background(), tr, srv.URL+"/v1/charges", `{}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 1s, then 2s would bring the sum to 3s, past 2.5s.
+	if client.Attempts(resp) != 2 || !slices.Equal(c.Delays(), []time.Duration{time.Second}) {
+		t.Errorf("%d attempts, waits %v", client.Attempts(resp), c.Delays())
+	}
+	// A Retry-After beyond the budget is not waited for either.
+	a2 := &api{}
+	srv2, _ := server(t, a2, idem.Config{}, failFirst(100, 503, "Retry-After", "3600"))
+	c2 := newClock()
+	tr2, _ := newTransport(t, c2)
+	resp, _, err = post(t, context.Background(), tr2, srv2.URL+"/v1/charges", `{}`)
+	if err != nil || resp.StatusCode != 503 || client.Attempts(resp) != 1 || len(c2.Delays()) != 0 {
+		t.Errorf("Retry-After 3600: %v %v, waits %v", resp, err, c2.Delays())
+	}
+}
+
+func TestContextBounds(t *testing.T) {
+	t.Parallel()
+	t.Run("Retry-After past the deadline", func(t *testing.T) {
+		t.Parallel()
+		a := &api{}
+		srv, _ := server(t, a, idem.Config{}, failFirst(100, 503, "Retry-After", "120"))
+		c := newClock()
+		tr, _ := newTransport(t, c)
+		tr.Now = time.Now // the deadline is on the real clock
+		tr.MaxDelay = time.Hour
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		resp, _, err := post(t, ctx, tr, srv.URL+"/v1/charges", `{}`)
+		if err != nil || resp.StatusCode != 503 || client.Attempts(resp) != 1 || len(c.Delays()) != 0 {
+			t.Errorf("%v %v, waits %v; want the 503 at once", resp, err, c.Delays())
+		}
+	})
+	t.Run("cancelled during a wait", func(t *testing.T) {
+		t.Parallel()
+		a := &api{}
+		srv, _ := server(t, a, idem.Config{}, failFirst(100, 503))
+		c := newClock()
+		tr, tracker := newTransport(t, c)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		c.onSleep = func(ctx context.Context, d time.Duration) error {
+			cancel()
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		_, _, err := post(t, ctx, tr, srv.URL+"/v1/charges", `{}`)
+		var ce *client.Error
+		if !errors.Is(err, context.Canceled) || !errors.As(err, &ce) || ce.Attempts != 1 {
+			t.Fatalf("err %v", err)
+		}
+		checkOneKey(t, a, `"`+ce.Key+`"`, 1)
+		checkAllClosed(t, tracker)
+	})
+	t.Run("deadline during an attempt", func(t *testing.T) {
+		t.Parallel()
+		a := &api{}
+		answered := make(chan struct{})
+		a.during = func(int32) { <-answered }
+		srv, _ := server(t, a, idem.Config{}, nil)
+		defer close(answered)
+		c := newClock()
+		tr, _ := newTransport(t, c)
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		_, _, err := post(t, ctx, tr, srv.URL+"/v1/charges", `{}`)
+		var ce *client.Error
+		if !errors.Is(err, context.DeadlineExceeded) || !errors.As(err, &ce) || ce.Attempts != 1 || len(c.Delays()) != 0 {
+			t.Fatalf("err %v, waits %v", err, c.Delays())
+		}
+	})
+}
+
+// onlyReader is a body http.NewRequest cannot rewind: no GetBody.
+type onlyReader struct {
+	r      io.Reader
+	closed atomic.Int32
+}
+
+func (b *onlyReader) Read(p []byte) (int, error) { return b.r.Read(p) }
+func (b *onlyReader) Close() error               { b.closed.Add(1); return nil }
+
+func TestBodyWithoutGetBody(t *testing.T) {
+	t.Parallel()
+	const payload = `{"amount":100,"currency":"eur"}`
+	t.Run("buffered and replayed", func(t *testing.T) {
+		t.Parallel()
+		a := &api{}
+		srv, _ := server(t, a, idem.Config{}, failFirst(2, 503))
+		tr, _ := newTransport(t, newClock())
+		body := &onlyReader{r: strings.NewReader(payload)}
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/charges", body)
+		if req.GetBody != nil {
+			t.Fatal("the test needs a body without GetBody")
+		}
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 201 || client.Attempts(resp) != 3 {
+			t.Fatalf("%d after %d attempts", resp.StatusCode, client.Attempts(resp))
+		}
+		for i, r := range a.received() {
+			if r.body != payload {
+				t.Errorf("attempt %d sent %q", i+1, r.body)
+			}
+		}
+		if n := body.closed.Load(); n != 1 {
+			t.Errorf("the caller's body was closed %d times", n)
+		}
+	})
+	t.Run("too large to buffer: sent once", func(t *testing.T) {
+		t.Parallel()
+		a := &api{}
+		srv, _ := server(t, a, idem.Config{}, failFirst(100, 503))
+		tr, _ := newTransport(t, newClock())
+		tr.MaxBufferBytes = 8
+		body := &onlyReader{r: strings.NewReader(payload)}
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/charges", body)
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 503 || client.Attempts(resp) != 1 {
+			t.Errorf("%d after %d attempts; want the 503 of the only attempt", resp.StatusCode, client.Attempts(resp))
+		}
+		if got := a.received(); len(got) != 1 || got[0].body != payload {
+			t.Errorf("the server received %+v", got)
+		}
+		if n := body.closed.Load(); n != 1 {
+			t.Errorf("the caller's body was closed %d times", n)
+		}
+	})
+}
+
+// Every attempt failed to connect: the error carries the key, so the
+// caller can come back later without risking a second execution.
+func TestNetworkErrorsExhausted(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there any more
+	c := newClock()
+	tr, _ := newTransport(t, c)
+	tr.MaxAttempts = 3
+	var errs int
+	tr.OnRetry = func(x client.Retry) {
+		if x.Err != nil && x.Reason == client.ReasonNetwork && x.Status == 0 {
+			errs++
+		}
+	}
+	_, _, err = post(t, context.Background(), tr, "http://"+addr+"/v1/charges", `{}`)
+	var ce *client.Error
+	if !errors.As(err, &ce) || ce.Attempts != 3 || !uuidV4.MatchString(ce.Key) {
+		t.Fatalf("err %v", err)
+	}
+	var op *net.OpError
+	if !errors.As(err, &op) {
+		t.Errorf("the last attempt's error is not wrapped: %v", err)
+	}
+	if errs != 2 || !slices.Equal(c.Delays(), []time.Duration{500 * time.Millisecond, time.Second}) {
+		t.Errorf("%d retries, waits %v", errs, c.Delays())
+	}
+}
+
+// A certificate the client refuses will be refused again: not retried.
+func TestTLSErrorNotRetried(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewTLSServer(http.NotFoundHandler())
+	defer srv.Close()
+	c := newClock()
+	tr, _ := newTransport(t, c)
+	_, _, err := post(t, context.Background(), tr, srv.URL+"/v1/charges", `{}`)
+	var ce *client.Error
+	if !errors.As(err, &ce) || ce.Attempts != 1 || len(c.Delays()) != 0 {
+		t.Fatalf("err %v, waits %v", err, c.Delays())
+	}
+}
+
+func TestCallerKey(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ sent, key string }{
+		{"order-42", "order-42"},
+		{`"order-42"`, "order-42"},
+		{`"say \"hi\""`, `say "hi"`},
+	} {
+		a := &api{}
+		srv, _ := server(t, a, idem.Config{}, failFirst(1, 503))
+		tr, _ := newTransport(t, newClock())
+		resp, _, err := post(t, context.Background(), tr, srv.URL+"/v1/charges", `{}`, "Idempotency-Key", tc.sent)
+		if err != nil || resp.StatusCode != 201 {
+			t.Fatalf("%s: %v %v", tc.sent, resp, err)
+		}
+		if client.Key(resp) != tc.key {
+			t.Errorf("%s: Key %q, want %q", tc.sent, client.Key(resp), tc.key)
+		}
+		checkOneKey(t, a, tc.sent, 2) // kept as the caller spelled it
+	}
+}
+
+func TestMalformedCallerKey(t *testing.T) {
+	t.Parallel()
+	a := &api{}
+	srv, _ := server(t, a, idem.Config{}, nil)
+	tr, _ := newTransport(t, newClock())
+	for _, vals := range [][]string{{"a", "b"}, {""}, {"has space"}, {strings.Repeat("k", 256)}} {
+		body := &onlyReader{r: strings.NewReader("{}")}
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/charges", body)
+		req.Header["Idempotency-Key"] = vals
+		_, err := tr.RoundTrip(req)
+		if err == nil || !strings.Contains(err.Error(), "Idempotency-Key") {
+			t.Errorf("%q: err %v", vals, err)
+		}
+		if body.closed.Load() != 1 {
+			t.Errorf("%q: the body was not closed", vals)
+		}
+	}
+	if got := a.received(); len(got) != 0 {
+		t.Errorf("sent %+v", got)
+	}
+}
+
+func TestOtherMethodsPassThrough(t *testing.T) {
+	t.Parallel()
+	a := &api{}
+	srv, _ := server(t, a, idem.Config{}, nil)
+	tr, _ := newTransport(t, newClock())
+	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/v1/charges", nil)
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if client.Attempts(resp) != 0 || client.Key(resp) != "" {
+		t.Errorf("GET: Attempts %d, Key %q", client.Attempts(resp), client.Key(resp))
+	}
+	if got := a.received(); len(got) != 1 || got[0].key != "" {
+		t.Errorf("received %+v", got)
+	}
+	if client.Attempts(nil) != 0 || client.Key(nil) != "" || client.Replayed(nil) {
+		t.Error("a nil response reports something")
+	}
+}
+
+func TestCustomHeaderAndMethods(t *testing.T) {
+	t.Parallel()
+	var got atomic.Value
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got.Store(r.Header.Get("X-Request-Key"))
+	}))
+	defer srv.Close()
+	tr, _ := newTransport(t, newClock())
+	tr.Header, tr.Methods = "X-Request-Key", []string{"put"}
+	req, _ := http.NewRequest(http.MethodPut, srv.URL, strings.NewReader("{}"))
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if k := client.Key(resp); !uuidV4.MatchString(k) || got.Load() != `"`+k+`"` {
+		t.Errorf("Key %q, server got %q", k, got.Load())
+	}
+}
+
+func TestInvalidSettings(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		tr    client.Transport
+		field string
+	}{
+		{client.Transport{MaxAttempts: -1}, "MaxAttempts"},
+		{client.Transport{MaxDelay: -1}, "MaxDelay"},
+		{client.Transport{BaseDelay: -1}, "BaseDelay"},
+		{client.Transport{MaxBackoff: -1}, "MaxBackoff"},
+		{client.Transport{RetryUnknown: -time.Second}, "RetryUnknown"},
+		{client.Transport{Header: "Idempotency Key"}, "Header"},
+	} {
+		body := &onlyReader{r: strings.NewReader("{}")}
+		req, _ := http.NewRequest(http.MethodPost, "http://127.0.0.1:1/", body)
+		_, err := tc.tr.RoundTrip(req)
+		if err == nil || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("%s: err %v", tc.field, err)
+		}
+		if body.closed.Load() != 1 {
+			t.Errorf("%s: the body was not closed", tc.field)
+		}
+	}
+}
+
+func TestNewKey(t *testing.T) {
+	t.Parallel()
+	seen := map[string]bool{}
+	for range 1000 {
+		k := client.NewKey()
+		if !uuidV4.MatchString(k) || seen[k] {
+			t.Fatalf("NewKey() = %q (seen before: %v)", k, seen[k])
+		}
+		seen[k] = true
+	}
+}

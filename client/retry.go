@@ -1,0 +1,147 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"io"
+	"mime"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// classify decides whether an attempt's outcome is worth another attempt,
+// and returns the server's Retry-After as a wait (0 without one).
+func (s *settings) classify(ctx context.Context, resp *http.Response, err error) (Reason, time.Duration, bool) {
+	if err != nil {
+		// The caller's own deadline or cancellation is final, whatever
+		// error the transport reported for it.
+		if ctx.Err() != nil || !retryableError(err) {
+			return "", 0, false
+		}
+		return ReasonNetwork, 0, true
+	}
+	after, hasAfter := retryAfter(resp.Header, s.Now())
+	switch resp.StatusCode {
+	case http.StatusTooManyRequests:
+		return ReasonRateLimited, after, true
+	case http.StatusServiceUnavailable:
+		return ReasonUnavailable, after, true
+	case http.StatusConflict:
+		switch problemSlug(resp) {
+		case "request-in-progress", "idempotency_key_in_use":
+			return ReasonInProgress, after, true
+		case "outcome-unknown":
+			return ReasonOutcomeUnknown, after, s.RetryUnknown > 0
+		}
+		return ReasonConflict, after, hasAfter
+	}
+	return "", 0, false
+}
+
+// retryableError reports whether a transport error may go away on another
+// attempt; errors of configuration (a certificate the client refuses, a
+// host that does not exist) would only repeat.
+func retryableError(err error) bool {
+	var (
+		verify   *tls.CertificateVerificationError
+		record   tls.RecordHeaderError
+		unknown  x509.UnknownAuthorityError
+		hostname x509.HostnameError
+		invalid  x509.CertificateInvalidError
+		dns      *net.DNSError
+	)
+	switch {
+	case errors.As(err, &verify), errors.As(err, &record), errors.As(err, &unknown),
+		errors.As(err, &hostname), errors.As(err, &invalid):
+		return false
+	case errors.As(err, &dns):
+		return !dns.IsNotFound
+	}
+	return true
+}
+
+// maxProblemBytes bounds what is read of a 409's body to learn its type.
+const maxProblemBytes = 64 << 10
+
+// problemSlug returns the case a 409 names: the fragment of an RFC 9457
+// problem type (idem's "…/problems.md#request-in-progress"), or the code of
+// a Stripe-style error object. It reads the start of the body and puts it
+// back, so a response that is returned to the caller is whole.
+func problemSlug(resp *http.Response) string {
+	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	if mt != "application/json" && !strings.HasSuffix(mt, "+json") {
+		return ""
+	}
+	head, err := io.ReadAll(io.LimitReader(resp.Body, maxProblemBytes))
+	resp.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(head), errReader{err}, resp.Body), resp.Body}
+	var doc struct {
+		Type  string `json:"type"`
+		Error struct {
+			Code string `json:"code"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(head, &doc) != nil {
+		return ""
+	}
+	if _, frag, ok := strings.Cut(doc.Type, "#"); ok {
+		return frag
+	}
+	return doc.Error.Code
+}
+
+// errReader hands the caller, in order, the error that stopped reading the
+// head of a body: the bytes before it are returned first.
+type errReader struct{ err error }
+
+func (r errReader) Read([]byte) (int, error) {
+	if r.err != nil {
+		return 0, r.err
+	}
+	return 0, io.EOF
+}
+
+// retryAfter returns the wait a response's Retry-After asks for, from now:
+// delay-seconds, or an HTTP-date (a date in the past asks for no wait).
+// It reports false when the field is absent, repeated or malformed.
+func retryAfter(h http.Header, now time.Time) (time.Duration, bool) {
+	vs := h.Values("Retry-After")
+	if len(vs) != 1 {
+		return 0, false
+	}
+	v := strings.TrimSpace(vs[0])
+	if v == "" {
+		return 0, false
+	}
+	if v[0] >= '0' && v[0] <= '9' {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			if errors.Is(err, strconv.ErrRange) {
+				return maxWait, true
+			}
+			return 0, false
+		}
+		if n > uint64(maxWait/time.Second) {
+			return maxWait, true
+		}
+		return time.Duration(n) * time.Second, true
+	}
+	t, err := http.ParseTime(v)
+	if err != nil {
+		return 0, false
+	}
+	return max(0, t.Sub(now)), true
+}
+
+// maxWait stands for a Retry-After too large to represent; any bound on the
+// waits refuses it.
+const maxWait = time.Duration(1<<63 - 1)
