@@ -126,6 +126,21 @@ type countingUpstream struct {
 	execs map[string][]int64
 	next  int64
 	large func(key string) bool
+
+	// The next holdLeft executions wait for gate to close; held counts
+	// those waiting.
+	holdLeft int
+	gate     chan struct{}
+	held     *atomic.Int64
+}
+
+// holdNext makes the next n executions wait until gate is closed; the
+// returned counter tells how many are waiting.
+func (u *countingUpstream) holdNext(n int, gate chan struct{}) *atomic.Int64 {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.holdLeft, u.gate, u.held = n, gate, new(atomic.Int64)
+	return u.held
 }
 
 func (u *countingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -138,7 +153,16 @@ func (u *countingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	u.next++
 	id := u.next
 	u.execs[in.Key] = append(u.execs[in.Key], id)
+	var gate chan struct{}
+	if u.holdLeft > 0 {
+		u.holdLeft--
+		gate = u.gate
+		u.held.Add(1)
+	}
 	u.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
 
 	// Some work, so that faults land while requests are under way.
 	time.Sleep(time.Duration(5+rand.IntN(55)) * time.Millisecond)
@@ -406,13 +430,7 @@ func (r *faultRun) chaos(pg *pgCluster) (kills, restarts int) {
 		isPG := r.plan.pgRestarts > 0 &&
 			(2*(e+1)*r.plan.pgRestarts+events)/(2*events) > (2*e*r.plan.pgRestarts+events)/(2*events)
 		if isPG {
-			if err := pg.crash(); err != nil {
-				t.Fatalf("crashing PostgreSQL: %v", err)
-			}
-			time.Sleep(time.Duration(200+rand.IntN(300)) * time.Millisecond)
-			if err := pg.start(); err != nil {
-				t.Fatalf("restarting PostgreSQL: %v", err)
-			}
+			r.crashPG(pg)
 			restarts++
 			continue
 		}
@@ -435,6 +453,33 @@ func (r *faultRun) chaos(pg *pgCluster) (kills, restarts int) {
 		}
 	}
 	return kills, restarts
+}
+
+// faultHeld is how many executions a PostgreSQL crash waits for.
+const faultHeld = 4
+
+// crashPG crashes PostgreSQL and starts it again after a moment. The next
+// faultHeld executions the upstream starts are held until the server is
+// down, so that their proxies store their outcomes while it is down: the
+// crash lands between an execution and the storing of its answer.
+func (r *faultRun) crashPG(pg *pgCluster) {
+	t := r.t
+	gate := make(chan struct{})
+	held := r.up.holdNext(faultHeld, gate)
+	func() {
+		defer close(gate) // also when Fatalf ends the test
+		deadline := time.Now().Add(5 * time.Second)
+		for held.Load() < faultHeld && time.Now().Before(deadline) && r.finished.Load() < int64(r.plan.keys) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if err := pg.crash(); err != nil {
+			t.Fatalf("crashing PostgreSQL: %v", err)
+		}
+	}()
+	time.Sleep(time.Duration(200+rand.IntN(300)) * time.Millisecond)
+	if err := pg.start(); err != nil {
+		t.Fatalf("restarting PostgreSQL: %v", err)
+	}
 }
 
 // settle asks every key once more, once all proxies run, and returns the
