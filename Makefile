@@ -33,6 +33,7 @@ fuzz:
 	go test -run '^$$' -fuzz FuzzCanonicalNumber -fuzztime 20s ./internal/fingerprint/
 	go test -run '^$$' -fuzz FuzzForm -fuzztime 20s ./internal/fingerprint/
 	go test -run '^$$' -fuzz FuzzTarget -fuzztime 20s ./internal/fingerprint/
+	go test -run '^$$' -fuzz FuzzFields -fuzztime 20s ./internal/fingerprint/
 	go test -run '^$$' -fuzz FuzzRetryAfter -fuzztime 20s ./client/
 
 # The full fault test of the proxy (see README.md, "Fault test"): several

@@ -34,10 +34,11 @@
 // Each execution holds a fenced lease that the engine renews while the
 // handler runs. When a holder dies its lease expires, and by default
 // (store.LeaseUnknown) the record becomes unknown: retries get 409 and the
-// request is never run twice until reconciliation settles it. Routes whose
+// request is never run twice until reconciliation settles it (package
+// maintenance runs it, with the sweeper and the reaper). Routes whose
 // handlers are safe to re-run can choose store.LeaseRetry, and handlers
-// written as atomic phases store.LeaseResume, which continues from the
-// last committed recovery point. A handler that cannot tell whether its
+// written as atomic phases (package phase) store.LeaseResume, which
+// continues from the last committed recovery point. A handler that cannot tell whether its
 // effect happened (a payment gateway timed out) calls
 // Execution.Uncertain; a panic does the same.
 //

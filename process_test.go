@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/phase"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/postgres"
 	"github.com/idem-go/idem/store/sqlite"
@@ -350,13 +351,13 @@ func ridePhases(s *postgres.Store, schema, provider string, hook func(phase stri
 	return func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
 		x := idem.FromContext(ctx)
-		err := idem.RunPhases(ctx, x, s,
-			idem.Phase[pgx.Tx]{Name: "ride_created", Run: func(ctx context.Context, tx pgx.Tx) error {
+		err := phase.Run(ctx, x, s,
+			phase.Phase[pgx.Tx]{Name: "ride_created", Run: func(ctx context.Context, tx pgx.Tx) error {
 				hook("ride_created")
 				_, err := tx.Exec(ctx, `INSERT INTO `+rides+` (key) VALUES ($1)`, x.Key())
 				return err
 			}},
-			idem.Phase[pgx.Tx]{Name: "charge_created", Run: func(ctx context.Context, tx pgx.Tx) error {
+			phase.Phase[pgx.Tx]{Name: "charge_created", Run: func(ctx context.Context, tx pgx.Tx) error {
 				hook("charge_created")
 				if err := call(ctx, "charge", x.Key()); err != nil {
 					return err
@@ -364,7 +365,7 @@ func ridePhases(s *postgres.Store, schema, provider string, hook func(phase stri
 				_, err := tx.Exec(ctx, `UPDATE `+rides+` SET charged = true WHERE key = $1`, x.Key())
 				return err
 			}},
-			idem.Phase[pgx.Tx]{Name: "receipt_sent", Run: func(ctx context.Context, tx pgx.Tx) error {
+			phase.Phase[pgx.Tx]{Name: "receipt_sent", Run: func(ctx context.Context, tx pgx.Tx) error {
 				hook("receipt_sent")
 				return call(ctx, "receipt", x.Key())
 			}},

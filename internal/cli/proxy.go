@@ -23,6 +23,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/storeurl"
+	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 	"go.opentelemetry.io/otel/metric"
 )
@@ -85,8 +86,9 @@ type ProxyConfig struct {
 	// reconcile run, must then do their work.
 	NoMaintenance bool
 	// Maintenance configures the background services; zero fields take
-	// the defaults of idem.MaintenanceConfig.
-	Maintenance idem.MaintenanceConfig
+	// the defaults of maintenance.Config. TTL, Logger and MeterProvider
+	// default to the proxy's.
+	Maintenance maintenance.Config
 	// ResolveURL, when set and Maintenance.Resolver is nil, is the
 	// upstream operators' endpoint the reconciler asks about unknown
 	// outcomes (resolveProtocol).
@@ -111,8 +113,8 @@ type Proxy struct {
 	upstream  *url.URL
 	transport *http.Transport
 	handler   http.Handler
-	metrics   *metrics         // nil when the caller brought its own provider
-	maint     *idem.Maintainer // nil with NoMaintenance
+	metrics   *metrics                // nil when the caller brought its own provider
+	maint     *maintenance.Maintainer // nil with NoMaintenance
 
 	ln       net.Listener
 	server   *http.Server
@@ -200,7 +202,9 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 		return nil, err
 	}
 	if !cfg.NoMaintenance {
-		p.maint = p.engine.Maintainer(cfg.Maintenance)
+		if p.maint, err = maintenance.New(p.store, p.maintenanceConfig()); err != nil {
+			return nil, fmt.Errorf("proxy: %w", err)
+		}
 	}
 	p.transport = newTransport(cfg.UpstreamTimeout)
 	rp := &httputil.ReverseProxy{
@@ -590,10 +594,10 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 20*time.Second, "time in-flight requests get to finish at shutdown")
 	fs.StringVar(&cfg.Admin, "admin", "", "`address` of the admin server (/healthz, /readyz, /metrics); off when empty")
 	fs.StringVar(&cfg.Cache, "cache", "", "Redis `URL` of a replay cache in front of the store: "+storeurl.CacheSupported)
-	maintenance := fs.Bool("maintenance", true, "run the background services: sweeper, reaper, and reconciler (with --resolve-url)")
-	fs.DurationVar(&cfg.Maintenance.SweepInterval, "sweep-interval", 15*time.Second, "how often expired leases are swept to unknown")
-	fs.DurationVar(&cfg.Maintenance.ReapInterval, "reap-interval", time.Minute, "how often expired records are reaped")
-	fs.DurationVar(&cfg.Maintenance.ReconcileInterval, "reconcile-interval", 10*time.Second, "how often due unknown records are sent to --resolve-url")
+	runMaintenance := fs.Bool("maintenance", true, "run the background services: sweeper, reaper, and reconciler (with --resolve-url)")
+	fs.DurationVar(&cfg.Maintenance.SweepInterval, "sweep-interval", maintenance.DefaultSweepInterval, "how often expired leases are swept to unknown")
+	fs.DurationVar(&cfg.Maintenance.ReapInterval, "reap-interval", maintenance.DefaultReapInterval, "how often expired records are reaped")
+	fs.DurationVar(&cfg.Maintenance.ReconcileInterval, "reconcile-interval", maintenance.DefaultReconcileInterval, "how often due unknown records are sent to --resolve-url")
 	fs.BoolVar(&cfg.Maintenance.SoftExpire, "soft-expire", false, "keep expired records as state expired (audit) instead of deleting them")
 	fs.StringVar(&cfg.ResolveURL, "resolve-url", "", "`URL` the reconciler asks about unknown outcomes (protocol above); no reconciler when empty")
 	fs.StringVar(&logFormat, "log-format", "text", "log format on stderr: text or json")
@@ -619,7 +623,7 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 			return cfg, "", "", usageErr(fs, "--%s must be positive", name)
 		}
 	}
-	cfg.NoMaintenance = !*maintenance
+	cfg.NoMaintenance = !*runMaintenance
 	if cfg.NoMaintenance && cfg.ResolveURL != "" {
 		return cfg, "", "", usageErr(fs, "--resolve-url needs the background services: drop --maintenance=false")
 	}

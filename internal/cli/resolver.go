@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/replay"
+	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 )
 
@@ -45,14 +47,14 @@ const resolveTimeout = 10 * time.Second
 // body is at most a few MiB, and base64 or JSON escaping grows it.
 const maxResolveAnswer = 16 << 20
 
-// httpResolver is an idem.Resolver that asks the upstream's operators, over
+// httpResolver is a maintenance.Resolver that asks the upstream's operators, over
 // HTTP, whether an unknown request took effect.
 type httpResolver struct {
 	url    string
 	client *http.Client
 }
 
-var _ idem.Resolver = (*httpResolver)(nil)
+var _ maintenance.Resolver = (*httpResolver)(nil)
 
 func newHTTPResolver(raw string) (*httpResolver, error) {
 	u, err := url.Parse(raw)
@@ -101,8 +103,8 @@ func (h *headerValues) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// Resolve implements idem.Resolver.
-func (h *httpResolver) Resolve(ctx context.Context, rec store.Record) (idem.Resolution, error) {
+// Resolve implements maintenance.Resolver.
+func (h *httpResolver) Resolve(ctx context.Context, rec store.Record) (maintenance.Resolution, error) {
 	q := resolveQuestion{
 		Scope: rec.Scope, Key: rec.Key, Fence: rec.Fence, Fingerprint: rec.Fingerprint,
 		CreatedAt: rec.CreatedAt.UTC(), LastError: rec.LastError,
@@ -112,28 +114,28 @@ func (h *httpResolver) Resolve(ctx context.Context, rec store.Record) (idem.Reso
 	}
 	body, err := json.Marshal(q)
 	if err != nil {
-		return idem.Resolution{}, err
+		return maintenance.Resolution{}, err
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.url, bytes.NewReader(body))
 	if err != nil {
-		return idem.Resolution{}, err
+		return maintenance.Resolution{}, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json")
 	resp, err := h.client.Do(req)
 	if err != nil {
-		return idem.Resolution{}, fmt.Errorf("resolve URL: %w", redactedURLError(err))
+		return maintenance.Resolution{}, fmt.Errorf("resolve URL: %w", redactedURLError(err))
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxResolveAnswer+1))
 	if err != nil {
-		return idem.Resolution{}, fmt.Errorf("resolve URL: reading the answer: %w", err)
+		return maintenance.Resolution{}, fmt.Errorf("resolve URL: reading the answer: %w", err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return idem.Resolution{}, fmt.Errorf("resolve URL answered %d, want 200", resp.StatusCode)
+		return maintenance.Resolution{}, fmt.Errorf("resolve URL answered %d, want 200", resp.StatusCode)
 	}
 	if len(raw) > maxResolveAnswer {
-		return idem.Resolution{}, fmt.Errorf("resolve URL: answer larger than %d bytes", maxResolveAnswer)
+		return maintenance.Resolution{}, fmt.Errorf("resolve URL: answer larger than %d bytes", maxResolveAnswer)
 	}
 	return parseResolveAnswer(raw)
 }
@@ -148,43 +150,43 @@ func redactedURLError(err error) error {
 	return err
 }
 
-func parseResolveAnswer(raw []byte) (idem.Resolution, error) {
+func parseResolveAnswer(raw []byte) (maintenance.Resolution, error) {
 	var a resolveAnswer
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	if err := dec.Decode(&a); err != nil {
-		return idem.Resolution{}, fmt.Errorf("resolve URL: unreadable answer: %w", err)
+		return maintenance.Resolution{}, fmt.Errorf("resolve URL: unreadable answer: %w", err)
 	}
 	switch a.Outcome {
 	case "unknown":
-		return idem.Resolution{Outcome: idem.StillUnknown}, nil
+		return maintenance.Resolution{Outcome: maintenance.StillUnknown}, nil
 	case "not_happened":
-		return idem.Resolution{Outcome: idem.DidNotHappen}, nil
+		return maintenance.Resolution{Outcome: maintenance.DidNotHappen}, nil
 	case "happened":
 	default:
-		return idem.Resolution{}, fmt.Errorf(`resolve URL: outcome %q: want "happened", "not_happened" or "unknown"`, a.Outcome)
+		return maintenance.Resolution{}, fmt.Errorf(`resolve URL: outcome %q: want "happened", "not_happened" or "unknown"`, a.Outcome)
 	}
 	if err := checkStatus(a.Status); err != nil {
-		return idem.Resolution{}, fmt.Errorf("resolve URL: %w", err)
+		return maintenance.Resolution{}, fmt.Errorf("resolve URL: %w", err)
 	}
 	resp := &store.Response{Status: a.Status, Header: http.Header{}}
 	for name, values := range a.Headers {
 		if err := addHeader(resp.Header, name, values...); err != nil {
-			return idem.Resolution{}, fmt.Errorf("resolve URL: %w", err)
+			return maintenance.Resolution{}, fmt.Errorf("resolve URL: %w", err)
 		}
 	}
 	switch {
 	case a.Body != nil && a.BodyBase64 != nil:
-		return idem.Resolution{}, errors.New(`resolve URL: give "body" or "body_base64", not both`)
+		return maintenance.Resolution{}, errors.New(`resolve URL: give "body" or "body_base64", not both`)
 	case a.Body != nil:
 		resp.Body = []byte(*a.Body)
 	case a.BodyBase64 != nil:
 		b, err := base64.StdEncoding.DecodeString(*a.BodyBase64)
 		if err != nil {
-			return idem.Resolution{}, fmt.Errorf("resolve URL: body_base64: %w", err)
+			return maintenance.Resolution{}, fmt.Errorf("resolve URL: body_base64: %w", err)
 		}
 		resp.Body = b
 	}
-	return idem.Resolution{Outcome: idem.Happened, Response: resp}, nil
+	return maintenance.Resolution{Outcome: maintenance.Happened, Response: resp}, nil
 }
 
 // checkStatus accepts the statuses a settled request can replay.
@@ -193,17 +195,6 @@ func checkStatus(status int) error {
 		return fmt.Errorf("status %d: want a final status from 200 to 599", status)
 	}
 	return nil
-}
-
-// unreplayable are the headers a settled response never stores: what the
-// engine drops from a live response (hop-by-hop headers, cookies, Date,
-// its own markers), and Content-Length, which the replay computes from
-// the body it writes.
-var unreplayable = map[string]bool{
-	"Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true, "Proxy-Authorization": true,
-	"Proxy-Connection": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
-	"Set-Cookie": true, "Set-Cookie2": true, "Date": true, "Idempotent-Replayed": true, "Idempotent-Body-Omitted": true,
-	"Content-Length": true,
 }
 
 // addHeader adds a header of a settled response, refusing names and
@@ -219,7 +210,8 @@ func addHeader(h http.Header, name string, values ...string) error {
 		}
 	}
 	name = http.CanonicalHeaderKey(name)
-	if unreplayable[name] {
+	// The replay computes Content-Length from the body it writes.
+	if replay.Unreplayable(name) || name == "Content-Length" {
 		return nil
 	}
 	for _, v := range values {

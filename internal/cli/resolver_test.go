@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 )
 
@@ -15,20 +16,20 @@ func TestParseResolveAnswer(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		answer  string
-		outcome int
+		outcome maintenance.Outcome
 		status  int
 		header  http.Header
 		body    string
 		err     string // substring; "" for success
 	}{
-		{answer: `{"outcome":"unknown"}`, outcome: idem.StillUnknown},
-		{answer: `{"outcome":"not_happened"}`, outcome: idem.DidNotHappen},
-		{answer: `{"outcome":"happened","status":201,"body":"{\"id\":1}"}`, outcome: idem.Happened, status: 201, header: http.Header{}, body: `{"id":1}`},
-		{answer: `{"outcome":"happened","status":200,"body_base64":"AP8="}`, outcome: idem.Happened, status: 200, header: http.Header{}, body: "\x00\xff"},
-		{answer: `{"outcome":"happened","status":204}`, outcome: idem.Happened, status: 204, header: http.Header{}},
+		{answer: `{"outcome":"unknown"}`, outcome: maintenance.StillUnknown},
+		{answer: `{"outcome":"not_happened"}`, outcome: maintenance.DidNotHappen},
+		{answer: `{"outcome":"happened","status":201,"body":"{\"id\":1}"}`, outcome: maintenance.Happened, status: 201, header: http.Header{}, body: `{"id":1}`},
+		{answer: `{"outcome":"happened","status":200,"body_base64":"AP8="}`, outcome: maintenance.Happened, status: 200, header: http.Header{}, body: "\x00\xff"},
+		{answer: `{"outcome":"happened","status":204}`, outcome: maintenance.Happened, status: 204, header: http.Header{}},
 		{
 			answer:  `{"outcome":"happened","status":201,"headers":{"content-type":"application/json","X-Multi":["a","b"],"Set-Cookie":"s=1","Content-Length":"99","Connection":"close"}}`,
-			outcome: idem.Happened, status: 201, header: http.Header{"Content-Type": {"application/json"}, "X-Multi": {"a", "b"}},
+			outcome: maintenance.Happened, status: 201, header: http.Header{"Content-Type": {"application/json"}, "X-Multi": {"a", "b"}},
 		},
 		{answer: `{"outcome":"happened"}`, err: "status 0"},
 		{answer: `{"outcome":"happened","status":700}`, err: "status 700"},
@@ -53,7 +54,7 @@ func TestParseResolveAnswer(t *testing.T) {
 			t.Errorf("%s: %+v %v", tt.answer, res, err)
 			continue
 		}
-		if tt.outcome != idem.Happened {
+		if tt.outcome != maintenance.Happened {
 			if res.Response != nil {
 				t.Errorf("%s: a response without happened", tt.answer)
 			}
@@ -120,7 +121,7 @@ func TestHTTPResolverFailures(t *testing.T) {
 	api := &resolverAPI{answers: map[string]string{"k": `{"outcome":"unknown"}`}}
 	srv := newUpstream(t, api)
 	r, _ = newHTTPResolver(srv.URL)
-	if res, err := r.Resolve(context.Background(), rec); err != nil || res.Outcome != idem.StillUnknown {
+	if res, err := r.Resolve(context.Background(), rec); err != nil || res.Outcome != maintenance.StillUnknown {
 		t.Fatalf("%+v %v", res, err)
 	}
 	if q := api.questions(); len(q) != 1 || q[0].Tenant != nil || q[0].Method != "" || q[0].Fence != 3 {

@@ -48,13 +48,14 @@
 // # Versions
 //
 // The first line names the layout version. A change to anything hashed
-// (what is covered, how it is canonicalised) takes a new version, so old
-// and new fingerprints of one request always differ, never collide by
-// accident. Version 1 covered method, route and body, not the target; a
+// (what is covered, how it is canonicalised) takes a new version, so the
+// old and new fingerprints of one request always differ. Version 1 covered
+// method, route and body, not the target, and read a field as one
+// top-level member name; version 2 adds the target and field paths. A
 // record written under version 1 therefore never matches a version 2
-// fingerprint, and a retry of such a record after an upgrade is answered 422
-// (key reused), never executed a second time. Such records age out with
-// their keys.
+// fingerprint: a retry of such a record after an upgrade is answered 422
+// (key reused), never executed a second time, and such records age out
+// with their keys.
 //
 // # Bodies
 //
@@ -91,23 +92,50 @@
 // mismatch is a 422 the client can see, a false match would replay another
 // request's response.
 //
+// Deciding is cheap for almost every number: the digits alone settle a
+// number of more than 17 significant digits (no double needs more) or out
+// of the double range. Subnormal values (below about 2.2e-308) are the
+// exception, as converting them exactly costs some thousand times more than
+// a normal number; past 64 of them in one body the body is hashed raw, the
+// safe direction, so that no body of a given size costs much more to
+// fingerprint than the same size of small integers.
+//
 // JSON text that is not valid UTF-8, and \u escapes that are lone UTF-16
 // surrogates (which many decoders silently turn into U+FFFD, merging distinct
 // inputs), are ErrInvalidJSON.
 //
 // # Selected fields
 //
-// With fields, a JSON object body is fingerprinted by those top-level members
-// only, in the order given: for each field its name, then whether it is
-// present, then its canonical value, so a missing member differs from null.
-// The whole body must still be valid. Only selected values are subject to the
-// number guard. A JSON body that is not an object is fingerprinted whole. A
-// form body is fingerprinted by the values of the named keys (a missing key
-// has no values, which differs from one empty value). A JSON object or form
-// with none of the selected members is fingerprinted whole, like a body of
-// any other shape, so that requests the route did not expect (a JSON
-// document labelled as a form) never share a fingerprint. Raw bodies ignore
-// fields.
+// With fields, a JSON object body is fingerprinted by the selected members
+// only, in the order the fields are given. A field is a path of member
+// names separated by '.': payment.amount selects member amount of the
+// object that is member payment of the body. In a name, '~' is written ~0
+// and '.' is written ~1 (a~1b selects the member named "a.b"; a~0b the
+// member "a~b"); a path is compared with member names after their JSON
+// escapes are decoded. A field that is not UTF-8 or has another '~'
+// sequence selects nothing (ValidateFields reports it). Paths never index
+// arrays.
+//
+// For each field the hash input holds its text, then how its path ends:
+//
+//   - found: the canonical value, null included;
+//   - missing: the level (0 for the first name) of the member that is
+//     absent, so for payment.amount {} and {"payment":{}} differ, and both
+//     differ from {"payment":{"amount":null}};
+//   - not an object: the level and the canonical value found where an
+//     object was needed (an array, a string, null ...), whole, so two
+//     bodies that differ there are two requests.
+//
+// The whole body must still be valid, with no name repeated in any object.
+// Only the values written are subject to the number guard. A JSON body that
+// is not an object, or in which no field's path is found, is fingerprinted
+// whole, like a body of any other shape, so that requests the route did not
+// expect never share a fingerprint.
+//
+// A form body is fingerprinted by the values of the named keys: a field is
+// a key compared byte for byte, '.' and '~' included (forms have no nesting).
+// A missing key has no values, which differs from one empty value; a form
+// with none of the keys is fingerprinted whole. Raw bodies ignore fields.
 package fingerprint
 
 import (
@@ -183,15 +211,17 @@ type Input struct {
 	// Target is the concrete request target in origin form: the escaped
 	// path, then '?' and the raw query when there is one, as returned by
 	// (*url.URL).RequestURI. Sum canonicalises the query; see the package
-	// comment.
+	// comment. A protocol without one (gRPC) passes what names the call,
+	// the full method name, or nothing, the same way on every retry.
 	Target string
 	// ContentType is the request's Content-Type header; it chooses how the
 	// body is canonicalised.
 	ContentType string
 	// Body is the whole request body.
 	Body []byte
-	// Fields, when non-empty, selects the JSON members (or form keys) to
-	// fingerprint instead of the whole body; see "Selected fields".
+	// Fields, when non-empty, selects the JSON members (by path: a.b) or
+	// the form keys to fingerprint instead of the whole body; see "Selected
+	// fields" and ValidateFields.
 	Fields []string
 }
 
@@ -261,9 +291,11 @@ type state struct {
 	scratch []byte            // form: decoded keys and values
 	w       sink              // where canonical bytes go; nil means h
 	guarded bool              // JSON: a written number failed the meaning guard
-	src     []byte            // JSON: the document
-	prefix  []byte            // the hash input before the kind: domain, method, route, target
-	target  []byte            // the canonical target
+	// JSON: work done on numbers, bounded per body (see maxSlowNumbers)
+	slowNumbers, parsedNumbers int
+	src                        []byte // JSON: the document
+	prefix                     []byte // the hash input before the kind: domain, method, route, target
+	target                     []byte // the canonical target
 }
 
 // sink receives canonical bytes; tests use it to capture them.

@@ -39,6 +39,16 @@ func TestSumLayout(t *testing.T) {
 	if got := mustSumInput(t, New(nil), Input{Method: "POST", Route: "/", Target: "/?", ContentType: jsonType, Body: []byte(`{ "b": 2, "a": 1 }`)}); got != hex.EncodeToString(want[:]) {
 		t.Fatalf("json fingerprint %s, want %x", got, want)
 	}
+	// Fields: each field's text, then how its path ends (1 found and the
+	// value, 0 missing and the level, 2 not an object, the level and the
+	// value). An empty target is an empty path.
+	fieldsInput := "idem fingerprint v2\n" + "\x04POST" + "\x01/" + "\x01\x00" + "\x03" +
+		"\x03a.b\x01" + "1" + "\x01x\x00\x00" + "\x05c.d.e\x02\x01" + "[2]"
+	want = sha256.Sum256([]byte(fieldsInput))
+	in = Input{Method: "POST", Route: "/", ContentType: jsonType, Body: []byte(`{"c":[2.0],"a":{"b":1}}`), Fields: []string{"a.b", "x", "c.d.e"}}
+	if got := mustSumInput(t, New(nil), in); got != hex.EncodeToString(want[:]) {
+		t.Fatalf("json fields fingerprint %s, want %x", got, want)
+	}
 }
 
 // TestVersions: a request fingerprinted under layout version 1 (method,
@@ -210,6 +220,11 @@ func TestJSONCanonical(t *testing.T) {
 		{`{"\ufb33":1,"\ud83d\ude02":2,"\u20ac":3,"\r":4,"1":5,"\u0080":6,"\u00f6":7,"</script>":8,"\n":9}`,
 			"{\"\\n\":9,\"\\r\":4,\"1\":5,\"</script>\":8,\"\u0080\":6,\"\u00f6\":7,\"\u20ac\":3,\"\U0001F602\":2,\"\ufb33\":1}"},
 		{`{"a":1,"aa":2,"A":3,"":4,"b":5}`, `{"":4,"A":3,"a":1,"aa":2,"b":5}`},
+		// The same names unescaped, and mixed with escaped ones.
+		{"{\"\ufb33\":1,\"\U0001F602\":2,\"\u20ac\":3,\"\uE000\":4,\"\uFFFF\":5,\"\U0010FFFF\":6,\"\u00e9\":7}",
+			"{\"\u00e9\":7,\"\u20ac\":3,\"\U0001F602\":2,\"\U0010FFFF\":6,\"\uE000\":4,\"\ufb33\":1,\"\uFFFF\":5}"},
+		{"{\"\ufb33a\":1,\"\ufb33\U0001F602\":2,\"\ufb33\\ud83d\\ude01\":3,\"\ufb33\ufb33\":4}",
+			"{\"\ufb33a\":1,\"\ufb33\U0001F601\":3,\"\ufb33\U0001F602\":2,\"\ufb33\ufb33\":4}"},
 		// Unicode is not normalised: NFC and NFD spellings stay distinct.
 		{`{"A\u030a":1,"\u00c5":2}`, "{\"A\u030a\":1,\"\u00c5\":2}"},
 	}

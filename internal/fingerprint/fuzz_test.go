@@ -65,12 +65,14 @@ func FuzzCanonicalJSON(f *testing.F) {
 	})
 }
 
-// FuzzCanonicalNumber checks the two number shortcuts against their
-// references: isCanonicalNumber against jcs.NumberToJSON, and sameDecimal
-// against exact rational arithmetic.
+// FuzzCanonicalNumber checks the number shortcuts against their references:
+// isCanonicalNumber against jcs.NumberToJSON, emitNumber's decisions from
+// the digits alone against a full conversion, and sameDecimal against exact
+// rational arithmetic.
 func FuzzCanonicalNumber(f *testing.F) {
 	for _, s := range []string{"0", "-0", "1", "-1.5", "0.000001", "0.0000001", "123456789012345", "1234567890123456",
-		"0.1", "1.0", "1e5", "1E+5", "100", "0.0000015", "999999999999999", "0.100000000000001", "5e-324", "12345678901234567890"} {
+		"0.1", "1.0", "1e5", "1E+5", "100", "0.0000015", "999999999999999", "0.100000000000001", "5e-324", "12345678901234567890", "4e-324", "2.4e-324",
+		"1e-323", "2.2250738585072011e-308", "1.7976931348623158e308", "-0.0", "0.30000000000000004"} {
 		f.Add(s, "1")
 	}
 	f.Add("\x80123.450e-3", "")
@@ -87,6 +89,14 @@ func FuzzCanonicalNumber(f *testing.F) {
 			if canon, _ := jcs.NumberToJSON(v); canon != a {
 				t.Fatalf("isCanonicalNumber(%q) but NumberToJSON gives %q", a, canon)
 			}
+		}
+		// The shortcuts of emitNumber decide as a full conversion would.
+		got, guarded, err := canonical(t, []byte(a))
+		if err != nil {
+			t.Fatalf("%q: %v", a, err)
+		}
+		if ref, refGuarded := refNumber(a); guarded != refGuarded || string(got) != ref {
+			t.Fatalf("%q canonicalises to %q guarded=%v; a full conversion gives %q guarded=%v", a, got, guarded, ref, refGuarded)
 		}
 		if !isJSONNumber(b) {
 			// Compare a with its own canonical form instead.
@@ -166,27 +176,29 @@ func exactRat(s string) (*big.Rat, bool) {
 }
 
 // FuzzSum checks that Sum never panics, returns only its documented errors,
-// and is deterministic, over every kind of body and with fields.
+// and is deterministic, over every kind of body, with fields and targets.
 func FuzzSum(f *testing.F) {
 	for _, s := range jsonSeeds {
-		f.Add(uint8(0), []byte(s), "a")
+		f.Add(uint8(0), []byte(s), "a", "/x?a=1")
 	}
 	for _, s := range []string{"a=1&b=2", "a=%zz", "a;b", "=&=", "a+b=%2B"} {
-		f.Add(uint8(1), []byte(s), "a")
+		f.Add(uint8(1), []byte(s), "a", "/x?"+s)
 	}
+	f.Add(uint8(0), []byte(`{"a":{"b":[1]}}`), "a.b", "/x")
 	types := []string{jsonType, formType, "", "application/problem+json; charset=utf-8", "multipart/form-data"}
-	f.Fuzz(func(t *testing.T, kind uint8, body []byte, field string) {
+	f.Fuzz(func(t *testing.T, kind uint8, body []byte, field, target string) {
 		ct := types[int(kind)%len(types)]
 		h := New(nil)
 		for _, fields := range [][]string{nil, {field}, {field, "a", field}} {
-			sum, err := h.Sum(Input{Method: "POST", Route: "/x", ContentType: ct, Body: body, Fields: fields})
+			in := Input{Method: "POST", Route: "/x", Target: target, ContentType: ct, Body: body, Fields: fields}
+			sum, err := h.Sum(in)
 			if err != nil {
 				if !errors.Is(err, ErrInvalidJSON) && !errors.Is(err, ErrDuplicateKey) && !errors.Is(err, ErrInvalidForm) {
 					t.Fatalf("undocumented error %v", err)
 				}
 				continue
 			}
-			again, err := h.Sum(Input{Method: "POST", Route: "/x", ContentType: ct, Body: body, Fields: fields})
+			again, err := h.Sum(in)
 			if err != nil || again != sum {
 				t.Fatalf("not deterministic: %s then %s, %v", sum, again, err)
 			}

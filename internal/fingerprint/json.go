@@ -2,10 +2,12 @@ package fingerprint
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
 
@@ -70,7 +72,7 @@ func (s *state) json(body []byte, fields []string) error {
 	// Selecting needs an object with at least one selected member; anything
 	// else is fingerprinted whole, so that bodies of another shape never
 	// all look alike.
-	selecting := len(fields) > 0 && s.nodes[0].kind == nObject && s.anyMember(fields)
+	selecting := len(fields) > 0 && s.nodes[0].kind == nObject && s.anyField(fields)
 	if selecting {
 		kind = kindJSONFields
 	}
@@ -99,6 +101,7 @@ func (s *state) parse(src []byte) error {
 	s.src = src
 	s.nodes = s.nodes[:0]
 	s.guarded = false
+	s.slowNumbers, s.parsedNumbers = 0, 0
 	p := parser{src: src, nodes: s.nodes}
 	err := p.value(0)
 	if err == nil {
@@ -482,62 +485,118 @@ func (s *state) emitObject(i int32, emit bool) error {
 	return nil
 }
 
-// anyMember reports whether the object at node 0 has one of fields as a
-// member name.
-func (s *state) anyMember(fields []string) bool {
-	base, err := s.sortMembers(0)
-	defer func() { s.stack = s.stack[:base] }()
-	if err != nil {
-		return true // emitFields reports the error
+// How a field path ends; the byte values are part of the hash input.
+const (
+	pathMissing   byte = 0 // a member on the path is absent
+	pathFound     byte = 1 // the whole path resolves
+	pathNotObject byte = 2 // a value on the path is not an object
+)
+
+// resolve follows a field path from the object at node 0. It returns how the
+// path ends, the level (index of the path segment) where it stopped, and the
+// value node reached: the selected value, or the value that is not an
+// object. A field that is not a valid path matches nothing.
+func (s *state) resolve(field string) (end byte, level int, value int32) {
+	if validateField(field) != nil {
+		return pathMissing, 0, 0
 	}
-	members := s.stack[base:]
-	for _, f := range fields {
-		if !utf8.ValidString(f) {
+	for rest := field; ; level++ {
+		seg, tail, more := strings.Cut(rest, ".")
+		if s.nodes[value].kind != nObject {
+			return pathNotObject, level, value
+		}
+		k, ok := s.member(value, seg)
+		if !ok {
+			return pathMissing, level, 0
+		}
+		value = k + 1
+		if !more {
+			return pathFound, level, value
+		}
+		rest = tail
+	}
+}
+
+// member finds the member of object obj named by the path segment seg (in
+// which ~0 and ~1 stand for '~' and '.'). Objects hold no duplicate names
+// once validated, so the first match is the only one.
+func (s *state) member(obj int32, seg string) (int32, bool) {
+	plain := strings.IndexByte(seg, '~') < 0
+	for k, end := obj+1, s.nodes[obj].next; k < end; k = s.nodes[k+1].next {
+		n := s.nodes[k]
+		if plain && n.flags&fEscaped == 0 {
+			// UTF-8 on both sides, nothing to decode: bytes decide.
+			if string(s.src[n.start:n.end]) == seg {
+				return k, true
+			}
 			continue
 		}
-		if _, found := slices.BinarySearchFunc(members, f, func(k int32, f string) int {
-			return compareUTF16(s.nameRunes(k), stringRunes(f))
-		}); found {
+		if compareUTF16(s.nameRunes(k), segmentRunes(seg)) == 0 {
+			return k, true
+		}
+	}
+	return 0, false
+}
+
+// anyField reports whether one of fields resolves in the object at node 0.
+func (s *state) anyField(fields []string) bool {
+	for _, f := range fields {
+		if end, _, _ := s.resolve(f); end == pathFound {
 			return true
 		}
 	}
 	return false
 }
 
-// emitFields writes the selected top-level members of the object at node 0:
-// for each field its length-prefixed name, then 0 if absent or 1 and the
-// canonical value. Unselected members are still checked for duplicates.
+// emitFields writes the selected members of the object at node 0: for each
+// field its length-prefixed text, then how its path ends: pathFound and the
+// canonical value, pathMissing and the level of the absent member, or
+// pathNotObject, the level and the canonical value found instead of an
+// object. The whole document is still checked for duplicate names.
 func (s *state) emitFields(fields []string) error {
-	base, err := s.sortMembers(0)
-	defer func() { s.stack = s.stack[:base] }()
-	if err != nil {
+	if _, err := s.emitValue(0, false); err != nil {
 		return err
-	}
-	for m := base; m < len(s.stack); m++ {
-		if _, err := s.emitValue(s.stack[m]+1, false); err != nil {
-			return err
-		}
 	}
 	for _, f := range fields {
 		s.writeUvarint(len(f))
 		s.writeString(f)
-		if !utf8.ValidString(f) {
-			// Decoding would turn its bad bytes into U+FFFD and match a
-			// member that is really named so: no member has this name.
-			s.writeByte(0)
-			continue
+		end, level, value := s.resolve(f)
+		s.writeByte(end)
+		if end != pathFound {
+			s.writeUvarint(level)
 		}
-		members := s.stack[base:]
-		at, found := slices.BinarySearchFunc(members, f, func(k int32, f string) int {
-			return compareUTF16(s.nameRunes(k), stringRunes(f))
-		})
-		if !found {
-			s.writeByte(0)
-			continue
+		if end != pathMissing {
+			if _, err := s.emitValue(value, true); err != nil {
+				return err
+			}
 		}
-		s.writeByte(1)
-		if _, err := s.emitValue(members[at]+1, true); err != nil {
+	}
+	return nil
+}
+
+// ValidateFields reports the first field that is not a valid path: a path
+// is UTF-8, its segments separated by '.', with '~' written ~0 and '.' in a
+// member name written ~1. Sum does not fail on an invalid field, which
+// selects nothing; a caller should reject it when it is configured.
+func ValidateFields(fields []string) error {
+	for _, f := range fields {
+		if err := validateField(f); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+func validateField(f string) error {
+	if !utf8.ValidString(f) {
+		return fmt.Errorf("fingerprint: field %q is not UTF-8", f)
+	}
+	for i := 0; i < len(f); i++ {
+		if f[i] == '~' {
+			if i+1 == len(f) || (f[i+1] != '0' && f[i+1] != '1') {
+				return fmt.Errorf("fingerprint: field %q: '~' must be followed by 0 or 1", f)
+			}
+			i++
 		}
 	}
 	return nil
@@ -628,12 +687,12 @@ func unescape(raw []byte, i int) (rune, int) {
 	return rune(raw[i+1]), 2 // '"', '\\', '/'
 }
 
-// runeIter yields the decoded runes of a member name or of a Go string, for
-// comparing names without building them.
+// runeIter yields the decoded runes of a member name or of a field path
+// segment, for comparing names without building them.
 type runeIter struct {
 	raw     []byte
 	str     string
-	escaped bool
+	escaped bool // raw holds JSON escapes; str holds ~0 and ~1
 	i       int
 }
 
@@ -642,12 +701,22 @@ func (s *state) nameRunes(k int32) runeIter {
 	return runeIter{raw: s.src[n.start:n.end], escaped: n.flags&fEscaped != 0}
 }
 
-func stringRunes(v string) runeIter { return runeIter{str: v} }
+func segmentRunes(seg string) runeIter {
+	return runeIter{str: seg, escaped: strings.IndexByte(seg, '~') >= 0}
+}
 
 func (it *runeIter) next() (rune, bool) {
 	if it.raw == nil {
 		if it.i >= len(it.str) {
 			return 0, false
+		}
+		if it.escaped && it.str[it.i] == '~' {
+			// Checked by ValidateFields: ~0 or ~1.
+			it.i += 2
+			if it.str[it.i-1] == '0' {
+				return '~', true
+			}
+			return '.', true
 		}
 		r, size := utf8.DecodeRuneInString(it.str[it.i:])
 		it.i += size
@@ -674,11 +743,40 @@ func (it *runeIter) next() (rune, bool) {
 // compareNames orders member names by their UTF-16 code units.
 func (s *state) compareNames(a, b int32) int {
 	na, nb := s.nodes[a], s.nodes[b]
-	if (na.flags | nb.flags) == 0 {
-		// Plain ASCII: bytes are code units.
-		return bytes.Compare(s.src[na.start:na.end], s.src[nb.start:nb.end])
+	switch (na.flags | nb.flags) &^ fNonASCII {
+	case 0:
+		if na.flags|nb.flags == 0 {
+			// Plain ASCII: bytes are code units.
+			return bytes.Compare(s.src[na.start:na.end], s.src[nb.start:nb.end])
+		}
+		return compareUTF8AsUTF16(s.src[na.start:na.end], s.src[nb.start:nb.end])
 	}
 	return compareUTF16(s.nameRunes(a), s.nameRunes(b))
+}
+
+// compareUTF8AsUTF16 orders two valid UTF-8 strings by their UTF-16 code
+// units without decoding them. Byte order is code point order; the two
+// differ only where a supplementary character (lead byte F0-F4, first unit
+// a high surrogate) meets one in U+E000-U+FFFF (lead byte EE or EF). The
+// first differing byte is at the same offset in one character of each, so
+// it is either a lead byte in both or a continuation byte after equal leads.
+func compareUTF8AsUTF16(a, b []byte) int {
+	n := min(len(a), len(b))
+	i := 0
+	for i < n && a[i] == b[i] {
+		i++
+	}
+	if i == n {
+		return cmp.Compare(len(a), len(b))
+	}
+	ca, cb := a[i], b[i]
+	switch {
+	case ca >= 0xF0 && (cb == 0xEE || cb == 0xEF):
+		return -1
+	case cb >= 0xF0 && (ca == 0xEE || ca == 0xEF):
+		return 1
+	}
+	return cmp.Compare(ca, cb)
 }
 
 // compareUTF16 compares two rune sequences as RFC 8785 sorts names: by UTF-16
@@ -727,21 +825,68 @@ func (s *state) decodedName(k int32) string {
 	return string(b)
 }
 
+// Limits that let emitNumber decide most numbers from their decimal digits
+// alone. A number is 0.d1d2...dn × 10^point (see decimal).
+const (
+	// maxShortestDigits: the shortest decimal that round-trips a double
+	// has at most 17 significant digits, so a number with more can never
+	// equal its canonical form.
+	maxShortestDigits = 17
+	// maxPoint: 10^309 exceeds every double.
+	maxPoint = 309
+	// minPoint: a value below 10^-324 is less than half the smallest
+	// subnormal and rounds to zero.
+	minPoint = -323
+	// subnormalPoint: a value below 10^-307 may be subnormal, which
+	// strconv parses with arbitrary-precision decimal arithmetic, some
+	// thousand times slower than a normal double.
+	subnormalPoint = -307
+	// maxSlowNumbers bounds the subnormal candidates parsed per body; past
+	// it the body is hashed raw, which is always safe, so a megabyte of
+	// 5e-324 costs what a megabyte of integers does.
+	maxSlowNumbers = 64
+)
+
 // emitNumber writes the RFC 8785 form of a number, or marks the document
 // guarded when that form would not denote exactly the same decimal value.
 func (s *state) emitNumber(num []byte) {
+	if s.guarded {
+		return // the body is hashed raw: its numbers need no more work
+	}
 	if isCanonicalNumber(num) {
 		s.write(num)
 		return
 	}
-	f, err := strconv.ParseFloat(string(num), 64)
+	d := parseDecimal(num)
+	switch {
+	case d.n == 0:
+		if d.neg {
+			s.guarded = true // -0: a float64 handler tells it from 0
+		} else {
+			s.writeByte('0')
+		}
+		return
+	case d.n > maxShortestDigits || d.point > maxPoint || d.point < minPoint:
+		s.guarded = true
+		return
+	case d.point <= subnormalPoint:
+		if s.slowNumbers++; s.slowNumbers > maxSlowNumbers {
+			s.guarded = true
+			return
+		}
+	}
+	s.parsedNumbers++
+	// At most 17 digits and a short exponent: strconv never sees a long
+	// text, and the conversion needs no allocation.
+	var short [32]byte
+	f, err := strconv.ParseFloat(string(d.appendShort(short[:0])), 64)
 	if err != nil {
-		// Out of double range; the grammar was checked by parse.
+		// Above the largest double; the grammar was checked by parse.
 		s.guarded = true
 		return
 	}
 	canon, err := jcs.NumberToJSON(f)
-	if err != nil || !sameDecimal(string(num), canon) {
+	if err != nil || !equalDecimal(d, parseDecimal(canon)) {
 		s.guarded = true
 		return
 	}
@@ -802,8 +947,11 @@ func isCanonicalNumber(num []byte) bool {
 // decimal value, sign of zero included. It compares normalised digit strings
 // and exponents, so it costs O(len) with no allocation whatever the exponent
 // (1e99999999 never expands).
-func sameDecimal(a, b string) bool {
-	da, db := parseDecimal(a), parseDecimal(b)
+func sameDecimal[A, B string | []byte](a A, b B) bool {
+	return equalDecimal(parseDecimal(a), parseDecimal(b))
+}
+
+func equalDecimal[A, B string | []byte](da decimal[A], db decimal[B]) bool {
 	if da.neg != db.neg || da.n != db.n {
 		return false
 	}
@@ -824,16 +972,16 @@ func sameDecimal(a, b string) bool {
 // decimal is the value 0.d1d2...dn × 10^point, where the digits d are
 // intDigits followed by frac with sigStart leading zeros skipped and n
 // significant digits kept (trailing zeros dropped). n == 0 means zero.
-type decimal struct {
+type decimal[T string | []byte] struct {
 	neg       bool
-	intDigits string
-	frac      string
+	intDigits T
+	frac      T
 	sigStart  int
 	n         int
 	point     int64
 }
 
-func (d *decimal) digit(k int) byte {
+func (d *decimal[T]) digit(k int) byte {
 	k += d.sigStart
 	if k < len(d.intDigits) {
 		return d.intDigits[k]
@@ -841,10 +989,27 @@ func (d *decimal) digit(k int) byte {
 	return d.frac[k-len(d.intDigits)]
 }
 
+// appendShort appends the value as its significant digits and an exponent
+// (123e-5), the shortest text strconv needs; the point is saturated, so it
+// is meant for the normal range.
+func (d *decimal[T]) appendShort(b []byte) []byte {
+	if d.n == 0 {
+		return append(b, '0')
+	}
+	if d.neg {
+		b = append(b, '-')
+	}
+	for k := 0; k < d.n; k++ {
+		b = append(b, d.digit(k))
+	}
+	b = append(b, 'e')
+	return strconv.AppendInt(b, d.point-int64(d.n), 10)
+}
+
 // parseDecimal normalises a number in the JSON grammar (a '+' in the
 // exponent allowed, as jcs.NumberToJSON writes).
-func parseDecimal(s string) decimal {
-	var d decimal
+func parseDecimal[T string | []byte](s T) decimal[T] {
+	var d decimal[T]
 	i := 0
 	if i < len(s) && s[i] == '-' {
 		d.neg = true

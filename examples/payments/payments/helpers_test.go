@@ -23,6 +23,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 )
 
@@ -259,7 +260,7 @@ func (e *env) refundCount(paymentID string) int {
 	return n
 }
 
-func (e *env) reconcile() idem.ReconcileResult {
+func (e *env) reconcile() maintenance.ReconcileResult {
 	e.t.Helper()
 	res, err := e.svc.core.maintainer().ReconcileOnce(context.Background())
 	if err != nil {

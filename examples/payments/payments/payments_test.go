@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 )
 
@@ -490,7 +491,7 @@ func TestResolverAnswersLikeTheHandler(t *testing.T) {
 			want       *httptest.ResponseRecorder
 		}{{routePayments, "k-same", pay}, {routeRefunds, "r-same", ref}} {
 			res, err := e.svc.core.resolve(t.Context(), e.record("acct_1", c.route, c.key))
-			if err != nil || res.Outcome != idem.Happened {
+			if err != nil || res.Outcome != maintenance.Happened {
 				t.Fatalf("%s: %+v %v", c.route, res, err)
 			}
 			if res.Response.Status != c.want.Code || string(res.Response.Body) != c.want.Body.String() {

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/outbox"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/postgres"
@@ -108,8 +109,8 @@ type core interface {
 	start(ctx context.Context) error
 	stop(ctx context.Context) error
 	close() error
-	maintainer() *idem.Maintainer
-	resolve(ctx context.Context, rec store.Record) (idem.Resolution, error)
+	maintainer() *maintenance.Maintainer
+	resolve(ctx context.Context, rec store.Record) (maintenance.Resolution, error)
 	store() store.Store
 	refundCount(ctx context.Context, paymentID string) (int, error)
 }
