@@ -62,7 +62,7 @@ const faultTenantHeader = "X-Tenant"
 func faultProxyArgs(dsn, upstream string) []string {
 	return []string{
 		"--store", dsn, "--upstream", upstream,
-		"--tenant-header", faultTenantHeader,
+		"--tenant-from", "trusted-header:" + faultTenantHeader,
 		"--lease", "5s", "--sweep-interval", "250ms",
 	}
 }
