@@ -79,6 +79,9 @@ type ProxyConfig struct {
 	// its metrics in the Prometheus format at /metrics on the admin
 	// server (unless AdminHandlers has "/metrics").
 	MeterProvider metric.MeterProvider
+	// Webhook turns on the settlement webhook on the admin server
+	// (WebhookPath); off without secrets.
+	Webhook WebhookConfig
 
 	// NoMaintenance turns off the background services the proxy runs
 	// while it serves (sweeper, reaper, and the reconciler when there is a
@@ -151,6 +154,9 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 		return nil, err
 	}
 
+	if err := checkWebhook(cfg.Webhook, cfg.Admin); err != nil {
+		return nil, fmt.Errorf("proxy: %w", err)
+	}
 	if cfg.NoMaintenance && cfg.ResolveURL != "" {
 		return nil, errors.New("proxy: --resolve-url needs the background services (drop --maintenance=false)")
 	}
@@ -225,6 +231,9 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       120 * time.Second,
 		ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
+	}
+	if cfg.AdminHandlers, err = p.mountWebhook(cfg.AdminHandlers); err != nil {
+		return nil, err
 	}
 	if cfg.Admin != "" {
 		if p.adminLn, err = net.Listen("tcp", cfg.Admin); err != nil {
@@ -569,7 +578,7 @@ With --admin, /metrics serves the engine's metrics in the Prometheus format
 (idem_reserve_outcomes_total{outcome=...}, idem_store_errors_total,
 idem_store_duration_seconds, idem_zombies_swept_total, ...).
 
-` + resolveProtocol
+` + resolveProtocol + "\n\n" + webhookHelp
 
 // tenantSecretEnv names the environment variable holding the key of the
 // Authorization hash: a secret stays out of the process list.
@@ -600,6 +609,7 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	fs.DurationVar(&cfg.Maintenance.ReconcileInterval, "reconcile-interval", maintenance.DefaultReconcileInterval, "how often due unknown records are sent to --resolve-url")
 	fs.BoolVar(&cfg.Maintenance.SoftExpire, "soft-expire", false, "keep expired records as state expired (audit) instead of deleting them")
 	fs.StringVar(&cfg.ResolveURL, "resolve-url", "", "`URL` the reconciler asks about unknown outcomes (protocol above); no reconciler when empty")
+	webhook := registerWebhookFlags(fs)
 	fs.StringVar(&logFormat, "log-format", "text", "log format on stderr: text or json")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	pos, err := parse(fs, args)
@@ -624,6 +634,9 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 		}
 	}
 	cfg.NoMaintenance = !*runMaintenance
+	if cfg.Webhook, err = webhook.config(fs, cfg.Admin); err != nil {
+		return cfg, "", "", err
+	}
 	if cfg.NoMaintenance && cfg.ResolveURL != "" {
 		return cfg, "", "", usageErr(fs, "--resolve-url needs the background services: drop --maintenance=false")
 	}
