@@ -15,6 +15,7 @@ const (
 	DefaultTTL                  = 24 * time.Hour // the engine's default TTL
 	DefaultStoreTimeout         = 5 * time.Second
 	DefaultSweepInterval        = 15 * time.Second
+	DefaultSweepGrace           = 5 * time.Second
 	DefaultReapInterval         = time.Minute
 	DefaultReconcileInterval    = 10 * time.Second
 	DefaultBatchSize            = 100
@@ -40,6 +41,14 @@ type Config struct {
 	// SweepInterval is how often expired leases are swept. Defaults to
 	// 15s.
 	SweepInterval time.Duration
+
+	// SweepGrace is how long past its end a lease must be before the
+	// sweeper moves its record to unknown. A live holder whose renewal
+	// failed during a store outage renews as soon as the store answers
+	// again; the grace keeps the sweeper from taking the record from it in
+	// that moment. A retry that finds the lease expired still decides at
+	// once (the store's Reserve does not wait). Defaults to 5s.
+	SweepGrace time.Duration
 
 	// ReapInterval is how often expired records are reaped. Defaults to
 	// 1m.
@@ -131,6 +140,7 @@ func (c Config) withDefaults() (Config, error) {
 	dur("TTL", &c.TTL, DefaultTTL)
 	dur("StoreTimeout", &c.StoreTimeout, DefaultStoreTimeout)
 	dur("SweepInterval", &c.SweepInterval, DefaultSweepInterval)
+	dur("SweepGrace", &c.SweepGrace, DefaultSweepGrace)
 	dur("ReapInterval", &c.ReapInterval, DefaultReapInterval)
 	dur("ReconcileInterval", &c.ReconcileInterval, DefaultReconcileInterval)
 	dur("BatchTimeout", &c.BatchTimeout, DefaultBatchTimeout)

@@ -78,16 +78,6 @@ type Service interface {
 	Stop(ctx context.Context) error
 }
 
-// DeadLetterDelay is how far a dead-lettered record's reconciliation is
-// pushed: out of every automatic pass, until an operator resolves it.
-const DeadLetterDelay = 100 * 365 * 24 * time.Hour
-
-// DeadLettered reports whether reconciliation gave up on an unknown record
-// and left it for an operator.
-func DeadLettered(r store.Record) bool {
-	return r.State == store.StateUnknown && r.ReconcileAfter.Sub(r.UpdatedAt) > DeadLetterDelay/2
-}
-
 // Maintainer runs the background services over a store. Start runs them
 // on their intervals; SweepOnce, ReapOnce and ReconcileOnce run one pass
 // now (for a cron job, an operator, or a test).
@@ -248,7 +238,7 @@ func (m *Maintainer) SweepOnce(ctx context.Context) (int, error) {
 	err := m.pass(ctx, func(ctx context.Context) (bool, error) {
 		var recs []store.Record
 		err := m.call(ctx, opSweep, func(ctx context.Context) (err error) {
-			recs, err = m.store.SweepExpiredLeases(ctx, store.SweepParams{Limit: m.cfg.BatchSize})
+			recs, err = m.store.SweepExpiredLeases(ctx, store.SweepParams{Limit: m.cfg.BatchSize, Grace: m.cfg.SweepGrace})
 			return err
 		})
 		if err != nil {
@@ -386,11 +376,11 @@ func (m *Maintainer) reconcileBatch(ctx context.Context, out *ReconcileResult) (
 }
 
 // deadLetter takes r out of every automatic pass, for an operator to
-// settle. Parking its next attempt a century ahead is the whole mechanism,
-// and DeadLettered recognises it.
+// settle: the store marks it (Record.DeadLettered) and ListUnknown's due
+// records never include it again.
 func (m *Maintainer) deadLetter(ctx context.Context, r store.Record, why string) error {
 	return m.call(ctx, opDefer, func(ctx context.Context) error {
-		return m.store.Defer(ctx, store.DeferParams{Scope: r.Scope, Key: r.Key, Delay: DeadLetterDelay, Error: why})
+		return m.store.Defer(ctx, store.DeferParams{Scope: r.Scope, Key: r.Key, DeadLetter: true, Error: why})
 	})
 }
 

@@ -78,13 +78,13 @@ func TestDeadLetterAtMaxReconcileAttempts(t *testing.T) {
 			m.unknown("k")
 			for attempt := 1; attempt < 4; attempt++ {
 				m.reconcileDue("k", maintenance.ReconcileResult{Deferred: 1})
-				if rec, _ := m.record("k"); maintenance.DeadLettered(rec) || rec.ReconcileAttempts != attempt {
-					t.Fatalf("after attempt %d: dead-lettered %v, attempts %d", attempt, maintenance.DeadLettered(rec), rec.ReconcileAttempts)
+				if rec, _ := m.record("k"); rec.DeadLettered() || rec.ReconcileAttempts != attempt {
+					t.Fatalf("after attempt %d: dead-lettered %v, attempts %d", attempt, rec.DeadLettered(), rec.ReconcileAttempts)
 				}
 			}
 			m.reconcileDue("k", maintenance.ReconcileResult{DeadLettered: 1})
 			rec, err := m.record("k")
-			if err != nil || !maintenance.DeadLettered(rec) || rec.State != store.StateUnknown {
+			if err != nil || !rec.DeadLettered() || rec.State != store.StateUnknown {
 				t.Fatalf("after the last attempt: %+v %v", rec, err)
 			}
 			m.clock.Advance(365 * 24 * time.Hour)

@@ -74,7 +74,7 @@ func TestProxyMetrics(t *testing.T) {
 			t.Fatalf("/metrics: %d %v", r.status, r.header)
 		}
 		text := string(r.body)
-		for outcome, want := range map[string]float64{"created": 2, "replay": 2, "key_misuse": 1} {
+		for outcome, want := range map[string]float64{"created": 2, "replay": 2, "key_reused": 1} {
 			got, ok := metricValue(t, text, "idem_reserve_outcomes_total", `outcome="`+outcome+`"`)
 			if !ok || got != want {
 				t.Errorf("idem_reserve_outcomes_total{outcome=%q} = %v (found %v), want %v", outcome, got, ok, want)
@@ -162,7 +162,7 @@ func TestProxyWithoutMaintenance(t *testing.T) {
 		t.Fatal("the background services run with NoMaintenance")
 	}
 	_, err := NewProxy(context.Background(), ProxyConfig{Listen: "127.0.0.1:0", Upstream: up.URL, Store: "memory:",
-		NoMaintenance: true, ResolveURL: "http://127.0.0.1:1/resolve"})
+		NoMaintenance: true, ResolveURL: "http://127.0.0.1:1/resolve", SingleTenant: true})
 	if err == nil || !strings.Contains(err.Error(), "--resolve-url needs the background services") {
 		t.Errorf("a resolver without the services: %v", err)
 	}
@@ -173,7 +173,7 @@ func TestProxyWithoutMaintenance(t *testing.T) {
 func TestProxyRefusesABadMaintenanceConfig(t *testing.T) {
 	t.Parallel()
 	up := newUpstream(t, &chargeAPI{})
-	_, err := NewProxy(context.Background(), ProxyConfig{Listen: "127.0.0.1:0", Upstream: up.URL, Store: "memory:",
+	_, err := NewProxy(context.Background(), ProxyConfig{Listen: "127.0.0.1:0", Upstream: up.URL, Store: "memory:", SingleTenant: true,
 		Maintenance: maintenance.Config{ReconcileBackoff: 2 * time.Hour}})
 	if err == nil || !strings.Contains(err.Error(), "ReconcileMaxBackoff (1h0m0s) is shorter than ReconcileBackoff (2h0m0s)") {
 		t.Fatalf("NewProxy: %v", err)

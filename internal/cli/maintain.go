@@ -14,7 +14,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/idem-go/idem/internal/storeurl"
 	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 )
@@ -48,10 +47,10 @@ func maintainer(ctx context.Context, dsn string, cfg maintenance.Config, stderr 
 func (p *Proxy) maintenanceConfig() maintenance.Config {
 	c := p.cfg.Maintenance
 	if c.TTL == 0 {
-		c.TTL = p.engine.Config().TTL
+		c.TTL = p.engine.TTL()
 	}
 	if c.StoreTimeout == 0 {
-		c.StoreTimeout = p.engine.Config().StoreTimeout
+		c.StoreTimeout = p.engine.StoreTimeout()
 	}
 	if c.Logger == nil {
 		c.Logger = p.cfg.Logger
@@ -78,10 +77,13 @@ Moves every in-progress record whose lease expired (its holder died) to
 unknown, once, and prints how many. Records whose lease policy is retry or
 resume stay for their retry to take over. The proxy runs this every
 --sweep-interval unless --maintenance=false.`, stderr)
-	dsn := fs.String("store", storeurl.Default, "store `DSN`: "+storeurl.Supported)
+	dsn := storeFlag(fs)
 	batch := fs.Int("batch", maintenance.DefaultBatchSize, "records changed per store call")
 	pos, err := parse(fs, args)
 	if err != nil {
+		return err
+	}
+	if err := dsn.resolve(fs); err != nil {
 		return err
 	}
 	if len(pos) > 0 {
@@ -90,7 +92,7 @@ resume stay for their retry to take over. The proxy runs this every
 	if err := positive(fs, "batch", *batch); err != nil {
 		return err
 	}
-	m, s, err := maintainer(ctx, *dsn, maintenance.Config{BatchSize: *batch}, stderr)
+	m, s, err := maintainer(ctx, dsn.value, maintenance.Config{BatchSize: *batch}, stderr)
 	if err != nil {
 		return err
 	}
@@ -108,12 +110,15 @@ Deletes completed and failed records past their expiry (--soft keeps them
 as state expired, for audit), and closes abandoned records (in progress or
 unknown past their expiry) with a stored 504 answer, once; prints the
 counts. The proxy runs this every --reap-interval unless --maintenance=false.`, stderr)
-	dsn := fs.String("store", storeurl.Default, "store `DSN`: "+storeurl.Supported)
+	dsn := storeFlag(fs)
 	soft := fs.Bool("soft", false, "keep expired records as state expired instead of deleting them")
 	batch := fs.Int("batch", maintenance.DefaultBatchSize, "records changed per store call")
 	abandonedTTL := fs.Duration("abandoned-ttl", maintenance.DefaultAbandonedTTL, "how long an abandoned record keeps its 504 answer")
 	pos, err := parse(fs, args)
 	if err != nil {
+		return err
+	}
+	if err := dsn.resolve(fs); err != nil {
 		return err
 	}
 	if len(pos) > 0 {
@@ -125,7 +130,7 @@ counts. The proxy runs this every --reap-interval unless --maintenance=false.`, 
 	if *abandonedTTL <= 0 {
 		return usageErr(fs, "--abandoned-ttl must be positive")
 	}
-	m, s, err := maintainer(ctx, *dsn, maintenance.Config{BatchSize: *batch, SoftExpire: *soft, AbandonedTTL: *abandonedTTL}, stderr)
+	m, s, err := maintainer(ctx, dsn.value, maintenance.Config{BatchSize: *batch, SoftExpire: *soft, AbandonedTTL: *abandonedTTL}, stderr)
 	if err != nil {
 		return err
 	}
@@ -193,12 +198,15 @@ every unknown record, also those waiting for their next attempt and the
 dead-lettered ones (given up on by the reconciler: only an operator settles
 them, with idem reconcile resolve), shown as DEAD-LETTERED in the
 RECONCILE_AFTER column. ATTEMPTS counts reconciliation attempts.`, stderr)
-	dsn := fs.String("store", storeurl.Default, "store `DSN`: "+storeurl.Supported)
+	dsn := storeFlag(fs)
 	all := fs.Bool("all", false, "list every unknown record, not only the due ones")
 	limit := fs.Int("limit", 100, "list at most `N` records")
 	asJSON := fs.Bool("json", false, "print one JSON object per line instead of a table")
 	pos, err := parse(fs, args)
 	if err != nil {
+		return err
+	}
+	if err := dsn.resolve(fs); err != nil {
 		return err
 	}
 	if len(pos) > 0 {
@@ -207,7 +215,7 @@ RECONCILE_AFTER column. ATTEMPTS counts reconciliation attempts.`, stderr)
 	if err := positive(fs, "limit", *limit); err != nil {
 		return err
 	}
-	s, err := openExisting(ctx, *dsn, "")
+	s, err := openExisting(ctx, dsn.value, "")
 	if err != nil {
 		return err
 	}
@@ -222,7 +230,7 @@ RECONCILE_AFTER column. ATTEMPTS counts reconciliation attempts.`, stderr)
 			v := struct {
 				recordView
 				DeadLettered bool `json:"dead_lettered"`
-			}{viewRecord(r), maintenance.DeadLettered(r)}
+			}{viewRecord(r), r.DeadLettered()}
 			if err := enc.Encode(v); err != nil {
 				return err
 			}
@@ -232,7 +240,7 @@ RECONCILE_AFTER column. ATTEMPTS counts reconciliation attempts.`, stderr)
 		fmt.Fprintln(tw, "SCOPE\tKEY\tFENCE\tATTEMPTS\tRECONCILE_AFTER\tLAST_ERROR")
 		for _, r := range recs {
 			after := r.ReconcileAfter.UTC().Format(time.RFC3339)
-			if maintenance.DeadLettered(r) {
+			if r.DeadLettered() {
 				after = "DEAD-LETTERED"
 			}
 			fmt.Fprintf(tw, "%q\t%q\t%d\t%d\t%s\t%s\n", r.Scope, r.Key, r.Fence, r.ReconcileAttempts, after, oneLine(r.LastError))
@@ -361,11 +369,14 @@ the ones it can tell, and prints the counts. The proxy does the same every
 --reconcile-interval when it is given --resolve-url.
 
 `+resolveProtocol, stderr)
-	dsn := fs.String("store", storeurl.Default, "store `DSN`: "+storeurl.Supported)
+	dsn := storeFlag(fs)
 	resolveURL := fs.String("resolve-url", "", "`URL` of the upstream operators' resolve endpoint (required)")
 	batch := fs.Int("batch", maintenance.DefaultBatchSize, "records asked about per store call")
 	pos, err := parse(fs, args)
 	if err != nil {
+		return err
+	}
+	if err := dsn.resolve(fs); err != nil {
 		return err
 	}
 	if len(pos) > 0 {
@@ -381,7 +392,7 @@ the ones it can tell, and prints the counts. The proxy does the same every
 	if err != nil {
 		return usageErr(fs, "%v", err)
 	}
-	m, s, err := maintainer(ctx, *dsn, maintenance.Config{BatchSize: *batch, Resolver: r}, stderr)
+	m, s, err := maintainer(ctx, dsn.value, maintenance.Config{BatchSize: *batch, Resolver: r}, stderr)
 	if err != nil {
 		return err
 	}

@@ -11,7 +11,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"maps"
 	"net/http"
 	"net/url"
@@ -19,6 +18,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -90,14 +90,11 @@ type WebhookConfig struct {
 
 // webhook is the handler of WebhookPath.
 type webhook struct {
-	cfg     WebhookConfig
-	log     *slog.Logger
-	settler *maintenance.Maintainer
-	store   store.Store
-	// tenant and route name a record as the proxy named the request.
-	tenant  func(*http.Request) (string, error)
-	route   func(*http.Request) string
-	maxBody int // the engine's MaxResponseBytes
+	p   *Proxy
+	cfg WebhookConfig
+
+	mu      sync.Mutex
+	settler *maintenance.Maintainer // built once the store is open
 }
 
 // mountWebhook adds the settlement webhook to the admin handlers when the
@@ -113,23 +110,11 @@ func (p *Proxy) mountWebhook(handlers map[string]http.Handler) (map[string]http.
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	// Settlement needs no running services, only the one settling path:
-	// a proxy without them settles through a Maintainer it never starts.
-	settler := p.maint
-	if settler == nil {
-		var err error
-		if settler, err = maintenance.New(p.store, p.maintenanceConfig()); err != nil {
-			return nil, fmt.Errorf("proxy: webhook: %w", err)
-		}
-	}
 	out := maps.Clone(handlers)
 	if out == nil {
 		out = map[string]http.Handler{}
 	}
-	out["POST "+WebhookPath] = &webhook{
-		cfg: cfg, log: p.log, settler: settler, store: p.store,
-		tenant: p.callerTenant, route: proxyRoute, maxBody: p.engine.Config().MaxResponseBytes,
-	}
+	out["POST "+WebhookPath] = &webhook{p: p, cfg: cfg}
 	return out, nil
 }
 
@@ -137,7 +122,32 @@ func (p *Proxy) mountWebhook(handlers map[string]http.Handler) (map[string]http.
 // the caller by the headers the original request carried, and this is the
 // only place that turns them into a tenant.
 func (p *Proxy) callerTenant(r *http.Request) (string, error) {
-	return p.engine.Config().Tenant(r), nil
+	return p.tenants.tenant(r)
+}
+
+// settle settles through the proxy's Maintainer, the one settling path. A
+// proxy without background services settles through one it never starts.
+// Before the store opened there is nothing to settle in: idem.ErrStore.
+func (h *webhook) settle(ctx context.Context, scope, key string, res maintenance.Resolution) (store.Store, error) {
+	h.p.mu.Lock()
+	s, m := h.p.store, h.p.maint
+	h.p.mu.Unlock()
+	if s == nil {
+		return nil, fmt.Errorf("%w: the store is not open yet", idem.ErrStore)
+	}
+	if m == nil {
+		h.mu.Lock()
+		if h.settler == nil {
+			var err error
+			if h.settler, err = maintenance.New(s, h.p.maintenanceConfig()); err != nil {
+				h.mu.Unlock()
+				return nil, err
+			}
+		}
+		m = h.settler
+		h.mu.Unlock()
+	}
+	return s, m.Settle(ctx, scope, key, res)
 }
 
 // checkWebhook refuses a webhook configuration no default can mend.
@@ -262,7 +272,7 @@ func (h *webhook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	// Nothing of an unsigned body is read: it might be anyone's.
 	if err := h.verify(r.Header.Values(WebhookSignatureHeader), body); err != nil {
-		h.log.Warn("idem webhook: delivery refused", "remote", r.RemoteAddr, "err", err)
+		h.p.log.Warn("idem webhook: delivery refused", "remote", r.RemoteAddr, "err", err)
 		probWebhookUnauthorized.write(w, err.Error())
 		return
 	}
@@ -275,10 +285,10 @@ func (h *webhook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		probWebhookInvalid.write(w, err.Error())
 		return
 	}
-	err = h.settler.Settle(r.Context(), scope, key, res)
+	st, err := h.settle(r.Context(), scope, key, res)
 	repeated := false
 	if errors.Is(err, store.ErrStateConflict) {
-		repeated, err = h.alreadySettled(r.Context(), scope, key, res)
+		repeated, err = alreadySettled(r.Context(), st, scope, key, res)
 	}
 	switch {
 	case errors.Is(err, store.ErrNotFound):
@@ -288,13 +298,13 @@ func (h *webhook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		probStateConflict.write(w, err.Error())
 		return
 	case errors.Is(err, idem.ErrStore):
-		h.log.Error("idem webhook: store failed; nothing settled", "scope", scope, "key", key, "err", err)
+		h.p.log.Error("idem webhook: store failed; nothing settled", "scope", scope, "key", key, "err", err)
 		probWebhookStore.write(w, "")
 		return
 	case err != nil:
 		// Settle refused the settlement itself: parse lets none through,
 		// so this is a fault of the proxy, not of the sender.
-		h.log.Error("idem webhook: settlement failed", "scope", scope, "key", key, "err", err)
+		h.p.log.Error("idem webhook: settlement failed", "scope", scope, "key", key, "err", err)
 		http.Error(w, "settlement failed", http.StatusInternalServerError)
 		return
 	}
@@ -302,7 +312,7 @@ func (h *webhook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if res.Outcome == maintenance.Happened {
 		state = store.StateCompleted
 	}
-	h.log.Info("idem webhook: unknown outcome settled", "scope", scope, "key", key, "outcome", res.Outcome, "repeated", repeated)
+	h.p.log.Info("idem webhook: unknown outcome settled", "scope", scope, "key", key, "outcome", res.Outcome, "repeated", repeated)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	json.NewEncoder(w).Encode(settledAnswer{Scope: scope, Key: key, State: state, Repeated: repeated})
@@ -385,7 +395,7 @@ func (h *webhook) parse(body []byte) (scope, key string, res maintenance.Resolut
 	}
 	switch d.Outcome {
 	case "happened":
-		if res, err = d.resolution(); err != nil {
+		if res, err = d.resolution(defaultMaxResponseBytes); err != nil {
 			return "", "", res, err
 		}
 	case "not_happened", "run_again":
@@ -400,11 +410,7 @@ func (h *webhook) parse(body []byte) (scope, key string, res maintenance.Resolut
 	default:
 		return "", "", res, fmt.Errorf(`outcome %q: want "happened", "not_happened" or "run_again"`, d.Outcome)
 	}
-	resp := res.Response
-	resp.Header = store.ReplayableHeader(resp.Header)
-	if len(resp.Body) > h.maxBody {
-		resp.Body, resp.BodyOmitted = nil, true
-	} else if resp.Body == nil {
+	if resp := res.Response; resp.Body == nil && !resp.BodyOmitted {
 		resp.Body = []byte{} // an empty answer, as the engine stores one
 	}
 	return scope, d.Key, res, nil
@@ -437,7 +443,7 @@ func (h *webhook) scope(d *settleDelivery) (string, error) {
 	if method == "" {
 		method = http.MethodPost
 	}
-	if !validHeaderName(method) {
+	if !validToken(method) {
 		return "", fmt.Errorf("method %q is not an HTTP method", method)
 	}
 	u, err := url.ParseRequestURI(d.Route)
@@ -446,7 +452,7 @@ func (h *webhook) scope(d *settleDelivery) (string, error) {
 	}
 	req := &http.Request{Method: strings.ToUpper(method), URL: u, RequestURI: d.Route, Header: http.Header{}, Host: "idem.invalid"}
 	for name, values := range d.CallerHeaders {
-		if !validHeaderName(name) || !store.ValidHeader(name, values) {
+		if !validToken(name) || !store.ValidHeader(name, values) {
 			return "", fmt.Errorf("caller header %q is not a valid header", name)
 		}
 		for _, v := range values {
@@ -456,10 +462,10 @@ func (h *webhook) scope(d *settleDelivery) (string, error) {
 	tenant := ""
 	if d.Tenant != nil {
 		tenant = *d.Tenant
-	} else if tenant, err = h.tenant(req); err != nil {
+	} else if tenant, err = h.p.callerTenant(req); err != nil {
 		return "", fmt.Errorf("caller_headers: %w", err)
 	}
-	r := idem.Request{Tenant: tenant, Method: req.Method, Route: h.route(req)}
+	r := idem.Request{Tenant: tenant, Method: req.Method, Route: proxyRoute(req)}
 	return r.Scope(), nil
 }
 
@@ -470,8 +476,8 @@ var errSettledOtherwise = errors.New("settled otherwise")
 // alreadySettled decides a delivery for a record that is no longer
 // unknown: true when the record already is what the delivery asks for (a
 // repeated delivery, harmless), errSettledOtherwise when it is not.
-func (h *webhook) alreadySettled(ctx context.Context, scope, key string, res maintenance.Resolution) (bool, error) {
-	rec, err := h.store.Get(ctx, scope, key)
+func alreadySettled(ctx context.Context, s store.Store, scope, key string, res maintenance.Resolution) (bool, error) {
+	rec, err := s.Get(ctx, scope, key)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return false, err

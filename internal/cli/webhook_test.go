@@ -99,12 +99,18 @@ func deliver(t *testing.T, c *http.Client, admin, sig, body string) reply {
 // unknownProxyRecord starts a proxy with the webhook in front of a flakyAPI and
 // makes the record of key unknown for real: the upstream hangs up after
 // receiving the request.
+// With hdr (an Authorization header), the proxy takes the tenant from
+// Authorization; without, it serves a single tenant.
 func unknownProxyRecord(t *testing.T, dsn string, key string, hdr ...string) (*Proxy, string, string, *flakyAPI) {
 	t.Helper()
 	api := &flakyAPI{}
 	up := newUpstream(t, api)
-	p, base := startProxy(t, ProxyConfig{Upstream: up.URL, Store: dsn, Admin: "127.0.0.1:0", NoMaintenance: true,
-		Webhook: WebhookConfig{Secrets: [][]byte{[]byte(testWebhookSecret), []byte(testWebhookNext)}}})
+	cfg := ProxyConfig{Upstream: up.URL, Store: dsn, Admin: "127.0.0.1:0", NoMaintenance: true,
+		Webhook: WebhookConfig{Secrets: [][]byte{[]byte(testWebhookSecret), []byte(testWebhookNext)}}}
+	if len(hdr) > 0 {
+		cfg.TenantFrom, cfg.TenantSecret = []string{"authorization"}, []byte("tenant-secret-0123456789")
+	}
+	p, base := startProxy(t, cfg)
 	c := client(t)
 	if r := send(t, c, "POST", base+"/v1/charges?mode=fast", key, `{"amount":7}`, hdr...); r.status != http.StatusBadGateway {
 		t.Fatalf("upstream hung up: %d %s, want 502", r.status, r.body)
@@ -158,6 +164,12 @@ func TestWebhookSettlesHappened(t *testing.T) {
 		r = deliver(t, c, admin, sign(time.Now(), notHappened, testWebhookSecret), notHappened)
 		if r.status != http.StatusConflict {
 			t.Fatalf("not_happened on a completed record: %d %s, want 409", r.status, r.body)
+		}
+		// A delivery must name the caller when the proxy has tenants.
+		anonymous := `{"key":"order-1","route":"/v1/charges?mode=fast","outcome":"not_happened"}`
+		r = deliver(t, c, admin, sign(time.Now(), anonymous, testWebhookSecret), anonymous)
+		if r.status != http.StatusBadRequest || !strings.Contains(string(r.body), "caller_headers") {
+			t.Fatalf("no caller: %d %s, want 400", r.status, r.body)
 		}
 		// Another caller's credential names another record.
 		stranger := strings.Replace(body, "sk_1", "sk_2", 1)
@@ -290,7 +302,7 @@ func TestWebhookBadBodies(t *testing.T) {
 	}
 	// A body over the engine's MaxResponseBytes is left out, as the
 	// engine leaves out a live one; the raw scope names the record.
-	answer := strings.Repeat("y", p.engine.Config().MaxResponseBytes+1)
+	answer := strings.Repeat("y", defaultMaxResponseBytes+1)
 	scope := scopeOf("", "POST", "/v1/charges?mode=fast")
 	body := fmt.Sprintf(`{"key":"order-4","scope":%q,"outcome":"happened","status":200,"body":%q}`, scope, answer)
 	if r := deliver(t, c, admin, sign(time.Now(), body, testWebhookSecret), body); r.status != http.StatusOK {
@@ -316,7 +328,7 @@ func TestWebhookOffWithoutSecret(t *testing.T) {
 	if r := deliver(t, c, "http://"+p.AdminAddr().String(), sign(time.Now(), body, testWebhookSecret), body); r.status != http.StatusNotFound {
 		t.Fatalf("webhook without a secret: %d %s, want 404 (not served)", r.status, r.body)
 	}
-	if _, err := NewProxy(context.Background(), ProxyConfig{Upstream: up.URL, Store: "memory:", Listen: "127.0.0.1:0",
+	if _, err := NewProxy(context.Background(), ProxyConfig{Upstream: up.URL, Store: "memory:", Listen: "127.0.0.1:0", SingleTenant: true,
 		Webhook: WebhookConfig{Secrets: [][]byte{[]byte(testWebhookSecret)}}}); err == nil || !strings.Contains(err.Error(), "--admin") {
 		t.Fatalf("webhook without an admin server: %v", err)
 	}
