@@ -17,7 +17,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -61,7 +60,7 @@ func idemBinary(t *testing.T) string {
 		}
 		goTool, err := exec.LookPath("go")
 		if err != nil {
-			goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
+			goTool = "go"
 		}
 		binPath = filepath.Join(binDir, "idem")
 		args := []string{"build", "-o", binPath}

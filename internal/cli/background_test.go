@@ -16,6 +16,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 )
@@ -267,7 +268,7 @@ func TestParseProxyMaintenanceFlags(t *testing.T) {
 func redisAddr(t *testing.T) string {
 	addr := os.Getenv("IDEM_TEST_REDIS_ADDR")
 	if addr == "" {
-		t.Skip("IDEM_TEST_REDIS_ADDR is not set (e.g. 127.0.0.1:6379)")
+		testenv.Skip(t, "IDEM_TEST_REDIS_ADDR is not set (e.g. 127.0.0.1:6379)")
 	}
 	return addr
 }

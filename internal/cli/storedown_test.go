@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testenv"
 )
 
 // pgCluster is a private PostgreSQL server a test starts and stops itself,
@@ -37,7 +38,7 @@ func newPGCluster(t *testing.T) *pgCluster {
 	t.Helper()
 	initdb, err := exec.LookPath("initdb")
 	if err != nil {
-		t.Skip("initdb is not installed: skipping the test that starts its own PostgreSQL")
+		testenv.Skip(t, "initdb is not installed: skipping the test that starts its own PostgreSQL")
 	}
 	if real, err := filepath.EvalSymlinks(initdb); err == nil {
 		initdb = real
@@ -54,7 +55,7 @@ func newPGCluster(t *testing.T) *pgCluster {
 	if os.Geteuid() == 0 {
 		u, err := user.Lookup("postgres")
 		if err != nil {
-			t.Skip("running as root without a postgres user: PostgreSQL refuses to run as root")
+			testenv.Skip(t, "running as root without a postgres user: PostgreSQL refuses to run as root")
 		}
 		uid, _ := strconv.Atoi(u.Uid)
 		gid, _ := strconv.Atoi(u.Gid)

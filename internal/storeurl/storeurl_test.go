@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idem-go/idem/internal/storeurl"
+	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/postgres"
 )
@@ -220,7 +221,7 @@ func TestOpenPostgres(t *testing.T) {
 	t.Parallel()
 	u := os.Getenv("IDEM_TEST_POSTGRES_URL")
 	if u == "" {
-		t.Skip("IDEM_TEST_POSTGRES_URL is not set (e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable)")
+		testenv.Skip(t, "IDEM_TEST_POSTGRES_URL is not set (e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable)")
 	}
 	pingAndClose(t, u)
 
@@ -249,7 +250,7 @@ func TestOpenMySQL(t *testing.T) {
 	t.Parallel()
 	dsn := os.Getenv("IDEM_TEST_MYSQL_DSN")
 	if dsn == "" {
-		t.Skip("IDEM_TEST_MYSQL_DSN is not set (e.g. root@tcp(127.0.0.1:3306)/test)")
+		testenv.Skip(t, "IDEM_TEST_MYSQL_DSN is not set (e.g. root@tcp(127.0.0.1:3306)/test)")
 	}
 	cfg, err := mysqldrv.ParseDSN(dsn)
 	if err != nil {
@@ -268,7 +269,7 @@ func TestOpenRedis(t *testing.T) {
 	t.Parallel()
 	addr := os.Getenv("IDEM_TEST_REDIS_ADDR")
 	if addr == "" {
-		t.Skip("IDEM_TEST_REDIS_ADDR is not set (e.g. 127.0.0.1:6379)")
+		testenv.Skip(t, "IDEM_TEST_REDIS_ADDR is not set (e.g. 127.0.0.1:6379)")
 	}
 	pingAndClose(t, "redis://"+addr+"/0")
 }
