@@ -110,6 +110,9 @@ type ProxyConfig struct {
 	// its metrics in the Prometheus format at /metrics on the admin
 	// server (unless AdminHandlers has "/metrics").
 	MeterProvider metric.MeterProvider
+	// Webhook turns on the settlement webhook on the admin server
+	// (WebhookPath); off without secrets.
+	Webhook WebhookConfig
 
 	// NoMaintenance turns off the background services the proxy runs
 	// while it serves (sweeper, reaper, and the reconciler when there is a
@@ -230,6 +233,9 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 		cfg.Logger.Warn("idem proxy: --tenant-header is deprecated; use --tenant-from trusted-header:NAME", "name", cfg.TenantHeader)
 	}
 
+	if err := checkWebhook(cfg.Webhook, cfg.Admin); err != nil {
+		return nil, fmt.Errorf("proxy: %w", err)
+	}
 	if cfg.NoMaintenance && cfg.ResolveURL != "" {
 		return nil, errors.New("proxy: --resolve-url needs the background services (drop --maintenance=false)")
 	}
@@ -315,6 +321,9 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    cfg.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
+	}
+	if cfg.AdminHandlers, err = p.mountWebhook(cfg.AdminHandlers); err != nil {
+		return nil, err
 	}
 	if cfg.Admin != "" {
 		if p.adminLn, err = net.Listen("tcp", cfg.Admin); err != nil {
@@ -826,7 +835,7 @@ until the store opens (retried in the background, migrated with --migrate).
 
 ` + tenantSourcesHelp + `
 
-` + resolveProtocol
+` + resolveProtocol + "\n\n" + webhookHelp
 
 func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logFormat, logLevel string, err error) {
 	fs := newFlags("proxy", proxySynopsis, stderr)
@@ -870,6 +879,7 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	fs.DurationVar(&cfg.Maintenance.ReconcileInterval, "reconcile-interval", maintenance.DefaultReconcileInterval, "how often due unknown records are sent to --resolve-url")
 	fs.BoolVar(&cfg.Maintenance.SoftExpire, "soft-expire", false, "keep expired records as state expired (audit) instead of deleting them")
 	fs.StringVar(&cfg.ResolveURL, "resolve-url", "", "`URL` the reconciler asks about unknown outcomes (protocol above); no reconciler when empty")
+	webhook := registerWebhookFlags(fs)
 	fs.StringVar(&logFormat, "log-format", "text", "log format on stderr: text or json")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	pos, err := parse(fs, args)
@@ -919,6 +929,9 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 		}
 	}
 	cfg.NoMaintenance = !*runMaintenance
+	if cfg.Webhook, err = webhook.config(fs, cfg.Admin); err != nil {
+		return cfg, "", "", err
+	}
 	if cfg.NoMaintenance && cfg.ResolveURL != "" {
 		return cfg, "", "", usageErr(fs, "--resolve-url needs the background services: drop --maintenance=false")
 	}

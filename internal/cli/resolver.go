@@ -165,6 +165,17 @@ func parseResolveAnswer(raw []byte, maxBody int) (maintenance.Resolution, error)
 	if err := dec.Decode(&a); err != nil {
 		return maintenance.Resolution{}, fmt.Errorf("resolve URL: unreadable answer: %w", err)
 	}
+	res, err := a.resolution(maxBody)
+	if err != nil {
+		return maintenance.Resolution{}, fmt.Errorf("resolve URL: %w", err)
+	}
+	return res, nil
+}
+
+// resolution reads the verdict of an answer, keeping at most maxBody bytes
+// of a settled body; the settlement webhook shares it, so both spell an
+// outcome and its response alike.
+func (a *resolveAnswer) resolution(maxBody int) (maintenance.Resolution, error) {
 	switch a.Outcome {
 	case "unknown":
 		return maintenance.Resolution{Outcome: maintenance.StillUnknown}, nil
@@ -172,27 +183,27 @@ func parseResolveAnswer(raw []byte, maxBody int) (maintenance.Resolution, error)
 		return maintenance.Resolution{Outcome: maintenance.DidNotHappen}, nil
 	case "happened":
 	default:
-		return maintenance.Resolution{}, fmt.Errorf(`resolve URL: outcome %q: want "happened", "not_happened" or "unknown"`, a.Outcome)
+		return maintenance.Resolution{}, fmt.Errorf(`outcome %q: want "happened", "not_happened" or "unknown"`, a.Outcome)
 	}
 	if err := checkStatus(a.Status); err != nil {
-		return maintenance.Resolution{}, fmt.Errorf("resolve URL: %w", err)
+		return maintenance.Resolution{}, err
 	}
 	resp := &store.Response{Status: a.Status, Header: http.Header{}}
 	for name, values := range a.Headers {
 		if err := addHeader(resp.Header, name, values...); err != nil {
-			return maintenance.Resolution{}, fmt.Errorf("resolve URL: %w", err)
+			return maintenance.Resolution{}, err
 		}
 	}
 	resp.Header = replayable(resp.Header)
 	switch {
 	case a.Body != nil && a.BodyBase64 != nil:
-		return maintenance.Resolution{}, errors.New(`resolve URL: give "body" or "body_base64", not both`)
+		return maintenance.Resolution{}, errors.New(`give "body" or "body_base64", not both`)
 	case a.Body != nil:
 		resp.Body = []byte(*a.Body)
 	case a.BodyBase64 != nil:
 		b, err := base64.StdEncoding.DecodeString(*a.BodyBase64)
 		if err != nil {
-			return maintenance.Resolution{}, fmt.Errorf("resolve URL: body_base64: %w", err)
+			return maintenance.Resolution{}, fmt.Errorf("body_base64: %w", err)
 		}
 		resp.Body = b
 	}
