@@ -347,7 +347,7 @@ func TestCrashThenOperatorResolves(t *testing.T) {
 	}
 	expectReplay(t, p, api, c, `{"id":"x"}`)
 
-	out, _, err = runIdem(t, "inspect", "--store", dsn, "--route", chargePath, chargeKey)
+	out, _, err = runIdem(t, "inspect", "--json", "--store", dsn, "--route", chargePath, `"`+chargeKey+`"`)
 	if err != nil || !strings.Contains(out, `"state": "completed"`) {
 		t.Errorf("inspect: %v\n%s", err, out)
 	}

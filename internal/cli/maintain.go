@@ -139,49 +139,23 @@ counts. The proxy runs this every --reap-interval unless --maintenance=false.`, 
 	return err
 }
 
-// reconcileCommands are the subcommands of `idem reconcile`.
-var reconcileCommands = []command{
-	{"list", "list records whose outcome is unknown", runReconcileList},
-	{"resolve", "settle one unknown record by hand", runReconcileResolve},
-	{"run", "ask a resolve URL about every due unknown record, once", runReconcileRun},
-}
-
-// runReconcile is `idem reconcile`: it dispatches to its subcommands.
-func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	usage := func(w io.Writer) {
-		fmt.Fprint(w, `Usage: idem reconcile <subcommand> [flags]
-
-Unknown records are requests that may or may not have taken effect (the
+// reconcile is `idem reconcile`: it dispatches to its subcommands.
+var reconcile = registerGroup(&group{
+	name: "reconcile",
+	description: `Unknown records are requests that may or may not have taken effect (the
 proxy or the upstream failed mid-request). Retries get 409 until the record
 is settled: as happened (retries replay the given response) or as not
-happened (the next retry runs the request).
+happened (the next retry runs the request).`,
+	subs: []command{
+		{"list", "list records whose outcome is unknown", runReconcileList},
+		{"resolve", "settle one unknown record by hand", runReconcileResolve},
+		{"run", "ask a resolve URL about every due unknown record, once", runReconcileRun},
+	},
+})
 
-Subcommands:
-`)
-		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		for _, c := range reconcileCommands {
-			fmt.Fprintf(tw, "  %s\t%s\n", c.name, c.summary)
-		}
-		tw.Flush()
-		fmt.Fprint(w, "\nRun 'idem reconcile <subcommand> -h' for its flags.\n")
-	}
-	if len(args) == 0 {
-		usage(stderr)
-		return ErrUsage
-	}
-	switch args[0] {
-	case "-h", "-help", "--help", "help":
-		usage(stderr)
-		return flag.ErrHelp
-	}
-	for _, c := range reconcileCommands {
-		if c.name == args[0] {
-			return c.run(ctx, args[1:], stdout, stderr)
-		}
-	}
-	fmt.Fprintf(stderr, "idem reconcile: unknown subcommand %q\n\n", args[0])
-	usage(stderr)
-	return ErrUsage
+// runReconcile is `idem reconcile`.
+func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return reconcile.run(ctx, args, stdout, stderr)
 }
 
 // runReconcileList is `idem reconcile list`.
