@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"flag"
+	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -129,5 +130,23 @@ func TestHelpErrors(t *testing.T) {
 	out, _, err := run("--help")
 	if err != nil || !strings.Contains(out, "idem help <command> [<subcommand>]") || !strings.Contains(out, "  version ") {
 		t.Errorf("--help: %v\n%s", err, out)
+	}
+}
+
+// TestReadmeListsEveryCommand keeps the README's command table in step
+// with the commands.
+func TestReadmeListsEveryCommand(t *testing.T) {
+	t.Parallel()
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range commands {
+		if !strings.Contains(string(readme), "| `idem "+c.name) {
+			t.Errorf("README's command table lacks idem %s", c.name)
+		}
+	}
+	if !strings.Contains(string(readme), "go install github.com/idem-go/idem/cmd/idem@latest") {
+		t.Error("README lacks the install line")
 	}
 }
