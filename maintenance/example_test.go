@@ -53,16 +53,19 @@ func ExampleMaintainer_Settle() {
 	ctx := context.Background()
 	st := memory.New(memory.Config{})
 	engine, _ := idem.New(st, idem.Config{})
-	m, _ := maintenance.New(st, maintenance.Config{TTL: engine.Config().TTL})
+	m, _ := maintenance.New(st, maintenance.Config{TTL: engine.TTL()})
 
-	req := idem.Request{Method: "POST", Route: "/v1/charges", Key: "order-7", Fingerprint: "fp"}
-	d, _ := engine.Begin(ctx, req)
-	d.Exec.MarkUnknown(ctx, "gateway timeout") // the charge may or may not have happened
-	d, _ = engine.Begin(ctx, req)
-	fmt.Println("retry:", d.Verdict)
+	call := idem.Call{Method: "POST", Route: "/v1/charges", Target: "/v1/charges", Keys: []string{"order-7"}}
+	charge := func(ctx context.Context) idem.Result {
+		idem.FromContext(ctx).Uncertain("gateway timeout") // the charge may or may not have happened
+		return idem.Result{Response: store.Response{Status: http.StatusGatewayTimeout}}
+	}
+	engine.Run(ctx, call, charge)
+	fmt.Println("retry:", engine.Run(ctx, call, charge).Verdict)
 
 	// The provider's webhook: the charge went through.
-	err := m.Settle(ctx, req.Scope(), req.Key, maintenance.Resolution{
+	scope := (&idem.Request{Method: call.Method, Route: call.Route}).Scope()
+	err := m.Settle(ctx, scope, "order-7", maintenance.Resolution{
 		Outcome: maintenance.Happened,
 		Response: &store.Response{Status: http.StatusCreated,
 			Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"ch_7"}`)},
@@ -70,9 +73,9 @@ func ExampleMaintainer_Settle() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	d, _ = engine.Begin(ctx, req)
-	fmt.Println("retry:", d.Verdict, d.Record.Response.Status, string(d.Record.Response.Body))
+	a := engine.Run(ctx, call, charge)
+	fmt.Println("retry:", a.Verdict, a.Response.Status, string(a.Response.Body))
 	// Output:
 	// retry: unknown
-	// retry: replay 201 {"id":"ch_7"}
+	// retry: replayed 201 {"id":"ch_7"}
 }

@@ -187,7 +187,7 @@ func newMaint(t *testing.T, ns namedStore, cfg maintenance.Config, ecfg idem.Con
 // engine's TTL.
 func (m *maint) maintainer(cfg maintenance.Config) *maintenance.Maintainer {
 	m.t.Helper()
-	cfg.TTL = m.engine.Config().TTL
+	cfg.TTL = m.engine.TTL()
 	cfg.Clock = m.clock
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

@@ -46,15 +46,30 @@ func resumable(t *testing.T, clock store.Clock) (*sqlite.Store, *idem.Engine) {
 	return s, e
 }
 
-// execution begins a request and abandons it at the end of the test.
+// execution holds a request's execution (run through the engine, its
+// operation waiting) until the end of the test, then abandons it.
 func execution(t *testing.T, e *idem.Engine) *idem.Execution {
 	t.Helper()
-	d, err := e.Begin(context.Background(), idem.Request{Method: "POST", Route: "/x", Key: "k", Fingerprint: "fp"})
-	if err != nil || d.Exec == nil {
-		t.Fatalf("begin: %+v %v", d, err)
+	got, release, finished := make(chan *idem.Execution, 1), make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(finished)
+		call := idem.Call{Method: "POST", Route: "/x", Target: "/x", Keys: []string{"k"}}
+		e.Run(context.Background(), call, func(ctx context.Context) idem.Result {
+			x := idem.FromContext(ctx)
+			got <- x
+			<-release
+			x.Abandon()
+			return idem.Result{}
+		})
+	}()
+	select {
+	case x := <-got:
+		t.Cleanup(func() { close(release); <-finished })
+		return x
+	case <-finished:
+		t.Fatal("the engine did not run the request")
+		return nil
 	}
-	t.Cleanup(d.Exec.Abandon)
-	return d.Exec
 }
 
 func sendCharge(h http.Handler, key string) *httptest.ResponseRecorder {

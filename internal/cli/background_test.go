@@ -74,7 +74,7 @@ func TestProxyMetrics(t *testing.T) {
 			t.Fatalf("/metrics: %d %v", r.status, r.header)
 		}
 		text := string(r.body)
-		for outcome, want := range map[string]float64{"created": 2, "replay": 2, "key_misuse": 1} {
+		for outcome, want := range map[string]float64{"created": 2, "replay": 2, "key_reused": 1} {
 			got, ok := metricValue(t, text, "idem_reserve_outcomes_total", `outcome="`+outcome+`"`)
 			if !ok || got != want {
 				t.Errorf("idem_reserve_outcomes_total{outcome=%q} = %v (found %v), want %v", outcome, got, ok, want)

@@ -61,10 +61,10 @@ func countedMaintainer(ctx context.Context, dsn string, cfg maintenance.Config, 
 func (p *Proxy) maintenanceConfig() maintenance.Config {
 	c := p.cfg.Maintenance
 	if c.TTL == 0 {
-		c.TTL = p.engine.Config().TTL
+		c.TTL = p.engine.TTL()
 	}
 	if c.StoreTimeout == 0 {
-		c.StoreTimeout = p.engine.Config().StoreTimeout
+		c.StoreTimeout = p.engine.StoreTimeout()
 	}
 	if c.Logger == nil {
 		c.Logger = p.cfg.Logger

@@ -40,6 +40,9 @@ type ProxyConfig struct {
 	Store string
 	// Migrate applies the store's pending migrations at start.
 	Migrate bool
+	// StoreConns sizes the server store's connection pool (see
+	// storeurl.Options.Conns). Zero keeps the store's default.
+	StoreConns int
 	// StoreClock replaces the store's clock (tests).
 	StoreClock store.Clock
 
@@ -183,6 +186,7 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 	}
 	if p.store, err = storeurl.Open(ctx, cfg.Store, storeurl.Options{
 		Migrate: cfg.Migrate, Clock: cfg.StoreClock, Cache: cfg.Cache, Logger: cfg.Logger,
+		Conns: cfg.StoreConns,
 	}); err != nil {
 		return nil, err
 	}
@@ -581,6 +585,7 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	fs.StringVar(&cfg.Upstream, "upstream", "", "base `URL` of the API behind the proxy (required)")
 	fs.StringVar(&cfg.Store, "store", storeurl.Default, "store `DSN`: "+storeurl.Supported)
 	fs.BoolVar(&cfg.Migrate, "migrate", true, "apply the store's pending migrations at start")
+	fs.IntVar(&cfg.StoreConns, "store-conns", 0, "connection pool `size` of a PostgreSQL or MySQL store; 0: the store's default (PostgreSQL 32 unless the URL sets pool_max_conns, MySQL no cap)")
 	fs.StringVar(&cfg.Profile, "profile", string(idem.ProfileIETF), "HTTP dialect: ietf (key required, 422 on reuse, problem+json) or stripe")
 	fs.DurationVar(&cfg.TTL, "ttl", 24*time.Hour, "how long a completed response is replayed")
 	fs.DurationVar(&cfg.Lease, "lease", 30*time.Second, "lease of an execution, renewed while the upstream works")

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idem-go/idem/internal/storeurl"
 	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/postgres"
 )
 
 func TestMain(m *testing.M) {
@@ -221,6 +222,26 @@ func TestOpenPostgres(t *testing.T) {
 		t.Skip("IDEM_TEST_POSTGRES_URL is not set (e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable)")
 	}
 	pingAndClose(t, u)
+
+	// Conns sizes the pool, over a pool_max_conns in the URL.
+	s, err := storeurl.Open(context.Background(), u+"&pool_max_conns=5", storeurl.Options{Conns: 9})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if got := s.(*postgres.Store).Pool().Config().MaxConns; got != 9 {
+		t.Errorf("pool of %d connections, want 9", got)
+	}
+}
+
+func TestOpenConnsInvalid(t *testing.T) {
+	t.Parallel()
+	for _, n := range []int{-1, 1 << 40} {
+		if _, err := storeurl.Open(context.Background(), "memory:", storeurl.Options{Conns: n}); err == nil ||
+			!strings.Contains(err.Error(), "store connections") {
+			t.Errorf("Conns %d: %v", n, err)
+		}
+	}
 }
 
 func TestOpenMySQL(t *testing.T) {

@@ -17,6 +17,29 @@
 // that sat idle for a second before handing it out (see
 // pgxpool.Config.ShouldPing; pass your own pool to [New] to change it).
 //
+// # Group commit and pool size
+//
+// Reserve and the lease-holder updates share commits under load. A call that
+// finds one of Config.MaxBatches slots free (DefaultMaxBatches, 4) runs its
+// statement alone, at once. Calls that arrive while every slot is busy
+// queue, and leave together when a slot returns, as one pipeline of the
+// same statements in one implicit transaction: one round trip per call
+// still, but one commit and one WAL flush for the whole batch. No call ever
+// waits for a timer, so a lone request's latency is unchanged. The
+// statements of a batch commit or roll back together: a statement error
+// rolls the batch back and each of its calls then runs alone, so only the
+// faulty call sees the error. Calls on the Tx forms never join a batch.
+// The calls of a batch wait for one another: a statement that waits for a
+// row lock (a key that a caller's open transaction holds through the Tx
+// forms) holds up its batch while the other slots keep serving.
+//
+// [Open] sizes the pool to Config.MaxConns, or to the URL's pool_max_conns,
+// or to [DefaultMaxConns] (32), not to pgxpool's max(4, CPUs): with 16
+// requests in flight, 4 connections would queue the rest before the
+// batches could form. Batched calls hold at most MaxBatches connections;
+// the rest serve Get, maintenance and reruns. Size the pool of [New] the
+// same way, and mind max_connections across all instances.
+//
 // # Transactions
 //
 // [Store.ReserveTx], [Store.CompleteTx] and [Store.CheckpointTx] run the same
@@ -32,6 +55,7 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"embed"
 	"encoding/json"
@@ -77,7 +101,28 @@ type Config struct {
 	// run migrations as a separate step (Store.Migrate, `idem migrate`).
 	// Defaults to false: pending migrations are applied.
 	SkipMigrate bool
+	// MaxConns is the size of the pool Open creates (New leaves the
+	// caller's pool alone). Defaults to 0: the URL's pool_max_conns when it
+	// has one, else DefaultMaxConns. pgxpool's own default, max(4, number of
+	// CPUs), would make every request beyond the fourth wait for a
+	// connection.
+	MaxConns int32
+	// MaxBatches is how many group commits (see DefaultMaxBatches) may be
+	// on their way to the database at once. A Reserve or lease-holder
+	// update that finds one free runs alone at once; one that finds none
+	// waits for the next batch, which leaves as soon as a batch in flight
+	// returns. Fewer slots make larger batches (fewer commits) under load;
+	// each slot holds one connection of the pool. Defaults to 0:
+	// DefaultMaxBatches. Negative turns batching off: every call runs its
+	// own statement on its own connection.
+	MaxBatches int
 }
+
+// DefaultMaxConns is the pool size Open uses when neither Config.MaxConns
+// nor the URL's pool_max_conns sets one. Batched calls use at most
+// Config.MaxBatches connections whatever the load; the rest serve Get,
+// maintenance and the statements that run alone after a rolled-back batch.
+const DefaultMaxConns = 32
 
 // Store is a store.Store on PostgreSQL. It is safe for concurrent use.
 type Store struct {
@@ -87,6 +132,7 @@ type Store struct {
 	q         queries
 	closed    atomic.Bool
 	reserveRe atomic.Int64 // Reserve statements run again after a race
+	batch     *batcher     // nil: batching off
 }
 
 // querier is what the transitions need; *pgxpool.Pool and pgx.Tx both have
@@ -104,6 +150,14 @@ func Open(ctx context.Context, url string, cfg Config) (*Store, error) {
 	pcfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("idem/postgres: open: %w", err)
+	}
+	switch {
+	case cfg.MaxConns < 0:
+		return nil, errors.Join(store.ErrInvalidParams, errors.New("idem/postgres: MaxConns must not be negative"))
+	case cfg.MaxConns > 0:
+		pcfg.MaxConns = cfg.MaxConns
+	case !strings.Contains(url, "pool_max_conns"):
+		pcfg.MaxConns = DefaultMaxConns
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
@@ -125,6 +179,9 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Store, error) {
 		return nil, errors.Join(store.ErrInvalidParams, errors.New("idem/postgres: nil pool"))
 	}
 	s := &Store{pool: pool, cfg: cfg, q: newQueries(cfg.Schema)}
+	if cfg.MaxBatches >= 0 {
+		s.batch = newBatcher(s, cmp.Or(cfg.MaxBatches, DefaultMaxBatches))
+	}
 	if !cfg.SkipMigrate {
 		if err := s.Migrate(ctx); err != nil {
 			return nil, err
@@ -202,11 +259,9 @@ func (s *Store) reserve(ctx context.Context, q querier, p store.ReserveParams) (
 		if run > 0 {
 			s.reserveRe.Add(1)
 		}
-		var action string
-		var rec store.Record
-		row := q.QueryRow(ctx, s.q.reserve,
-			p.Scope, p.Key, p.Fingerprint, store.Micros(p.Lease), store.Micros(p.TTL), string(p.LeasePolicy), s.now())
-		err := scanRecord(row, &rec, &action)
+		op := s.run(ctx, q, true, s.q.reserve, []any{
+			p.Scope, p.Key, p.Fingerprint, store.Micros(p.Lease), store.Micros(p.TTL), string(p.LeasePolicy), s.now()})
+		action, rec, err := op.action, op.rec, op.err
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // insert conflicted with a row newer than the snapshot
 		}
@@ -305,11 +360,11 @@ func (s *Store) Extend(ctx context.Context, p store.ExtendParams) error {
 // $4 now, then extra) and turns "no row matched" into ErrLeaseLost.
 func (s *Store) fenced(ctx context.Context, q querier, op, sql string, f store.FenceParams, extra ...any) error {
 	args := append([]any{f.Scope, f.Key, f.Fence, s.now()}, extra...)
-	tag, err := q.Exec(ctx, sql, args...)
-	if err != nil {
-		return wrap(op, err)
+	r := s.run(ctx, q, false, sql, args)
+	if r.err != nil {
+		return wrap(op, r.err)
 	}
-	if tag.RowsAffected() == 0 {
+	if r.tag.RowsAffected() == 0 {
 		return fmt.Errorf("idem/postgres: %s: %w", op, store.ErrLeaseLost)
 	}
 	return nil
@@ -500,6 +555,9 @@ func (s *Store) Ping(ctx context.Context) error {
 func (s *Store) Close() error {
 	if s.closed.CompareAndSwap(false, true) && s.ownsPool {
 		s.pool.Close()
+	}
+	if s.batch != nil {
+		s.batch.group.Wait()
 	}
 	return nil
 }

@@ -34,7 +34,7 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 		}
 	}
 	var res store.ReserveResult
-	err := s.inTx(ctx, func(tx querier) error {
+	err := s.write(ctx, true, func(ctx context.Context, tx querier) error {
 		var err error
 		res, err = s.reserve(ctx, tx, &p)
 		return err
@@ -117,7 +117,7 @@ func errChanged(err error) error {
 
 // Complete implements [store.Store].
 func (s *Store) Complete(ctx context.Context, p store.CompleteParams) error {
-	return s.complete(ctx, s.writer(), &p)
+	return s.write(ctx, false, func(ctx context.Context, q querier) error { return s.complete(ctx, q, &p) })
 }
 
 // CompleteTx is Complete inside the caller's transaction: the response is

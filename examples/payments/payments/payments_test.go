@@ -432,7 +432,7 @@ func TestPaymentLostBeforeCommitIsReconciled(t *testing.T) {
 		}
 		expect(t, e.post("/v1/payments", "acct_1", "k-lost", body), http.StatusConflict, idem.ProblemBase+"request-in-progress")
 
-		e.clock.advance(lease + time.Second)
+		e.clock.advance(lease + maintenance.DefaultSweepGrace + time.Second)
 		n, err := e.svc.core.maintainer().SweepOnce(t.Context())
 		if err != nil || n != 1 {
 			t.Fatalf("sweep: %d %v", n, err)
