@@ -181,6 +181,8 @@ func run(t *testing.T, h Harness) {
 	t.Run("GetDelete", func(t *testing.T) { testGetDelete(t, h) })
 	t.Run("SurvivesReopen", func(t *testing.T) { testDurable(t, h) })
 	t.Run("InvalidParams", func(t *testing.T) { testInvalid(t, h) })
+	t.Run("List", func(t *testing.T) { testList(t, h) })
+	t.Run("ListInvalid", func(t *testing.T) { testListInvalid(t, h) })
 	t.Run("StoreClock", func(t *testing.T) { testStoreClock(t, h) })
 	t.Run("CancelledContext", func(t *testing.T) { testCancelled(t, h) })
 }
