@@ -142,7 +142,9 @@ func testList(t *testing.T, h Harness) {
 		{"state unknown", store.ListParams{State: store.StateUnknown}, func(r *store.Record) bool { return r.State == store.StateUnknown }},
 		{"state in_progress", store.ListParams{State: store.StateInProgress}, func(r *store.Record) bool { return r.State == store.StateInProgress }},
 		{"all filters", store.ListParams{ScopePrefix: "t1", Key: "k3", State: store.StateUnknown},
-			func(r *store.Record) bool { return r.Key == "k3" && r.State == store.StateUnknown && strings.HasPrefix(r.Scope, "t1") }},
+			func(r *store.Record) bool {
+				return r.Key == "k3" && r.State == store.StateUnknown && strings.HasPrefix(r.Scope, "t1")
+			}},
 		{"no match", store.ListParams{ScopePrefix: "t9"}, func(*store.Record) bool { return false }},
 		{"key prefix is not a key", store.ListParams{Key: "k"}, func(*store.Record) bool { return false }},
 	}
