@@ -36,6 +36,7 @@ var commands = []command{
 	{"migrate", "apply the store's pending schema migrations", runMigrate},
 	{"inspect", "print the record of one key as JSON", runInspect},
 	{"delete", "delete the record of one key (operator cache-bust)", runDelete},
+	{"keys", "list records by route, tenant, state or key, newest first (keys list)", runKeys},
 	{"sweep", "move in-progress records whose lease expired to unknown, once", runSweep},
 	{"reap", "delete expired records and close abandoned ones, once", runReap},
 	{"reconcile", "list and settle records whose outcome is unknown (list, resolve, run)", runReconcile},

@@ -58,6 +58,19 @@ var helpDocs = map[string]helpDoc{
 		"idem delete --route /v1/charges order-42",
 		"idem delete --store postgres://idem@db/idem --cache redis://cache:6379/0 --route /v1/charges order-42",
 	}},
+	"keys": {examples: []string{
+		"idem keys list --route /v1/charges --state unknown",
+	}},
+	"keys list": {examples: []string{
+		"# the newest 50 records",
+		"idem keys list",
+		"# one tenant's failed charges, 200 at a time, as JSON",
+		"idem keys list --tenant acme --route /v1/charges --state failed_retryable --limit 200 --json",
+		"# the next page: the cursor printed at the end of the previous one",
+		"idem keys list --tenant acme --after 1763892000000000.MDpQT1NUIC92MS9jaGFyZ2Vz.b3JkZXItNDI",
+		"# every record of one key, whatever its route",
+		`idem keys list --key '"order-42"'`,
+	}},
 	"sweep": {examples: []string{
 		"idem sweep --store postgres://idem@db/idem",
 	}},
