@@ -394,6 +394,14 @@ func TestBinaryUsage(t *testing.T) {
 	if err != nil || !strings.Contains(out, "reconcile") {
 		t.Errorf("idem help: %v\n%s", err, out)
 	}
+	out, _, err = runIdem(t, "--version")
+	if err != nil || !strings.HasPrefix(out, "idem ") || !strings.Contains(out, runtime.Version()) {
+		t.Errorf("idem --version: %v\n%s", err, out)
+	}
+	out, _, err = runIdem(t, "help", "reconcile", "resolve")
+	if err != nil || !strings.HasPrefix(out, "Usage: idem reconcile resolve") || !strings.Contains(out, "Exit status:") {
+		t.Errorf("idem help reconcile resolve: %v\n%s", err, out)
+	}
 	_, errOut, err := runIdem(t, "reconcile", "resolve", "--store", "memory:", "k")
 	var exit *exec.ExitError
 	if !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(errOut, "Usage: idem reconcile resolve") {

@@ -180,3 +180,21 @@ func TestReapProgress(t *testing.T) {
 		t.Errorf("reap without --progress: %v %q", err, q.lines())
 	}
 }
+
+// On a terminal the line is rewritten in place, and the last one ends it.
+func TestProgressOnATerminal(t *testing.T) {
+	t.Parallel()
+	var b bytes.Buffer
+	p := &progress{w: &b, every: time.Hour, term: true}
+	p.print("bench: 1/4", false)
+	p.print("bench: 2/4", false)
+	p.print("bench: 4/4", true)
+	if got, want := b.String(), "\r\033[Kbench: 1/4\r\033[Kbench: 2/4\r\033[Kbench: 4/4\n"; got != want {
+		t.Errorf("%q, want %q", got, want)
+	}
+	var nilp *progress
+	nilp.start(func() string { t.Error("a nil progress printed"); return "" })()
+	if isTerminal(&b) {
+		t.Error("a buffer is a terminal")
+	}
+}
