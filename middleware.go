@@ -5,11 +5,11 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"mime"
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/idem-go/idem/store"
 )
@@ -65,9 +65,12 @@ func (e *Engine) handle(w http.ResponseWriter, r *http.Request, route string, co
 	if configRoute {
 		route = e.cfg.Route(r)
 	}
-	h := httpCalls.Get().(*httpCall)
-	h.rec.init(w, e.cfg.MaxResponseBytes)
-	h.r, h.next = r, next
+	// Not pooled: some frameworks keep the writer they were given and
+	// write to it after the handler returned (echo's error handler under
+	// echo.WrapMiddleware). A pooled recorder would then write into another
+	// request's answer; this one passes such late writes to its own client.
+	h := &httpCall{r: r, next: next}
+	h.rec.init(w, e.cfg.MaxResponseBytes, e.log)
 	c := Call{
 		Tenant: e.cfg.Tenant(r), Method: method, Route: route, Target: r.URL.RequestURI(),
 		Keys: r.Header["Idempotency-Key"], ContentType: r.Header.Get("Content-Type"),
@@ -82,23 +85,18 @@ func (e *Engine) handle(w http.ResponseWriter, r *http.Request, route string, co
 	default:
 		e.WriteProblem(w, a.Problem)
 	}
-	ran := h.ran
-	*h = httpCall{}
-	httpCalls.Put(h)
-	return ran
+	h.rec.done = true
+	return h.ran
 }
 
 // httpCall is the HTTP side of one call: the request, the handler and the
-// recorder of its answer. Pooled: a handler must not use its writer after
-// it returned, as net/http requires.
+// recorder of its answer.
 type httpCall struct {
 	rec  recorder
 	r    *http.Request
 	next http.Handler
 	ran  bool
 }
-
-var httpCalls = sync.Pool{New: func() any { return new(httpCall) }}
 
 func (h *httpCall) body(limit int64) ([]byte, error) { return readBody(h.r, limit) }
 
@@ -251,15 +249,36 @@ type recorder struct {
 	// writeErr is the first error writing to the client: the handler may
 	// have stopped early, so the captured body may not be its answer.
 	writeErr error
+	// done: the engine has recorded the answer and Handle returned; what
+	// is written now goes straight to the client and is not stored.
+	done   bool
+	warned bool
+	log    *slog.Logger
 }
 
-func (rw *recorder) init(w http.ResponseWriter, limit int) {
-	rw.w, rw.limit = w, limit
+func (rw *recorder) init(w http.ResponseWriter, limit int, log *slog.Logger) {
+	rw.w, rw.limit, rw.log = w, limit, log
 }
 
 func (rw *recorder) Header() http.Header { return rw.w.Header() }
 
+// late reports a write after Handle returned, once: its bytes reach the
+// client but not the record, so retries will replay something else.
+func (rw *recorder) late() {
+	if !rw.warned {
+		rw.warned = true
+		rw.log.Warn("idem: the handler's writer was used after the handler returned; " +
+			"that output is not part of the stored answer (with a framework that writes errors after its " +
+			"middleware returns, use its adapter: contrib/echoidem, contrib/ginidem)")
+	}
+}
+
 func (rw *recorder) WriteHeader(code int) {
+	if rw.done {
+		rw.late()
+		rw.w.WriteHeader(code)
+		return
+	}
 	if rw.wroteHeader {
 		if rw.streaming {
 			rw.w.WriteHeader(code) // let net/http report the superfluous call
@@ -308,6 +327,10 @@ func (rw *recorder) stream() {
 }
 
 func (rw *recorder) Write(b []byte) (int, error) {
+	if rw.done {
+		rw.late()
+		return rw.w.Write(b)
+	}
 	if !rw.wroteHeader {
 		rw.WriteHeader(http.StatusOK)
 	}
@@ -335,6 +358,10 @@ func (rw *recorder) Write(b []byte) (int, error) {
 // Flush sends what was written so far and streams from then on; capture
 // continues.
 func (rw *recorder) Flush() {
+	if rw.done {
+		http.NewResponseController(rw.w).Flush()
+		return
+	}
 	if !rw.wroteHeader {
 		rw.WriteHeader(http.StatusOK)
 	}

@@ -1204,3 +1204,52 @@ func TestBodyBufferGrowsAsBytesArrive(t *testing.T) {
 type iotestErrReader struct{}
 
 func (iotestErrReader) Read([]byte) (int, error) { return 0, io.ErrUnexpectedEOF }
+
+// A framework that keeps the writer and writes after the middleware
+// returned (echo's error handler under echo.WrapMiddleware) must neither
+// crash the engine nor write into another request's answer: its late
+// output reaches its own client, and the record keeps what the handler
+// wrote while it ran.
+func TestWriterUsedAfterTheHandlerReturned(t *testing.T) {
+	t.Parallel()
+	var kept http.ResponseWriter
+	e, err := idem.New(memory.New(memory.Config{}), idem.Config{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		kept = w // returns without an answer, as an erroring echo handler does
+	}))
+	late := httptest.NewRecorder()
+	r := httptest.NewRequest("POST", "/v1/charges", strings.NewReader(`{}`))
+	r.Header.Set("Idempotency-Key", "late-1")
+	h.ServeHTTP(late, r)
+	// The framework writes its error answer now.
+	kept.Header().Set("Content-Type", "text/plain")
+	kept.WriteHeader(http.StatusBadRequest)
+	io.WriteString(kept, "late error")
+
+	// Another request runs meanwhile: its answer is its own.
+	other := httptest.NewRecorder()
+	r2 := httptest.NewRequest("POST", "/v1/charges", strings.NewReader(`{}`))
+	r2.Header.Set("Idempotency-Key", "other-1")
+	e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "mine")
+	})).ServeHTTP(other, r2)
+	io.WriteString(kept, " more")
+	if other.Code != http.StatusCreated || other.Body.String() != "mine" {
+		t.Fatalf("the other request got %d %q", other.Code, other.Body)
+	}
+	if got := late.Body.String(); got != "late error more" {
+		t.Fatalf("late output %q, want it on its own client", got)
+	}
+	// The record holds what the handler wrote while it ran: an empty 200.
+	replay := httptest.NewRecorder()
+	r3 := httptest.NewRequest("POST", "/v1/charges", strings.NewReader(`{}`))
+	r3.Header.Set("Idempotency-Key", "late-1")
+	h.ServeHTTP(replay, r3)
+	if replay.Code != http.StatusOK || replay.Body.Len() != 0 || replay.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("replay %d %q %v", replay.Code, replay.Body, replay.Header())
+	}
+}

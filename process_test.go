@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/phase"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/postgres"
@@ -123,7 +124,7 @@ func crashDBs(t *testing.T) []crashDB {
 	if url := os.Getenv("IDEM_TEST_POSTGRES_URL"); url != "" {
 		dbs = append(dbs, postgresCrashDB(t, url))
 	} else {
-		t.Log("IDEM_TEST_POSTGRES_URL is not set: crash tests run on SQLite only")
+		testenv.Without(t, "IDEM_TEST_POSTGRES_URL is not set: crash tests run on SQLite only")
 	}
 	return dbs
 }
@@ -404,7 +405,7 @@ func childPhases() error {
 func TestPhasesResumeAfterKill(t *testing.T) {
 	url := os.Getenv("IDEM_TEST_POSTGRES_URL")
 	if url == "" {
-		t.Skip("IDEM_TEST_POSTGRES_URL is not set: the phase-resume crash test needs PostgreSQL")
+		testenv.Skip(t, "IDEM_TEST_POSTGRES_URL is not set: the phase-resume crash test needs PostgreSQL")
 	}
 	ctx := context.Background()
 	schema := freshSchema(t, url)
@@ -470,7 +471,7 @@ func childServer() error {
 		key := idem.FromContext(r.Context()).Key()
 		resp, err := http.Post(upstream+"/exec?key="+key, "text/plain", nil)
 		if err != nil {
-			http.Error(w, err.Error(), 502)
+			http.Error(w, err.Error(), http.StatusBadGateway)
 			return
 		}
 		resp.Body.Close()
@@ -485,7 +486,7 @@ func childServer() error {
 func TestMultiProcessExactlyOnce(t *testing.T) {
 	url := os.Getenv("IDEM_TEST_POSTGRES_URL")
 	if url == "" {
-		t.Skip("IDEM_TEST_POSTGRES_URL is not set: the multi-process test needs PostgreSQL")
+		testenv.Skip(t, "IDEM_TEST_POSTGRES_URL is not set: the multi-process test needs PostgreSQL")
 	}
 	const procs, keys, dups = 4, 500, 8
 	schema := freshSchema(t, url)

@@ -52,7 +52,7 @@ func engineStores(t *testing.T) []namedStore {
 			return s
 		}})
 	} else {
-		t.Log(testenv.PostgresEnv + " is not set: the engine is tested without PostgreSQL")
+		testenv.Without(t, testenv.PostgresEnv+" is not set: the engine is tested without PostgreSQL")
 	}
 	if os.Getenv(testenv.MySQLEnv) != "" {
 		stores = append(stores, namedStore{"mariadb", func(t *testing.T, clock store.Clock) store.Store {
@@ -64,7 +64,7 @@ func engineStores(t *testing.T) []namedStore {
 			return s
 		}})
 	} else {
-		t.Log(testenv.MySQLEnv + " is not set: the engine is tested without MariaDB")
+		testenv.Without(t, testenv.MySQLEnv+" is not set: the engine is tested without MariaDB")
 	}
 	return stores
 }

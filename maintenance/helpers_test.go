@@ -57,7 +57,7 @@ func realStores(t *testing.T) []namedStore {
 			return s
 		}})
 	} else {
-		t.Log(testenv.PostgresEnv + " is not set: the services are tested without PostgreSQL")
+		testenv.Without(t, testenv.PostgresEnv+" is not set: the services are tested without PostgreSQL")
 	}
 	return stores
 }

@@ -16,6 +16,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 )
@@ -162,7 +163,7 @@ func TestProxyWithoutMaintenance(t *testing.T) {
 		t.Fatal("the background services run with NoMaintenance")
 	}
 	_, err := NewProxy(context.Background(), ProxyConfig{Listen: "127.0.0.1:0", Upstream: up.URL, Store: "memory:",
-		NoMaintenance: true, ResolveURL: "http://127.0.0.1:1/resolve"})
+		NoMaintenance: true, ResolveURL: "http://127.0.0.1:1/resolve", SingleTenant: true})
 	if err == nil || !strings.Contains(err.Error(), "--resolve-url needs the background services") {
 		t.Errorf("a resolver without the services: %v", err)
 	}
@@ -173,7 +174,7 @@ func TestProxyWithoutMaintenance(t *testing.T) {
 func TestProxyRefusesABadMaintenanceConfig(t *testing.T) {
 	t.Parallel()
 	up := newUpstream(t, &chargeAPI{})
-	_, err := NewProxy(context.Background(), ProxyConfig{Listen: "127.0.0.1:0", Upstream: up.URL, Store: "memory:",
+	_, err := NewProxy(context.Background(), ProxyConfig{Listen: "127.0.0.1:0", Upstream: up.URL, Store: "memory:", SingleTenant: true,
 		Maintenance: maintenance.Config{ReconcileBackoff: 2 * time.Hour}})
 	if err == nil || !strings.Contains(err.Error(), "ReconcileMaxBackoff (1h0m0s) is shorter than ReconcileBackoff (2h0m0s)") {
 		t.Fatalf("NewProxy: %v", err)
@@ -267,7 +268,7 @@ func TestParseProxyMaintenanceFlags(t *testing.T) {
 func redisAddr(t *testing.T) string {
 	addr := os.Getenv("IDEM_TEST_REDIS_ADDR")
 	if addr == "" {
-		t.Skip("IDEM_TEST_REDIS_ADDR is not set (e.g. 127.0.0.1:6379)")
+		testenv.Skip(t, "IDEM_TEST_REDIS_ADDR is not set (e.g. 127.0.0.1:6379)")
 	}
 	return addr
 }

@@ -84,12 +84,14 @@ func TestHelpIsComplete(t *testing.T) {
 			if len(sets) != 1 && path != "help" {
 				t.Fatalf("%d flag sets recorded, want 1", len(sets))
 			}
+			_, flagsPart, _ := strings.Cut(text, "\nFlags:\n")
+			flagsPart, _, _ = strings.Cut(flagsPart, "\nExamples:\n")
 			for _, fs := range sets {
 				fs.VisitAll(func(f *flag.Flag) {
 					if f.Usage == "" {
 						t.Errorf("--%s has no usage text", f.Name)
 					}
-					entry := regexp.MustCompile(`(?m)^  --` + regexp.QuoteMeta(f.Name) + `( [^\n]*)?\n\s+(.+)$`).FindStringSubmatch(text)
+					entry := regexp.MustCompile(`(?m)^  --` + regexp.QuoteMeta(f.Name) + `( [^\n]*)?\n\s+(.+)$`).FindStringSubmatch(flagsPart)
 					if entry == nil {
 						t.Errorf("help does not describe --%s:\n%s", f.Name, text)
 						return

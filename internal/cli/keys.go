@@ -79,13 +79,15 @@ type keysFilter struct {
 
 // runKeysList is `idem keys list`.
 func runKeysList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("keys list", `[--store DSN] [--tenant T] [[--method M] --route R | --scope S]
-       [--state STATE] [--key KEY] [--limit N] [--after CURSOR] [--json]
+	fs := newFlags("keys list", `[--store DSN] [--tenant T | --authorization V | --tenant-credential SOURCE=V]
+       [[--method M] --route R | --scope S] [--state STATE] [--key KEY] [--limit N] [--after CURSOR] [--json]
 
 Lists records newest first (by creation), --limit at a time: created,
 state, attempts, the stored answer's status, method and route, tenant and
-key (--json adds fence, times and last error). Filters combine: --tenant keeps one tenant's records,
---route (with --method) one operation's, --scope one raw scope, --state
+key (--json adds fence, times and last error). Filters combine: --tenant
+keeps one tenant's records (or --authorization / --tenant-credential: the
+caller's credential, hashed as the proxy does), --route (with --method)
+one operation's, --scope one raw scope, --state
 one state (in_progress, completed, failed_retryable, unknown, expired),
 --key one key (quoted or bare, as the client sent it). When there are
 more, the command ends with the --after CURSOR of the next page (on stderr,
@@ -190,22 +192,36 @@ page do not shift later pages.
 
 // filter builds the listing the flags ask for.
 func (k *keyFlags) filter(fs *flag.FlagSet) (keysFilter, error) {
+	var f keysFilter
+	if err := k.store.resolve(fs); err != nil {
+		return f, err
+	}
+	k.dsn = k.store.value
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	var f keysFilter
+	named := k.tenantFlags(set)
 	switch {
-	case k.scope != "" && (set["tenant"] || set["method"] || set["route"]):
-		return f, usageErr(fs, "give either --scope or --tenant/--method/--route, not both")
+	case k.scope != "" && (named > 0 || set["method"] || set["route"]):
+		return f, usageErr(fs, "give either --scope or --tenant/--authorization/--tenant-credential/--method/--route, not both")
 	case k.scope != "":
 		f.scope, f.params.ScopePrefix = k.scope, k.scope
-	case k.route != "":
-		f.scope = (&idem.Request{Tenant: k.tenant, Method: strings.ToUpper(k.method), Route: k.route}).Scope()
-		f.params.ScopePrefix = f.scope
-	case set["method"]:
+		return f, nil
+	case named > 1:
+		return f, usageErr(fs, "give one of --tenant, --authorization and --tenant-credential")
+	case set["method"] && k.route == "":
 		return f, usageErr(fs, "--method goes with --route")
-	case set["tenant"]:
+	}
+	tenant, err := k.tenantOf(fs, set)
+	if err != nil {
+		return f, err
+	}
+	switch {
+	case k.route != "":
+		f.scope = (&idem.Request{Tenant: tenant, Method: strings.ToUpper(k.method), Route: k.route}).Scope()
+		f.params.ScopePrefix = f.scope
+	case named > 0:
 		// Every scope of a tenant starts with its length and itself.
-		f.params.ScopePrefix = strconv.Itoa(len(k.tenant)) + ":" + k.tenant
+		f.params.ScopePrefix = strconv.Itoa(len(tenant)) + ":" + tenant
 	}
 	return f, nil
 }

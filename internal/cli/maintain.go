@@ -14,7 +14,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/idem-go/idem/internal/storeurl"
 	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 )
@@ -91,10 +90,13 @@ Moves every in-progress record whose lease expired (its holder died) to
 unknown, once, and prints how many. Records whose lease policy is retry or
 resume stay for their retry to take over. The proxy runs this every
 --sweep-interval unless --maintenance=false.`, stderr)
-	dsn := fs.String("store", storeurl.Default, "store `DSN`: "+storeurl.Supported)
+	dsn := storeFlag(fs)
 	batch := fs.Int("batch", maintenance.DefaultBatchSize, "records changed per store call")
 	pos, err := parse(fs, args)
 	if err != nil {
+		return err
+	}
+	if err := dsn.resolve(fs); err != nil {
 		return err
 	}
 	if len(pos) > 0 {
@@ -103,7 +105,7 @@ resume stay for their retry to take over. The proxy runs this every
 	if err := positive(fs, "batch", *batch); err != nil {
 		return err
 	}
-	m, s, err := maintainer(ctx, *dsn, maintenance.Config{BatchSize: *batch}, stderr)
+	m, s, err := maintainer(ctx, dsn.value, maintenance.Config{BatchSize: *batch}, stderr)
 	if err != nil {
 		return err
 	}
@@ -123,7 +125,7 @@ unknown past their expiry) with a stored 504 answer, once; prints the
 counts. The proxy runs this every --reap-interval unless --maintenance=false.
 Over many records, --progress (the default on a terminal) prints the
 batches done and records processed on stderr as the pass goes.`, stderr)
-	dsn := fs.String("store", storeurl.Default, "store `DSN`: "+storeurl.Supported)
+	dsn := storeFlag(fs)
 	soft := fs.Bool("soft", false, "keep expired records as state expired instead of deleting them")
 	batch := fs.Int("batch", maintenance.DefaultBatchSize, "records changed per store call")
 	abandonedTTL := fs.Duration("abandoned-ttl", maintenance.DefaultAbandonedTTL, "how long an abandoned record keeps its 504 answer")
@@ -131,6 +133,9 @@ batches done and records processed on stderr as the pass goes.`, stderr)
 	pf.register(fs)
 	pos, err := parse(fs, args)
 	if err != nil {
+		return err
+	}
+	if err := dsn.resolve(fs); err != nil {
 		return err
 	}
 	if len(pos) > 0 {
@@ -147,7 +152,7 @@ batches done and records processed on stderr as the pass goes.`, stderr)
 		return err
 	}
 	var c passCounter
-	m, s, err := countedMaintainer(ctx, *dsn, maintenance.Config{BatchSize: *batch, SoftExpire: *soft, AbandonedTTL: *abandonedTTL}, stderr, &c)
+	m, s, err := countedMaintainer(ctx, dsn.value, maintenance.Config{BatchSize: *batch, SoftExpire: *soft, AbandonedTTL: *abandonedTTL}, stderr, &c)
 	if err != nil {
 		return err
 	}
@@ -196,12 +201,15 @@ every unknown record, also those waiting for their next attempt and the
 dead-lettered ones (given up on by the reconciler: only an operator settles
 them, with idem reconcile resolve), shown as DEAD-LETTERED in the
 RECONCILE_AFTER column. ATTEMPTS counts reconciliation attempts.`, stderr)
-	dsn := fs.String("store", storeurl.Default, "store `DSN`: "+storeurl.Supported)
+	dsn := storeFlag(fs)
 	all := fs.Bool("all", false, "list every unknown record, not only the due ones")
 	limit := fs.Int("limit", 100, "list at most `N` records")
 	asJSON := fs.Bool("json", false, "print one JSON object per line instead of a table")
 	pos, err := parse(fs, args)
 	if err != nil {
+		return err
+	}
+	if err := dsn.resolve(fs); err != nil {
 		return err
 	}
 	if len(pos) > 0 {
@@ -210,7 +218,7 @@ RECONCILE_AFTER column. ATTEMPTS counts reconciliation attempts.`, stderr)
 	if err := positive(fs, "limit", *limit); err != nil {
 		return err
 	}
-	s, err := openExisting(ctx, *dsn, "")
+	s, err := openExisting(ctx, dsn.value, "")
 	if err != nil {
 		return err
 	}
@@ -366,13 +374,16 @@ the ones it can tell, and prints the counts. The proxy does the same every
 asked about on stderr as the pass goes.
 
 `+resolveProtocol, stderr)
-	dsn := fs.String("store", storeurl.Default, "store `DSN`: "+storeurl.Supported)
+	dsn := storeFlag(fs)
 	resolveURL := fs.String("resolve-url", "", "`URL` of the upstream operators' resolve endpoint (required)")
 	batch := fs.Int("batch", maintenance.DefaultBatchSize, "records asked about per store call")
 	var pf progressFlags
 	pf.register(fs)
 	pos, err := parse(fs, args)
 	if err != nil {
+		return err
+	}
+	if err := dsn.resolve(fs); err != nil {
 		return err
 	}
 	if len(pos) > 0 {
@@ -393,7 +404,7 @@ asked about on stderr as the pass goes.
 		return err
 	}
 	var c passCounter
-	m, s, err := countedMaintainer(ctx, *dsn, maintenance.Config{BatchSize: *batch, Resolver: r}, stderr, &c)
+	m, s, err := countedMaintainer(ctx, dsn.value, maintenance.Config{BatchSize: *batch, Resolver: r}, stderr, &c)
 	if err != nil {
 		return err
 	}

@@ -51,7 +51,13 @@ const maxResolveAnswer = 16 << 20
 type httpResolver struct {
 	url    string
 	client *http.Client
+	// maxBody bounds the body a settled answer keeps, as the engine's
+	// MaxResponseBytes bounds a live one.
+	maxBody int
 }
+
+// defaultMaxResponseBytes is the engine's default MaxResponseBytes.
+const defaultMaxResponseBytes = 1 << 20
 
 var _ maintenance.Resolver = (*httpResolver)(nil)
 
@@ -60,7 +66,7 @@ func newHTTPResolver(raw string) (*httpResolver, error) {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("--resolve-url %q: want an http:// or https:// URL with a host", raw)
 	}
-	return &httpResolver{url: raw, client: &http.Client{Timeout: resolveTimeout}}, nil
+	return &httpResolver{url: raw, client: &http.Client{Timeout: resolveTimeout}, maxBody: defaultMaxResponseBytes}, nil
 }
 
 // resolveQuestion is the JSON posted to the resolve URL.
@@ -136,7 +142,7 @@ func (h *httpResolver) Resolve(ctx context.Context, rec store.Record) (maintenan
 	if len(raw) > maxResolveAnswer {
 		return maintenance.Resolution{}, fmt.Errorf("resolve URL: answer larger than %d bytes", maxResolveAnswer)
 	}
-	return parseResolveAnswer(raw)
+	return parseResolveAnswer(raw, h.maxBody)
 }
 
 // redactedURLError drops the URL from a client error: it may carry
@@ -149,7 +155,11 @@ func redactedURLError(err error) error {
 	return err
 }
 
-func parseResolveAnswer(raw []byte) (maintenance.Resolution, error) {
+// parseResolveAnswer reads the resolve URL's answer. A settled response
+// keeps what a live one would: the headers store.ReplayableHeader lets
+// through, and a body of at most maxBody bytes (a larger one is left out
+// and the replay says so, as the middleware does).
+func parseResolveAnswer(raw []byte, maxBody int) (maintenance.Resolution, error) {
 	var a resolveAnswer
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	if err := dec.Decode(&a); err != nil {
@@ -173,6 +183,7 @@ func parseResolveAnswer(raw []byte) (maintenance.Resolution, error) {
 			return maintenance.Resolution{}, fmt.Errorf("resolve URL: %w", err)
 		}
 	}
+	resp.Header = replayable(resp.Header)
 	switch {
 	case a.Body != nil && a.BodyBase64 != nil:
 		return maintenance.Resolution{}, errors.New(`resolve URL: give "body" or "body_base64", not both`)
@@ -185,6 +196,9 @@ func parseResolveAnswer(raw []byte) (maintenance.Resolution, error) {
 		}
 		resp.Body = b
 	}
+	if len(resp.Body) > maxBody {
+		resp.Body, resp.BodyOmitted = nil, true
+	}
 	return maintenance.Resolution{Outcome: maintenance.Happened, Response: resp}, nil
 }
 
@@ -196,11 +210,19 @@ func checkStatus(status int) error {
 	return nil
 }
 
-// addHeader adds a header of a settled response, refusing names and
-// values that are not valid on the wire and silently leaving out the ones
-// a replay must not carry.
+// replayable keeps the headers a stored answer may carry; never nil.
+func replayable(h http.Header) http.Header {
+	if h = store.ReplayableHeader(h); h == nil {
+		h = http.Header{}
+	}
+	return h
+}
+
+// addHeader adds a header of a settled response, refusing names that are
+// not tokens and values that would split the header on the wire; the
+// caller filters the result through replayable.
 func addHeader(h http.Header, name string, values ...string) error {
-	if !validHeaderName(name) {
+	if !validToken(name) {
 		return fmt.Errorf("header name %q is not a valid field name", name)
 	}
 	for _, v := range values {
@@ -209,29 +231,8 @@ func addHeader(h http.Header, name string, values ...string) error {
 		}
 	}
 	name = http.CanonicalHeaderKey(name)
-	// The replay computes Content-Length from the body it writes.
-	if !store.Replayable(name) {
-		return nil
-	}
 	for _, v := range values {
 		h.Add(name, strings.TrimSpace(v))
 	}
 	return nil
-}
-
-// validHeaderName reports whether name is an RFC 9110 token.
-func validHeaderName(name string) bool {
-	if name == "" {
-		return false
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
-		default:
-			return false
-		}
-	}
-	return true
 }

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -31,6 +32,12 @@ func TestParseResolveAnswer(t *testing.T) {
 			answer:  `{"outcome":"happened","status":201,"headers":{"content-type":"application/json","X-Multi":["a","b"],"Set-Cookie":"s=1","Content-Length":"99","Connection":"close"}}`,
 			outcome: maintenance.Happened, status: 201, header: http.Header{"Content-Type": {"application/json"}, "X-Multi": {"a", "b"}},
 		},
+		// Control characters other than CR, LF and NUL, and the headers
+		// the answer's Connection names, never reach the store.
+		{
+			answer:  `{"outcome":"happened","status":201,"headers":{"X-Bell":"a\u0007b","X-Esc":"\u001b[31m","X-Del":"a\u007f","X-Tab":"a\tb","Connection":"x-hop, keep-alive","X-Hop":"1","Keep-Alive":"timeout=5","X-Ok":"1"}}`,
+			outcome: maintenance.Happened, status: 201, header: http.Header{"X-Tab": {"a\tb"}, "X-Ok": {"1"}},
+		},
 		{answer: `{"outcome":"happened"}`, err: "status 0"},
 		{answer: `{"outcome":"happened","status":700}`, err: "status 700"},
 		{answer: `{"outcome":"happened","status":201,"body":"a","body_base64":"YQ=="}`, err: "not both"},
@@ -43,7 +50,7 @@ func TestParseResolveAnswer(t *testing.T) {
 		{answer: `not json`, err: "unreadable"},
 	}
 	for _, tt := range tests {
-		res, err := parseResolveAnswer([]byte(tt.answer))
+		res, err := parseResolveAnswer([]byte(tt.answer), defaultMaxResponseBytes)
 		if tt.err != "" {
 			if err == nil || !strings.Contains(err.Error(), tt.err) {
 				t.Errorf("%s: error %v, want %q", tt.answer, err, tt.err)
@@ -69,6 +76,30 @@ func TestParseResolveAnswer(t *testing.T) {
 				t.Errorf("%s: header %s = %q, want %q", tt.answer, k, r.Header[k], v)
 			}
 		}
+	}
+}
+
+// A settled body larger than the engine keeps is left out, as the
+// middleware leaves out a live one: the replay says the body was not kept.
+func TestResolveAnswerBodyLimit(t *testing.T) {
+	t.Parallel()
+	big := strings.Repeat("x", 101)
+	res, err := parseResolveAnswer([]byte(`{"outcome":"happened","status":201,"body":"`+big+`"}`), 100)
+	if err != nil || res.Response == nil || !res.Response.BodyOmitted || res.Response.Body != nil {
+		t.Fatalf("oversized body: %+v %v", res.Response, err)
+	}
+	res, err = parseResolveAnswer([]byte(`{"outcome":"happened","status":201,"body":"`+big[:100]+`"}`), 100)
+	if err != nil || res.Response.BodyOmitted || len(res.Response.Body) != 100 {
+		t.Fatalf("body at the limit: %+v %v", res.Response, err)
+	}
+	// Through the resolver as the reconciler calls it.
+	srv := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, `{"outcome":"happened","status":201,"body":%q}`, strings.Repeat("y", defaultMaxResponseBytes+1))
+	}))
+	r, _ := newHTTPResolver(srv.URL)
+	got, err := r.Resolve(context.Background(), store.Record{Scope: "s", Key: "k"})
+	if err != nil || !got.Response.BodyOmitted {
+		t.Fatalf("resolver with an oversized body: %+v %v", got.Response, err)
 	}
 }
 

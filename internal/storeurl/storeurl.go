@@ -24,6 +24,7 @@ import (
 	"math"
 	"net"
 	"net/url"
+	"os"
 	"strings"
 
 	mysqldrv "github.com/go-sql-driver/mysql"
@@ -227,4 +228,26 @@ func Migrate(ctx context.Context, s store.Store) (bool, error) {
 		return false, nil
 	}
 	return true, m.Migrate(ctx)
+}
+
+// Environment variables that hold a DSN, so that a password stays out of
+// the process list: every command reads them when neither the flag nor
+// its -file form is given.
+const (
+	StoreEnv = "IDEM_STORE"
+	CacheEnv = "IDEM_CACHE"
+)
+
+// ReadFile reads a DSN from a file (--store-file, --cache-file): its first
+// line, trimmed of white space. Errors never repeat the file's content.
+func ReadFile(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("storeurl: %w", err)
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	if line = strings.TrimSpace(line); line == "" {
+		return "", fmt.Errorf("storeurl: %s: the first line is empty, want a DSN", path)
+	}
+	return line, nil
 }

@@ -112,6 +112,3 @@ func retryable(err error) bool {
 		errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
-func invalid(msg string) error {
-	return fmt.Errorf("%w: %s", store.ErrInvalidParams, msg)
-}

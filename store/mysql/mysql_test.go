@@ -832,7 +832,7 @@ func TestSimultaneousAssignment(t *testing.T) {
 	if err := s.Release(ctx, store.ReleaseParams{FenceParams: fence(r)}); err != nil {
 		t.Fatal(err)
 	}
-	r = mustReserve(t, s, p, store.Reclaimed)
+	mustReserve(t, s, p, store.Reclaimed)
 	clock.Advance(time.Hour)
 	r = mustReserve(t, s, p, store.TakenOver)
 	if r.Fence != clock.Now().UnixMicro() || r.Attempts != 3 || r.State != store.StateInProgress {

@@ -13,6 +13,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/store"
 )
 
@@ -22,7 +23,7 @@ import (
 // told not to retry by itself, so the store's own error surfaces.
 func TestServerDeathMidCommandIsRetryable(t *testing.T) {
 	if os.Getenv("IDEM_TEST_REDIS_CLUSTER") != "1" {
-		t.Skip("IDEM_TEST_REDIS_CLUSTER is not 1: this test starts its own redis-server")
+		testenv.Skip(t, "IDEM_TEST_REDIS_CLUSTER is not 1: this test starts its own redis-server")
 	}
 	t.Parallel()
 	ctx := context.Background()

@@ -128,7 +128,7 @@ func Open(ctx context.Context, cfg Config) (*Service, error) {
 	case strings.HasPrefix(cfg.DB, "postgres://"), strings.HasPrefix(cfg.DB, "postgresql://"):
 		return openPostgres(ctx, cfg.DB, cfg)
 	}
-	return nil, fmt.Errorf("payments: database %q: want sqlite:PATH or postgres://...", cfg.DB)
+	return nil, fmt.Errorf("payments: database %q: want sqlite:PATH or a postgres:// URL", cfg.DB)
 }
 
 func openSQLite(ctx context.Context, path string, cfg Config) (*Service, error) {
