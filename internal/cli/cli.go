@@ -34,7 +34,7 @@ type command struct {
 var commands = []command{
 	{"proxy", "put the idempotency engine in front of an HTTP API", runProxy},
 	{"migrate", "apply the store's pending schema migrations", runMigrate},
-	{"inspect", "print the record of one key as JSON", runInspect},
+	{"inspect", "print the record of one key and its stored answer (text or --json)", runInspect},
 	{"delete", "delete the record of one key (operator cache-bust)", runDelete},
 	{"keys", "list records by route, tenant, state or key, newest first (keys list)", runKeys},
 	{"sweep", "move in-progress records whose lease expired to unknown, once", runSweep},
