@@ -396,6 +396,12 @@ type Store interface {
 	// never a dead-lettered one.
 	ListUnknown(ctx context.Context, p ListUnknownParams) ([]Record, error)
 
+	// List returns up to p.Limit records matching p's filters, newest
+	// first (see ListParams for the order and keyset paging), and the
+	// cursor of the next page: nil when this page is the last. It reads
+	// without changing anything. ErrInvalidParams when p.Validate fails.
+	List(ctx context.Context, p ListParams) ([]Record, *Cursor, error)
+
 	// Resolve moves an unknown record to completed or failed_retryable.
 	// ErrNotFound when absent, ErrStateConflict when not unknown.
 	Resolve(ctx context.Context, p ResolveParams) error

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -359,7 +360,7 @@ func TestCrashThenOperatorResolves(t *testing.T) {
 	}
 	expectReplay(t, p, api, c, `{"id":"x"}`)
 
-	out, _, err = runIdem(t, "inspect", "--store", dsn, "--route", chargePath, chargeKey)
+	out, _, err = runIdem(t, "inspect", "--json", "--store", dsn, "--route", chargePath, `"`+chargeKey+`"`)
 	if err != nil || !strings.Contains(out, `"state": "completed"`) {
 		t.Errorf("inspect: %v\n%s", err, out)
 	}
@@ -405,6 +406,14 @@ func TestBinaryUsage(t *testing.T) {
 	out, _, err := runIdem(t, "help")
 	if err != nil || !strings.Contains(out, "reconcile") {
 		t.Errorf("idem help: %v\n%s", err, out)
+	}
+	out, _, err = runIdem(t, "--version")
+	if err != nil || !strings.HasPrefix(out, "idem ") || !strings.Contains(out, runtime.Version()) {
+		t.Errorf("idem --version: %v\n%s", err, out)
+	}
+	out, _, err = runIdem(t, "help", "reconcile", "resolve")
+	if err != nil || !strings.HasPrefix(out, "Usage: idem reconcile resolve") || !strings.Contains(out, "Exit status:") {
+		t.Errorf("idem help reconcile resolve: %v\n%s", err, out)
 	}
 	_, errOut, err := runIdem(t, "reconcile", "resolve", "--store", "memory:", "k")
 	var exit *exec.ExitError

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 )
@@ -133,7 +134,7 @@ func newLoadTransport(concurrency int) *http.Transport {
 }
 
 // bench runs the load and prints its report.
-func bench(ctx context.Context, cfg benchConfig, out io.Writer) error {
+func bench(ctx context.Context, cfg benchConfig, out io.Writer, prog *progress) error {
 	tr := newLoadTransport(cfg.Concurrency)
 	defer tr.CloseIdleConnections()
 	c := &http.Client{Transport: tr, Timeout: cfg.Timeout,
@@ -172,7 +173,17 @@ func bench(ctx context.Context, cfg benchConfig, out io.Writer) error {
 
 	parts := make([]*benchStats, cfg.Concurrency)
 	var wg sync.WaitGroup
+	var done, failed atomic.Int64
 	start := time.Now()
+	stop := prog.start(func() string {
+		elapsed := time.Since(start)
+		n := done.Load()
+		total := fmt.Sprint(cfg.Keys * cfg.Dups)
+		if cfg.Duration > 0 {
+			total = fmt.Sprintf("%d a round, %s of %s", cfg.Keys*cfg.Dups, elapsed.Round(time.Second), cfg.Duration)
+		}
+		return fmt.Sprintf("bench: %d/%s requests, %s, %d errors", n, total, rate(n, elapsed), failed.Load())
+	})
 	for i := range parts {
 		s := newBenchStats()
 		parts[i] = s
@@ -182,11 +193,17 @@ func bench(ctx context.Context, cfg benchConfig, out io.Writer) error {
 				if !ok {
 					return
 				}
+				errs := s.errors
 				benchOne(reqCtx, c, cfg, key, s)
+				done.Add(1)
+				if s.errors > errs {
+					failed.Add(1)
+				}
 			}
 		})
 	}
 	wg.Wait()
+	stop()
 	elapsed := time.Since(start)
 	total := newBenchStats()
 	for _, s := range parts {
@@ -358,7 +375,9 @@ the request rate, latency percentiles of first executions, replays and 409s
 apart, the statuses and the errors. --duration repeats rounds under new keys
 until it has passed. --replay-only completes one key first and sends every
 request under it. The exit status is 1 when requests failed or a key was
-answered as a new execution twice.
+answered as a new execution twice. With --progress (the default when stderr
+is a terminal) a line on stderr every second tells the requests done out
+of the total, the rate and the errors so far.
 `
 
 // runBench is `idem bench`.
@@ -376,6 +395,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.DurationVar(&cfg.Duration, "duration", 0, "run rounds under new keys for this long; 0: one round")
 	fs.BoolVar(&cfg.ReplayOnly, "replay-only", false, "complete one key, then send every request under it")
 	fs.DurationVar(&cfg.Timeout, "timeout", 30*time.Second, "bound on each request")
+	var pf progressFlags
+	pf.register(fs)
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -410,5 +431,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if cfg.Header.Get("Content-Type") == "" && len(cfg.Body) > 0 && json.Valid(cfg.Body) {
 		cfg.Header.Set("Content-Type", "application/json")
 	}
-	return bench(ctx, cfg, stdout)
+	prog, err := pf.open(stderr)
+	if err != nil {
+		return err
+	}
+	return bench(ctx, cfg, stdout, prog)
 }

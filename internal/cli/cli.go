@@ -34,15 +34,21 @@ type command struct {
 var commands = []command{
 	{"proxy", "put the idempotency engine in front of an HTTP API", runProxy},
 	{"migrate", "apply the store's pending schema migrations", runMigrate},
-	{"inspect", "print the record of one key as JSON", runInspect},
+	{"inspect", "print the record of one key and its stored answer (text or --json)", runInspect},
 	{"delete", "delete the record of one key (operator cache-bust)", runDelete},
+	{"keys", "list records by route, tenant, state or key, newest first (keys list)", runKeys},
 	{"sweep", "move in-progress records whose lease expired to unknown, once", runSweep},
 	{"reap", "delete expired records and close abandoned ones, once", runReap},
 	{"reconcile", "list and settle records whose outcome is unknown (list, resolve, run)", runReconcile},
 	{"check", "run the idempotency checklist against any HTTP API (exit 1 on a failed check)", runCheck},
 	{"bench", "load an API with duplicate keys; latency of executions, replays and 409s", runBench},
 	{"demo", "show idem at work: a fake API, the proxy in front, a scripted tour", runDemo},
+	{"version", "print the version, VCS commit and Go version of this binary", runVersion},
 }
+
+// helpSummary is the line of idem help in the list of commands; help is
+// not in commands, which it reads.
+const helpSummary = "print this list, or a command's full help (idem help reconcile resolve)"
 
 func lookup(name string) (command, bool) {
 	for _, c := range commands {
@@ -64,17 +70,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	switch args[0] {
 	case "help", "-h", "-help", "--help":
-		if len(args) > 1 {
-			if c, ok := lookup(args[1]); ok {
-				// Each command prints its own flags on -h.
-				return Run(ctx, []string{c.name, "-h"}, stdout, stdout)
-			}
-			fmt.Fprintf(stderr, "idem: unknown command %q\n\n", args[1])
-			usage(stderr)
-			return ErrUsage
-		}
-		usage(stdout)
-		return nil
+		return runHelp(ctx, args[1:], stdout, stderr)
+	case "-version", "--version":
+		return runVersion(ctx, args[1:], stdout, stderr)
 	}
 	c, ok := lookup(args[0])
 	if !ok {
@@ -94,6 +92,8 @@ func usage(w io.Writer) {
 
 Usage:
   idem <command> [flags] [arguments]
+  idem help <command> [<subcommand>]   full help: flags, defaults, examples, exit status
+  idem --version
 
 Commands:
 `)
@@ -101,7 +101,7 @@ Commands:
 	for _, c := range commands {
 		fmt.Fprintf(tw, "  %s\t%s\n", c.name, c.summary)
 	}
-	fmt.Fprintf(tw, "  %s\t%s\n", "help", "print this help, or a command's flags (idem help proxy)")
+	fmt.Fprintf(tw, "  %s\t%s\n", "help", helpSummary)
 	tw.Flush()
 	fmt.Fprintf(w, `
 Store DSNs (--store, the same meaning in every command; default %s):
@@ -118,17 +118,6 @@ settled, by the proxy's reconciler (--resolve-url) or by an operator
 `)
 }
 
-// newFlags returns a flag set that reports errors instead of exiting.
-func newFlags(name, synopsis string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: idem %s %s\n\nFlags:\n", name, synopsis)
-		fs.PrintDefaults()
-	}
-	return fs
-}
-
 // parse parses args with flags and positional arguments in any order
 // ("inspect KEY --store X" as well as "inspect --store X KEY"); "--" ends
 // the flags.
@@ -137,8 +126,11 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
+				printHelp(fs.Output(), fs)
 				return nil, err
 			}
+			// flag has printed the error.
+			printShortUsage(fs.Output(), fs)
 			return nil, fmt.Errorf("%w: %w", ErrUsage, err)
 		}
 		rest := fs.Args()
@@ -159,7 +151,7 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 func usageErr(fs *flag.FlagSet, format string, a ...any) error {
 	msg := fmt.Sprintf(format, a...)
 	fmt.Fprintf(fs.Output(), "idem %s: %s\n", fs.Name(), msg)
-	fs.Usage()
+	printShortUsage(fs.Output(), fs)
 	return fmt.Errorf("%w: %s", ErrUsage, msg)
 }
 

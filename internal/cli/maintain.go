@@ -26,14 +26,27 @@ import (
 // background services over it. cfg's zero fields take the defaults. The
 // caller closes the store.
 func maintainer(ctx context.Context, dsn string, cfg maintenance.Config, stderr io.Writer) (*maintenance.Maintainer, store.Store, error) {
+	return countedMaintainer(ctx, dsn, cfg, stderr, nil)
+}
+
+// countedMaintainer is maintainer whose passes count their batches and
+// records in c when c is not nil.
+func countedMaintainer(ctx context.Context, dsn string, cfg maintenance.Config, stderr io.Writer, c *passCounter) (*maintenance.Maintainer, store.Store, error) {
 	s, err := openExisting(ctx, dsn, "")
 	if err != nil {
 		return nil, nil, err
 	}
+	var ms store.Store = s
+	if c != nil {
+		ms = countingStore{Store: s, c: c}
+		if cfg.Resolver != nil {
+			cfg.Resolver = countingResolver{Resolver: cfg.Resolver, c: c}
+		}
+	}
 	// The services' events (each swept zombie, each dead letter) go to
 	// stderr; stdout keeps the command's own report.
 	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	m, err := maintenance.New(s, cfg)
+	m, err := maintenance.New(ms, cfg)
 	if err != nil {
 		s.Close()
 		return nil, nil, err
@@ -104,16 +117,20 @@ resume stay for their retry to take over. The proxy runs this every
 
 // runReap is `idem reap`.
 func runReap(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("reap", `[--store DSN] [--soft] [--batch N] [--abandoned-ttl D]
+	fs := newFlags("reap", `[--store DSN] [--soft] [--batch N] [--abandoned-ttl D] [--progress]
 
 Deletes completed and failed records past their expiry (--soft keeps them
 as state expired, for audit), and closes abandoned records (in progress or
 unknown past their expiry) with a stored 504 answer, once; prints the
-counts. The proxy runs this every --reap-interval unless --maintenance=false.`, stderr)
+counts. The proxy runs this every --reap-interval unless --maintenance=false.
+Over many records, --progress (the default on a terminal) prints the
+batches done and records processed on stderr as the pass goes.`, stderr)
 	dsn := storeFlag(fs)
 	soft := fs.Bool("soft", false, "keep expired records as state expired instead of deleting them")
 	batch := fs.Int("batch", maintenance.DefaultBatchSize, "records changed per store call")
 	abandonedTTL := fs.Duration("abandoned-ttl", maintenance.DefaultAbandonedTTL, "how long an abandoned record keeps its 504 answer")
+	var pf progressFlags
+	pf.register(fs)
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -130,63 +147,49 @@ counts. The proxy runs this every --reap-interval unless --maintenance=false.`, 
 	if *abandonedTTL <= 0 {
 		return usageErr(fs, "--abandoned-ttl must be positive")
 	}
-	m, s, err := maintainer(ctx, dsn.value, maintenance.Config{BatchSize: *batch, SoftExpire: *soft, AbandonedTTL: *abandonedTTL}, stderr)
+	prog, err := pf.open(stderr)
+	if err != nil {
+		return err
+	}
+	var c passCounter
+	m, s, err := countedMaintainer(ctx, dsn.value, maintenance.Config{BatchSize: *batch, SoftExpire: *soft, AbandonedTTL: *abandonedTTL}, stderr, &c)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	res, err := m.ReapOnce(ctx)
 	verb := "deleted"
 	if *soft {
 		verb = "expired"
 	}
+	start := time.Now()
+	stop := prog.start(func() string {
+		return fmt.Sprintf("reap: %d batches, %d records (%s %d, abandoned %d), %s, %s",
+			c.batches.Load(), c.records.Load(), verb, c.deleted.Load(), c.abandoned.Load(),
+			rate(c.records.Load(), time.Since(start)), time.Since(start).Round(time.Millisecond))
+	})
+	res, err := m.ReapOnce(ctx)
+	stop()
 	fmt.Fprintf(stdout, "%s %d expired record(s), closed %d abandoned record(s)\n", verb, res.Deleted, res.Abandoned)
 	return err
 }
 
-// reconcileCommands are the subcommands of `idem reconcile`.
-var reconcileCommands = []command{
-	{"list", "list records whose outcome is unknown", runReconcileList},
-	{"resolve", "settle one unknown record by hand", runReconcileResolve},
-	{"run", "ask a resolve URL about every due unknown record, once", runReconcileRun},
-}
-
-// runReconcile is `idem reconcile`: it dispatches to its subcommands.
-func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	usage := func(w io.Writer) {
-		fmt.Fprint(w, `Usage: idem reconcile <subcommand> [flags]
-
-Unknown records are requests that may or may not have taken effect (the
+// reconcile is `idem reconcile`: it dispatches to its subcommands.
+var reconcile = registerGroup(&group{
+	name: "reconcile",
+	description: `Unknown records are requests that may or may not have taken effect (the
 proxy or the upstream failed mid-request). Retries get 409 until the record
 is settled: as happened (retries replay the given response) or as not
-happened (the next retry runs the request).
+happened (the next retry runs the request).`,
+	subs: []command{
+		{"list", "list records whose outcome is unknown", runReconcileList},
+		{"resolve", "settle one unknown record by hand", runReconcileResolve},
+		{"run", "ask a resolve URL about every due unknown record, once", runReconcileRun},
+	},
+})
 
-Subcommands:
-`)
-		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		for _, c := range reconcileCommands {
-			fmt.Fprintf(tw, "  %s\t%s\n", c.name, c.summary)
-		}
-		tw.Flush()
-		fmt.Fprint(w, "\nRun 'idem reconcile <subcommand> -h' for its flags.\n")
-	}
-	if len(args) == 0 {
-		usage(stderr)
-		return ErrUsage
-	}
-	switch args[0] {
-	case "-h", "-help", "--help", "help":
-		usage(stderr)
-		return flag.ErrHelp
-	}
-	for _, c := range reconcileCommands {
-		if c.name == args[0] {
-			return c.run(ctx, args[1:], stdout, stderr)
-		}
-	}
-	fmt.Fprintf(stderr, "idem reconcile: unknown subcommand %q\n\n", args[0])
-	usage(stderr)
-	return ErrUsage
+// runReconcile is `idem reconcile`.
+func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return reconcile.run(ctx, args, stdout, stderr)
 }
 
 // runReconcileList is `idem reconcile list`.
@@ -362,16 +365,20 @@ once their lease expires (idem sweep).
 
 // runReconcileRun is `idem reconcile run`.
 func runReconcileRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("reconcile run", `--resolve-url URL [--store DSN] [--batch N]
+	fs := newFlags("reconcile run", `--resolve-url URL [--store DSN] [--batch N] [--progress]
 
 Asks the resolve URL about every unknown record that is due, once, settles
 the ones it can tell, and prints the counts. The proxy does the same every
---reconcile-interval when it is given --resolve-url.
+--reconcile-interval when it is given --resolve-url. Over many records,
+--progress (the default on a terminal) prints the batches done and records
+asked about on stderr as the pass goes.
 
 `+resolveProtocol, stderr)
 	dsn := storeFlag(fs)
 	resolveURL := fs.String("resolve-url", "", "`URL` of the upstream operators' resolve endpoint (required)")
 	batch := fs.Int("batch", maintenance.DefaultBatchSize, "records asked about per store call")
+	var pf progressFlags
+	pf.register(fs)
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -392,12 +399,23 @@ the ones it can tell, and prints the counts. The proxy does the same every
 	if err != nil {
 		return usageErr(fs, "%v", err)
 	}
-	m, s, err := maintainer(ctx, dsn.value, maintenance.Config{BatchSize: *batch, Resolver: r}, stderr)
+	prog, err := pf.open(stderr)
+	if err != nil {
+		return err
+	}
+	var c passCounter
+	m, s, err := countedMaintainer(ctx, dsn.value, maintenance.Config{BatchSize: *batch, Resolver: r}, stderr, &c)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
+	start := time.Now()
+	stop := prog.start(func() string {
+		return fmt.Sprintf("reconcile: %d batches, %d records asked about, %s, %s",
+			c.batches.Load(), c.records.Load(), rate(c.records.Load(), time.Since(start)), time.Since(start).Round(time.Millisecond))
+	})
 	res, err := m.ReconcileOnce(ctx)
+	stop()
 	fmt.Fprintf(stdout, "resolved %d, deferred %d, dead-lettered %d\n", res.Resolved, res.Deferred, res.DeadLettered)
 	return err
 }

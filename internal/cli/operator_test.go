@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -45,11 +46,28 @@ func TestOperatorsNameRecordsByCredential(t *testing.T) {
 		{"k2", []string{"--tenant-credential", "header:x-api-key=k_bob"}},
 		{"k3", []string{"--tenant-credential", "cookie:session=carol"}},
 	} {
-		out, errOut, err := run(append([]string{"inspect", "--store", dsn, "--route", "/v1/charges", tc.key}, tc.args...)...)
+		out, errOut, err := run(append([]string{"inspect", "--json", "--store", dsn, "--route", "/v1/charges", tc.key}, tc.args...)...)
 		var v recordView
 		if err != nil || json.Unmarshal([]byte(out), &v) != nil || v.State != "completed" || strings.Contains(v.Scope, "alice") {
 			t.Errorf("inspect %s %q: %v %s%s", tc.key, tc.args, err, out, errOut)
 		}
+	}
+	// keys list keeps a caller's records by its credential.
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--authorization", "Bearer alice"}, []string{"k1"}},
+		{[]string{"--tenant-credential", "cookie:session=carol", "--route", "/v1/charges"}, []string{"k3"}},
+		{[]string{"--authorization", "Bearer mallory"}, nil},
+		{nil, []string{"k3", "k2", "k1"}},
+	} {
+		if got, _ := keysOf(t, append([]string{"--store", dsn}, tc.args...)...); !slices.Equal(got, tc.want) {
+			t.Errorf("keys list %q: %q, want %q", tc.args, got, tc.want)
+		}
+	}
+	if _, errOut, err := run("keys", "list", "--store", dsn, "--authorization", "x", "--tenant", "t"); !errors.Is(err, ErrUsage) {
+		t.Errorf("keys list with two tenants: %v %s", err, errOut)
 	}
 	// Another credential names another tenant: no record there.
 	if _, _, err := run("inspect", "--store", dsn, "--route", "/v1/charges", "--authorization", "Bearer mallory", "k1"); err == nil ||

@@ -2,23 +2,32 @@ package cli
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/header"
 	"github.com/idem-go/idem/internal/storeurl"
 	"github.com/idem-go/idem/store"
 )
 
 // runMigrate is `idem migrate`.
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("migrate", "[--store DSN]", stderr)
+	fs := newFlags("migrate", `[--store DSN]
+
+Creates the store's schema, or brings it to the version this binary needs,
+and prints what it did. Safe to run again and from several hosts at once.
+The proxy migrates at start unless --migrate=false; run this instead when
+the proxy's database user may not change the schema. Memory and Redis
+stores have no schema.`, stderr)
 	dsn := storeFlag(fs)
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -66,7 +75,12 @@ type keyFlags struct {
 }
 
 // keySynopsis is the usage of the commands that name one record.
-const keySynopsis = "[--store DSN] (--scope SCOPE | [--tenant T | --authorization V | --tenant-credential SOURCE=V] [--method M] --route R) KEY\n\n" + scopeHelp
+const keySynopsis = "[--store DSN] (--scope SCOPE | [--tenant T | --authorization V | --tenant-credential SOURCE=V] [--method M] --route R) KEY"
+
+// keyHelp says how KEY is read.
+const keyHelp = `KEY is the Idempotency-Key value as the client sent it: quoted ("abc", as
+the IETF header sends it; quote it for the shell: '"abc"') or bare (abc).
+Both name the same record.`
 
 // scopeHelp says how a record's scope is built.
 const scopeHelp = `The engine's scope is len(tenant) ":" tenant METHOD " " route, e.g.
@@ -138,36 +152,69 @@ func (k *keyFlags) resolve(fs *flag.FlagSet, pos []string) (scope, key string, e
 	if len(pos) != 1 || pos[0] == "" {
 		return "", "", usageErr(fs, "want exactly one KEY argument")
 	}
+	key, err = parseKey(pos[0])
+	if err != nil {
+		return "", "", usageErr(fs, "%v", err)
+	}
 	if err := k.store.resolve(fs); err != nil {
 		return "", "", err
 	}
 	k.dsn = k.store.value
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	named := k.tenantFlags(set)
+	switch {
+	case k.scope != "" && (named > 0 || set["method"] || set["route"]):
+		return "", "", usageErr(fs, "give either --scope or --tenant/--authorization/--tenant-credential/--method/--route, not both")
+	case k.scope != "":
+		return k.scope, key, nil
+	case k.route == "":
+		return "", "", usageErr(fs, "name the record with --scope, or with --route (and --tenant or a credential, --method)")
+	case named > 1:
+		return "", "", usageErr(fs, "give one of --tenant, --authorization and --tenant-credential")
+	}
+	tenant, err := k.tenantOf(fs, set)
+	if err != nil {
+		return "", "", err
+	}
+	req := idem.Request{Tenant: tenant, Method: strings.ToUpper(k.method), Route: k.route}
+	return req.Scope(), key, nil
+}
+
+// tenantFlags counts the flags among set that name a tenant.
+func (k *keyFlags) tenantFlags(set map[string]bool) int {
 	named := 0
 	for _, f := range []string{"tenant", "authorization", "tenant-credential"} {
 		if set[f] {
 			named++
 		}
 	}
-	switch {
-	case k.scope != "" && (named > 0 || set["method"] || set["route"]):
-		return "", "", usageErr(fs, "give either --scope or --tenant/--authorization/--tenant-credential/--method/--route, not both")
-	case k.scope != "":
-		return k.scope, pos[0], nil
-	case k.route == "":
-		return "", "", usageErr(fs, "name the record with --scope, or with --route (and --tenant or a credential, --method)")
-	case named > 1:
-		return "", "", usageErr(fs, "give one of --tenant, --authorization and --tenant-credential")
+	return named
+}
+
+// tenantOf returns the tenant the flags name: --tenant as stored, or the
+// credential of --authorization or --tenant-credential hashed as the
+// proxy does.
+func (k *keyFlags) tenantOf(fs *flag.FlagSet, set map[string]bool) (string, error) {
+	if !set["authorization"] && !set["tenant-credential"] {
+		return k.tenant, nil
 	}
-	tenant := k.tenant
-	if set["authorization"] || set["tenant-credential"] {
-		if tenant, err = k.credentialTenant(); err != nil {
-			return "", "", usageErr(fs, "%v", err)
-		}
+	tenant, err := k.credentialTenant()
+	if err != nil {
+		return "", usageErr(fs, "%v", err)
 	}
-	req := idem.Request{Tenant: tenant, Method: strings.ToUpper(k.method), Route: k.route}
-	return req.Scope(), pos[0], nil
+	return tenant, nil
+}
+
+// parseKey reads KEY as the Idempotency-Key field value the client sent,
+// quoted ("abc", an RFC 8941 sf-string) or bare (abc), with the engine's
+// own parser: both spellings name the same record.
+func parseKey(arg string) (string, error) {
+	key, err := header.Parse([]string{arg})
+	if err != nil {
+		return "", fmt.Errorf("KEY %q: %w", arg, err)
+	}
+	return key, nil
 }
 
 // openExisting opens the store of an operator command, which must never
@@ -182,9 +229,21 @@ func openExisting(ctx context.Context, dsn, cache string) (store.Store, error) {
 
 // runInspect is `idem inspect`.
 func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("inspect", keySynopsis, stderr)
+	fs := newFlags("inspect", "[--json] [--body-out FILE] "+keySynopsis+`
+
+Prints the record of one key: its state, fence, attempts, times and last
+error and, once it completed, the stored answer every retry replays:
+status, headers and body. A body is printed as text when it is valid UTF-8
+and its Content-Type is textual (text/*, JSON, XML, form); otherwise its
+size, type and a hex preview of its first bytes. --body-out writes the
+body exactly as stored. --json prints one JSON object instead (the body as
+"body" text or "body_base64").
+
+`+keyHelp+"\n\n"+scopeHelp, stderr)
 	var k keyFlags
 	k.register(fs)
+	asJSON := fs.Bool("json", false, "print the record as one JSON object")
+	bodyOut := fs.String("body-out", "", "write the stored response body, raw, to `FILE` (- for stdout)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -205,9 +264,38 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	enc := json.NewEncoder(stdout)
-	enc.SetIndent("", "  ")
-	return enc.Encode(viewRecord(rec))
+	if *bodyOut != "" {
+		if err := writeBody(rec, *bodyOut, stdout); err != nil {
+			return err
+		}
+		if *bodyOut == "-" {
+			return nil // the body alone on stdout, for a pipe
+		}
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(viewRecord(rec))
+	}
+	return printRecord(stdout, rec)
+}
+
+// writeBody writes the stored response body of rec to path, or to stdout
+// for "-".
+func writeBody(rec store.Record, path string, stdout io.Writer) error {
+	switch {
+	case rec.Response == nil:
+		return fmt.Errorf("--body-out: key %q is %s and has no stored response", rec.Key, rec.State)
+	case rec.Response.BodyOmitted:
+		return fmt.Errorf("--body-out: the response body of key %q was too large to store and was not kept", rec.Key)
+	case path == "-":
+		_, err := stdout.Write(rec.Response.Body)
+		return err
+	}
+	if err := os.WriteFile(path, rec.Response.Body, 0o600); err != nil {
+		return fmt.Errorf("--body-out: %w", err)
+	}
+	return nil
 }
 
 // runDelete is `idem delete`.
@@ -274,9 +362,12 @@ type recordView struct {
 
 type responseView struct {
 	Status      int         `json:"status"`
+	Header      http.Header `json:"header,omitempty"`
 	BodyLength  int         `json:"body_length"`
 	BodyOmitted bool        `json:"body_omitted,omitempty"`
-	Header      http.Header `json:"header,omitempty"`
+	// Body is the body when it is text (see bodyText), BodyBase64 when not.
+	Body       *string `json:"body,omitempty"`
+	BodyBase64 string  `json:"body_base64,omitempty"`
 }
 
 func viewRecord(r store.Record) recordView {
@@ -291,6 +382,11 @@ func viewRecord(r store.Record) recordView {
 		v.Response = &responseView{
 			Status: r.Response.Status, BodyLength: len(r.Response.Body),
 			BodyOmitted: r.Response.BodyOmitted, Header: r.Response.Header,
+		}
+		if text, ok := bodyText(r.Response); ok {
+			v.Response.Body = &text
+		} else if len(r.Response.Body) > 0 {
+			v.Response.BodyBase64 = base64.StdEncoding.EncodeToString(r.Response.Body)
 		}
 	}
 	return v

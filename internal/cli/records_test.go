@@ -52,7 +52,7 @@ func TestMigrateInspectDelete(t *testing.T) {
 	}
 
 	// The proxy ran without --tenant-header: no Authorization, tenant "".
-	out, _, err = run("inspect", "--store", dsn, "--route", "/v1/charges", "order-1")
+	out, _, err = run("inspect", "--json", "--store", dsn, "--route", "/v1/charges", "order-1")
 	if err != nil {
 		t.Fatalf("inspect: %v", err)
 	}
@@ -72,7 +72,7 @@ func TestMigrateInspectDelete(t *testing.T) {
 	}
 
 	// A raw scope, flags after the key, names the same record.
-	if out2, _, err := run("inspect", "order-1", "--store", dsn, "--scope", "0:POST /v1/charges"); err != nil || out2 != out {
+	if out2, _, err := run("inspect", `"order-1"`, "--json", "--store", dsn, "--scope", "0:POST /v1/charges"); err != nil || out2 != out {
 		t.Errorf("inspect by scope: %v\n%s", err, out2)
 	}
 	if _, _, err := run("inspect", "--store", dsn, "--route", "/v1/charges", "--method", "patch", "order-1"); err == nil {

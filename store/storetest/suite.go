@@ -187,6 +187,8 @@ func run(t *testing.T, h Harness) {
 	t.Run("DurationsRoundUp", func(t *testing.T) { testRounding(t, h) })
 	t.Run("SweepGrace", func(t *testing.T) { testSweepGrace(t, h) })
 	t.Run("DeadLetter", func(t *testing.T) { testDeadLetter(t, h) })
+	t.Run("List", func(t *testing.T) { testList(t, h) })
+	t.Run("ListInvalid", func(t *testing.T) { testListInvalid(t, h) })
 	t.Run("StoreClock", func(t *testing.T) { testStoreClock(t, h) })
 	t.Run("CancelledContext", func(t *testing.T) { testCancelled(t, h) })
 }

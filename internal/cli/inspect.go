@@ -1,0 +1,139 @@
+package cli
+
+import (
+	"encoding/hex"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode/utf8"
+
+	"github.com/idem-go/idem/store"
+)
+
+// previewBytes is how much of a binary body inspect shows.
+const previewBytes = 64
+
+// bodyText returns the body of r as text when it is text: valid UTF-8
+// under a textual Content-Type (sniffed when the answer has none).
+func bodyText(r *store.Response) (string, bool) {
+	if r.BodyOmitted || !utf8.Valid(r.Body) {
+		return "", false
+	}
+	return string(r.Body), textual(contentType(r))
+}
+
+// contentType is the media type of r's body, sniffed when the header has
+// none.
+func contentType(r *store.Response) string {
+	ct := r.Header.Get("Content-Type")
+	if ct == "" {
+		if len(r.Body) == 0 {
+			return ""
+		}
+		ct = http.DetectContentType(r.Body)
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	if err != nil {
+		return strings.ToLower(strings.TrimSpace(ct))
+	}
+	return mt
+}
+
+// textual reports whether media type mt holds text a terminal can show.
+func textual(mt string) bool {
+	typ, sub, _ := strings.Cut(mt, "/")
+	if typ == "text" {
+		return true
+	}
+	if typ != "application" {
+		return false
+	}
+	switch sub {
+	case "json", "xml", "javascript", "ecmascript", "x-www-form-urlencoded", "x-ndjson", "ndjson",
+		"yaml", "x-yaml", "toml", "graphql", "csv", "sql":
+		return true
+	}
+	return strings.HasSuffix(sub, "+json") || strings.HasSuffix(sub, "+xml") || strings.HasSuffix(sub, "+yaml")
+}
+
+// printRecord prints rec for a person: the record's fields, then the
+// stored answer as an HTTP response would read.
+func printRecord(w io.Writer, rec store.Record) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	row := func(name, format string, a ...any) {
+		fmt.Fprintf(tw, "%s:\t"+format+"\n", append([]any{name}, a...)...)
+	}
+	at := func(name string, t time.Time) {
+		if !t.IsZero() {
+			row(name, "%s", t.UTC().Format(time.RFC3339Nano))
+		}
+	}
+	row("scope", "%q", rec.Scope)
+	row("key", "%q", rec.Key)
+	row("state", "%s", rec.State)
+	row("fence", "%d", rec.Fence)
+	row("fingerprint", "%s", rec.Fingerprint)
+	row("lease policy", "%s", rec.LeasePolicy)
+	if rec.State == store.StateInProgress {
+		at("locked until", rec.LockedUntil)
+	}
+	if rec.RecoveryPoint != "" {
+		row("recovery point", "%s", rec.RecoveryPoint)
+	}
+	row("attempts", "%d", rec.Attempts)
+	if rec.LastError != "" {
+		row("last error", "%s", oneLine(rec.LastError))
+	}
+	at("created", rec.CreatedAt)
+	at("updated", rec.UpdatedAt)
+	at("completed", rec.CompletedAt)
+	at("expires", rec.ExpiresAt)
+	if rec.State == store.StateUnknown {
+		at("reconcile after", rec.ReconcileAfter)
+		row("reconcile attempts", "%d", rec.ReconcileAttempts)
+		at("dead-lettered", rec.DeadLetteredAt)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	r := rec.Response
+	if r == nil {
+		_, err := fmt.Fprintln(w, "\nno stored response")
+		return err
+	}
+	fmt.Fprintf(w, "\nresponse: %d %s\n", r.Status, http.StatusText(r.Status))
+	for _, name := range sortedKeys(r.Header) {
+		for _, v := range r.Header[name] {
+			fmt.Fprintf(w, "%s: %s\n", name, v)
+		}
+	}
+	fmt.Fprintln(w)
+	var err error
+	switch text, ok := bodyText(r); {
+	case r.BodyOmitted:
+		_, err = fmt.Fprintln(w, "(body not stored: it was larger than the store's limit)")
+	case len(r.Body) == 0:
+		_, err = fmt.Fprintln(w, "(empty body)")
+	case ok:
+		_, err = io.WriteString(w, text)
+		if err == nil && !strings.HasSuffix(text, "\n") {
+			_, err = fmt.Fprintln(w)
+		}
+	default:
+		mt := contentType(r)
+		if mt == "" {
+			mt = "no content type"
+		}
+		fmt.Fprintf(w, "(binary body: %d bytes, %s; write it with --body-out FILE)\n", len(r.Body), mt)
+		preview := r.Body[:min(len(r.Body), previewBytes)]
+		_, err = io.WriteString(w, hex.Dump(preview))
+		if err == nil && len(r.Body) > previewBytes {
+			_, err = fmt.Fprintf(w, "... %d more bytes\n", len(r.Body)-previewBytes)
+		}
+	}
+	return err
+}

@@ -1,0 +1,28 @@
+package memory
+
+import (
+	"context"
+
+	"github.com/idem-go/idem/store"
+)
+
+// List implements store.Store by a full scan under the lock: the memory
+// store is for tests and small services.
+func (s *Store) List(ctx context.Context, p store.ListParams) ([]store.Record, *store.Cursor, error) {
+	if err := p.Validate(); err != nil {
+		return nil, nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	s.mu.Lock()
+	all := make([]store.Record, 0, len(s.recs))
+	for _, r := range s.recs {
+		if p.Match(&r.Record) {
+			all = append(all, r.Record)
+		}
+	}
+	s.mu.Unlock()
+	recs, next := store.Select(all, p)
+	return recs, next, nil
+}
