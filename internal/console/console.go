@@ -121,7 +121,9 @@ const csp = "default-src 'none'; style-src 'self'; img-src 'self'; form-action '
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Security-Policy", csp)
 	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.Header().Set("Referrer-Policy", "no-referrer")
+	// same-origin, not no-referrer: under no-referrer browsers send
+	// "Origin: null" with a form POST, which the Origin check refuses.
+	w.Header().Set("Referrer-Policy", "same-origin")
 	w.Header().Set("Cache-Control", "no-store")
 	if r.Method == http.MethodPost && !h.sameOrigin(r) {
 		http.Error(w, "cross-origin request refused", http.StatusForbidden)
