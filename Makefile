@@ -1,22 +1,34 @@
-# Targets match what CI runs (.ci/run). Server-backed tests read
-# IDEM_TEST_POSTGRES_URL, IDEM_TEST_MYSQL_DSN, IDEM_TEST_REDIS_ADDR and
-# IDEM_TEST_REDIS_CLUSTER; without them they skip with a message.
+# Targets match what CI runs (.ci/run). The repository is several Go
+# modules tied by go.work (the core, and each framework adapter under
+# contrib/); PKGS names every package of all of them. Server-backed tests
+# read IDEM_TEST_POSTGRES_URL, IDEM_TEST_MYSQL_DSN, IDEM_TEST_REDIS_ADDR and
+# IDEM_TEST_REDIS_CLUSTER; without them they skip with a message, and fail
+# under CI=true.
 
-.PHONY: test race vet lint ci bench fuzz
+MODULES := $(shell go list -f '{{.Dir}}' -m)
+PKGS := $(addsuffix /...,$(MODULES))
+STATICCHECK := go run honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
+.PHONY: test race vet lint tidy-check ci bench fuzz fault
 
 test:
-	go test ./...
+	go test $(PKGS)
 
 race:
-	go test -race ./...
+	go test -race $(PKGS)
 
 vet:
-	go vet ./...
+	go vet $(PKGS)
 
 lint: vet
-	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt would change:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
+	$(STATICCHECK) $(PKGS)
 
-# Starts the local services if they are down, then vet and the race tests.
+# Every module's go.mod and go.sum are tidy on their own (without go.work).
+tidy-check:
+	@for d in $(MODULES); do (cd $$d && GOWORK=off go mod tidy -diff) || { echo "not tidy: $$d"; exit 1; }; done
+
+# Starts the local services if they are down, then lint, tidy-check and the race tests.
 ci:
 	./.ci/run
 

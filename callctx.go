@@ -13,6 +13,7 @@ import (
 // Done; a store that only checks Err (the memory store) gets the deadline
 // from a clock read.
 type callCtx struct {
+	clk      clock
 	parent   context.Context
 	deadline time.Time
 	detached bool
@@ -21,7 +22,7 @@ type callCtx struct {
 	armed      bool
 	done       chan struct{}
 	err        error
-	timer      *time.Timer
+	timer      timer
 	stopParent func() bool
 	afters     map[int]func()
 	nextAfter  int
@@ -29,8 +30,8 @@ type callCtx struct {
 
 // init prepares a zero callCtx ending at deadline; a callCtx is used for
 // one call only.
-func (c *callCtx) init(parent context.Context, deadline time.Time, detached bool) {
-	c.parent, c.deadline, c.detached = parent, deadline, detached
+func (c *callCtx) init(clk clock, parent context.Context, deadline time.Time, detached bool) {
+	c.clk, c.parent, c.deadline, c.detached = clk, parent, deadline, detached
 }
 
 func (c *callCtx) Deadline() (time.Time, bool) {
@@ -62,7 +63,7 @@ func (c *callCtx) cause() error {
 			return err
 		}
 	}
-	if !time.Now().Before(c.deadline) {
+	if !c.clk.Now().Before(c.deadline) {
 		return context.DeadlineExceeded
 	}
 	return nil
@@ -79,7 +80,7 @@ func (c *callCtx) Done() <-chan struct{} {
 			close(c.done)
 			return c.done
 		}
-		c.timer = time.AfterFunc(time.Until(c.deadline), func() { c.cancel(context.DeadlineExceeded) })
+		c.timer = c.clk.AfterFunc(c.deadline.Sub(c.clk.Now()), func() { c.cancel(context.DeadlineExceeded) })
 		if !c.detached && c.parent.Done() != nil {
 			c.stopParent = context.AfterFunc(c.parent, func() { c.cancel(c.parent.Err()) })
 		}

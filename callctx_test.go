@@ -9,7 +9,7 @@ import (
 
 func newTestCallCtx(parent context.Context, timeout time.Duration, detached bool) *callCtx {
 	c := new(callCtx)
-	c.init(parent, time.Now().Add(timeout), detached)
+	c.init(wallClock{}, parent, time.Now().Add(timeout), detached)
 	return c
 }
 

@@ -28,14 +28,15 @@ const (
 
 // Config configures an Engine. The zero value is valid: every field has a
 // documented default, applied by New. Fields the profile decides
-// (KeyRequired, MismatchStatus) are pointers so that an explicit choice
+// (KeyRequired, KeyReusedStatus) are pointers so that an explicit choice
 // overrides the profile.
 type Config struct {
 	// Profile is the HTTP dialect. Defaults to ProfileIETF.
 	Profile Profile
 
-	// Methods are the protected methods; other methods pass through
-	// untouched, with or without a key. Defaults to POST and PATCH.
+	// Methods are the protected methods, matched without regard to case;
+	// other methods pass through untouched, with or without a key.
+	// Defaults to POST and PATCH.
 	Methods []string
 
 	// KeyRequired: a protected request without Idempotency-Key is refused
@@ -43,10 +44,15 @@ type Config struct {
 	// ProfileIETF and false under ProfileStripe.
 	KeyRequired *bool
 
-	// MismatchStatus is the status for a key reused with a different
+	// KeyReusedStatus is the status for a key reused with a different
 	// request. Defaults to 422 under ProfileIETF and 400 under
 	// ProfileStripe.
-	MismatchStatus int
+	KeyReusedStatus int
+
+	// InProgressStatus is the status for a request whose key another
+	// execution holds: 409 Conflict or 202 Accepted, both with Retry-After.
+	// Defaults to 409.
+	InProgressStatus int
 
 	// TTL is how long a completed response is replayed. Defaults to 24h.
 	TTL time.Duration
@@ -64,9 +70,10 @@ type Config struct {
 	// larger bodies get 413. Defaults to 1 MiB.
 	MaxBodyBytes int64
 
-	// MaxResponseBytes bounds the response body kept for replay. A larger
-	// response is still delivered, and the record keeps only its status and
-	// headers; replays say the body was not kept. Defaults to 1 MiB.
+	// MaxResponseBytes bounds the response body kept for replay. An answer
+	// within it is buffered and sent once stored; a larger one is sent as
+	// it is written, and the record keeps only its status and headers
+	// (replays say the body was not kept). Defaults to 1 MiB.
 	MaxResponseBytes int
 
 	// StoreServerErrors keeps 5xx and the transient 4xx (408, 425, 429) as
@@ -79,7 +86,8 @@ type Config struct {
 	// instead of answering 409 at once. Defaults to 0 (answer at once).
 	Wait time.Duration
 
-	// RetryAfter is the Retry-After sent with 409 and 503. Defaults to 1s.
+	// RetryAfter is the Retry-After sent with the in-flight and unknown
+	// answers and 503. Defaults to 1s.
 	RetryAfter time.Duration
 
 	// StoreTimeout bounds every store call; a call that takes longer fails
@@ -116,7 +124,22 @@ type Config struct {
 type settings struct {
 	Config
 	keyRequired bool
-	methods     map[string]bool
+	methods     map[string]bool // upper case
+}
+
+// protected reports whether requests with method m go through the
+// protocol, and returns the method as configured (upper case). The common
+// upper-case spelling costs one map lookup and no allocation.
+func (s *settings) protected(m string) (string, bool) {
+	if s.methods[m] {
+		return m, true
+	}
+	for _, p := range s.Methods {
+		if strings.EqualFold(p, m) {
+			return p, true
+		}
+	}
+	return "", false
 }
 
 func (c Config) withDefaults() (settings, error) {
@@ -131,21 +154,33 @@ func (c Config) withDefaults() (settings, error) {
 		c.Methods = []string{http.MethodPost, http.MethodPatch}
 	}
 	s := settings{methods: map[string]bool{}}
+	methods := make([]string, 0, len(c.Methods))
 	for _, m := range c.Methods {
-		s.methods[strings.ToUpper(m)] = true
+		m = strings.ToUpper(m)
+		if !s.methods[m] {
+			methods = append(methods, m)
+		}
+		s.methods[m] = true
 	}
+	c.Methods = methods
 	s.keyRequired = c.Profile == ProfileIETF
 	if c.KeyRequired != nil {
 		s.keyRequired = *c.KeyRequired
 	}
-	if c.MismatchStatus == 0 {
-		c.MismatchStatus = http.StatusUnprocessableEntity
+	if c.KeyReusedStatus == 0 {
+		c.KeyReusedStatus = http.StatusUnprocessableEntity
 		if c.Profile == ProfileStripe {
-			c.MismatchStatus = http.StatusBadRequest
+			c.KeyReusedStatus = http.StatusBadRequest
 		}
 	}
-	if c.MismatchStatus < 400 || c.MismatchStatus > 499 {
-		errs = append(errs, fmt.Errorf("idem: MismatchStatus %d is not a 4xx status", c.MismatchStatus))
+	if c.KeyReusedStatus < 400 || c.KeyReusedStatus > 499 {
+		errs = append(errs, fmt.Errorf("idem: KeyReusedStatus %d is not a 4xx status", c.KeyReusedStatus))
+	}
+	if c.InProgressStatus == 0 {
+		c.InProgressStatus = http.StatusConflict
+	}
+	if c.InProgressStatus != http.StatusConflict && c.InProgressStatus != http.StatusAccepted {
+		errs = append(errs, fmt.Errorf("idem: InProgressStatus %d is neither 409 nor 202", c.InProgressStatus))
 	}
 	def := func(d *time.Duration, v time.Duration, name string) {
 		if *d == 0 {

@@ -25,21 +25,46 @@
 // replayed byte for byte, with Idempotent-Replayed: true, to every retry
 // with the same request; 5xx and the transient 4xx release the key so that a
 // retry runs again. A retry while the first is running gets 409 with
-// Retry-After (or waits and replays, with Config.Wait). The same key with a
-// different request gets 422 (400 under ProfileStripe). If the store cannot
-// be reached the handler does not run: 503 with Retry-After.
+// Retry-After (202 with Config.InProgressStatus, or it waits and replays,
+// with Config.Wait). The same key with a different request (another method,
+// route, path, query or body) gets 422 (400 under ProfileStripe). If the
+// store cannot be reached the handler does not run: 503 with Retry-After.
+// Every refusal is a problem document whose type is documented in
+// docs/problems.md.
+//
+// # Acknowledged means stored
+//
+// Every 2xx, 3xx or 4xx answer a client receives is the answer every later
+// retry with its key replays. The engine holds a handler's answer until its
+// record is stored, then sends it: a client that reads its answer and
+// retries at once gets it replayed, never 409. A transient store failure
+// while the outcome is recorded (completion, release, or marking it
+// unknown) is retried with jittered backoff while the heartbeat keeps the
+// lease; only if the store stays unreachable until the lease held would
+// lapse does the engine give up. The client then still gets the answer it
+// earned, and the record, never released, becomes unknown when its lease
+// expires: retries get 409 outcome-unknown (under the default
+// store.LeaseUnknown), never a different answer. This is logged and
+// counted (idem.finish.failures).
+//
+// Three kinds of answers are sent as they are written instead, and so may
+// reach the client before they are stored: bodies larger than
+// Config.MaxResponseBytes (not kept; replays say so), answers the handler
+// flushes, and event streams (text/event-stream).
 //
 // # Crashes and uncertain outcomes
 //
 // Each execution holds a fenced lease that the engine renews while the
-// handler runs. When a holder dies its lease expires, and by default
-// (store.LeaseUnknown) the record becomes unknown: retries get 409 and the
-// request is never run twice until reconciliation settles it. Routes whose
-// handlers are safe to re-run can choose store.LeaseRetry, and handlers
-// written as atomic phases store.LeaseResume, which continues from the
-// last committed recovery point. A handler that cannot tell whether its
-// effect happened (a payment gateway timed out) calls
-// Execution.Uncertain; a panic does the same.
+// handler runs (every Lease/3, sooner after a failed renewal). When a
+// holder dies its lease expires, and by default (store.LeaseUnknown) the
+// record becomes unknown: retries get 409 and the request is never run
+// twice until reconciliation settles it (package maintenance runs it, with
+// the sweeper and the reaper). Routes whose handlers are safe to re-run can
+// choose store.LeaseRetry, and handlers written as atomic phases (package
+// phase) store.LeaseResume, which continues from the last committed
+// recovery point. A handler that cannot tell whether its effect happened (a
+// payment gateway timed out) calls Execution.Uncertain; a panic does the
+// same.
 //
 // # Transactions
 //
@@ -48,8 +73,13 @@
 // CompleteTx with Execution.CompleteParams inside the transaction, commit,
 // call Execution.Committed, then write the response.
 //
-// # Lower level
+// # Other transports
 //
-// Engine.Begin, Execution.Complete, Release and MarkUnknown drive the same
-// protocol without net/http, for queues and RPC frameworks.
+// Engine.Run is the protocol itself, free of net/http: it takes a Call
+// (tenant, method, route, target, raw key values, content) and a function
+// that runs the operation, and returns an Answer saying what to send: the
+// operation's answer, a replay, or a Problem. The middleware, Engine.Handle
+// (for framework adapters that name the route themselves), the gRPC
+// interceptor in package grpcidem and the idem proxy are thin translations
+// around it; queue consumers can call it directly.
 package idem

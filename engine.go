@@ -7,23 +7,26 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/idem-go/idem/internal/fingerprint"
+	"github.com/idem-go/idem/internal/header"
 	"github.com/idem-go/idem/store"
 )
 
 // Engine runs the idempotency protocol over a store. It is safe for
 // concurrent use; one Engine serves every route, and With derives engines
 // with per-route settings that share the store and the metrics.
+//
+// Run is the protocol, whatever the transport; Middleware and Handle adapt
+// it to net/http, package grpcidem to gRPC.
 type Engine struct {
 	store  store.Store
 	cfg    settings
 	hasher *fingerprint.Hasher
 	log    *slog.Logger
 	obs    *observer
+	clk    clock
 }
 
 // New returns an engine over s.
@@ -39,12 +42,12 @@ func New(s store.Store, cfg Config) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Engine{store: s, cfg: set, hasher: fingerprint.New(set.Secret), log: set.Logger, obs: obs}, nil
+	return &Engine{store: s, cfg: set, hasher: fingerprint.New(set.Secret), log: set.Logger, obs: obs, clk: wallClock{}}, nil
 }
 
 // With returns an engine for a route that needs other settings (an optional
 // key, selected fields, another lease policy ...). It shares e's store and
-// metrics.
+// metrics; modify receives a copy of e's configuration.
 func (e *Engine) With(modify func(*Config)) (*Engine, error) {
 	cfg := e.cfg.Config
 	cfg.Methods = append([]string(nil), cfg.Methods...)
@@ -67,25 +70,26 @@ func (e *Engine) With(modify func(*Config)) (*Engine, error) {
 // Store returns the engine's store.
 func (e *Engine) Store() store.Store { return e.store }
 
-// Config returns the engine's configuration with every default applied,
-// for integrations that answer in other protocols.
-func (e *Engine) Config() Config {
-	c := e.cfg.Config
-	c.KeyRequired = Bool(e.cfg.keyRequired)
-	return c
-}
+// Logger returns the logger the engine reports its events to, for
+// integrations that log next to it.
+func (e *Engine) Logger() *slog.Logger { return e.log }
 
-// Request identifies one idempotent request for Begin.
+// TTL returns how long the engine keeps a completed answer (Config.TTL
+// with its default applied), for services that settle records as the
+// engine would.
+func (e *Engine) TTL() time.Duration { return e.cfg.TTL }
+
+// StoreTimeout returns the bound on each of the engine's store calls
+// (Config.StoreTimeout with its default applied).
+func (e *Engine) StoreTimeout() time.Duration { return e.cfg.StoreTimeout }
+
+// Request names the operation a record belongs to: the record's scope is
+// built from it. Operators and resolvers use it to find a request's record.
 type Request struct {
 	// Tenant is the authenticated caller; Method and Route the operation.
-	// Together they form the record's scope.
 	Tenant string
 	Method string
 	Route  string
-	// Key is the client's idempotency key (already validated).
-	Key string
-	// Fingerprint identifies the request's content; see Engine.Fingerprint.
-	Fingerprint string
 }
 
 // Scope returns the record scope of the request: tenant, method and route,
@@ -111,158 +115,510 @@ func ParseScope(scope string) (tenant, method, route string, ok bool) {
 	return tenant, method, route, true
 }
 
-// Fingerprint hashes a request's content as the engine does: method, route
-// and the canonical body (JCS for JSON, sorted pairs for forms, raw bytes
-// otherwise), restricted to Config.Fields when set.
-//
-// An empty body is an empty body whatever its declared type: clients often
-// label a body-less POST application/json.
-func (e *Engine) Fingerprint(method, route, contentType string, body []byte) (string, error) {
-	if len(body) == 0 {
-		contentType = ""
-	}
-	return e.hasher.Sum(fingerprint.Input{Method: method, Route: route, ContentType: contentType, Body: body, Fields: e.cfg.Fields})
+// Call is one request as the protocol sees it, whatever carried it: the
+// HTTP middleware, the gRPC interceptor, the proxy and framework adapters
+// translate their requests into a Call and hand it to Run.
+type Call struct {
+	// Tenant, Method and Route name the operation; with the key they
+	// identify the record (see Request.Scope). Route is the route pattern
+	// ("/v1/orders/{id}"), not the concrete path, so that operators find
+	// one scope per operation. Method should be upper case.
+	Tenant string
+	Method string
+	Route  string
+
+	// Target is the concrete request target: for HTTP the escaped path
+	// and, when there is one, '?' and the raw query ((*url.URL).RequestURI);
+	// for gRPC the full method name. It is part of the fingerprint, the
+	// query compared as its decoded pairs sorted by name, so the same key
+	// sent to another resource or with another query is a different request
+	// (KeyReused), never a replay of the first one's answer.
+	Target string
+
+	// Keys are the raw values of the idempotency key, one per field line
+	// (r.Header["Idempotency-Key"], gRPC metadata). Run parses them: none
+	// is a missing key, several a repeated one; quoted (RFC 8941 sf-string)
+	// and bare spellings of one value are the same key.
+	Keys []string
+
+	// KeyRequired overrides Config.KeyRequired for this call when set: a
+	// call without a key is then refused (true) or run outside the
+	// protocol (false).
+	KeyRequired *bool
+
+	// ContentType and Body are the request content, fingerprinted
+	// canonically (JCS for JSON, sorted pairs for forms, raw bytes
+	// otherwise). Run does not limit Body: the transport bounds what it
+	// reads (Config.MaxBodyBytes for HTTP).
+	ContentType string
+	Body        []byte
+
+	// ReadBody, when set and Body is nil, produces the body once the key
+	// is known to be valid, so that calls passing through without a key
+	// do not pay for it. Its error refuses the call (body-unreadable).
+	ReadBody func() ([]byte, error)
 }
 
-// Verdict is what Begin decided.
-type Verdict int
+// Outcome is what becomes of a record once its operation returned.
+type Outcome int
 
 const (
-	// Execute: the caller holds the lease and must run the operation, then
-	// Complete, Release or MarkUnknown the Execution.
-	Execute Verdict = iota
-	// Replay: the operation completed; answer with Record.Response.
-	Replay
-	// InProgress: another execution holds the lease; answer 409.
-	InProgress
-	// OutcomeUnknown: the operation may or may not have run; answer 409
-	// until reconciliation settles it.
-	OutcomeUnknown
-	// Mismatch: the key was used for a different request; answer
-	// Config.MismatchStatus.
-	Mismatch
+	// ByStatus applies the response policy to Response.Status: 2xx, 3xx
+	// and 4xx are kept, except 408, 425 and 429; 5xx and those three are
+	// released (all are kept with Config.StoreServerErrors).
+	ByStatus Outcome = iota
+	// Keep stores the response; every retry gets it replayed.
+	Keep
+	// Release frees the key for another attempt: only for failures certain
+	// to have had no effect.
+	Release
+	// Unknown sends the record to reconciliation: the operation may or may
+	// not have had its effect, and retries are refused until it is settled.
+	Unknown
 )
 
-var verdictNames = [...]string{"execute", "replay", "in_progress", "unknown", "key_misuse"}
+var outcomeNames = [...]string{"by_status", "keep", "release", "unknown"}
 
-func (v Verdict) String() string {
-	if int(v) < len(verdictNames) {
-		return verdictNames[v]
+func (o Outcome) String() string {
+	if o >= 0 && int(o) < len(outcomeNames) {
+		return outcomeNames[o]
 	}
 	return "invalid"
 }
 
-// Decision is the answer of Begin.
-type Decision struct {
+// Result is what an operation run by Run returns.
+type Result struct {
+	// Response is the answer to store. Headers are filtered through
+	// store.ReplayableHeader before they are stored; a body longer than
+	// Config.MaxResponseBytes is not kept (BodyOmitted).
+	Response store.Response
+	// Outcome decides what becomes of the record; ByStatus (the zero
+	// value) applies the response policy.
+	Outcome Outcome
+	// Reason says why for Release and Unknown; it is kept in the record
+	// for operators.
+	Reason string
+	// Streamed reports that the answer was sent to the client (in whole or
+	// in part) before Run stored it, so that a failure to store it can no
+	// longer change what the client got.
+	Streamed bool
+}
+
+// Verdict is what Run did with a call.
+type Verdict int
+
+const (
+	// Executed: the operation ran under the key and its outcome was
+	// recorded. The adapter sends the operation's answer.
+	Executed Verdict = iota
+	// Passed: the call had no key and none was required (or it was
+	// already inside a protected call); the operation ran outside the
+	// protocol.
+	Passed
+	// Replayed: the operation completed before; Answer.Response is the
+	// stored answer, to send with Idempotent-Replayed: true.
+	Replayed
+	// KeyReused: the key was first used with a different request; nothing
+	// ran and the first request's record is untouched.
+	KeyReused
+	// InProgress: another execution holds the key; retry later.
+	InProgress
+	// OutcomeUnknown: the operation may or may not have run; retries are
+	// refused until reconciliation settles it.
+	OutcomeUnknown
+	// Invalid: the call was refused before anything was reserved (key
+	// missing, malformed or repeated, body unreadable or invalid for its
+	// type, scope too long); Answer.Problem says which.
+	Invalid
+	// Unavailable: the store failed; the operation did not run.
+	Unavailable
+)
+
+var verdictNames = [...]string{"executed", "passed", "replayed", "key_reused", "in_progress", "unknown", "invalid", "unavailable"}
+
+func (v Verdict) String() string {
+	if v >= 0 && int(v) < len(verdictNames) {
+		return verdictNames[v]
+	}
+	return "invalid_verdict"
+}
+
+// Answer tells the adapter what to send.
+type Answer struct {
 	Verdict Verdict
-	// Record is the record as the store returned it.
-	Record store.Record
-	// Exec is set when Verdict is Execute.
-	Exec *Execution
+	// Response is the stored answer of a Replayed call. It belongs to the
+	// store's record: do not modify it.
+	Response *store.Response
+	// Problem is set for every verdict other than Executed, Passed and
+	// Replayed: the refusal or deferral to render (WriteProblem does it for
+	// HTTP).
+	Problem Problem
+	// Err is the store's failure for Unavailable.
+	Err error
 }
 
 // ErrStore wraps every store failure the engine met; the engine fails
 // closed on it (503 before the handler runs).
 var ErrStore = errors.New("idem: store unavailable")
 
-// Begin reserves the request's key and decides what to do. With Verdict
-// Execute the caller owns an Execution whose lease is renewed in the
-// background until it is finished.
-func (e *Engine) Begin(ctx context.Context, req Request) (Decision, error) {
+// Run runs one call under the idempotency protocol: it parses the key,
+// fingerprints the call, reserves the key (waiting for an in-flight
+// original with Config.Wait) and then, according to what the store holds:
+//
+//   - a new key, or one released by a failure: runs fn with a context that
+//     carries the Execution (FromContext), renews the lease while fn runs,
+//     and records fn's Result; Verdict Executed. A panic in fn marks the
+//     record unknown and goes on up. The record is settled before Run
+//     returns: the answer the adapter then sends is the one every retry
+//     replays (unless the store stayed unreachable until the lease would
+//     lapse; the record then becomes unknown, logged and counted).
+//   - a completed record: Replayed, with the stored answer.
+//   - the key used with another request: KeyReused (Config.KeyReusedStatus).
+//   - an execution still holding the key: InProgress (Config.InProgressStatus,
+//     Retry-After).
+//   - an outcome being reconciled: OutcomeUnknown (409, Retry-After).
+//   - a key missing where required, malformed or repeated, an invalid body,
+//     a scope the store cannot hold: Invalid (400, 414).
+//   - a store failure: Unavailable (503, Retry-After); fn does not run.
+//
+// A call without a key on a route where it is optional, and a call made
+// inside an operation already running under a key, run fn directly:
+// Passed.
+func (e *Engine) Run(ctx context.Context, c Call, fn func(ctx context.Context) Result) Answer {
+	return e.run(ctx, &c, funcOp(fn))
+}
+
+// operation is what run executes: the exported Run's function, or an
+// adapter that reads its body lazily (once the key is known to be valid)
+// and needs no closure per request.
+type operation interface {
+	// body returns the request body when the Call does not hold it.
+	body(limit int64) ([]byte, error)
+	// pass runs the operation outside the protocol.
+	pass(ctx context.Context)
+	// run runs the operation under the key; ctx carries the Execution.
+	run(ctx context.Context) Result
+}
+
+type funcOp func(ctx context.Context) Result
+
+func (funcOp) body(int64) ([]byte, error)       { return nil, nil }
+func (f funcOp) pass(ctx context.Context)       { f(ctx) }
+func (f funcOp) run(ctx context.Context) Result { return f(ctx) }
+
+var errBodyTooLarge = errors.New("body too large")
+
+func (e *Engine) run(ctx context.Context, c *Call, op operation) Answer {
+	if FromContext(ctx) != nil {
+		// Already inside a protected call (nested middleware, an
+		// in-process chain): the outer execution answers for it.
+		op.pass(ctx)
+		return Answer{Verdict: Passed}
+	}
+	key, err := header.Parse(c.Keys)
+	switch {
+	case errors.Is(err, header.ErrMissing):
+		required := e.cfg.keyRequired
+		if c.KeyRequired != nil {
+			required = *c.KeyRequired
+		}
+		if !required {
+			op.pass(ctx)
+			return Answer{Verdict: Passed}
+		}
+		return e.refuse(ctx, probKeyMissing, "")
+	case errors.Is(err, header.ErrRepeated):
+		return e.refuse(ctx, probKeyRepeated, "")
+	case err != nil:
+		return e.refuse(ctx, probKeyMalformed, err.Error())
+	}
+	if c.Body == nil {
+		var body []byte
+		if c.ReadBody != nil {
+			body, err = c.ReadBody()
+		} else {
+			body, err = op.body(e.cfg.MaxBodyBytes)
+		}
+		switch {
+		case errors.Is(err, errBodyTooLarge):
+			return e.refuse(ctx, probBodyTooLarge, "the limit is "+strconv.FormatInt(e.cfg.MaxBodyBytes, 10)+" bytes")
+		case err != nil:
+			return e.refuse(ctx, probBodyUnreadable, err.Error())
+		}
+		c.Body = body
+	}
+	req := Request{Tenant: c.Tenant, Method: c.Method, Route: c.Route}
 	scope := req.Scope()
+	if err := store.CheckID(scope, key); err != nil {
+		return e.refuseID(ctx, err)
+	}
+	fp, err := e.fingerprint(c)
+	if err != nil {
+		return e.refuse(ctx, probInvalidBody, err.Error())
+	}
+
+	d, err := e.begin(ctx, scope, key, fp)
+	if err == nil && d.verdict == InProgress && e.cfg.Wait > 0 {
+		d, err = e.await(ctx, scope, key, fp, e.cfg.Wait)
+	}
+	switch {
+	case errors.Is(err, store.ErrInvalidParams):
+		// The store's own limits: the client's request, not an outage.
+		return e.refuseID(ctx, err)
+	case err != nil:
+		if ctx.Err() != nil {
+			e.log.Info("idem: the caller left before the key was reserved", "scope", scope, "key", key, "err", err)
+		} else {
+			e.log.Error("idem: store failed before the operation ran; refused", "scope", scope, "key", key, "err", err)
+		}
+		return Answer{Verdict: Unavailable, Problem: e.problem(probStore, 0), Err: err}
+	}
+	switch d.verdict {
+	case Executed:
+		e.execute(ctx, d.exec, op)
+		return Answer{Verdict: Executed}
+	case Replayed:
+		if d.rec.Response == nil {
+			err := fmt.Errorf("%w: the completed record of key %q has no answer", ErrStore, key)
+			e.log.Error("idem: completed record without an answer; refused", "scope", scope, "key", key)
+			return Answer{Verdict: Unavailable, Problem: e.problem(probStore, 0), Err: err}
+		}
+		return Answer{Verdict: Replayed, Response: d.rec.Response}
+	case KeyReused:
+		e.log.Warn("idem: key reused with a different request", "scope", scope, "key", key)
+		return Answer{Verdict: KeyReused, Problem: e.problem(probKeyReused, e.cfg.KeyReusedStatus)}
+	case OutcomeUnknown:
+		return Answer{Verdict: OutcomeUnknown, Problem: e.problem(probUnknown, 0)}
+	default:
+		return Answer{Verdict: InProgress, Problem: e.problem(probInProgress, e.cfg.InProgressStatus)}
+	}
+}
+
+// refuse answers a call that cannot enter the protocol, and counts it.
+func (e *Engine) refuse(ctx context.Context, p *problemType, detail string) Answer {
+	e.obs.reserve(ctx, "rejected")
+	pr := e.problem(p, 0)
+	pr.Detail = detail
+	return Answer{Verdict: Invalid, Problem: pr}
+}
+
+// refuseID answers a scope or key the store cannot hold: too long (a long
+// path where the route is the path) or bytes that are not UTF-8.
+func (e *Engine) refuseID(ctx context.Context, err error) Answer {
+	if errors.Is(err, store.ErrTooLong) {
+		return e.refuse(ctx, probScopeTooLong, "")
+	}
+	return e.refuse(ctx, probScopeInvalid, "")
+}
+
+// Fingerprint returns the fingerprint Run computes for c (Body as given;
+// ReadBody is not called), for tools that write records themselves.
+func (e *Engine) Fingerprint(c Call) (string, error) { return e.fingerprint(&c) }
+
+// fingerprint hashes what identifies the call's request: method, route,
+// concrete target and canonical body (restricted to Config.Fields). An
+// empty body is an empty body whatever its declared type: clients often
+// label a body-less POST application/json.
+func (e *Engine) fingerprint(c *Call) (string, error) {
+	contentType := c.ContentType
+	if len(c.Body) == 0 {
+		contentType = ""
+	}
+	return e.hasher.Sum(fingerprint.Input{
+		Method: c.Method, Route: c.Route, Target: c.Target,
+		ContentType: contentType, Body: c.Body, Fields: e.cfg.Fields,
+	})
+}
+
+// decision is what begin found.
+type decision struct {
+	verdict Verdict // Executed, Replayed, KeyReused, InProgress or OutcomeUnknown
+	rec     store.Record
+	exec    *Execution // set when verdict is Executed
+}
+
+// begin reserves the key and decides what to do. With Executed the caller
+// owns an Execution whose lease is renewed in the background until it is
+// finished.
+func (e *Engine) begin(ctx context.Context, scope, key, fp string) (decision, error) {
 	p := store.ReserveParams{
-		Scope: scope, Key: req.Key, Fingerprint: req.Fingerprint,
+		Scope: scope, Key: key, Fingerprint: fp,
 		Lease: e.cfg.Lease, TTL: e.cfg.TTL, LeasePolicy: e.cfg.LeasePolicy,
 	}
 	var res store.ReserveResult
-	err := e.call(ctx, opReserve, false, func(ctx context.Context) (err error) {
+	start, err := e.callAt(new(callCtx), ctx, opReserve, false, func(ctx context.Context) (err error) {
 		res, err = e.store.Reserve(ctx, p)
 		return err
 	})
 	if err != nil {
+		if errors.Is(err, store.ErrInvalidParams) {
+			return decision{}, err
+		}
 		e.obs.reserve(ctx, "store_error")
-		return Decision{}, err
+		return decision{}, err
 	}
-	d := e.decide(req.Fingerprint, res)
-	if d.Verdict == Execute {
-		d.Exec = e.newExecution(res)
+	d := decide(fp, res)
+	if d.verdict == Executed {
+		d.exec = e.newExecution(res, start)
 		switch res.Outcome {
 		case store.Reclaimed:
 			e.obs.reserve(ctx, "failed_retry")
 		case store.TakenOver:
 			e.obs.reserve(ctx, "taken_over")
-			e.log.Warn("idem: took over an expired lease", "scope", scope, "key", req.Key,
+			e.log.Warn("idem: took over an expired lease", "scope", scope, "key", key,
 				"fence", res.Record.Fence, "recovery_point", res.Record.RecoveryPoint)
 		default:
 			e.obs.reserve(ctx, "created")
 		}
 		return d, nil
 	}
-	e.obs.reserve(ctx, d.Verdict.String())
-	if d.Verdict == OutcomeUnknown && res.Record.LastError == "lease_expired" && res.Record.ReconcileAttempts == 0 {
-		e.log.Info("idem: record outcome unknown", "scope", scope, "key", req.Key, "reason", res.Record.LastError)
+	e.obs.reserve(ctx, reserveOutcome[d.verdict])
+	if d.verdict == OutcomeUnknown && res.Record.LastError == "lease_expired" && res.Record.ReconcileAttempts == 0 {
+		e.log.Info("idem: record outcome unknown", "scope", scope, "key", key, "reason", res.Record.LastError)
 	}
 	return d, nil
 }
 
-func (e *Engine) decide(fp string, res store.ReserveResult) Decision {
+// reserveOutcome names the verdicts of a reservation that found a record
+// in the idem.reserve.outcomes metric.
+var reserveOutcome = map[Verdict]string{
+	Replayed: "replay", KeyReused: "key_reused", InProgress: "in_progress", OutcomeUnknown: "unknown",
+}
+
+// decide applies the protocol to what Reserve found. The fingerprint is
+// checked before the state: a different request is refused even while the
+// first is in flight, and the first's record is untouched.
+func decide(fp string, res store.ReserveResult) decision {
 	if res.Outcome.Acquired() {
-		return Decision{Verdict: Execute, Record: res.Record}
+		return decision{verdict: Executed, rec: res.Record}
 	}
 	r := res.Record
 	switch {
 	case r.Fingerprint != fp:
-		return Decision{Verdict: Mismatch, Record: r}
+		return decision{verdict: KeyReused, rec: r}
 	case r.State == store.StateCompleted:
-		return Decision{Verdict: Replay, Record: r}
+		return decision{verdict: Replayed, rec: r}
 	case r.State == store.StateUnknown:
-		return Decision{Verdict: OutcomeUnknown, Record: r}
+		return decision{verdict: OutcomeUnknown, rec: r}
 	}
-	return Decision{Verdict: InProgress, Record: r}
+	return decision{verdict: InProgress, rec: r}
 }
 
-// Await polls a record that is in progress until it leaves that state or
+// await polls a record that is in progress until it leaves that state or
 // wait elapses, for the wait-then-replay mode. It returns the last decision.
-func (e *Engine) Await(ctx context.Context, req Request, wait time.Duration) (Decision, error) {
-	deadline := time.Now().Add(wait)
+func (e *Engine) await(ctx context.Context, scope, key, fp string, wait time.Duration) (decision, error) {
+	deadline := e.clk.Now().Add(wait)
 	pause := 5 * time.Millisecond
-	scope := req.Scope()
 	for {
 		var r store.Record
 		err := e.call(ctx, opGet, false, func(ctx context.Context) (err error) {
-			r, err = e.store.Get(ctx, scope, req.Key)
+			r, err = e.store.Get(ctx, scope, key)
 			return err
 		})
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			// Deleted by an operator while we waited: start over.
-			return e.Begin(ctx, req)
+			return e.begin(ctx, scope, key, fp)
 		case err != nil:
-			return Decision{}, err
+			return decision{}, err
 		}
-		if r.State != store.StateInProgress || r.LeaseExpired(time.Now()) {
-			// Settled, or its holder died: Begin applies the store's rules
+		now := e.clk.Now()
+		if r.State != store.StateInProgress || r.LeaseExpired(now) {
+			// Settled, or its holder died: begin applies the store's rules
 			// (replay, reclaim, takeover or unknown) atomically.
-			return e.Begin(ctx, req)
+			return e.begin(ctx, scope, key, fp)
 		}
-		if !time.Now().Add(pause).Before(deadline) {
-			return e.decide(req.Fingerprint, store.ReserveResult{Record: r}), nil
+		if !now.Add(pause).Before(deadline) {
+			return decide(fp, store.ReserveResult{Record: r}), nil
 		}
-		t := time.NewTimer(pause)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return Decision{}, ctx.Err()
-		case <-t.C:
+		if err := sleep(ctx, e.clk, pause); err != nil {
+			return decision{}, err
 		}
 		pause = min(pause*2, 250*time.Millisecond)
 	}
 }
 
+// execute runs the operation under x and records its outcome.
+func (e *Engine) execute(ctx context.Context, x *Execution, op operation) {
+	defer func() {
+		if p := recover(); p != nil {
+			x.markUnknown(ctx, fmt.Sprintf("handler panicked: %v", p))
+			panic(p)
+		}
+	}()
+	res := op.run(x.attach(ctx))
+	e.settle(ctx, x, &res)
+}
+
+// settle records what the operation did: its declared outcome (a
+// completion committed in its own transaction, an uncertain effect), else
+// its Result under the response policy.
+func (e *Engine) settle(ctx context.Context, x *Execution, res *Result) {
+	if x.committed.Load() {
+		// The handler's transaction completed the record.
+		x.Abandon()
+		return
+	}
+	if r := x.uncertain.Load(); r != nil {
+		x.markUnknown(ctx, *r)
+		return
+	}
+	outcome, reason := res.Outcome, res.Reason
+	if outcome == ByStatus {
+		outcome = Keep
+		if !e.storable(res.Response.Status) {
+			outcome, reason = Release, "status "+strconv.Itoa(res.Response.Status)
+		}
+	}
+	if outcome == Release && ctx.Err() != nil {
+		// A failure returned while the call was torn down (client gone,
+		// deadline passed): the operation may have been part way through
+		// its effects.
+		outcome = Unknown
+		reason = fmt.Sprintf("the call ended (%v) before the operation returned a final answer (%s)", ctx.Err(), reasonOr(reason, "released"))
+	}
+	switch outcome {
+	case Release:
+		x.release(ctx, reason)
+	case Unknown:
+		x.markUnknown(ctx, reasonOr(reason, "declared unknown"))
+	default:
+		resp := res.Response
+		resp.Header = store.ReplayableHeader(resp.Header)
+		if !resp.BodyOmitted && len(resp.Body) > e.cfg.MaxResponseBytes {
+			resp.Body, resp.BodyOmitted = nil, true
+		}
+		if resp.Body == nil && !resp.BodyOmitted {
+			resp.Body = []byte{}
+		}
+		x.complete(ctx, resp, res.Streamed)
+	}
+}
+
+func reasonOr(reason, dflt string) string {
+	if reason == "" {
+		return dflt
+	}
+	return reason
+}
+
+// storable reports whether a status is the final answer of a request
+// (stored and replayed) rather than a failure a retry should run again.
+func (e *Engine) storable(status int) bool {
+	if e.cfg.StoreServerErrors {
+		return true
+	}
+	switch status {
+	case 408, 425, 429: // Request Timeout, Too Early, Too Many Requests
+		return false
+	}
+	return status < 500
+}
+
 // call runs one store operation under the store timeout, measuring it and
-// wrapping its failure in ErrStore. Lease and state conflicts are answers,
-// not failures, and pass through unwrapped. A detached call ignores the
-// cancellation of ctx (but keeps its values).
+// wrapping its failure in ErrStore. Definite answers (lease lost, not
+// found, wrong state, invalid parameters) pass through unwrapped. A
+// detached call ignores the cancellation of ctx (but keeps its values).
 func (e *Engine) call(ctx context.Context, op storeOp, detached bool, f func(context.Context) error) error {
 	return e.callIn(new(callCtx), ctx, op, detached, f)
 }
@@ -270,259 +626,36 @@ func (e *Engine) call(ctx context.Context, op storeOp, detached bool, f func(con
 // callIn is call with the caller providing the (zero) callCtx, so that an
 // Execution's final transition needs no allocation of its own.
 func (e *Engine) callIn(cctx *callCtx, ctx context.Context, op storeOp, detached bool, f func(context.Context) error) error {
-	start := time.Now()
-	cctx.init(ctx, start.Add(e.cfg.StoreTimeout), detached)
+	_, err := e.callAt(cctx, ctx, op, detached, f)
+	return err
+}
+
+// callAt is callIn that also returns when the call started (a lease
+// reserved by it runs from then at the latest).
+func (e *Engine) callAt(cctx *callCtx, ctx context.Context, op storeOp, detached bool, f func(context.Context) error) (time.Time, error) {
+	start := e.clk.Now()
+	cctx.init(e.clk, ctx, start.Add(e.cfg.StoreTimeout), detached)
 	err := f(cctx)
 	cctx.release()
-	e.obs.storeOp(ctx, op, time.Since(start), err)
+	e.obs.storeOp(ctx, op, e.clk.Now().Sub(start), err)
 	if err == nil || isAnswer(err) {
-		return err
+		return start, err
 	}
-	return fmt.Errorf("%w: %s: %w", ErrStore, op, err)
+	return start, fmt.Errorf("%w: %s: %w", ErrStore, op, err)
 }
 
 // isAnswer reports whether a store error is a definite answer about the
-// record (lease lost, not found, wrong state) rather than a failure.
+// record or the request (lease lost, not found, wrong state, parameters
+// the store refuses) rather than a failure: retrying it cannot help.
 func isAnswer(err error) bool {
 	return errors.Is(err, store.ErrLeaseLost) || errors.Is(err, store.ErrNotFound) ||
-		errors.Is(err, store.ErrStateConflict)
+		errors.Is(err, store.ErrStateConflict) || errors.Is(err, store.ErrInvalidParams)
 }
 
-// Execution is the right to run one request, held through a fenced lease.
-// Handlers reach it with FromContext to pass the fence downstream, to
-// checkpoint atomic phases, to declare an uncertain outcome, or to complete
-// the key inside their own transaction.
-type Execution struct {
-	e      *Engine
-	scope  string
-	key    string
-	fence  int64
-	point  string
-	resume bool
-
-	mu        sync.Mutex
-	finished  bool
-	heartbeat *time.Timer
-	lost      atomic.Bool
-
-	uncertain atomic.Pointer[string]
-	committed atomic.Bool
-
-	// Storage that would otherwise be allocated per request: the context
-	// of the final transition and the middleware's response recorder.
-	endCtx callCtx
-	rec    recorder
-	reqCtx execCtx
-}
-
-// execCtx is a request context carrying its Execution, embedded in the
-// Execution so that attaching it costs no allocation.
-type execCtx struct {
-	context.Context
-	x *Execution
-}
-
-func (c *execCtx) Value(key any) any {
-	if key == (ctxKey{}) {
-		return c.x
-	}
-	return c.Context.Value(key)
-}
-
-// attach returns ctx carrying x.
-func (x *Execution) attach(ctx context.Context) context.Context {
-	x.reqCtx = execCtx{Context: ctx, x: x}
-	return &x.reqCtx
-}
-
-func (e *Engine) newExecution(res store.ReserveResult) *Execution {
-	x := &Execution{
-		e: e, scope: res.Record.Scope, key: res.Record.Key, fence: res.Record.Fence,
-		point: res.Record.RecoveryPoint, resume: res.Outcome == store.TakenOver,
-	}
-	x.mu.Lock()
-	x.heartbeat = time.AfterFunc(e.cfg.Lease/3, x.renew)
-	x.mu.Unlock()
-	return x
-}
-
-// Key returns the client's idempotency key.
-func (x *Execution) Key() string { return x.key }
-
-// Scope returns the record's scope.
-func (x *Execution) Scope() string { return x.scope }
-
-// Fence returns the lease token: it grows at every takeover, so a
-// downstream system that remembers the highest fence it saw can refuse a
-// zombie holder's late writes.
-func (x *Execution) Fence() int64 { return x.fence }
-
-// RecoveryPoint returns the last committed phase ("" before the first). A
-// handler resuming after a takeover starts from here.
-func (x *Execution) RecoveryPoint() string { return x.point }
-
-// Resumed reports whether this execution took over a dead holder's lease.
-func (x *Execution) Resumed() bool { return x.resume }
-
-// LeaseLost reports whether a renewal found the lease taken: the handler
-// should stop, its completion will be refused.
-func (x *Execution) LeaseLost() bool { return x.lost.Load() }
-
-func (x *Execution) fenceParams() store.FenceParams {
-	return store.FenceParams{Scope: x.scope, Key: x.key, Fence: x.fence}
-}
-
-// renew extends the lease and schedules the next renewal.
-func (x *Execution) renew() {
-	e := x.e
-	err := e.call(context.Background(), opExtend, false, func(ctx context.Context) error {
-		return e.store.Extend(ctx, store.ExtendParams{FenceParams: x.fenceParams(), Lease: e.cfg.Lease})
-	})
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if x.finished {
-		return
-	}
-	switch {
-	case errors.Is(err, store.ErrLeaseLost):
-		x.lost.Store(true)
-		e.log.Error("idem: lease lost while the handler ran", "scope", x.scope, "key", x.key, "fence", x.fence)
-		return
-	case err != nil:
-		// Keep trying: the lease outlives several failed renewals.
-		e.log.Warn("idem: lease renewal failed", "scope", x.scope, "key", x.key, "err", err)
-	}
-	x.heartbeat.Reset(e.cfg.Lease / 3)
-}
-
-// finish stops the heartbeat once; it reports false if already finished.
-func (x *Execution) finish() bool {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if x.finished {
-		return false
-	}
-	x.finished = true
-	x.heartbeat.Stop()
-	return true
-}
-
-// Checkpoint commits a recovery point outside any transaction. SQL stores
-// offer CheckpointTx to commit it with the phase's own writes.
-func (x *Execution) Checkpoint(ctx context.Context, point string) error {
-	err := x.e.call(ctx, opCheckpoint, true, func(ctx context.Context) error {
-		return x.e.store.Checkpoint(ctx, x.CheckpointParams(point))
-	})
-	if err == nil {
-		x.point = point
-	}
-	return err
-}
-
-// CheckpointParams returns the parameters for a store's CheckpointTx, so a
-// phase's writes and its recovery point commit together.
-func (x *Execution) CheckpointParams(point string) store.CheckpointParams {
-	return store.CheckpointParams{FenceParams: x.fenceParams(), RecoveryPoint: point}
-}
-
-// Checkpointed records that a CheckpointTx committed point.
-func (x *Execution) Checkpointed(point string) { x.point = point }
-
-// Uncertain declares that the operation may have had effects that cannot
-// be confirmed (a payment gateway timed out, a commit's outcome was lost):
-// the record goes to unknown for reconciliation whatever the response.
-func (x *Execution) Uncertain(reason string) { x.uncertain.Store(&reason) }
-
-// CompleteParams returns the parameters for a store's CompleteTx with the
-// response the handler is about to send, so the business write and the
-// key's completion commit in one transaction. Call Committed after the
-// commit succeeded.
-func (x *Execution) CompleteParams(resp store.Response) store.CompleteParams {
-	resp.Header = replayableHeader(resp.Header)
-	return store.CompleteParams{FenceParams: x.fenceParams(), Response: resp, TTL: x.e.cfg.TTL}
-}
-
-// Committed records that CompleteTx committed: the engine will not store
-// the response again.
-func (x *Execution) Committed() { x.committed.Store(true) }
-
-// FinishDeclared finishes the execution as its handler declared, if it
-// did: after Committed it only stops the heartbeat (the handler's
-// transaction completed the record); after Uncertain it marks the record
-// unknown. It reports whether it finished the execution; integrations
-// (the middleware, RPC interceptors, queue consumers) call it first and
-// apply their response policy only when it returns false.
-func (x *Execution) FinishDeclared(ctx context.Context) bool {
-	if x.committed.Load() {
-		x.Abandon()
-		return true
-	}
-	if r := x.uncertain.Load(); r != nil {
-		x.MarkUnknown(ctx, *r)
-		return true
-	}
-	return false
-}
-
-// Complete stores the response for replay.
-func (x *Execution) Complete(ctx context.Context, resp store.Response) error {
-	if !x.finish() {
-		return errFinished
-	}
-	return x.end(ctx, opComplete, "completed", func(ctx context.Context) error {
-		return x.e.store.Complete(ctx, store.CompleteParams{FenceParams: x.fenceParams(), Response: resp, TTL: x.e.cfg.TTL})
-	})
-}
-
-// Release frees the key for another attempt: only for failures certain to
-// have had no effect.
-func (x *Execution) Release(ctx context.Context, reason string) error {
-	if !x.finish() {
-		return errFinished
-	}
-	return x.end(ctx, opRelease, "released", func(ctx context.Context) error {
-		return x.e.store.Release(ctx, store.ReleaseParams{FenceParams: x.fenceParams(), Error: reason})
-	})
-}
-
-// MarkUnknown sends the record to reconciliation.
-func (x *Execution) MarkUnknown(ctx context.Context, reason string) error {
-	if !x.finish() {
-		return errFinished
-	}
-	x.e.log.Warn("idem: outcome unknown", "scope", x.scope, "key", x.key, "fence", x.fence, "reason", reason)
-	err := x.end(ctx, opMarkUnknown, "unknown", func(ctx context.Context) error {
-		return x.e.store.MarkUnknown(ctx, store.ReleaseParams{FenceParams: x.fenceParams(), Error: reason})
-	})
-	if err == nil {
-		x.e.obs.count(ctx, "reconcile_scheduled", 1)
-	}
-	return err
-}
-
-// Abandon stops the heartbeat without touching the record (its completion
-// was committed elsewhere, or the record must be left to expire).
-func (x *Execution) Abandon() { x.finish() }
-
-var errFinished = errors.New("idem: execution already finished")
-
-// end runs a final transition. It ignores the request's cancellation: a
-// client that hung up must not stop the engine from recording what the
-// handler did.
-func (x *Execution) end(ctx context.Context, op storeOp, what string, f func(context.Context) error) error {
-	err := x.e.callIn(&x.endCtx, ctx, op, true, f)
-	switch {
-	case errors.Is(err, store.ErrLeaseLost):
-		// Not a failure of the store: the record moved on without us
-		// (completed by the handler's transaction, taken over after a
-		// stall, swept, or deleted by an operator).
-		x.e.obs.finishFailed(ctx, op)
-		x.e.log.Warn("idem: outcome not recorded: this execution no longer holds the record",
-			"scope", x.scope, "key", x.key, "fence", x.fence, "outcome", what)
-	case err != nil:
-		x.e.obs.finishFailed(ctx, op)
-		x.e.log.Error("idem: could not record the outcome; the key stays in progress until its lease expires",
-			"scope", x.scope, "key", x.key, "fence", x.fence, "outcome", what, "err", err)
-	}
-	return err
+// transient reports whether a failed final transition may succeed if tried
+// again: a failure the store marks retryable, or the engine's own per-call
+// timeout (final transitions are detached from the caller's context, so a
+// deadline there is the store being slow).
+func transient(err error) bool {
+	return store.IsRetryable(err) || (errors.Is(err, context.DeadlineExceeded) && !isAnswer(err))
 }

@@ -57,26 +57,26 @@ func ExampleFromContext() {
 	// key payout-42 fence positive: true
 }
 
-func ExampleEngine_Begin() {
+func ExampleEngine_Run() {
 	ctx := context.Background()
 	engine, _ := idem.New(memory.New(memory.Config{}), idem.Config{})
-	req := idem.Request{Tenant: "acct_1", Method: "CONSUME", Route: "orders-queue", Key: "msg-7"}
-	req.Fingerprint, _ = engine.Fingerprint(req.Method, req.Route, "application/json", []byte(`{"order":7}`))
-
+	// A queue consumer: the message id is the key, the queue the route.
+	msg := idem.Call{
+		Tenant: "acct_1", Method: "CONSUME", Route: "orders-queue", Target: "orders-queue",
+		Keys: []string{"msg-7"}, ContentType: "application/json", Body: []byte(`{"order":7}`),
+	}
 	for i := 0; i < 2; i++ {
-		d, err := engine.Begin(ctx, req)
-		if err != nil {
-			panic(err) // the store is down: do not process, redeliver later
-		}
-		switch d.Verdict {
-		case idem.Execute:
+		a := engine.Run(ctx, msg, func(ctx context.Context) idem.Result {
 			// ... process the message ...
-			d.Exec.Complete(ctx, store.Response{Status: 200, Body: []byte("done")})
 			fmt.Println("processed")
-		case idem.Replay:
-			fmt.Println("duplicate, first result:", string(d.Record.Response.Body))
+			return idem.Result{Response: store.Response{Status: 200, Body: []byte("done")}}
+		})
+		switch a.Verdict {
+		case idem.Executed:
+		case idem.Replayed:
+			fmt.Println("duplicate, first result:", string(a.Response.Body))
 		default:
-			fmt.Println(d.Verdict)
+			fmt.Println(a.Verdict, a.Problem.Slug) // the store is down: redeliver later
 		}
 	}
 	// Output:

@@ -4,115 +4,140 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
+	"log/slog"
+	"mime"
 	"net/http"
 	"strconv"
+	"strings"
 
-	"github.com/idem-go/idem/internal/header"
 	"github.com/idem-go/idem/store"
 )
 
-type ctxKey struct{}
-
-// FromContext returns the Execution of the request being handled under an
-// idempotency key, or nil when the request is not (an unprotected method,
-// or no key on a route where it is optional).
-func FromContext(ctx context.Context) *Execution {
-	x, _ := ctx.Value(ctxKey{}).(*Execution)
-	return x
-}
-
-// NewContext returns ctx carrying x; for engines driven without the
-// middleware (queues, gRPC).
-func NewContext(ctx context.Context, x *Execution) context.Context {
-	return context.WithValue(ctx, ctxKey{}, x)
-}
-
 // Middleware protects next: requests with a protected method go through
-// the idempotency protocol, the others pass through untouched.
+// the idempotency protocol (Handle, with Config.Route naming the route),
+// the others pass through untouched.
 //
 // Put it inside the mux (around each route's handler, or with the mux's own
 // middleware hook) so that r.Pattern names the route; outside the mux the
 // scope falls back to the URL path.
 func (e *Engine) Middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		e.serve(w, r, next)
+		e.handle(w, r, "", true, next)
 	})
 }
 
-func (e *Engine) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
-	if !e.cfg.methods[r.Method] || FromContext(r.Context()) != nil {
+// Handle serves one request through the protocol with route as its route
+// pattern, for framework adapters that know the route themselves (gin's
+// c.FullPath(), echo's c.Path()). next runs the framework's handler chain;
+// to have a handler's error answer recorded, render it inside next. Handle
+// reports whether next ran: false means the engine answered itself (a
+// refusal, a replay, 409 ...), and a framework should stop its chain.
+//
+// What the client gets:
+//   - a method not in Config.Methods: next runs untouched (methods are
+//     matched without regard to case).
+//   - a first execution: next runs with a writer that buffers its answer;
+//     the answer is sent once its record is stored, so a client that gets
+//     it and retries at once gets it replayed, never 409. Answers larger
+//     than Config.MaxResponseBytes, answers that call Flush, and event
+//     streams (Content-Type text/event-stream) are sent as they are
+//     written instead: the client may see them before they are stored.
+//   - a replay: the stored status, headers and body, plus
+//     Idempotent-Replayed: true (and Idempotent-Body-Omitted: true when the
+//     body was too large to keep).
+//   - anything else: a problem document (see WriteProblem, Run and
+//     docs/problems.md).
+//
+// The request target (the escaped path and the query, compared as sorted pairs) is
+// part of the fingerprint: the same key on another resource or with
+// another query is refused as reused.
+func (e *Engine) Handle(w http.ResponseWriter, r *http.Request, route string, next http.Handler) bool {
+	return e.handle(w, r, route, false, next)
+}
+
+func (e *Engine) handle(w http.ResponseWriter, r *http.Request, route string, configRoute bool, next http.Handler) bool {
+	method, ok := e.cfg.protected(r.Method)
+	if !ok {
 		next.ServeHTTP(w, r)
-		return
+		return true
 	}
-	key, err := header.Parse(r.Header["Idempotency-Key"])
+	if configRoute {
+		route = e.cfg.Route(r)
+	}
+	// Not pooled: some frameworks keep the writer they were given and
+	// write to it after the handler returned (echo's error handler under
+	// echo.WrapMiddleware). A pooled recorder would then write into another
+	// request's answer; this one passes such late writes to its own client.
+	h := &httpCall{r: r, next: next}
+	h.rec.init(w, e.cfg.MaxResponseBytes, e.log)
+	c := Call{
+		Tenant: e.cfg.Tenant(r), Method: method, Route: route, Target: r.URL.RequestURI(),
+		Keys: r.Header["Idempotency-Key"], ContentType: r.Header.Get("Content-Type"),
+	}
+	a := e.run(r.Context(), &c, h)
+	switch a.Verdict {
+	case Executed:
+		h.rec.send()
+	case Passed:
+	case Replayed:
+		replay(w, a.Response)
+	default:
+		e.WriteProblem(w, a.Problem)
+	}
+	h.rec.done = true
+	return h.ran
+}
+
+// httpCall is the HTTP side of one call: the request, the handler and the
+// recorder of its answer.
+type httpCall struct {
+	rec  recorder
+	r    *http.Request
+	next http.Handler
+	ran  bool
+}
+
+func (h *httpCall) body(limit int64) ([]byte, error) { return readBody(h.r, limit) }
+
+func (h *httpCall) pass(context.Context) {
+	h.ran = true
+	h.next.ServeHTTP(h.rec.w, h.r)
+}
+
+func (h *httpCall) run(ctx context.Context) Result {
+	h.ran = true
+	rec := &h.rec
+	h.next.ServeHTTP(rec, h.r.WithContext(ctx))
+	res := Result{Streamed: rec.streaming}
 	switch {
-	case errors.Is(err, header.ErrMissing):
-		if !e.cfg.keyRequired {
-			next.ServeHTTP(w, r)
-			return
-		}
-		e.refuse(r, w, probKeyMissing, "")
-		return
-	case errors.Is(err, header.ErrRepeated):
-		e.refuse(r, w, probKeyRepeated, "")
-		return
-	case err != nil:
-		e.refuse(r, w, probKeyMalformed, err.Error())
-		return
+	case !rec.wroteHeader && ctx.Err() != nil:
+		// The client left and the handler gave up without an answer: it
+		// may have been part way through its effects.
+		res.Outcome, res.Reason = Unknown, "client disconnected before a response was written"
+	case rec.writeErr != nil:
+		// The handler may have stopped writing when the client went away:
+		// what was captured might be a truncated answer, which must never
+		// be replayed as if it were whole.
+		res.Outcome, res.Reason = Unknown, "writing the response failed: "+rec.writeErr.Error()
 	}
-	body, err := readBody(r, e.cfg.MaxBodyBytes)
-	if err != nil {
-		if errors.Is(err, errBodyTooLarge) {
-			e.refuse(r, w, probBodyTooLarge, fmt.Sprintf("the limit is %d bytes", e.cfg.MaxBodyBytes))
-		} else {
-			e.refuse(r, w, probBodyUnreadable, err.Error())
-		}
-		return
+	status := rec.status
+	if !rec.wroteHeader {
+		status = http.StatusOK // what net/http sends for a silent handler
 	}
-	route := e.cfg.Route(r)
-	fp, err := e.Fingerprint(r.Method, route, r.Header.Get("Content-Type"), body)
-	if err != nil {
-		e.refuse(r, w, probInvalidBody, err.Error())
-		return
+	hdr := rec.header
+	if !rec.streaming {
+		// Sent after this, as the handler left it.
+		hdr = rec.w.Header()
 	}
-	req := Request{Tenant: e.cfg.Tenant(r), Method: r.Method, Route: route, Key: key, Fingerprint: fp}
-	ctx := r.Context()
-	d, err := e.Begin(ctx, req)
-	if err == nil && d.Verdict == InProgress && e.cfg.Wait > 0 {
-		d, err = e.Await(ctx, req, e.cfg.Wait)
-	}
-	if err != nil {
-		e.log.Error("idem: store failed before the handler ran; refused with 503", "key", key, "err", err)
-		e.writeProblem(w, probStore, 0, "")
-		return
-	}
-	switch d.Verdict {
-	case Execute:
-		e.execute(w, r, body, d.Exec, next)
-	case Replay:
-		replay(w, d.Record.Response)
-	case Mismatch:
-		e.log.Warn("idem: key reused with a different request", "scope", d.Record.Scope, "key", key)
-		e.writeProblem(w, probMismatch, e.cfg.MismatchStatus, "")
-	case InProgress:
-		e.writeProblem(w, probInProgress, 0, "")
-	case OutcomeUnknown:
-		e.writeProblem(w, probUnknown, 0, "")
-	}
+	res.Response = store.Response{Status: status, Header: hdr, Body: rec.body, BodyOmitted: rec.omitted}
+	return res
 }
 
-// refuse answers a malformed request and counts it.
-func (e *Engine) refuse(r *http.Request, w http.ResponseWriter, p problem, detail string) {
-	e.obs.reserve(r.Context(), "rejected")
-	e.writeProblem(w, p, 0, detail)
-}
-
-var errBodyTooLarge = errors.New("body too large")
-
-// readBody reads at most limit bytes of the body and puts an identical
-// body back on r for the handler.
+// readBody reads the body, at most limit bytes, and puts an identical body
+// back on r for the handler. The buffer grows as bytes arrive: a declared
+// Content-Length sizes only the first allocation, up to a small bound, so a
+// client cannot make the server reserve memory it never sends.
 func readBody(r *http.Request, limit int64) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
@@ -121,32 +146,53 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 		return nil, errBodyTooLarge
 	}
 	rb := &replayBody{}
-	var b []byte
-	if r.ContentLength > 0 {
-		// The common case: one exact allocation, then a read that must
-		// find the end of the body.
-		b = make([]byte, r.ContentLength)
-		if _, err := io.ReadFull(r.Body, b); err != nil {
-			return nil, err
+	size := int64(initialBodyBuffer)
+	if r.ContentLength >= 0 {
+		size = min(size, r.ContentLength)
+	}
+	b := make([]byte, 0, size)
+	for {
+		if len(b) == cap(b) {
+			// Full: probe for more before growing, so that a body of
+			// exactly its Content-Length (the common case) costs one
+			// allocation.
+			n, err := r.Body.Read(rb.probe[:])
+			if n > 0 {
+				if int64(len(b)) >= limit {
+					return nil, errBodyTooLarge
+				}
+				b = append(b, rb.probe[0])
+			}
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return nil, err
+			}
+			continue
 		}
-		if n, _ := r.Body.Read(rb.probe[:]); n > 0 {
-			return nil, errors.New("body longer than its Content-Length")
+		n, err := r.Body.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if int64(len(b)) > limit {
+			return nil, errBodyTooLarge
 		}
-	} else {
-		buf := bytes.NewBuffer(nil)
-		n, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1))
+		if err == io.EOF {
+			break
+		}
 		if err != nil {
 			return nil, err
 		}
-		if n > limit {
-			return nil, errBodyTooLarge
-		}
-		b = buf.Bytes()
+	}
+	if r.ContentLength >= 0 && int64(len(b)) > r.ContentLength {
+		return nil, errors.New("body longer than its Content-Length")
 	}
 	rb.Reset(b)
 	r.Body = rb
 	return b, nil
 }
+
+// initialBodyBuffer bounds the first allocation for a request body.
+const initialBodyBuffer = 4 << 10
 
 // replayBody hands the already-read body to the handler.
 type replayBody struct {
@@ -156,76 +202,23 @@ type replayBody struct {
 
 func (*replayBody) Close() error { return nil }
 
-func (e *Engine) execute(w http.ResponseWriter, r *http.Request, body []byte, x *Execution, next http.Handler) {
-	ctx := x.attach(r.Context())
-	rec := &x.rec
-	rec.ResponseWriter, rec.limit = w, e.cfg.MaxResponseBytes
-	r2 := r.WithContext(ctx)
-	defer func() {
-		if p := recover(); p != nil {
-			x.MarkUnknown(ctx, fmt.Sprintf("handler panicked: %v", p))
-			panic(p)
-		}
-	}()
-	next.ServeHTTP(rec, r2)
-	e.settle(ctx, x, rec)
-}
-
-// settle records what the handler did: the response policy of DESIGN §4.
-func (e *Engine) settle(ctx context.Context, x *Execution, rec *recorder) {
-	if x.FinishDeclared(ctx) {
-		return
-	}
-	switch {
-	case !rec.wroteHeader && ctx.Err() != nil:
-		// The client left and the handler gave up without an answer: it
-		// may have been part way through its effects.
-		x.MarkUnknown(ctx, "client disconnected before a response was written")
-		return
-	case rec.writeErr != nil:
-		// The handler may have stopped writing when the client went away:
-		// what was captured might be a truncated answer, which must never
-		// be replayed as if it were whole.
-		x.MarkUnknown(ctx, "writing the response failed: "+rec.writeErr.Error())
-		return
-	}
-	status := rec.status
-	if !rec.wroteHeader {
-		status = http.StatusOK // what net/http sends for a silent handler
-	}
-	if !e.storable(status) {
-		x.Release(ctx, "status "+strconv.Itoa(status))
-		return
-	}
-	resp := store.Response{Status: status, Header: rec.header, Body: rec.body, BodyOmitted: rec.omitted}
-	if resp.Body == nil && !resp.BodyOmitted {
-		resp.Body = []byte{}
-	}
-	x.Complete(ctx, resp)
-}
-
-// storable reports whether a status is the final answer of a request
-// (stored and replayed) rather than a failure a retry should run again.
-func (e *Engine) storable(status int) bool {
-	if e.cfg.StoreServerErrors {
-		return true
-	}
-	switch status {
-	case http.StatusRequestTimeout, http.StatusTooEarly, http.StatusTooManyRequests:
-		return false
-	}
-	return status < 500
-}
-
 var (
 	replayedTrue = []string{"true"}
 	omittedTrue  = []string{"true"}
 )
 
-// replay writes a stored response, byte for byte.
+// replay writes a stored answer, byte for byte. Its headers pass the
+// filter of store.ReplayableHeader again, whoever stored them.
 func replay(w http.ResponseWriter, resp *store.Response) {
+	src := resp.Header
+	if _, ok := src["Connection"]; ok {
+		src = store.ReplayableHeader(src) // drops the headers it names too
+	}
 	h := w.Header()
-	for k, v := range resp.Header {
+	for k, v := range src {
+		if !store.Replayable(k) || !store.ValidHeader(k, v) {
+			continue
+		}
 		// A full slice expression: a later Add appends to a copy, never to
 		// the stored record's backing array.
 		h[k] = v[:len(v):len(v)]
@@ -233,109 +226,165 @@ func replay(w http.ResponseWriter, resp *store.Response) {
 	h["Idempotent-Replayed"] = replayedTrue
 	if resp.BodyOmitted {
 		h["Idempotent-Body-Omitted"] = omittedTrue
-		delete(h, "Content-Length")
 	}
 	w.WriteHeader(resp.Status)
 	w.Write(resp.Body)
 }
 
-// Headers never stored for replay: hop-by-hop headers (RFC 9110 §7.6.1),
-// cookies (a replay must not hand one caller's session to a retry), and
-// Date (the replay gets its own).
-var unreplayable = map[string]bool{
-	"Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true, "Proxy-Authorization": true,
-	"Proxy-Connection": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
-	"Set-Cookie": true, "Set-Cookie2": true, "Date": true, "Idempotent-Replayed": true, "Idempotent-Body-Omitted": true,
-}
-
-// replayableHeader copies h without the headers a replay must not carry,
-// including those named by Connection. The value slices are shared with h,
-// capped so that an Add on either side copies instead of writing into the
-// other; net/http treats header values as immutable once set.
-func replayableHeader(h http.Header) http.Header {
-	if len(h) == 0 {
-		return nil
-	}
-	named := h["Connection"]
-	out := make(http.Header, len(h))
-	for k, v := range h {
-		if unreplayable[k] || listed(named, k) {
-			continue
-		}
-		out[k] = v[:len(v):len(v)]
-	}
-	return out
-}
-
-func listed(connection []string, name string) bool {
-	for _, line := range connection {
-		for _, tok := range bytes.Split([]byte(line), []byte(",")) {
-			if http.CanonicalHeaderKey(string(bytes.TrimSpace(tok))) == name {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// recorder passes the response through to the client while keeping a copy
-// for the store. It keeps Flush working for streaming handlers.
+// recorder captures a handler's answer. It buffers it until the engine
+// stored it (send writes it then), and switches to sending as written for
+// answers that cannot wait: larger than the stored-size limit, flushed, or
+// event streams.
 type recorder struct {
-	http.ResponseWriter
+	w           http.ResponseWriter // the client's
 	status      int
 	wroteHeader bool
-	header      http.Header // replayable headers, snapshot at WriteHeader
-	body        []byte
-	limit       int
-	omitted     bool
+	// streaming: the answer goes to the client as it is written; header
+	// is then the replayable snapshot of what was sent.
+	streaming bool
+	header    http.Header
+	body      []byte
+	limit     int
+	omitted   bool
 	// writeErr is the first error writing to the client: the handler may
 	// have stopped early, so the captured body may not be its answer.
 	writeErr error
+	// done: the engine has recorded the answer and Handle returned; what
+	// is written now goes straight to the client and is not stored.
+	done   bool
+	warned bool
+	log    *slog.Logger
+}
+
+func (rw *recorder) init(w http.ResponseWriter, limit int, log *slog.Logger) {
+	rw.w, rw.limit, rw.log = w, limit, log
+}
+
+func (rw *recorder) Header() http.Header { return rw.w.Header() }
+
+// late reports a write after Handle returned, once: its bytes reach the
+// client but not the record, so retries will replay something else.
+func (rw *recorder) late() {
+	if !rw.warned {
+		rw.warned = true
+		rw.log.Warn("idem: the handler's writer was used after the handler returned; " +
+			"that output is not part of the stored answer (with a framework that writes errors after its " +
+			"middleware returns, use its adapter: contrib/echoidem, contrib/ginidem)")
+	}
 }
 
 func (rw *recorder) WriteHeader(code int) {
+	if rw.done {
+		rw.late()
+		rw.w.WriteHeader(code)
+		return
+	}
 	if rw.wroteHeader {
-		rw.ResponseWriter.WriteHeader(code) // let net/http report the superfluous call
+		if rw.streaming {
+			rw.w.WriteHeader(code) // let net/http report the superfluous call
+		}
 		return
 	}
 	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
-		rw.ResponseWriter.WriteHeader(code) // informational: not the answer
+		rw.w.WriteHeader(code) // informational: not the answer
 		return
 	}
 	rw.wroteHeader = true
 	rw.status = code
-	rw.header = replayableHeader(rw.ResponseWriter.Header())
-	rw.ResponseWriter.WriteHeader(code)
+	h := rw.w.Header()
+	if code == http.StatusSwitchingProtocols || isEventStream(h) {
+		rw.stream()
+		return
+	}
+	if cl := h["Content-Length"]; len(cl) == 1 {
+		// The handler announced its size: one allocation of the right one.
+		if n, err := strconv.Atoi(cl[0]); err == nil && n > 0 && n <= rw.limit {
+			rw.body = make([]byte, 0, n)
+		}
+	}
+}
+
+func isEventStream(h http.Header) bool {
+	ct := h["Content-Type"]
+	if len(ct) == 0 || !strings.HasPrefix(ct[0], "text/event-stream") {
+		return false
+	}
+	t, _, err := mime.ParseMediaType(ct[0])
+	return err == nil && t == "text/event-stream"
+}
+
+// stream switches to sending as written: the header now, and what was
+// buffered.
+func (rw *recorder) stream() {
+	rw.streaming = true
+	rw.header = store.ReplayableHeader(rw.w.Header())
+	rw.w.WriteHeader(rw.status)
+	if len(rw.body) > 0 {
+		if _, err := rw.w.Write(rw.body); err != nil && rw.writeErr == nil {
+			rw.writeErr = err
+		}
+	}
 }
 
 func (rw *recorder) Write(b []byte) (int, error) {
+	if rw.done {
+		rw.late()
+		return rw.w.Write(b)
+	}
 	if !rw.wroteHeader {
 		rw.WriteHeader(http.StatusOK)
 	}
-	if !rw.omitted {
-		if len(rw.body)+len(b) > rw.limit {
-			rw.omitted = true
-			rw.body = nil
-		} else {
-			// Sized by append: most handlers write once, and the copy is
-			// kept for the record's whole retention.
+	fits := !rw.omitted && len(rw.body)+len(b) <= rw.limit
+	if !rw.streaming {
+		if fits {
+			// The buffer is the stored body: no copy is made later.
 			rw.body = append(rw.body, b...)
+			return len(b), nil
 		}
+		rw.stream()
 	}
-	n, err := rw.ResponseWriter.Write(b)
+	if fits {
+		rw.body = append(rw.body, b...)
+	} else {
+		rw.omitted, rw.body = true, nil
+	}
+	n, err := rw.w.Write(b)
 	if err != nil && rw.writeErr == nil {
 		rw.writeErr = err
 	}
 	return n, err
 }
 
-// Flush sends what was written so far; capture continues.
+// Flush sends what was written so far and streams from then on; capture
+// continues.
 func (rw *recorder) Flush() {
+	if rw.done {
+		http.NewResponseController(rw.w).Flush()
+		return
+	}
 	if !rw.wroteHeader {
 		rw.WriteHeader(http.StatusOK)
 	}
-	http.NewResponseController(rw.ResponseWriter).Flush()
+	if !rw.streaming {
+		rw.stream()
+	}
+	http.NewResponseController(rw.w).Flush()
+}
+
+// send writes a buffered answer once the engine recorded it.
+func (rw *recorder) send() {
+	if rw.streaming {
+		return
+	}
+	status := rw.status
+	if !rw.wroteHeader {
+		status = http.StatusOK
+	}
+	rw.w.WriteHeader(status)
+	if len(rw.body) > 0 {
+		rw.w.Write(rw.body)
+	}
 }
 
 // Unwrap lets http.ResponseController reach the underlying writer.
-func (rw *recorder) Unwrap() http.ResponseWriter { return rw.ResponseWriter }
+func (rw *recorder) Unwrap() http.ResponseWriter { return rw.w }

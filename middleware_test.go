@@ -9,11 +9,15 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/store"
@@ -26,9 +30,11 @@ type faultyStore struct {
 	store.Store
 	failReserve  atomic.Bool
 	failComplete atomic.Bool
+	completes    atomic.Int64
 }
 
-var errOutage = errors.New("connection refused")
+// errOutage is a dropped connection, as the stores report one.
+var errOutage = store.Retryable(errors.New("connection refused"))
 
 func (f *faultyStore) Reserve(ctx context.Context, p store.ReserveParams) (store.ReserveResult, error) {
 	if f.failReserve.Load() {
@@ -38,6 +44,7 @@ func (f *faultyStore) Reserve(ctx context.Context, p store.ReserveParams) (store
 }
 
 func (f *faultyStore) Complete(ctx context.Context, p store.CompleteParams) error {
+	f.completes.Add(1)
 	if f.failComplete.Load() {
 		return errOutage
 	}
@@ -229,7 +236,7 @@ func TestMalformedKeys(t *testing.T) {
 	}
 }
 
-func TestMismatch(t *testing.T) {
+func TestKeyReused(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, idem.Config{}, nil)
 	f.do(post(uuid, `{"amount":100}`))
@@ -391,16 +398,21 @@ func (s *slowStore) Reserve(ctx context.Context, p store.ReserveParams) (store.R
 
 func TestStoreDownAtComplete(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, idem.Config{}, nil)
+	// A short lease: the engine retries the completion until the lease it
+	// holds would lapse, then gives up.
+	f := newFixture(t, idem.Config{Lease: 200 * time.Millisecond}, nil)
 	f.store.failComplete.Store(true)
 	// The client still gets the response it earned.
 	if w := f.do(post(uuid, `{}`)); w.Code != 201 || !strings.Contains(w.Body.String(), "ch_1") {
 		t.Fatalf("response when Complete failed: %d %q", w.Code, w.Body)
 	}
+	if n := f.store.completes.Load(); n < 2 {
+		t.Fatalf("Complete tried %d times, want retries", n)
+	}
 	f.store.failComplete.Store(false)
 	// The record was not released: a retry cannot execute a second time.
 	wantProblem(t, f.do(post(uuid, `{}`)), 409, "request-in-progress")
-	f.clock.Advance(31 * time.Second) // the lease expires: policy unknown
+	f.clock.Advance(time.Second) // the lease expires in store time: policy unknown
 	wantProblem(t, f.do(post(uuid, `{}`)), 409, "outcome-unknown")
 	if n := f.calls.Load(); n != 1 {
 		t.Fatalf("handler ran %d times", n)
@@ -763,7 +775,7 @@ func TestConfigErrors(t *testing.T) {
 	for _, cfg := range []idem.Config{
 		{Profile: "soap"},
 		{LeasePolicy: "maybe"},
-		{MismatchStatus: 200},
+		{KeyReusedStatus: 200},
 		{TTL: -time.Second},
 		{MaxBodyBytes: -1},
 	} {
@@ -798,8 +810,8 @@ func TestSelectedFields(t *testing.T) {
 		t.Fatalf("unselected field changed: %d", w.Code)
 	}
 	wantProblem(t, f.do(post(uuid, `{"amount":200,"currency":"eur","trace":"a"}`)), 422, "key-reused")
-	fa, _ := f.engine.Fingerprint("POST", "/x", "application/json", []byte(`{"amount":1,"currency":"eur"}`))
-	ga, _ := g.engine.Fingerprint("POST", "/x", "application/json", []byte(`{"amount":1,"currency":"eur"}`))
+	fa, _ := f.engine.Fingerprint(idem.Call{Method: "POST", Route: "/x", Target: "/x", ContentType: "application/json", Body: []byte(`{"amount":1,"currency":"eur"}`)})
+	ga, _ := g.engine.Fingerprint(idem.Call{Method: "POST", Route: "/x", Target: "/x", ContentType: "application/json", Body: []byte(`{"amount":1,"currency":"eur"}`)})
 	if fa != ga {
 		t.Fatal("the order of Fields changed the fingerprint")
 	}
@@ -879,5 +891,365 @@ func TestClientGoneMidResponseIsNotReplayedTruncated(t *testing.T) {
 			t.Fatalf("record after the client left mid-body: %+v %v, want unknown", rec.State, err)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// The concrete target is part of the request: the same key and body on
+// another resource, or with another query, is a reused key, never a replay
+// of the other request's answer. The scope keeps the route pattern.
+func TestTargetIsPartOfTheRequest(t *testing.T) {
+	t.Parallel()
+	s := memory.New(memory.Config{})
+	e, _ := idem.New(s, idem.Config{Logger: slog.New(slog.DiscardHandler)})
+	var calls atomic.Int64
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/orders/{id}/pay", e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.WriteHeader(201)
+		io.WriteString(w, "paid "+r.PathValue("id")+" "+r.URL.Query().Get("amount"))
+	})))
+	send := func(target, key string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest("POST", target, strings.NewReader(`{"note":"x"}`))
+		r.Header.Set("Content-Type", "application/json")
+		r.Header.Set("Idempotency-Key", key)
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, r)
+		return w
+	}
+	if w := send("/v1/orders/1/pay", "k1"); w.Code != 201 || w.Body.String() != "paid 1 " {
+		t.Fatalf("order 1: %d %q", w.Code, w.Body)
+	}
+	wantProblem(t, send("/v1/orders/2/pay", "k1"), 422, "key-reused")
+	if w := send("/v1/orders/1/pay", "k1"); w.Header().Get("Idempotent-Replayed") != "true" || w.Body.String() != "paid 1 " {
+		t.Fatalf("retry of order 1: %d %q", w.Code, w.Body)
+	}
+
+	if w := send("/v1/orders/3/pay?amount=5&currency=eur", "k2"); w.Code != 201 || w.Body.String() != "paid 3 5" {
+		t.Fatalf("amount 5: %d %q", w.Code, w.Body)
+	}
+	wantProblem(t, send("/v1/orders/3/pay?amount=500&currency=eur", "k2"), 422, "key-reused")
+	// The same pairs in another order and spelling are the same request.
+	if w := send("/v1/orders/3/pay?currency=%65ur&amount=5", "k2"); w.Header().Get("Idempotent-Replayed") != "true" || w.Body.String() != "paid 3 5" {
+		t.Fatalf("retry with the query reordered: %d %q", w.Code, w.Body)
+	}
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("handler ran %d times, want 2", n)
+	}
+	if _, err := s.Get(context.Background(), "0:POST /v1/orders/{id}/pay", "k1"); err != nil {
+		t.Fatalf("record under the pattern's scope: %v", err)
+	}
+}
+
+// Methods are matched without regard to case: post and Post go through
+// the protocol as POST, and the upper-case match allocates nothing.
+func TestMethodsMatchAnyCase(t *testing.T) {
+	s := memory.New(memory.Config{})
+	e, _ := idem.New(s, idem.Config{Logger: slog.New(slog.DiscardHandler), Methods: []string{"post", "PATCH"}})
+	var calls atomic.Int64
+	h := e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.WriteHeader(201)
+	}))
+	for i, m := range []string{"post", "Post", "POST"} {
+		r := httptest.NewRequest(m, "/x", strings.NewReader(`{}`))
+		r.Header.Set("Idempotency-Key", "k")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if replayed := w.Header().Get("Idempotent-Replayed") == "true"; w.Code != 201 || replayed != (i > 0) {
+			t.Fatalf("%s: %d replayed=%v", m, w.Code, replayed)
+		}
+	}
+	if calls.Load() != 1 {
+		t.Fatalf("handler ran %d times, want 1", calls.Load())
+	}
+	if m, ok := e.Protected("patch"); !ok || m != "PATCH" {
+		t.Fatalf("patch: %q %v", m, ok)
+	}
+	if _, ok := e.Protected("GET"); ok {
+		t.Fatal("GET protected")
+	}
+	if n := testing.AllocsPerRun(100, func() { e.Protected("POST") }); n != 0 {
+		t.Fatalf("matching POST allocates %v times", n)
+	}
+}
+
+// errorCounter counts ERROR records.
+type errorCounter struct{ n atomic.Int64 }
+
+func (c *errorCounter) Enabled(context.Context, slog.Level) bool { return true }
+func (c *errorCounter) Handle(_ context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelError {
+		c.n.Add(1)
+	}
+	return nil
+}
+func (c *errorCounter) WithAttrs([]slog.Attr) slog.Handler { return c }
+func (c *errorCounter) WithGroup(string) slog.Handler      { return c }
+
+// refusingStore answers every reservation as a store whose own limits the
+// request breaks.
+type refusingStore struct{ store.Store }
+
+func (refusingStore) Reserve(context.Context, store.ReserveParams) (store.ReserveResult, error) {
+	return store.ReserveResult{}, errors.Join(store.ErrInvalidParams, errors.New("scope holds a byte the column refuses"))
+}
+
+// A path that cannot name a record is the client's error, never a store
+// outage: 414 for a scope too long, 400 for bytes that are not UTF-8,
+// without an ERROR log or a store-error metric, on every store.
+func TestPathsThatCannotNameARecord(t *testing.T) {
+	t.Parallel()
+	stores := engineStores(t)
+	stores = append(stores, namedStore{"refusing", func(t *testing.T, clock store.Clock) store.Store {
+		return refusingStore{memory.New(memory.Config{})}
+	}})
+	for _, ns := range stores {
+		t.Run(ns.name, func(t *testing.T) {
+			t.Parallel()
+			logs := &errorCounter{}
+			reader := sdkmetric.NewManualReader()
+			e, err := idem.New(ns.open(t, nil), idem.Config{
+				Logger: slog.New(logs), MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var calls atomic.Int64
+			h := e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				calls.Add(1)
+				w.WriteHeader(201)
+			}))
+			send := func(target string) *httptest.ResponseRecorder {
+				r := httptest.NewRequest("POST", target, strings.NewReader(`{}`))
+				r.Header.Set("Idempotency-Key", "k")
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, r)
+				return w
+			}
+			if ns.name == "refusing" {
+				wantProblem(t, send("/ok"), 400, "scope-invalid")
+			} else {
+				wantProblem(t, send("/"+strings.Repeat("a", 3000)), 414, "scope-too-long")
+				wantProblem(t, send("/bad%FFpath"), 400, "scope-invalid")
+				// The query is not part of the scope: its bytes are only hashed.
+				if w := send("/fine?q=%FF%00"); w.Code != 201 {
+					t.Fatalf("invalid UTF-8 in the query: %d %s", w.Code, w.Body)
+				}
+				if calls.Load() != 1 {
+					t.Fatalf("handler ran %d times, want 1", calls.Load())
+				}
+			}
+			if n := logs.n.Load(); n != 0 {
+				t.Fatalf("%d ERROR records for a client's bad request", n)
+			}
+			var rm metricdata.ResourceMetrics
+			if err := reader.Collect(context.Background(), &rm); err != nil {
+				t.Fatal(err)
+			}
+			for _, sm := range rm.ScopeMetrics {
+				for _, m := range sm.Metrics {
+					if m.Name == "idem.store.errors" {
+						t.Fatalf("store errors counted for a client's bad request: %+v", m.Data)
+					}
+				}
+			}
+		})
+	}
+}
+
+// Replays filter the stored headers again, whoever stored them.
+func TestReplayFiltersStoredHeaders(t *testing.T) {
+	t.Parallel()
+	s := memory.New(memory.Config{})
+	e, _ := idem.New(s, idem.Config{Logger: slog.New(slog.DiscardHandler)})
+	body := []byte(`{"a":1}`)
+	fp, err := e.Fingerprint(idem.Call{Method: "POST", Route: "/v1/charges", Target: "/v1/charges", ContentType: "application/json", Body: body})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	res, err := s.Reserve(ctx, store.ReserveParams{Scope: "0:POST /v1/charges", Key: "k", Fingerprint: fp,
+		Lease: time.Minute, TTL: time.Hour, LeasePolicy: store.LeaseUnknown})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A record written without the engine's filter (an operator's tool).
+	err = s.Complete(ctx, store.CompleteParams{FenceParams: store.FenceParams{Scope: "0:POST /v1/charges", Key: "k", Fence: res.Record.Fence},
+		TTL: time.Hour, Response: store.Response{Status: 201, Body: []byte("ok"), Header: http.Header{
+			"Set-Cookie": {"session=other-callers"}, "Connection": {"X-Hop"}, "X-Hop": {"1"},
+			"X-Bad": {"a\nb"}, "X-Good": {"yes"},
+		}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := httptest.NewRequest("POST", "/v1/charges", bytes.NewReader(body))
+	r.Header.Set("Content-Type", "application/json")
+	r.Header.Set("Idempotency-Key", "k")
+	w := httptest.NewRecorder()
+	e.Middleware(http.NotFoundHandler()).ServeHTTP(w, r)
+	if w.Code != 201 || w.Header().Get("X-Good") != "yes" || w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("replay: %d %v", w.Code, w.Header())
+	}
+	for _, h := range []string{"Set-Cookie", "Connection", "X-Hop", "X-Bad"} {
+		if _, ok := w.Header()[h]; ok {
+			t.Fatalf("replay carried %s", h)
+		}
+	}
+}
+
+// The in-flight answer is 409 by default, 202 by option, both with
+// Retry-After; any other status is a configuration error.
+func TestInProgressStatus(t *testing.T) {
+	t.Parallel()
+	h, started, release := blocking()
+	f := newFixture(t, idem.Config{InProgressStatus: http.StatusAccepted}, h)
+	done := make(chan *httptest.ResponseRecorder)
+	go func() { done <- f.do(post(uuid, `{"a":1}`)) }()
+	<-started
+	w := f.do(post(uuid, `{"a":1}`))
+	wantProblem(t, w, 202, "request-in-progress")
+	if w.Header().Get("Retry-After") != "1" {
+		t.Fatalf("202 without Retry-After: %v", w.Header())
+	}
+	close(release)
+	<-done
+	if _, err := idem.New(memory.New(memory.Config{}), idem.Config{InProgressStatus: 429}); err == nil {
+		t.Fatal("InProgressStatus 429 accepted")
+	}
+}
+
+// Handle takes the route from its caller and reports whether next ran, so
+// a framework can stop its chain when the engine answered itself.
+func TestHandleReportsWhetherNextRan(t *testing.T) {
+	t.Parallel()
+	s := memory.New(memory.Config{})
+	e, _ := idem.New(s, idem.Config{Logger: slog.New(slog.DiscardHandler)})
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(201) })
+	send := func(method, key string) (*httptest.ResponseRecorder, bool) {
+		r := httptest.NewRequest(method, "/v1/things/7", strings.NewReader(`{}`))
+		if key != "" {
+			r.Header.Set("Idempotency-Key", key)
+		}
+		w := httptest.NewRecorder()
+		ran := e.Handle(w, r, "/v1/things/:id", next)
+		return w, ran
+	}
+	for _, c := range []struct {
+		method, key string
+		code        int
+		ran         bool
+	}{
+		{"POST", "k", 201, true},  // executed
+		{"POST", "k", 201, false}, // replayed
+		{"POST", "", 400, false},  // refused
+		{"GET", "", 201, true},    // not protected
+	} {
+		if w, ran := send(c.method, c.key); w.Code != c.code || ran != c.ran {
+			t.Fatalf("%s key %q: %d ran=%v, want %d ran=%v", c.method, c.key, w.Code, ran, c.code, c.ran)
+		}
+	}
+	if _, err := s.Get(context.Background(), "0:POST /v1/things/:id", "k"); err != nil {
+		t.Fatalf("record under the given route: %v", err)
+	}
+}
+
+// WriteProblem renders an integration's own refusal in the engine's
+// profile.
+func TestWriteProblem(t *testing.T) {
+	t.Parallel()
+	p := idem.Problem{Slug: "tenant-missing", Status: 401, Title: "No tenant", Detail: "send X-Tenant-ID", RetryAfter: 1500 * time.Millisecond}
+	ietf, _ := idem.New(memory.New(memory.Config{}), idem.Config{})
+	w := httptest.NewRecorder()
+	ietf.WriteProblem(w, p)
+	doc := wantProblem(t, w, 401, "tenant-missing")
+	if doc.Detail != "send X-Tenant-ID" || w.Header().Get("Retry-After") != "2" {
+		t.Fatalf("ietf problem: %+v %v", doc, w.Header())
+	}
+	stripe, _ := idem.New(memory.New(memory.Config{}), idem.Config{Profile: idem.ProfileStripe})
+	w = httptest.NewRecorder()
+	p.RetryAfter = 0
+	stripe.WriteProblem(w, p)
+	var body struct {
+		Error struct{ Type, Code, Message string }
+	}
+	if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil || w.Code != 401 || body.Error.Code != "tenant-missing" ||
+		body.Error.Message != "No tenant send X-Tenant-ID" || w.Header().Get("Retry-After") != "" {
+		t.Fatalf("stripe problem: %d %s %v (%v)", w.Code, w.Body, w.Header(), err)
+	}
+}
+
+// A declared Content-Length does not make the server reserve memory the
+// client never sends: the buffer grows as bytes arrive.
+func TestBodyBufferGrowsAsBytesArrive(t *testing.T) {
+	r := httptest.NewRequest("POST", "/x", io.MultiReader(strings.NewReader("0123456789"), iotestErrReader{}))
+	r.ContentLength = 1 << 20
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err := idem.ReadBody(r, 1<<20)
+	runtime.ReadMemStats(&after)
+	if err == nil {
+		t.Fatal("a body cut short was read whole")
+	}
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > 256<<10 {
+		t.Fatalf("reading 10 bytes of a declared MiB allocated %d bytes", grew)
+	}
+	// A body that arrives whole is read whole.
+	big := strings.Repeat("y", 100<<10)
+	r = httptest.NewRequest("POST", "/x", strings.NewReader(big))
+	if b, err := idem.ReadBody(r, 1<<20); err != nil || string(b) != big {
+		t.Fatalf("100 KiB body: %d bytes, %v", len(b), err)
+	}
+}
+
+type iotestErrReader struct{}
+
+func (iotestErrReader) Read([]byte) (int, error) { return 0, io.ErrUnexpectedEOF }
+
+// A framework that keeps the writer and writes after the middleware
+// returned (echo's error handler under echo.WrapMiddleware) must neither
+// crash the engine nor write into another request's answer: its late
+// output reaches its own client, and the record keeps what the handler
+// wrote while it ran.
+func TestWriterUsedAfterTheHandlerReturned(t *testing.T) {
+	t.Parallel()
+	var kept http.ResponseWriter
+	e, err := idem.New(memory.New(memory.Config{}), idem.Config{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		kept = w // returns without an answer, as an erroring echo handler does
+	}))
+	late := httptest.NewRecorder()
+	r := httptest.NewRequest("POST", "/v1/charges", strings.NewReader(`{}`))
+	r.Header.Set("Idempotency-Key", "late-1")
+	h.ServeHTTP(late, r)
+	// The framework writes its error answer now.
+	kept.Header().Set("Content-Type", "text/plain")
+	kept.WriteHeader(http.StatusBadRequest)
+	io.WriteString(kept, "late error")
+
+	// Another request runs meanwhile: its answer is its own.
+	other := httptest.NewRecorder()
+	r2 := httptest.NewRequest("POST", "/v1/charges", strings.NewReader(`{}`))
+	r2.Header.Set("Idempotency-Key", "other-1")
+	e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "mine")
+	})).ServeHTTP(other, r2)
+	io.WriteString(kept, " more")
+	if other.Code != http.StatusCreated || other.Body.String() != "mine" {
+		t.Fatalf("the other request got %d %q", other.Code, other.Body)
+	}
+	if got := late.Body.String(); got != "late error more" {
+		t.Fatalf("late output %q, want it on its own client", got)
+	}
+	// The record holds what the handler wrote while it ran: an empty 200.
+	replay := httptest.NewRecorder()
+	r3 := httptest.NewRequest("POST", "/v1/charges", strings.NewReader(`{}`))
+	r3.Header.Set("Idempotency-Key", "late-1")
+	h.ServeHTTP(replay, r3)
+	if replay.Code != http.StatusOK || replay.Body.Len() != 0 || replay.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("replay %d %q %v", replay.Code, replay.Body, replay.Header())
 	}
 }

@@ -20,23 +20,19 @@ const (
 	opCheckpoint
 	opExtend
 	opGet
-	opSweep
-	opReap
-	opListUnknown
-	opResolve
-	opDefer
 	numOps
 )
 
-var opNames = [numOps]string{"reserve", "complete", "release", "mark_unknown", "checkpoint", "extend", "get",
-	"sweep", "reap", "list_unknown", "resolve", "defer"}
+// opNames match those of package maintenance, whose store calls sit beside
+// the engine's under the same op attribute.
+var opNames = [numOps]string{"reserve", "complete", "release", "mark_unknown", "checkpoint", "extend", "get"}
 
 func (o storeOp) String() string { return opNames[o] }
 
 // reserveOutcomes are the values of the outcome attribute of
 // idem.reserve.outcomes (DESIGN §6).
 var reserveOutcomes = []string{
-	"created", "replay", "in_progress", "key_misuse", "failed_retry", "unknown", "taken_over", "store_error", "rejected",
+	"created", "replay", "in_progress", "key_reused", "failed_retry", "unknown", "taken_over", "store_error", "rejected",
 }
 
 // observer holds the engine's instruments with their attribute sets built
@@ -47,7 +43,7 @@ type observer struct {
 	storeErrs   metric.Int64Counter
 	finishFails metric.Int64Counter
 	latency     metric.Float64Histogram
-	events      map[string]metric.Int64Counter
+	scheduled   metric.Int64Counter
 	// Option slices, not single options: a variadic call through an
 	// interface would allocate a fresh slice per call.
 	opAdd    [numOps][]metric.AddOption
@@ -64,7 +60,7 @@ func newObserver(mp metric.MeterProvider) (*observer, error) {
 	o := &observer{reserveOpts: map[string][]metric.AddOption{}}
 	var err error
 	if o.reserves, err = m.Int64Counter("idem.reserve.outcomes",
-		metric.WithDescription("Reservations by outcome: created, replay, in_progress, key_misuse, failed_retry, unknown, taken_over, store_error.")); err != nil {
+		metric.WithDescription("Reservations by outcome: created, replay, in_progress, key_reused, failed_retry, unknown, taken_over, store_error, rejected.")); err != nil {
 		return nil, err
 	}
 	if o.storeErrs, err = m.Int64Counter("idem.store.errors",
@@ -79,13 +75,9 @@ func newObserver(mp metric.MeterProvider) (*observer, error) {
 		metric.WithDescription("Latency of store operations.")); err != nil {
 		return nil, err
 	}
-	o.events = map[string]metric.Int64Counter{}
-	for name, desc := range maintenanceEvents {
-		c, err := m.Int64Counter("idem."+name, metric.WithDescription(desc))
-		if err != nil {
-			return nil, err
-		}
-		o.events[name] = c
+	if o.scheduled, err = m.Int64Counter("idem.reconcile_scheduled",
+		metric.WithDescription("Records scheduled for reconciliation.")); err != nil {
+		return nil, err
 	}
 	for _, out := range reserveOutcomes {
 		o.reserveOpts[out] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("outcome", out)))}
@@ -113,19 +105,8 @@ func (o *observer) finishFailed(ctx context.Context, op storeOp) {
 	o.finishFails.Add(ctx, 1, o.opAdd[op]...)
 }
 
-// maintenanceEvents are the counters of the background services.
-var maintenanceEvents = map[string]string{
-	"zombies_swept":       "In-progress records whose lease expired, moved to unknown by the sweeper.",
-	"ttl_pruned":          "Terminal records deleted (or soft-expired) past their expiry.",
-	"abandoned":           "In-progress or unknown records past their expiry, closed with a timeout answer.",
-	"reconcile_scheduled": "Records scheduled for reconciliation.",
-	"reconcile_resolved":  "Unknown records settled by the resolver, a webhook or an operator.",
-	"reconcile_failed":    "Reconciliation attempts that failed.",
-	"reconcile_dead":      "Unknown records dead-lettered for an operator.",
-}
-
-func (o *observer) count(ctx context.Context, event string, n int) {
-	if n > 0 {
-		o.events[event].Add(ctx, int64(n))
-	}
+// reconcileScheduled counts a record the engine sent to reconciliation
+// (package maintenance counts those its sweeper sends, under the same name).
+func (o *observer) reconcileScheduled(ctx context.Context) {
+	o.scheduled.Add(ctx, 1)
 }

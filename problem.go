@@ -4,15 +4,53 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"time"
 )
 
 // ProblemBase prefixes the type URI of every problem the engine answers
-// with; the fragment after it is stable and documented in README.md.
+// with; the fragment after it is a stable slug, each documented in
+// docs/problems.md.
 const ProblemBase = "https://github.com/idem-go/idem/blob/main/docs/problems.md#"
 
-// problem is one way the engine refuses or defers a request.
-type problem struct {
-	slug   string // stable part of the type URI
+// Problem is a refusal or deferral of a request: the engine's own (in
+// Answer.Problem) or one an integration answers itself (a proxy refusing a
+// request without a tenant), rendered by WriteProblem in the engine's
+// profile.
+type Problem struct {
+	// Slug is the stable name of the problem: the fragment of its type URI
+	// under ProfileIETF, the code of the error object under ProfileStripe.
+	// Every slug is documented in docs/problems.md.
+	Slug string
+	// Status is the HTTP status.
+	Status int
+	// Title is a short, fixed summary of the problem.
+	Title string
+	// Detail, optional, explains this occurrence.
+	Detail string
+	// RetryAfter, when positive, is sent as Retry-After (whole seconds,
+	// rounded, at least 1).
+	RetryAfter time.Duration
+}
+
+// The engine's problem slugs.
+const (
+	SlugKeyMissing       = "key-missing"
+	SlugKeyMalformed     = "key-malformed"
+	SlugKeyRepeated      = "key-repeated"
+	SlugKeyReused        = "key-reused"
+	SlugBodyTooLarge     = "body-too-large"
+	SlugBodyUnreadable   = "body-unreadable"
+	SlugInvalidBody      = "invalid-body"
+	SlugScopeTooLong     = "scope-too-long"
+	SlugScopeInvalid     = "scope-invalid"
+	SlugInProgress       = "request-in-progress"
+	SlugOutcomeUnknown   = "outcome-unknown"
+	SlugStoreUnavailable = "store-unavailable"
+)
+
+// problemType is one of the engine's problems with its fixed texts.
+type problemType struct {
+	slug   string
 	status int
 	title  string
 	// stripe is the message of the Stripe-profile error object.
@@ -22,66 +60,99 @@ type problem struct {
 }
 
 var (
-	probKeyMissing = problem{slug: "key-missing", status: 400,
+	probKeyMissing = &problemType{slug: SlugKeyMissing, status: 400,
 		title:  "Idempotency-Key header is required for this request",
 		stripe: "This request requires an Idempotency-Key header."}
-	probKeyMalformed = problem{slug: "key-malformed", status: 400,
+	probKeyMalformed = &problemType{slug: SlugKeyMalformed, status: 400,
 		title:  "Idempotency-Key must be a structured-field string (or a bare token) of 1 to 255 visible ASCII characters",
 		stripe: "The Idempotency-Key header is malformed."}
-	probKeyRepeated = problem{slug: "key-repeated", status: 400,
+	probKeyRepeated = &problemType{slug: SlugKeyRepeated, status: 400,
 		title:  "Idempotency-Key must appear once",
 		stripe: "The Idempotency-Key header was sent more than once."}
-	probBodyTooLarge = problem{slug: "body-too-large", status: 413,
+	probBodyTooLarge = &problemType{slug: SlugBodyTooLarge, status: 413,
 		title:  "Request body is larger than the idempotency fingerprint limit",
 		stripe: "The request body is too large for an idempotent request."}
-	probBodyUnreadable = problem{slug: "body-unreadable", status: 400,
+	probBodyUnreadable = &problemType{slug: SlugBodyUnreadable, status: 400,
 		title:  "Request body could not be read",
 		stripe: "The request body could not be read."}
-	probInvalidBody = problem{slug: "invalid-body", status: 400,
+	probInvalidBody = &problemType{slug: SlugInvalidBody, status: 400,
 		title:  "Request body is not valid for its content type",
 		stripe: "The request body is not valid for its content type."}
-	probMismatch = problem{slug: "key-reused", status: 422,
+	probScopeTooLong = &problemType{slug: SlugScopeTooLong, status: 414,
+		title:  "Request route is too long to keep an idempotency record for",
+		stripe: "The request path is too long for an idempotent request."}
+	probScopeInvalid = &problemType{slug: SlugScopeInvalid, status: 400,
+		title:  "Request route is not valid UTF-8 (or holds NUL) and cannot name an idempotency record",
+		stripe: "The request path is not valid for an idempotent request."}
+	probKeyReused = &problemType{slug: SlugKeyReused, status: 422,
 		title:  "Idempotency-Key was already used with a different request",
 		stripe: "Keys for idempotent requests can only be used with the same parameters they were first used with. Try using a key other than the one used on the original request."}
-	probInProgress = problem{slug: "request-in-progress", status: 409, retry: true,
+	probInProgress = &problemType{slug: SlugInProgress, status: 409, retry: true,
 		title:  "A request with this Idempotency-Key is still being processed",
 		stripe: "There is currently another in-progress request using this Idempotent Key (that probably means you submitted twice, and the other request is still going through): please try again later."}
-	probUnknown = problem{slug: "outcome-unknown", status: 409, retry: true,
+	probUnknown = &problemType{slug: SlugOutcomeUnknown, status: 409, retry: true,
 		title:  "The outcome of the request with this Idempotency-Key is not known yet; it is being reconciled and will not be executed again",
 		stripe: "The outcome of the original request with this Idempotent Key is being verified; please try again later."}
-	probStore = problem{slug: "store-unavailable", status: 503, retry: true,
+	probStore = &problemType{slug: SlugStoreUnavailable, status: 503, retry: true,
 		title:  "Idempotency store is unavailable; the request was not processed",
 		stripe: "The request could not be processed safely right now and was not executed; please retry."}
 )
 
-// writeProblem answers with p in the engine's profile. detail may be empty.
-func (e *Engine) writeProblem(w http.ResponseWriter, p problem, status int, detail string) {
+// stripeMessages are the Stripe-profile messages of the engine's slugs.
+var stripeMessages = map[string]string{}
+
+func init() {
+	for _, p := range []*problemType{probKeyMissing, probKeyMalformed, probKeyRepeated, probBodyTooLarge,
+		probBodyUnreadable, probInvalidBody, probScopeTooLong, probScopeInvalid, probKeyReused,
+		probInProgress, probUnknown, probStore} {
+		stripeMessages[p.slug] = p.stripe
+	}
+}
+
+// problem returns p as this engine answers it; status 0 keeps p's own.
+func (e *Engine) problem(p *problemType, status int) Problem {
 	if status == 0 {
 		status = p.status
 	}
-	h := w.Header()
+	pr := Problem{Slug: p.slug, Status: status, Title: p.title}
 	if p.retry {
-		h.Set("Retry-After", strconv.Itoa(max(1, int(e.cfg.RetryAfter.Round(1e9).Seconds()))))
+		pr.RetryAfter = e.cfg.RetryAfter
+	}
+	return pr
+}
+
+// WriteProblem answers with p in the engine's profile: an RFC 9457 problem
+// document (application/problem+json, type ProblemBase+Slug) under
+// ProfileIETF, Stripe's error object ({"error":{"type":"idempotency_error",
+// "code":Slug,"message":...}}) under ProfileStripe; with Retry-After when
+// p.RetryAfter is positive.
+func (e *Engine) WriteProblem(w http.ResponseWriter, p Problem) {
+	h := w.Header()
+	if p.RetryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(max(1, int(p.RetryAfter.Round(time.Second)/time.Second))))
 	}
 	h.Del("Content-Length")
 	var body []byte
 	if e.cfg.Profile == ProfileStripe {
 		h.Set("Content-Type", "application/json")
-		msg := p.stripe
-		if detail != "" {
-			msg += " " + detail
+		msg, ok := stripeMessages[p.Slug]
+		if !ok {
+			msg = p.Title
+		}
+		if p.Detail != "" {
+			msg += " " + p.Detail
 		}
 		body, _ = json.Marshal(map[string]any{"error": map[string]string{
-			"type": "idempotency_error", "code": p.slug, "message": msg,
+			"type": "idempotency_error", "code": p.Slug, "message": msg,
 		}})
 	} else {
 		h.Set("Content-Type", "application/problem+json")
-		doc := map[string]any{"type": ProblemBase + p.slug, "title": p.title, "status": status}
-		if detail != "" {
-			doc["detail"] = detail
+		doc := map[string]any{"type": ProblemBase + p.Slug, "title": p.Title, "status": p.Status}
+		if p.Detail != "" {
+			doc["detail"] = p.Detail
 		}
 		body, _ = json.Marshal(doc)
 	}
-	w.WriteHeader(status)
+	w.WriteHeader(p.Status)
 	w.Write(body)
 }

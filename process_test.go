@@ -24,6 +24,8 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testenv"
+	"github.com/idem-go/idem/phase"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/postgres"
 	"github.com/idem-go/idem/store/sqlite"
@@ -122,7 +124,7 @@ func crashDBs(t *testing.T) []crashDB {
 	if url := os.Getenv("IDEM_TEST_POSTGRES_URL"); url != "" {
 		dbs = append(dbs, postgresCrashDB(t, url))
 	} else {
-		t.Log("IDEM_TEST_POSTGRES_URL is not set: crash tests run on SQLite only")
+		testenv.Without(t, "IDEM_TEST_POSTGRES_URL is not set: crash tests run on SQLite only")
 	}
 	return dbs
 }
@@ -350,13 +352,13 @@ func ridePhases(s *postgres.Store, schema, provider string, hook func(phase stri
 	return func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
 		x := idem.FromContext(ctx)
-		err := idem.RunPhases(ctx, x, s,
-			idem.Phase[pgx.Tx]{Name: "ride_created", Run: func(ctx context.Context, tx pgx.Tx) error {
+		err := phase.Run(ctx, x, s,
+			phase.Phase[pgx.Tx]{Name: "ride_created", Run: func(ctx context.Context, tx pgx.Tx) error {
 				hook("ride_created")
 				_, err := tx.Exec(ctx, `INSERT INTO `+rides+` (key) VALUES ($1)`, x.Key())
 				return err
 			}},
-			idem.Phase[pgx.Tx]{Name: "charge_created", Run: func(ctx context.Context, tx pgx.Tx) error {
+			phase.Phase[pgx.Tx]{Name: "charge_created", Run: func(ctx context.Context, tx pgx.Tx) error {
 				hook("charge_created")
 				if err := call(ctx, "charge", x.Key()); err != nil {
 					return err
@@ -364,7 +366,7 @@ func ridePhases(s *postgres.Store, schema, provider string, hook func(phase stri
 				_, err := tx.Exec(ctx, `UPDATE `+rides+` SET charged = true WHERE key = $1`, x.Key())
 				return err
 			}},
-			idem.Phase[pgx.Tx]{Name: "receipt_sent", Run: func(ctx context.Context, tx pgx.Tx) error {
+			phase.Phase[pgx.Tx]{Name: "receipt_sent", Run: func(ctx context.Context, tx pgx.Tx) error {
 				hook("receipt_sent")
 				return call(ctx, "receipt", x.Key())
 			}},
@@ -403,7 +405,7 @@ func childPhases() error {
 func TestPhasesResumeAfterKill(t *testing.T) {
 	url := os.Getenv("IDEM_TEST_POSTGRES_URL")
 	if url == "" {
-		t.Skip("IDEM_TEST_POSTGRES_URL is not set: the phase-resume crash test needs PostgreSQL")
+		testenv.Skip(t, "IDEM_TEST_POSTGRES_URL is not set: the phase-resume crash test needs PostgreSQL")
 	}
 	ctx := context.Background()
 	schema := freshSchema(t, url)
@@ -469,7 +471,7 @@ func childServer() error {
 		key := idem.FromContext(r.Context()).Key()
 		resp, err := http.Post(upstream+"/exec?key="+key, "text/plain", nil)
 		if err != nil {
-			http.Error(w, err.Error(), 502)
+			http.Error(w, err.Error(), http.StatusBadGateway)
 			return
 		}
 		resp.Body.Close()
@@ -484,7 +486,7 @@ func childServer() error {
 func TestMultiProcessExactlyOnce(t *testing.T) {
 	url := os.Getenv("IDEM_TEST_POSTGRES_URL")
 	if url == "" {
-		t.Skip("IDEM_TEST_POSTGRES_URL is not set: the multi-process test needs PostgreSQL")
+		testenv.Skip(t, "IDEM_TEST_POSTGRES_URL is not set: the multi-process test needs PostgreSQL")
 	}
 	const procs, keys, dups = 4, 500, 8
 	schema := freshSchema(t, url)

@@ -2,16 +2,11 @@ package idem_test
 
 import (
 	"context"
-	"database/sql"
 	"os"
 	"path/filepath"
 	"testing"
 
-	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/testenv"
-	"github.com/idem-go/idem/outbox"
-	"github.com/jackc/pgx/v5"
-
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/memory"
 	"github.com/idem-go/idem/store/mysql"
@@ -19,15 +14,21 @@ import (
 	"github.com/idem-go/idem/store/sqlite"
 )
 
-// namedStore opens a fresh store with the given clock.
+// freshSchema creates an empty schema dropped at the end of the test.
+func freshSchema(t *testing.T, url string) string {
+	return testenv.PostgresSchema(t, url)
+}
+
+// namedStore opens a fresh store with the given clock (nil: its own).
 type namedStore struct {
 	name string
 	open func(t *testing.T, clock store.Clock) store.Store
 }
 
-// realStores are the stores engine-level tests run against: memory, SQLite
-// and, when IDEM_TEST_POSTGRES_URL is set, PostgreSQL.
-func realStores(t *testing.T) []namedStore {
+// engineStores are the stores the engine's request path is tested
+// against: memory, SQLite and, when their variables are set, PostgreSQL
+// and MariaDB.
+func engineStores(t *testing.T) []namedStore {
 	stores := []namedStore{
 		{"memory", func(t *testing.T, clock store.Clock) store.Store {
 			return memory.New(memory.Config{Clock: clock})
@@ -41,10 +42,9 @@ func realStores(t *testing.T) []namedStore {
 			return s
 		}},
 	}
-	if url := os.Getenv("IDEM_TEST_POSTGRES_URL"); url != "" {
+	if url := os.Getenv(testenv.PostgresEnv); url != "" {
 		stores = append(stores, namedStore{"postgres", func(t *testing.T, clock store.Clock) store.Store {
-			schema := freshSchema(t, url)
-			s, err := postgres.Open(context.Background(), url, postgres.Config{Clock: clock, Schema: schema})
+			s, err := postgres.Open(context.Background(), url, postgres.Config{Clock: clock, Schema: freshSchema(t, url)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -52,22 +52,19 @@ func realStores(t *testing.T) []namedStore {
 			return s
 		}})
 	} else {
-		t.Log("IDEM_TEST_POSTGRES_URL is not set: engine tests run without PostgreSQL")
+		testenv.Without(t, testenv.PostgresEnv+" is not set: the engine is tested without PostgreSQL")
+	}
+	if os.Getenv(testenv.MySQLEnv) != "" {
+		stores = append(stores, namedStore{"mariadb", func(t *testing.T, clock store.Clock) store.Store {
+			s, err := mysql.Open(context.Background(), testenv.MySQLDatabase(t).FormatDSN(), mysql.Config{Clock: clock})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			return s
+		}})
+	} else {
+		testenv.Without(t, testenv.MySQLEnv+" is not set: the engine is tested without MariaDB")
 	}
 	return stores
 }
-
-// freshSchema creates an empty schema dropped at the end of the test.
-func freshSchema(t *testing.T, url string) string {
-	return testenv.PostgresSchema(t, url)
-}
-
-// Every SQL store can run atomic phases.
-var (
-	_ idem.PhaseStore[pgx.Tx]  = (*postgres.Store)(nil)
-	_ idem.PhaseStore[*sql.Tx] = (*sqlite.Store)(nil)
-	_ idem.PhaseStore[*sql.Tx] = (*mysql.Store)(nil)
-)
-
-// The outbox runs under a Maintainer.
-var _ idem.Service = (*outbox.Outbox[pgx.Tx])(nil)

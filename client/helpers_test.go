@@ -95,11 +95,6 @@ func (a *api) received() []request {
 	return append([]request(nil), a.requests...)
 }
 
-func (a *api) executedBodies() []string {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return append([]string(nil), a.bodies...)
-}
 
 // server runs the real idem middleware over a at POST /v1/charges; front,
 // when set, wraps the middleware (a fault in front of it). It returns the

@@ -28,7 +28,7 @@ func TestThroughProxy(t *testing.T) {
 	defer upstream.Close()
 
 	p, err := cli.NewProxy(context.Background(), cli.ProxyConfig{
-		Listen: "127.0.0.1:0", Upstream: upstream.URL, Store: "memory:", NoMaintenance: true,
+		Listen: "127.0.0.1:0", Upstream: upstream.URL, Store: "memory:", NoMaintenance: true, TenantFrom: []string{"authorization"},
 		Logger: slog.New(slog.NewTextHandler(t.Output(), nil)),
 	})
 	if err != nil {

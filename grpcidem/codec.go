@@ -135,9 +135,9 @@ const (
 	// ReasonKeyRepeated: the key metadata was given more than once
 	// (InvalidArgument).
 	ReasonKeyRepeated = "IDEMPOTENCY_KEY_REPEATED"
-	// ReasonKeyMismatch: the key was used before with a different request
-	// (Config.MismatchCode).
-	ReasonKeyMismatch = "IDEMPOTENCY_KEY_REUSED"
+	// ReasonKeyReused: the key was used before with a different request
+	// (Config.KeyReusedCode).
+	ReasonKeyReused = "IDEMPOTENCY_KEY_REUSED"
 	// ReasonInProgress: the first call with the key is still running
 	// (Aborted, with RetryInfo).
 	ReasonInProgress = "IDEMPOTENCY_IN_PROGRESS"
@@ -148,6 +148,9 @@ const (
 	// ReasonStoreUnavailable: the idempotency store failed before the
 	// handler ran, which did not run (Unavailable, with RetryInfo).
 	ReasonStoreUnavailable = "IDEMPOTENCY_STORE_UNAVAILABLE"
+	// ReasonScopeInvalid: the tenant and method name cannot name a record:
+	// too long, or not valid UTF-8 (InvalidArgument).
+	ReasonScopeInvalid = "IDEMPOTENCY_SCOPE_INVALID"
 	// ReasonResponseNotKept: the call was executed but its answer was too
 	// large to keep (FailedPrecondition).
 	ReasonResponseNotKept = "IDEMPOTENCY_RESPONSE_NOT_KEPT"
@@ -155,14 +158,6 @@ const (
 	// not a gRPC one, such as the maintainer's answer for an abandoned call.
 	ReasonForeignResponse = "IDEMPOTENCY_FOREIGN_RESPONSE"
 )
-
-func (i *interceptor) refusal(code codes.Code, reason, msg string, retry bool) error {
-	var after time.Duration
-	if retry {
-		after = i.cfg.RetryAfter
-	}
-	return refusal(code, reason, msg, after)
-}
 
 // refusal builds one of the interceptor's own errors, with a RetryInfo when
 // retryAfter is positive.

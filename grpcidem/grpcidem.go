@@ -36,7 +36,7 @@
 //     the key given twice: InvalidArgument. A call to another method without
 //     a key passes through untouched; with a key it is protected too.
 //   - The same key with a different request message: FailedPrecondition
-//     (Config.MismatchCode). The same key sent to another method is another
+//     (Config.KeyReusedCode). The same key sent to another method is another
 //     record (see Scope and fingerprint below).
 //   - The same key while the first call is still running: Aborted with a
 //     RetryInfo (or, with Config.Wait, the call waits for the first one and
@@ -49,7 +49,7 @@
 //
 // Every refusal of the interceptor's own carries an errdetails.ErrorInfo
 // with Domain ErrorDomain and one of the Reason constants, so a client can
-// tell a reused key (ReasonKeyMismatch) from the handler's own
+// tell a reused key (ReasonKeyReused) from the handler's own
 // FailedPrecondition.
 //
 // # Scope and fingerprint
@@ -101,13 +101,11 @@ package grpcidem
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/internal/header"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -203,11 +201,11 @@ type Config struct {
 	// error. Defaults to DefaultClassify.
 	Classify func(err error) Outcome
 
-	// MismatchCode answers a key reused with a different request. Defaults
+	// KeyReusedCode answers a key reused with a different request. Defaults
 	// to codes.FailedPrecondition: the key is well formed, but the server's
 	// state (the key's first request) forbids this one, and the client must
 	// not retry it unchanged. (The HTTP middleware's 422 is the same idea.)
-	MismatchCode codes.Code
+	KeyReusedCode codes.Code
 
 	// Wait, when positive, makes a duplicate of an in-flight call wait up to
 	// Wait for the original to finish and then replay its answer, instead of
@@ -237,8 +235,8 @@ type interceptor struct {
 }
 
 // UnaryServerInterceptor returns an interceptor that runs the idempotency
-// protocol of e for unary calls. It panics on an invalid Config, as a
-// programming error.
+// protocol of e (idem.Engine.Run) for unary calls. It panics on an invalid
+// Config, as a programming error.
 //
 // Install it inside the recovery interceptor, if any, and after the
 // interceptors that authenticate the call (Tenant reads what they found).
@@ -249,8 +247,8 @@ func UnaryServerInterceptor(e *idem.Engine, cfg Config) grpc.UnaryServerIntercep
 	switch {
 	case cfg.Wait < 0, cfg.RetryAfter < 0, cfg.MaxResponseBytes < 0:
 		panic("grpcidem: Wait, RetryAfter and MaxResponseBytes must not be negative")
-	case cfg.MismatchCode > codes.Unauthenticated:
-		panic(fmt.Sprintf("grpcidem: MismatchCode %d is not a gRPC code", cfg.MismatchCode))
+	case cfg.KeyReusedCode > codes.Unauthenticated:
+		panic(fmt.Sprintf("grpcidem: KeyReusedCode %d is not a gRPC code", cfg.KeyReusedCode))
 	}
 	if cfg.Tenant == nil {
 		cfg.Tenant = func(context.Context) string { return "" }
@@ -258,21 +256,29 @@ func UnaryServerInterceptor(e *idem.Engine, cfg Config) grpc.UnaryServerIntercep
 	if cfg.Classify == nil {
 		cfg.Classify = DefaultClassify
 	}
-	if cfg.MismatchCode == codes.OK {
-		cfg.MismatchCode = codes.FailedPrecondition
+	if cfg.KeyReusedCode == codes.OK {
+		cfg.KeyReusedCode = codes.FailedPrecondition
 	}
-	ecfg := e.Config()
-	if cfg.Wait == 0 {
-		cfg.Wait = ecfg.Wait
-	}
-	if cfg.RetryAfter == 0 {
-		cfg.RetryAfter = ecfg.RetryAfter
-	}
-	if cfg.MaxResponseBytes == 0 {
-		cfg.MaxResponseBytes = ecfg.MaxResponseBytes
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = ecfg.Logger
+	if cfg.Wait > 0 || cfg.RetryAfter > 0 || cfg.MaxResponseBytes > 0 || cfg.Logger != nil {
+		// The engine applies them; the settings left zero keep e's.
+		var err error
+		e, err = e.With(func(c *idem.Config) {
+			if cfg.Wait > 0 {
+				c.Wait = cfg.Wait
+			}
+			if cfg.RetryAfter > 0 {
+				c.RetryAfter = cfg.RetryAfter
+			}
+			if cfg.MaxResponseBytes > 0 {
+				c.MaxResponseBytes = cfg.MaxResponseBytes
+			}
+			if cfg.Logger != nil {
+				c.Logger = cfg.Logger
+			}
+		})
+		if err != nil {
+			panic("grpcidem: " + err.Error())
+		}
 	}
 	i := &interceptor{e: e, cfg: cfg, required: make(map[string]bool, len(cfg.Required))}
 	for _, m := range cfg.Required {
@@ -283,130 +289,104 @@ func UnaryServerInterceptor(e *idem.Engine, cfg Config) grpc.UnaryServerIntercep
 
 var deterministic = proto.MarshalOptions{Deterministic: true}
 
-func (i *interceptor) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if idem.FromContext(ctx) != nil {
-		// Already inside a protected call (an in-process chain): the outer
-		// execution answers for it.
-		return handler(ctx, req)
-	}
-	md, _ := metadata.FromIncomingContext(ctx)
-	key, err := header.Parse(md.Get(KeyMetadata))
-	switch {
-	case errors.Is(err, header.ErrMissing):
-		if !i.required[info.FullMethod] {
-			return handler(ctx, req)
-		}
-		return nil, i.refusal(codes.InvalidArgument, ReasonKeyMissing,
-			"idempotency: this method requires "+KeyMetadata+" metadata", false)
-	case errors.Is(err, header.ErrRepeated):
-		return nil, i.refusal(codes.InvalidArgument, ReasonKeyRepeated,
-			"idempotency: "+KeyMetadata+" metadata must be given once", false)
-	case err != nil:
-		return nil, i.refusal(codes.InvalidArgument, ReasonKeyMalformed, "idempotency: "+err.Error(), false)
-	}
+// Whether a call must carry a key, as idem.Call.KeyRequired wants it.
+var (
+	keyRequired = true
+	keyOptional = false
+)
 
-	msg, ok := req.(proto.Message)
-	if !ok {
-		return nil, status.Errorf(codes.Internal, "idempotency: request of %s is a %T, not a protobuf message", info.FullMethod, req)
+func (i *interceptor) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	c := idem.Call{
+		Tenant: i.cfg.Tenant(ctx), Method: Method, Route: info.FullMethod, Target: info.FullMethod,
+		Keys: md.Get(KeyMetadata), KeyRequired: &keyOptional, ContentType: ContentType,
+		ReadBody: func() ([]byte, error) {
+			msg, ok := req.(proto.Message)
+			if !ok {
+				return nil, fmt.Errorf("the request of %s is a %T, not a protobuf message", info.FullMethod, req)
+			}
+			return deterministic.Marshal(msg)
+		},
 	}
-	body, err := deterministic.Marshal(msg)
-	if err != nil {
-		return nil, status.Errorf(codes.Internal, "idempotency: cannot fingerprint the request: %v", err)
+	if i.required[info.FullMethod] {
+		c.KeyRequired = &keyRequired
 	}
-	fp, err := i.e.Fingerprint(Method, info.FullMethod, ContentType, body)
-	if err != nil {
-		return nil, status.Errorf(codes.Internal, "idempotency: cannot fingerprint the request: %v", err)
-	}
-	r := idem.Request{Tenant: i.cfg.Tenant(ctx), Method: Method, Route: info.FullMethod, Key: key, Fingerprint: fp}
-	d, err := i.e.Begin(ctx, r)
-	if err == nil && d.Verdict == idem.InProgress && i.cfg.Wait > 0 {
-		d, err = i.e.Await(ctx, r, i.cfg.Wait)
-	}
-	if err != nil {
+	outer := idem.FromContext(ctx)
+	var (
+		resp any
+		herr error
+	)
+	a := i.e.Run(ctx, c, func(ctx context.Context) idem.Result {
+		resp, herr = handler(ctx, req)
+		if x := idem.FromContext(ctx); x == nil || x == outer {
+			return idem.Result{} // passed through: nothing is recorded
+		}
+		return i.result(resp, herr)
+	})
+	switch a.Verdict {
+	case idem.Executed, idem.Passed:
+		return resp, herr
+	case idem.Replayed:
+		grpc.SetHeader(ctx, metadata.Pairs(ReplayedMetadata, "true"))
+		return Decode(*a.Response)
+	case idem.KeyReused:
+		return nil, refusal(i.cfg.KeyReusedCode, ReasonKeyReused,
+			"idempotency: this key was already used with a different request; use a new key for a new request", 0)
+	case idem.OutcomeUnknown:
+		return nil, refusal(codes.Aborted, ReasonOutcomeUnknown,
+			"idempotency: the outcome of the first call with this key is unknown and is being reconciled; retry later", a.Problem.RetryAfter)
+	case idem.InProgress:
+		return nil, refusal(codes.Aborted, ReasonInProgress,
+			"idempotency: a call with this key is in progress; retry later", a.Problem.RetryAfter)
+	case idem.Unavailable:
 		if ctx.Err() != nil {
 			return nil, status.FromContextError(ctx.Err()).Err()
 		}
-		i.cfg.Logger.Error("idem: store failed before the handler ran; refused with Unavailable",
-			"method", info.FullMethod, "key", key, "err", err)
-		return nil, i.refusal(codes.Unavailable, ReasonStoreUnavailable,
-			"idempotency: the idempotency store is unavailable; the call was not executed", true)
+		return nil, refusal(codes.Unavailable, ReasonStoreUnavailable,
+			"idempotency: the idempotency store is unavailable; the call was not executed", a.Problem.RetryAfter)
 	}
-	switch d.Verdict {
-	case idem.Execute:
-		return i.execute(ctx, req, d.Exec, handler)
-	case idem.Replay:
-		grpc.SetHeader(ctx, metadata.Pairs(ReplayedMetadata, "true"))
-		if d.Record.Response == nil {
-			return nil, status.Error(codes.Internal, "idempotency: the completed record has no answer")
-		}
-		return Decode(*d.Record.Response)
-	case idem.Mismatch:
-		i.cfg.Logger.Warn("idem: key reused with a different request", "scope", d.Record.Scope, "key", key)
-		return nil, i.refusal(i.cfg.MismatchCode, ReasonKeyMismatch,
-			"idempotency: this key was already used with a different request; use a new key for a new request", false)
-	case idem.OutcomeUnknown:
-		return nil, i.refusal(codes.Aborted, ReasonOutcomeUnknown,
-			"idempotency: the outcome of the first call with this key is unknown and is being reconciled; retry later", true)
-	default: // idem.InProgress
-		return nil, i.refusal(codes.Aborted, ReasonInProgress,
-			"idempotency: a call with this key is in progress; retry later", true)
+	// idem.Invalid
+	switch a.Problem.Slug {
+	case idem.SlugKeyMissing:
+		return nil, refusal(codes.InvalidArgument, ReasonKeyMissing,
+			"idempotency: this method requires "+KeyMetadata+" metadata", 0)
+	case idem.SlugKeyRepeated:
+		return nil, refusal(codes.InvalidArgument, ReasonKeyRepeated,
+			"idempotency: "+KeyMetadata+" metadata must be given once", 0)
+	case idem.SlugKeyMalformed:
+		return nil, refusal(codes.InvalidArgument, ReasonKeyMalformed, "idempotency: "+a.Problem.Detail, 0)
+	case idem.SlugScopeTooLong, idem.SlugScopeInvalid:
+		return nil, refusal(codes.InvalidArgument, ReasonScopeInvalid,
+			"idempotency: "+a.Problem.Title+" (tenant and method name)", 0)
 	}
+	return nil, status.Errorf(codes.Internal, "idempotency: cannot fingerprint the request: %s", a.Problem.Detail)
 }
 
-// execute runs the handler under x and records what it did.
-func (i *interceptor) execute(ctx context.Context, req any, x *idem.Execution, handler grpc.UnaryHandler) (any, error) {
-	hctx := idem.NewContext(ctx, x)
-	defer func() {
-		if p := recover(); p != nil {
-			x.MarkUnknown(ctx, fmt.Sprintf("handler panicked: %v", p))
-			panic(p)
-		}
-	}()
-	resp, err := handler(hctx, req)
-	i.settle(ctx, x, resp, err)
-	return resp, err
-}
-
-// settle records the handler's answer: the response policy of DESIGN §4
-// in gRPC terms. Completion failures are the engine's to log and count; the
-// client gets the answer it earned either way.
-func (i *interceptor) settle(ctx context.Context, x *idem.Execution, resp any, herr error) {
-	if x.FinishDeclared(ctx) {
-		return
-	}
-	outcome := Keep
+// result is the record of the handler's answer: the response policy in
+// gRPC terms. A response message or an error Classify keeps is stored;
+// the engine applies the handler's declared outcome (Uncertain,
+// Committed) first, and makes a released failure unknown when the call
+// ended before the handler returned.
+func (i *interceptor) result(resp any, herr error) idem.Result {
 	if herr != nil {
-		outcome = i.cfg.Classify(herr)
-		if outcome != Keep && ctx.Err() != nil {
-			x.MarkUnknown(ctx, fmt.Sprintf("the call ended (%v) before the handler returned a result; it returned %s",
-				ctx.Err(), status.Code(herr)))
-			return
+		switch i.cfg.Classify(herr) {
+		case Release:
+			return idem.Result{Outcome: idem.Release, Reason: "status " + status.Code(herr).String()}
+		case Unknown:
+			return idem.Result{Outcome: idem.Unknown, Reason: "status " + status.Code(herr).String()}
 		}
-	}
-	switch outcome {
-	case Release:
-		x.Release(ctx, "status "+status.Code(herr).String())
-		return
-	case Unknown:
-		x.MarkUnknown(ctx, "status "+status.Code(herr).String())
-		return
 	}
 	var msg proto.Message
 	if herr == nil {
 		var ok bool
 		if msg, ok = resp.(proto.Message); !ok || msg == nil {
 			// Nothing that can be replayed, yet the handler ran.
-			x.MarkUnknown(ctx, fmt.Sprintf("the handler's response (%T) cannot be stored", resp))
-			return
+			return idem.Result{Outcome: idem.Unknown, Reason: fmt.Sprintf("the handler's response (%T) cannot be stored", resp)}
 		}
 	}
 	stored, err := Encode(msg, herr)
 	if err != nil {
-		x.MarkUnknown(ctx, "the handler's response cannot be stored: "+err.Error())
-		return
+		return idem.Result{Outcome: idem.Unknown, Reason: "the handler's response cannot be stored: " + err.Error()}
 	}
-	if len(stored.Body) > i.cfg.MaxResponseBytes {
-		stored.Body, stored.BodyOmitted = nil, true
-	}
-	x.Complete(ctx, stored)
+	return idem.Result{Response: stored, Outcome: idem.Keep}
 }

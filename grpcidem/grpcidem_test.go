@@ -333,13 +333,13 @@ func TestQuotedAndBareSpellingsAreOneKey(t *testing.T) {
 	wantCalls(t, f, 1)
 }
 
-func TestMismatch(t *testing.T) {
+func TestKeyReused(t *testing.T) {
 	t.Parallel()
 	eachStore(t, func(t *testing.T, open newStore) {
 		f := newFixture(t, open(t), grpcidem.Config{})
 		wantOK(t, f.check(ctx, "k", "db"), hpb.HealthCheckResponse_SERVING, false)
 		r := f.check(ctx, "k", "cache")
-		st := wantRefusal(t, r.err, codes.FailedPrecondition, grpcidem.ReasonKeyMismatch)
+		st := wantRefusal(t, r.err, codes.FailedPrecondition, grpcidem.ReasonKeyReused)
 		if !strings.Contains(st.Message(), "different request") {
 			t.Errorf("message %q does not say why", st.Message())
 		}
@@ -349,11 +349,11 @@ func TestMismatch(t *testing.T) {
 	})
 }
 
-func TestMismatchCode(t *testing.T) {
+func TestKeyReusedCode(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, memoryStore(t), grpcidem.Config{MismatchCode: codes.InvalidArgument})
+	f := newFixture(t, memoryStore(t), grpcidem.Config{KeyReusedCode: codes.InvalidArgument})
 	f.check(ctx, "k", "db")
-	wantRefusal(t, f.check(ctx, "k", "cache").err, codes.InvalidArgument, grpcidem.ReasonKeyMismatch)
+	wantRefusal(t, f.check(ctx, "k", "cache").err, codes.InvalidArgument, grpcidem.ReasonKeyReused)
 }
 
 func TestConcurrentDuplicates(t *testing.T) {
@@ -773,7 +773,7 @@ func TestInvalidConfig(t *testing.T) {
 	}
 	for name, cfg := range map[string]grpcidem.Config{
 		"negative wait": {Wait: -time.Second},
-		"bad code":      {MismatchCode: 99},
+		"bad code":      {KeyReusedCode: 99},
 	} {
 		t.Run(name, func(t *testing.T) {
 			defer func() {

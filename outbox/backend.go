@@ -211,7 +211,7 @@ func (b sqliteBackend) migrate(ctx context.Context, m *rivermigrate.Migrator[*sq
 	}
 	// Rollback is a no-op after Commit.
 	defer func() { _ = tx.Rollback() }()
-	//nolint:staticcheck // MigrateTx is deprecated for PostgreSQL's sake; see above.
+	//lint:ignore SA1019 MigrateTx is deprecated for PostgreSQL's sake; see above.
 	if _, err := m.MigrateTx(ctx, tx, rivermigrate.DirectionUp, nil); err != nil {
 		return fmt.Errorf("river: %w", err)
 	}

@@ -81,7 +81,7 @@ func testURL(t testing.TB) string {
 	t.Helper()
 	u := os.Getenv(urlEnv)
 	if u == "" {
-		t.Skipf("%s is not set; set it to e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable to run the PostgreSQL outbox tests", urlEnv)
+		testenv.Skip(t, fmt.Sprintf("%s is not set; set it to e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable to run the PostgreSQL outbox tests", urlEnv))
 	}
 	return u
 }

@@ -16,6 +16,14 @@
 // worker that lost its lease can never overwrite the work of the worker that
 // took it over; see [NextFence] for why it also grows across a delete.
 //
+// Errors: an operation either succeeds, gives a definite answer
+// (ErrLeaseLost, ErrNotFound, ErrStateConflict, ErrInvalidParams and
+// ErrTooLong, which say something about the record or the request), or
+// fails. [IsRetryable] tells the failures that are transient (a broken
+// connection, a server restarting, a lost deadlock, a busy lock) from the
+// others. Parameters are checked by their Validate methods before any store
+// touches its database.
+//
 // Time: all expiry decisions use the store's clock (the database's now(),
 // the Redis server's TIME) unless the store was given a [Clock], which tests
 // use to move time without sleeping.
@@ -136,7 +144,16 @@ type Record struct {
 	// reconciliation; zero for other states.
 	ReconcileAfter    time.Time
 	ReconcileAttempts int
+	// DeadLetteredAt is when the reconciler gave up on an unknown record
+	// (Defer with DeadLetter); zero otherwise. A dead-lettered record stays
+	// unknown: ListUnknown with DueOnly never returns it again, an operator
+	// still sees it (ListUnknown without DueOnly) and Resolve settles it
+	// (which clears DeadLetteredAt).
+	DeadLetteredAt time.Time
 }
+
+// DeadLettered reports whether the reconciler gave up on the record.
+func (r *Record) DeadLettered() bool { return !r.DeadLetteredAt.IsZero() }
 
 // LeaseExpired reports whether an in_progress record's lease ended by now.
 func (r *Record) LeaseExpired(now time.Time) bool {
@@ -244,6 +261,13 @@ type ExtendParams struct {
 type SweepParams struct {
 	// Limit bounds the batch. Must be positive.
 	Limit int
+	// Grace spares leases that ended less than Grace ago: only records with
+	// LockedUntil + Grace <= now are swept. A live holder whose renewal
+	// failed during a store outage gets Grace to renew once the store is
+	// back before the sweeper declares it dead. Zero sweeps every expired
+	// lease; negative is invalid. It only delays the sweeper: a retry's
+	// Reserve still acts on the expired lease at once.
+	Grace time.Duration
 }
 
 // ReapParams selects records past ExpiresAt.
@@ -297,6 +321,11 @@ type DeferParams struct {
 	Key   string
 	Delay time.Duration
 	Error string
+	// DeadLetter gives up on the record instead of rescheduling it:
+	// ReconcileAttempts+1, LastError = Error, DeadLetteredAt = now, and
+	// Delay is ignored. The record stays unknown and is never due again;
+	// only Resolve (an operator) settles it.
+	DeadLetter bool
 }
 
 // Store keeps idempotency records. Implementations must be safe for
@@ -350,7 +379,7 @@ type Store interface {
 	Delete(ctx context.Context, scope, key string) error
 
 	// SweepExpiredLeases moves up to p.Limit in_progress records whose lease
-	// expired and whose policy is unknown to unknown (LastError
+	// expired more than p.Grace ago and whose policy is unknown to unknown (LastError
 	// "lease_expired", due for reconciliation now) and returns them. Records under retry or resume
 	// stay in_progress for a retry to take over. Safe to run from several
 	// instances at once: each record is moved once.
@@ -363,6 +392,8 @@ type Store interface {
 	Reap(ctx context.Context, p ReapParams) (ReapResult, error)
 
 	// ListUnknown returns unknown records, oldest ReconcileAfter first.
+	// With DueOnly it returns only those due (ReconcileAfter <= now) and
+	// never a dead-lettered one.
 	ListUnknown(ctx context.Context, p ListUnknownParams) ([]Record, error)
 
 	// List returns up to p.Limit records matching p's filters, newest
@@ -375,8 +406,8 @@ type Store interface {
 	// ErrNotFound when absent, ErrStateConflict when not unknown.
 	Resolve(ctx context.Context, p ResolveParams) error
 
-	// Defer reschedules an unknown record's reconciliation. ErrNotFound /
-	// ErrStateConflict as for Resolve.
+	// Defer reschedules an unknown record's reconciliation, or dead-letters
+	// it (p.DeadLetter). ErrNotFound / ErrStateConflict as for Resolve.
 	Defer(ctx context.Context, p DeferParams) error
 
 	// Ping checks that the store is reachable.
@@ -461,36 +492,6 @@ func NextFence(prev int64, now time.Time) int64 {
 // Clock returns the current time. Stores use their own clock (the database
 // server's) when none is given.
 type Clock func() time.Time
-
-// Validate checks the parameters every store must refuse.
-func (p *ReserveParams) Validate() error {
-	if err := CheckID(p.Scope, p.Key); err != nil {
-		return err
-	}
-	switch {
-	case p.Fingerprint == "":
-		return errors.Join(ErrInvalidParams, errors.New("fingerprint is required"))
-	case p.Lease <= 0 || p.TTL <= 0:
-		return errors.Join(ErrInvalidParams, errors.New("lease and ttl must be positive"))
-	case !p.LeasePolicy.Valid():
-		return errors.Join(ErrInvalidParams, errors.New("unknown lease policy "+string(p.LeasePolicy)))
-	}
-	return nil
-}
-
-// Validate checks a resolution.
-func (p *ResolveParams) Validate() error {
-	if err := CheckID(p.Scope, p.Key); err != nil {
-		return err
-	}
-	switch {
-	case p.To == StateCompleted && p.Response == nil:
-		return errors.Join(ErrInvalidParams, errors.New("resolving to completed needs a response"))
-	case p.To != StateCompleted && p.To != StateFailedRetryable:
-		return errors.Join(ErrInvalidParams, errors.New("resolve target must be completed or failed_retryable"))
-	}
-	return nil
-}
 
 // TxStore is implemented by SQL stores: the same transitions run inside the
 // caller's transaction T (pgx.Tx, *sql.Tx), so the business write, the key's

@@ -17,7 +17,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -61,7 +60,7 @@ func idemBinary(t *testing.T) string {
 		}
 		goTool, err := exec.LookPath("go")
 		if err != nil {
-			goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
+			goTool = "go"
 		}
 		binPath = filepath.Join(binDir, "idem")
 		args := []string{"build", "-o", binPath}
@@ -82,9 +81,10 @@ func idemBinary(t *testing.T) string {
 // runIdem runs one idem command to its end.
 func runIdem(t *testing.T, args ...string) (stdout, stderr string, err error) {
 	t.Helper()
+	bin := idemBinary(t) // the build does not count against the command's time
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, idemBinary(t), args...)
+	cmd := exec.CommandContext(ctx, bin, args...)
 	var o, e bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &o, &e
 	err = cmd.Run()
@@ -259,7 +259,7 @@ const (
 func crashMidRequest(t *testing.T) (*proxyProc, string, *blockingAPI, *http.Client) {
 	api, up := newBlockingAPI(t)
 	dsn := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
-	args := []string{"--store", dsn, "--lease", "1s", "--upstream", up.URL, "--sweep-interval", "100ms"}
+	args := []string{"--store", dsn, "--lease", "1s", "--upstream", up.URL, "--sweep-interval", "100ms", "--single-tenant"}
 	tr := &http.Transport{}
 	t.Cleanup(tr.CloseIdleConnections)
 	c := &http.Client{Transport: tr, Timeout: 30 * time.Second}
@@ -402,5 +402,21 @@ func TestBinaryUsage(t *testing.T) {
 	_, errOut, err = runIdem(t, "sweep", "--store", "sqlite:"+filepath.Join(t.TempDir(), "none.db"))
 	if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(errOut, "does not exist") {
 		t.Errorf("failure: %v\n%s", err, errOut)
+	}
+}
+
+// Without a tenant source the proxy does not start, and says how to fix
+// it; a shared store needs the tenant secret given.
+func TestBinaryProxyRefusesASharedTenant(t *testing.T) {
+	t.Parallel()
+	_, errOut, err := runIdem(t, "proxy", "--upstream", "http://127.0.0.1:1", "--store", "memory:", "--listen", "127.0.0.1:0")
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(errOut, "--tenant-from") || !strings.Contains(errOut, "--single-tenant") {
+		t.Errorf("proxy without a tenant source: %v\n%s", err, errOut)
+	}
+	_, errOut, err = runIdem(t, "proxy", "--upstream", "http://127.0.0.1:1", "--store", "postgres://u@127.0.0.1:1/db",
+		"--tenant-from", "authorization", "--listen", "127.0.0.1:0")
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(errOut, "IDEM_TENANT_SECRET") {
+		t.Errorf("proxy on a shared store without a secret: %v\n%s", err, errOut)
 	}
 }

@@ -16,7 +16,8 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testenv"
+	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 )
 
@@ -74,7 +75,7 @@ func TestProxyMetrics(t *testing.T) {
 			t.Fatalf("/metrics: %d %v", r.status, r.header)
 		}
 		text := string(r.body)
-		for outcome, want := range map[string]float64{"created": 2, "replay": 2, "key_misuse": 1} {
+		for outcome, want := range map[string]float64{"created": 2, "replay": 2, "key_reused": 1} {
 			got, ok := metricValue(t, text, "idem_reserve_outcomes_total", `outcome="`+outcome+`"`)
 			if !ok || got != want {
 				t.Errorf("idem_reserve_outcomes_total{outcome=%q} = %v (found %v), want %v", outcome, got, ok, want)
@@ -125,8 +126,8 @@ func TestProxySweepsAndReapsInTheBackground(t *testing.T) {
 	eachStore(t, func(t *testing.T, dsn string) {
 		clock := newTestClock()
 		up := newUpstream(t, &chargeAPI{})
-		p, _ := startProxy(t, ProxyConfig{Upstream: up.URL, Store: dsn, StoreClock: clock.now,
-			Maintenance: idem.MaintenanceConfig{SweepInterval: 5 * time.Millisecond, ReapInterval: 5 * time.Millisecond}})
+		p, _ := startProxy(t, ProxyConfig{Upstream: up.URL, Store: dsn, StoreClock: clock.now, Admin: "127.0.0.1:0",
+			Maintenance: maintenance.Config{SweepInterval: 5 * time.Millisecond, ReapInterval: 5 * time.Millisecond}})
 		s := p.Store()
 		ctx := context.Background()
 		// A holder that died (nobody renews its lease), and a completed
@@ -140,6 +141,17 @@ func TestProxySweepsAndReapsInTheBackground(t *testing.T) {
 		clock.advance(2 * time.Minute)
 		eventually(t, "the sweeper to move the zombie to unknown", func() bool { return stateOf(t, s, "zombie") == store.StateUnknown })
 		eventually(t, "the reaper to delete the expired record", func() bool { return stateOf(t, s, "old") == "absent" })
+		// The services' metrics are served beside the engine's, under the
+		// names they always had.
+		c := client(t)
+		eventually(t, "the services' metrics", func() bool {
+			text := string(send(t, c, "GET", "http://"+p.AdminAddr().String()+"/metrics", "", "").body)
+			swept, _ := metricValue(t, text, "idem_zombies_swept_total")
+			pruned, _ := metricValue(t, text, "idem_ttl_pruned_total")
+			_, sweeps := metricValue(t, text, "idem_store_duration_seconds_count", `op="sweep"`)
+			_, reaps := metricValue(t, text, "idem_store_duration_seconds_count", `op="reap"`)
+			return swept == 1 && pruned == 1 && sweeps && reaps
+		})
 	})
 }
 
@@ -151,9 +163,21 @@ func TestProxyWithoutMaintenance(t *testing.T) {
 		t.Fatal("the background services run with NoMaintenance")
 	}
 	_, err := NewProxy(context.Background(), ProxyConfig{Listen: "127.0.0.1:0", Upstream: up.URL, Store: "memory:",
-		NoMaintenance: true, ResolveURL: "http://127.0.0.1:1/resolve"})
+		NoMaintenance: true, ResolveURL: "http://127.0.0.1:1/resolve", SingleTenant: true})
 	if err == nil || !strings.Contains(err.Error(), "--resolve-url needs the background services") {
 		t.Errorf("a resolver without the services: %v", err)
+	}
+}
+
+// A maintenance configuration no default can mend stops the proxy before
+// it listens.
+func TestProxyRefusesABadMaintenanceConfig(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, &chargeAPI{})
+	_, err := NewProxy(context.Background(), ProxyConfig{Listen: "127.0.0.1:0", Upstream: up.URL, Store: "memory:", SingleTenant: true,
+		Maintenance: maintenance.Config{ReconcileBackoff: 2 * time.Hour}})
+	if err == nil || !strings.Contains(err.Error(), "ReconcileMaxBackoff (1h0m0s) is shorter than ReconcileBackoff (2h0m0s)") {
+		t.Fatalf("NewProxy: %v", err)
 	}
 }
 
@@ -169,7 +193,7 @@ func TestProxyReconcilesThroughTheResolveURL(t *testing.T) {
 		}}
 		resolver := newUpstream(t, api)
 		p, base := startProxy(t, ProxyConfig{Upstream: srv.URL, Store: dsn, ResolveURL: resolver.URL,
-			Maintenance: idem.MaintenanceConfig{ReconcileInterval: 5 * time.Millisecond}})
+			Maintenance: maintenance.Config{ReconcileInterval: 5 * time.Millisecond}})
 		if p.maint == nil || p.cfg.Maintenance.Resolver == nil {
 			t.Fatal("no reconciler")
 		}
@@ -244,7 +268,7 @@ func TestParseProxyMaintenanceFlags(t *testing.T) {
 func redisAddr(t *testing.T) string {
 	addr := os.Getenv("IDEM_TEST_REDIS_ADDR")
 	if addr == "" {
-		t.Skip("IDEM_TEST_REDIS_ADDR is not set (e.g. 127.0.0.1:6379)")
+		testenv.Skip(t, "IDEM_TEST_REDIS_ADDR is not set (e.g. 127.0.0.1:6379)")
 	}
 	return addr
 }

@@ -30,7 +30,7 @@ func BenchmarkProxy(b *testing.B) {
 			}))
 			defer up.Close()
 			p, err := NewProxy(context.Background(), ProxyConfig{
-				Listen: "127.0.0.1:0", Upstream: up.URL, Store: dsn, Migrate: true,
+				Listen: "127.0.0.1:0", Upstream: up.URL, Store: dsn, Migrate: true, SingleTenant: true,
 				Logger: slog.New(slog.DiscardHandler),
 			})
 			if err != nil {

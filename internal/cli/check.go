@@ -790,7 +790,7 @@ func (f *requestHeaders) String() string { return "" }
 func (f *requestHeaders) Set(s string) error {
 	name, value, ok := strings.Cut(s, ":")
 	name = strings.TrimSpace(name)
-	if !ok || !validHeaderName(name) {
+	if !ok || !validToken(name) {
 		return errors.New(`want "Name: value"`)
 	}
 	if strings.ContainsAny(value, "\r\n\x00") {
@@ -876,7 +876,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if cfg.Timeout <= 0 {
 		return usageErr(fs, "--timeout must be positive")
 	}
-	if cfg.TenantHeader != "" && !validHeaderName(cfg.TenantHeader) {
+	if cfg.TenantHeader != "" && !validToken(cfg.TenantHeader) {
 		return usageErr(fs, "--tenant-header %q is not a valid header name", cfg.TenantHeader)
 	}
 	if cfg.Body, err = bodyArg(*body); err != nil {

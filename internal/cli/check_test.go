@@ -49,11 +49,11 @@ func TestCheckPassesAgainstTheProxy(t *testing.T) {
 		args  []string
 		want  string
 	}{
-		{"ietf", ProxyConfig{Store: "memory:"}, []string{"--other-auth", "Bearer other"}, "11 checks: 11 passed"},
+		{"ietf", ProxyConfig{Store: "memory:", TenantFrom: []string{"authorization"}}, []string{"--other-auth", "Bearer other", "--header", "Authorization: Bearer main"}, "11 checks: 11 passed"},
 		{"tenant header", ProxyConfig{Store: "memory:", TenantHeader: "X-Tenant-ID"},
-			[]string{"--tenant-header", "X-Tenant-ID", "--header", "Authorization: Bearer shared"}, "11 checks: 11 passed"},
-		{"stripe", ProxyConfig{Store: "sqlite:", Profile: "stripe"},
-			[]string{"--profile", "stripe", "--other-auth", "Bearer other", "--concurrency", "4"}, "11 checks: 11 passed"},
+			[]string{"--tenant-header", "X-Tenant-ID", "--header", "X-Tenant-ID: main"}, "11 checks: 11 passed"},
+		{"stripe", ProxyConfig{Store: "sqlite:", Profile: "stripe", TenantFrom: []string{"authorization"}},
+			[]string{"--profile", "stripe", "--other-auth", "Bearer other", "--header", "Authorization: Bearer main", "--concurrency", "4"}, "11 checks: 11 passed"},
 		{"no tenant and a text body", ProxyConfig{Store: "memory:"},
 			[]string{"--body", "@" + writeTemp(t, "plain text"), "--header", "Content-Type: text/plain"},
 			"11 checks: 9 passed, 0 failed, 0 warnings, 2 skipped"},

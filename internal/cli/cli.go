@@ -107,7 +107,9 @@ Commands:
 Store DSNs (--store, the same meaning in every command; default %s):
   sqlite:PATH  memory:  postgres://user:pass@host:5432/db
   mysql://user:pass@host:3306/db  redis://host:6379/0
-`, storeurl.Default)
+Keep passwords off the command line: --store-file PATH (its first line) or
+$%s; likewise --cache-file and $%s for --cache.
+`, storeurl.Default, storeurl.StoreEnv, storeurl.CacheEnv)
 	fmt.Fprint(w, `
 A request whose outcome is unknown (the proxy or the upstream died while
 it ran) is never run again by a retry: retries get 409 until the record is

@@ -292,6 +292,8 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) (err 
 
 	p, err := NewProxy(ctx, ProxyConfig{
 		Listen: *listen, Upstream: upURL, Store: storeDSN, Migrate: true,
+		// The tour is one caller.
+		SingleTenant:    true,
 		ShutdownTimeout: 5 * time.Second, Logger: logger,
 	})
 	if err != nil {

@@ -14,31 +14,51 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/internal/storeurl"
+	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 )
 
 // The operator commands run one pass of a background service (package
-// idem's Maintainer) against a store and print what it did: for a cron job
+// maintenance) against a store and print what it did: for a cron job
 // when no proxy runs the services, or for an operator who wants it now.
 
 // maintainer opens the store of an operator command and returns the
 // background services over it. cfg's zero fields take the defaults. The
 // caller closes the store.
-func maintainer(ctx context.Context, dsn string, cfg idem.MaintenanceConfig, ttl time.Duration, stderr io.Writer) (*idem.Maintainer, store.Store, error) {
+func maintainer(ctx context.Context, dsn string, cfg maintenance.Config, stderr io.Writer) (*maintenance.Maintainer, store.Store, error) {
 	s, err := openExisting(ctx, dsn, "")
 	if err != nil {
 		return nil, nil, err
 	}
-	// The engine's events (each swept zombie, each dead letter) go to
+	// The services' events (each swept zombie, each dead letter) go to
 	// stderr; stdout keeps the command's own report.
-	e, err := idem.New(s, idem.Config{TTL: ttl, Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	m, err := maintenance.New(s, cfg)
 	if err != nil {
 		s.Close()
 		return nil, nil, err
 	}
-	return e.Maintainer(cfg), s, nil
+	return m, s, nil
+}
+
+// maintenanceConfig is the configuration of the proxy's background
+// services: a response settled as happened is replayed as long as one the
+// engine stored, and the services log and measure where the engine does.
+func (p *Proxy) maintenanceConfig() maintenance.Config {
+	c := p.cfg.Maintenance
+	if c.TTL == 0 {
+		c.TTL = p.engine.TTL()
+	}
+	if c.StoreTimeout == 0 {
+		c.StoreTimeout = p.engine.StoreTimeout()
+	}
+	if c.Logger == nil {
+		c.Logger = p.cfg.Logger
+	}
+	if c.MeterProvider == nil {
+		c.MeterProvider = p.cfg.MeterProvider
+	}
+	return c
 }
 
 // positive checks a numeric flag that must be above zero.
@@ -57,10 +77,13 @@ Moves every in-progress record whose lease expired (its holder died) to
 unknown, once, and prints how many. Records whose lease policy is retry or
 resume stay for their retry to take over. The proxy runs this every
 --sweep-interval unless --maintenance=false.`, stderr)
-	dsn := fs.String("store", storeurl.Default, "store `DSN`: "+storeurl.Supported)
-	batch := fs.Int("batch", 100, "records changed per store call")
+	dsn := storeFlag(fs)
+	batch := fs.Int("batch", maintenance.DefaultBatchSize, "records changed per store call")
 	pos, err := parse(fs, args)
 	if err != nil {
+		return err
+	}
+	if err := dsn.resolve(fs); err != nil {
 		return err
 	}
 	if len(pos) > 0 {
@@ -69,7 +92,7 @@ resume stay for their retry to take over. The proxy runs this every
 	if err := positive(fs, "batch", *batch); err != nil {
 		return err
 	}
-	m, s, err := maintainer(ctx, *dsn, idem.MaintenanceConfig{BatchSize: *batch}, 0, stderr)
+	m, s, err := maintainer(ctx, dsn.value, maintenance.Config{BatchSize: *batch}, stderr)
 	if err != nil {
 		return err
 	}
@@ -87,12 +110,15 @@ Deletes completed and failed records past their expiry (--soft keeps them
 as state expired, for audit), and closes abandoned records (in progress or
 unknown past their expiry) with a stored 504 answer, once; prints the
 counts. The proxy runs this every --reap-interval unless --maintenance=false.`, stderr)
-	dsn := fs.String("store", storeurl.Default, "store `DSN`: "+storeurl.Supported)
+	dsn := storeFlag(fs)
 	soft := fs.Bool("soft", false, "keep expired records as state expired instead of deleting them")
-	batch := fs.Int("batch", 100, "records changed per store call")
-	abandonedTTL := fs.Duration("abandoned-ttl", 24*time.Hour, "how long an abandoned record keeps its 504 answer")
+	batch := fs.Int("batch", maintenance.DefaultBatchSize, "records changed per store call")
+	abandonedTTL := fs.Duration("abandoned-ttl", maintenance.DefaultAbandonedTTL, "how long an abandoned record keeps its 504 answer")
 	pos, err := parse(fs, args)
 	if err != nil {
+		return err
+	}
+	if err := dsn.resolve(fs); err != nil {
 		return err
 	}
 	if len(pos) > 0 {
@@ -104,7 +130,7 @@ counts. The proxy runs this every --reap-interval unless --maintenance=false.`, 
 	if *abandonedTTL <= 0 {
 		return usageErr(fs, "--abandoned-ttl must be positive")
 	}
-	m, s, err := maintainer(ctx, *dsn, idem.MaintenanceConfig{BatchSize: *batch, SoftExpire: *soft, AbandonedTTL: *abandonedTTL}, 0, stderr)
+	m, s, err := maintainer(ctx, dsn.value, maintenance.Config{BatchSize: *batch, SoftExpire: *soft, AbandonedTTL: *abandonedTTL}, stderr)
 	if err != nil {
 		return err
 	}
@@ -172,12 +198,15 @@ every unknown record, also those waiting for their next attempt and the
 dead-lettered ones (given up on by the reconciler: only an operator settles
 them, with idem reconcile resolve), shown as DEAD-LETTERED in the
 RECONCILE_AFTER column. ATTEMPTS counts reconciliation attempts.`, stderr)
-	dsn := fs.String("store", storeurl.Default, "store `DSN`: "+storeurl.Supported)
+	dsn := storeFlag(fs)
 	all := fs.Bool("all", false, "list every unknown record, not only the due ones")
 	limit := fs.Int("limit", 100, "list at most `N` records")
 	asJSON := fs.Bool("json", false, "print one JSON object per line instead of a table")
 	pos, err := parse(fs, args)
 	if err != nil {
+		return err
+	}
+	if err := dsn.resolve(fs); err != nil {
 		return err
 	}
 	if len(pos) > 0 {
@@ -186,7 +215,7 @@ RECONCILE_AFTER column. ATTEMPTS counts reconciliation attempts.`, stderr)
 	if err := positive(fs, "limit", *limit); err != nil {
 		return err
 	}
-	s, err := openExisting(ctx, *dsn, "")
+	s, err := openExisting(ctx, dsn.value, "")
 	if err != nil {
 		return err
 	}
@@ -201,7 +230,7 @@ RECONCILE_AFTER column. ATTEMPTS counts reconciliation attempts.`, stderr)
 			v := struct {
 				recordView
 				DeadLettered bool `json:"dead_lettered"`
-			}{viewRecord(r), idem.DeadLettered(r)}
+			}{viewRecord(r), r.DeadLettered()}
 			if err := enc.Encode(v); err != nil {
 				return err
 			}
@@ -211,7 +240,7 @@ RECONCILE_AFTER column. ATTEMPTS counts reconciliation attempts.`, stderr)
 		fmt.Fprintln(tw, "SCOPE\tKEY\tFENCE\tATTEMPTS\tRECONCILE_AFTER\tLAST_ERROR")
 		for _, r := range recs {
 			after := r.ReconcileAfter.UTC().Format(time.RFC3339)
-			if idem.DeadLettered(r) {
+			if r.DeadLettered() {
 				after = "DEAD-LETTERED"
 			}
 			fmt.Fprintf(tw, "%q\t%q\t%d\t%d\t%s\t%s\n", r.Scope, r.Key, r.Fence, r.ReconcileAttempts, after, oneLine(r.LastError))
@@ -267,7 +296,7 @@ once their lease expires (idem sweep).
 	var hdr headerFlag
 	fs.Var(&hdr, "header", "response header `'Name: value'` replayed (repeatable; with --completed)")
 	body := fs.String("body", "", "response body replayed: `TEXT`, or @FILE to read it from a file (with --completed)")
-	ttl := fs.Duration("ttl", 24*time.Hour, "how long the settled record is kept (completed: replayed)")
+	ttl := fs.Duration("ttl", maintenance.DefaultTTL, "how long the settled record is kept (completed: replayed)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -278,7 +307,7 @@ once their lease expires (idem sweep).
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	var res idem.Resolution
+	var res maintenance.Resolution
 	switch {
 	case *completed == *retryable:
 		return usageErr(fs, "give exactly one of --completed and --retryable")
@@ -286,7 +315,7 @@ once their lease expires (idem sweep).
 		if set["status"] || set["header"] || set["body"] {
 			return usageErr(fs, "--status, --header and --body go with --completed")
 		}
-		res.Outcome = idem.DidNotHappen
+		res.Outcome = maintenance.DidNotHappen
 	default:
 		if !set["status"] {
 			return usageErr(fs, "--completed needs --status")
@@ -300,12 +329,12 @@ once their lease expires (idem sweep).
 				return fmt.Errorf("--body: %w", err)
 			}
 		}
-		res = idem.Resolution{Outcome: idem.Happened, Response: &store.Response{Status: *status, Header: hdr.h, Body: b}}
+		res = maintenance.Resolution{Outcome: maintenance.Happened, Response: &store.Response{Status: *status, Header: hdr.h, Body: b}}
 	}
 	if *ttl <= 0 {
 		return usageErr(fs, "--ttl must be positive")
 	}
-	m, s, err := maintainer(ctx, k.dsn, idem.MaintenanceConfig{}, *ttl, stderr)
+	m, s, err := maintainer(ctx, k.dsn, maintenance.Config{TTL: *ttl}, stderr)
 	if err != nil {
 		return err
 	}
@@ -324,7 +353,7 @@ once their lease expires (idem sweep).
 		return err
 	}
 	to := store.StateCompleted
-	if res.Outcome == idem.DidNotHappen {
+	if res.Outcome == maintenance.DidNotHappen {
 		to = store.StateFailedRetryable
 	}
 	fmt.Fprintf(stdout, "resolved key %q in scope %q: %s\n", key, scope, to)
@@ -340,11 +369,14 @@ the ones it can tell, and prints the counts. The proxy does the same every
 --reconcile-interval when it is given --resolve-url.
 
 `+resolveProtocol, stderr)
-	dsn := fs.String("store", storeurl.Default, "store `DSN`: "+storeurl.Supported)
+	dsn := storeFlag(fs)
 	resolveURL := fs.String("resolve-url", "", "`URL` of the upstream operators' resolve endpoint (required)")
-	batch := fs.Int("batch", 100, "records asked about in this pass, at most")
+	batch := fs.Int("batch", maintenance.DefaultBatchSize, "records asked about per store call")
 	pos, err := parse(fs, args)
 	if err != nil {
+		return err
+	}
+	if err := dsn.resolve(fs); err != nil {
 		return err
 	}
 	if len(pos) > 0 {
@@ -360,7 +392,7 @@ the ones it can tell, and prints the counts. The proxy does the same every
 	if err != nil {
 		return usageErr(fs, "%v", err)
 	}
-	m, s, err := maintainer(ctx, *dsn, idem.MaintenanceConfig{BatchSize: *batch, Resolver: r}, 0, stderr)
+	m, s, err := maintainer(ctx, dsn.value, maintenance.Config{BatchSize: *batch, Resolver: r}, stderr)
 	if err != nil {
 		return err
 	}

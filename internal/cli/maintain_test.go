@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/storeurl"
 	"github.com/idem-go/idem/store"
 )
@@ -162,7 +161,7 @@ func TestReconcileList(t *testing.T) {
 	if err := s.Defer(ctx, store.DeferParams{Scope: testScope, Key: "later", Delay: time.Hour, Error: "resolver: cannot tell\nyet"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Defer(ctx, store.DeferParams{Scope: testScope, Key: "dead", Delay: idem.DeadLetterDelay, Error: "dead-lettered after 10 attempts"}); err != nil {
+	if err := s.Defer(ctx, store.DeferParams{Scope: testScope, Key: "dead", DeadLetter: true, Error: "dead-lettered after 10 attempts"}); err != nil {
 		t.Fatal(err)
 	}
 

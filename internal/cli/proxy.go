@@ -2,13 +2,8 @@ package cli
 
 import (
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"log/slog"
 	"net"
@@ -17,15 +12,22 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/console"
 	"github.com/idem-go/idem/internal/storeurl"
+	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
-	"go.opentelemetry.io/otel/metric"
+	"github.com/idem-go/idem/store/memory"
 )
 
 // ProxyConfig configures a Proxy. Zero durations and sizes take the
@@ -40,6 +42,9 @@ type ProxyConfig struct {
 	Store string
 	// Migrate applies the store's pending migrations at start.
 	Migrate bool
+	// StoreConns sizes the server store's connection pool (see
+	// storeurl.Options.Conns). Zero keeps the store's default.
+	StoreConns int
 	// StoreClock replaces the store's clock (tests).
 	StoreClock store.Clock
 
@@ -52,14 +57,41 @@ type ProxyConfig struct {
 	Methods []string
 	MaxBody int64
 
-	// TenantHeader names a request header that holds the caller's tenant,
-	// set by a trusted gateway in front of the proxy (a client could set
-	// it too). Empty: the tenant is a hash of the Authorization header.
+	// TenantFrom lists the tenant sources, tried in order (see
+	// tenantSourcesHelp): "authorization", "header:NAME", "cookie:NAME",
+	// "trusted-header:NAME"; an entry may be a comma list. NewProxy fails
+	// without a source unless SingleTenant is set, so two callers never
+	// share records by accident.
+	TenantFrom []string
+	// TenantHeader is the deprecated spelling of TenantFrom
+	// "trusted-header:NAME", tried after the TenantFrom sources.
 	TenantHeader string
-	// TenantSecret, when set, keys the Authorization hash (HMAC-SHA-256),
-	// so a leaked store does not let anyone test guessed credentials
-	// against the scopes.
+	// SingleTenant declares one trusted caller: every request is the
+	// tenant "" and no source is read.
+	SingleTenant bool
+	// TenantSecret keys the hash (HMAC-SHA-256) of the credential sources,
+	// so a leaked store or log does not let anyone test guessed
+	// credentials. Nil: a SQLite file store keeps a generated one next to
+	// the database (DB.tenant-secret), the memory store makes one per
+	// process, and the shared stores refuse to start.
 	TenantSecret []byte
+	// FingerprintSecret keys the engine's request fingerprints
+	// (idem.Config.Secret). Nil: plain SHA-256.
+	FingerprintSecret []byte
+
+	// MaxHeaderBytes bounds the request line and headers (431 above it).
+	// Defaults to 64 KiB.
+	MaxHeaderBytes int
+	// BodyTimeout bounds the time to receive a request body; a client that
+	// stalls is cut off and its connection closed. Defaults to 30s;
+	// negative means no limit.
+	BodyTimeout time.Duration
+	// MaxBufferedBytes bounds the request bodies held in memory at once
+	// by keyed requests (each counts its Content-Length, or MaxBody when
+	// unknown, up to MaxBody). A request over the bound is answered 503
+	// with Retry-After at once. Defaults to 64 MiB; it must be at least
+	// MaxBody.
+	MaxBufferedBytes int64
 
 	// UpstreamTimeout bounds the wait for the upstream's response headers
 	// once the request was sent. Defaults to 60s; negative means no limit.
@@ -91,8 +123,9 @@ type ProxyConfig struct {
 	// reconcile run, must then do their work.
 	NoMaintenance bool
 	// Maintenance configures the background services; zero fields take
-	// the defaults of idem.MaintenanceConfig.
-	Maintenance idem.MaintenanceConfig
+	// the defaults of maintenance.Config. TTL, Logger and MeterProvider
+	// default to the proxy's.
+	Maintenance maintenance.Config
 	// ResolveURL, when set and Maintenance.Resolver is nil, is the
 	// upstream operators' endpoint the reconciler asks about unknown
 	// outcomes (resolveProtocol).
@@ -108,17 +141,33 @@ type ProxyConfig struct {
 }
 
 // Proxy is the idempotency reverse proxy: the engine's middleware in front
-// of an httputil.ReverseProxy to the upstream.
+// of an httputil.ReverseProxy to the upstream, behind a guard that names
+// the caller's tenant and bounds what a client may make the proxy hold.
 type Proxy struct {
 	cfg       ProxyConfig
 	log       *slog.Logger
-	store     store.Store
-	engine    *idem.Engine
+	dsn       storeurl.DSN
 	upstream  *url.URL
 	transport *http.Transport
-	handler   http.Handler
-	metrics   *metrics         // nil when the caller brought its own provider
-	maint     *idem.Maintainer // nil with NoMaintenance
+	rp        http.Handler // the reverse proxy alone
+	handler   http.Handler // the guard in front of everything
+	metrics   *metrics     // nil when the caller brought its own provider
+	refusals  metric.Int64Counter
+	tenants   *tenants
+	protected map[string]bool
+	buffers   *semaphore.Weighted
+	buffered  atomic.Int64 // bytes held under buffers, for tests
+
+	// mu guards what attach sets once the store opened; guarded is nil
+	// until then and protected requests are answered 503.
+	mu      sync.Mutex
+	store   store.Store
+	engine  *idem.Engine
+	maint   *maintenance.Maintainer // nil with NoMaintenance
+	guarded atomic.Pointer[http.Handler]
+	openErr error         // why the store is not open yet
+	opening chan struct{} // closed when the background opener returns; nil without one
+	storeUp atomic.Bool   // last readiness seen, to log each change once
 
 	ln       net.Listener
 	server   *http.Server
@@ -127,9 +176,19 @@ type Proxy struct {
 	draining atomic.Bool
 }
 
-// NewProxy opens the store and binds the listeners; Serve starts serving.
+// Defaults of the proxy's resource limits.
+const (
+	defaultMaxHeaderBytes   = 64 << 10
+	defaultBodyTimeout      = 30 * time.Second
+	defaultMaxBufferedBytes = 64 << 20
+	defaultMaxBody          = 1 << 20
+)
+
+// NewProxy binds the listeners and opens the store; Serve starts serving.
 // Binding here lets a caller read Addr before serving, and a port conflict
-// fail before anything runs.
+// fail before anything runs. A store that cannot be opened does not fail
+// NewProxy: Serve keeps trying in the background, with backoff, while the
+// proxy answers protected requests 503 and /readyz reports not ready.
 func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 	if cfg.Listen == "" {
 		cfg.Listen = "127.0.0.1:8080"
@@ -143,6 +202,21 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 	if cfg.ShutdownTimeout <= 0 {
 		cfg.ShutdownTimeout = 20 * time.Second
 	}
+	if cfg.MaxHeaderBytes <= 0 {
+		cfg.MaxHeaderBytes = defaultMaxHeaderBytes
+	}
+	if cfg.BodyTimeout == 0 {
+		cfg.BodyTimeout = defaultBodyTimeout
+	}
+	if cfg.MaxBody <= 0 {
+		cfg.MaxBody = defaultMaxBody
+	}
+	if cfg.MaxBufferedBytes <= 0 {
+		cfg.MaxBufferedBytes = defaultMaxBufferedBytes
+	}
+	if cfg.MaxBufferedBytes < cfg.MaxBody {
+		return nil, fmt.Errorf("proxy: --max-buffered-bytes (%d) is smaller than --max-body (%d): no body would fit", cfg.MaxBufferedBytes, cfg.MaxBody)
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
@@ -153,6 +227,13 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 	dsn, err := storeurl.Parse(cfg.Store)
 	if err != nil {
 		return nil, err
+	}
+	tn, err := proxyTenants(cfg, cfg.Logger)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.TenantHeader != "" {
+		cfg.Logger.Warn("idem proxy: --tenant-header is deprecated; use --tenant-from trusted-header:NAME", "name", cfg.TenantHeader)
 	}
 
 	if cfg.NoMaintenance && cfg.ResolveURL != "" {
@@ -166,7 +247,8 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 		cfg.Maintenance.Resolver = r
 	}
 
-	p := &Proxy{cfg: cfg, log: cfg.Logger, upstream: up}
+	p := &Proxy{cfg: cfg, log: cfg.Logger, upstream: up, dsn: dsn, tenants: tn,
+		buffers: semaphore.NewWeighted(cfg.MaxBufferedBytes)}
 	// Undo what was set up if a later step fails.
 	defer func() {
 		if err != nil {
@@ -185,47 +267,59 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 		cfg.AdminHandlers = handlers
 		p.cfg = cfg
 	}
-	if p.store, err = storeurl.Open(ctx, cfg.Store, storeurl.Options{
-		Migrate: cfg.Migrate, Clock: cfg.StoreClock, Cache: cfg.Cache, Logger: cfg.Logger,
-	}); err != nil {
-		return nil, err
+	mp := cfg.MeterProvider
+	if mp == nil {
+		mp = otel.GetMeterProvider()
 	}
-	p.engine, err = idem.New(p.store, idem.Config{
-		Profile:       idem.Profile(cfg.Profile),
-		Methods:       cfg.Methods,
-		TTL:           cfg.TTL,
-		Lease:         cfg.Lease,
-		Wait:          cfg.Wait,
-		MaxBodyBytes:  cfg.MaxBody,
-		Tenant:        tenantFunc(cfg.TenantHeader, cfg.TenantSecret),
-		Route:         proxyRoute,
-		Logger:        cfg.Logger,
-		MeterProvider: cfg.MeterProvider,
-	})
-	if err != nil {
+	if p.refusals, err = mp.Meter("github.com/idem-go/idem/internal/cli").Int64Counter("idem.proxy.refused",
+		metric.WithDescription("requests the proxy refused before the engine, by reason")); err != nil {
+		return nil, fmt.Errorf("proxy: metrics: %w", err)
+	}
+	// The engine's settings are checked now, whether or not the store
+	// answers: a typo must fail at start, not when the database comes up.
+	if _, err := idem.New(memory.New(memory.Config{}), p.engineConfig()); err != nil {
 		return nil, err
 	}
 	if !cfg.NoMaintenance {
-		p.maint = p.engine.Maintainer(cfg.Maintenance)
+		if _, err := maintenance.New(memory.New(memory.Config{}), cfg.Maintenance); err != nil {
+			return nil, fmt.Errorf("proxy: %w", err)
+		}
+	}
+	p.protected = map[string]bool{}
+	for _, m := range cfg.Methods {
+		p.protected[strings.ToUpper(m)] = true
+	}
+	if len(p.protected) == 0 {
+		p.protected = map[string]bool{http.MethodPost: true, http.MethodPatch: true}
 	}
 	p.transport = newTransport(cfg.UpstreamTimeout)
-	rp := &httputil.ReverseProxy{
+	p.rp = &httputil.ReverseProxy{
 		Rewrite:      p.rewrite,
 		Transport:    p.transport,
 		ErrorHandler: p.upstreamError,
 		ErrorLog:     slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
 	}
-	p.handler = p.engine.Middleware(rp)
+	p.handler = http.HandlerFunc(p.guard)
+
+	if s, err := p.openStore(ctx); err == nil {
+		p.attach(s)
+	} else {
+		p.openErr = err
+		p.log.Warn("idem proxy: the store is unavailable; protected requests get 503 while it is retried in the background",
+			"store", string(dsn.Kind), "err", err)
+	}
 
 	if p.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return nil, fmt.Errorf("proxy: listen: %w", err)
 	}
 	p.server = &http.Server{
 		Handler: p.handler,
-		// Bounds slow clients sending headers; bodies and upstream calls
-		// are bounded by the engine's body limit and UpstreamTimeout.
+		// Slow clients are bounded while sending headers here, while
+		// sending a body by BodyTimeout (see guard), and while idle
+		// between requests; upstream calls by UpstreamTimeout.
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    cfg.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
 	}
 	if cfg.Admin != "" && cfg.Console {
@@ -246,8 +340,149 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 	}
 	p.log.Info("idem proxy listening", "listen", p.ln.Addr().String(), "upstream", up.Redacted(),
 		"store", string(dsn.Kind), "cache", cfg.Cache != "", "admin", adminString(p.adminLn),
-		"maintenance", p.maint != nil, "reconciler", p.maint != nil && cfg.Maintenance.Resolver != nil)
+		"tenant_from", tn.String(), "maintenance", !cfg.NoMaintenance,
+		"reconciler", !cfg.NoMaintenance && cfg.Maintenance.Resolver != nil)
 	return p, nil
+}
+
+// proxyTenants builds the tenant rule of the proxy's configuration.
+func proxyTenants(cfg ProxyConfig, log *slog.Logger) (*tenants, error) {
+	specs := cfg.TenantFrom
+	if cfg.TenantHeader != "" {
+		specs = append(slices.Clip(specs), srcTrusted+":"+cfg.TenantHeader)
+	}
+	sources, err := parseTenantSources(specs)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: %w", err)
+	}
+	switch {
+	case cfg.SingleTenant && len(sources) > 0:
+		return nil, errors.New("proxy: --single-tenant and --tenant-from exclude each other")
+	case cfg.SingleTenant:
+		return &tenants{single: true}, nil
+	case len(sources) == 0:
+		return nil, errors.New("proxy: no tenant source: callers would share each other's records. " +
+			"Name how callers are told apart with --tenant-from (authorization, header:NAME, cookie:NAME " +
+			"or trusted-header:NAME, e.g. --tenant-from authorization), or declare one trusted caller with --single-tenant")
+	}
+	t := &tenants{sources: sources, secret: cfg.TenantSecret}
+	if t.needsSecret() && len(t.secret) == 0 {
+		secret, path, err := defaultTenantSecret(cfg.Store)
+		if err != nil {
+			return nil, fmt.Errorf("proxy: %w", err)
+		}
+		if path != "" {
+			log.Info("idem proxy: tenant secret from the file beside the database", "path", path)
+		}
+		t.secret = secret
+	}
+	return t, nil
+}
+
+// engineConfig is the engine's configuration; the tenant is the one the
+// guard put in the request's context.
+func (p *Proxy) engineConfig() idem.Config {
+	cfg := p.cfg
+	return idem.Config{
+		Profile:       idem.Profile(cfg.Profile),
+		Methods:       cfg.Methods,
+		TTL:           cfg.TTL,
+		Lease:         cfg.Lease,
+		Wait:          cfg.Wait,
+		MaxBodyBytes:  cfg.MaxBody,
+		Secret:        cfg.FingerprintSecret,
+		Tenant:        tenantFromContext,
+		Route:         proxyRoute,
+		Logger:        cfg.Logger,
+		MeterProvider: cfg.MeterProvider,
+	}
+}
+
+// openStore opens the store once.
+func (p *Proxy) openStore(ctx context.Context) (store.Store, error) {
+	return storeurl.Open(ctx, p.cfg.Store, storeurl.Options{
+		Migrate: p.cfg.Migrate, Clock: p.cfg.StoreClock, Cache: p.cfg.Cache, Logger: p.cfg.Logger,
+		Conns: p.cfg.StoreConns,
+	})
+}
+
+// attach puts the opened store behind the guard: the engine, its
+// middleware and the background services.
+func (p *Proxy) attach(s store.Store) error {
+	e, err := idem.New(s, p.engineConfig())
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.store, p.engine, p.openErr = s, e, nil
+	if !p.cfg.NoMaintenance {
+		if p.maint, err = maintenance.New(s, p.maintenanceConfig()); err != nil {
+			return fmt.Errorf("proxy: %w", err)
+		}
+	}
+	h := p.engine.Middleware(p.rp)
+	p.guarded.Store(&h)
+	p.storeUp.Store(true)
+	return nil
+}
+
+// Backoff of the background opener.
+const (
+	openRetryMin = 100 * time.Millisecond
+	openRetryMax = 5 * time.Second
+	openTimeout  = 10 * time.Second
+)
+
+// openLoop opens the store in the background until it opens or ctx ends,
+// then starts the background services under serveCtx. It logs the success
+// once (NewProxy logged the first failure); every attempt in between at
+// debug level.
+func (p *Proxy) openLoop(ctx, serveCtx context.Context) {
+	defer close(p.opening)
+	wait := openRetryMin
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, openRetryMax)
+		octx, cancel := context.WithTimeout(ctx, openTimeout)
+		s, err := p.openStore(octx)
+		cancel()
+		if err != nil {
+			p.mu.Lock()
+			p.openErr = err
+			p.mu.Unlock()
+			p.log.Debug("idem proxy: the store is still unavailable", "err", err)
+			continue
+		}
+		if ctx.Err() != nil {
+			s.Close()
+			return
+		}
+		if err := p.attach(s); err != nil {
+			s.Close()
+			p.log.Error("idem proxy: the engine refused the store", "err", err)
+			return
+		}
+		p.log.Info("idem proxy: the store is available; protected requests are served", "store", string(p.dsn.Kind))
+		if err := p.startMaintenance(serveCtx); err != nil {
+			p.log.Error("idem proxy: background services did not start", "err", err)
+		}
+		return
+	}
+}
+
+func (p *Proxy) startMaintenance(ctx context.Context) error {
+	p.mu.Lock()
+	m := p.maint
+	p.mu.Unlock()
+	if m == nil {
+		return nil
+	}
+	return m.Start(ctx)
 }
 
 // mountsMetrics reports whether the caller brought its own /metrics.
@@ -289,10 +524,16 @@ func (p *Proxy) AdminAddr() net.Addr {
 	return p.adminLn.Addr()
 }
 
-// Store returns the proxy's store; Serve closes it on return.
-func (p *Proxy) Store() store.Store { return p.store }
+// Store returns the proxy's store, nil while it is not open yet; Serve
+// closes it on return.
+func (p *Proxy) Store() store.Store {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.store
+}
 
-// Handler returns the proxy's handler (engine middleware and reverse proxy).
+// Handler returns the proxy's handler (guard, engine middleware and
+// reverse proxy).
 func (p *Proxy) Handler() http.Handler { return p.handler }
 
 // Serve serves, and runs the background services, until ctx is cancelled
@@ -301,11 +542,18 @@ func (p *Proxy) Handler() http.Handler { return p.handler }
 // services stop, and the store is closed last, so every request that ran
 // could record its outcome. It returns nil after a clean shutdown.
 func (p *Proxy) Serve(ctx context.Context) error {
-	if p.maint != nil {
-		if err := p.maint.Start(ctx); err != nil {
+	stopOpening := func() {}
+	if p.Store() != nil {
+		if err := p.startMaintenance(ctx); err != nil {
 			return err
 		}
+	} else {
+		var octx context.Context
+		octx, stopOpening = context.WithCancel(ctx)
+		p.opening = make(chan struct{})
+		go p.openLoop(octx, ctx)
 	}
+	defer stopOpening()
 	errc := make(chan error, 2)
 	running := 1
 	go func() { errc <- p.server.Serve(p.ln) }()
@@ -342,9 +590,17 @@ func (p *Proxy) Serve(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
+	if p.opening != nil {
+		// The opener must not attach a store after the close below.
+		stopOpening()
+		<-p.opening
+	}
 	p.transport.CloseIdleConnections()
-	if p.maint != nil {
-		if err := p.maint.Stop(sctx); err != nil {
+	p.mu.Lock()
+	maint, st := p.maint, p.store
+	p.mu.Unlock()
+	if maint != nil {
+		if err := maint.Stop(sctx); err != nil {
 			errs = append(errs, fmt.Errorf("proxy: background services: %w", err))
 		}
 	}
@@ -353,8 +609,10 @@ func (p *Proxy) Serve(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("proxy: metrics: %w", err))
 		}
 	}
-	if err := p.store.Close(); err != nil {
-		errs = append(errs, fmt.Errorf("proxy: close store: %w", err))
+	if st != nil {
+		if err := st.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("proxy: close store: %w", err))
+		}
 	}
 	if failed != nil && !errors.Is(failed, http.ErrServerClosed) {
 		errs = append(errs, failed)
@@ -383,12 +641,27 @@ func (p *Proxy) closeAll() {
 }
 
 // ready is the readiness check: not while draining, and only when the
-// store answers.
+// store is open and answers. Each change of the store's state is logged
+// once.
 func (p *Proxy) ready(ctx context.Context) error {
 	if p.draining.Load() {
 		return errors.New("shutting down")
 	}
-	return p.store.Ping(ctx)
+	p.mu.Lock()
+	s, openErr := p.store, p.openErr
+	p.mu.Unlock()
+	if s == nil {
+		return fmt.Errorf("the store is not open yet: %w", openErr)
+	}
+	err := s.Ping(ctx)
+	if up := err == nil; p.storeUp.Swap(up) != up {
+		if up {
+			p.log.Info("idem proxy: the store answers again")
+		} else {
+			p.log.Warn("idem proxy: the store does not answer; protected requests get 503", "err", err)
+		}
+	}
+	return err
 }
 
 // newTransport tunes the upstream transport for a proxy: Go's default keeps
@@ -482,61 +755,42 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error)
 
 // writeBadGateway answers 502 in the profile's error shape.
 func writeBadGateway(w http.ResponseWriter, profile idem.Profile, detail string) {
-	var body []byte
-	if profile == idem.ProfileStripe {
-		w.Header().Set("Content-Type", "application/json")
-		body, _ = json.Marshal(map[string]any{"error": map[string]string{"type": "api_error", "message": detail}})
-	} else {
-		w.Header().Set("Content-Type", "application/problem+json")
-		body, _ = json.Marshal(map[string]any{"type": "about:blank", "title": "Bad Gateway", "status": http.StatusBadGateway, "detail": detail})
-	}
-	w.WriteHeader(http.StatusBadGateway)
-	w.Write(body)
-}
-
-// tenantFunc returns how the proxy names the caller. Keys of two tenants
-// never meet, so two credentials never share a key.
-//
-// With a tenant header, the tenant is its value ("" when absent). Without,
-// it is "auth:" and the first 128 bits, in hex, of SHA-256 (HMAC-SHA-256
-// with a secret) over the Authorization header's values joined by "\n"; ""
-// without Authorization. Hashing keeps credentials out of the store.
-func tenantFunc(header string, secret []byte) func(*http.Request) string {
-	if header != "" {
-		name := http.CanonicalHeaderKey(header)
-		return func(r *http.Request) string { return strings.Join(r.Header.Values(name), ",") }
-	}
-	return func(r *http.Request) string {
-		auth := r.Header.Values("Authorization")
-		if len(auth) == 0 {
-			return ""
-		}
-		var h hash.Hash
-		if len(secret) > 0 {
-			h = hmac.New(sha256.New, secret)
-		} else {
-			h = sha256.New()
-		}
-		for i, v := range auth {
-			if i > 0 {
-				h.Write([]byte{'\n'})
-			}
-			io.WriteString(h, v)
-		}
-		return "auth:" + hex.EncodeToString(h.Sum(nil)[:16])
-	}
+	writeProxyProblem(w, profile, proxyProblem{status: http.StatusBadGateway, title: "Bad Gateway"}, detail)
 }
 
 // proxyRoute is the route of a proxied request: its path as sent, plus the
 // query when there is one. The engine fingerprints method, route and body;
 // an upstream may act on the query, so two requests that differ only there
 // must not share a record (the engine's default route drops the query).
+// The path is always ASCII (net/url escapes what was not); checkRoute
+// bounds the whole before it reaches a scope.
 func proxyRoute(r *http.Request) string {
 	route := r.URL.EscapedPath()
 	if r.URL.RawQuery != "" {
 		route += "?" + r.URL.RawQuery
 	}
 	return route
+}
+
+// maxRouteBytes bounds the route of a keyed request: with the method and
+// the longest tenant id (maxTrustedTenant, or a hashed source's label), its
+// scope stays within what every store accepts (store.MaxScopeBytes).
+const maxRouteBytes = 640
+
+// checkRoute refuses a route that must not become part of a scope: raw
+// bytes outside visible ASCII (RFC 3986 wants them percent-encoded; a
+// query may carry them through net/http as sent, even invalid UTF-8),
+// and routes longer than maxRouteBytes.
+func checkRoute(route string) (problem proxyProblem, bad bool) {
+	for i := 0; i < len(route); i++ {
+		if c := route[i]; c <= ' ' || c >= 0x7f {
+			return probTargetInvalid, true
+		}
+	}
+	if len(route) > maxRouteBytes {
+		return probTargetTooLong, true
+	}
+	return proxyProblem{}, false
 }
 
 // runProxy is `idem proxy`.
@@ -547,9 +801,6 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if cfg.Logger, err = newLogger(stderr, logFormat, logLevel); err != nil {
 		return fmt.Errorf("%w: %w", ErrUsage, err)
-	}
-	if s := os.Getenv(tenantSecretEnv); s != "" {
-		cfg.TenantSecret = []byte(s)
 	}
 	p, err := NewProxy(ctx, cfg)
 	if err != nil {
@@ -577,23 +828,46 @@ With --admin, /metrics serves the engine's metrics in the Prometheus format
 (idem_reserve_outcomes_total{outcome=...}, idem_store_errors_total,
 idem_store_duration_seconds, idem_zombies_swept_total, ...).
 
-` + resolveProtocol
+Resource limits: --max-header-bytes (431 above it), --body-timeout (a
+client that stalls while sending its body is cut off, its connection
+closed), --max-buffered-bytes (keyed requests whose bodies would exceed it
+are answered 503 with Retry-After at once). Methods that are not upper
+case are refused with 400. If the store cannot be opened at start, the
+proxy serves anyway: protected requests get 503 and /readyz is not ready
+until the store opens (retried in the background, migrated with --migrate).
 
-// tenantSecretEnv names the environment variable holding the key of the
-// Authorization hash: a secret stays out of the process list.
-const tenantSecretEnv = "IDEM_TENANT_SECRET"
+` + tenantSourcesHelp + `
+
+` + resolveProtocol
 
 func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logFormat, logLevel string, err error) {
 	fs := newFlags("proxy", proxySynopsis, stderr)
 	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:8080", "`address` the proxy listens on")
 	fs.StringVar(&cfg.Upstream, "upstream", "", "base `URL` of the API behind the proxy (required)")
-	fs.StringVar(&cfg.Store, "store", storeurl.Default, "store `DSN`: "+storeurl.Supported)
+	storeDSN := storeFlag(fs)
 	fs.BoolVar(&cfg.Migrate, "migrate", true, "apply the store's pending migrations at start")
+	fs.IntVar(&cfg.StoreConns, "store-conns", 0, "connection pool `size` of a PostgreSQL or MySQL store; 0: the store's default (PostgreSQL 32 unless the URL sets pool_max_conns, MySQL no cap)")
 	fs.StringVar(&cfg.Profile, "profile", string(idem.ProfileIETF), "HTTP dialect: ietf (key required, 422 on reuse, problem+json) or stripe")
 	fs.DurationVar(&cfg.TTL, "ttl", 24*time.Hour, "how long a completed response is replayed")
 	fs.DurationVar(&cfg.Lease, "lease", 30*time.Second, "lease of an execution, renewed while the upstream works")
 	fs.DurationVar(&cfg.Wait, "wait", 0, "let a duplicate of an in-flight request wait this long and replay, instead of 409 at once")
-	fs.StringVar(&cfg.TenantHeader, "tenant-header", "", "request header `NAME` holding the tenant, set by a trusted gateway; default: a hash of Authorization (keyed by $"+tenantSecretEnv+" when set)")
+	var tenantFrom listFlag
+	fs.Func("tenant-from", "tenant `source`: authorization, header:NAME, cookie:NAME or trusted-header:NAME (repeatable or comma-separated; the first present wins; see above)", func(v string) error {
+		if _, err := parseTenantSources([]string{v}); err != nil {
+			return err
+		}
+		tenantFrom = append(tenantFrom, v)
+		return nil
+	})
+	fs.StringVar(&cfg.TenantHeader, "tenant-header", "", "deprecated: --tenant-from trusted-header:`NAME`")
+	fs.BoolVar(&cfg.SingleTenant, "single-tenant", false, "one trusted caller: every request shares one tenant (instead of --tenant-from)")
+	tenantSecretFile := fs.String("tenant-secret-file", "", "`file` holding the secret that keys the tenant hashes (else $"+tenantSecretEnv+")")
+	fpSecretFile := fs.String("fingerprint-secret-file", "", "`file` holding the secret that keys request fingerprints (else $"+fingerprintSecretEnv+"; none: plain SHA-256)")
+	maxHeader := byteSize(defaultMaxHeaderBytes)
+	fs.Var(&maxHeader, "max-header-bytes", "largest request line and headers `size` (larger: 431)")
+	fs.DurationVar(&cfg.BodyTimeout, "body-timeout", defaultBodyTimeout, "time a client gets to send a request body; a stalled client is cut off (0: no limit)")
+	maxBuffered := byteSize(defaultMaxBufferedBytes)
+	fs.Var(&maxBuffered, "max-buffered-bytes", "bound on the `size` of the request bodies held in memory at once (over it: 503 + Retry-After at once); at least --max-body")
 	methods := listFlag{http.MethodPost, http.MethodPatch}
 	fs.Var(&methods, "methods", "comma-separated `methods` under idempotency keys; others pass through")
 	maxBody := byteSize(1 << 20)
@@ -603,11 +877,11 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	fs.StringVar(&cfg.Admin, "admin", "", "`address` of the admin server (/healthz, /readyz, /metrics); off when empty")
 	fs.BoolVar(&cfg.Console, "console", true, "serve the operations console at /console/ on --admin (credentials from $IDEM_CONSOLE_TOKEN or $IDEM_CONSOLE_USER/$IDEM_CONSOLE_PASSWORD; required unless --admin is loopback)")
 	cfg.ConsoleCredentials = console.CredentialsFromEnv()
-	fs.StringVar(&cfg.Cache, "cache", "", "Redis `URL` of a replay cache in front of the store: "+storeurl.CacheSupported)
-	maintenance := fs.Bool("maintenance", true, "run the background services: sweeper, reaper, and reconciler (with --resolve-url)")
-	fs.DurationVar(&cfg.Maintenance.SweepInterval, "sweep-interval", 15*time.Second, "how often expired leases are swept to unknown")
-	fs.DurationVar(&cfg.Maintenance.ReapInterval, "reap-interval", time.Minute, "how often expired records are reaped")
-	fs.DurationVar(&cfg.Maintenance.ReconcileInterval, "reconcile-interval", 10*time.Second, "how often due unknown records are sent to --resolve-url")
+	cacheDSN := cacheFlag(fs, "Redis `URL` of a replay cache in front of the store: "+storeurl.CacheSupported)
+	runMaintenance := fs.Bool("maintenance", true, "run the background services: sweeper, reaper, and reconciler (with --resolve-url)")
+	fs.DurationVar(&cfg.Maintenance.SweepInterval, "sweep-interval", maintenance.DefaultSweepInterval, "how often expired leases are swept to unknown")
+	fs.DurationVar(&cfg.Maintenance.ReapInterval, "reap-interval", maintenance.DefaultReapInterval, "how often expired records are reaped")
+	fs.DurationVar(&cfg.Maintenance.ReconcileInterval, "reconcile-interval", maintenance.DefaultReconcileInterval, "how often due unknown records are sent to --resolve-url")
 	fs.BoolVar(&cfg.Maintenance.SoftExpire, "soft-expire", false, "keep expired records as state expired (audit) instead of deleting them")
 	fs.StringVar(&cfg.ResolveURL, "resolve-url", "", "`URL` the reconciler asks about unknown outcomes (protocol above); no reconciler when empty")
 	fs.StringVar(&logFormat, "log-format", "text", "log format on stderr: text or json")
@@ -622,6 +896,31 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	if cfg.Upstream == "" {
 		return cfg, "", "", usageErr(fs, "--upstream is required")
 	}
+	if err := storeDSN.resolve(fs); err != nil {
+		return cfg, "", "", err
+	}
+	if err := cacheDSN.resolve(fs); err != nil {
+		return cfg, "", "", err
+	}
+	cfg.Store, cfg.Cache = storeDSN.value, cacheDSN.value
+	cfg.TenantFrom = tenantFrom
+	if cfg.SingleTenant && (len(tenantFrom) > 0 || cfg.TenantHeader != "") {
+		return cfg, "", "", usageErr(fs, "--single-tenant and --tenant-from exclude each other")
+	}
+	if cfg.TenantSecret, err = readSecret(*tenantSecretFile, tenantSecretEnv, "tenant"); err != nil {
+		return cfg, "", "", usageErr(fs, "%v", err)
+	}
+	if cfg.FingerprintSecret, err = readSecret(*fpSecretFile, fingerprintSecretEnv, "fingerprint"); err != nil {
+		return cfg, "", "", usageErr(fs, "%v", err)
+	}
+	cfg.MaxHeaderBytes = int(min(maxHeader, 1<<30))
+	cfg.MaxBufferedBytes = int64(maxBuffered)
+	if cfg.BodyTimeout == 0 {
+		cfg.BodyTimeout = -1 // the flag's 0 means no limit
+	}
+	if cfg.MaxBufferedBytes < int64(maxBody) {
+		return cfg, "", "", usageErr(fs, "--max-buffered-bytes must be at least --max-body")
+	}
 	if cfg.UpstreamTimeout == 0 {
 		cfg.UpstreamTimeout = -1 // the flag's 0 means no limit
 	}
@@ -633,7 +932,7 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 			return cfg, "", "", usageErr(fs, "--%s must be positive", name)
 		}
 	}
-	cfg.NoMaintenance = !*maintenance
+	cfg.NoMaintenance = !*runMaintenance
 	if cfg.NoMaintenance && cfg.ResolveURL != "" {
 		return cfg, "", "", usageErr(fs, "--resolve-url needs the background services: drop --maintenance=false")
 	}

@@ -3,6 +3,8 @@ package cli
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -47,6 +49,9 @@ func startProxy(t *testing.T, cfg ProxyConfig) (*Proxy, string) {
 	t.Helper()
 	cfg.Listen = "127.0.0.1:0"
 	cfg.Migrate = true
+	if len(cfg.TenantFrom) == 0 && cfg.TenantHeader == "" {
+		cfg.SingleTenant = true // one test client
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
 	}
@@ -515,58 +520,138 @@ func TestProxyClientLeavingDoesNotCutTheUpstream(t *testing.T) {
 
 func TestProxyTenants(t *testing.T) {
 	t.Parallel()
-	t.Run("header", func(t *testing.T) {
-		t.Parallel()
-		api := &chargeAPI{}
-		up := newUpstream(t, api)
-		p, base := startProxy(t, ProxyConfig{Upstream: up.URL, Store: "memory:", TenantHeader: "x-tenant-id"})
-		c := client(t)
-		a1 := send(t, c, "POST", base+"/v1/charges", "same", `{}`, "X-Tenant-ID", "acme")
-		b := send(t, c, "POST", base+"/v1/charges", "same", `{}`, "X-Tenant-ID", "globex")
-		a2 := send(t, c, "POST", base+"/v1/charges", "same", `{}`, "X-Tenant-ID", "acme")
-		if api.calls.Load() != 2 || b.header.Get("Idempotent-Replayed") != "" || a2.header.Get("Idempotent-Replayed") != "true" ||
-			!bytes.Equal(a1.body, a2.body) {
-			t.Fatalf("calls %d; globex replayed %q; acme replayed %q", api.calls.Load(),
-				b.header.Get("Idempotent-Replayed"), a2.header.Get("Idempotent-Replayed"))
-		}
-		if _, err := p.Store().Get(context.Background(), scopeOf("acme", "POST", "/v1/charges"), "same"); err != nil {
-			t.Errorf("acme's record: %v", err)
-		}
-	})
-	t.Run("authorization", func(t *testing.T) {
-		t.Parallel()
-		api := &chargeAPI{}
-		up := newUpstream(t, api)
-		_, base := startProxy(t, ProxyConfig{Upstream: up.URL, Store: "sqlite:" + filepath.Join(t.TempDir(), "idem.db")})
-		c := client(t)
-		send(t, c, "POST", base+"/v1/charges", "same", `{}`, "Authorization", "Bearer alice")
-		bob := send(t, c, "POST", base+"/v1/charges", "same", `{}`, "Authorization", "Bearer bob")
-		alice := send(t, c, "POST", base+"/v1/charges", "same", `{}`, "Authorization", "Bearer alice")
-		anon1 := send(t, c, "POST", base+"/v1/charges", "same", `{}`)
-		anon2 := send(t, c, "POST", base+"/v1/charges", "same", `{}`)
-		if api.calls.Load() != 3 || bob.header.Get("Idempotent-Replayed") != "" || alice.header.Get("Idempotent-Replayed") != "true" ||
-			anon1.header.Get("Idempotent-Replayed") != "" || anon2.header.Get("Idempotent-Replayed") != "true" {
-			t.Fatalf("calls %d (want 3); replayed: bob %q alice %q anon %q/%q", api.calls.Load(),
-				bob.header.Get("Idempotent-Replayed"), alice.header.Get("Idempotent-Replayed"),
-				anon1.header.Get("Idempotent-Replayed"), anon2.header.Get("Idempotent-Replayed"))
-		}
-	})
+	// Every source keeps two callers apart, and the same caller together.
+	for _, tc := range []struct {
+		name   string
+		cfg    ProxyConfig
+		header string
+		a, b   string
+	}{
+		{"trusted header", ProxyConfig{TenantFrom: []string{"trusted-header:x-tenant-id"}}, "X-Tenant-ID", "acme", "globex"},
+		{"deprecated tenant header", ProxyConfig{TenantHeader: "x-tenant-id"}, "X-Tenant-ID", "acme", "globex"},
+		{"authorization", ProxyConfig{TenantFrom: []string{"authorization"}}, "Authorization", "Bearer alice", "Bearer bob"},
+		{"api key header", ProxyConfig{TenantFrom: []string{"header:X-Api-Key"}}, "X-Api-Key", "k_alice", "k_bob"},
+		{"cookie", ProxyConfig{TenantFrom: []string{"cookie:session"}}, "Cookie", "session=alice; theme=dark", "theme=dark; session=bob"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			api := &chargeAPI{}
+			tc.cfg.Upstream = newUpstream(t, api).URL
+			tc.cfg.Store = "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
+			p, base := startProxy(t, tc.cfg)
+			c := client(t)
+			a1 := send(t, c, "POST", base+"/v1/charges", "same", `{}`, tc.header, tc.a)
+			b := send(t, c, "POST", base+"/v1/charges", "same", `{}`, tc.header, tc.b)
+			a2 := send(t, c, "POST", base+"/v1/charges", "same", `{}`, tc.header, tc.a)
+			if api.calls.Load() != 2 || b.status != http.StatusCreated || b.header.Get("Idempotent-Replayed") != "" ||
+				a2.header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(a1.body, a2.body) {
+				t.Fatalf("calls %d; b %d replayed %q; a replayed %q", api.calls.Load(), b.status,
+					b.header.Get("Idempotent-Replayed"), a2.header.Get("Idempotent-Replayed"))
+			}
+			// b cannot probe a's key with another body either: its own
+			// record answers.
+			if r := send(t, c, "POST", base+"/v1/charges", "same", `{"x":1}`, tc.header, tc.b); r.status != http.StatusUnprocessableEntity {
+				t.Errorf("b reusing its key: %d", r.status)
+			}
+			// Without the source: 401, nothing reserved, nothing forwarded.
+			r := send(t, c, "POST", base+"/v1/charges", "anon", `{}`)
+			if r.status != http.StatusUnauthorized || problemType(t, r) != idem.ProblemBase+"tenant-missing" ||
+				r.header.Get("Content-Type") != "application/problem+json" {
+				t.Errorf("no tenant source: %d %s", r.status, r.body)
+			}
+			if api.calls.Load() != 2 {
+				t.Errorf("a request without a tenant reached the upstream")
+			}
+			if _, err := p.Store().Get(context.Background(), scopeOf("", "POST", "/v1/charges"), "anon"); !errors.Is(err, store.ErrNotFound) {
+				t.Errorf("a request without a tenant left a record: %v", err)
+			}
+			// Unkeyed and unprotected requests do not need a tenant.
+			if r := send(t, c, "GET", base+"/v1/charges", "", ""); r.status != http.StatusCreated {
+				t.Errorf("GET without a tenant: %d", r.status)
+			}
+		})
+	}
+}
+
+// The credentials never reach the store or the log: only their keyed hash.
+func TestProxyTenantCredentialsStayOut(t *testing.T) {
+	t.Parallel()
+	var log bytes.Buffer
+	var mu sync.Mutex
+	api := &chargeAPI{}
+	p, base := startProxy(t, ProxyConfig{Upstream: newUpstream(t, api).URL, Store: "memory:",
+		TenantFrom: []string{"header:X-Api-Key"}, TenantSecret: []byte("0123456789abcdef0123"),
+		Logger: slog.New(slog.NewTextHandler(&lockedWriter{w: &log, mu: &mu}, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	c := client(t)
+	send(t, c, "POST", base+"/v1/charges", "k", `{}`, "X-Api-Key", "sk_live_SECRET")
+	tn := &tenants{sources: []tenantSource{{kind: srcHeader, name: "X-Api-Key"}}, secret: []byte("0123456789abcdef0123")}
+	r := httptest.NewRequest("POST", "/", nil)
+	r.Header.Set("X-Api-Key", "sk_live_SECRET")
+	want, _ := tn.tenant(r)
+	rec, err := p.Store().Get(context.Background(), scopeOf(want, "POST", "/v1/charges"), "k")
+	if err != nil || strings.Contains(rec.Scope, "SECRET") || !strings.HasPrefix(rec.Scope, fmt.Sprintf("%d:header:x-api-key:", len(want))) {
+		t.Errorf("record %q: %v", rec.Scope, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if strings.Contains(log.String(), "SECRET") {
+		t.Errorf("the credential is in the log:\n%s", log.String())
+	}
+}
+
+type lockedWriter struct {
+	w  io.Writer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
 }
 
 func TestTenantHashKeepsCredentialsOut(t *testing.T) {
 	t.Parallel()
 	r := httptest.NewRequest("POST", "/", nil)
 	r.Header.Set("Authorization", "Bearer s3cret")
-	plain := tenantFunc("", nil)(r)
-	keyed := tenantFunc("", []byte("k"))(r)
-	if strings.Contains(plain, "s3cret") || !strings.HasPrefix(plain, "auth:") || len(plain) != len("auth:")+32 {
-		t.Errorf("tenant %q", plain)
+	auth := &tenants{sources: []tenantSource{{kind: srcAuthorization}}, secret: []byte("k1-0123456789abcdef")}
+	got, err := auth.tenant(r)
+	if err != nil || strings.Contains(got, "s3cret") || !strings.HasPrefix(got, "auth:") || len(got) != len("auth:")+32 {
+		t.Errorf("tenant %q, %v", got, err)
 	}
-	if keyed == plain || len(keyed) != len(plain) {
-		t.Errorf("keyed tenant %q vs %q", keyed, plain)
+	// The hash is keyed: another secret gives another id, and it is not
+	// the bare SHA-256 of the credential.
+	other := &tenants{sources: auth.sources, secret: []byte("k2-0123456789abcdef")}
+	if o, _ := other.tenant(r); o == got {
+		t.Errorf("two secrets give one tenant %q", o)
 	}
-	if got := tenantFunc("", nil)(httptest.NewRequest("POST", "/", nil)); got != "" {
-		t.Errorf("tenant without Authorization = %q", got)
+	bare := sha256.Sum256([]byte("Bearer s3cret"))
+	if strings.Contains(got, hex.EncodeToString(bare[:16])) {
+		t.Error("the tenant is an unkeyed SHA-256 of the credential")
+	}
+	if _, err := auth.tenant(httptest.NewRequest("POST", "/", nil)); !errors.Is(err, errNoTenant) {
+		t.Errorf("tenant without Authorization: %v, want errNoTenant", err)
+	}
+}
+
+func TestParseTenantSources(t *testing.T) {
+	t.Parallel()
+	got, err := parseTenantSources([]string{"authorization, cookie:sid", "header:x-api-key", "trusted-header:X-Tenant-ID", "authorization"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range got {
+		names = append(names, s.String())
+	}
+	if strings.Join(names, " ") != "authorization cookie:sid header:X-Api-Key trusted-header:X-Tenant-Id" {
+		t.Errorf("sources %q", names)
+	}
+	for _, bad := range []string{"basic", "header:", "cookie:", "header:a b", "authorization:x", "header:Authorization",
+		"trusted-header:Cookie", "header:" + strings.Repeat("x", 65)} {
+		if _, err := parseTenantSources([]string{bad}); err == nil {
+			t.Errorf("source %q accepted", bad)
+		}
 	}
 }
 
@@ -612,7 +697,7 @@ func TestProxyAdminAndShutdown(t *testing.T) {
 	t.Parallel()
 	up := newUpstream(t, &chargeAPI{})
 	p, err := NewProxy(context.Background(), ProxyConfig{
-		Listen: "127.0.0.1:0", Admin: "127.0.0.1:0", Upstream: up.URL, Migrate: true,
+		Listen: "127.0.0.1:0", Admin: "127.0.0.1:0", Upstream: up.URL, Migrate: true, SingleTenant: true,
 		Store:  "sqlite:" + filepath.Join(t.TempDir(), "idem.db"),
 		Logger: slog.New(slog.NewTextHandler(t.Output(), nil)),
 		AdminHandlers: map[string]http.Handler{"GET /metrics": http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -680,7 +765,7 @@ func TestRunProxyStopsOnCancel(t *testing.T) {
 	cancel()
 	var stderr bytes.Buffer
 	err := Run(ctx, []string{"proxy", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--upstream", up.URL,
-		"--store", "memory:", "--log-format", "json"}, io.Discard, &stderr)
+		"--store", "memory:", "--single-tenant", "--log-format", "json"}, io.Discard, &stderr)
 	if err != nil {
 		t.Fatalf("Run: %v\n%s", err, stderr.String())
 	}

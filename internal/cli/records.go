@@ -19,19 +19,22 @@ import (
 // runMigrate is `idem migrate`.
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("migrate", "[--store DSN]", stderr)
-	dsn := fs.String("store", storeurl.Default, "store `DSN`: "+storeurl.Supported)
+	dsn := storeFlag(fs)
 	pos, err := parse(fs, args)
 	if err != nil {
+		return err
+	}
+	if err := dsn.resolve(fs); err != nil {
 		return err
 	}
 	if len(pos) > 0 {
 		return usageErr(fs, "unexpected argument %q", pos[0])
 	}
-	d, err := storeurl.Parse(*dsn)
+	d, err := storeurl.Parse(dsn.value)
 	if err != nil {
 		return err
 	}
-	s, err := storeurl.Open(ctx, *dsn, storeurl.Options{})
+	s, err := storeurl.Open(ctx, dsn.value, storeurl.Options{})
 	if err != nil {
 		return err
 	}
@@ -51,29 +54,83 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 // keyFlags are the flags that name one record: a raw --scope, or the
 // tenant, method and route the engine builds the scope from.
 type keyFlags struct {
-	dsn    string
-	scope  string
-	tenant string
-	method string
-	route  string
+	store            *dsnFlag
+	dsn              string // set by resolve
+	scope            string
+	tenant           string
+	method           string
+	route            string
+	authorization    string
+	credential       string
+	tenantSecretFile string
 }
 
 // keySynopsis is the usage of the commands that name one record.
-const keySynopsis = "[--store DSN] (--scope SCOPE | [--tenant T] [--method M] --route R) KEY\n\n" + scopeHelp
+const keySynopsis = "[--store DSN] (--scope SCOPE | [--tenant T | --authorization V | --tenant-credential SOURCE=V] [--method M] --route R) KEY\n\n" + scopeHelp
 
 // scopeHelp says how a record's scope is built.
 const scopeHelp = `The engine's scope is len(tenant) ":" tenant METHOD " " route, e.g.
 "0:POST /v1/charges" without a tenant. Behind idem proxy the route is the
-request's path and query as sent, and the tenant is the --tenant-header
-value, or "auth:" + the first 32 hex digits of SHA-256 (HMAC-SHA-256 keyed
-by $IDEM_TENANT_SECRET when set) of the Authorization header.`
+request's path and query as sent. The tenant is the value of the proxy's
+trusted header (give it with --tenant), or a keyed hash of the caller's
+credential: give the credential the caller sent and the command hashes it
+as the proxy does, under the same tenant secret (--tenant-secret-file,
+$IDEM_TENANT_SECRET, or the DB.tenant-secret file beside a SQLite store):
+  --authorization 'Bearer sk_live_1'             (--tenant-from authorization)
+  --tenant-credential header:X-Api-Key=k_1       (--tenant-from header:X-Api-Key)
+  --tenant-credential cookie:session=s_1         (--tenant-from cookie:session)`
 
 func (k *keyFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&k.dsn, "store", storeurl.Default, "store `DSN`: "+storeurl.Supported)
+	k.store = storeFlag(fs)
 	fs.StringVar(&k.scope, "scope", "", "the record's raw `scope`")
-	fs.StringVar(&k.tenant, "tenant", "", "`tenant` of the request (instead of --scope)")
+	fs.StringVar(&k.tenant, "tenant", "", "`tenant` of the request as stored, e.g. a trusted header's value (instead of --scope)")
+	fs.StringVar(&k.authorization, "authorization", "", "the caller's Authorization header `value`, hashed into the tenant as the proxy does")
+	fs.StringVar(&k.credential, "tenant-credential", "", "`SOURCE=VALUE`: the caller's credential in a proxy tenant source (header:NAME=V, cookie:NAME=V), hashed as the proxy does")
+	fs.StringVar(&k.tenantSecretFile, "tenant-secret-file", "", "`file` holding the proxy's tenant secret (else $"+tenantSecretEnv+", else DB.tenant-secret beside a SQLite store)")
 	fs.StringVar(&k.method, "method", http.MethodPost, "`method` of the request (instead of --scope)")
 	fs.StringVar(&k.route, "route", "", "`route` of the request, e.g. /v1/charges (instead of --scope)")
+}
+
+// credentialTenant hashes the credential given on the command line the
+// way the proxy hashes the request that carried it.
+func (k *keyFlags) credentialTenant() (string, error) {
+	spec, value := srcAuthorization, k.authorization
+	if k.credential != "" {
+		var ok bool
+		if spec, value, ok = strings.Cut(k.credential, "="); !ok {
+			return "", fmt.Errorf("--tenant-credential %q: want SOURCE=VALUE, e.g. header:X-Api-Key=k_1", k.credential)
+		}
+	}
+	src, err := parseTenantSource(spec)
+	if err != nil {
+		return "", err
+	}
+	if !src.hashed() {
+		return "", errors.New("a trusted header's value is the tenant as is: give it with --tenant")
+	}
+	secret, err := readSecret(k.tenantSecretFile, tenantSecretEnv, "tenant")
+	if err == nil && secret == nil {
+		path := sqliteSecretPath(k.dsn)
+		if path == "" {
+			return "", errors.New("hashing a credential needs the proxy's tenant secret: " + noSecretHelp)
+		}
+		// Read it only: an operator command never creates one.
+		secret, err = readSecret(path, "", "tenant")
+	}
+	if err != nil {
+		return "", err
+	}
+	r := &http.Request{Header: http.Header{}}
+	switch src.kind {
+	case srcAuthorization:
+		r.Header.Set("Authorization", value)
+	case srcHeader:
+		r.Header.Set(src.name, value)
+	case srcCookie:
+		r.Header.Set("Cookie", src.name+"="+value)
+	}
+	t := &tenants{sources: []tenantSource{src}, secret: secret}
+	return t.tenant(r)
 }
 
 // resolve returns the scope and key named on the command line.
@@ -81,17 +138,35 @@ func (k *keyFlags) resolve(fs *flag.FlagSet, pos []string) (scope, key string, e
 	if len(pos) != 1 || pos[0] == "" {
 		return "", "", usageErr(fs, "want exactly one KEY argument")
 	}
+	if err := k.store.resolve(fs); err != nil {
+		return "", "", err
+	}
+	k.dsn = k.store.value
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	named := 0
+	for _, f := range []string{"tenant", "authorization", "tenant-credential"} {
+		if set[f] {
+			named++
+		}
+	}
 	switch {
-	case k.scope != "" && (set["tenant"] || set["method"] || set["route"]):
-		return "", "", usageErr(fs, "give either --scope or --tenant/--method/--route, not both")
+	case k.scope != "" && (named > 0 || set["method"] || set["route"]):
+		return "", "", usageErr(fs, "give either --scope or --tenant/--authorization/--tenant-credential/--method/--route, not both")
 	case k.scope != "":
 		return k.scope, pos[0], nil
 	case k.route == "":
-		return "", "", usageErr(fs, "name the record with --scope, or with --route (and --tenant, --method)")
+		return "", "", usageErr(fs, "name the record with --scope, or with --route (and --tenant or a credential, --method)")
+	case named > 1:
+		return "", "", usageErr(fs, "give one of --tenant, --authorization and --tenant-credential")
 	}
-	req := idem.Request{Tenant: k.tenant, Method: strings.ToUpper(k.method), Route: k.route}
+	tenant := k.tenant
+	if set["authorization"] || set["tenant-credential"] {
+		if tenant, err = k.credentialTenant(); err != nil {
+			return "", "", usageErr(fs, "%v", err)
+		}
+	}
+	req := idem.Request{Tenant: tenant, Method: strings.ToUpper(k.method), Route: k.route}
 	return req.Scope(), pos[0], nil
 }
 
@@ -143,16 +218,19 @@ With --cache (the proxy's --cache), the replay cache's entry goes too;
 without it, a cached replay keeps answering until the entry's max_ttl.`, stderr)
 	var k keyFlags
 	k.register(fs)
-	cache := fs.String("cache", "", "Redis `URL` of the proxy's replay cache, to drop its entry too: "+storeurl.CacheSupported)
+	cache := cacheFlag(fs, "Redis `URL` of the proxy's replay cache, to drop its entry too: "+storeurl.CacheSupported)
 	pos, err := parse(fs, args)
 	if err != nil {
+		return err
+	}
+	if err := cache.resolve(fs); err != nil {
 		return err
 	}
 	scope, key, err := k.resolve(fs, pos)
 	if err != nil {
 		return err
 	}
-	s, err := openExisting(ctx, k.dsn, *cache)
+	s, err := openExisting(ctx, k.dsn, cache.value)
 	if err != nil {
 		return err
 	}

@@ -37,7 +37,7 @@ func TestMigrateInspectDelete(t *testing.T) {
 
 	// Make a record the way production does: through the proxy.
 	up := newUpstream(t, &chargeAPI{})
-	p, err := NewProxy(context.Background(), ProxyConfig{Listen: "127.0.0.1:0", Upstream: up.URL, Store: dsn, Logger: discardLogger()})
+	p, err := NewProxy(context.Background(), ProxyConfig{Listen: "127.0.0.1:0", Upstream: up.URL, Store: dsn, SingleTenant: true, Logger: discardLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}

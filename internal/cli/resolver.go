@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 )
 
@@ -45,21 +46,27 @@ const resolveTimeout = 10 * time.Second
 // body is at most a few MiB, and base64 or JSON escaping grows it.
 const maxResolveAnswer = 16 << 20
 
-// httpResolver is an idem.Resolver that asks the upstream's operators, over
+// httpResolver is a maintenance.Resolver that asks the upstream's operators, over
 // HTTP, whether an unknown request took effect.
 type httpResolver struct {
 	url    string
 	client *http.Client
+	// maxBody bounds the body a settled answer keeps, as the engine's
+	// MaxResponseBytes bounds a live one.
+	maxBody int
 }
 
-var _ idem.Resolver = (*httpResolver)(nil)
+// defaultMaxResponseBytes is the engine's default MaxResponseBytes.
+const defaultMaxResponseBytes = 1 << 20
+
+var _ maintenance.Resolver = (*httpResolver)(nil)
 
 func newHTTPResolver(raw string) (*httpResolver, error) {
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("--resolve-url %q: want an http:// or https:// URL with a host", raw)
 	}
-	return &httpResolver{url: raw, client: &http.Client{Timeout: resolveTimeout}}, nil
+	return &httpResolver{url: raw, client: &http.Client{Timeout: resolveTimeout}, maxBody: defaultMaxResponseBytes}, nil
 }
 
 // resolveQuestion is the JSON posted to the resolve URL.
@@ -101,8 +108,8 @@ func (h *headerValues) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// Resolve implements idem.Resolver.
-func (h *httpResolver) Resolve(ctx context.Context, rec store.Record) (idem.Resolution, error) {
+// Resolve implements maintenance.Resolver.
+func (h *httpResolver) Resolve(ctx context.Context, rec store.Record) (maintenance.Resolution, error) {
 	q := resolveQuestion{
 		Scope: rec.Scope, Key: rec.Key, Fence: rec.Fence, Fingerprint: rec.Fingerprint,
 		CreatedAt: rec.CreatedAt.UTC(), LastError: rec.LastError,
@@ -112,30 +119,30 @@ func (h *httpResolver) Resolve(ctx context.Context, rec store.Record) (idem.Reso
 	}
 	body, err := json.Marshal(q)
 	if err != nil {
-		return idem.Resolution{}, err
+		return maintenance.Resolution{}, err
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.url, bytes.NewReader(body))
 	if err != nil {
-		return idem.Resolution{}, err
+		return maintenance.Resolution{}, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json")
 	resp, err := h.client.Do(req)
 	if err != nil {
-		return idem.Resolution{}, fmt.Errorf("resolve URL: %w", redactedURLError(err))
+		return maintenance.Resolution{}, fmt.Errorf("resolve URL: %w", redactedURLError(err))
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxResolveAnswer+1))
 	if err != nil {
-		return idem.Resolution{}, fmt.Errorf("resolve URL: reading the answer: %w", err)
+		return maintenance.Resolution{}, fmt.Errorf("resolve URL: reading the answer: %w", err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return idem.Resolution{}, fmt.Errorf("resolve URL answered %d, want 200", resp.StatusCode)
+		return maintenance.Resolution{}, fmt.Errorf("resolve URL answered %d, want 200", resp.StatusCode)
 	}
 	if len(raw) > maxResolveAnswer {
-		return idem.Resolution{}, fmt.Errorf("resolve URL: answer larger than %d bytes", maxResolveAnswer)
+		return maintenance.Resolution{}, fmt.Errorf("resolve URL: answer larger than %d bytes", maxResolveAnswer)
 	}
-	return parseResolveAnswer(raw)
+	return parseResolveAnswer(raw, h.maxBody)
 }
 
 // redactedURLError drops the URL from a client error: it may carry
@@ -148,43 +155,51 @@ func redactedURLError(err error) error {
 	return err
 }
 
-func parseResolveAnswer(raw []byte) (idem.Resolution, error) {
+// parseResolveAnswer reads the resolve URL's answer. A settled response
+// keeps what a live one would: the headers store.ReplayableHeader lets
+// through, and a body of at most maxBody bytes (a larger one is left out
+// and the replay says so, as the middleware does).
+func parseResolveAnswer(raw []byte, maxBody int) (maintenance.Resolution, error) {
 	var a resolveAnswer
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	if err := dec.Decode(&a); err != nil {
-		return idem.Resolution{}, fmt.Errorf("resolve URL: unreadable answer: %w", err)
+		return maintenance.Resolution{}, fmt.Errorf("resolve URL: unreadable answer: %w", err)
 	}
 	switch a.Outcome {
 	case "unknown":
-		return idem.Resolution{Outcome: idem.StillUnknown}, nil
+		return maintenance.Resolution{Outcome: maintenance.StillUnknown}, nil
 	case "not_happened":
-		return idem.Resolution{Outcome: idem.DidNotHappen}, nil
+		return maintenance.Resolution{Outcome: maintenance.DidNotHappen}, nil
 	case "happened":
 	default:
-		return idem.Resolution{}, fmt.Errorf(`resolve URL: outcome %q: want "happened", "not_happened" or "unknown"`, a.Outcome)
+		return maintenance.Resolution{}, fmt.Errorf(`resolve URL: outcome %q: want "happened", "not_happened" or "unknown"`, a.Outcome)
 	}
 	if err := checkStatus(a.Status); err != nil {
-		return idem.Resolution{}, fmt.Errorf("resolve URL: %w", err)
+		return maintenance.Resolution{}, fmt.Errorf("resolve URL: %w", err)
 	}
 	resp := &store.Response{Status: a.Status, Header: http.Header{}}
 	for name, values := range a.Headers {
 		if err := addHeader(resp.Header, name, values...); err != nil {
-			return idem.Resolution{}, fmt.Errorf("resolve URL: %w", err)
+			return maintenance.Resolution{}, fmt.Errorf("resolve URL: %w", err)
 		}
 	}
+	resp.Header = replayable(resp.Header)
 	switch {
 	case a.Body != nil && a.BodyBase64 != nil:
-		return idem.Resolution{}, errors.New(`resolve URL: give "body" or "body_base64", not both`)
+		return maintenance.Resolution{}, errors.New(`resolve URL: give "body" or "body_base64", not both`)
 	case a.Body != nil:
 		resp.Body = []byte(*a.Body)
 	case a.BodyBase64 != nil:
 		b, err := base64.StdEncoding.DecodeString(*a.BodyBase64)
 		if err != nil {
-			return idem.Resolution{}, fmt.Errorf("resolve URL: body_base64: %w", err)
+			return maintenance.Resolution{}, fmt.Errorf("resolve URL: body_base64: %w", err)
 		}
 		resp.Body = b
 	}
-	return idem.Resolution{Outcome: idem.Happened, Response: resp}, nil
+	if len(resp.Body) > maxBody {
+		resp.Body, resp.BodyOmitted = nil, true
+	}
+	return maintenance.Resolution{Outcome: maintenance.Happened, Response: resp}, nil
 }
 
 // checkStatus accepts the statuses a settled request can replay.
@@ -195,22 +210,19 @@ func checkStatus(status int) error {
 	return nil
 }
 
-// unreplayable are the headers a settled response never stores: what the
-// engine drops from a live response (hop-by-hop headers, cookies, Date,
-// its own markers), and Content-Length, which the replay computes from
-// the body it writes.
-var unreplayable = map[string]bool{
-	"Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true, "Proxy-Authorization": true,
-	"Proxy-Connection": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
-	"Set-Cookie": true, "Set-Cookie2": true, "Date": true, "Idempotent-Replayed": true, "Idempotent-Body-Omitted": true,
-	"Content-Length": true,
+// replayable keeps the headers a stored answer may carry; never nil.
+func replayable(h http.Header) http.Header {
+	if h = store.ReplayableHeader(h); h == nil {
+		h = http.Header{}
+	}
+	return h
 }
 
-// addHeader adds a header of a settled response, refusing names and
-// values that are not valid on the wire and silently leaving out the ones
-// a replay must not carry.
+// addHeader adds a header of a settled response, refusing names that are
+// not tokens and values that would split the header on the wire; the
+// caller filters the result through replayable.
 func addHeader(h http.Header, name string, values ...string) error {
-	if !validHeaderName(name) {
+	if !validToken(name) {
 		return fmt.Errorf("header name %q is not a valid field name", name)
 	}
 	for _, v := range values {
@@ -219,28 +231,8 @@ func addHeader(h http.Header, name string, values ...string) error {
 		}
 	}
 	name = http.CanonicalHeaderKey(name)
-	if unreplayable[name] {
-		return nil
-	}
 	for _, v := range values {
 		h.Add(name, strings.TrimSpace(v))
 	}
 	return nil
-}
-
-// validHeaderName reports whether name is an RFC 9110 token.
-func validHeaderName(name string) bool {
-	if name == "" {
-		return false
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
-		default:
-			return false
-		}
-	}
-	return true
 }

@@ -2,12 +2,14 @@ package cli
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 )
 
@@ -15,20 +17,26 @@ func TestParseResolveAnswer(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		answer  string
-		outcome int
+		outcome maintenance.Outcome
 		status  int
 		header  http.Header
 		body    string
 		err     string // substring; "" for success
 	}{
-		{answer: `{"outcome":"unknown"}`, outcome: idem.StillUnknown},
-		{answer: `{"outcome":"not_happened"}`, outcome: idem.DidNotHappen},
-		{answer: `{"outcome":"happened","status":201,"body":"{\"id\":1}"}`, outcome: idem.Happened, status: 201, header: http.Header{}, body: `{"id":1}`},
-		{answer: `{"outcome":"happened","status":200,"body_base64":"AP8="}`, outcome: idem.Happened, status: 200, header: http.Header{}, body: "\x00\xff"},
-		{answer: `{"outcome":"happened","status":204}`, outcome: idem.Happened, status: 204, header: http.Header{}},
+		{answer: `{"outcome":"unknown"}`, outcome: maintenance.StillUnknown},
+		{answer: `{"outcome":"not_happened"}`, outcome: maintenance.DidNotHappen},
+		{answer: `{"outcome":"happened","status":201,"body":"{\"id\":1}"}`, outcome: maintenance.Happened, status: 201, header: http.Header{}, body: `{"id":1}`},
+		{answer: `{"outcome":"happened","status":200,"body_base64":"AP8="}`, outcome: maintenance.Happened, status: 200, header: http.Header{}, body: "\x00\xff"},
+		{answer: `{"outcome":"happened","status":204}`, outcome: maintenance.Happened, status: 204, header: http.Header{}},
 		{
 			answer:  `{"outcome":"happened","status":201,"headers":{"content-type":"application/json","X-Multi":["a","b"],"Set-Cookie":"s=1","Content-Length":"99","Connection":"close"}}`,
-			outcome: idem.Happened, status: 201, header: http.Header{"Content-Type": {"application/json"}, "X-Multi": {"a", "b"}},
+			outcome: maintenance.Happened, status: 201, header: http.Header{"Content-Type": {"application/json"}, "X-Multi": {"a", "b"}},
+		},
+		// Control characters other than CR, LF and NUL, and the headers
+		// the answer's Connection names, never reach the store.
+		{
+			answer:  `{"outcome":"happened","status":201,"headers":{"X-Bell":"a\u0007b","X-Esc":"\u001b[31m","X-Del":"a\u007f","X-Tab":"a\tb","Connection":"x-hop, keep-alive","X-Hop":"1","Keep-Alive":"timeout=5","X-Ok":"1"}}`,
+			outcome: maintenance.Happened, status: 201, header: http.Header{"X-Tab": {"a\tb"}, "X-Ok": {"1"}},
 		},
 		{answer: `{"outcome":"happened"}`, err: "status 0"},
 		{answer: `{"outcome":"happened","status":700}`, err: "status 700"},
@@ -42,7 +50,7 @@ func TestParseResolveAnswer(t *testing.T) {
 		{answer: `not json`, err: "unreadable"},
 	}
 	for _, tt := range tests {
-		res, err := parseResolveAnswer([]byte(tt.answer))
+		res, err := parseResolveAnswer([]byte(tt.answer), defaultMaxResponseBytes)
 		if tt.err != "" {
 			if err == nil || !strings.Contains(err.Error(), tt.err) {
 				t.Errorf("%s: error %v, want %q", tt.answer, err, tt.err)
@@ -53,7 +61,7 @@ func TestParseResolveAnswer(t *testing.T) {
 			t.Errorf("%s: %+v %v", tt.answer, res, err)
 			continue
 		}
-		if tt.outcome != idem.Happened {
+		if tt.outcome != maintenance.Happened {
 			if res.Response != nil {
 				t.Errorf("%s: a response without happened", tt.answer)
 			}
@@ -68,6 +76,30 @@ func TestParseResolveAnswer(t *testing.T) {
 				t.Errorf("%s: header %s = %q, want %q", tt.answer, k, r.Header[k], v)
 			}
 		}
+	}
+}
+
+// A settled body larger than the engine keeps is left out, as the
+// middleware leaves out a live one: the replay says the body was not kept.
+func TestResolveAnswerBodyLimit(t *testing.T) {
+	t.Parallel()
+	big := strings.Repeat("x", 101)
+	res, err := parseResolveAnswer([]byte(`{"outcome":"happened","status":201,"body":"`+big+`"}`), 100)
+	if err != nil || res.Response == nil || !res.Response.BodyOmitted || res.Response.Body != nil {
+		t.Fatalf("oversized body: %+v %v", res.Response, err)
+	}
+	res, err = parseResolveAnswer([]byte(`{"outcome":"happened","status":201,"body":"`+big[:100]+`"}`), 100)
+	if err != nil || res.Response.BodyOmitted || len(res.Response.Body) != 100 {
+		t.Fatalf("body at the limit: %+v %v", res.Response, err)
+	}
+	// Through the resolver as the reconciler calls it.
+	srv := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, `{"outcome":"happened","status":201,"body":%q}`, strings.Repeat("y", defaultMaxResponseBytes+1))
+	}))
+	r, _ := newHTTPResolver(srv.URL)
+	got, err := r.Resolve(context.Background(), store.Record{Scope: "s", Key: "k"})
+	if err != nil || !got.Response.BodyOmitted {
+		t.Fatalf("resolver with an oversized body: %+v %v", got.Response, err)
 	}
 }
 
@@ -120,7 +152,7 @@ func TestHTTPResolverFailures(t *testing.T) {
 	api := &resolverAPI{answers: map[string]string{"k": `{"outcome":"unknown"}`}}
 	srv := newUpstream(t, api)
 	r, _ = newHTTPResolver(srv.URL)
-	if res, err := r.Resolve(context.Background(), rec); err != nil || res.Outcome != idem.StillUnknown {
+	if res, err := r.Resolve(context.Background(), rec); err != nil || res.Outcome != maintenance.StillUnknown {
 		t.Fatalf("%+v %v", res, err)
 	}
 	if q := api.questions(); len(q) != 1 || q[0].Tenant != nil || q[0].Method != "" || q[0].Fence != 3 {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/header"
+	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 )
 
@@ -54,13 +55,15 @@ func (c Credentials) empty() bool { return c.Token == "" && (c.User == "" || c.P
 
 // Config wires the console to the proxy.
 type Config struct {
-	Store store.Store
+	// Store returns the store, nil while it is not open yet (the console
+	// answers 503 then).
+	Store func() store.Store
 	// Settle settles an unknown record as `idem reconcile resolve` does.
-	Settle func(ctx context.Context, scope, key string, res idem.Resolution) error
+	Settle func(ctx context.Context, scope, key string, res maintenance.Resolution) error
 	// Tenant turns a client's credential (its Authorization header value)
 	// into the tenant the proxy files its records under; nil when the proxy
-	// takes tenants from elsewhere.
-	Tenant func(credential string) string
+	// takes no tenant from Authorization.
+	Tenant func(credential string) (string, error)
 	Credentials
 	// Addr is the admin address: without credentials the console serves
 	// only on a loopback address.
@@ -137,6 +140,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		http.Redirect(w, r, "/console/login", http.StatusSeeOther)
+		return
+	}
+	if !open && h.cfg.Store() == nil {
+		http.Error(w, "the store is not open yet", http.StatusServiceUnavailable)
 		return
 	}
 	h.mux.ServeHTTP(w, r)
@@ -245,7 +252,10 @@ func (h *Handler) query(q url.Values) (store.ListParams, error) {
 		if h.cfg.Tenant == nil {
 			return p, errors.New("this proxy does not take tenants from the Authorization header")
 		}
-		tenant = h.cfg.Tenant(cred)
+		var err error
+		if tenant, err = h.cfg.Tenant(cred); err != nil {
+			return p, fmt.Errorf("credential: %w", err)
+		}
 	}
 	if tenant != "" || q.Get("route") != "" {
 		p.ScopePrefix = strconv.Itoa(len(tenant)) + ":" + tenant
@@ -283,7 +293,7 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request, page string, p st
 		h.render(w, r, http.StatusBadRequest, page, data)
 		return
 	}
-	recs, next, err := h.cfg.Store.List(r.Context(), p)
+	recs, next, err := h.cfg.Store().List(r.Context(), p)
 	if err != nil {
 		data["Error"] = err.Error()
 		h.render(w, r, http.StatusBadGateway, page, data)
@@ -312,7 +322,7 @@ func (h *Handler) unknown(w http.ResponseWriter, r *http.Request) {
 
 func (h *Handler) record(w http.ResponseWriter, r *http.Request) {
 	scope, key := r.URL.Query().Get("scope"), r.URL.Query().Get("key")
-	rec, err := h.cfg.Store.Get(r.Context(), scope, key)
+	rec, err := h.cfg.Store().Get(r.Context(), scope, key)
 	switch {
 	case errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrInvalidParams):
 		h.fail(w, r, http.StatusNotFound, fmt.Errorf("no record for key %q in scope %q", key, scope))
@@ -337,7 +347,7 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request) {
 	}
 	f := r.PostForm
 	scope, key, action := f.Get("scope"), f.Get("key"), f.Get("action")
-	var res idem.Resolution
+	var res maintenance.Resolution
 	switch action {
 	case "completed":
 		status, err := strconv.Atoi(f.Get("status"))
@@ -349,9 +359,9 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request) {
 		if ct := f.Get("content_type"); ct != "" {
 			hdr.Set("Content-Type", ct)
 		}
-		res = idem.Resolution{Outcome: idem.Happened, Response: &store.Response{Status: status, Header: hdr, Body: []byte(f.Get("body"))}}
+		res = maintenance.Resolution{Outcome: maintenance.Happened, Response: &store.Response{Status: status, Header: hdr, Body: []byte(f.Get("body"))}}
 	case "not_happened":
-		res = idem.Resolution{Outcome: idem.DidNotHappen}
+		res = maintenance.Resolution{Outcome: maintenance.DidNotHappen}
 	case "delete":
 	default:
 		h.fail(w, r, http.StatusBadRequest, fmt.Errorf("unknown action %q", action))
@@ -363,7 +373,7 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request) {
 	}
 	var err error
 	if action == "delete" {
-		err = h.cfg.Store.Delete(r.Context(), scope, key)
+		err = h.cfg.Store().Delete(r.Context(), scope, key)
 	} else {
 		err = h.cfg.Settle(r.Context(), scope, key, res)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/console"
+	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/memory"
 )
@@ -27,12 +28,12 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	s := memory.New(memory.Config{})
-	e, err := idem.New(s, idem.Config{})
+	m, err := maintenance.New(s, maintenance.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := console.New(console.Config{Store: s, Settle: e.Maintainer(idem.MaintenanceConfig{}).Settle,
-		Tenant:      func(c string) string { return "auth:" + c },
+	h, err := console.New(console.Config{Store: func() store.Store { return s }, Settle: m.Settle,
+		Tenant:      func(c string) (string, error) { return "auth:" + c, nil },
 		Credentials: console.Credentials{Token: "s3cret"}, Addr: "0.0.0.0:9090"})
 	if err != nil {
 		t.Fatal(err)
@@ -168,14 +169,15 @@ func TestConsole(t *testing.T) {
 
 func TestConsoleRefusesWithoutCredentials(t *testing.T) {
 	s := memory.New(memory.Config{})
-	settle := func(context.Context, string, string, idem.Resolution) error { return nil }
-	if _, err := console.New(console.Config{Store: s, Settle: settle, Addr: "0.0.0.0:9090"}); err == nil {
+	settle := func(context.Context, string, string, maintenance.Resolution) error { return nil }
+	st := func() store.Store { return s }
+	if _, err := console.New(console.Config{Store: st, Settle: settle, Addr: "0.0.0.0:9090"}); err == nil {
 		t.Fatal("a console without credentials on a public address")
 	}
-	if _, err := console.New(console.Config{Store: s, Settle: settle, Addr: "127.0.0.1:9090"}); err != nil {
+	if _, err := console.New(console.Config{Store: st, Settle: settle, Addr: "127.0.0.1:9090"}); err != nil {
 		t.Fatalf("loopback without credentials: %v", err)
 	}
-	if _, err := console.New(console.Config{Store: s, Settle: settle, Addr: "[::1]:9090", Credentials: console.Credentials{User: "u"}}); err == nil {
+	if _, err := console.New(console.Config{Store: st, Settle: settle, Addr: "[::1]:9090", Credentials: console.Credentials{User: "u"}}); err == nil {
 		t.Fatal("a user without a password")
 	}
 }

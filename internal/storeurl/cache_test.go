@@ -14,6 +14,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idem-go/idem/internal/storeurl"
+	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/store"
 )
 
@@ -98,7 +99,7 @@ func TestOpenWithCache(t *testing.T) {
 	t.Parallel()
 	addr := os.Getenv("IDEM_TEST_REDIS_ADDR")
 	if addr == "" {
-		t.Skip("IDEM_TEST_REDIS_ADDR is not set (e.g. 127.0.0.1:6379)")
+		testenv.Skip(t, "IDEM_TEST_REDIS_ADDR is not set (e.g. 127.0.0.1:6379)")
 	}
 	ctx := context.Background()
 	prefix := fmt.Sprintf("idem:test:storeurl:%d:", time.Now().UnixNano())

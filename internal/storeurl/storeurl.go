@@ -21,8 +21,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/url"
+	"os"
 	"strings"
 
 	mysqldrv "github.com/go-sql-driver/mysql"
@@ -80,6 +82,13 @@ type Options struct {
 	Cache string
 	// Logger receives the cache's failures. Defaults to slog.Default().
 	Logger *slog.Logger
+	// Conns sizes the connection pool of a server store: PostgreSQL's
+	// pool (postgres.Config.MaxConns; a pool_max_conns in the URL yields
+	// to it) and MySQL's cap on open connections (mysql.Config.MaxConns).
+	// Defaults to 0: the store's own sizing, 32 connections for
+	// PostgreSQL (unless the URL says) and no cap for MySQL. Other stores
+	// ignore it.
+	Conns int
 }
 
 // ErrUnsupported is returned (wrapped) for a DSN whose scheme names no store.
@@ -174,6 +183,9 @@ func Open(ctx context.Context, dsn string, opts Options) (store.Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	if opts.Conns < 0 || opts.Conns > math.MaxInt32 {
+		return nil, fmt.Errorf("storeurl: %d store connections: want 0 (the store's default) or a positive number", opts.Conns)
+	}
 	var s store.Store
 	switch d.Kind {
 	case Memory:
@@ -181,9 +193,11 @@ func Open(ctx context.Context, dsn string, opts Options) (store.Store, error) {
 	case SQLite:
 		s, err = sqlite.Open(ctx, d.Target, sqlite.Config{Clock: opts.Clock, SkipMigrate: !opts.Migrate})
 	case Postgres:
-		s, err = postgres.Open(ctx, d.Target, postgres.Config{Clock: opts.Clock, SkipMigrate: !opts.Migrate})
+		s, err = postgres.Open(ctx, d.Target, postgres.Config{Clock: opts.Clock, SkipMigrate: !opts.Migrate,
+			MaxConns: int32(opts.Conns)})
 	case MySQL:
-		s, err = mysql.Open(ctx, d.Target, mysql.Config{Clock: opts.Clock, SkipMigrate: !opts.Migrate})
+		s, err = mysql.Open(ctx, d.Target, mysql.Config{Clock: opts.Clock, SkipMigrate: !opts.Migrate,
+			MaxConns: opts.Conns})
 	case Redis:
 		s, err = redis.Open(ctx, d.Target, redis.Config{Clock: opts.Clock})
 	}
@@ -214,4 +228,26 @@ func Migrate(ctx context.Context, s store.Store) (bool, error) {
 		return false, nil
 	}
 	return true, m.Migrate(ctx)
+}
+
+// Environment variables that hold a DSN, so that a password stays out of
+// the process list: every command reads them when neither the flag nor
+// its -file form is given.
+const (
+	StoreEnv = "IDEM_STORE"
+	CacheEnv = "IDEM_CACHE"
+)
+
+// ReadFile reads a DSN from a file (--store-file, --cache-file): its first
+// line, trimmed of white space. Errors never repeat the file's content.
+func ReadFile(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("storeurl: %w", err)
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	if line = strings.TrimSpace(line); line == "" {
+		return "", fmt.Errorf("storeurl: %s: the first line is empty, want a DSN", path)
+	}
+	return line, nil
 }

@@ -3,6 +3,7 @@ package storeurl_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -14,7 +15,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idem-go/idem/internal/storeurl"
+	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/postgres"
 )
 
 func TestMain(m *testing.M) {
@@ -218,16 +221,36 @@ func TestOpenPostgres(t *testing.T) {
 	t.Parallel()
 	u := os.Getenv("IDEM_TEST_POSTGRES_URL")
 	if u == "" {
-		t.Skip("IDEM_TEST_POSTGRES_URL is not set (e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable)")
+		testenv.Skip(t, "IDEM_TEST_POSTGRES_URL is not set (e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable)")
 	}
 	pingAndClose(t, u)
+
+	// Conns sizes the pool, over a pool_max_conns in the URL.
+	s, err := storeurl.Open(context.Background(), u+"&pool_max_conns=5", storeurl.Options{Conns: 9})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if got := s.(*postgres.Store).Pool().Config().MaxConns; got != 9 {
+		t.Errorf("pool of %d connections, want 9", got)
+	}
+}
+
+func TestOpenConnsInvalid(t *testing.T) {
+	t.Parallel()
+	for _, n := range []int{-1, 1 << 40} {
+		if _, err := storeurl.Open(context.Background(), "memory:", storeurl.Options{Conns: n}); err == nil ||
+			!strings.Contains(err.Error(), "store connections") {
+			t.Errorf("Conns %d: %v", n, err)
+		}
+	}
 }
 
 func TestOpenMySQL(t *testing.T) {
 	t.Parallel()
 	dsn := os.Getenv("IDEM_TEST_MYSQL_DSN")
 	if dsn == "" {
-		t.Skip("IDEM_TEST_MYSQL_DSN is not set (e.g. root@tcp(127.0.0.1:3306)/test)")
+		testenv.Skip(t, "IDEM_TEST_MYSQL_DSN is not set (e.g. root@tcp(127.0.0.1:3306)/test)")
 	}
 	cfg, err := mysqldrv.ParseDSN(dsn)
 	if err != nil {
@@ -246,7 +269,7 @@ func TestOpenRedis(t *testing.T) {
 	t.Parallel()
 	addr := os.Getenv("IDEM_TEST_REDIS_ADDR")
 	if addr == "" {
-		t.Skip("IDEM_TEST_REDIS_ADDR is not set (e.g. 127.0.0.1:6379)")
+		testenv.Skip(t, "IDEM_TEST_REDIS_ADDR is not set (e.g. 127.0.0.1:6379)")
 	}
 	pingAndClose(t, "redis://"+addr+"/0")
 }
@@ -263,5 +286,26 @@ func pingAndClose(t *testing.T, dsn string) {
 	}
 	if err := s.Close(); err != nil {
 		t.Errorf("Close: %v", err)
+	}
+}
+
+func TestReadFile(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	got, err := storeurl.ReadFile(write("ok", " postgres://u:p%40ss@h/db \r\nsecond line\n"))
+	if err != nil || got != "postgres://u:p%40ss@h/db" {
+		t.Errorf("ReadFile = %q, %v", got, err)
+	}
+	for _, p := range []string{write("empty", ""), write("blank", "  \nsqlite:x\n"), filepath.Join(dir, "missing")} {
+		if got, err := storeurl.ReadFile(p); err == nil || strings.Contains(fmt.Sprint(err), "sqlite:x") {
+			t.Errorf("ReadFile(%s) = %q, %v", filepath.Base(p), got, err)
+		}
 	}
 }

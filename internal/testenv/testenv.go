@@ -15,6 +15,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"testing"
 
@@ -41,9 +42,33 @@ func need(tb testing.TB, env, example string) string {
 	tb.Helper()
 	v := os.Getenv(env)
 	if v == "" {
-		tb.Skipf("%s is not set (e.g. %s=%q): skipping the tests that need this server", env, env, example)
+		Skip(tb, fmt.Sprintf("%s is not set (e.g. %s=%q): skipping the tests that need this server", env, env, example))
 	}
 	return v
+}
+
+// CI reports whether the tests run under CI=true, where a check that
+// cannot run is a failure, not a skip.
+func CI() bool { return os.Getenv("CI") == "true" }
+
+// Skip skips the test, saying why; under CI=true it fails it instead: a CI
+// run must never count a check it could not make as passed.
+func Skip(tb testing.TB, why string) {
+	tb.Helper()
+	if CI() {
+		tb.Fatalf("CI=true, and this test cannot run: %s", why)
+	}
+	tb.Skip(why)
+}
+
+// Without notes that a test runs without one of its servers; under
+// CI=true it fails the test instead.
+func Without(tb testing.TB, why string) {
+	tb.Helper()
+	if CI() {
+		tb.Fatalf("CI=true, and %s", why)
+	}
+	tb.Log(why)
 }
 
 // PostgresURL returns the PostgreSQL server URL or skips the test.

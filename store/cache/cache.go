@@ -147,6 +147,9 @@ func (s *Store) invalidate(ctx context.Context, scope, key string) error {
 
 // Delete removes the record from the backing store and the cache.
 func (s *Store) Delete(ctx context.Context, scope, key string) error {
+	if err := store.CheckID(scope, key); err != nil {
+		return err
+	}
 	err := s.Store.Delete(ctx, scope, key)
 	if ierr := s.invalidate(ctx, scope, key); ierr != nil {
 		return errors.Join(err, ierr)

@@ -5,7 +5,6 @@ package memory
 
 import (
 	"context"
-	"errors"
 	"sort"
 	"sync"
 	"time"
@@ -49,7 +48,12 @@ func New(cfg Config) *Store {
 	return &Store{clock: c, recs: make(map[id]*entry)}
 }
 
-func (s *Store) now() time.Time { return s.clock().UTC() }
+// now reads the clock at the resolution every store keeps, so that the
+// memory store answers what a durable one would.
+func (s *Store) now() time.Time { return s.clock().UTC().Truncate(store.Resolution) }
+
+// after is now plus d rounded up as every store rounds durations.
+func after(now time.Time, d time.Duration) time.Time { return now.Add(store.RoundUp(d)) }
 
 // Reserve implements store.Store.
 func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.ReserveResult, error) {
@@ -71,41 +75,38 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 		n := &entry{Record: store.Record{
 			Scope: p.Scope, Key: p.Key, Fingerprint: p.Fingerprint,
 			State: store.StateInProgress, Fence: fence, LeasePolicy: p.LeasePolicy,
-			LockedUntil: now.Add(p.Lease), Attempts: 1,
-			CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(p.TTL),
+			LockedUntil: after(now, p.Lease), Attempts: 1,
+			CreatedAt: now, UpdatedAt: now, ExpiresAt: after(now, p.TTL),
 		}}
 		s.recs[k] = n
 		return store.ReserveResult{Outcome: store.Created, Record: n.Record}
 	}
-	switch {
-	case r == nil:
+	if r == nil {
 		return fresh(store.NextFence(0, now)), nil
-	case r.State == store.StateExpired || (r.State.Terminal() && !now.Before(r.ExpiresAt)):
+	}
+	switch store.Decide(r, &p, now) {
+	case store.ActCreate:
 		return fresh(store.NextFence(r.Fence, now)), nil
-	case r.Fingerprint != p.Fingerprint:
-		return store.ReserveResult{Outcome: store.Existing, Record: *r}, nil
-	case r.State == store.StateFailedRetryable:
+	case store.ActReclaim:
 		s.take(r, now, p.Lease, p.TTL, true)
 		return store.ReserveResult{Outcome: store.Reclaimed, Record: *r}, nil
-	case r.LeaseExpired(now):
-		if r.LeasePolicy == store.LeaseUnknown {
-			toUnknown(r, now, "lease_expired")
-			return store.ReserveResult{Outcome: store.Existing, Record: *r}, nil
-		}
+	case store.ActTakeOver:
 		s.take(r, now, p.Lease, p.TTL, false)
 		return store.ReserveResult{Outcome: store.TakenOver, Record: *r}, nil
+	case store.ActLeaseExpired:
+		toUnknown(r, now, "lease_expired")
 	}
 	return store.ReserveResult{Outcome: store.Existing, Record: *r}, nil
 }
 
 func (s *Store) take(r *store.Record, now time.Time, lease, ttl time.Duration, reclaim bool) {
 	if reclaim {
-		r.ExpiresAt = now.Add(ttl)
+		r.ExpiresAt = after(now, ttl)
 	}
 	r.State = store.StateInProgress
 	r.Fence = store.NextFence(r.Fence, now)
 	r.Attempts++
-	r.LockedUntil = now.Add(lease)
+	r.LockedUntil = after(now, lease)
 	r.LastError = ""
 	r.UpdatedAt = now
 }
@@ -117,8 +118,12 @@ func toUnknown(r *store.Record, now time.Time, why string) {
 	r.UpdatedAt = now
 }
 
-// held runs f on the record if the caller holds its lease.
-func (s *Store) held(ctx context.Context, fp store.FenceParams, f func(r *entry, now time.Time)) error {
+// held runs f on the record if the caller holds its lease. valid is the
+// parameters' own check.
+func (s *Store) held(ctx context.Context, valid error, fp store.FenceParams, f func(r *entry, now time.Time)) error {
+	if valid != nil {
+		return valid
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -136,7 +141,7 @@ func (s *Store) held(ctx context.Context, fp store.FenceParams, f func(r *entry,
 
 // Complete implements store.Store.
 func (s *Store) Complete(ctx context.Context, p store.CompleteParams) error {
-	return s.held(ctx, p.FenceParams, func(r *entry, now time.Time) {
+	return s.held(ctx, p.Validate(), p.FenceParams, func(r *entry, now time.Time) {
 		r.complete(now, p.Response, p.TTL)
 	})
 }
@@ -147,13 +152,13 @@ func (r *entry) complete(now time.Time, resp store.Response, ttl time.Duration) 
 	r.Response = &r.resp
 	r.CompletedAt = now
 	if ttl > 0 {
-		r.ExpiresAt = now.Add(ttl)
+		r.ExpiresAt = after(now, ttl)
 	}
 }
 
 // Release implements store.Store.
 func (s *Store) Release(ctx context.Context, p store.ReleaseParams) error {
-	return s.held(ctx, p.FenceParams, func(r *entry, now time.Time) {
+	return s.held(ctx, p.Validate(), p.FenceParams, func(r *entry, now time.Time) {
 		r.State = store.StateFailedRetryable
 		r.LastError = p.Error
 	})
@@ -161,27 +166,30 @@ func (s *Store) Release(ctx context.Context, p store.ReleaseParams) error {
 
 // MarkUnknown implements store.Store.
 func (s *Store) MarkUnknown(ctx context.Context, p store.ReleaseParams) error {
-	return s.held(ctx, p.FenceParams, func(r *entry, now time.Time) {
+	return s.held(ctx, p.Validate(), p.FenceParams, func(r *entry, now time.Time) {
 		toUnknown(&r.Record, now, p.Error)
 	})
 }
 
 // Checkpoint implements store.Store.
 func (s *Store) Checkpoint(ctx context.Context, p store.CheckpointParams) error {
-	return s.held(ctx, p.FenceParams, func(r *entry, now time.Time) {
+	return s.held(ctx, p.Validate(), p.FenceParams, func(r *entry, now time.Time) {
 		r.RecoveryPoint = p.RecoveryPoint
 	})
 }
 
 // Extend implements store.Store.
 func (s *Store) Extend(ctx context.Context, p store.ExtendParams) error {
-	return s.held(ctx, p.FenceParams, func(r *entry, now time.Time) {
-		r.LockedUntil = now.Add(p.Lease)
+	return s.held(ctx, p.Validate(), p.FenceParams, func(r *entry, now time.Time) {
+		r.LockedUntil = after(now, p.Lease)
 	})
 }
 
 // Get implements store.Store.
 func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error) {
+	if err := store.CheckID(scope, key); err != nil {
+		return store.Record{}, err
+	}
 	if err := ctx.Err(); err != nil {
 		return store.Record{}, err
 	}
@@ -196,6 +204,9 @@ func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error
 
 // Delete implements store.Store.
 func (s *Store) Delete(ctx context.Context, scope, key string) error {
+	if err := store.CheckID(scope, key); err != nil {
+		return err
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -212,15 +223,13 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 	return nil
 }
 
-var errLimit = errors.Join(store.ErrInvalidParams, errors.New("limit must be positive"))
-
 // scan visits, under the lock and oldest first by the time by returns, at
 // most limit records for which keep holds. The memory store is for tests
 // and small services, so a full scan is fine.
-func (s *Store) scan(ctx context.Context, limit int, keep func(r *store.Record, now time.Time) bool,
+func (s *Store) scan(ctx context.Context, valid error, limit int, keep func(r *store.Record, now time.Time) bool,
 	by func(*store.Record) time.Time, visit func(r *entry, now time.Time)) error {
-	if limit <= 0 {
-		return errLimit
+	if valid != nil {
+		return valid
 	}
 	if err := ctx.Err(); err != nil {
 		return err
@@ -253,8 +262,8 @@ func (s *Store) scan(ctx context.Context, limit int, keep func(r *store.Record, 
 // SweepExpiredLeases implements store.Store.
 func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]store.Record, error) {
 	var out []store.Record
-	err := s.scan(ctx, p.Limit, func(r *store.Record, now time.Time) bool {
-		return r.LeaseExpired(now) && r.LeasePolicy == store.LeaseUnknown
+	err := s.scan(ctx, p.Validate(), p.Limit, func(r *store.Record, now time.Time) bool {
+		return r.LeaseExpired(now.Add(-store.RoundUp(p.Grace))) && r.LeasePolicy == store.LeaseUnknown
 	}, func(r *store.Record) time.Time { return r.LockedUntil }, func(r *entry, now time.Time) {
 		toUnknown(&r.Record, now, "lease_expired")
 		out = append(out, r.Record)
@@ -265,7 +274,7 @@ func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]
 // Reap implements store.Store.
 func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult, error) {
 	var res store.ReapResult
-	err := s.scan(ctx, p.Limit, func(r *store.Record, now time.Time) bool {
+	err := s.scan(ctx, p.Validate(), p.Limit, func(r *store.Record, now time.Time) bool {
 		return r.State != store.StateExpired && !now.Before(r.ExpiresAt) &&
 			(r.State != store.StateInProgress || r.LeaseExpired(now))
 	}, func(r *store.Record) time.Time { return r.ExpiresAt }, func(r *entry, now time.Time) {
@@ -279,6 +288,8 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 			res.Deleted++
 		default: // in_progress whose holder died, or unknown: abandoned
 			r.complete(now, p.Abandoned, p.AbandonedTTL)
+			r.ExpiresAt = after(now, p.AbandonedTTL) // even for a zero ttl
+			r.ReconcileAfter, r.DeadLetteredAt = time.Time{}, time.Time{}
 			r.LastError = "abandoned"
 			r.UpdatedAt = now
 			res.Abandoned++
@@ -290,8 +301,9 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 // ListUnknown implements store.Store.
 func (s *Store) ListUnknown(ctx context.Context, p store.ListUnknownParams) ([]store.Record, error) {
 	var out []store.Record
-	err := s.scan(ctx, p.Limit, func(r *store.Record, now time.Time) bool {
-		return r.State == store.StateUnknown && (!p.DueOnly || !now.Before(r.ReconcileAfter))
+	err := s.scan(ctx, p.Validate(), p.Limit, func(r *store.Record, now time.Time) bool {
+		return r.State == store.StateUnknown &&
+			(!p.DueOnly || (!now.Before(r.ReconcileAfter) && !r.DeadLettered()))
 	}, func(r *store.Record) time.Time { return r.ReconcileAfter }, func(r *entry, now time.Time) {
 		out = append(out, r.Record)
 	})
@@ -325,6 +337,7 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 	}
 	return s.unknown(ctx, p.Scope, p.Key, func(r *entry, now time.Time) {
 		r.ReconcileAfter = time.Time{}
+		r.DeadLetteredAt = time.Time{}
 		if p.To == store.StateCompleted {
 			r.complete(now, *p.Response, p.TTL)
 			r.LastError = ""
@@ -332,17 +345,24 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 		}
 		r.State = store.StateFailedRetryable
 		if p.TTL > 0 {
-			r.ExpiresAt = now.Add(p.TTL)
+			r.ExpiresAt = after(now, p.TTL)
 		}
 	})
 }
 
 // Defer implements store.Store.
 func (s *Store) Defer(ctx context.Context, p store.DeferParams) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
 	return s.unknown(ctx, p.Scope, p.Key, func(r *entry, now time.Time) {
 		r.ReconcileAttempts++
-		r.ReconcileAfter = now.Add(p.Delay)
 		r.LastError = p.Error
+		if p.DeadLetter {
+			r.DeadLetteredAt = now
+			return
+		}
+		r.ReconcileAfter = after(now, p.Delay)
 	})
 }
 

@@ -2,9 +2,12 @@ package mysql
 
 import (
 	"context"
+	"database/sql/driver"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
 	"time"
 
 	mysqldrv "github.com/go-sql-driver/mysql"
@@ -17,6 +20,9 @@ const (
 	errDupEntry = 1062 // ER_DUP_ENTRY
 	errSyntax   = 1064 // ER_PARSE_ERROR
 	errDeadlock = 1213 // ER_LOCK_DEADLOCK: InnoDB rolled the transaction back
+	// ER_DUP_FIELDNAME: an ADD COLUMN that already ran (migrations run again
+	// after a crash between their DDL and their idem_migrations row).
+	errDupFieldName = 1060
 )
 
 // maxAttempts bounds the retries of a statement or transaction that lost a
@@ -68,13 +74,41 @@ func (s *Store) retry(ctx context.Context, retryable func(error) bool, fn func()
 // back, so it can run again even inside a caller's transaction.
 func duplicateKey(err error) bool { return errorNumber(err) == errDupEntry }
 
+// wrap prefixes a driver error with the operation and marks the transient
+// ones retryable (store.IsRetryable).
 func wrap(op string, err error) error {
 	if err == nil {
 		return nil
 	}
+	if retryable(err) {
+		err = store.Retryable(err)
+	}
 	return fmt.Errorf("idem/mysql: %s: %w", op, err)
 }
 
-func invalid(msg string) error {
-	return fmt.Errorf("%w: %s", store.ErrInvalidParams, msg)
+// retryable reports failures that say nothing about the record: a lost or
+// refused connection, a server shutting down or out of connections, a lost
+// deadlock or a lock wait timeout (the work was undone). The store already
+// retries deadlocks itself; one that still fails after maxAttempts, or one
+// inside a caller's transaction, is the caller's to retry.
+func retryable(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	switch errorNumber(err) {
+	case errDeadlock,
+		1205, // ER_LOCK_WAIT_TIMEOUT
+		1040, // ER_CON_COUNT_ERROR: too many connections
+		1053, // ER_SERVER_SHUTDOWN
+		1927, // ER_CONNECTION_KILLED (MariaDB)
+		4031: // ER_CLIENT_INTERACTION_TIMEOUT (MySQL): the server closed an idle session
+		return true
+	case 0:
+	default:
+		return false
+	}
+	var netErr net.Error
+	return errors.Is(err, driver.ErrBadConn) || errors.Is(err, mysqldrv.ErrInvalidConn) ||
+		errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
+

@@ -81,7 +81,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 			return err
 		}
 		for _, stmt := range stmts {
-			if _, err := conn.ExecContext(ctx, stmt); err != nil {
+			if _, err := conn.ExecContext(ctx, stmt); err != nil && errorNumber(err) != errDupFieldName {
 				return err
 			}
 		}

@@ -300,14 +300,14 @@ func TestKeysAreBytes(t *testing.T) {
 	mustReserve(t, s, p, store.Created)
 
 	long := reserveParams(strings.Repeat("𝄞", 255)) // 1020 bytes
-	long.Scope = strings.Repeat("s", maxScopeLen)
-	long.Fingerprint = strings.Repeat("f", maxFingerprintLen)
+	long.Scope = strings.Repeat("s", store.MaxScopeBytes)
+	long.Fingerprint = strings.Repeat("f", store.MaxFingerprintBytes)
 	mustReserve(t, s, long, store.Created)
 	got, err := s.Get(t.Context(), long.Scope, long.Key)
 	if err != nil || got.Key != long.Key {
 		t.Fatalf("long key: %v", err)
 	}
-	tooLong := reserveParams(strings.Repeat("k", maxKeyLen+1))
+	tooLong := reserveParams(strings.Repeat("k", store.MaxKeyBytes+1))
 	if _, err := s.Reserve(t.Context(), tooLong); !errors.Is(err, store.ErrInvalidParams) {
 		t.Fatalf("over-long key: %v", err)
 	}
@@ -748,74 +748,13 @@ func deadlocks(t *testing.T, s *Store) int64 {
 	return n
 }
 
-// TestCompleteTxRollsBackWithBusinessWrite checks that CompleteTx commits or
-// rolls back with the caller's own writes.
-func TestCompleteTxRollsBackWithBusinessWrite(t *testing.T) {
+// TestReserveTxReadsLatestRow: ReserveTx reads the latest row even when
+// the caller's REPEATABLE READ snapshot is older than it.
+func TestReserveTxReadsLatestRow(t *testing.T) {
 	t.Parallel()
 	s, _ := newStore(t)
 	ctx := t.Context()
-	if _, err := s.DB().ExecContext(ctx, "CREATE TABLE payments (id VARCHAR(64) PRIMARY KEY) ENGINE=InnoDB"); err != nil {
-		t.Fatal(err)
-	}
-	p := reserveParams("pay-1")
-	r := mustReserve(t, s, p, store.Created)
-
-	attempt := func(commit bool) {
-		t.Helper()
-		tx, err := s.DB().BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := tx.ExecContext(ctx, "INSERT INTO payments (id) VALUES (?)", "pay-1"); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.CheckpointTx(ctx, tx, store.CheckpointParams{FenceParams: fence(r), RecoveryPoint: "charged"}); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.CompleteTx(ctx, tx, store.CompleteParams{FenceParams: fence(r), Response: okResponse("paid")}); err != nil {
-			t.Fatal(err)
-		}
-		if commit {
-			err = tx.Commit()
-		} else {
-			err = tx.Rollback()
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	var n int
-	attempt(false)
-	got, _ := s.Get(ctx, p.Scope, p.Key)
-	_ = s.DB().QueryRowContext(ctx, "SELECT COUNT(*) FROM payments").Scan(&n)
-	if got.State != store.StateInProgress || got.RecoveryPoint != "" || n != 0 {
-		t.Fatalf("after rollback: state %s, point %q, %d payments", got.State, got.RecoveryPoint, n)
-	}
-	attempt(true)
-	got, _ = s.Get(ctx, p.Scope, p.Key)
-	_ = s.DB().QueryRowContext(ctx, "SELECT COUNT(*) FROM payments").Scan(&n)
-	if got.State != store.StateCompleted || got.RecoveryPoint != "charged" || n != 1 {
-		t.Fatalf("after commit: state %s, point %q, %d payments", got.State, got.RecoveryPoint, n)
-	}
-
-	// ReserveTx in a transaction that rolls back leaves no record.
 	tx, err := s.DB().BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := s.ReserveTx(ctx, tx, reserveParams("pay-2"))
-	if err != nil || res.Outcome != store.Created {
-		t.Fatalf("reserve tx: %v %v", res.Outcome, err)
-	}
-	if err := tx.Rollback(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.Get(ctx, p.Scope, "pay-2"); !errors.Is(err, store.ErrNotFound) {
-		t.Fatalf("rolled-back reserve left a record: %v", err)
-	}
-	// ReserveTx reads the latest row even when the caller's snapshot is
-	// older than it.
-	tx, err = s.DB().BeginTx(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -825,7 +764,7 @@ func TestCompleteTxRollsBackWithBusinessWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustReserve(t, s, reserveParams("pay-3"), store.Created)
-	res, err = s.ReserveTx(ctx, tx, reserveParams("pay-3"))
+	res, err := s.ReserveTx(ctx, tx, reserveParams("pay-3"))
 	if err != nil || res.Outcome != store.Existing || res.Record.State != store.StateInProgress {
 		t.Fatalf("reserve tx on newer row: %v %+v %v", res.Outcome, res.Record, err)
 	}
@@ -859,7 +798,7 @@ func TestConcurrentMigrate(t *testing.T) {
 	if err := s.DB().QueryRowContext(t.Context(), "SELECT COUNT(*), COUNT(DISTINCT version) FROM idem_migrations").Scan(&n, &versions); err != nil {
 		t.Fatal(err)
 	}
-	if n != versions || n != 1 {
+	if n != versions || n != 2 {
 		t.Fatalf("idem_migrations has %d rows for %d versions", n, versions)
 	}
 }
@@ -893,7 +832,7 @@ func TestSimultaneousAssignment(t *testing.T) {
 	if err := s.Release(ctx, store.ReleaseParams{FenceParams: fence(r)}); err != nil {
 		t.Fatal(err)
 	}
-	r = mustReserve(t, s, p, store.Reclaimed)
+	mustReserve(t, s, p, store.Reclaimed)
 	clock.Advance(time.Hour)
 	r = mustReserve(t, s, p, store.TakenOver)
 	if r.Fence != clock.Now().UnixMicro() || r.Attempts != 3 || r.State != store.StateInProgress {
@@ -907,4 +846,26 @@ func TestSimultaneousAssignment(t *testing.T) {
 	if r.Fence != clock.Now().UnixMicro() || r.Attempts != 1 || r.Response != nil {
 		t.Fatalf("record %+v", r)
 	}
+}
+
+func TestConformanceTx(t *testing.T) {
+	storetest.RunTx(t, storetest.TxHarness[*sql.Tx]{
+		NewDatabase: func(t *testing.T, clock store.Clock) storetest.TxDatabase[*sql.Tx] {
+			s := openStore(t, newDatabase(t), clock)
+			if _, err := s.DB().ExecContext(t.Context(), "CREATE TABLE payments (id VARCHAR(64) PRIMARY KEY) ENGINE=InnoDB"); err != nil {
+				t.Fatal(err)
+			}
+			return storetest.TxDatabase[*sql.Tx]{
+				Store: s,
+				Write: func(ctx context.Context, tx *sql.Tx, id string) error {
+					_, err := tx.ExecContext(ctx, "INSERT INTO payments (id) VALUES (?)", id)
+					return err
+				},
+				Count: func(ctx context.Context, id string) (n int, err error) {
+					err = s.DB().QueryRowContext(ctx, "SELECT COUNT(*) FROM payments WHERE id = ?", id).Scan(&n)
+					return n, err
+				},
+			}
+		},
+	})
 }

@@ -11,13 +11,10 @@ import (
 	"github.com/idem-go/idem/store"
 )
 
-// Column sizes of migrations/001_records.sql. Checked before any statement
-// because a server without strict sql_mode would truncate silently.
-const (
-	maxScopeLen       = 1024
-	maxKeyLen         = 1024
-	maxFingerprintLen = 512
-)
+// The columns of migrations/001_records.sql hold the contract's limits
+// (store.MaxScopeBytes, MaxKeyBytes, MaxFingerprintBytes), which the
+// parameters' Validate checks before any statement: a server without strict
+// sql_mode would truncate silently.
 
 // Reserve decisions, as left in LAST_INSERT_ID by the reserve_upsert query.
 const (
@@ -28,18 +25,6 @@ const (
 	decisionUnknown  = 4 // lease expired under policy unknown: Existing
 )
 
-func checkID(scope, key string) error {
-	switch {
-	case scope == "" || key == "":
-		return invalid("scope and key are required")
-	case len(scope) > maxScopeLen:
-		return invalid(fmt.Sprintf("scope longer than %d bytes", maxScopeLen))
-	case len(key) > maxKeyLen:
-		return invalid(fmt.Sprintf("key longer than %d bytes", maxKeyLen))
-	}
-	return nil
-}
-
 func (s *Store) idArgs(scope, key string) args {
 	return args{"scope": scope, "key": key, "now": s.nowArg()}
 }
@@ -47,7 +32,7 @@ func (s *Store) idArgs(scope, key string) args {
 // Reserve implements [store.Store.Reserve] in one round trip on a store from
 // Open (see the package documentation), retrying deadlocks and insert races.
 func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.ReserveResult, error) {
-	if err := checkReserve(&p); err != nil {
+	if err := p.Validate(); err != nil {
 		return store.ReserveResult{}, err
 	}
 	var res store.ReserveResult
@@ -67,7 +52,7 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 // race is retried in place; a deadlock (1213) has rolled tx back and is
 // returned for the caller to retry its transaction.
 func (s *Store) ReserveTx(ctx context.Context, tx *sql.Tx, p store.ReserveParams) (store.ReserveResult, error) {
-	if err := checkReserve(&p); err != nil {
+	if err := p.Validate(); err != nil {
 		return store.ReserveResult{}, err
 	}
 	var res store.ReserveResult
@@ -79,25 +64,12 @@ func (s *Store) ReserveTx(ctx context.Context, tx *sql.Tx, p store.ReserveParams
 	return res, wrap("reserve", err)
 }
 
-func checkReserve(p *store.ReserveParams) error {
-	if err := p.Validate(); err != nil {
-		return err
-	}
-	if err := checkID(p.Scope, p.Key); err != nil {
-		return err
-	}
-	if len(p.Fingerprint) > maxFingerprintLen {
-		return invalid(fmt.Sprintf("fingerprint longer than %d bytes", maxFingerprintLen))
-	}
-	return nil
-}
-
 func (s *Store) reserveArgs(p store.ReserveParams) args {
 	a := s.idArgs(p.Scope, p.Key)
 	a["fingerprint"] = p.Fingerprint
 	a["lease_policy"] = string(p.LeasePolicy)
-	a["lease_us"] = micros(p.Lease)
-	a["ttl_us"] = micros(p.TTL)
+	a["lease_us"] = store.Micros(p.Lease)
+	a["ttl_us"] = store.Micros(p.TTL)
 	return a
 }
 
@@ -253,9 +225,11 @@ func (s *Store) fenced(ctx context.Context, q querier, op string, qq *query, a a
 	return nil
 }
 
-func (s *Store) fenceArgs(f store.FenceParams) (args, error) {
-	if err := checkID(f.Scope, f.Key); err != nil {
-		return nil, err
+// fenceArgs binds a lease holder's identity once its parameters passed
+// their Validate (valid).
+func (s *Store) fenceArgs(valid error, f store.FenceParams) (args, error) {
+	if valid != nil {
+		return nil, valid
 	}
 	a := s.idArgs(f.Scope, f.Key)
 	a["fence"] = f.Fence
@@ -273,20 +247,20 @@ func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, p store.CompletePara
 }
 
 func (s *Store) complete(ctx context.Context, q querier, p store.CompleteParams) error {
-	a, err := s.fenceArgs(p.FenceParams)
+	a, err := s.fenceArgs(p.Validate(), p.FenceParams)
 	if err != nil {
 		return err
 	}
 	if err := responseArgs(a, &p.Response); err != nil {
 		return err
 	}
-	a["ttl_us"] = micros(p.TTL)
+	a["ttl_us"] = store.Micros(p.TTL)
 	return s.fenced(ctx, q, "complete", qComplete, a)
 }
 
 // Release implements [store.Store.Release].
 func (s *Store) Release(ctx context.Context, p store.ReleaseParams) error {
-	a, err := s.fenceArgs(p.FenceParams)
+	a, err := s.fenceArgs(p.Validate(), p.FenceParams)
 	if err != nil {
 		return err
 	}
@@ -296,7 +270,7 @@ func (s *Store) Release(ctx context.Context, p store.ReleaseParams) error {
 
 // MarkUnknown implements [store.Store.MarkUnknown].
 func (s *Store) MarkUnknown(ctx context.Context, p store.ReleaseParams) error {
-	a, err := s.fenceArgs(p.FenceParams)
+	a, err := s.fenceArgs(p.Validate(), p.FenceParams)
 	if err != nil {
 		return err
 	}
@@ -316,7 +290,7 @@ func (s *Store) CheckpointTx(ctx context.Context, tx *sql.Tx, p store.Checkpoint
 }
 
 func (s *Store) checkpoint(ctx context.Context, q querier, p store.CheckpointParams) error {
-	a, err := s.fenceArgs(p.FenceParams)
+	a, err := s.fenceArgs(p.Validate(), p.FenceParams)
 	if err != nil {
 		return err
 	}
@@ -326,20 +300,17 @@ func (s *Store) checkpoint(ctx context.Context, q querier, p store.CheckpointPar
 
 // Extend implements [store.Store.Extend].
 func (s *Store) Extend(ctx context.Context, p store.ExtendParams) error {
-	if p.Lease <= 0 {
-		return invalid("lease must be positive")
-	}
-	a, err := s.fenceArgs(p.FenceParams)
+	a, err := s.fenceArgs(p.Validate(), p.FenceParams)
 	if err != nil {
 		return err
 	}
-	a["lease_us"] = micros(p.Lease)
+	a["lease_us"] = store.Micros(p.Lease)
 	return s.fenced(ctx, s.q, "extend", qExtend, a)
 }
 
 // Get implements [store.Store.Get].
 func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error) {
-	if err := checkID(scope, key); err != nil {
+	if err := store.CheckID(scope, key); err != nil {
 		return store.Record{}, err
 	}
 	a, err := qGet.bind(s.idArgs(scope, key))
@@ -355,7 +326,7 @@ func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error
 
 // Delete implements [store.Store.Delete].
 func (s *Store) Delete(ctx context.Context, scope, key string) error {
-	if err := checkID(scope, key); err != nil {
+	if err := store.CheckID(scope, key); err != nil {
 		return err
 	}
 	n, err := s.exec(ctx, qDelete, s.idArgs(scope, key))
@@ -396,19 +367,19 @@ func (s *Store) exec(ctx context.Context, qq *query, a args) (int64, error) {
 // gap locks), so concurrent sweepers take disjoint batches and never wait
 // for each other. It costs one round trip per swept record plus four.
 func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]store.Record, error) {
-	if p.Limit <= 0 {
-		return nil, invalid("limit must be positive")
+	if err := p.Validate(); err != nil {
+		return nil, err
 	}
 	var out []store.Record
 	err := s.retry(ctx, transient, func() error {
 		var err error
-		out, err = s.sweepOnce(ctx, p.Limit)
+		out, err = s.sweepOnce(ctx, p)
 		return err
 	})
 	return out, wrap("sweep", err)
 }
 
-func (s *Store) sweepOnce(ctx context.Context, limit int) (_ []store.Record, err error) {
+func (s *Store) sweepOnce(ctx context.Context, p store.SweepParams) (_ []store.Record, err error) {
 	tx, err := s.q.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return nil, err
@@ -418,7 +389,7 @@ func (s *Store) sweepOnce(ctx context.Context, limit int) (_ []store.Record, err
 			_ = tx.Rollback()
 		}
 	}()
-	sel, err := qSweepSelect.bind(args{"now": s.nowArg(), "limit": limit})
+	sel, err := qSweepSelect.bind(args{"now": s.nowArg(), "limit": p.Limit, "grace_us": store.Micros(p.Grace)})
 	if err != nil {
 		return nil, err
 	}
@@ -468,13 +439,10 @@ func (s *Store) sweepOnce(ctx context.Context, limit int) (_ []store.Record, err
 // or UPDATE ... LIMIT) in one READ COMMITTED transaction, so no statement
 // holds gap locks on the expiry index while it works.
 func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult, error) {
-	if p.Limit <= 0 {
-		return store.ReapResult{}, invalid("limit must be positive")
+	if err := p.Validate(); err != nil {
+		return store.ReapResult{}, err
 	}
-	if p.AbandonedTTL < 0 {
-		return store.ReapResult{}, invalid("abandoned ttl must not be negative")
-	}
-	abandon := args{"now": s.nowArg(), "ttl_us": micros(p.AbandonedTTL)}
+	abandon := args{"now": s.nowArg(), "ttl_us": store.Micros(p.AbandonedTTL)}
 	if err := responseArgs(abandon, &p.Abandoned); err != nil {
 		return store.ReapResult{}, err
 	}
@@ -530,8 +498,8 @@ func (s *Store) reapOnce(ctx context.Context, p store.ReapParams, abandon args) 
 
 // ListUnknown implements [store.Store.ListUnknown].
 func (s *Store) ListUnknown(ctx context.Context, p store.ListUnknownParams) ([]store.Record, error) {
-	if p.Limit <= 0 {
-		return nil, invalid("limit must be positive")
+	if err := p.Validate(); err != nil {
+		return nil, err
 	}
 	qq := qListUnknownAll
 	if p.DueOnly {
@@ -562,12 +530,9 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	if err := checkID(p.Scope, p.Key); err != nil {
-		return err
-	}
 	a := s.idArgs(p.Scope, p.Key)
 	a["to"] = string(p.To)
-	a["ttl_us"] = micros(p.TTL)
+	a["ttl_us"] = store.Micros(p.TTL)
 	var resp *store.Response
 	if p.To == store.StateCompleted {
 		resp = p.Response
@@ -580,15 +545,15 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 
 // Defer implements [store.Store.Defer].
 func (s *Store) Defer(ctx context.Context, p store.DeferParams) error {
-	if err := checkID(p.Scope, p.Key); err != nil {
+	if err := p.Validate(); err != nil {
 		return err
 	}
-	if p.Delay < 0 {
-		return invalid("delay must not be negative")
-	}
 	a := s.idArgs(p.Scope, p.Key)
-	a["delay_us"] = micros(p.Delay)
 	a["error"] = p.Error
+	if p.DeadLetter {
+		return s.unknownOnly(ctx, "dead letter", qDeadLetter, a)
+	}
+	a["delay_us"] = store.Micros(p.Delay)
 	return s.unknownOnly(ctx, "defer", qDefer, a)
 }
 

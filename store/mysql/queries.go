@@ -63,6 +63,7 @@ var (
 	qListUnknownAll = q("list_unknown_all")
 	qResolve        = q("resolve")
 	qDefer          = q("defer")
+	qDeadLetter     = q("dead_letter")
 	qMigrateLock    = q("migrate_lock")
 	qMigrateUnlock  = q("migrate_unlock")
 	qMigrateTable   = q("migrate_table")

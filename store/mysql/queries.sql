@@ -16,7 +16,7 @@
 scope, `key`, fingerprint, state, fence, lease_policy, locked_until,
 recovery_point, response_status, response_headers, response_body,
 response_body_omitted, last_error, attempts, created_at, updated_at,
-completed_at, expires_at, reconcile_after, reconcile_attempts
+completed_at, expires_at, reconcile_after, reconcile_attempts, dead_lettered_at
 
 -- name: reserve_upsert
 -- The whole of Store.Reserve in one statement. The VALUES row is a fresh
@@ -188,7 +188,7 @@ DELETE FROM idem_records WHERE scope = :scope AND `key` = :key AND state <> 'in_
 SELECT {record_columns}, COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6))
 FROM idem_records
 WHERE state = 'in_progress' AND lease_policy = 'unknown'
-  AND locked_until <= COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6))
+  AND locked_until <= DATE_SUB(COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)), INTERVAL :grace_us MICROSECOND)
 ORDER BY locked_until
 LIMIT :limit
 FOR UPDATE SKIP LOCKED
@@ -232,6 +232,7 @@ UPDATE idem_records SET
     updated_at = COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)),
     expires_at = DATE_ADD(COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)), INTERVAL :ttl_us MICROSECOND),
     reconcile_after = NULL,
+    dead_lettered_at = NULL,
     row_version = row_version + 1
 WHERE state IN ('in_progress', 'unknown')
   AND expires_at <= COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6))
@@ -244,6 +245,7 @@ SELECT {record_columns}
 FROM idem_records
 WHERE state = 'unknown'
   AND reconcile_after <= COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6))
+  AND dead_lettered_at IS NULL
 ORDER BY reconcile_after, scope, `key`
 LIMIT :limit
 
@@ -270,6 +272,7 @@ UPDATE idem_records SET
         DATE_ADD(COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)), INTERVAL :ttl_us MICROSECOND),
         expires_at),
     reconcile_after = NULL,
+    dead_lettered_at = NULL,
     row_version = row_version + 1
 WHERE scope = :scope AND `key` = :key AND state = 'unknown'
 
@@ -277,6 +280,15 @@ WHERE scope = :scope AND `key` = :key AND state = 'unknown'
 UPDATE idem_records SET
     reconcile_attempts = reconcile_attempts + 1,
     reconcile_after = DATE_ADD(COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)), INTERVAL :delay_us MICROSECOND),
+    last_error = :error,
+    updated_at = COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)),
+    row_version = row_version + 1
+WHERE scope = :scope AND `key` = :key AND state = 'unknown'
+
+-- name: dead_letter
+UPDATE idem_records SET
+    reconcile_attempts = reconcile_attempts + 1,
+    dead_lettered_at = COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)),
     last_error = :error,
     updated_at = COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)),
     row_version = row_version + 1

@@ -286,7 +286,7 @@ func expectOne(tag pgconn.CommandTag, err error) error {
 // scanDest keeps the fence and skips the other columns (a nil destination
 // skips a column in pgx).
 func scanDest(fence *int64) []any {
-	dest := make([]any, 21) // action + 20 record columns; fence is the 6th
+	dest := make([]any, 22) // action + 21 record columns; fence is the 6th
 	dest[5] = fence
 	return dest
 }

@@ -136,7 +136,8 @@ type ceiling struct {
 
 func newCeiling(tb testing.TB, pool *pgxpool.Pool, schema string, e *idem.Engine) *ceiling {
 	tb.Helper()
-	fp, err := e.Fingerprint(http.MethodPost, engineRoute, "application/json", []byte(engineReqBody))
+	fp, err := e.Fingerprint(idem.Call{Method: http.MethodPost, Route: engineRoute, Target: engineRoute,
+		ContentType: "application/json", Body: []byte(engineReqBody)})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -174,7 +175,7 @@ func (c *ceiling) completeArgs(key string, fence int64) []any {
 func (c *ceiling) newKey(ctx context.Context, key string) error {
 	var action string
 	var fence int64
-	dest := make([]any, 21) // action + the 20 record columns
+	dest := make([]any, 22) // action + the 21 record columns
 	dest[0], dest[5] = &action, &fence
 	if err := c.pool.QueryRow(ctx, c.reserve, c.reserveArgs(key)...).Scan(dest...); err != nil {
 		return fmt.Errorf("reserve: %w", err)
@@ -189,7 +190,7 @@ func (c *ceiling) newKey(ctx context.Context, key string) error {
 // costs.
 func (c *ceiling) replay(ctx context.Context, key string) error {
 	var action, state string
-	dest := make([]any, 21)
+	dest := make([]any, 22)
 	dest[0], dest[4] = &action, &state
 	if err := c.pool.QueryRow(ctx, c.reserve, c.reserveArgs(key)...).Scan(dest...); err != nil {
 		return fmt.Errorf("replay: %w", err)
@@ -275,7 +276,8 @@ func BenchmarkEnginePostgres(b *testing.B) {
 		// engine over the store or over wrap(store) when wrap is set.
 		setup := func(b *testing.B, wrap func(*postgres.Store, string) store.Store) (pool *pgxpool.Pool, engine, ceil variant) {
 			pool, schema := enginePool(b)
-			s, err := postgres.New(context.Background(), pool, postgres.Config{Schema: schema, SkipMigrate: true})
+			s, err := postgres.New(context.Background(), pool, postgres.Config{Schema: schema, SkipMigrate: true,
+				MaxBatches: benchMaxBatches(b)})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -834,6 +836,20 @@ func TestPostgresGrowth(t *testing.T) {
 	t.Logf("reserve+complete p50: %v at %d rows, %v at %d: %.2fx (control table at %d meanwhile: %v, %.2fx)",
 		before[1].Round(time.Microsecond), small, after[grown][1].Round(time.Microsecond), large, ratio(after[grown][1], before[1]),
 		small, after[control][1].Round(time.Microsecond), ratio(after[grown][1], after[control][1]))
+}
+
+// benchMaxBatches reads IDEM_BENCH_MAX_BATCHES (Config.MaxBatches of the
+// engine's store; -1 turns group commit off), to compare settings.
+func benchMaxBatches(b *testing.B) int {
+	v := os.Getenv("IDEM_BENCH_MAX_BATCHES")
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		b.Fatalf("IDEM_BENCH_MAX_BATCHES=%q: %v", v, err)
+	}
+	return n
 }
 
 // positive replaces a positive int64 by 1, so two fences issued at

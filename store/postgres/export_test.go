@@ -10,3 +10,14 @@ const (
 	SQLReserve  = sqlReserve
 	SQLComplete = sqlComplete
 )
+
+// BatchStats reports the calls that rode in pipelines of two or more and
+// the pipelines a statement error rolled back.
+func (s *Store) BatchStats() (batched, rolledBack int64) {
+	return s.batch.group.Batched(), s.batch.rolledBack.Load()
+}
+
+// BatchQueue reports the free batch slots and the calls waiting for one.
+func (s *Store) BatchQueue() (free, pending int) {
+	return s.batch.group.Queue()
+}

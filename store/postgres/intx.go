@@ -11,7 +11,7 @@ var _ store.TxStore[pgx.Tx] = (*Store)(nil)
 
 // InTx runs fn in a transaction on the store's pool and commits it when fn
 // returns nil (rolls back otherwise). With CheckpointTx it makes the store
-// an idem.PhaseStore[pgx.Tx] for atomic phases.
+// a phase.Store[pgx.Tx] for atomic phases.
 func (s *Store) InTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	return pgx.BeginFunc(ctx, s.Pool(), fn)
 }

@@ -17,6 +17,29 @@
 // that sat idle for a second before handing it out (see
 // pgxpool.Config.ShouldPing; pass your own pool to [New] to change it).
 //
+// # Group commit and pool size
+//
+// Reserve and the lease-holder updates share commits under load. A call that
+// finds one of Config.MaxBatches slots free (DefaultMaxBatches, 4) runs its
+// statement alone, at once. Calls that arrive while every slot is busy
+// queue, and leave together when a slot returns, as one pipeline of the
+// same statements in one implicit transaction: one round trip per call
+// still, but one commit and one WAL flush for the whole batch. No call ever
+// waits for a timer, so a lone request's latency is unchanged. The
+// statements of a batch commit or roll back together: a statement error
+// rolls the batch back and each of its calls then runs alone, so only the
+// faulty call sees the error. Calls on the Tx forms never join a batch.
+// The calls of a batch wait for one another: a statement that waits for a
+// row lock (a key that a caller's open transaction holds through the Tx
+// forms) holds up its batch while the other slots keep serving.
+//
+// [Open] sizes the pool to Config.MaxConns, or to the URL's pool_max_conns,
+// or to [DefaultMaxConns] (32), not to pgxpool's max(4, CPUs): with 16
+// requests in flight, 4 connections would queue the rest before the
+// batches could form. Batched calls hold at most MaxBatches connections;
+// the rest serve Get, maintenance and reruns. Size the pool of [New] the
+// same way, and mind max_connections across all instances.
+//
 // # Transactions
 //
 // [Store.ReserveTx], [Store.CompleteTx] and [Store.CheckpointTx] run the same
@@ -32,12 +55,16 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"embed"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -74,7 +101,28 @@ type Config struct {
 	// run migrations as a separate step (Store.Migrate, `idem migrate`).
 	// Defaults to false: pending migrations are applied.
 	SkipMigrate bool
+	// MaxConns is the size of the pool Open creates (New leaves the
+	// caller's pool alone). Defaults to 0: the URL's pool_max_conns when it
+	// has one, else DefaultMaxConns. pgxpool's own default, max(4, number of
+	// CPUs), would make every request beyond the fourth wait for a
+	// connection.
+	MaxConns int32
+	// MaxBatches is how many group commits (see DefaultMaxBatches) may be
+	// on their way to the database at once. A Reserve or lease-holder
+	// update that finds one free runs alone at once; one that finds none
+	// waits for the next batch, which leaves as soon as a batch in flight
+	// returns. Fewer slots make larger batches (fewer commits) under load;
+	// each slot holds one connection of the pool. Defaults to 0:
+	// DefaultMaxBatches. Negative turns batching off: every call runs its
+	// own statement on its own connection.
+	MaxBatches int
 }
+
+// DefaultMaxConns is the pool size Open uses when neither Config.MaxConns
+// nor the URL's pool_max_conns sets one. Batched calls use at most
+// Config.MaxBatches connections whatever the load; the rest serve Get,
+// maintenance and the statements that run alone after a rolled-back batch.
+const DefaultMaxConns = 32
 
 // Store is a store.Store on PostgreSQL. It is safe for concurrent use.
 type Store struct {
@@ -84,6 +132,7 @@ type Store struct {
 	q         queries
 	closed    atomic.Bool
 	reserveRe atomic.Int64 // Reserve statements run again after a race
+	batch     *batcher     // nil: batching off
 }
 
 // querier is what the transitions need; *pgxpool.Pool and pgx.Tx both have
@@ -101,6 +150,14 @@ func Open(ctx context.Context, url string, cfg Config) (*Store, error) {
 	pcfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("idem/postgres: open: %w", err)
+	}
+	switch {
+	case cfg.MaxConns < 0:
+		return nil, errors.Join(store.ErrInvalidParams, errors.New("idem/postgres: MaxConns must not be negative"))
+	case cfg.MaxConns > 0:
+		pcfg.MaxConns = cfg.MaxConns
+	case !strings.Contains(url, "pool_max_conns"):
+		pcfg.MaxConns = DefaultMaxConns
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
@@ -122,6 +179,9 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Store, error) {
 		return nil, errors.Join(store.ErrInvalidParams, errors.New("idem/postgres: nil pool"))
 	}
 	s := &Store{pool: pool, cfg: cfg, q: newQueries(cfg.Schema)}
+	if cfg.MaxBatches >= 0 {
+		s.batch = newBatcher(s, cmp.Or(cfg.MaxBatches, DefaultMaxBatches))
+	}
 	if !cfg.SkipMigrate {
 		if err := s.Migrate(ctx); err != nil {
 			return nil, err
@@ -199,11 +259,9 @@ func (s *Store) reserve(ctx context.Context, q querier, p store.ReserveParams) (
 		if run > 0 {
 			s.reserveRe.Add(1)
 		}
-		var action string
-		var rec store.Record
-		row := q.QueryRow(ctx, s.q.reserve,
-			p.Scope, p.Key, p.Fingerprint, micros(p.Lease), micros(p.TTL), string(p.LeasePolicy), s.now())
-		err := scanRecord(row, &rec, &action)
+		op := s.run(ctx, q, true, s.q.reserve, []any{
+			p.Scope, p.Key, p.Fingerprint, store.Micros(p.Lease), store.Micros(p.TTL), string(p.LeasePolicy), s.now()})
+		action, rec, err := op.action, op.rec, op.err
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // insert conflicted with a row newer than the snapshot
 		}
@@ -241,7 +299,7 @@ func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, p store.CompleteParam
 }
 
 func (s *Store) complete(ctx context.Context, q querier, p store.CompleteParams) error {
-	if err := validFence(p.FenceParams); err != nil {
+	if err := p.Validate(); err != nil {
 		return err
 	}
 	headers, err := encodeHeader(p.Response.Header)
@@ -253,12 +311,12 @@ func (s *Store) complete(ctx context.Context, q querier, p store.CompleteParams)
 		body = nil
 	}
 	return s.fenced(ctx, q, "complete", s.q.complete, p.FenceParams,
-		p.Response.Status, headers, body, p.Response.BodyOmitted, micros(p.TTL))
+		p.Response.Status, headers, body, p.Response.BodyOmitted, store.Micros(p.TTL))
 }
 
 // Release implements store.Store.
 func (s *Store) Release(ctx context.Context, p store.ReleaseParams) error {
-	if err := validFence(p.FenceParams); err != nil {
+	if err := p.Validate(); err != nil {
 		return err
 	}
 	return s.fenced(ctx, s.pool, "release", s.q.release, p.FenceParams, p.Error)
@@ -266,7 +324,7 @@ func (s *Store) Release(ctx context.Context, p store.ReleaseParams) error {
 
 // MarkUnknown implements store.Store.
 func (s *Store) MarkUnknown(ctx context.Context, p store.ReleaseParams) error {
-	if err := validFence(p.FenceParams); err != nil {
+	if err := p.Validate(); err != nil {
 		return err
 	}
 	return s.fenced(ctx, s.pool, "mark unknown", s.q.markUnknown, p.FenceParams, p.Error)
@@ -284,7 +342,7 @@ func (s *Store) CheckpointTx(ctx context.Context, tx pgx.Tx, p store.CheckpointP
 }
 
 func (s *Store) checkpoint(ctx context.Context, q querier, p store.CheckpointParams) error {
-	if err := validFence(p.FenceParams); err != nil {
+	if err := p.Validate(); err != nil {
 		return err
 	}
 	return s.fenced(ctx, q, "checkpoint", s.q.checkpoint, p.FenceParams, p.RecoveryPoint)
@@ -292,24 +350,21 @@ func (s *Store) checkpoint(ctx context.Context, q querier, p store.CheckpointPar
 
 // Extend implements store.Store.
 func (s *Store) Extend(ctx context.Context, p store.ExtendParams) error {
-	if err := validFence(p.FenceParams); err != nil {
+	if err := p.Validate(); err != nil {
 		return err
 	}
-	if p.Lease <= 0 {
-		return errors.Join(store.ErrInvalidParams, errors.New("lease must be positive"))
-	}
-	return s.fenced(ctx, s.pool, "extend", s.q.extend, p.FenceParams, micros(p.Lease))
+	return s.fenced(ctx, s.pool, "extend", s.q.extend, p.FenceParams, store.Micros(p.Lease))
 }
 
 // fenced runs one of the lease-holder UPDATEs ($1 scope, $2 key, $3 fence,
 // $4 now, then extra) and turns "no row matched" into ErrLeaseLost.
 func (s *Store) fenced(ctx context.Context, q querier, op, sql string, f store.FenceParams, extra ...any) error {
 	args := append([]any{f.Scope, f.Key, f.Fence, s.now()}, extra...)
-	tag, err := q.Exec(ctx, sql, args...)
-	if err != nil {
-		return wrap(op, err)
+	r := s.run(ctx, q, false, sql, args)
+	if r.err != nil {
+		return wrap(op, r.err)
 	}
-	if tag.RowsAffected() == 0 {
+	if r.tag.RowsAffected() == 0 {
 		return fmt.Errorf("idem/postgres: %s: %w", op, store.ErrLeaseLost)
 	}
 	return nil
@@ -317,8 +372,8 @@ func (s *Store) fenced(ctx context.Context, q querier, op, sql string, f store.F
 
 // Get implements store.Store.
 func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error) {
-	if scope == "" || key == "" {
-		return store.Record{}, errScopeKey
+	if err := store.CheckID(scope, key); err != nil {
+		return store.Record{}, err
 	}
 	var rec store.Record
 	err := scanRecord(s.pool.QueryRow(ctx, s.q.get, scope, key), &rec, nil)
@@ -333,8 +388,8 @@ func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error
 
 // Delete implements store.Store.
 func (s *Store) Delete(ctx context.Context, scope, key string) error {
-	if scope == "" || key == "" {
-		return errScopeKey
+	if err := store.CheckID(scope, key); err != nil {
+		return err
 	}
 	tag, err := s.pool.Exec(ctx, s.q.delete, scope, key)
 	if err != nil {
@@ -352,10 +407,10 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 
 // SweepExpiredLeases implements store.Store.
 func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]store.Record, error) {
-	if p.Limit <= 0 {
-		return nil, errLimit
+	if err := p.Validate(); err != nil {
+		return nil, err
 	}
-	rows, err := s.pool.Query(ctx, s.q.sweep, p.Limit, s.now())
+	rows, err := s.pool.Query(ctx, s.q.sweep, p.Limit, s.now(), store.Micros(p.Grace))
 	if err != nil {
 		return nil, wrap("sweep", err)
 	}
@@ -370,11 +425,8 @@ func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]
 // share what is left of p.Limit. Each batch is its own short statement, so
 // no lock outlives one batch.
 func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult, error) {
-	if p.Limit <= 0 {
-		return store.ReapResult{}, errLimit
-	}
-	if p.Abandoned.Status <= 0 {
-		return store.ReapResult{}, errors.Join(store.ErrInvalidParams, errors.New("abandoned response is required"))
+	if err := p.Validate(); err != nil {
+		return store.ReapResult{}, err
 	}
 	var res store.ReapResult
 	now := s.now()
@@ -400,7 +452,7 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 		body = nil
 	}
 	tag, err = s.pool.Exec(ctx, s.q.reapAbandon, left, now,
-		p.Abandoned.Status, headers, body, p.Abandoned.BodyOmitted, micros(p.AbandonedTTL))
+		p.Abandoned.Status, headers, body, p.Abandoned.BodyOmitted, store.Micros(p.AbandonedTTL))
 	if err != nil {
 		return res, wrap("reap", err)
 	}
@@ -410,8 +462,8 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 
 // ListUnknown implements store.Store.
 func (s *Store) ListUnknown(ctx context.Context, p store.ListUnknownParams) ([]store.Record, error) {
-	if p.Limit <= 0 {
-		return nil, errLimit
+	if err := p.Validate(); err != nil {
+		return nil, err
 	}
 	rows, err := s.pool.Query(ctx, s.q.listUnknown, p.DueOnly, p.Limit, s.now())
 	if err != nil {
@@ -449,7 +501,7 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 		}
 	}
 	err = s.pool.QueryRow(ctx, s.q.resolve, p.Scope, p.Key, s.now(),
-		string(p.To), status, headers, body, omitted, micros(p.TTL)).Scan(&resolved, &state)
+		string(p.To), status, headers, body, omitted, store.Micros(p.TTL)).Scan(&resolved, &state)
 	if err != nil {
 		return wrap("resolve", err)
 	}
@@ -458,19 +510,20 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 
 // Defer implements store.Store.
 func (s *Store) Defer(ctx context.Context, p store.DeferParams) error {
-	if p.Scope == "" || p.Key == "" {
-		return errScopeKey
-	}
-	if p.Delay < 0 {
-		return errors.Join(store.ErrInvalidParams, errors.New("delay must not be negative"))
+	if err := p.Validate(); err != nil {
+		return err
 	}
 	var (
 		deferred bool
 		state    *string
+		row      pgx.Row
 	)
-	err := s.pool.QueryRow(ctx, s.q.deferQ, p.Scope, p.Key, s.now(), micros(p.Delay), p.Error).
-		Scan(&deferred, &state)
-	if err != nil {
+	if p.DeadLetter {
+		row = s.pool.QueryRow(ctx, s.q.deadLetter, p.Scope, p.Key, s.now(), p.Error)
+	} else {
+		row = s.pool.QueryRow(ctx, s.q.deferQ, p.Scope, p.Key, s.now(), store.Micros(p.Delay), p.Error)
+	}
+	if err := row.Scan(&deferred, &state); err != nil {
 		return wrap("defer", err)
 	}
 	return unknownOutcome("defer", deferred, state)
@@ -503,24 +556,16 @@ func (s *Store) Close() error {
 	if s.closed.CompareAndSwap(false, true) && s.ownsPool {
 		s.pool.Close()
 	}
-	return nil
-}
-
-var (
-	errScopeKey = errors.Join(store.ErrInvalidParams, errors.New("scope and key are required"))
-	errLimit    = errors.Join(store.ErrInvalidParams, errors.New("limit must be positive"))
-)
-
-func validFence(f store.FenceParams) error {
-	if f.Scope == "" || f.Key == "" {
-		return errScopeKey
+	if s.batch != nil {
+		s.batch.group.Wait()
 	}
 	return nil
 }
 
 // wrap maps a driver error at the store boundary. Constraint violations are
-// parameters the schema refuses; everything else (connection loss, context
-// cancellation, timeouts) is returned wrapped so the engine fails closed.
+// parameters the schema refuses; transient failures (see transient) are
+// marked retryable; everything else (context cancellation, other server
+// errors) is returned wrapped so the engine fails closed.
 func wrap(op string, err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
@@ -530,16 +575,35 @@ func wrap(op string, err error) error {
 			return fmt.Errorf("idem/postgres: %s: %w: %w", op, store.ErrInvalidParams, err)
 		}
 	}
+	if transient(err) {
+		err = store.Retryable(err)
+	}
 	return fmt.Errorf("idem/postgres: %s: %w", op, err)
 }
 
-// micros rounds a duration up to whole microseconds, the database's
-// precision, so a positive duration never becomes zero.
-func micros(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
+// transient reports failures that say nothing about the record: the
+// connection could not be made or broke, the server is shutting down or
+// refusing connections, or the transaction lost a serialization check or a
+// deadlock (the server rolled it back).
+func transient(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
 	}
-	return int64((d + time.Microsecond - 1) / time.Microsecond)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case pgErr.Code == "40001", pgErr.Code == "40P01", // serialization failure, deadlock
+			pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03", // shutdown, cannot connect now
+			pgErr.Code == "53300",               // too many connections
+			strings.HasPrefix(pgErr.Code, "08"): // connection exception
+			return true
+		}
+		return false
+	}
+	var connectErr *pgconn.ConnectError
+	var netErr net.Error
+	return pgconn.SafeToRetry(err) || errors.As(err, &connectErr) || errors.As(err, &netErr) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 // encodeHeader stores a nil header as NULL so it reads back nil.
@@ -563,6 +627,7 @@ func scanRecord(row pgx.Row, rec *store.Record, action *string) error {
 		headers, body              []byte
 		omitted                    bool
 		completedAt, reconcileAt   *time.Time
+		deadLetteredAt             *time.Time
 		lockedUntil, created       time.Time
 		updated, expires           time.Time
 		attempts, reconcileAttempt int32
@@ -571,7 +636,7 @@ func scanRecord(row pgx.Row, rec *store.Record, action *string) error {
 		&rec.Scope, &rec.Key, &rec.Fingerprint, &state, &rec.Fence, &policy, &lockedUntil,
 		&rec.RecoveryPoint, &status, &headers, &body,
 		&omitted, &rec.LastError, &attempts, &created, &updated,
-		&completedAt, &expires, &reconcileAt, &reconcileAttempt,
+		&completedAt, &expires, &reconcileAt, &reconcileAttempt, &deadLetteredAt,
 	}
 	if action != nil {
 		dest = append([]any{action}, dest...)
@@ -589,6 +654,7 @@ func scanRecord(row pgx.Row, rec *store.Record, action *string) error {
 	rec.ReconcileAttempts = int(reconcileAttempt)
 	rec.CompletedAt = utcOrZero(completedAt)
 	rec.ReconcileAfter = utcOrZero(reconcileAt)
+	rec.DeadLetteredAt = utcOrZero(deadLetteredAt)
 	rec.Response = nil
 	if status != nil {
 		resp := &store.Response{Status: int(*status), Body: body, BodyOmitted: omitted}

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -489,92 +488,6 @@ func TestReserveRace(t *testing.T) {
 		stores[0].ReserveReruns(), stores[1].ReserveReruns(), 2*keys*racers)
 }
 
-// TestTransactions: the completion commits or rolls back with the caller's
-// business write.
-func TestTransactions(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	schema := newSchema(t)
-	s := openStore(t, schema, nil)
-	payments := pgx.Identifier{schema, "payments"}.Sanitize()
-	if _, err := s.Pool().Exec(ctx, "CREATE TABLE "+payments+" (id text PRIMARY KEY)"); err != nil {
-		t.Fatal(err)
-	}
-	p := reserveParams("tx")
-	r, err := s.Reserve(ctx, p)
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	pay := func(commit bool) {
-		t.Helper()
-		tx, err := s.Pool().Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Rollback(ctx)
-		if _, err := tx.Exec(ctx, "INSERT INTO "+payments+" (id) VALUES ('pay_1')"); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.CheckpointTx(ctx, tx, store.CheckpointParams{FenceParams: fence(r), RecoveryPoint: "charged"}); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.CompleteTx(ctx, tx, store.CompleteParams{FenceParams: fence(r), Response: okResponse()}); err != nil {
-			t.Fatal(err)
-		}
-		if commit {
-			if err := tx.Commit(ctx); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	count := func() (n int) {
-		t.Helper()
-		if err := s.Pool().QueryRow(ctx, "SELECT count(*) FROM "+payments).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-
-	pay(false)
-	got, err := s.Get(ctx, p.Scope, p.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got.State != store.StateInProgress || got.RecoveryPoint != "" || count() != 0 {
-		t.Fatalf("after rollback: %v %q, %d payments", got.State, got.RecoveryPoint, count())
-	}
-
-	pay(true)
-	got, err = s.Get(ctx, p.Scope, p.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got.State != store.StateCompleted || got.RecoveryPoint != "charged" || count() != 1 {
-		t.Fatalf("after commit: %v %q, %d payments", got.State, got.RecoveryPoint, count())
-	}
-	if got.Response == nil || string(got.Response.Body) != `{"id":"pay_1"}` ||
-		strings.Join(got.Response.Header["X-Id"], ",") != "a,b" {
-		t.Fatalf("stored response: %+v", got.Response)
-	}
-
-	// A reservation made in a rolled-back transaction never existed.
-	tx, err := s.Pool().Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := reserveParams("tx-rolled-back")
-	if r, err := s.ReserveTx(ctx, tx, q); err != nil || r.Outcome != store.Created {
-		t.Fatalf("reserve in tx: %v %v", r.Outcome, err)
-	}
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.Get(ctx, q.Scope, q.Key); !errors.Is(err, store.ErrNotFound) {
-		t.Fatalf("get after rolled-back reserve: %v", err)
-	}
-}
-
 // TestMigrateConcurrent starts several processes (pools) on one empty
 // schema at once: each migration must be applied exactly once, and running
 // the migrations again is a no-op.
@@ -617,8 +530,8 @@ func TestMigrateConcurrent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n != 1 || maxVersion != 1 {
-		t.Fatalf("idem_migrations: %d rows, max version %d; want 1, 1", n, maxVersion)
+	if n != 2 || maxVersion != 2 {
+		t.Fatalf("idem_migrations: %d rows, max version %d; want 2, 2", n, maxVersion)
 	}
 	// The schema is usable from every process.
 	for i, s := range stores {
@@ -662,7 +575,7 @@ func TestErrorsSurface(t *testing.T) {
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("reserve with a canceled context: %v", err)
 	}
-	if err := s.Complete(ctx, store.CompleteParams{FenceParams: store.FenceParams{Scope: "s", Key: "k", Fence: 1}}); !errors.Is(err, context.Canceled) {
+	if err := s.Complete(ctx, store.CompleteParams{FenceParams: store.FenceParams{Scope: "s", Key: "k", Fence: 1}, Response: store.Response{Status: 200}}); !errors.Is(err, context.Canceled) {
 		t.Errorf("complete with a canceled context: %v", err)
 	}
 	if err := s.Ping(ctx); !errors.Is(err, context.Canceled) {
@@ -729,4 +642,28 @@ func TestHOTCheckpoint(t *testing.T) {
 	if d.upd != 3 || d.hot != 3 {
 		t.Errorf("checkpoints: %d updates, %d HOT; want 3, 3", d.upd, d.hot)
 	}
+}
+
+func TestConformanceTx(t *testing.T) {
+	storetest.RunTx(t, storetest.TxHarness[pgx.Tx]{
+		NewDatabase: func(t *testing.T, clock store.Clock) storetest.TxDatabase[pgx.Tx] {
+			schema := newSchema(t)
+			s := openStore(t, schema, clock)
+			payments := pgx.Identifier{schema, "payments"}.Sanitize()
+			if _, err := s.Pool().Exec(context.Background(), "CREATE TABLE "+payments+" (id text PRIMARY KEY)"); err != nil {
+				t.Fatal(err)
+			}
+			return storetest.TxDatabase[pgx.Tx]{
+				Store: s,
+				Write: func(ctx context.Context, tx pgx.Tx, id string) error {
+					_, err := tx.Exec(ctx, "INSERT INTO "+payments+" (id) VALUES ($1)", id)
+					return err
+				},
+				Count: func(ctx context.Context, id string) (n int, err error) {
+					err = s.Pool().QueryRow(ctx, "SELECT count(*) FROM "+payments+" WHERE id = $1", id).Scan(&n)
+					return n, err
+				},
+			}
+		},
+	})
 }

@@ -21,7 +21,7 @@ import (
 const recordColumns = `scope, key, fingerprint, state, fence, lease_policy, locked_until,
 	recovery_point, response_status, response_headers, response_body,
 	response_body_omitted, last_error, attempts, created_at, updated_at,
-	completed_at, expires_at, reconcile_after, reconcile_attempts`
+	completed_at, expires_at, reconcile_after, reconcile_attempts, dead_lettered_at`
 
 // recordColumnsR is recordColumns qualified by the alias r, for statements
 // that join other relations with the same column names.
@@ -29,7 +29,7 @@ const recordColumnsR = `r.scope, r.key, r.fingerprint, r.state, r.fence, r.lease
 	r.locked_until, r.recovery_point, r.response_status, r.response_headers,
 	r.response_body, r.response_body_omitted, r.last_error, r.attempts,
 	r.created_at, r.updated_at, r.completed_at, r.expires_at, r.reconcile_after,
-	r.reconcile_attempts`
+	r.reconcile_attempts, r.dead_lettered_at`
 
 // sqlReserve is Reserve in one statement (one round trip).
 //
@@ -189,7 +189,7 @@ DELETE FROM {schema}idem_records WHERE scope = $1 AND key = $2 AND state <> 'in_
 
 // sqlSweep locks a bounded batch with SKIP LOCKED, so concurrent sweepers
 // split the work instead of queueing on each other or moving a row twice.
-// $1 limit, $2 now.
+// $1 limit, $2 now, $3 grace in microseconds.
 const sqlSweep = `
 WITH clock AS (
 	SELECT coalesce($2::timestamptz, statement_timestamp()) AS now
@@ -197,7 +197,8 @@ WITH clock AS (
 due AS (
 	SELECT r.scope, r.key
 	FROM {schema}idem_records r, clock c
-	WHERE r.state = 'in_progress' AND r.locked_until <= c.now AND r.lease_policy = 'unknown'
+	WHERE r.state = 'in_progress' AND r.lease_policy = 'unknown'
+		AND r.locked_until <= c.now - $3::bigint * interval '1 microsecond'
 	ORDER BY r.locked_until
 	LIMIT $1
 	FOR UPDATE OF r SKIP LOCKED
@@ -275,7 +276,8 @@ UPDATE {schema}idem_records AS r SET
 	completed_at = c.now,
 	updated_at = c.now,
 	expires_at = c.now + $7::bigint * interval '1 microsecond',
-	reconcile_after = NULL
+	reconcile_after = NULL,
+	dead_lettered_at = NULL
 FROM batch, clock c
 WHERE r.scope = batch.scope AND r.key = batch.key`
 
@@ -284,7 +286,8 @@ const sqlListUnknown = `
 SELECT ` + recordColumns + `
 FROM {schema}idem_records
 WHERE state = 'unknown'
-	AND (NOT $1::boolean OR reconcile_after <= coalesce($3::timestamptz, statement_timestamp()))
+	AND (NOT $1::boolean OR (reconcile_after <= coalesce($3::timestamptz, statement_timestamp())
+		AND dead_lettered_at IS NULL))
 ORDER BY reconcile_after, scope, key
 LIMIT $2`
 
@@ -307,7 +310,8 @@ WITH upd AS (
 		expires_at = CASE WHEN $9::bigint > 0
 			THEN coalesce($3::timestamptz, statement_timestamp()) + $9::bigint * interval '1 microsecond'
 			ELSE expires_at END,
-		reconcile_after = NULL
+		reconcile_after = NULL,
+		dead_lettered_at = NULL
 	WHERE scope = $1 AND key = $2 AND state = 'unknown'
 	RETURNING 1
 )
@@ -320,6 +324,19 @@ WITH upd AS (
 		reconcile_attempts = reconcile_attempts + 1,
 		reconcile_after = coalesce($3::timestamptz, statement_timestamp()) + $4::bigint * interval '1 microsecond',
 		last_error = $5,
+		updated_at = coalesce($3::timestamptz, statement_timestamp())
+	WHERE scope = $1 AND key = $2 AND state = 'unknown'
+	RETURNING 1
+)
+SELECT EXISTS (SELECT FROM upd),
+	(SELECT state FROM {schema}idem_records WHERE scope = $1 AND key = $2)`
+
+const sqlDeadLetter = `
+WITH upd AS (
+	UPDATE {schema}idem_records SET
+		reconcile_attempts = reconcile_attempts + 1,
+		dead_lettered_at = coalesce($3::timestamptz, statement_timestamp()),
+		last_error = $4,
 		updated_at = coalesce($3::timestamptz, statement_timestamp())
 	WHERE scope = $1 AND key = $2 AND state = 'unknown'
 	RETURNING 1
@@ -351,7 +368,7 @@ const sqlMigrateRecord = `INSERT INTO idem_migrations (version, name) VALUES ($1
 type queries struct {
 	reserve, complete, release, markUnknown, checkpoint, extend string
 	get, delete, sweep, reapDelete, reapSoft, reapAbandon       string
-	listUnknown, resolve, deferQ                                string
+	listUnknown, resolve, deferQ, deadLetter                    string
 }
 
 func newQueries(schema string) queries {
@@ -376,5 +393,6 @@ func newQueries(schema string) queries {
 		listUnknown: r.Replace(sqlListUnknown),
 		resolve:     r.Replace(sqlResolve),
 		deferQ:      r.Replace(sqlDefer),
+		deadLetter:  r.Replace(sqlDeadLetter),
 	}
 }

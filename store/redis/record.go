@@ -15,7 +15,7 @@ import (
 //	s scope, k key, fp fingerprint, st state, f fence, pol lease policy,
 //	lu locked_until, rp recovery_point, le last_error, at attempts,
 //	ca created_at, ua updated_at, cpa completed_at, ea expires_at,
-//	ra reconcile_after, rat reconcile_attempts,
+//	ra reconcile_after, rat reconcile_attempts, dla dead_lettered_at,
 //	rs response status, rh response header (JSON), rb response body (absent
 //	when the body is nil), ro body omitted ("1").
 //
@@ -71,6 +71,7 @@ func decodeRecord(v any) (store.Record, error) {
 		ExpiresAt:         instant("ea"),
 		ReconcileAfter:    instant("ra"),
 		ReconcileAttempts: int(integer("rat")),
+		DeadLetteredAt:    instant("dla"),
 	}
 	if _, ok := f["rs"]; ok {
 		resp := &store.Response{Status: int(integer("rs")), BodyOmitted: f["ro"] == "1"}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/url"
 	"strconv"
 	"strings"
@@ -185,7 +187,7 @@ func (s *Store) Ping(ctx context.Context) error {
 		err = s.client.Ping(ctx).Err()
 	}
 	if err != nil {
-		return fmt.Errorf("idem/redis: ping: %w", err)
+		return wrap("ping", err)
 	}
 	return nil
 }
@@ -211,17 +213,32 @@ func (s *Store) now() string {
 
 func (s *Store) graceMS() int64 { return s.cfg.ExpiryGrace.Milliseconds() }
 
-func micros(d time.Duration) int64 { return d.Microseconds() }
-
-func invalid(msg string) error {
-	return fmt.Errorf("idem/redis: %w: %s", store.ErrInvalidParams, msg)
+// wrap prefixes an error with the operation and marks the transient ones
+// retryable (store.IsRetryable).
+func wrap(op string, err error) error {
+	if retryable(err) {
+		err = store.Retryable(err)
+	}
+	return fmt.Errorf("idem/redis: %s: %w", op, err)
 }
 
-func checkIdentity(scope, key string) error {
-	if scope == "" || key == "" {
-		return invalid("scope and key are required")
+// retryable reports failures that say nothing about the record: the
+// connection was refused, broke or timed out, or the server (or cluster)
+// cannot serve now: loading its data set, failing over, resharding a slot,
+// a script still running. A script either ran whole or not at all, so a
+// retry never applies half of one.
+func retryable(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, goredis.ErrClosed) {
+		return false
 	}
-	return nil
+	for _, prefix := range []string{"LOADING", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "BUSY", "MOVED", "ASK"} {
+		if goredis.HasErrorPrefix(err, prefix) {
+			return true
+		}
+	}
+	var netErr net.Error
+	return errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, goredis.ErrPoolTimeout)
 }
 
 // Reserve implements store.Store; the whole decision is reserve.lua.
@@ -230,10 +247,10 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 		return store.ReserveResult{}, fmt.Errorf("idem/redis: reserve: %w", err)
 	}
 	v, err := scriptReserve.Run(ctx, s.client, s.scriptKeys(p.Scope, p.Key),
-		s.now(), p.Scope, p.Key, p.Fingerprint, micros(p.Lease), micros(p.TTL),
+		s.now(), p.Scope, p.Key, p.Fingerprint, store.Micros(p.Lease), store.Micros(p.TTL),
 		string(p.LeasePolicy), s.graceMS()).Result()
 	if err != nil {
-		return store.ReserveResult{}, fmt.Errorf("idem/redis: reserve: %w", err)
+		return store.ReserveResult{}, wrap("reserve", err)
 	}
 	reply, ok := v.([]any)
 	if !ok || len(reply) != 2 {
@@ -248,13 +265,14 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 }
 
 // fenced runs a transition guarded by state in_progress and the fence.
-func (s *Store) fenced(ctx context.Context, op string, sc *goredis.Script, fp store.FenceParams, args ...any) error {
-	if err := checkIdentity(fp.Scope, fp.Key); err != nil {
-		return fmt.Errorf("idem/redis: %s: %w", op, err)
+// valid is the parameters' Validate.
+func (s *Store) fenced(ctx context.Context, op string, valid error, sc *goredis.Script, fp store.FenceParams, args ...any) error {
+	if valid != nil {
+		return fmt.Errorf("idem/redis: %s: %w", op, valid)
 	}
 	code, err := sc.Run(ctx, s.client, s.scriptKeys(fp.Scope, fp.Key), args...).Int64()
 	if err != nil {
-		return fmt.Errorf("idem/redis: %s: %w", op, err)
+		return wrap(op, err)
 	}
 	if code != codeDone {
 		return fmt.Errorf("idem/redis: %s: %w", op, store.ErrLeaseLost)
@@ -264,52 +282,49 @@ func (s *Store) fenced(ctx context.Context, op string, sc *goredis.Script, fp st
 
 // Complete implements store.Store.
 func (s *Store) Complete(ctx context.Context, p store.CompleteParams) error {
-	if p.TTL < 0 {
-		return invalid("negative ttl")
+	if err := p.Validate(); err != nil {
+		return fmt.Errorf("idem/redis: complete: %w", err)
 	}
 	resp, err := responseArgs(&p.Response)
 	if err != nil {
 		return err
 	}
-	args := append([]any{s.now(), s.graceMS(), p.Fence, micros(p.TTL)}, resp...)
-	return s.fenced(ctx, "complete", scriptComplete, p.FenceParams, args...)
+	args := append([]any{s.now(), s.graceMS(), p.Fence, store.Micros(p.TTL)}, resp...)
+	return s.fenced(ctx, "complete", nil, scriptComplete, p.FenceParams, args...)
 }
 
 // Release implements store.Store.
 func (s *Store) Release(ctx context.Context, p store.ReleaseParams) error {
-	return s.fenced(ctx, "release", scriptRelease, p.FenceParams,
+	return s.fenced(ctx, "release", p.Validate(), scriptRelease, p.FenceParams,
 		s.now(), s.graceMS(), p.Fence, string(store.StateFailedRetryable), p.Error)
 }
 
 // MarkUnknown implements store.Store.
 func (s *Store) MarkUnknown(ctx context.Context, p store.ReleaseParams) error {
-	return s.fenced(ctx, "mark unknown", scriptRelease, p.FenceParams,
+	return s.fenced(ctx, "mark unknown", p.Validate(), scriptRelease, p.FenceParams,
 		s.now(), s.graceMS(), p.Fence, string(store.StateUnknown), p.Error)
 }
 
 // Checkpoint implements store.Store.
 func (s *Store) Checkpoint(ctx context.Context, p store.CheckpointParams) error {
-	return s.fenced(ctx, "checkpoint", scriptCheckpoint, p.FenceParams,
+	return s.fenced(ctx, "checkpoint", p.Validate(), scriptCheckpoint, p.FenceParams,
 		s.now(), p.Fence, p.RecoveryPoint)
 }
 
 // Extend implements store.Store.
 func (s *Store) Extend(ctx context.Context, p store.ExtendParams) error {
-	if p.Lease <= 0 {
-		return invalid("lease must be positive")
-	}
-	return s.fenced(ctx, "extend", scriptExtend, p.FenceParams,
-		s.now(), s.graceMS(), p.Fence, micros(p.Lease))
+	return s.fenced(ctx, "extend", p.Validate(), scriptExtend, p.FenceParams,
+		s.now(), s.graceMS(), p.Fence, store.Micros(p.Lease))
 }
 
 // Get implements store.Store.
 func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error) {
-	if err := checkIdentity(scope, key); err != nil {
+	if err := store.CheckID(scope, key); err != nil {
 		return store.Record{}, fmt.Errorf("idem/redis: get: %w", err)
 	}
 	m, err := s.client.HGetAll(ctx, s.recordKey(scope, key)).Result()
 	if err != nil {
-		return store.Record{}, fmt.Errorf("idem/redis: get: %w", err)
+		return store.Record{}, wrap("get", err)
 	}
 	rec, err := decodeRecord(pairs(m))
 	if err != nil {
@@ -320,12 +335,12 @@ func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error
 
 // Delete implements store.Store.
 func (s *Store) Delete(ctx context.Context, scope, key string) error {
-	if err := checkIdentity(scope, key); err != nil {
+	if err := store.CheckID(scope, key); err != nil {
 		return fmt.Errorf("idem/redis: delete: %w", err)
 	}
 	n, err := scriptDelete.Run(ctx, s.client, s.scriptKeys(scope, key)).Int64()
 	if err != nil {
-		return fmt.Errorf("idem/redis: delete: %w", err)
+		return wrap("delete", err)
 	}
 	switch n {
 	case 0:
@@ -340,7 +355,7 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 func (s *Store) unknownOnly(ctx context.Context, op string, sc *goredis.Script, scope, key string, args ...any) error {
 	code, err := sc.Run(ctx, s.client, s.scriptKeys(scope, key), args...).Int64()
 	if err != nil {
-		return fmt.Errorf("idem/redis: %s: %w", op, err)
+		return wrap(op, err)
 	}
 	switch code {
 	case codeDone:
@@ -357,9 +372,6 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 	if err := p.Validate(); err != nil {
 		return fmt.Errorf("idem/redis: resolve: %w", err)
 	}
-	if p.TTL < 0 {
-		return invalid("negative ttl")
-	}
 	resp := &store.Response{}
 	if p.To == store.StateCompleted {
 		resp = p.Response
@@ -368,18 +380,15 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 	if err != nil {
 		return err
 	}
-	args := append([]any{s.now(), s.graceMS(), string(p.To), micros(p.TTL)}, rargs...)
+	args := append([]any{s.now(), s.graceMS(), string(p.To), store.Micros(p.TTL)}, rargs...)
 	return s.unknownOnly(ctx, "resolve", scriptResolve, p.Scope, p.Key, args...)
 }
 
 // Defer implements store.Store.
 func (s *Store) Defer(ctx context.Context, p store.DeferParams) error {
-	if err := checkIdentity(p.Scope, p.Key); err != nil {
+	if err := p.Validate(); err != nil {
 		return fmt.Errorf("idem/redis: defer: %w", err)
 	}
-	if p.Delay < 0 {
-		return invalid("negative delay")
-	}
 	return s.unknownOnly(ctx, "defer", scriptDefer, p.Scope, p.Key,
-		s.now(), s.graceMS(), micros(p.Delay), p.Error)
+		s.now(), s.graceMS(), store.Micros(p.Delay), p.Error, flag(p.DeadLetter))
 }

@@ -16,6 +16,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/storetest"
 )
@@ -26,7 +27,7 @@ func redisAddr(t testing.TB) string {
 	t.Helper()
 	addr := os.Getenv("IDEM_TEST_REDIS_ADDR")
 	if addr == "" {
-		t.Skip("IDEM_TEST_REDIS_ADDR is not set (e.g. 127.0.0.1:6379): skipping Redis tests")
+		testenv.Skip(t, "IDEM_TEST_REDIS_ADDR is not set (e.g. 127.0.0.1:6379): skipping Redis tests")
 	}
 	return addr
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 
@@ -70,7 +71,10 @@ func (s *Store) batch(ctx context.Context, calls []call) ([]any, error) {
 // entries than the ones kept; a second round asks those shards alone for
 // what lies between their last entry and the limit-th lowest score found
 // (or for up to limit more, when fewer than limit were found).
-func (s *Store) candidates(ctx context.Context, due bool, limit int, indexes ...int) ([]candidate, error) {
+//
+// due is "" for every entry, else the lag (microseconds, as a string) behind
+// now that an entry's score must not pass: "0" for what is due now.
+func (s *Store) candidates(ctx context.Context, due string, limit int, indexes ...int) ([]candidate, error) {
 	now := s.now()
 	page := min(limit, max(8, 2*((limit+shardCount-1)/shardCount)))
 	lists := make([]indexList, 0, shardCount*len(indexes))
@@ -78,7 +82,7 @@ func (s *Store) candidates(ctx context.Context, due bool, limit int, indexes ...
 	for sh := range shardCount {
 		all := s.indexKeys(sh)
 		keys := make([]string, len(indexes))
-		args := []any{now, flag(due), page, "+inf"}
+		args := []any{now, due, page, "+inf"}
 		for i, ix := range indexes {
 			keys[i] = all[ix]
 			args = append(args, "-inf")
@@ -107,7 +111,7 @@ func (s *Store) candidates(ctx context.Context, due bool, limit int, indexes ...
 
 	bound := "+inf"
 	if len(found) >= limit {
-		bound = strconv.FormatInt(found[limit-1].score, 10)
+		bound = scoreArg(found[limit-1].score)
 	}
 	var again []call
 	var againShards []int
@@ -120,7 +124,7 @@ func (s *Store) candidates(ctx context.Context, due bool, limit int, indexes ...
 			continue // all it hides scores above what is kept
 		}
 		again = append(again, call{scriptDue, []string{l.key},
-			[]any{now, flag(due), limit, bound, strconv.FormatInt(last, 10)}})
+			[]any{now, due, limit, bound, scoreArg(last)}})
 		againShards = append(againShards, l.shard)
 	}
 	if len(again) > 0 {
@@ -173,14 +177,27 @@ func parseEntries(shard int, reply any) ([]candidate, error) {
 	for i := 0; i+1 < len(flat); i += 2 {
 		member, _ := flat[i].(string)
 		raw, _ := flat[i+1].(string)
-		// Scores are integral microseconds below 2^53, exact in a float64.
+		// Scores are integral microseconds below 2^53, exact in a float64,
+		// or +inf (a dead-lettered record).
 		score, err := strconv.ParseFloat(raw, 64)
 		if err != nil {
 			return nil, fmt.Errorf("malformed index score %q: %w", raw, err)
 		}
-		out = append(out, candidate{shard: shard, member: member, score: int64(score)})
+		c := candidate{shard: shard, member: member, score: math.MaxInt64}
+		if !math.IsInf(score, 1) {
+			c.score = int64(score)
+		}
+		out = append(out, c)
 	}
 	return out, nil
+}
+
+// scoreArg is a score as a ZRANGEBYSCORE bound.
+func scoreArg(score int64) string {
+	if score == math.MaxInt64 {
+		return "+inf"
+	}
+	return strconv.FormatInt(score, 10)
 }
 
 func sortCandidates(c []candidate) {
@@ -211,16 +228,17 @@ func (s *Store) perShard(cands []candidate, sc *goredis.Script, args []any) []ca
 // unknown are indexed for the sweeper, so records under retry or resume
 // never fill its batch.
 func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]store.Record, error) {
-	if p.Limit <= 0 {
-		return nil, invalid("sweep limit must be positive")
+	if err := p.Validate(); err != nil {
+		return nil, err
 	}
-	cands, err := s.candidates(ctx, true, p.Limit, idxLease)
+	lag := strconv.FormatInt(store.Micros(p.Grace), 10)
+	cands, err := s.candidates(ctx, lag, p.Limit, idxLease)
 	if err != nil {
-		return nil, fmt.Errorf("idem/redis: sweep: %w", err)
+		return nil, wrap("sweep", err)
 	}
-	replies, err := s.batch(ctx, s.perShard(cands, scriptSweep, []any{s.now(), s.graceMS()}))
+	replies, err := s.batch(ctx, s.perShard(cands, scriptSweep, []any{s.now(), s.graceMS(), lag}))
 	if err != nil {
-		return nil, fmt.Errorf("idem/redis: sweep: %w", err)
+		return nil, wrap("sweep", err)
 	}
 	var out []store.Record
 	for _, reply := range replies {
@@ -241,26 +259,21 @@ func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]
 
 // Reap implements store.Store.
 func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult, error) {
-	switch {
-	case p.Limit <= 0:
-		return store.ReapResult{}, invalid("reap limit must be positive")
-	case p.Abandoned.Status == 0:
-		return store.ReapResult{}, invalid("reap needs the abandoned response")
-	case p.AbandonedTTL < 0:
-		return store.ReapResult{}, invalid("negative abandoned ttl")
+	if err := p.Validate(); err != nil {
+		return store.ReapResult{}, err
 	}
 	resp, err := responseArgs(&p.Abandoned)
 	if err != nil {
 		return store.ReapResult{}, err
 	}
-	cands, err := s.candidates(ctx, true, p.Limit, idxTerm, idxOpen)
+	cands, err := s.candidates(ctx, "0", p.Limit, idxTerm, idxOpen)
 	if err != nil {
-		return store.ReapResult{}, fmt.Errorf("idem/redis: reap: %w", err)
+		return store.ReapResult{}, wrap("reap", err)
 	}
-	args := append([]any{s.now(), s.graceMS(), flag(p.Soft), micros(p.AbandonedTTL)}, resp...)
+	args := append([]any{s.now(), s.graceMS(), flag(p.Soft), store.Micros(p.AbandonedTTL)}, resp...)
 	replies, err := s.batch(ctx, s.perShard(cands, scriptReap, args))
 	if err != nil {
-		return store.ReapResult{}, fmt.Errorf("idem/redis: reap: %w", err)
+		return store.ReapResult{}, wrap("reap", err)
 	}
 	var res store.ReapResult
 	for _, reply := range replies {
@@ -280,12 +293,16 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 // a record whose state or schedule changed between the two phases is left
 // out (the next call sees it as it is then).
 func (s *Store) ListUnknown(ctx context.Context, p store.ListUnknownParams) ([]store.Record, error) {
-	if p.Limit <= 0 {
-		return nil, invalid("list limit must be positive")
+	if err := p.Validate(); err != nil {
+		return nil, err
 	}
-	cands, err := s.candidates(ctx, p.DueOnly, p.Limit, idxUnknown)
+	due := ""
+	if p.DueOnly {
+		due = "0"
+	}
+	cands, err := s.candidates(ctx, due, p.Limit, idxUnknown)
 	if err != nil {
-		return nil, fmt.Errorf("idem/redis: list unknown: %w", err)
+		return nil, wrap("list unknown", err)
 	}
 	pipe := s.client.Pipeline()
 	cmds := make([]*goredis.MapStringStringCmd, len(cands))
@@ -294,7 +311,7 @@ func (s *Store) ListUnknown(ctx context.Context, p store.ListUnknownParams) ([]s
 	}
 	if len(cands) > 0 {
 		if _, err := pipe.Exec(ctx); err != nil {
-			return nil, fmt.Errorf("idem/redis: list unknown: %w", err)
+			return nil, wrap("list unknown", err)
 		}
 	}
 	out := make([]store.Record, 0, len(cands))
@@ -306,7 +323,11 @@ func (s *Store) ListUnknown(ctx context.Context, p store.ListUnknownParams) ([]s
 		if err != nil {
 			return nil, fmt.Errorf("idem/redis: list unknown: %w", err)
 		}
-		if rec.State != store.StateUnknown || rec.ReconcileAfter.UnixMicro() != cands[i].score {
+		want := rec.ReconcileAfter.UnixMicro()
+		if rec.DeadLettered() {
+			want = math.MaxInt64
+		}
+		if rec.State != store.StateUnknown || want != cands[i].score {
 			continue
 		}
 		out = append(out, rec)

@@ -12,7 +12,7 @@ var _ store.TxStore[*sql.Tx] = (*Store)(nil)
 
 // InTx runs fn in an immediate transaction on the writer and commits it
 // when fn returns nil (rolls back otherwise). With CheckpointTx it makes
-// the store an idem.PhaseStore[*sql.Tx] for atomic phases.
+// the store a phase.Store[*sql.Tx] for atomic phases.
 func (s *Store) InTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	return sqltx.Run(ctx, s.DB(), fn)
 }

@@ -12,7 +12,7 @@ package sqlite
 const recordColumns = `scope, key, fingerprint, state, fence, lease_policy, locked_until,
 	recovery_point, response_status, response_headers, response_body, response_body IS NULL,
 	response_body_omitted, last_error, attempts, created_at, updated_at, completed_at, expires_at,
-	reconcile_after, reconcile_attempts`
+	reconcile_after, reconcile_attempts, dead_lettered_at`
 
 const qGet = `SELECT ` + recordColumns + ` FROM idem_records WHERE scope = ?1 AND key = ?2`
 
@@ -137,7 +137,7 @@ const qDelete = `DELETE FROM idem_records WHERE scope = ?1 AND key = ?2 AND stat
 const qState = `SELECT state FROM idem_records WHERE scope = ?1 AND key = ?2`
 
 // qSweep moves up to ?2 expired leases under policy unknown to unknown.
-// ?1 now.
+// ?1 now, ?3 the latest lease end swept (now minus the sweeper's grace).
 const qSweep = `UPDATE idem_records SET
 	state = 'unknown',
 	reconcile_after = ?1,
@@ -145,7 +145,7 @@ const qSweep = `UPDATE idem_records SET
 	updated_at = ?1
 WHERE rowid IN (
 	SELECT rowid FROM idem_records
-	WHERE state = 'in_progress' AND lease_policy = 'unknown' AND locked_until <= ?1
+	WHERE state = 'in_progress' AND lease_policy = 'unknown' AND locked_until <= ?3
 	ORDER BY locked_until
 	LIMIT ?2)
 RETURNING ` + recordColumns
@@ -182,7 +182,8 @@ const qReapAbandon = `UPDATE idem_records SET
 	completed_at = ?1,
 	updated_at = ?1,
 	expires_at = ?7,
-	reconcile_after = NULL
+	reconcile_after = NULL,
+	dead_lettered_at = NULL
 WHERE rowid IN (
 	SELECT rowid FROM idem_records
 	WHERE state IN ('in_progress', 'unknown') AND expires_at <= ?1
@@ -192,7 +193,7 @@ WHERE rowid IN (
 
 // qListUnknownDue: ?1 now, ?2 limit.
 const qListUnknownDue = `SELECT ` + recordColumns + ` FROM idem_records
-WHERE state = 'unknown' AND reconcile_after <= ?1
+WHERE state = 'unknown' AND reconcile_after <= ?1 AND dead_lettered_at IS NULL
 ORDER BY reconcile_after
 LIMIT ?2`
 
@@ -216,6 +217,7 @@ const qResolve = `UPDATE idem_records SET
 	completed_at = ?8,
 	last_error = CASE WHEN ?3 = 'completed' THEN '' ELSE last_error END,
 	reconcile_after = NULL,
+	dead_lettered_at = NULL,
 	updated_at = ?9,
 	expires_at = coalesce(?10, expires_at)
 WHERE scope = ?1 AND key = ?2 AND state = 'unknown'`
@@ -226,6 +228,14 @@ const qDefer = `UPDATE idem_records SET
 	reconcile_after = ?3,
 	last_error = ?4,
 	updated_at = ?5
+WHERE scope = ?1 AND key = ?2 AND state = 'unknown'`
+
+// qDeadLetter gives up on an unknown record. ?3 now, ?4 error.
+const qDeadLetter = `UPDATE idem_records SET
+	reconcile_attempts = reconcile_attempts + 1,
+	dead_lettered_at = ?3,
+	last_error = ?4,
+	updated_at = ?3
 WHERE scope = ?1 AND key = ?2 AND state = 'unknown'`
 
 // qPing reads the schema page, so it fails when the file cannot be read.

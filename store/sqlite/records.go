@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/store"
+
+	msqlite "modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
 )
 
 // Reserve implements [store.Store]. A replay (or any other answer that
@@ -24,20 +27,20 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 		// instant.
 		rec, err := getRecord(ctx, s.read(), p.Scope, p.Key)
 		switch {
-		case err == nil && decide(&rec, s.now(), &p) == actExisting:
+		case err == nil && store.Decide(&rec, &p, s.now()) == store.ActExisting:
 			return store.ReserveResult{Outcome: store.Existing, Record: rec}, nil
 		case err != nil && !errors.Is(err, store.ErrNotFound):
-			return store.ReserveResult{}, fmt.Errorf("idem/sqlite: reserve: %w", err)
+			return store.ReserveResult{}, wrap("reserve", err)
 		}
 	}
 	var res store.ReserveResult
-	err := s.inTx(ctx, func(tx querier) error {
+	err := s.write(ctx, true, func(ctx context.Context, tx querier) error {
 		var err error
 		res, err = s.reserve(ctx, tx, &p)
 		return err
 	})
 	if err != nil {
-		return store.ReserveResult{}, fmt.Errorf("idem/sqlite: reserve: %w", err)
+		return store.ReserveResult{}, wrap("reserve", err)
 	}
 	return res, nil
 }
@@ -50,47 +53,17 @@ func (s *Store) ReserveTx(ctx context.Context, tx *sql.Tx, p store.ReserveParams
 	}
 	res, err := s.reserve(ctx, tx, &p)
 	if err != nil {
-		return store.ReserveResult{}, fmt.Errorf("idem/sqlite: reserve: %w", err)
+		return store.ReserveResult{}, wrap("reserve", err)
 	}
 	return res, nil
-}
-
-// action is what Reserve does to an existing record.
-type action int
-
-const (
-	actExisting     action = iota // return it untouched
-	actCreate                     // replace it with a new record, a greater fence
-	actReclaim                    // failed_retryable -> in_progress
-	actTakeOver                   // expired lease, policy retry/resume
-	actLeaseExpired               // expired lease, policy unknown -> unknown
-)
-
-// decide applies the rules of [store.Store.Reserve] to an existing record,
-// in the order of its doc comment.
-func decide(r *store.Record, now time.Time, p *store.ReserveParams) action {
-	switch {
-	case r.State == store.StateExpired || (r.State.Terminal() && !now.Before(r.ExpiresAt)):
-		return actCreate
-	case r.Fingerprint != p.Fingerprint:
-		return actExisting
-	case r.State == store.StateFailedRetryable:
-		return actReclaim
-	case r.LeaseExpired(now):
-		if r.LeasePolicy == store.LeaseUnknown {
-			return actLeaseExpired
-		}
-		return actTakeOver
-	}
-	return actExisting
 }
 
 // reserve must run in an immediate transaction: nothing may change the row
 // between the statements.
 func (s *Store) reserve(ctx context.Context, q querier, p *store.ReserveParams) (store.ReserveResult, error) {
 	now := s.now()
-	lockedUntil := now.Add(p.Lease).UnixMicro()
-	expiresAt := now.Add(p.TTL).UnixMicro()
+	lockedUntil := after(now, p.Lease)
+	expiresAt := after(now, p.TTL)
 
 	// The common case, a new key, is this one statement.
 	rec, err := scanRecord(q.QueryRowContext(ctx, qCreate,
@@ -111,19 +84,19 @@ func (s *Store) reserve(ctx context.Context, q querier, p *store.ReserveParams) 
 		query   string
 		args    []any
 	)
-	switch decide(&rec, now, p) {
-	case actExisting:
+	switch store.Decide(&rec, p, now) {
+	case store.ActExisting:
 		return store.ReserveResult{Outcome: store.Existing, Record: rec}, nil
-	case actReclaim:
+	case store.ActReclaim:
 		outcome, query = store.Reclaimed, qReclaim
 		args = []any{p.Scope, p.Key, p.Fingerprint, lockedUntil, now.UnixMicro(), expiresAt}
-	case actTakeOver:
+	case store.ActTakeOver:
 		outcome, query = store.TakenOver, qTakeOver
 		args = []any{p.Scope, p.Key, p.Fingerprint, lockedUntil, now.UnixMicro()}
-	case actLeaseExpired:
+	case store.ActLeaseExpired:
 		query = qLeaseExpired
 		args = []any{p.Scope, p.Key, now.UnixMicro()}
-	default: // actCreate: qCreate would have taken it
+	default: // ActCreate: qCreate would have taken it
 		return store.ReserveResult{}, errChanged(nil)
 	}
 	rec, err = scanRecord(q.QueryRowContext(ctx, query, args...))
@@ -144,7 +117,7 @@ func errChanged(err error) error {
 
 // Complete implements [store.Store].
 func (s *Store) Complete(ctx context.Context, p store.CompleteParams) error {
-	return s.complete(ctx, s.writer(), &p)
+	return s.write(ctx, false, func(ctx context.Context, q querier) error { return s.complete(ctx, q, &p) })
 }
 
 // CompleteTx is Complete inside the caller's transaction: the response is
@@ -154,10 +127,7 @@ func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, p store.CompletePara
 }
 
 func (s *Store) complete(ctx context.Context, q querier, p *store.CompleteParams) error {
-	if err := validFence(&p.FenceParams); err != nil {
-		return err
-	}
-	if err := validResponse(&p.Response); err != nil {
+	if err := p.Validate(); err != nil {
 		return err
 	}
 	resp, err := encodeResponse(&p.Response)
@@ -167,7 +137,7 @@ func (s *Store) complete(ctx context.Context, q querier, p *store.CompleteParams
 	now := s.now()
 	var expiresAt sql.NullInt64
 	if p.TTL > 0 {
-		expiresAt = sql.NullInt64{Int64: now.Add(p.TTL).UnixMicro(), Valid: true}
+		expiresAt = sql.NullInt64{Int64: after(now, p.TTL), Valid: true}
 	}
 	return fenced(ctx, q, "complete", qComplete, p.Scope, p.Key, p.Fence,
 		resp.status, resp.headers, resp.body, resp.omitted, now.UnixMicro(), expiresAt)
@@ -175,7 +145,7 @@ func (s *Store) complete(ctx context.Context, q querier, p *store.CompleteParams
 
 // Release implements [store.Store].
 func (s *Store) Release(ctx context.Context, p store.ReleaseParams) error {
-	if err := validFence(&p.FenceParams); err != nil {
+	if err := p.Validate(); err != nil {
 		return err
 	}
 	return fenced(ctx, s.writer(), "release", qRelease, p.Scope, p.Key, p.Fence,
@@ -184,7 +154,7 @@ func (s *Store) Release(ctx context.Context, p store.ReleaseParams) error {
 
 // MarkUnknown implements [store.Store].
 func (s *Store) MarkUnknown(ctx context.Context, p store.ReleaseParams) error {
-	if err := validFence(&p.FenceParams); err != nil {
+	if err := p.Validate(); err != nil {
 		return err
 	}
 	return fenced(ctx, s.writer(), "mark unknown", qMarkUnknown, p.Scope, p.Key, p.Fence,
@@ -203,7 +173,7 @@ func (s *Store) CheckpointTx(ctx context.Context, tx *sql.Tx, p store.Checkpoint
 }
 
 func (s *Store) checkpoint(ctx context.Context, q querier, p *store.CheckpointParams) error {
-	if err := validFence(&p.FenceParams); err != nil {
+	if err := p.Validate(); err != nil {
 		return err
 	}
 	return fenced(ctx, q, "checkpoint", qCheckpoint, p.Scope, p.Key, p.Fence,
@@ -212,26 +182,23 @@ func (s *Store) checkpoint(ctx context.Context, q querier, p *store.CheckpointPa
 
 // Extend implements [store.Store].
 func (s *Store) Extend(ctx context.Context, p store.ExtendParams) error {
-	if err := validFence(&p.FenceParams); err != nil {
+	if err := p.Validate(); err != nil {
 		return err
-	}
-	if p.Lease <= 0 {
-		return invalid("lease must be positive")
 	}
 	now := s.now()
 	return fenced(ctx, s.writer(), "extend", qExtend, p.Scope, p.Key, p.Fence,
-		now.Add(p.Lease).UnixMicro(), now.UnixMicro())
+		after(now, p.Lease), now.UnixMicro())
 }
 
 // fenced runs one of the lease holder's guarded updates.
 func fenced(ctx context.Context, q querier, op, query string, args ...any) error {
 	res, err := q.ExecContext(ctx, query, args...)
 	if err != nil {
-		return fmt.Errorf("idem/sqlite: %s: %w", op, err)
+		return wrap(op, err)
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
-		return fmt.Errorf("idem/sqlite: %s: %w", op, err)
+		return wrap(op, err)
 	}
 	if n == 0 {
 		return fmt.Errorf("idem/sqlite: %s: %w", op, store.ErrLeaseLost)
@@ -241,12 +208,12 @@ func fenced(ctx context.Context, q querier, op, query string, args ...any) error
 
 // Get implements [store.Store].
 func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error) {
-	if scope == "" || key == "" {
-		return store.Record{}, invalid("scope and key are required")
+	if err := store.CheckID(scope, key); err != nil {
+		return store.Record{}, err
 	}
 	rec, err := getRecord(ctx, s.read(), scope, key)
 	if err != nil {
-		return store.Record{}, fmt.Errorf("idem/sqlite: get: %w", err)
+		return store.Record{}, wrap("get", err)
 	}
 	return rec, nil
 }
@@ -257,8 +224,8 @@ func getRecord(ctx context.Context, q querier, scope, key string) (store.Record,
 
 // Delete implements [store.Store].
 func (s *Store) Delete(ctx context.Context, scope, key string) error {
-	if scope == "" || key == "" {
-		return invalid("scope and key are required")
+	if err := store.CheckID(scope, key); err != nil {
+		return err
 	}
 	res, err := s.writer().ExecContext(ctx, qDelete, scope, key)
 	if err == nil {
@@ -271,7 +238,7 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("idem/sqlite: delete: %w", err)
+		return wrap("delete", err)
 	}
 	return nil
 }
@@ -279,12 +246,14 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 // SweepExpiredLeases implements [store.Store]. One statement selects and
 // moves the batch, so concurrent sweepers never move a record twice.
 func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]store.Record, error) {
-	if p.Limit <= 0 {
-		return nil, invalid("limit must be positive")
+	if err := p.Validate(); err != nil {
+		return nil, err
 	}
-	recs, err := queryRecords(ctx, s.writer(), qSweep, s.now().UnixMicro(), p.Limit)
+	now := s.now()
+	recs, err := queryRecords(ctx, s.writer(), qSweep, now.UnixMicro(), p.Limit,
+		now.UnixMicro()-store.Micros(p.Grace))
 	if err != nil {
-		return nil, fmt.Errorf("idem/sqlite: sweep: %w", err)
+		return nil, wrap("sweep", err)
 	}
 	return recs, nil
 }
@@ -294,13 +263,7 @@ func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]
 // partial indexes on expires_at, so a call holds the write lock only for
 // p.Limit rows.
 func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult, error) {
-	if p.Limit <= 0 {
-		return store.ReapResult{}, invalid("limit must be positive")
-	}
-	if p.AbandonedTTL < 0 {
-		return store.ReapResult{}, invalid("abandoned ttl must not be negative")
-	}
-	if err := validResponse(&p.Abandoned); err != nil {
+	if err := p.Validate(); err != nil {
 		return store.ReapResult{}, err
 	}
 	resp, err := encodeResponse(&p.Abandoned)
@@ -321,12 +284,12 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 		out.Deleted = n
 		if left := p.Limit - n; left > 0 {
 			out.Abandoned, err = execCount(ctx, tx, qReapAbandon, now.UnixMicro(), left,
-				resp.status, resp.headers, resp.body, resp.omitted, now.Add(p.AbandonedTTL).UnixMicro())
+				resp.status, resp.headers, resp.body, resp.omitted, after(now, p.AbandonedTTL))
 		}
 		return err
 	})
 	if err != nil {
-		return store.ReapResult{}, fmt.Errorf("idem/sqlite: reap: %w", err)
+		return store.ReapResult{}, wrap("reap", err)
 	}
 	return out, nil
 }
@@ -342,8 +305,8 @@ func execCount(ctx context.Context, q querier, query string, args ...any) (int, 
 
 // ListUnknown implements [store.Store].
 func (s *Store) ListUnknown(ctx context.Context, p store.ListUnknownParams) ([]store.Record, error) {
-	if p.Limit <= 0 {
-		return nil, invalid("limit must be positive")
+	if err := p.Validate(); err != nil {
+		return nil, err
 	}
 	var (
 		recs []store.Record
@@ -355,7 +318,7 @@ func (s *Store) ListUnknown(ctx context.Context, p store.ListUnknownParams) ([]s
 		recs, err = queryRecords(ctx, s.read(), qListUnknownAll, p.Limit)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("idem/sqlite: list unknown: %w", err)
+		return nil, wrap("list unknown", err)
 	}
 	return recs, nil
 }
@@ -369,9 +332,6 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 	var completedAt sql.NullInt64
 	now := s.now()
 	if p.To == store.StateCompleted {
-		if err := validResponse(p.Response); err != nil {
-			return err
-		}
 		var err error
 		if resp, err = encodeResponse(p.Response); err != nil {
 			return err
@@ -380,7 +340,7 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 	}
 	var expiresAt sql.NullInt64
 	if p.TTL > 0 {
-		expiresAt = sql.NullInt64{Int64: now.Add(p.TTL).UnixMicro(), Valid: true}
+		expiresAt = sql.NullInt64{Int64: after(now, p.TTL), Valid: true}
 	}
 	return s.settle(ctx, "resolve", p.Scope, p.Key, qResolve, p.Scope, p.Key, string(p.To),
 		resp.status, resp.headers, resp.body, resp.omitted, completedAt, now.UnixMicro(), expiresAt)
@@ -388,15 +348,16 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 
 // Defer implements [store.Store].
 func (s *Store) Defer(ctx context.Context, p store.DeferParams) error {
-	if p.Scope == "" || p.Key == "" {
-		return invalid("scope and key are required")
-	}
-	if p.Delay < 0 {
-		return invalid("delay must not be negative")
+	if err := p.Validate(); err != nil {
+		return err
 	}
 	now := s.now()
+	if p.DeadLetter {
+		return s.settle(ctx, "dead letter", p.Scope, p.Key, qDeadLetter, p.Scope, p.Key,
+			now.UnixMicro(), p.Error)
+	}
 	return s.settle(ctx, "defer", p.Scope, p.Key, qDefer, p.Scope, p.Key,
-		now.Add(p.Delay).UnixMicro(), p.Error, now.UnixMicro())
+		after(now, p.Delay), p.Error, now.UnixMicro())
 }
 
 // settle runs an update guarded by state = 'unknown' and, when it changes
@@ -418,28 +379,30 @@ func (s *Store) settle(ctx context.Context, op, scope, key, query string, args .
 		return fmt.Errorf("%w: state is %s", store.ErrStateConflict, state)
 	})
 	if err != nil {
-		return fmt.Errorf("idem/sqlite: %s: %w", op, err)
+		return wrap(op, err)
 	}
 	return nil
 }
 
-func validFence(p *store.FenceParams) error {
-	if p.Scope == "" || p.Key == "" {
-		return invalid("scope and key are required")
+// wrap prefixes an error with the operation and marks the transient ones
+// retryable (store.IsRetryable): SQLITE_BUSY, another process held the write
+// lock past the busy timeout, and SQLITE_LOCKED, a conflict inside this
+// process's shared cache; both roll back only the failed statement or
+// transaction.
+func wrap(op string, err error) error {
+	var e *msqlite.Error
+	if errors.As(err, &e) {
+		switch e.Code() & 0xff {
+		case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
+			err = store.Retryable(err)
+		}
 	}
-	return nil
+	return fmt.Errorf("idem/sqlite: %s: %w", op, err)
 }
 
-func validResponse(r *store.Response) error {
-	if r.Status < 100 || r.Status > 999 {
-		return invalid(fmt.Sprintf("response status %d out of range", r.Status))
-	}
-	return nil
-}
-
-func invalid(msg string) error {
-	return fmt.Errorf("idem/sqlite: %w: %s", store.ErrInvalidParams, msg)
-}
+// after is now plus d in unix microseconds, d rounded up as every store
+// rounds durations.
+func after(now time.Time, d time.Duration) int64 { return now.UnixMicro() + store.Micros(d) }
 
 // encodedResponse is a store.Response as bound to the response_* columns.
 type encodedResponse struct {
@@ -477,6 +440,7 @@ func scanRecord(sc scanner) (store.Record, error) {
 		state, policy                          string
 		lockedUntil, createdAt, updatedAt, exp int64
 		completedAt, reconcileAfter, status    sql.NullInt64
+		deadLetteredAt                         sql.NullInt64
 		headers                                sql.NullString
 		body                                   []byte
 		bodyNull, omitted                      bool
@@ -484,7 +448,7 @@ func scanRecord(sc scanner) (store.Record, error) {
 	err := sc.Scan(&r.Scope, &r.Key, &r.Fingerprint, &state, &r.Fence, &policy, &lockedUntil,
 		&r.RecoveryPoint, &status, &headers, &body, &bodyNull, &omitted,
 		&r.LastError, &r.Attempts, &createdAt, &updatedAt, &completedAt, &exp,
-		&reconcileAfter, &r.ReconcileAttempts)
+		&reconcileAfter, &r.ReconcileAttempts, &deadLetteredAt)
 	if errors.Is(err, sql.ErrNoRows) {
 		return store.Record{}, store.ErrNotFound
 	}
@@ -499,6 +463,7 @@ func scanRecord(sc scanner) (store.Record, error) {
 	r.ExpiresAt = fromMicros(exp)
 	r.CompletedAt = fromNullMicros(completedAt)
 	r.ReconcileAfter = fromNullMicros(reconcileAfter)
+	r.DeadLetteredAt = fromNullMicros(deadLetteredAt)
 	if status.Valid {
 		r.Response = &store.Response{Status: int(status.Int64), BodyOmitted: omitted}
 		if !omitted && !bodyNull && body == nil {

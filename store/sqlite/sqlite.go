@@ -17,6 +17,12 @@
 // lets run beside the writer: a replay never queues behind another
 // request's commit and its fsync.
 //
+// Writes of Reserve and Complete that queue for the writer while it is
+// busy run together when it frees, in one immediate transaction with one
+// savepoint per call, and share one commit and one fsync (group commit). A
+// write that finds the writer idle runs alone, at once: no call waits for a
+// timer. A call whose statements fail rolls back to its savepoint only.
+//
 // # Transactions
 //
 // [Store.DB] is the writer pool. A transaction begun on it is immediate, and
@@ -52,6 +58,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idem-go/idem/internal/groupcommit"
 	"github.com/idem-go/idem/internal/migrate"
 	"github.com/idem-go/idem/store"
 
@@ -109,6 +116,7 @@ type Store struct {
 	wst    *statements
 	rst    *statements // wst for an in-memory database
 	clock  store.Clock
+	group  *groupcommit.Group[*writeOp] // Reserve and Complete writes
 }
 
 // Open opens (creating if needed) the database at path and, unless
@@ -147,6 +155,7 @@ func Open(ctx context.Context, path string, cfg Config) (*Store, error) {
 	writer.SetConnMaxIdleTime(0)
 	s := &Store{db: writer, reader: writer, wst: &statements{db: writer}, clock: cfg.Clock}
 	s.rst = s.wst
+	s.newGroup()
 	if err := connect(ctx, writer, cfg.BusyTimeout); err != nil {
 		writer.Close()
 		return nil, fmt.Errorf("idem/sqlite: open %s: %w", path, err)
@@ -286,7 +295,7 @@ func appliedMigrations(ctx context.Context, q querier) (map[int]bool, error) {
 func (s *Store) Ping(ctx context.Context) error {
 	var n int
 	if err := s.reader.QueryRowContext(ctx, qPing).Scan(&n); err != nil {
-		return fmt.Errorf("idem/sqlite: ping: %w", err)
+		return wrap("ping", err)
 	}
 	return nil
 }
@@ -294,6 +303,7 @@ func (s *Store) Ping(ctx context.Context) error {
 // Close closes the database. Transactions begun on DB must be finished
 // first.
 func (s *Store) Close() error {
+	s.group.Wait()
 	errs := []error{s.wst.close()}
 	if s.reader != s.db {
 		errs = append(errs, s.rst.close(), s.reader.Close())

@@ -3,6 +3,7 @@ package sqlite_test
 import (
 	"bufio"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"io"
@@ -123,7 +124,7 @@ func TestMigrateIsIdempotent(t *testing.T) {
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"1 001_records"}; !reflect.DeepEqual(got, want) {
+	if want := []string{"1 001_records", "2 002_dead_letter"}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("idem_migrations = %q, want %q", got, want)
 	}
 }
@@ -193,94 +194,6 @@ func TestBusyTimeoutFailsClosed(t *testing.T) {
 }
 
 const businessTable = `CREATE TABLE IF NOT EXISTS payments (key TEXT PRIMARY KEY, amount INTEGER NOT NULL)`
-
-// The write-first API: the business write and the key's completion commit
-// together or not at all.
-func TestCompleteTxCommitsWithBusinessWrite(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	s := open(t, filepath.Join(t.TempDir(), "idem.db"), sqlite.Config{})
-	db := s.DB()
-	if _, err := db.ExecContext(ctx, businessTable); err != nil {
-		t.Fatal(err)
-	}
-	resp := store.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"ok":true}`)}
-	pay := func(rec store.Record, commit bool) {
-		t.Helper()
-		tx, err := db.BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Rollback()
-		if err := s.CheckpointTx(ctx, tx, store.CheckpointParams{FenceParams: fenceOf(rec), RecoveryPoint: "charging"}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO payments (key, amount) VALUES (?, 100)`, rec.Key); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.CompleteTx(ctx, tx, store.CompleteParams{FenceParams: fenceOf(rec), Response: resp}); err != nil {
-			t.Fatal(err)
-		}
-		if commit {
-			if err := tx.Commit(); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	payments := func(key string) int {
-		t.Helper()
-		var n int
-		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM payments WHERE key = ?`, key).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-
-	rec := mustReserve(t, s, reserveP("k", "fp", store.LeaseUnknown), store.Created)
-	pay(rec, false)
-	got, err := s.Get(ctx, "s", "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got.State != store.StateInProgress || got.Response != nil || got.RecoveryPoint != "" || payments("k") != 0 {
-		t.Fatalf("after rollback: state %s response %v point %q payments %d", got.State, got.Response, got.RecoveryPoint, payments("k"))
-	}
-
-	pay(rec, true)
-	got, err = s.Get(ctx, "s", "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got.State != store.StateCompleted || got.Response == nil || got.RecoveryPoint != "charging" || payments("k") != 1 {
-		t.Fatalf("after commit: state %s response %v point %q payments %d", got.State, got.Response, got.RecoveryPoint, payments("k"))
-	}
-}
-
-// ReserveTx inside a rolled-back transaction leaves no record behind.
-func TestReserveTxRollsBack(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	s := open(t, filepath.Join(t.TempDir(), "idem.db"), sqlite.Config{})
-	tx, err := s.DB().BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := s.ReserveTx(ctx, tx, reserveP("k", "fp", store.LeaseUnknown))
-	if err != nil || res.Outcome != store.Created {
-		t.Fatalf("ReserveTx: %v %v", res.Outcome, err)
-	}
-	// Inside the transaction the record is visible and behaves as reserved.
-	res, err = s.ReserveTx(ctx, tx, reserveP("k", "fp", store.LeaseUnknown))
-	if err != nil || res.Outcome != store.Existing {
-		t.Fatalf("second ReserveTx in the same transaction: %v %v", res.Outcome, err)
-	}
-	if err := tx.Rollback(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.Get(ctx, "s", "k"); !errors.Is(err, store.ErrNotFound) {
-		t.Fatalf("Get after rollback: %v, want ErrNotFound", err)
-	}
-}
 
 // Every field of records in every state survives a close and reopen, and a
 // nil body stays apart from an empty one.
@@ -545,4 +458,26 @@ func TestPathWithQuestionMark(t *testing.T) {
 		entries, _ := os.ReadDir(dir)
 		t.Fatalf("database file not at %q: %v (directory holds %v)", path, err, entries)
 	}
+}
+
+func TestConformanceTx(t *testing.T) {
+	storetest.RunTx(t, storetest.TxHarness[*sql.Tx]{
+		NewDatabase: func(t *testing.T, clock store.Clock) storetest.TxDatabase[*sql.Tx] {
+			s := open(t, filepath.Join(t.TempDir(), "idem.db"), sqlite.Config{Clock: clock})
+			if _, err := s.DB().ExecContext(context.Background(), businessTable); err != nil {
+				t.Fatal(err)
+			}
+			return storetest.TxDatabase[*sql.Tx]{
+				Store: s,
+				Write: func(ctx context.Context, tx *sql.Tx, id string) error {
+					_, err := tx.ExecContext(ctx, `INSERT INTO payments (key, amount) VALUES (?, 100)`, id)
+					return err
+				},
+				Count: func(ctx context.Context, id string) (n int, err error) {
+					err = s.DB().QueryRowContext(ctx, `SELECT count(*) FROM payments WHERE key = ?`, id).Scan(&n)
+					return n, err
+				},
+			}
+		},
+	})
 }

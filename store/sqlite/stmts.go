@@ -23,7 +23,7 @@ var (
 		qGet, qCreate, qReclaim, qTakeOver, qLeaseExpired,
 		qComplete, qRelease, qMarkUnknown, qCheckpoint, qExtend,
 		qDelete, qState, qSweep, qReapDelete, qReapSoft, qReapAbandon,
-		qResolve, qDefer,
+		qResolve, qDefer, qDeadLetter,
 	}
 	readerQueries = []string{qGet, qListUnknownDue, qListUnknownAll}
 )

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -183,6 +184,11 @@ func run(t *testing.T, h Harness) {
 	t.Run("InvalidParams", func(t *testing.T) { testInvalid(t, h) })
 	t.Run("List", func(t *testing.T) { testList(t, h) })
 	t.Run("ListInvalid", func(t *testing.T) { testListInvalid(t, h) })
+	t.Run("IdentityLimits", func(t *testing.T) { testIdentityLimits(t, h) })
+	t.Run("InvalidParamsEveryOperation", func(t *testing.T) { testInvalidEveryOp(t, h) })
+	t.Run("DurationsRoundUp", func(t *testing.T) { testRounding(t, h) })
+	t.Run("SweepGrace", func(t *testing.T) { testSweepGrace(t, h) })
+	t.Run("DeadLetter", func(t *testing.T) { testDeadLetter(t, h) })
 	t.Run("StoreClock", func(t *testing.T) { testStoreClock(t, h) })
 	t.Run("CancelledContext", func(t *testing.T) { testCancelled(t, h) })
 }
@@ -1126,5 +1132,253 @@ func testFenceClockBack(t *testing.T, h Harness) {
 	res = e.reserve(e.s, e.reserveP("s", "expired", "fp", store.LeaseUnknown))
 	if res.Outcome != store.Created || res.Record.Fence != done.Fence+1 {
 		t.Fatalf("recreation with the clock set back: %v fence %d, want %d", res.Outcome, res.Record.Fence, done.Fence+1)
+	}
+}
+
+// identityOps runs every operation that names a record on (scope, key) and
+// returns their errors by name.
+func (e *env) identityOps(scope, key string) map[string]error {
+	resp := sampleResponse()
+	fp := store.FenceParams{Scope: scope, Key: key, Fence: 1}
+	_, reserveErr := e.s.Reserve(e.ctx, e.reserveP(scope, key, "fp", store.LeaseUnknown))
+	_, getErr := e.s.Get(e.ctx, scope, key)
+	return map[string]error{
+		"Reserve":     reserveErr,
+		"Get":         getErr,
+		"Delete":      e.s.Delete(e.ctx, scope, key),
+		"Complete":    e.s.Complete(e.ctx, store.CompleteParams{FenceParams: fp, Response: resp}),
+		"Release":     e.s.Release(e.ctx, store.ReleaseParams{FenceParams: fp}),
+		"MarkUnknown": e.s.MarkUnknown(e.ctx, store.ReleaseParams{FenceParams: fp}),
+		"Checkpoint":  e.s.Checkpoint(e.ctx, store.CheckpointParams{FenceParams: fp, RecoveryPoint: "p"}),
+		"Extend":      e.s.Extend(e.ctx, store.ExtendParams{FenceParams: fp, Lease: lease}),
+		"Resolve":     e.s.Resolve(e.ctx, store.ResolveParams{Scope: scope, Key: key, To: store.StateFailedRetryable}),
+		"Defer":       e.s.Defer(e.ctx, store.DeferParams{Scope: scope, Key: key, Delay: time.Minute}),
+	}
+}
+
+// testIdentityLimits: every store takes a scope and a key up to the
+// contract's limits, in multi-byte UTF-8, and refuses one byte more, invalid
+// UTF-8 and NUL with the contract's errors before touching its database.
+func testIdentityLimits(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	// 4-byte characters: the most bytes a schema must hold per character.
+	scope := strings.Repeat("𝄞", store.MaxScopeBytes/4)
+	key := strings.Repeat("🔑", store.MaxKeyBytes/4)
+	if len(scope) != store.MaxScopeBytes || len(key) != store.MaxKeyBytes {
+		t.Fatalf("test identity of %d and %d bytes", len(scope), len(key))
+	}
+	p := e.reserveP(scope, key, strings.Repeat("f", store.MaxFingerprintBytes), store.LeaseUnknown)
+	r := e.reserve(e.s, p)
+	if r.Outcome != store.Created || r.Record.Scope != scope || r.Record.Key != key {
+		t.Fatalf("Reserve at the limits: %v, scope and key kept: %v", r.Outcome, r.Record.Scope == scope && r.Record.Key == key)
+	}
+	e.complete(r.Record, sampleResponse())
+	if got := e.get(scope, key); got.State != store.StateCompleted || got.Fingerprint != p.Fingerprint {
+		t.Fatalf("record at the limits: %s", got.State)
+	}
+	if err := e.s.Delete(e.ctx, scope, key); err != nil {
+		t.Fatalf("Delete at the limits: %v", err)
+	}
+
+	over := p
+	over.Fingerprint = strings.Repeat("f", store.MaxFingerprintBytes+1)
+	if _, err := e.s.Reserve(e.ctx, over); !errors.Is(err, store.ErrTooLong) {
+		t.Fatalf("Reserve with a fingerprint one byte too long: %v, want ErrTooLong", err)
+	}
+	for _, c := range []struct {
+		name, scope, key string
+		want             error
+	}{
+		{"scope one byte too long", scope + "s", "k", store.ErrTooLong},
+		{"key one byte too long", "s", key + "k", store.ErrTooLong},
+		{"scope not UTF-8", "s\xff", "k", store.ErrInvalidParams},
+		{"key not UTF-8", "s", "k\xc3", store.ErrInvalidParams},
+		{"scope with NUL", "s\x00", "k", store.ErrInvalidParams},
+		{"key with NUL", "s", "\x00k", store.ErrInvalidParams},
+		{"empty scope", "", "k", store.ErrInvalidParams},
+		{"empty key", "s", "", store.ErrInvalidParams},
+	} {
+		for op, err := range e.identityOps(c.scope, c.key) {
+			if !errors.Is(err, c.want) {
+				t.Errorf("%s with %s: %v, want %v", op, c.name, err, c.want)
+			}
+			if c.want != store.ErrTooLong && errors.Is(err, store.ErrTooLong) {
+				t.Errorf("%s with %s: %v, not a length error", op, c.name, err)
+			}
+			if store.IsRetryable(err) {
+				t.Errorf("%s with %s: %v is retryable", op, c.name, err)
+			}
+		}
+	}
+	if list, err := e.s.ListUnknown(e.ctx, store.ListUnknownParams{Limit: 10}); err != nil || len(list) != 0 {
+		t.Fatalf("refused operations left records behind: %v %v", keys(list), err)
+	}
+}
+
+// testInvalidEveryOp: each operation refuses the parameters its Validate
+// refuses, changing nothing.
+func testInvalidEveryOp(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	r := e.create("s", "k", "fp", store.LeaseUnknown)
+	fp := fenceOf(r)
+	zero := fp
+	zero.Fence = 0
+	bad := store.Response{Status: 42}
+	ops := map[string]error{
+		"Complete fence 0":         e.s.Complete(e.ctx, store.CompleteParams{FenceParams: zero, Response: sampleResponse()}),
+		"Complete negative ttl":    e.s.Complete(e.ctx, store.CompleteParams{FenceParams: fp, Response: sampleResponse(), TTL: -time.Second}),
+		"Complete status 42":       e.s.Complete(e.ctx, store.CompleteParams{FenceParams: fp, Response: bad}),
+		"Release fence 0":          e.s.Release(e.ctx, store.ReleaseParams{FenceParams: zero}),
+		"MarkUnknown fence 0":      e.s.MarkUnknown(e.ctx, store.ReleaseParams{FenceParams: zero}),
+		"Checkpoint fence 0":       e.s.Checkpoint(e.ctx, store.CheckpointParams{FenceParams: zero}),
+		"Extend zero lease":        e.s.Extend(e.ctx, store.ExtendParams{FenceParams: fp}),
+		"Resolve negative ttl":     e.s.Resolve(e.ctx, store.ResolveParams{Scope: "s", Key: "k", To: store.StateFailedRetryable, TTL: -1}),
+		"Resolve status 42":        e.s.Resolve(e.ctx, store.ResolveParams{Scope: "s", Key: "k", To: store.StateCompleted, Response: &bad}),
+		"Resolve to in_progress":   e.s.Resolve(e.ctx, store.ResolveParams{Scope: "s", Key: "k", To: store.StateInProgress}),
+		"Defer negative delay":     e.s.Defer(e.ctx, store.DeferParams{Scope: "s", Key: "k", Delay: -time.Second}),
+		"Reap status 42":           second(e.s.Reap(e.ctx, store.ReapParams{Limit: 1, Abandoned: bad})),
+		"Reap negative ttl":        second(e.s.Reap(e.ctx, store.ReapParams{Limit: 1, Abandoned: abandoned, AbandonedTTL: -1})),
+		"Sweep negative grace":     second(e.s.SweepExpiredLeases(e.ctx, store.SweepParams{Limit: 1, Grace: -time.Second})),
+		"ListUnknown negative":     second(e.s.ListUnknown(e.ctx, store.ListUnknownParams{Limit: -1})),
+		"Reserve negative ttl":     second(e.s.Reserve(e.ctx, store.ReserveParams{Scope: "s", Key: "k", Fingerprint: "fp", Lease: lease, TTL: -1, LeasePolicy: store.LeaseUnknown})),
+		"Reserve without a policy": second(e.s.Reserve(e.ctx, store.ReserveParams{Scope: "s", Key: "k", Fingerprint: "fp", Lease: lease, TTL: ttl})),
+	}
+	for name, err := range ops {
+		if !errors.Is(err, store.ErrInvalidParams) {
+			t.Errorf("%s: %v, want ErrInvalidParams", name, err)
+		}
+	}
+	e.mustUnchanged(r, "refused operations")
+}
+
+func second[T any](_ T, err error) error { return err }
+
+// testRounding: every store rounds the durations it is given up to whole
+// microseconds (store.Micros), so a lease is never cut short and one
+// duration means one instant on every store.
+func testRounding(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	now := e.clock.Now()
+	p := e.reserveP("s", "k", "fp", store.LeaseUnknown)
+	p.Lease = lease + time.Nanosecond
+	p.TTL = ttl + 999*time.Nanosecond
+	r := e.reserve(e.s, p)
+	wantTime(t, "LockedUntil of a lease with 1ns more", r.Record.LockedUntil, now.Add(lease+time.Microsecond))
+	wantTime(t, "ExpiresAt of a ttl with 999ns more", r.Record.ExpiresAt, now.Add(ttl+time.Microsecond))
+	if err := e.s.Extend(e.ctx, store.ExtendParams{FenceParams: fenceOf(r.Record), Lease: time.Nanosecond}); err != nil {
+		t.Fatal(err)
+	}
+	wantTime(t, "LockedUntil after a 1ns Extend", e.get("s", "k").LockedUntil, now.Add(time.Microsecond))
+	if err := e.s.MarkUnknown(e.ctx, store.ReleaseParams{FenceParams: fenceOf(r.Record)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.s.Defer(e.ctx, store.DeferParams{Scope: "s", Key: "k", Delay: time.Second + time.Nanosecond}); err != nil {
+		t.Fatal(err)
+	}
+	wantTime(t, "ReconcileAfter after a Defer of 1s+1ns", e.get("s", "k").ReconcileAfter, now.Add(time.Second+time.Microsecond))
+	if got := store.RoundUp(time.Second + time.Nanosecond); got != time.Second+time.Microsecond {
+		t.Fatalf("store.RoundUp(1s+1ns) = %v", got)
+	}
+}
+
+// testSweepGrace: a lease that ended less than Grace ago is not swept; the
+// sweep takes it once Grace has passed.
+func testSweepGrace(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	r := e.create("s", "k", "fp", store.LeaseUnknown)
+	const grace = 10 * time.Second
+	sweep := func() []store.Record {
+		t.Helper()
+		got, err := e.s.SweepExpiredLeases(e.ctx, store.SweepParams{Limit: 10, Grace: grace})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	e.clock.Advance(lease)
+	if got := sweep(); len(got) != 0 {
+		t.Fatalf("sweep with grace at the end of the lease: %v", keys(got))
+	}
+	e.clock.Advance(grace - time.Microsecond)
+	if got := sweep(); len(got) != 0 {
+		t.Fatalf("sweep with grace 1µs before it passed: %v", keys(got))
+	}
+	e.mustUnchanged(r, "sweeps inside the grace")
+	// The holder is alive again: a renewal inside the grace keeps the record.
+	if err := e.s.Extend(e.ctx, store.ExtendParams{FenceParams: fenceOf(r), Lease: lease}); err != nil {
+		t.Fatalf("renewal inside the grace: %v", err)
+	}
+	e.clock.Advance(lease + grace)
+	if got := sweep(); len(got) != 1 || got[0].State != store.StateUnknown {
+		t.Fatalf("sweep once the grace passed: %v", keys(got))
+	}
+}
+
+// testDeadLetter: a dead-lettered unknown record stays unknown, is never
+// due again, is still listed for operators and still resolves.
+func testDeadLetter(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	r := e.create("s", "dead", "fp", store.LeaseUnknown)
+	if err := e.s.MarkUnknown(e.ctx, store.ReleaseParams{FenceParams: fenceOf(r), Error: "timeout"}); err != nil {
+		t.Fatal(err)
+	}
+	live := e.create("s", "live", "fp", store.LeaseUnknown)
+	if err := e.s.MarkUnknown(e.ctx, store.ReleaseParams{FenceParams: fenceOf(live), Error: "timeout"}); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(time.Second)
+	before := e.get("s", "dead")
+	if before.DeadLettered() {
+		t.Fatalf("a new unknown record is dead-lettered: %v", before.DeadLetteredAt)
+	}
+	if err := e.s.Defer(e.ctx, store.DeferParams{Scope: "s", Key: "dead", Error: "gave up after 20 attempts", DeadLetter: true}); err != nil {
+		t.Fatal(err)
+	}
+	d := e.get("s", "dead")
+	if d.State != store.StateUnknown || d.ReconcileAttempts != 1 || d.LastError != "gave up after 20 attempts" || !d.DeadLettered() {
+		t.Fatalf("dead-lettered: %+v", d)
+	}
+	wantTime(t, "DeadLetteredAt", d.DeadLetteredAt, e.clock.Now())
+	e.clock.Advance(100 * 365 * 24 * time.Hour)
+	due, err := e.s.ListUnknown(e.ctx, store.ListUnknownParams{DueOnly: true, Limit: 10})
+	if err != nil || len(due) != 1 || due[0].Key != "live" {
+		t.Fatalf("due a century later: %v %v, want only live", keys(due), err)
+	}
+	all, err := e.s.ListUnknown(e.ctx, store.ListUnknownParams{Limit: 10})
+	if err != nil || len(all) != 2 {
+		t.Fatalf("every unknown record: %v %v, want both", keys(all), err)
+	}
+	for _, rec := range all {
+		if (rec.Key == "dead") != rec.DeadLettered() {
+			t.Fatalf("listed %s with DeadLetteredAt %v", rec.Key, rec.DeadLetteredAt)
+		}
+	}
+	// A retry of a dead-lettered record is refused like any unknown one.
+	if res := e.reserve(e.s, e.reserveP("s", "dead", "fp", store.LeaseUnknown)); res.Outcome != store.Existing || res.Record.State != store.StateUnknown {
+		t.Fatalf("retry of a dead-lettered record: %v %s", res.Outcome, res.Record.State)
+	}
+	resp := sampleResponse()
+	if err := e.s.Resolve(e.ctx, store.ResolveParams{Scope: "s", Key: "dead", To: store.StateCompleted, Response: &resp}); err != nil {
+		t.Fatalf("Resolve of a dead-lettered record: %v", err)
+	}
+	if got := e.get("s", "dead"); got.State != store.StateCompleted || got.DeadLettered() {
+		t.Fatalf("resolved: %s, DeadLetteredAt %v", got.State, got.DeadLetteredAt)
+	}
+	if err := e.s.Defer(e.ctx, store.DeferParams{Scope: "s", Key: "dead", DeadLetter: true}); !errors.Is(err, store.ErrStateConflict) {
+		t.Fatalf("dead-lettering a completed record: %v, want ErrStateConflict", err)
+	}
+	if err := e.s.Defer(e.ctx, store.DeferParams{Scope: "s", Key: "nope", DeadLetter: true}); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("dead-lettering a missing record: %v, want ErrNotFound", err)
+	}
+	// Past its ExpiresAt a dead-lettered record is abandoned like any
+	// unknown one, and is no longer dead-lettered.
+	if err := e.s.Defer(e.ctx, store.DeferParams{Scope: "s", Key: "live", DeadLetter: true}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := e.s.Reap(e.ctx, store.ReapParams{Limit: 10, Abandoned: abandoned, AbandonedTTL: time.Hour}); err != nil || res.Abandoned != 1 {
+		t.Fatalf("Reap of a dead-lettered record past expiry: %+v %v", res, err)
+	}
+	if got := e.get("s", "live"); got.State != store.StateCompleted || got.DeadLettered() || got.LastError != "abandoned" {
+		t.Fatalf("abandoned dead-lettered record: %s, DeadLetteredAt %v, LastError %q", got.State, got.DeadLetteredAt, got.LastError)
 	}
 }

@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/outbox"
+	"github.com/idem-go/idem/phase"
 	"github.com/idem-go/idem/store"
 )
 
@@ -48,7 +50,7 @@ const requestTimeout = 30 * time.Second
 // transactions and its transactional forms.
 type txStore[TTx any] interface {
 	store.Store
-	idem.PhaseStore[TTx]
+	phase.Store[TTx]
 	CompleteTx(ctx context.Context, tx TTx, p store.CompleteParams) error
 }
 
@@ -64,7 +66,7 @@ type app[TTx any] struct {
 	// payments is the engine of the write-first route, refunds the one of
 	// the atomic phases (policy resume); both share the store and metrics.
 	payments, refunds *idem.Engine
-	maint             *idem.Maintainer
+	maint             *maintenance.Maintainer
 	closers           []func() error
 }
 
@@ -114,12 +116,16 @@ func newApp[TTx any](ctx context.Context, cfg Config, st txStore[TTx], db conn[T
 	if err != nil {
 		return nil, err
 	}
-	a.maint = base.Maintainer(idem.MaintenanceConfig{
+	a.maint, err = maintenance.New(st, maintenance.Config{
 		SweepInterval:     cfg.SweepInterval,
 		ReconcileInterval: cfg.ReconcileInterval,
 		ReconcileBackoff:  cfg.ReconcileInterval,
-		Resolver:          idem.ResolverFunc(a.resolve),
+		Resolver:          maintenance.ResolverFunc(a.resolve),
+		Logger:            cfg.Logger,
 	})
+	if err != nil {
+		return nil, err
+	}
 
 	backoff := cfg.OutboxBackoff
 	a.ob, err = newOutbox(outbox.Config{
@@ -354,20 +360,20 @@ func (a *app[TTx]) createRefund(w http.ResponseWriter, r *http.Request) {
 		return nil
 	}
 
-	err := idem.RunPhases(ctx, x, a.st,
-		idem.Phase[TTx]{Name: phaseRefundCreated, Run: func(ctx context.Context, tx TTx) error {
+	err := phase.Run(ctx, x, a.st,
+		phase.Phase[TTx]{Name: phaseRefundCreated, Run: func(ctx context.Context, tx TTx) error {
 			if err := hook(x, phaseRefundCreated); err != nil {
 				return err
 			}
 			return a.insertRefund(ctx, tx, account, in, key)
 		}},
-		idem.Phase[TTx]{Name: phaseProviderRefunded, Run: func(ctx context.Context, tx TTx) error {
+		phase.Phase[TTx]{Name: phaseProviderRefunded, Run: func(ctx context.Context, tx TTx) error {
 			if err := hook(x, phaseProviderRefunded); err != nil {
 				return err
 			}
 			return a.refundAtProvider(ctx, tx, key, x.Fence())
 		}},
-		idem.Phase[TTx]{Name: phasePaymentUpdated, Run: func(ctx context.Context, tx TTx) error {
+		phase.Phase[TTx]{Name: phasePaymentUpdated, Run: func(ctx context.Context, tx TTx) error {
 			if err := hook(x, phasePaymentUpdated); err != nil {
 				return err
 			}
@@ -531,8 +537,8 @@ func (a *app[TTx]) close() error {
 	return errors.Join(errs...)
 }
 
-func (a *app[TTx]) maintainer() *idem.Maintainer { return a.maint }
-func (a *app[TTx]) store() store.Store           { return a.st }
+func (a *app[TTx]) maintainer() *maintenance.Maintainer { return a.maint }
+func (a *app[TTx]) store() store.Store                  { return a.st }
 
 func (a *app[TTx]) refundCount(ctx context.Context, paymentID string) (int, error) {
 	var n int

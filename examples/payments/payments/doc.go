@@ -18,7 +18,7 @@
 //
 // # Refunds in atomic phases
 //
-// POST /v1/refunds runs three phases with idem.RunPhases on an engine with
+// POST /v1/refunds runs three phases with phase.Run on an engine with
 // LeasePolicy store.LeaseResume: refund_created (the local refund row,
 // after checking what is left to refund), provider_refunded (the one
 // foreign call, with the refund's provider key and the lease fence, and

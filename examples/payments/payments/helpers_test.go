@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -23,6 +24,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testenv"
+	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 )
 
@@ -44,7 +47,7 @@ func forEachDB(t *testing.T, test func(t *testing.T, dsn string)) {
 		t.Parallel()
 		url := os.Getenv(postgresEnv)
 		if url == "" {
-			t.Skipf("%s is not set; set it to e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable to run the PostgreSQL variant", postgresEnv)
+			testenv.Skip(t, fmt.Sprintf("%s is not set; set it to e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable to run the PostgreSQL variant", postgresEnv))
 		}
 		test(t, freshSchema(t, url))
 	})
@@ -259,7 +262,7 @@ func (e *env) refundCount(paymentID string) int {
 	return n
 }
 
-func (e *env) reconcile() idem.ReconcileResult {
+func (e *env) reconcile() maintenance.ReconcileResult {
 	e.t.Helper()
 	res, err := e.svc.core.maintainer().ReconcileOnce(context.Background())
 	if err != nil {

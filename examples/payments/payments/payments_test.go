@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 )
 
@@ -431,7 +432,7 @@ func TestPaymentLostBeforeCommitIsReconciled(t *testing.T) {
 		}
 		expect(t, e.post("/v1/payments", "acct_1", "k-lost", body), http.StatusConflict, idem.ProblemBase+"request-in-progress")
 
-		e.clock.advance(lease + time.Second)
+		e.clock.advance(lease + maintenance.DefaultSweepGrace + time.Second)
 		n, err := e.svc.core.maintainer().SweepOnce(t.Context())
 		if err != nil || n != 1 {
 			t.Fatalf("sweep: %d %v", n, err)
@@ -490,7 +491,7 @@ func TestResolverAnswersLikeTheHandler(t *testing.T) {
 			want       *httptest.ResponseRecorder
 		}{{routePayments, "k-same", pay}, {routeRefunds, "r-same", ref}} {
 			res, err := e.svc.core.resolve(t.Context(), e.record("acct_1", c.route, c.key))
-			if err != nil || res.Outcome != idem.Happened {
+			if err != nil || res.Outcome != maintenance.Happened {
 				t.Fatalf("%s: %+v %v", c.route, res, err)
 			}
 			if res.Response.Status != c.want.Code || string(res.Response.Body) != c.want.Body.String() {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/outbox"
 	"github.com/idem-go/idem/store"
 )
@@ -13,7 +14,7 @@ import (
 // is unknown by looking for what the request would have left behind,
 // under the provider key derived from the record (outbox.KeyFor of its
 // scope and key), locally and at the provider.
-func (a *app[TTx]) resolve(ctx context.Context, rec store.Record) (idem.Resolution, error) {
+func (a *app[TTx]) resolve(ctx context.Context, rec store.Record) (maintenance.Resolution, error) {
 	_, method, route, _ := idem.ParseScope(rec.Scope)
 	switch method + " " + route {
 	case routePayments:
@@ -21,7 +22,7 @@ func (a *app[TTx]) resolve(ctx context.Context, rec store.Record) (idem.Resoluti
 	case routeRefunds:
 		return a.resolveRefund(ctx, rec)
 	}
-	return idem.Resolution{}, fmt.Errorf("no resolver for the route of scope %q", rec.Scope)
+	return maintenance.Resolution{}, fmt.Errorf("no resolver for the route of scope %q", rec.Scope)
 }
 
 // resolvePayment settles a payment request that died before its answer,
@@ -29,29 +30,29 @@ func (a *app[TTx]) resolve(ctx context.Context, rec store.Record) (idem.Resoluti
 // message commit together, so a payment row means the request happened;
 // without one nothing was committed and no charge was enqueued, which the
 // provider confirms.
-func (a *app[TTx]) resolvePayment(ctx context.Context, rec store.Record) (idem.Resolution, error) {
+func (a *app[TTx]) resolvePayment(ctx context.Context, rec store.Record) (maintenance.Resolution, error) {
 	key := outbox.KeyFor(rec.Scope, rec.Key, kindCharge)
 	p, err := scanPayment(a.db.read(ctx, qPaymentByChargeKey, key))
 	switch {
 	case err == nil:
 		resp := paymentResponse(p)
-		return idem.Resolution{Outcome: idem.Happened, Response: &resp}, nil
+		return maintenance.Resolution{Outcome: maintenance.Happened, Response: &resp}, nil
 	case !isNotFound(err):
-		return idem.Resolution{}, err
+		return maintenance.Resolution{}, err
 	}
 	ch, found, err := a.prov.find(ctx, "charges", key)
 	if err != nil {
-		return idem.Resolution{}, err
+		return maintenance.Resolution{}, err
 	}
 	if found {
 		// A charge without a payment: the ledgers disagree. Leave it to
 		// an operator (it is dead-lettered after the last attempt).
 		a.log.Error("the provider has a charge for a payment this service never recorded",
 			"key", rec.Key, "charge", ch.ID)
-		return idem.Resolution{Outcome: idem.StillUnknown}, nil
+		return maintenance.Resolution{Outcome: maintenance.StillUnknown}, nil
 	}
 	a.log.Info("payment never happened; its key is released", "key", rec.Key)
-	return idem.Resolution{Outcome: idem.DidNotHappen}, nil
+	return maintenance.Resolution{Outcome: maintenance.DidNotHappen}, nil
 }
 
 // resolveRefund settles a refund whose provider call went unanswered. If
@@ -59,16 +60,16 @@ func (a *app[TTx]) resolvePayment(ctx context.Context, rec store.Record) (idem.R
 // would have done (records the provider's refund, credits the payment) and
 // answers the 201 they would have; if not, the key is released and a retry
 // resumes at the provider call.
-func (a *app[TTx]) resolveRefund(ctx context.Context, rec store.Record) (idem.Resolution, error) {
+func (a *app[TTx]) resolveRefund(ctx context.Context, rec store.Record) (maintenance.Resolution, error) {
 	key := outbox.KeyFor(rec.Scope, rec.Key, kindRefund)
 	obj, found, err := a.prov.find(ctx, "refunds", key)
 	if err != nil {
-		return idem.Resolution{}, err
+		return maintenance.Resolution{}, err
 	}
 	if !found {
 		a.log.Info("refund never reached the provider; its key is released", "key", rec.Key,
 			"recovery_point", rec.RecoveryPoint)
-		return idem.Resolution{Outcome: idem.DidNotHappen}, nil
+		return maintenance.Resolution{Outcome: maintenance.DidNotHappen}, nil
 	}
 	var f Refund
 	err = a.st.InTx(ctx, func(tx TTx) error {
@@ -85,12 +86,12 @@ func (a *app[TTx]) resolveRefund(ctx context.Context, rec store.Record) (idem.Re
 	if isNotFound(err) {
 		// The provider call happens only after the refund's row commits.
 		a.log.Error("the provider has a refund this service never recorded", "key", rec.Key, "refund", obj.ID)
-		return idem.Resolution{Outcome: idem.StillUnknown}, nil
+		return maintenance.Resolution{Outcome: maintenance.StillUnknown}, nil
 	}
 	if err != nil {
-		return idem.Resolution{}, err
+		return maintenance.Resolution{}, err
 	}
 	a.log.Info("refund happened at the provider; finished by reconciliation", "refund", f.ID, "key", rec.Key)
 	resp := refundResponse(f)
-	return idem.Resolution{Outcome: idem.Happened, Response: &resp}, nil
+	return maintenance.Resolution{Outcome: maintenance.Happened, Response: &resp}, nil
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/outbox"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/postgres"
@@ -108,8 +109,8 @@ type core interface {
 	start(ctx context.Context) error
 	stop(ctx context.Context) error
 	close() error
-	maintainer() *idem.Maintainer
-	resolve(ctx context.Context, rec store.Record) (idem.Resolution, error)
+	maintainer() *maintenance.Maintainer
+	resolve(ctx context.Context, rec store.Record) (maintenance.Resolution, error)
 	store() store.Store
 	refundCount(ctx context.Context, paymentID string) (int, error)
 }
@@ -127,7 +128,7 @@ func Open(ctx context.Context, cfg Config) (*Service, error) {
 	case strings.HasPrefix(cfg.DB, "postgres://"), strings.HasPrefix(cfg.DB, "postgresql://"):
 		return openPostgres(ctx, cfg.DB, cfg)
 	}
-	return nil, fmt.Errorf("payments: database %q: want sqlite:PATH or postgres://...", cfg.DB)
+	return nil, fmt.Errorf("payments: database %q: want sqlite:PATH or a postgres:// URL", cfg.DB)
 }
 
 func openSQLite(ctx context.Context, path string, cfg Config) (*Service, error) {

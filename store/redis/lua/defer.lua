@@ -1,5 +1,6 @@
--- defer: reschedules the reconciliation of an unknown record.
--- ARGV: clock, grace_ms, delay_us, last_error
+-- defer: reschedules the reconciliation of an unknown record, or gives up on
+-- it (dead letter: never due again).
+-- ARGV: clock, grace_ms, delay_us, last_error, dead_letter ('1'/'0')
 -- Returns 0 done, 1 absent, 2 not unknown.
 local idx = {KEYS[1], KEYS[2], KEYS[3], KEYS[4]}
 local rk = KEYS[5]
@@ -13,6 +14,11 @@ if v[1] ~= UNKNOWN then
   return 2
 end
 redis.call('HINCRBY', rk, 'rat', 1)
-redis.call('HSET', rk, 'ra', num(ra), 'le', ARGV[4], 'ua', num(now))
+if ARGV[5] == '1' then
+  redis.call('HSET', rk, 'dla', num(now), 'le', ARGV[4], 'ua', num(now))
+  ra = DEAD
+else
+  redis.call('HSET', rk, 'ra', num(ra), 'le', ARGV[4], 'ua', num(now))
+end
 settle(idx, rk, UNKNOWN, v[2], tonumber(v[3]), ra, tonumber(v[4]), now, grace)
 return 0

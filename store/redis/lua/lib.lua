@@ -56,6 +56,17 @@ end
 --   open: unknown by expires_at, in_progress by the later of expires_at and
 --         locked_until (reaper: abandon; a holder still renewing its lease
 --         is alive and is spared)
+-- A dead-lettered unknown record is never due: it stays in the unknown index
+-- (operators list it) at the score +inf, which no due listing reaches.
+local DEAD = math.huge
+
+local function score(n)
+  if n == DEAD then
+    return '+inf'
+  end
+  return num(n)
+end
+
 local function settle(idx, rk, st, pol, lu, ra, ea, now, grace_ms)
   if st == IN_PROGRESS and pol == 'unknown' then
     redis.call('ZADD', idx[1], num(lu), rk)
@@ -63,7 +74,7 @@ local function settle(idx, rk, st, pol, lu, ra, ea, now, grace_ms)
     redis.call('ZREM', idx[1], rk)
   end
   if st == UNKNOWN then
-    redis.call('ZADD', idx[2], num(ra), rk)
+    redis.call('ZADD', idx[2], score(ra), rk)
   else
     redis.call('ZREM', idx[2], rk)
   end

@@ -32,7 +32,7 @@ for i = 5, #KEYS do
       set_response(rk, 5)
       local nea = now + abttl
       redis.call('HSET', rk, 'st', COMPLETED, 'le', 'abandoned', 'cpa', num(now), 'ua', num(now), 'ea', num(nea))
-      redis.call('HDEL', rk, 'ra')
+      redis.call('HDEL', rk, 'ra', 'dla')
       settle(idx, rk, COMPLETED, v[2], tonumber(v[3]), 0, nea, now, grace)
       abandoned = abandoned + 1
     end

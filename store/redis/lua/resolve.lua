@@ -21,6 +21,6 @@ if to == COMPLETED then
   redis.call('HSET', rk, 'cpa', num(now), 'le', '')
 end
 redis.call('HSET', rk, 'st', to, 'ea', num(ea), 'ua', num(now))
-redis.call('HDEL', rk, 'ra')
+redis.call('HDEL', rk, 'ra', 'dla')
 settle(idx, rk, to, v[2], tonumber(v[3]), 0, ea, now, grace)
 return 0

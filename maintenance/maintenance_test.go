@@ -1,99 +1,44 @@
-package idem_test
+package maintenance_test
 
 import (
 	"context"
 	"errors"
-	"io"
-	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
-	"github.com/idem-go/idem/store/storetest"
 )
-
-// maint is an engine with its background services over one real store and
-// a manual clock, in front of a handler that panics (so that its requests
-// are left in progress or unknown) or answers 201.
-type maint struct {
-	t      *testing.T
-	clock  *storetest.Clock
-	store  store.Store
-	engine *idem.Engine
-	m      *idem.Maintainer
-	calls  atomic.Int64
-	h      http.Handler
-}
-
-func newMaint(t *testing.T, ns namedStore, cfg idem.MaintenanceConfig, ecfg idem.Config) *maint {
-	m := &maint{t: t, clock: storetest.NewClock()}
-	m.store = ns.open(t, m.clock.Now)
-	ecfg.Logger = slog.New(slog.DiscardHandler)
-	e, err := idem.New(m.store, ecfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.engine = e
-	m.m = e.Maintainer(cfg)
-	m.h = e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		m.calls.Add(1)
-		if r.Header.Get("X-Crash") != "" {
-			// Simulate a holder that dies: the record stays in progress.
-			idem.FromContext(r.Context()).Abandon()
-			panic(http.ErrAbortHandler)
-		}
-		w.WriteHeader(201)
-		io.WriteString(w, `{"ok":true}`)
-	}))
-	return m
-}
-
-func (m *maint) send(key string, crash bool) *httptest.ResponseRecorder {
-	r := httptest.NewRequest("POST", "/v1/charges", strings.NewReader(`{}`))
-	r.Header.Set("Idempotency-Key", key)
-	if crash {
-		r.Header.Set("X-Crash", "1")
-	}
-	w := httptest.NewRecorder()
-	func() {
-		defer func() { recover() }()
-		m.h.ServeHTTP(w, r)
-	}()
-	return w
-}
-
-func (m *maint) state(key string) store.State {
-	m.t.Helper()
-	r, err := m.store.Get(context.Background(), (&idem.Request{Method: "POST", Route: "/v1/charges"}).Scope(), key)
-	if errors.Is(err, store.ErrNotFound) {
-		return ""
-	}
-	if err != nil {
-		m.t.Fatal(err)
-	}
-	return r.State
-}
 
 func TestSweeper(t *testing.T) {
 	for _, ns := range realStores(t) {
 		t.Run(ns.name, func(t *testing.T) {
 			t.Parallel()
-			m := newMaint(t, ns, idem.MaintenanceConfig{BatchSize: 2}, idem.Config{})
+			m := newMaint(t, ns, maintenance.Config{BatchSize: 2, BatchPause: time.Second}, idem.Config{})
 			for _, k := range []string{"a", "b", "c"} {
 				m.send(k, true)
 			}
 			if n, err := m.m.SweepOnce(context.Background()); err != nil || n != 0 {
 				t.Fatalf("sweep inside the lease: %d %v", n, err)
 			}
+			// Past the 30s lease, but within the sweeper's grace: a holder
+			// whose renewal failed in an outage still gets its record back.
 			m.clock.Advance(31 * time.Second)
+			if n, err := m.m.SweepOnce(context.Background()); err != nil || n != 0 {
+				t.Fatalf("sweep within the grace: %d %v", n, err)
+			}
+			m.clock.Advance(maintenance.DefaultSweepGrace)
 			n, err := m.m.SweepOnce(context.Background())
 			if err != nil || n != 3 {
 				t.Fatalf("sweep after the lease: %d %v, want 3 (in batches of 2)", n, err)
+			}
+			// Two batches: one pause between them, none after the last.
+			if s := m.clock.sleeps(); len(s) != 1 || s[0] < 500*time.Millisecond || s[0] >= time.Second {
+				t.Fatalf("pauses of a pass of two batches: %v, want one in [500ms, 1s)", s)
 			}
 			for _, k := range []string{"a", "b", "c"} {
 				if s := m.state(k); s != store.StateUnknown {
@@ -115,15 +60,15 @@ func TestTwoSweepersResetEachRecordOnce(t *testing.T) {
 	for _, ns := range realStores(t) {
 		t.Run(ns.name, func(t *testing.T) {
 			t.Parallel()
-			m := newMaint(t, ns, idem.MaintenanceConfig{BatchSize: 3}, idem.Config{})
+			m := newMaint(t, ns, maintenance.Config{BatchSize: 3}, idem.Config{})
 			for i := 0; i < 20; i++ {
 				m.send("k"+string(rune('a'+i)), true)
 			}
 			m.clock.Advance(time.Minute)
-			other := m.engine.Maintainer(idem.MaintenanceConfig{BatchSize: 3})
+			other := m.maintainer(maintenance.Config{BatchSize: 3})
 			var total atomic.Int64
 			errc := make(chan error, 2)
-			for _, s := range []*idem.Maintainer{m.m, other} {
+			for _, s := range []*maintenance.Maintainer{m.m, other} {
 				go func() {
 					n, err := s.SweepOnce(context.Background())
 					total.Add(int64(n))
@@ -146,7 +91,7 @@ func TestReaper(t *testing.T) {
 	for _, ns := range realStores(t) {
 		t.Run(ns.name, func(t *testing.T) {
 			t.Parallel()
-			m := newMaint(t, ns, idem.MaintenanceConfig{BatchSize: 2}, idem.Config{TTL: time.Hour})
+			m := newMaint(t, ns, maintenance.Config{BatchSize: 2}, idem.Config{TTL: time.Hour})
 			for _, k := range []string{"done1", "done2", "done3"} {
 				m.send(k, false)
 			}
@@ -184,7 +129,7 @@ func TestReaperSoftExpire(t *testing.T) {
 	for _, ns := range realStores(t) {
 		t.Run(ns.name, func(t *testing.T) {
 			t.Parallel()
-			m := newMaint(t, ns, idem.MaintenanceConfig{SoftExpire: true}, idem.Config{TTL: time.Hour})
+			m := newMaint(t, ns, maintenance.Config{SoftExpire: true}, idem.Config{TTL: time.Hour})
 			m.send("k", false)
 			m.clock.Advance(2 * time.Hour)
 			if res, err := m.m.ReapOnce(context.Background()); err != nil || res.Deleted != 1 {
@@ -203,29 +148,23 @@ func TestReconciler(t *testing.T) {
 			t.Parallel()
 			// The "provider" knows that "paid" went through and "lost" did
 			// not; it cannot tell about "pending" and fails for "broken".
-			resolver := idem.ResolverFunc(func(ctx context.Context, r store.Record) (idem.Resolution, error) {
+			resolver := maintenance.ResolverFunc(func(ctx context.Context, r store.Record) (maintenance.Resolution, error) {
 				switch r.Key {
 				case "paid":
-					return idem.Resolution{Outcome: idem.Happened, Response: &store.Response{
+					return maintenance.Resolution{Outcome: maintenance.Happened, Response: &store.Response{
 						Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"ch_paid"}`)}}, nil
 				case "lost":
-					return idem.Resolution{Outcome: idem.DidNotHappen}, nil
+					return maintenance.Resolution{Outcome: maintenance.DidNotHappen}, nil
 				case "partial":
-					return idem.Resolution{Outcome: idem.RunAgain}, nil
+					return maintenance.Resolution{Outcome: maintenance.RunAgain}, nil
 				case "broken":
-					return idem.Resolution{}, errors.New("provider returned 500")
+					return maintenance.Resolution{}, errors.New("provider returned 500")
 				}
-				return idem.Resolution{Outcome: idem.StillUnknown}, nil
+				return maintenance.Resolution{Outcome: maintenance.StillUnknown}, nil
 			})
-			m := newMaint(t, ns, idem.MaintenanceConfig{Resolver: resolver, ReconcileBackoff: time.Minute,
+			m := newMaint(t, ns, maintenance.Config{Resolver: resolver, ReconcileBackoff: time.Minute,
 				ReconcileMaxBackoff: 4 * time.Minute, MaxReconcileAttempts: 3}, idem.Config{})
-			for _, k := range []string{"paid", "lost", "partial", "pending", "broken"} {
-				m.send(k, true)
-			}
-			m.clock.Advance(time.Minute)
-			if _, err := m.m.SweepOnce(context.Background()); err != nil {
-				t.Fatal(err)
-			}
+			m.unknown("paid", "lost", "partial", "pending", "broken")
 			res, err := m.m.ReconcileOnce(context.Background())
 			if err != nil || res.Resolved != 3 || res.Deferred != 2 {
 				t.Fatalf("reconcile: %+v %v", res, err)
@@ -253,19 +192,18 @@ func TestReconciler(t *testing.T) {
 				t.Fatalf("third attempt should dead-letter both: %+v", res)
 			}
 			m.clock.Advance(24 * time.Hour)
-			if res, _ := m.m.ReconcileOnce(context.Background()); res != (idem.ReconcileResult{}) {
+			if res, _ := m.m.ReconcileOnce(context.Background()); res != (maintenance.ReconcileResult{}) {
 				t.Fatalf("dead letters were retried: %+v", res)
 			}
-			scope := (&idem.Request{Method: "POST", Route: "/v1/charges"}).Scope()
 			for key, dead := range map[string]bool{"pending": true, "broken": true, "paid": false} {
-				rec, err := m.store.Get(context.Background(), scope, key)
-				if err != nil || idem.DeadLettered(rec) != dead {
-					t.Fatalf("%s: DeadLettered = %v, want %v (%v)", key, idem.DeadLettered(rec), dead, err)
+				rec, err := m.record(key)
+				if err != nil || rec.DeadLettered() != dead {
+					t.Fatalf("%s: DeadLettered = %v, want %v (%v)", key, rec.DeadLettered(), dead, err)
 				}
 			}
 			// A webhook settles "broken": never replay a cookie or a
 			// hop-by-hop header, whatever the caller passes.
-			if err := m.m.Settle(context.Background(), scope, "broken", idem.Resolution{Outcome: idem.Happened, Response: &store.Response{
+			if err := m.m.Settle(context.Background(), scope, "broken", maintenance.Resolution{Outcome: maintenance.Happened, Response: &store.Response{
 				Status: 201, Header: http.Header{"Set-Cookie": {"s=1"}, "Connection": {"close"}, "X-Id": {"7"}}, Body: []byte("{}")}}); err != nil {
 				t.Fatal(err)
 			}
@@ -273,79 +211,50 @@ func TestReconciler(t *testing.T) {
 				t.Fatalf("replay of a settled record: %d %v", w.Code, w.Header())
 			}
 			// An operator settles a dead letter.
-			if err := m.m.Settle(context.Background(), scope, "pending", idem.Resolution{Outcome: idem.DidNotHappen}); err != nil {
+			if err := m.m.Settle(context.Background(), scope, "pending", maintenance.Resolution{Outcome: maintenance.DidNotHappen}); err != nil {
 				t.Fatal(err)
 			}
 			if w := m.send("pending", false); w.Code != 201 {
 				t.Fatalf("retry after the operator released it: %d", w.Code)
 			}
-			if err := m.m.Settle(context.Background(), scope, "pending", idem.Resolution{Outcome: idem.DidNotHappen}); !errors.Is(err, store.ErrStateConflict) {
+			if err := m.m.Settle(context.Background(), scope, "pending", maintenance.Resolution{Outcome: maintenance.DidNotHappen}); !errors.Is(err, store.ErrStateConflict) {
 				t.Fatalf("settling a completed record: %v", err)
 			}
 		})
 	}
 }
 
-// service records its lifecycle; failStart makes Start fail.
-type service struct {
-	name      string
-	failStart bool
-	events    *[]string
-}
-
-func (s *service) Start(context.Context) error {
-	*s.events = append(*s.events, "start "+s.name)
-	if s.failStart {
-		return errors.New("cannot start " + s.name)
-	}
-	return nil
-}
-
-func (s *service) Stop(context.Context) error {
-	*s.events = append(*s.events, "stop "+s.name)
-	return nil
-}
-
-func TestMaintainerStartStop(t *testing.T) {
+// A settlement that does not say what happened is refused before the
+// store is asked, and the record stays unknown.
+func TestSettleRefusesIncompleteVerdicts(t *testing.T) {
 	t.Parallel()
-	ns := realStores(t)[0]
-	var events []string
-	cfg := idem.MaintenanceConfig{SweepInterval: time.Millisecond, ReapInterval: time.Millisecond,
-		Services: []idem.Service{&service{name: "outbox", events: &events}}}
-	m := newMaint(t, ns, cfg, idem.Config{})
-	m.send("z", true)
-	m.clock.Advance(time.Minute)
-	if err := m.m.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for m.state("z") != store.StateUnknown {
-		if time.Now().After(deadline) {
-			t.Fatal("the running sweeper never swept")
+	m := newMaint(t, realStores(t)[0], maintenance.Config{}, idem.Config{})
+	m.unknown("k")
+	for _, res := range []maintenance.Resolution{
+		{Outcome: maintenance.StillUnknown},
+		{Outcome: maintenance.Outcome(7)},
+		{Outcome: maintenance.Happened}, // without the response to replay
+	} {
+		if err := m.m.Settle(context.Background(), scope, "k", res); err == nil || !strings.HasPrefix(err.Error(), "maintenance: ") {
+			t.Errorf("Settle(%v) = %v, want a clear error", res.Outcome, err)
 		}
-		time.Sleep(time.Millisecond)
 	}
-	if err := m.m.Stop(context.Background()); err != nil {
-		t.Fatal(err)
+	if s := m.state("k"); s != store.StateUnknown {
+		t.Fatalf("after refused settlements: %s", s)
 	}
-	if err := m.m.Stop(context.Background()); err != nil { // idempotent
-		t.Fatal(err)
+	if _, err := m.m.ReconcileOnce(context.Background()); err == nil {
+		t.Fatal("ReconcileOnce without a Resolver succeeded")
 	}
-	if strings.Join(events, ",") != "start outbox,stop outbox" {
-		t.Fatalf("service lifecycle %v", events)
-	}
-	// A service that cannot start: the others are stopped again and
-	// nothing runs.
-	events = nil
-	bad := m.engine.Maintainer(idem.MaintenanceConfig{Services: []idem.Service{
-		&service{name: "a", events: &events}, &service{name: "b", failStart: true, events: &events}}})
-	if err := bad.Start(context.Background()); err == nil {
-		t.Fatal("Start succeeded with a failing service")
-	}
-	if strings.Join(events, ",") != "start a,start b,stop a" {
-		t.Fatalf("lifecycle after a failed start %v", events)
-	}
-	if err := bad.Stop(context.Background()); err != nil {
-		t.Fatal(err)
+}
+
+func TestOutcomeString(t *testing.T) {
+	for o, want := range map[maintenance.Outcome]string{
+		maintenance.StillUnknown: "still_unknown", maintenance.Happened: "happened",
+		maintenance.DidNotHappen: "did_not_happen", maintenance.RunAgain: "run_again",
+		maintenance.Outcome(9): "Outcome(9)", maintenance.Outcome(-1): "Outcome(-1)",
+	} {
+		if got := o.String(); got != want {
+			t.Errorf("%d: %q, want %q", int(o), got, want)
+		}
 	}
 }

@@ -1,0 +1,140 @@
+package chiidem_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"testing"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/contrib/chiidem"
+	"github.com/idem-go/idem/internal/adaptertest"
+)
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}
+
+// routes registers the suite's routes on d (the /d group) and p (the
+// rest), in chi's idioms.
+func routes(h *adaptertest.Hooks, d, p chi.Router) {
+	d.Post("/charges", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusCreated, map[string]any{"op": "charge", "n": h.Count("/d/charges")})
+	})
+	d.Post("/refunds", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusCreated, map[string]any{"op": "refund", "n": h.Count("/d/refunds")})
+	})
+	p.Post("/orders/{id}", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]any{"order": chi.URLParam(r, "id"), "n": h.Count("/orders/{id}")})
+	})
+	p.Post("/fail/{status}", func(w http.ResponseWriter, r *http.Request) {
+		n := h.Count("/fail/{status}")
+		status, _ := strconv.Atoi(chi.URLParam(r, "status"))
+		http.Error(w, "refused "+strconv.Itoa(n), status)
+	})
+	p.Post("/panic", func(w http.ResponseWriter, r *http.Request) {
+		h.Count("/panic")
+		panic("boom")
+	})
+	p.Post("/slow", func(w http.ResponseWriter, r *http.Request) {
+		n := h.Count("/slow")
+		h.Block()
+		writeJSON(w, http.StatusOK, map[string]any{"op": "slow", "n": n})
+	})
+	p.Post("/nocontent", func(w http.ResponseWriter, r *http.Request) {
+		h.Count("/nocontent")
+		w.WriteHeader(http.StatusNoContent)
+	})
+}
+
+// The adapter with Use inside a subrouter: the case engine.Middleware
+// cannot serve, since chi has not chosen the route when it runs.
+func TestAdapterInSubrouter(t *testing.T) {
+	adaptertest.Run(t, func(t *testing.T, e *idem.Engine, h *adaptertest.Hooks) http.Handler {
+		r := chi.NewRouter()
+		r.Use(middleware.Recoverer)
+		mw := chiidem.Middleware(e)
+		r.Route("/d", func(sr chi.Router) {
+			sr.Use(mw)
+			routes(h, sr, r.With(mw))
+		})
+		return r
+	})
+}
+
+// The adapter with Use on the root router, before chi has routed at all.
+func TestAdapterAtTheRoot(t *testing.T) {
+	adaptertest.Run(t, func(t *testing.T, e *idem.Engine, h *adaptertest.Hooks) http.Handler {
+		r := chi.NewRouter()
+		r.Use(middleware.Recoverer)
+		r.Use(chiidem.Middleware(e))
+		r.Route("/d", func(sr chi.Router) { routes(h, sr, r) })
+		return r
+	})
+}
+
+// Without the adapter: engine.Middleware on each route, where chi has
+// routed and r.Pattern is the full pattern.
+func TestEngineMiddlewareWithOnRoutes(t *testing.T) {
+	adaptertest.Run(t, func(t *testing.T, e *idem.Engine, h *adaptertest.Hooks) http.Handler {
+		r := chi.NewRouter()
+		r.Use(middleware.Recoverer)
+		r.Route("/d", func(sr chi.Router) {
+			routes(h, sr.With(e.Middleware), r.With(e.Middleware))
+		})
+		return r
+	})
+}
+
+// engine.Middleware with Use inside a subrouter sees the mount pattern
+// "/d/*" for every route below it: one scope for them all. The request
+// target in the fingerprint keeps that from replaying one route's answer
+// for another: the same key on the other route is refused as reused.
+func TestEngineMiddlewareUsedInSubrouterNeverCrossReplays(t *testing.T) {
+	app := adaptertest.Start(t, func(t *testing.T, e *idem.Engine, h *adaptertest.Hooks) http.Handler {
+		r := chi.NewRouter()
+		r.Route("/d", func(sr chi.Router) {
+			sr.Use(e.Middleware)
+			routes(h, sr, chi.NewRouter())
+		})
+		return r
+	})
+	charge := app.Post(t, "/d/charges", "shared", `{"amount":100}`)
+	if charge.Status != http.StatusCreated {
+		t.Fatalf("charge: %d %s", charge.Status, charge.Body)
+	}
+	refund := app.Post(t, "/d/refunds", "shared", `{"amount":100}`)
+	if refund.Status != http.StatusUnprocessableEntity || refund.ProblemType() != "key-reused" {
+		t.Fatalf("refund with the charge's key: %d %s; want 422 key-reused", refund.Status, refund.Body)
+	}
+	if app.Hooks.Runs("/d/refunds") != 0 || app.Hooks.Runs("/d/charges") != 1 {
+		t.Fatalf("runs: charges %d refunds %d", app.Hooks.Runs("/d/charges"), app.Hooks.Runs("/d/refunds"))
+	}
+}
+
+func TestRoute(t *testing.T) {
+	r := chi.NewRouter()
+	ok := func(http.ResponseWriter, *http.Request) {}
+	r.Post("/a/{id}", ok)
+	r.Route("/d", func(sr chi.Router) {
+		sr.Post("/charges", ok)
+		sr.Route("/{acct}/x", func(x chi.Router) { x.Post("/{id:[0-9]+}", ok) })
+	})
+	for _, tc := range []struct{ method, path, want string }{
+		{"POST", "/a/7", "/a/{id}"},
+		{"POST", "/d/charges", "/d/charges"},
+		{"POST", "/d/acct_1/x/42", "/d/{acct}/x/{id:[0-9]+}"},
+		{"POST", "/d/acct_1/x/abc", ""}, // the regexp refuses it: 404
+		{"POST", "/nowhere", ""},
+		{"GET", "/a/7", ""}, // 405
+	} {
+		req, _ := http.NewRequest(tc.method, tc.path, nil)
+		if got := chiidem.Route(r, req); got != tc.want {
+			t.Errorf("%s %s: route %q; want %q", tc.method, tc.path, got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,330 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idem-go/idem/store"
+)
+
+type ctxKey struct{}
+
+// FromContext returns the Execution of the request being handled under an
+// idempotency key, or nil when the request is not (an unprotected method,
+// or no key on a route where it is optional).
+func FromContext(ctx context.Context) *Execution {
+	x, _ := ctx.Value(ctxKey{}).(*Execution)
+	return x
+}
+
+// Execution is the right to run one request, held through a fenced lease
+// that the engine renews while the request runs. Handlers reach it with
+// FromContext to pass the key and the fence downstream, to checkpoint
+// atomic phases, to declare an uncertain outcome, or to complete the key
+// inside their own transaction. The engine records the outcome itself when
+// the handler returns.
+type Execution struct {
+	e      *Engine
+	scope  string
+	key    string
+	fence  int64
+	point  string
+	resume bool
+
+	mu        sync.Mutex
+	ending    bool // a final transition is under way; renewals go on
+	finished  bool // the heartbeat is stopped for good
+	heartbeat timer
+	leaseEnd  time.Time // when the lease lapses, by the engine's clock (an estimate from below)
+	failures  int       // renewals failed in a row
+	lost      atomic.Bool
+
+	uncertain atomic.Pointer[string]
+	committed atomic.Bool
+
+	// Storage that would otherwise be allocated per request: the context
+	// of the final transition and the request context carrying x.
+	endCtx callCtx
+	reqCtx execCtx
+}
+
+// execCtx is a request context carrying its Execution, embedded in the
+// Execution so that attaching it costs no allocation.
+type execCtx struct {
+	context.Context
+	x *Execution
+}
+
+func (c *execCtx) Value(key any) any {
+	if key == (ctxKey{}) {
+		return c.x
+	}
+	return c.Context.Value(key)
+}
+
+// attach returns ctx carrying x.
+func (x *Execution) attach(ctx context.Context) context.Context {
+	x.reqCtx = execCtx{Context: ctx, x: x}
+	return &x.reqCtx
+}
+
+// newExecution starts the heartbeat of a lease reserved at start.
+func (e *Engine) newExecution(res store.ReserveResult, start time.Time) *Execution {
+	x := &Execution{
+		e: e, scope: res.Record.Scope, key: res.Record.Key, fence: res.Record.Fence,
+		point: res.Record.RecoveryPoint, resume: res.Outcome == store.TakenOver,
+		leaseEnd: start.Add(e.cfg.Lease),
+	}
+	x.mu.Lock()
+	x.heartbeat = e.clk.AfterFunc(e.cfg.Lease/3, x.renew)
+	x.mu.Unlock()
+	return x
+}
+
+// Key returns the client's idempotency key.
+func (x *Execution) Key() string { return x.key }
+
+// Scope returns the record's scope (see Request.Scope).
+func (x *Execution) Scope() string { return x.scope }
+
+// Fence returns the lease token: it grows at every takeover, so a
+// downstream system that remembers the highest fence it saw can refuse a
+// zombie holder's late writes.
+func (x *Execution) Fence() int64 { return x.fence }
+
+// RecoveryPoint returns the last committed phase ("" before the first). A
+// handler resuming after a takeover starts from here.
+func (x *Execution) RecoveryPoint() string { return x.point }
+
+// Resumed reports whether this execution took over a dead holder's lease.
+func (x *Execution) Resumed() bool { return x.resume }
+
+// LeaseLost reports whether a renewal found the lease taken: the handler
+// should stop, its completion will be refused.
+func (x *Execution) LeaseLost() bool { return x.lost.Load() }
+
+func (x *Execution) fenceParams() store.FenceParams {
+	return store.FenceParams{Scope: x.scope, Key: x.key, Fence: x.fence}
+}
+
+// Checkpoint commits a recovery point outside any transaction. SQL stores
+// offer CheckpointTx to commit it with the phase's own writes.
+func (x *Execution) Checkpoint(ctx context.Context, point string) error {
+	err := x.e.call(ctx, opCheckpoint, true, func(ctx context.Context) error {
+		return x.e.store.Checkpoint(ctx, x.CheckpointParams(point))
+	})
+	if err == nil {
+		x.point = point
+	}
+	return err
+}
+
+// CheckpointParams returns the parameters for a store's CheckpointTx, so a
+// phase's writes and its recovery point commit together.
+func (x *Execution) CheckpointParams(point string) store.CheckpointParams {
+	return store.CheckpointParams{FenceParams: x.fenceParams(), RecoveryPoint: point}
+}
+
+// Checkpointed records that a CheckpointTx committed point.
+func (x *Execution) Checkpointed(point string) { x.point = point }
+
+// Uncertain declares that the operation may have had effects that cannot
+// be confirmed (a payment gateway timed out, a commit's outcome was lost):
+// the record goes to unknown for reconciliation whatever the response.
+func (x *Execution) Uncertain(reason string) { x.uncertain.Store(&reason) }
+
+// CompleteParams returns the parameters for a store's CompleteTx with the
+// response the handler is about to send, so the business write and the
+// key's completion commit in one transaction. Call Committed after the
+// commit succeeded, then send the same response.
+func (x *Execution) CompleteParams(resp store.Response) store.CompleteParams {
+	resp.Header = store.ReplayableHeader(resp.Header)
+	return store.CompleteParams{FenceParams: x.fenceParams(), Response: resp, TTL: x.e.cfg.TTL}
+}
+
+// Committed records that CompleteTx committed: the engine will not store
+// the response again.
+func (x *Execution) Committed() { x.committed.Store(true) }
+
+// renew extends the lease and schedules the next renewal: Lease/3 after a
+// success, sooner after a failure so that a short outage does not eat the
+// lease. It goes on while a final transition is retried.
+func (x *Execution) renew() {
+	e := x.e
+	start := e.clk.Now()
+	err := e.call(context.Background(), opExtend, false, func(ctx context.Context) error {
+		return e.store.Extend(ctx, store.ExtendParams{FenceParams: x.fenceParams(), Lease: e.cfg.Lease})
+	})
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.finished {
+		return
+	}
+	switch {
+	case err == nil:
+		x.failures = 0
+		if end := start.Add(e.cfg.Lease); end.After(x.leaseEnd) {
+			x.leaseEnd = end
+		}
+		x.heartbeat.Reset(e.cfg.Lease / 3)
+	case errors.Is(err, store.ErrLeaseLost):
+		x.lost.Store(true)
+		if !x.ending {
+			e.log.Error("idem: lease lost while the handler ran", "scope", x.scope, "key", x.key, "fence", x.fence)
+		}
+	case isAnswer(err):
+		e.log.Error("idem: lease renewal refused", "scope", x.scope, "key", x.key, "fence", x.fence, "err", err)
+	default:
+		// Any other failure: keep trying, the lease outlives several.
+		x.failures++
+		e.log.Warn("idem: lease renewal failed; retrying", "scope", x.scope, "key", x.key, "attempt", x.failures, "err", err)
+		x.heartbeat.Reset(x.renewRetry())
+	}
+}
+
+// renewRetry is the pause after the n-th failed renewal in a row: a
+// thirtieth of the lease, doubling, never more than the usual Lease/3.
+func (x *Execution) renewRetry() time.Duration {
+	lease := x.e.cfg.Lease
+	d := lease / 30
+	for i := 1; i < x.failures && d < lease/3; i++ {
+		d *= 2
+	}
+	return jitter(min(d, lease/3))
+}
+
+func (x *Execution) leaseLapse() time.Time {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.leaseEnd
+}
+
+// complete stores the response for replay.
+func (x *Execution) complete(ctx context.Context, resp store.Response, streamed bool) error {
+	return x.end(ctx, opComplete, store.StateCompleted, streamed, func(ctx context.Context) error {
+		return x.e.store.Complete(ctx, store.CompleteParams{FenceParams: x.fenceParams(), Response: resp, TTL: x.e.cfg.TTL})
+	})
+}
+
+// release frees the key for another attempt.
+func (x *Execution) release(ctx context.Context, reason string) error {
+	return x.end(ctx, opRelease, store.StateFailedRetryable, false, func(ctx context.Context) error {
+		return x.e.store.Release(ctx, store.ReleaseParams{FenceParams: x.fenceParams(), Error: reason})
+	})
+}
+
+// markUnknown sends the record to reconciliation.
+func (x *Execution) markUnknown(ctx context.Context, reason string) error {
+	x.e.log.Warn("idem: outcome unknown", "scope", x.scope, "key", x.key, "fence", x.fence, "reason", reason)
+	err := x.end(ctx, opMarkUnknown, store.StateUnknown, false, func(ctx context.Context) error {
+		return x.e.store.MarkUnknown(ctx, store.ReleaseParams{FenceParams: x.fenceParams(), Error: reason})
+	})
+	if err == nil {
+		x.e.obs.reconcileScheduled(ctx)
+	}
+	return err
+}
+
+// Abandon stops renewing the lease and leaves the record as it is, as a
+// crash would: the engine then records nothing for this execution, and the
+// record's lease policy decides what a retry finds once the lease expired.
+// For tests of crash recovery, and for handlers that hand the request to a
+// process that will complete it in a transaction of its own.
+func (x *Execution) Abandon() { x.finish() }
+
+// finish stops the heartbeat for good.
+func (x *Execution) finish() {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if !x.finished {
+		x.finished = true
+		x.heartbeat.Stop()
+	}
+}
+
+var errFinished = errors.New("idem: execution already finished")
+
+// landed reports whether the record is in state with this execution's
+// fence: a transition applied by an attempt whose answer was lost.
+func (x *Execution) landed(ctx context.Context, state store.State) bool {
+	var r store.Record
+	err := x.e.call(ctx, opGet, true, func(ctx context.Context) (err error) {
+		r, err = x.e.store.Get(ctx, x.scope, x.key)
+		return err
+	})
+	return err == nil && r.State == state && r.Fence == x.fence
+}
+
+// Completion retries start at completionRetry and double up to a tenth of
+// the lease (at most completionRetryMax).
+const (
+	completionRetry    = 10 * time.Millisecond
+	completionRetryMax = time.Second
+)
+
+// end runs a final transition. It ignores the request's cancellation (a
+// client that hung up must not stop the engine from recording what the
+// handler did) and retries a transient store failure, with the heartbeat
+// still renewing the lease, until the lease would lapse: only then is the
+// record left to become unknown when its lease expires. It never releases a
+// record it could not complete: that could run the request twice.
+func (x *Execution) end(ctx context.Context, op storeOp, what store.State, streamed bool, f func(context.Context) error) error {
+	x.mu.Lock()
+	if x.ending || x.finished {
+		x.mu.Unlock()
+		return errFinished
+	}
+	x.ending = true
+	x.mu.Unlock()
+	defer x.finish()
+
+	e := x.e
+	// Retries end when the lease held now would lapse: the heartbeat goes
+	// on renewing it meanwhile (so nobody takes the record over while we
+	// retry), but an outcome the store keeps refusing must not hold the
+	// request for ever.
+	deadline := x.leaseLapse()
+	err := e.callIn(&x.endCtx, ctx, op, true, f)
+	attempts := 1
+	pause := completionRetry
+	maxPause := min(completionRetryMax, max(e.cfg.Lease/10, completionRetry))
+	for transient(err) && !x.lost.Load() {
+		wait := jitter(pause)
+		if !e.clk.Now().Add(wait).Before(deadline) {
+			break
+		}
+		sleep(context.Background(), e.clk, wait)
+		err = e.call(ctx, op, true, f)
+		attempts++
+		pause = min(pause*2, maxPause)
+	}
+	if attempts > 1 && errors.Is(err, store.ErrLeaseLost) && x.landed(ctx, what) {
+		// An earlier attempt was applied but its answer was lost.
+		err = nil
+	}
+	switch {
+	case err == nil:
+		if attempts > 1 {
+			e.log.Info("idem: outcome recorded after retries", "scope", x.scope, "key", x.key, "outcome", what, "attempts", attempts)
+		}
+	case errors.Is(err, store.ErrLeaseLost):
+		// Not a failure of the store: the record moved on without us
+		// (taken over after a stall, swept, or deleted by an operator).
+		e.obs.finishFailed(ctx, op)
+		e.log.Warn("idem: outcome not recorded: this execution no longer holds the record",
+			"scope", x.scope, "key", x.key, "fence", x.fence, "outcome", what)
+	case transient(err):
+		e.obs.finishFailed(ctx, op)
+		e.log.Error("idem: could not record the outcome before the lease would lapse; the record becomes unknown when its lease expires",
+			"scope", x.scope, "key", x.key, "fence", x.fence, "outcome", what, "attempts", attempts,
+			"answer_already_sent", streamed, "err", err)
+	default:
+		e.obs.finishFailed(ctx, op)
+		e.log.Error("idem: the store refused the outcome",
+			"scope", x.scope, "key", x.key, "fence", x.fence, "outcome", what, "err", err)
+	}
+	return err
+}

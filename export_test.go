@@ -1,0 +1,19 @@
+package idem
+
+import ()
+
+// Clock and Timer let tests step the engine's time.
+type (
+	Clock = clock
+	Timer = timer
+)
+
+// SetClock makes e (and the engines later derived from it) read c.
+func SetClock(e *Engine, c Clock) { e.clk = c }
+
+// Protected reports whether e puts requests with method m through the
+// protocol, and under which spelling.
+func (e *Engine) Protected(m string) (string, bool) { return e.cfg.protected(m) }
+
+// ReadBody is the middleware's body reader.
+var ReadBody = readBody

@@ -1,0 +1,221 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/idem-go/idem"
+)
+
+// proxyProblem is one way the proxy refuses a request before the engine
+// sees it. Its type is idem.ProblemBase + slug, documented with the
+// engine's in docs/problems.md.
+type proxyProblem struct {
+	slug   string
+	status int
+	title  string
+	retry  bool // comes with Retry-After
+}
+
+var (
+	probMethodCase = proxyProblem{slug: "method-not-upper-case", status: http.StatusBadRequest,
+		title: "The request method must be upper case (POST, not post): methods are case-sensitive"}
+	probTenantMissing = proxyProblem{slug: "tenant-missing", status: http.StatusUnauthorized,
+		title: "The request carries none of the credentials the proxy tells callers apart by"}
+	probTenantInvalid = proxyProblem{slug: "tenant-invalid", status: http.StatusBadRequest,
+		title: "The tenant header does not hold a valid tenant id"}
+	probTargetInvalid = proxyProblem{slug: "target-invalid", status: http.StatusBadRequest,
+		title: "The request target holds bytes that must be percent-encoded"}
+	probTargetTooLong = proxyProblem{slug: "target-too-long", status: http.StatusRequestURITooLong,
+		title: "The request target is too long for an idempotent request"}
+	probOverloaded = proxyProblem{slug: "overloaded", status: http.StatusServiceUnavailable, retry: true,
+		title: "Too many request bodies are held at once; the request was not processed"}
+	probStoreDown = proxyProblem{slug: "store-unavailable", status: http.StatusServiceUnavailable, retry: true,
+		title: "Idempotency store is unavailable; the request was not processed"}
+)
+
+// writeProxyProblem answers p in the profile's error shape. detail may be
+// empty.
+func writeProxyProblem(w http.ResponseWriter, profile idem.Profile, p proxyProblem, detail string) {
+	typ := idem.ProblemBase + p.slug
+	if p.slug == "" {
+		typ = "about:blank"
+	}
+	if p.retry {
+		w.Header().Set("Retry-After", "1")
+	}
+	var body []byte
+	if profile == idem.ProfileStripe {
+		w.Header().Set("Content-Type", "application/json")
+		msg := p.title
+		if detail != "" {
+			msg += ": " + detail
+		}
+		errType := "idempotency_error"
+		if p.slug == "" {
+			errType = "api_error"
+		}
+		body, _ = json.Marshal(map[string]any{"error": map[string]string{"type": errType, "code": p.slug, "message": msg}})
+	} else {
+		w.Header().Set("Content-Type", "application/problem+json")
+		doc := map[string]any{"type": typ, "title": p.title, "status": p.status}
+		if detail != "" {
+			doc["detail"] = detail
+		}
+		body, _ = json.Marshal(doc)
+	}
+	w.WriteHeader(p.status)
+	w.Write(body)
+}
+
+// refuse answers p and counts it by reason.
+func (p *Proxy) refuse(w http.ResponseWriter, r *http.Request, prob proxyProblem, detail string) {
+	if r.ContentLength != 0 {
+		// The body was not read: net/http would read what is left of
+		// it before the next request, waiting on a client that may stall.
+		w.Header().Set("Connection", "close")
+	}
+	p.refusals.Add(r.Context(), 1, metric.WithAttributes(attribute.String("reason", prob.slug)))
+	writeProxyProblem(w, idem.Profile(p.cfg.Profile), prob, detail)
+}
+
+type tenantKey struct{}
+
+// tenantFromContext is the engine's Tenant: the guard named it.
+func tenantFromContext(r *http.Request) string {
+	t, _ := r.Context().Value(tenantKey{}).(string)
+	return t
+}
+
+// guard is the proxy's handler. In order: it bounds the time to receive
+// the body; refuses a method that is not upper case (an upstream that
+// matches methods without regard to case would otherwise run an
+// unprotected "post"); and for a keyed request on a protected method names
+// the tenant (401 without one), checks the route, and reserves the body's
+// memory (503 over the bound) before the engine reads it. Protected
+// requests get 503 while the store is not open; the others pass to the
+// upstream.
+func (p *Proxy) guard(w http.ResponseWriter, r *http.Request) {
+	if p.cfg.BodyTimeout > 0 {
+		r = limitBodyTime(w, r, p.cfg.BodyTimeout)
+	}
+	if !upperToken(r.Method) {
+		p.refuse(w, r, probMethodCase, "")
+		return
+	}
+	h := p.guarded.Load()
+	if !p.protected[r.Method] {
+		if h != nil {
+			(*h).ServeHTTP(w, r)
+		} else {
+			p.rp.ServeHTTP(w, r)
+		}
+		return
+	}
+	if len(r.Header["Idempotency-Key"]) > 0 {
+		tenant, err := p.tenants.tenant(r)
+		switch {
+		case errors.Is(err, errNoTenant):
+			p.log.Warn("idem proxy: keyed request without a tenant source; refused with 401",
+				"method", r.Method, "path", r.URL.Path, "tenant_from", p.tenants.String())
+			p.refuse(w, r, probTenantMissing, "send one of: "+p.tenants.String())
+			return
+		case err != nil:
+			p.refuse(w, r, probTenantInvalid, err.Error())
+			return
+		}
+		if prob, bad := checkRoute(proxyRoute(r)); bad {
+			p.refuse(w, r, prob, "")
+			return
+		}
+		r = r.WithContext(context.WithValue(r.Context(), tenantKey{}, tenant))
+		if n := p.bodyWeight(r); n > 0 {
+			if !p.buffers.TryAcquire(n) {
+				p.log.Warn("idem proxy: too many bodies held at once; refused with 503",
+					"max_buffered_bytes", p.cfg.MaxBufferedBytes, "body_bytes", n)
+				p.refuse(w, r, probOverloaded, "")
+				return
+			}
+			p.buffered.Add(n)
+			defer func() {
+				p.buffered.Add(-n)
+				p.buffers.Release(n)
+			}()
+		}
+	}
+	if h == nil {
+		p.refuse(w, r, probStoreDown, "")
+		return
+	}
+	(*h).ServeHTTP(w, r)
+}
+
+// bodyWeight is what the engine may hold of r's body: its Content-Length,
+// or MaxBody when unknown, at most MaxBody (a longer body is refused once
+// MaxBody bytes were read).
+func (p *Proxy) bodyWeight(r *http.Request) int64 {
+	if r.Body == nil || r.Body == http.NoBody {
+		return 0
+	}
+	if r.ContentLength < 0 || r.ContentLength > p.cfg.MaxBody {
+		return p.cfg.MaxBody
+	}
+	return r.ContentLength
+}
+
+// upperToken reports whether m is a method token without lower-case
+// letters. Methods are case-sensitive and every standard one is upper
+// case; refusing the others keeps an upstream that compares methods
+// without regard to case from running an unprotected "post".
+func upperToken(m string) bool {
+	if !validToken(m) {
+		return false
+	}
+	for i := 0; i < len(m); i++ {
+		if m[i] >= 'a' && m[i] <= 'z' {
+			return false
+		}
+	}
+	return true
+}
+
+// limitBodyTime gives r's body d to arrive, and returns the request to
+// serve. The deadline is on the connection's reads, so it is lifted once
+// the body was read to its end: a later read (net/http watches for the
+// client leaving while the handler runs) must not fail on it and cancel
+// the request. The body is wrapped in a copy of r: net/http decides what
+// to do with an unread body by looking at the one it made.
+func limitBodyTime(w http.ResponseWriter, r *http.Request, d time.Duration) *http.Request {
+	if r.Body == nil || r.Body == http.NoBody {
+		return r
+	}
+	rc := http.NewResponseController(w)
+	if rc.SetReadDeadline(time.Now().Add(d)) != nil {
+		return r
+	}
+	r = r.WithContext(r.Context())
+	r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc}
+	return r
+}
+
+type deadlineBody struct {
+	io.ReadCloser
+	rc   *http.ResponseController
+	done bool
+}
+
+func (b *deadlineBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF && !b.done {
+		b.done = true
+		b.rc.SetReadDeadline(time.Time{})
+	}
+	return n, err
+}

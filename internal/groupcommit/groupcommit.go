@@ -1,0 +1,163 @@
+// Package groupcommit gathers concurrent store calls into batches that
+// share one database commit, without ever making a call wait for a timer.
+//
+// A Group has a fixed number of slots. A call that finds a slot free runs
+// at once, alone, on its own goroutine: a lone request pays nothing. A call
+// that finds every slot busy queues. When a slot's work returns, everything
+// queued by then leaves together as one batch, in the slot just released,
+// as in a database's own group commit: the batch is only what piled up
+// while the database was busy with the previous one.
+package groupcommit
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Group runs operations of type T alone or in batches. Its zero value is
+// not usable; see New.
+type Group[T any] struct {
+	one   func(ctx context.Context, op T)
+	batch func(ctx context.Context, ops []T)
+	max   int
+
+	mu      sync.Mutex
+	free    int
+	pending []*call[T]
+	flights sync.WaitGroup
+	batched atomic.Int64
+}
+
+type call[T any] struct {
+	ctx   context.Context
+	op    T
+	done  chan struct{}
+	taken bool // in a batch already; guarded by Group.mu
+}
+
+// New returns a group of slots slots (at least 1) whose batches hold at
+// most maxBatch operations (at least 2). one runs an operation alone with
+// its caller's context; batch runs two or more under a context that ends
+// at the latest deadline of their callers (none if one has none) and that
+// no caller's cancellation ends. Both record their results in the
+// operations themselves (T is typically a pointer).
+func New[T any](slots, maxBatch int, one func(context.Context, T), batch func(context.Context, []T)) *Group[T] {
+	return &Group[T]{one: one, batch: batch, max: max(2, maxBatch), free: max(1, slots)}
+}
+
+// Do runs op, alone or in a batch, and returns once op's results are
+// recorded. It returns ctx's error instead when ctx ends while op waits:
+// before op was taken into a batch, op never runs; after, op's outcome is
+// unknown to the caller, as with any statement abandoned in flight, and the
+// caller must not read op's results.
+func (g *Group[T]) Do(ctx context.Context, op T) error {
+	g.mu.Lock()
+	if g.free > 0 {
+		g.free--
+		g.mu.Unlock()
+		g.one(ctx, op)
+		g.release()
+		return nil
+	}
+	c := &call[T]{ctx: ctx, op: op, done: make(chan struct{})}
+	g.pending = append(g.pending, c)
+	g.mu.Unlock()
+	select {
+	case <-c.done:
+		return nil
+	case <-ctx.Done():
+	}
+	g.mu.Lock()
+	if !c.taken {
+		if i := slices.Index(g.pending, c); i >= 0 {
+			g.pending = slices.Delete(g.pending, i, i+1)
+		}
+	}
+	g.mu.Unlock()
+	return ctx.Err()
+}
+
+// Wait waits for the batches in flight.
+func (g *Group[T]) Wait() { g.flights.Wait() }
+
+// Batched reports how many operations ran in batches of two or more.
+func (g *Group[T]) Batched() int64 { return g.batched.Load() }
+
+// Queue reports the free slots and the operations waiting for one.
+func (g *Group[T]) Queue() (free, pending int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.free, len(g.pending)
+}
+
+// release hands a slot to what queued meanwhile, or frees it.
+func (g *Group[T]) release() {
+	if calls := g.next(); calls != nil {
+		g.flights.Add(1)
+		go func() {
+			defer g.flights.Done()
+			for calls != nil {
+				g.run(calls)
+				calls = g.next()
+			}
+		}()
+	}
+}
+
+// next takes the queued calls for the slot being released, or frees the
+// slot when nothing waits.
+func (g *Group[T]) next() []*call[T] {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.pending) == 0 {
+		g.free++
+		return nil
+	}
+	n := min(len(g.pending), g.max)
+	calls := slices.Clone(g.pending[:n])
+	g.pending = slices.Delete(g.pending, 0, n)
+	for _, c := range calls {
+		c.taken = true
+	}
+	return calls
+}
+
+func (g *Group[T]) run(calls []*call[T]) {
+	defer func() {
+		for _, c := range calls {
+			close(c.done)
+		}
+	}()
+	if len(calls) == 1 {
+		g.one(calls[0].ctx, calls[0].op)
+		return
+	}
+	g.batched.Add(int64(len(calls)))
+	ops := make([]T, len(calls))
+	for i, c := range calls {
+		ops[i] = c.op
+	}
+	ctx, cancel := batchContext(calls)
+	defer cancel()
+	g.batch(ctx, ops)
+}
+
+// batchContext outlives no caller that still waits, and a caller that
+// gives up does not cancel the others' work.
+func batchContext[T any](calls []*call[T]) (context.Context, context.CancelFunc) {
+	base := context.WithoutCancel(calls[0].ctx)
+	var latest time.Time
+	for _, c := range calls {
+		d, ok := c.ctx.Deadline()
+		if !ok {
+			return context.WithCancel(base)
+		}
+		if d.After(latest) {
+			latest = d
+		}
+	}
+	return context.WithDeadline(base, latest)
+}

@@ -1,0 +1,157 @@
+package groupcommit_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/idem-go/idem/internal/groupcommit"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type op struct {
+	n     int
+	alone bool
+	batch int // size of the batch it ran in
+}
+
+// waitQueue waits until g has the given free slots and pending calls.
+func waitQueue(t *testing.T, g *groupcommit.Group[*op], free, pending int) {
+	t.Helper()
+	for i := 0; ; i++ {
+		f, p := g.Queue()
+		if f == free && p == pending {
+			return
+		}
+		if i == 10000 {
+			t.Fatalf("queue: %d free, %d pending; want %d, %d", f, p, free, pending)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestGroup(t *testing.T) {
+	gate := make(chan struct{})
+	var (
+		mu        sync.Mutex
+		batches   [][]int
+		deadlines []time.Time
+	)
+	g := groupcommit.New(1, 4,
+		func(ctx context.Context, o *op) {
+			if o.n == 0 {
+				<-gate // hold the only slot
+			}
+			o.alone = true
+		},
+		func(ctx context.Context, ops []*op) {
+			mu.Lock()
+			defer mu.Unlock()
+			var ns []int
+			for _, o := range ops {
+				o.batch = len(ops)
+				ns = append(ns, o.n)
+			}
+			batches = append(batches, ns)
+			d, _ := ctx.Deadline()
+			deadlines = append(deadlines, d)
+		})
+
+	// A lone call runs alone at once.
+	lone := &op{n: -1}
+	if err := g.Do(context.Background(), lone); err != nil || !lone.alone {
+		t.Fatalf("lone call: %+v, %v", lone, err)
+	}
+
+	ops := make([]*op, 7)
+	for i := range ops {
+		ops[i] = &op{n: i}
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = g.Do(context.Background(), ops[0]) })
+	waitQueue(t, g, 0, 0)
+
+	// Queued calls wait for the slot; one whose context ends leaves the
+	// queue and never runs.
+	soon := time.Now().Add(time.Hour)
+	later := soon.Add(time.Hour)
+	errs := make([]error, len(ops))
+	for i := 1; i < len(ops); i++ {
+		ctx, cancel := context.WithDeadline(context.Background(), soon)
+		if i == 3 {
+			ctx, cancel = context.WithDeadline(context.Background(), later)
+		}
+		defer cancel()
+		wg.Go(func() { errs[i] = g.Do(ctx, ops[i]) })
+		waitQueue(t, g, 0, i)
+	}
+	abandoned := &op{n: 99}
+	actx, cancel := context.WithCancel(context.Background())
+	aerr := make(chan error)
+	go func() { aerr <- g.Do(actx, abandoned) }()
+	waitQueue(t, g, 0, len(ops))
+	cancel()
+	if err := <-aerr; !errors.Is(err, context.Canceled) {
+		t.Errorf("abandoned call: %v", err)
+	}
+	waitQueue(t, g, 0, len(ops)-1)
+
+	close(gate)
+	wg.Wait()
+	g.Wait()
+	waitQueue(t, g, 1, 0)
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("call %d: %v", i, err)
+		}
+	}
+	// Six queued calls, at most four a batch: the first four, then two.
+	if want := [][]int{{1, 2, 3, 4}, {5, 6}}; !slices.EqualFunc(batches, want, slices.Equal) {
+		t.Errorf("batches %v, want %v", batches, want)
+	}
+	if !deadlines[0].Equal(later) || !deadlines[1].Equal(soon) {
+		t.Errorf("batch deadlines %v, want the latest of their calls (%v, %v)", deadlines, later, soon)
+	}
+	if abandoned.alone || abandoned.batch != 0 {
+		t.Errorf("the abandoned call ran: %+v", abandoned)
+	}
+	if got := g.Batched(); got != 6 {
+		t.Errorf("Batched() = %d, want 6", got)
+	}
+}
+
+func TestNoDeadlineMeansNone(t *testing.T) {
+	gate := make(chan struct{})
+	var hasDeadline []bool
+	g := groupcommit.New(1, 8,
+		func(ctx context.Context, o *op) {
+			if o.n == 0 {
+				<-gate
+			}
+		},
+		func(ctx context.Context, ops []*op) {
+			_, ok := ctx.Deadline()
+			hasDeadline = append(hasDeadline, ok)
+		})
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = g.Do(context.Background(), &op{n: 0}) })
+	waitQueue(t, g, 0, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	wg.Go(func() { _ = g.Do(ctx, &op{n: 1}) })
+	waitQueue(t, g, 0, 1)
+	wg.Go(func() { _ = g.Do(context.Background(), &op{n: 2}) })
+	waitQueue(t, g, 0, 2)
+	close(gate)
+	wg.Wait()
+	g.Wait()
+	if !slices.Equal(hasDeadline, []bool{false}) {
+		t.Errorf("batch deadlines: %v, want one batch without a deadline", hasDeadline)
+	}
+}

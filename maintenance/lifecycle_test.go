@@ -1,0 +1,288 @@
+package maintenance_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"go.uber.org/goleak"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/maintenance"
+	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/memory"
+)
+
+// The loops of Start end with Stop: no goroutine outlives its test.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// service records its lifecycle; failStart makes Start fail.
+type service struct {
+	name      string
+	failStart bool
+	events    *[]string
+}
+
+func (s *service) Start(context.Context) error {
+	*s.events = append(*s.events, "start "+s.name)
+	if s.failStart {
+		return errors.New("cannot start " + s.name)
+	}
+	return nil
+}
+
+func (s *service) Stop(context.Context) error {
+	*s.events = append(*s.events, "stop "+s.name)
+	return nil
+}
+
+func TestMaintainerStartStop(t *testing.T) {
+	t.Parallel()
+	var events []string
+	m := newMaint(t, realStores(t)[0], maintenance.Config{}, idem.Config{})
+	m.clock.manual = true
+	mt := m.maintainer(maintenance.Config{Services: []maintenance.Service{&service{name: "outbox", events: &events}}})
+	m.send("z", true)
+	m.clock.Advance(time.Minute)
+	if err := mt.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := mt.Start(context.Background()); err != nil { // already running
+		t.Fatal(err)
+	}
+	m.clock.nextPark(t)
+	m.clock.nextPark(t)
+	if n := m.clock.pending(); n != 2 {
+		t.Fatalf("%d loops run, want the sweeper and the reaper (no reconciler without a Resolver)", n)
+	}
+	m.clock.Advance(maintenance.DefaultReapInterval) // past every first wait
+	m.clock.nextPark(t)
+	m.clock.nextPark(t)
+	if s := m.state("z"); s != store.StateUnknown {
+		t.Fatalf("the running sweeper left z %s", s)
+	}
+	if err := mt.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := mt.Stop(context.Background()); err != nil { // idempotent
+		t.Fatal(err)
+	}
+	if strings.Join(events, ",") != "start outbox,stop outbox" {
+		t.Fatalf("service lifecycle %v", events)
+	}
+	// A service that cannot start: the others are stopped again and
+	// nothing runs.
+	events = nil
+	waiting := m.clock.pending()
+	bad := m.maintainer(maintenance.Config{Services: []maintenance.Service{
+		&service{name: "a", events: &events}, &service{name: "b", failStart: true, events: &events}}})
+	if err := bad.Start(context.Background()); err == nil {
+		t.Fatal("Start succeeded with a failing service")
+	}
+	if strings.Join(events, ",") != "start a,start b,stop a" {
+		t.Fatalf("lifecycle after a failed start %v", events)
+	}
+	if n := m.clock.pending(); n != waiting {
+		t.Fatalf("%d loops run after a failed start", n-waiting)
+	}
+	if err := bad.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A failed pass is logged, and the loop goes on at its interval.
+func TestLoopLogsAFailedPass(t *testing.T) {
+	t.Parallel()
+	// slog's handlers serialize their writes.
+	var log strings.Builder
+	m := newMaint(t, realStores(t)[0], maintenance.Config{}, idem.Config{})
+	m.clock.manual = true
+	// Any Resolver: it turns the reconciler on.
+	resolver := maintenance.ResolverFunc(func(context.Context, store.Record) (maintenance.Resolution, error) {
+		return maintenance.Resolution{}, nil
+	})
+	inner := memory.New(memory.Config{Clock: m.clock.Now})
+	mt, err := maintenance.New(brokenStore{inner}, maintenance.Config{Clock: m.clock, Resolver: resolver,
+		Logger: slog.New(slog.NewTextHandler(&log, nil)), SweepInterval: time.Hour, ReapInterval: time.Hour, ReconcileInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	maintenance.SetRand(mt, func(int64) int64 { return 0 })
+	if err := mt.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		m.clock.nextPark(t)
+	}
+	m.clock.Advance(0)
+	for range 3 {
+		if d := m.clock.nextPark(t); d != time.Hour {
+			t.Fatalf("wait after a failed pass: %v", d)
+		}
+	}
+	if err := mt.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, svc := range []string{"sweep", "reap", "reconcile"} {
+		if !strings.Contains(log.String(), "service="+svc) || !strings.Contains(log.String(), "store unavailable") {
+			t.Fatalf("no failed %s pass logged:\n%s", svc, log.String())
+		}
+	}
+}
+
+// brokenStore is a store whose database went away: every background call
+// fails.
+type brokenStore struct{ store.Store }
+
+var errGone = errors.New("connection refused")
+
+func (brokenStore) SweepExpiredLeases(context.Context, store.SweepParams) ([]store.Record, error) {
+	return nil, errGone
+}
+func (brokenStore) Reap(context.Context, store.ReapParams) (store.ReapResult, error) {
+	return store.ReapResult{}, errGone
+}
+func (brokenStore) ListUnknown(context.Context, store.ListUnknownParams) ([]store.Record, error) {
+	return nil, errGone
+}
+
+func TestConfigErrors(t *testing.T) {
+	t.Parallel()
+	s := memory.New(memory.Config{})
+	if _, err := maintenance.New(nil, maintenance.Config{}); err == nil {
+		t.Fatal("New accepted a nil store")
+	}
+	for _, tt := range []struct {
+		cfg  maintenance.Config
+		want string
+	}{
+		{maintenance.Config{TTL: -1}, "TTL must not be negative"},
+		{maintenance.Config{StoreTimeout: -time.Second}, "StoreTimeout must not be negative"},
+		{maintenance.Config{SweepInterval: -1}, "SweepInterval"},
+		{maintenance.Config{ReapInterval: -1}, "ReapInterval"},
+		{maintenance.Config{ReconcileInterval: -1}, "ReconcileInterval"},
+		{maintenance.Config{BatchTimeout: -1}, "BatchTimeout"},
+		{maintenance.Config{BatchPause: -1}, "BatchPause"},
+		{maintenance.Config{AbandonedTTL: -1}, "AbandonedTTL"},
+		{maintenance.Config{ReconcileBackoff: -1}, "ReconcileBackoff must not be negative"},
+		{maintenance.Config{ReconcileMaxBackoff: -1}, "ReconcileMaxBackoff must not be negative"},
+		{maintenance.Config{BatchSize: -5}, "BatchSize must not be negative (got -5)"},
+		{maintenance.Config{MaxReconcileAttempts: -1}, "MaxReconcileAttempts"},
+		{maintenance.Config{ReconcileBackoff: 2 * time.Hour}, "ReconcileMaxBackoff (1h0m0s) is shorter than ReconcileBackoff (2h0m0s)"},
+		{maintenance.Config{ReconcileBackoff: time.Minute, ReconcileMaxBackoff: time.Second}, "ReconcileMaxBackoff (1s) is shorter"},
+		{maintenance.Config{StoreTimeout: 2 * time.Minute}, "BatchTimeout (1m0s) is shorter than StoreTimeout (2m0s)"},
+		{maintenance.Config{Services: []maintenance.Service{nil}}, "Services[0] is nil"},
+	} {
+		_, err := maintenance.New(s, tt.cfg)
+		if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.HasPrefix(err.Error(), "maintenance: ") {
+			t.Errorf("New(%+v) = %v, want an error with %q", tt.cfg, err, tt.want)
+		}
+	}
+	// Every problem is reported at once.
+	_, err := maintenance.New(s, maintenance.Config{TTL: -1, BatchSize: -1})
+	if err == nil || !strings.Contains(err.Error(), "TTL") || !strings.Contains(err.Error(), "BatchSize") {
+		t.Fatalf("two bad fields: %v", err)
+	}
+}
+
+// The zero Config takes the documented defaults.
+func TestConfigDefaults(t *testing.T) {
+	t.Parallel()
+	mt, err := maintenance.New(memory.New(memory.Config{}), maintenance.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := maintenance.ConfigOf(mt)
+	want := maintenance.Config{
+		TTL: 24 * time.Hour, StoreTimeout: 5 * time.Second, SweepInterval: 15 * time.Second,
+		ReapInterval: time.Minute, ReconcileInterval: 10 * time.Second, BatchSize: 100,
+		BatchTimeout: time.Minute, BatchPause: 100 * time.Millisecond, AbandonedTTL: 24 * time.Hour,
+		ReconcileBackoff: 30 * time.Second, ReconcileMaxBackoff: time.Hour, MaxReconcileAttempts: 10,
+	}
+	if got.Logger == nil || got.Clock == nil {
+		t.Fatal("no default logger or clock")
+	}
+	got.Logger, got.Clock = nil, nil
+	if got.TTL != want.TTL || got.StoreTimeout != want.StoreTimeout || got.SweepInterval != want.SweepInterval ||
+		got.ReapInterval != want.ReapInterval || got.ReconcileInterval != want.ReconcileInterval ||
+		got.BatchSize != want.BatchSize || got.BatchTimeout != want.BatchTimeout || got.BatchPause != want.BatchPause ||
+		got.AbandonedTTL != want.AbandonedTTL || got.ReconcileBackoff != want.ReconcileBackoff ||
+		got.ReconcileMaxBackoff != want.ReconcileMaxBackoff || got.MaxReconcileAttempts != want.MaxReconcileAttempts {
+		t.Fatalf("defaults %+v, want %+v", got, want)
+	}
+}
+
+// The services count their work under the engine's metric names, and
+// measure their store calls beside the engine's under the op attribute.
+func TestMetrics(t *testing.T) {
+	t.Parallel()
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	m := newMaint(t, realStores(t)[0], maintenance.Config{}, idem.Config{MeterProvider: mp})
+	mt := m.maintainer(maintenance.Config{MeterProvider: mp, Resolver: stillUnknown, MaxReconcileAttempts: 1})
+	m.send("z", true)
+	m.send("done", false)
+	m.clock.Advance(25 * time.Hour)
+	if _, err := mt.SweepOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mt.ReconcileOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mt.ReapOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	sums := map[string]int64{}
+	ops := map[string]bool{}
+	for _, sm := range rm.ScopeMetrics {
+		if sm.Scope.Name != "github.com/idem-go/idem" {
+			t.Fatalf("meter %q", sm.Scope.Name)
+		}
+		for _, md := range sm.Metrics {
+			switch d := md.Data.(type) {
+			case metricdata.Sum[int64]:
+				for _, p := range d.DataPoints {
+					sums[md.Name] += p.Value
+				}
+			case metricdata.Histogram[float64]:
+				if md.Name != "idem.store.duration" {
+					continue
+				}
+				for _, p := range d.DataPoints {
+					if op, ok := p.Attributes.Value(attribute.Key("op")); ok {
+						ops[op.AsString()] = true
+					}
+				}
+			}
+		}
+	}
+	for name, want := range map[string]int64{
+		"idem.zombies_swept": 1, "idem.reconcile_dead": 1, "idem.ttl_pruned": 1,
+	} {
+		if sums[name] != want {
+			t.Errorf("%s = %d, want %d (all: %v)", name, sums[name], want, sums)
+		}
+	}
+	// The engine counts the scheduling of records it marks unknown; the
+	// sweeper those it moves.
+	if sums["idem.reconcile_scheduled"] < 1 {
+		t.Errorf("idem.reconcile_scheduled = %d", sums["idem.reconcile_scheduled"])
+	}
+	for _, op := range []string{"sweep", "reap", "list_unknown", "defer", "reserve"} {
+		if !ops[op] {
+			t.Errorf("no idem.store.duration for op %s (have %v)", op, ops)
+		}
+	}
+}

@@ -1,0 +1,169 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Every parameter type of the contract checks itself: stores call Validate
+// first, before touching their database, so a request breaking the contract
+// gets ErrInvalidParams (or ErrTooLong) from every store alike, never a
+// driver error.
+
+// MaxFingerprintBytes bounds a request's fingerprint (the engine's is a
+// short digest).
+const MaxFingerprintBytes = 512
+
+func invalid(msg string) error { return errors.Join(ErrInvalidParams, errors.New(msg)) }
+
+// Validate checks the parameters every store must refuse.
+func (p *ReserveParams) Validate() error {
+	if err := CheckID(p.Scope, p.Key); err != nil {
+		return err
+	}
+	switch {
+	case p.Fingerprint == "":
+		return invalid("fingerprint is required")
+	case len(p.Fingerprint) > MaxFingerprintBytes:
+		return errors.Join(ErrTooLong, fmt.Errorf("fingerprint of %d bytes, the limit is %d", len(p.Fingerprint), MaxFingerprintBytes))
+	case p.Lease <= 0 || p.TTL <= 0:
+		return invalid("lease and ttl must be positive")
+	case !p.LeasePolicy.Valid():
+		return invalid("unknown lease policy " + string(p.LeasePolicy))
+	}
+	return nil
+}
+
+// Validate checks the record's identity and that the fence is one a store
+// could have issued (positive).
+func (p *FenceParams) Validate() error {
+	if err := CheckID(p.Scope, p.Key); err != nil {
+		return err
+	}
+	if p.Fence <= 0 {
+		return invalid("fence must be positive")
+	}
+	return nil
+}
+
+// Validate checks a stored response: a status a client can receive.
+func (r *Response) Validate() error {
+	if r.Status < 100 || r.Status > 999 {
+		return invalid(fmt.Sprintf("response status %d out of range", r.Status))
+	}
+	return nil
+}
+
+// Validate checks a completion.
+func (p *CompleteParams) Validate() error {
+	if err := p.FenceParams.Validate(); err != nil {
+		return err
+	}
+	if p.TTL < 0 {
+		return invalid("ttl must not be negative")
+	}
+	return p.Response.Validate()
+}
+
+// Validate checks a release or a MarkUnknown.
+func (p *ReleaseParams) Validate() error { return p.FenceParams.Validate() }
+
+// Validate checks a checkpoint.
+func (p *CheckpointParams) Validate() error { return p.FenceParams.Validate() }
+
+// Validate checks a lease renewal.
+func (p *ExtendParams) Validate() error {
+	if err := p.FenceParams.Validate(); err != nil {
+		return err
+	}
+	if p.Lease <= 0 {
+		return invalid("lease must be positive")
+	}
+	return nil
+}
+
+func checkLimit(limit int) error {
+	if limit <= 0 {
+		return invalid("limit must be positive")
+	}
+	return nil
+}
+
+// Validate checks a sweep.
+func (p *SweepParams) Validate() error {
+	if err := checkLimit(p.Limit); err != nil {
+		return err
+	}
+	if p.Grace < 0 {
+		return invalid("grace must not be negative")
+	}
+	return nil
+}
+
+// Validate checks a reap.
+func (p *ReapParams) Validate() error {
+	if err := checkLimit(p.Limit); err != nil {
+		return err
+	}
+	if p.AbandonedTTL < 0 {
+		return invalid("abandoned ttl must not be negative")
+	}
+	return p.Abandoned.Validate()
+}
+
+// Validate checks a listing.
+func (p *ListUnknownParams) Validate() error { return checkLimit(p.Limit) }
+
+// Validate checks a resolution.
+func (p *ResolveParams) Validate() error {
+	if err := CheckID(p.Scope, p.Key); err != nil {
+		return err
+	}
+	switch {
+	case p.To == StateCompleted && p.Response == nil:
+		return invalid("resolving to completed needs a response")
+	case p.To != StateCompleted && p.To != StateFailedRetryable:
+		return invalid("resolve target must be completed or failed_retryable")
+	case p.TTL < 0:
+		return invalid("ttl must not be negative")
+	case p.To == StateCompleted:
+		return p.Response.Validate()
+	}
+	return nil
+}
+
+// Validate checks a deferral.
+func (p *DeferParams) Validate() error {
+	if err := CheckID(p.Scope, p.Key); err != nil {
+		return err
+	}
+	if p.Delay < 0 {
+		return invalid("delay must not be negative")
+	}
+	return nil
+}
+
+// Resolution is the finest time every store keeps: times and durations are
+// stored in whole microseconds.
+const Resolution = time.Microsecond
+
+// Micros converts a duration given to a store (a lease, a TTL, a delay, a
+// grace) to whole microseconds, rounding up: a lease of 1ns is a lease of
+// 1µs, never an empty one, and a lease is never cut short by the store's
+// precision. Every store converts durations through it (or rounds the same
+// way in its own language), so one duration means the same instant on every
+// store. Zero and negative durations give 0.
+func Micros(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	us := int64(d / Resolution)
+	if d%Resolution != 0 {
+		us++ // (d + Resolution - 1) would overflow near the largest duration
+	}
+	return us
+}
+
+// RoundUp is d rounded up to the store resolution, as Micros rounds it.
+func RoundUp(d time.Duration) time.Duration { return time.Duration(Micros(d)) * Resolution }

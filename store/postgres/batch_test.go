@@ -1,0 +1,242 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/postgres"
+	"github.com/idem-go/idem/store/storetest"
+)
+
+// TestConformanceBatched runs the suite with a single batch slot, so that
+// every call made while another is in flight rides in a pipeline.
+func TestConformanceBatched(t *testing.T) {
+	testURL(t)
+	storetest.Run(t, storetest.Harness{
+		NewDatabase: func(t *testing.T) storetest.Opener {
+			u := withSearchPath(t, newSchema(t))
+			return func(t *testing.T, clock store.Clock) store.Store {
+				s, err := postgres.Open(context.Background(), u, postgres.Config{Clock: clock, MaxBatches: 1})
+				if err != nil {
+					t.Fatalf("open: %v", err)
+				}
+				t.Cleanup(func() { s.Close() })
+				return s
+			}
+		},
+		Durable: true,
+		Shared:  true,
+	})
+}
+
+// holdSlot makes the store's only batch slot wait on a row lock: it locks
+// the record of key from an outside transaction and starts a Complete of
+// it. Calling the returned function releases the lock and waits for that
+// Complete.
+func holdSlot(t *testing.T, s *postgres.Store, schema, key string) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	res, err := s.Reserve(ctx, reserveParams(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := adminConn(t).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT FROM "+pgx.Identifier{schema, "idem_records"}.Sanitize()+
+		" WHERE key = $1 FOR UPDATE", key); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		done <- s.Complete(ctx, completeParams(key, res.Record.Fence))
+	}()
+	waitQueue(t, s, 0, 0)
+	return func() {
+		t.Helper()
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Errorf("complete %s: %v", key, err)
+		}
+	}
+}
+
+// waitQueue waits until the batcher has free slots and pending calls.
+func waitQueue(t *testing.T, s *postgres.Store, free, pending int) {
+	t.Helper()
+	for i := 0; ; i++ {
+		f, p := s.BatchQueue()
+		if f == free && p == pending {
+			return
+		}
+		if i == 10000 {
+			t.Fatalf("batch queue: %d free, %d pending; want %d, %d", f, p, free, pending)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func completeParams(key string, fence int64) store.CompleteParams {
+	return store.CompleteParams{
+		FenceParams: store.FenceParams{Scope: reserveParams(key).Scope, Key: key, Fence: fence},
+		Response:    store.Response{Status: 201, Body: []byte(key)},
+		TTL:         time.Hour,
+	}
+}
+
+func TestBatchGroupCommit(t *testing.T) {
+	schema := newSchema(t)
+	ctx := context.Background()
+	s, err := postgres.Open(ctx, testURL(t), postgres.Config{Schema: schema, MaxBatches: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	admin := adminConn(t)
+	// A trigger that fails one key's insert: its statement error rolls back
+	// the whole pipeline it rides in.
+	fn := pgx.Identifier{schema, "poison"}.Sanitize()
+	if _, err := admin.Exec(ctx, `CREATE FUNCTION `+fn+`() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN IF NEW.key = 'poison' THEN RAISE EXCEPTION 'poisoned key'; END IF; RETURN NEW; END $$`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, `CREATE TRIGGER poison BEFORE INSERT ON `+
+		pgx.Identifier{schema, "idem_records"}.Sanitize()+` FOR EACH ROW EXECUTE FUNCTION `+fn+`()`); err != nil {
+		t.Fatal(err)
+	}
+
+	const n = 10
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("k%02d", n-i) // queued out of key order
+	}
+
+	// Reserves queued behind a busy slot leave as one pipeline; the poisoned
+	// one rolls it back, and each then runs alone.
+	release := holdSlot(t, s, schema, "blocker1")
+	var wg sync.WaitGroup
+	results := make([]store.ReserveResult, n)
+	errs := make([]error, n+1)
+	for i, k := range keys {
+		wg.Go(func() { results[i], errs[i] = s.Reserve(ctx, reserveParams(k)) })
+		waitQueue(t, s, 0, i+1)
+	}
+	wg.Go(func() { _, errs[n] = s.Reserve(ctx, reserveParams("poison")) })
+	waitQueue(t, s, 0, n+1)
+	release()
+	wg.Wait()
+	for i, k := range keys {
+		if errs[i] != nil || results[i].Outcome != store.Created || results[i].Record.Key != k {
+			t.Errorf("reserve %s: %+v, %v", k, results[i], errs[i])
+		}
+	}
+	if errs[n] == nil || !strings.Contains(errs[n].Error(), "poisoned key") {
+		t.Errorf("poisoned reserve: %v, want the trigger's error", errs[n])
+	}
+	if batched, rolledBack := s.BatchStats(); batched != n+1 || rolledBack != 1 {
+		t.Errorf("batched %d calls, %d rolled back; want %d, 1", batched, rolledBack, n+1)
+	}
+	waitQueue(t, s, 1, 0)
+
+	// Completes share one pipeline and one commit; a queued call whose
+	// context ends leaves the queue.
+	release = holdSlot(t, s, schema, "blocker2")
+	cctx, cancel := context.WithCancel(ctx)
+	canceled := make(chan error, 1)
+	go func() {
+		canceled <- s.Complete(cctx, completeParams(keys[0], results[0].Record.Fence))
+	}()
+	waitQueue(t, s, 0, 1)
+	cancel()
+	if err := <-canceled; !errors.Is(err, context.Canceled) {
+		t.Errorf("canceled complete: %v", err)
+	}
+	waitQueue(t, s, 0, 0)
+	for i, k := range keys {
+		wg.Go(func() { errs[i] = s.Complete(ctx, completeParams(k, results[i].Record.Fence)) })
+		waitQueue(t, s, 0, i+1)
+	}
+	stale := completeParams(keys[0], results[0].Record.Fence+1)
+	wg.Go(func() { errs[n] = s.Complete(ctx, stale) })
+	waitQueue(t, s, 0, n+1)
+	release()
+	wg.Wait()
+	for i, k := range keys {
+		if errs[i] != nil {
+			t.Errorf("complete %s: %v", k, errs[i])
+		}
+		rec, err := s.Get(ctx, reserveParams(k).Scope, k)
+		if err != nil || rec.State != store.StateCompleted || string(rec.Response.Body) != k {
+			t.Errorf("get %s: %+v, %v", k, rec, err)
+		}
+	}
+	if !errors.Is(errs[n], store.ErrLeaseLost) {
+		t.Errorf("complete with a stale fence in a batch: %v, want ErrLeaseLost", errs[n])
+	}
+	if batched, rolledBack := s.BatchStats(); batched != 2*(n+1) || rolledBack != 1 {
+		t.Errorf("batched %d calls, %d rolled back; want %d, 1", batched, rolledBack, 2*(n+1))
+	}
+	waitQueue(t, s, 1, 0)
+}
+
+func TestBatchingOff(t *testing.T) {
+	schema := newSchema(t)
+	ctx := context.Background()
+	s, err := postgres.Open(ctx, testURL(t), postgres.Config{Schema: schema, MaxBatches: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Go(func() {
+			k := fmt.Sprint("k", i)
+			res, err := s.Reserve(ctx, reserveParams(k))
+			if err == nil {
+				err = s.Complete(ctx, completeParams(k, res.Record.Fence))
+			}
+			if err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func TestOpenPoolSize(t *testing.T) {
+	schema := newSchema(t)
+	ctx := context.Background()
+	for _, c := range []struct {
+		query string
+		cfg   int32
+		want  int32
+	}{
+		{"", 0, postgres.DefaultMaxConns},
+		{"&pool_max_conns=7", 0, 7},
+		{"&pool_max_conns=7", 9, 9},
+		{"", 3, 3},
+	} {
+		s, err := postgres.Open(ctx, testURL(t)+c.query, postgres.Config{Schema: schema, MaxConns: c.cfg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.Pool().Config().MaxConns; got != c.want {
+			t.Errorf("url %q, MaxConns %d: pool of %d, want %d", c.query, c.cfg, got, c.want)
+		}
+		s.Close()
+	}
+	if _, err := postgres.Open(ctx, testURL(t), postgres.Config{Schema: schema, MaxConns: -1}); !errors.Is(err, store.ErrInvalidParams) {
+		t.Errorf("negative MaxConns: %v", err)
+	}
+}
