@@ -162,6 +162,8 @@ func TestConsoleBrowser(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(`input[name=key]`)),
 		chromedp.SendKeys(chromedp.CSS(`input[name=key]`), `"order-42"`),
 		chromedp.Submit(chromedp.CSS(`input[name=key]`)),
+		// The page before the search lists every record: wait for the results.
+		chromedp.WaitVisible(chromedp.CSS(`#searching-key`)),
 		chromedp.WaitVisible(chromedp.CSS(`table a`)),
 		shot("search"))
 	text = textOf(`table`)
@@ -186,7 +188,8 @@ func TestConsoleBrowser(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(`#confirm`)),
 		shot("confirm"),
 		chromedp.Click(chromedp.CSS(`#confirm`)),
-		chromedp.WaitVisible(chromedp.CSS(`pre`)))
+		// The confirmation page has a pre too: wait for the record page.
+		chromedp.WaitVisible(chromedp.CSS(`dl .state.completed`)))
 	text = textOf(`dl`)
 	if !strings.Contains(text, "completed") {
 		t.Fatalf("after the confirmation: %q", text)
