@@ -47,3 +47,9 @@ fuzz:
 	go test -run '^$$' -fuzz FuzzTarget -fuzztime 20s ./internal/fingerprint/
 	go test -run '^$$' -fuzz FuzzFields -fuzztime 20s ./internal/fingerprint/
 	go test -run '^$$' -fuzz FuzzRetryAfter -fuzztime 20s ./client/
+
+# The full fault test of the proxy (see README.md, "Fault test"): several
+# proxies, SIGKILLs, PostgreSQL crashes, concurrent duplicates. Minutes long;
+# go test runs a reduced version of it.
+fault:
+	IDEM_FAULT_FULL=1 go test -count=1 -v -timeout 30m -run '^TestFault' ./cmd/idem/

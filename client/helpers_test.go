@@ -95,7 +95,6 @@ func (a *api) received() []request {
 	return append([]request(nil), a.requests...)
 }
 
-
 // server runs the real idem middleware over a at POST /v1/charges; front,
 // when set, wraps the middleware (a fault in front of it). It returns the
 // server and the memory store behind the engine.

@@ -100,30 +100,40 @@ type proxyProc struct {
 }
 
 // startProxy starts `idem proxy args...` on a free port and waits until it
-// listens.
+// listens; the test's cleanup kills it.
 func startProxy(t *testing.T, args ...string) *proxyProc {
 	t.Helper()
-	logFile, err := os.CreateTemp(t.TempDir(), "proxy-*.log")
+	p, err := spawnProxy(idemBinary(t), t.TempDir(), args...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer logFile.Close()
-	args = append([]string{"proxy", "--listen", "127.0.0.1:0", "--log-format", "json"}, args...)
-	cmd := exec.Command(idemBinary(t), args...)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &proxyProc{cmd: cmd, log: logFile.Name(), done: make(chan error, 1)}
-	go func() { p.done <- cmd.Wait() }()
 	t.Cleanup(func() {
-		cmd.Process.Kill()
+		p.cmd.Process.Kill()
 		<-p.done
 		if t.Failed() {
 			b, _ := os.ReadFile(p.log)
 			t.Logf("proxy log %s:\n%s", p.log, b)
 		}
 	})
+	return p
+}
+
+// spawnProxy starts `bin proxy args...` on a free port, logging to a new
+// file in logDir, and waits until it listens. The caller ends the process.
+func spawnProxy(bin, logDir string, args ...string) (*proxyProc, error) {
+	logFile, err := os.CreateTemp(logDir, "proxy-*.log")
+	if err != nil {
+		return nil, err
+	}
+	defer logFile.Close()
+	args = append([]string{"proxy", "--listen", "127.0.0.1:0", "--log-format", "json"}, args...)
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &proxyProc{cmd: cmd, log: logFile.Name(), done: make(chan error, 1)}
+	go func() { p.done <- cmd.Wait() }()
 
 	deadline := time.Now().Add(30 * time.Second)
 	for p.base == "" {
@@ -131,16 +141,18 @@ func startProxy(t *testing.T, args ...string) *proxyProc {
 		case err := <-p.done:
 			p.done <- err
 			b, _ := os.ReadFile(p.log)
-			t.Fatalf("idem proxy exited: %v\n%s", err, b)
+			return nil, fmt.Errorf("idem proxy exited: %v\n%s", err, b)
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("idem proxy did not start listening")
+			cmd.Process.Kill()
+			<-p.done
+			return nil, errors.New("idem proxy did not start listening")
 		}
 		time.Sleep(10 * time.Millisecond)
 		p.base = listenAddr(p.log)
 	}
-	return p
+	return p, nil
 }
 
 // listenAddr reads the proxy's start line from its log.

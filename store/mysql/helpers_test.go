@@ -16,7 +16,6 @@ import (
 	"github.com/idem-go/idem/store/storetest"
 )
 
-
 // baseConfig returns the parsed test DSN or skips the test.
 func baseConfig(tb testing.TB) *mysqldrv.Config {
 	tb.Helper()
