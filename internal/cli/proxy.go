@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sync/semaphore"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/console"
 	"github.com/idem-go/idem/internal/storeurl"
 	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
@@ -113,6 +114,11 @@ type ProxyConfig struct {
 	// Webhook turns on the settlement webhook on the admin server
 	// (WebhookPath); off without secrets.
 	Webhook WebhookConfig
+	// Console serves the operations console at /console/ on the admin
+	// server, authenticated by ConsoleCredentials (required unless Admin is
+	// a loopback address).
+	Console            bool
+	ConsoleCredentials console.Credentials
 
 	// NoMaintenance turns off the background services the proxy runs
 	// while it serves (sweeper, reaper, and the reconciler when there is a
@@ -324,6 +330,12 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 	}
 	if cfg.AdminHandlers, err = p.mountWebhook(cfg.AdminHandlers); err != nil {
 		return nil, err
+	}
+	if cfg.Admin != "" && cfg.Console {
+		if err := p.mountConsole(&cfg); err != nil {
+			return nil, err
+		}
+		p.cfg = cfg
 	}
 	if cfg.Admin != "" {
 		if p.adminLn, err = net.Listen("tcp", cfg.Admin); err != nil {
@@ -872,6 +884,8 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	fs.DurationVar(&cfg.UpstreamTimeout, "upstream-timeout", 60*time.Second, "wait for the upstream's response headers (after it, the outcome is unknown); 0 for no limit")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 20*time.Second, "time in-flight requests get to finish at shutdown")
 	fs.StringVar(&cfg.Admin, "admin", "", "`address` of the admin server (/healthz, /readyz, /metrics); off when empty")
+	fs.BoolVar(&cfg.Console, "console", true, "serve the operations console at /console/ on --admin (credentials from $IDEM_CONSOLE_TOKEN or $IDEM_CONSOLE_USER/$IDEM_CONSOLE_PASSWORD; required unless --admin is loopback)")
+	cfg.ConsoleCredentials = console.CredentialsFromEnv()
 	cacheDSN := cacheFlag(fs, "Redis `URL` of a replay cache in front of the store: "+storeurl.CacheSupported)
 	runMaintenance := fs.Bool("maintenance", true, "run the background services: sweeper, reaper, and reconciler (with --resolve-url)")
 	fs.DurationVar(&cfg.Maintenance.SweepInterval, "sweep-interval", maintenance.DefaultSweepInterval, "how often expired leases are swept to unknown")
