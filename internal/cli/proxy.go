@@ -20,11 +20,13 @@ import (
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/semaphore"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/storeurl"
 	"github.com/idem-go/idem/maintenance"
+	"github.com/idem-go/idem/otelidem"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/memory"
 )
@@ -110,6 +112,13 @@ type ProxyConfig struct {
 	// its metrics in the Prometheus format at /metrics on the admin
 	// server (unless AdminHandlers has "/metrics").
 	MeterProvider metric.MeterProvider
+	// TracerProvider receives the engine's spans and the proxy's own
+	// (idem.proxy, the server span of each request). Nil: an OpenTelemetry
+	// SDK provider exporting OTLP over HTTP when OTEL_EXPORTER_OTLP_ENDPOINT
+	// or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set, no spans otherwise.
+	// Either way the proxy continues the caller's trace (W3C traceparent)
+	// and passes it on to the upstream.
+	TracerProvider trace.TracerProvider
 
 	// NoMaintenance turns off the background services the proxy runs
 	// while it serves (sweeper, reaper, and the reconciler when there is a
@@ -117,7 +126,7 @@ type ProxyConfig struct {
 	// reconcile run, must then do their work.
 	NoMaintenance bool
 	// Maintenance configures the background services; zero fields take
-	// the defaults of maintenance.Config. TTL, Logger and MeterProvider
+	// the defaults of maintenance.Config. TTL, Logger and Observer
 	// default to the proxy's.
 	Maintenance maintenance.Config
 	// ResolveURL, when set and Maintenance.Resolver is nil, is the
@@ -147,6 +156,8 @@ type Proxy struct {
 	handler   http.Handler // the guard in front of everything
 	metrics   *metrics     // nil when the caller brought its own provider
 	refusals  metric.Int64Counter
+	tracing   *tracing      // nil when the caller brought its own provider
+	obs       idem.Observer // the engine's and the services' metrics and spans
 	tenants   *tenants
 	protected map[string]bool
 	buffers   *semaphore.Weighted
@@ -269,6 +280,17 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 		metric.WithDescription("requests the proxy refused before the engine, by reason")); err != nil {
 		return nil, fmt.Errorf("proxy: metrics: %w", err)
 	}
+	tp := cfg.TracerProvider
+	if tp == nil {
+		if p.tracing, err = newTracing(ctx); err != nil {
+			return nil, fmt.Errorf("proxy: traces: %w", err)
+		}
+		tp = p.tracing.tracerProvider()
+	}
+	usePropagator()
+	if p.obs, err = otelidem.New(otelidem.Config{MeterProvider: mp, TracerProvider: tp}); err != nil {
+		return nil, fmt.Errorf("proxy: metrics: %w", err)
+	}
 	// The engine's settings are checked now, whether or not the store
 	// answers: a typo must fail at start, not when the database comes up.
 	if _, err := idem.New(memory.New(memory.Config{}), p.engineConfig()); err != nil {
@@ -293,7 +315,7 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 		ErrorHandler: p.upstreamError,
 		ErrorLog:     slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
 	}
-	p.handler = http.HandlerFunc(p.guard)
+	p.handler = traced(tp.Tracer("github.com/idem-go/idem/internal/cli"), http.HandlerFunc(p.guard))
 
 	if s, err := p.openStore(ctx); err == nil {
 		p.attach(s)
@@ -372,17 +394,17 @@ func proxyTenants(cfg ProxyConfig, log *slog.Logger) (*tenants, error) {
 func (p *Proxy) engineConfig() idem.Config {
 	cfg := p.cfg
 	return idem.Config{
-		Profile:       idem.Profile(cfg.Profile),
-		Methods:       cfg.Methods,
-		TTL:           cfg.TTL,
-		Lease:         cfg.Lease,
-		Wait:          cfg.Wait,
-		MaxBodyBytes:  cfg.MaxBody,
-		Secret:        cfg.FingerprintSecret,
-		Tenant:        tenantFromContext,
-		Route:         proxyRoute,
-		Logger:        cfg.Logger,
-		MeterProvider: cfg.MeterProvider,
+		Profile:      idem.Profile(cfg.Profile),
+		Methods:      cfg.Methods,
+		TTL:          cfg.TTL,
+		Lease:        cfg.Lease,
+		Wait:         cfg.Wait,
+		MaxBodyBytes: cfg.MaxBody,
+		Secret:       cfg.FingerprintSecret,
+		Tenant:       tenantFromContext,
+		Route:        proxyRoute,
+		Logger:       cfg.Logger,
+		Observer:     p.obs,
 	}
 }
 
@@ -597,6 +619,9 @@ func (p *Proxy) Serve(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("proxy: metrics: %w", err))
 		}
 	}
+	if err := p.tracing.shutdown(sctx); err != nil {
+		errs = append(errs, fmt.Errorf("proxy: traces: %w", err))
+	}
 	if st != nil {
 		if err := st.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("proxy: close store: %w", err))
@@ -626,6 +651,7 @@ func (p *Proxy) closeAll() {
 	if p.metrics != nil {
 		p.metrics.shutdown(context.Background())
 	}
+	p.tracing.shutdown(context.Background())
 }
 
 // ready is the readiness check: not while draining, and only when the
@@ -680,6 +706,7 @@ type sentKey struct{}
 func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	pr.SetURL(p.upstream)
 	pr.SetXForwarded()
+	injectTrace(pr.Out)
 	if idem.FromContext(pr.In.Context()) == nil {
 		return // not under a key: an ordinary reverse proxy request
 	}
