@@ -842,6 +842,9 @@ idem reconcile resolve (or idem reconcile run).
 With --admin, /metrics serves the engine's metrics in the Prometheus format
 (idem_reserve_outcomes_total{outcome=...}, idem_store_errors_total,
 idem_store_duration_seconds, idem_zombies_swept_total, ...).
+With OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) set,
+the proxy exports its spans over OTLP/HTTP; it continues the caller's W3C
+traceparent and passes it on to the upstream.
 
 Resource limits: --max-header-bytes (431 above it), --body-timeout (a
 client that stalls while sending its body is cut off, its connection
