@@ -2,8 +2,11 @@ package cli
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -73,5 +76,59 @@ func TestProxyPropagatesTrace(t *testing.T) {
 		if !names[n] {
 			t.Errorf("no span %s (have %v)", n, names)
 		}
+	}
+}
+
+// With the standard OTLP variable set, the proxy exports its spans to the
+// collector it names; they are flushed when the proxy stops.
+func TestProxyExportsOTLP(t *testing.T) {
+	var posts atomic.Int64
+	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if r.URL.Path == "/v1/traces" && r.Header.Get("Content-Type") == "application/x-protobuf" && len(body) > 0 {
+			posts.Add(1)
+		}
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		w.WriteHeader(200)
+	}))
+	t.Cleanup(collector.Close)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.URL)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(201) }))
+	t.Cleanup(up.Close)
+
+	p, err := NewProxy(context.Background(), ProxyConfig{Listen: "127.0.0.1:0", Upstream: up.URL, Store: "memory:",
+		SingleTenant: true, Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.tracing.provider == nil {
+		t.Fatal("no TracerProvider with OTEL_EXPORTER_OTLP_ENDPOINT set")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Serve(ctx) }()
+	if r := send(t, client(t), "POST", "http://"+p.Addr().String()+"/v1/charges", "k1", `{}`); r.status != 201 {
+		t.Fatalf("status %d: %s", r.status, r.body)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Serve: %v", err)
+	}
+	if posts.Load() == 0 {
+		t.Fatal("no spans reached the collector")
+	}
+}
+
+// Without the variables the proxy builds no exporter.
+func TestProxyWithoutOTLP(t *testing.T) {
+	for _, v := range otlpVariables {
+		t.Setenv(v, "")
+	}
+	tr, err := newTracing(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.provider != nil {
+		t.Fatal("a TracerProvider without OTLP variables")
 	}
 }
