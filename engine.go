@@ -466,7 +466,7 @@ func (e *Engine) begin(ctx context.Context, scope, route, key, fp string) (decis
 	d := decide(fp, res)
 	outcome := reserveOutcome[d.verdict]
 	if d.verdict == Executed {
-		d.exec = e.newExecution(res, route, start)
+		d.exec = e.newExecution(res, start)
 		switch res.Outcome {
 		case store.Reclaimed:
 			outcome = "failed_retry"

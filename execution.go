@@ -29,7 +29,6 @@ func FromContext(ctx context.Context) *Execution {
 type Execution struct {
 	e      *Engine
 	scope  string
-	route  string
 	key    string
 	fence  int64
 	point  string
@@ -73,9 +72,9 @@ func (x *Execution) attach(ctx context.Context) context.Context {
 }
 
 // newExecution starts the heartbeat of a lease reserved at start.
-func (e *Engine) newExecution(res store.ReserveResult, route string, start time.Time) *Execution {
+func (e *Engine) newExecution(res store.ReserveResult, start time.Time) *Execution {
 	x := &Execution{
-		e: e, scope: res.Record.Scope, route: route, key: res.Record.Key, fence: res.Record.Fence,
+		e: e, scope: res.Record.Scope, key: res.Record.Key, fence: res.Record.Fence,
 		point: res.Record.RecoveryPoint, resume: res.Outcome == store.TakenOver,
 		leaseEnd: start.Add(e.cfg.Lease),
 	}
@@ -240,9 +239,11 @@ func (x *Execution) markUnknown(ctx context.Context, reason string) error {
 // process that will complete it in a transaction of its own.
 func (x *Execution) Abandon() { x.finish() }
 
-// step describes a step of x for its Observer.
+// step describes a step of x for its Observer. The route is read back from
+// the scope rather than kept: an Execution is allocated per request.
 func (x *Execution) step(name string) Step {
-	return Step{Name: name, Store: x.e.sname, Scope: x.scope, Route: x.route, Fence: x.fence}
+	_, _, route, _ := ParseScope(x.scope)
+	return Step{Name: name, Store: x.e.sname, Scope: x.scope, Route: route, Fence: x.fence}
 }
 
 // finish stops the heartbeat for good.
