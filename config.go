@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/store"
-	"go.opentelemetry.io/otel/metric"
 )
 
 // Profile selects the HTTP dialect of the engine's own responses.
@@ -115,9 +114,10 @@ type Config struct {
 	// Logger receives state-change events. Defaults to slog.Default().
 	Logger *slog.Logger
 
-	// MeterProvider receives the engine's metrics. Defaults to the global
-	// OpenTelemetry provider (a no-op until the application installs one).
-	MeterProvider metric.MeterProvider
+	// Observer receives the engine's metrics and the steps of each call,
+	// for traces (package otelidem reports them to OpenTelemetry).
+	// Defaults to none.
+	Observer Observer
 }
 
 // settings is a Config with every default applied.

@@ -25,7 +25,8 @@ type Engine struct {
 	cfg    settings
 	hasher *fingerprint.Hasher
 	log    *slog.Logger
-	obs    *observer
+	obs    Observer
+	sname  string // the store's name in Step.Store
 	clk    clock
 }
 
@@ -38,11 +39,8 @@ func New(s store.Store, cfg Config) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	obs, err := newObserver(set.MeterProvider)
-	if err != nil {
-		return nil, err
-	}
-	return &Engine{store: s, cfg: set, hasher: fingerprint.New(set.Secret), log: set.Logger, obs: obs, clk: wallClock{}}, nil
+	return &Engine{store: s, cfg: set, hasher: fingerprint.New(set.Secret), log: set.Logger,
+		obs: observerOr(set.Observer), sname: StoreName(s), clk: wallClock{}}, nil
 }
 
 // With returns an engine for a route that needs other settings (an optional
@@ -64,6 +62,7 @@ func (e *Engine) With(modify func(*Config)) (*Engine, error) {
 	d.cfg = set
 	d.hasher = fingerprint.New(set.Secret)
 	d.log = set.Logger
+	d.obs = observerOr(set.Observer)
 	return &d, nil
 }
 
@@ -357,9 +356,9 @@ func (e *Engine) run(ctx context.Context, c *Call, op operation) Answer {
 		return e.refuse(ctx, probInvalidBody, err.Error())
 	}
 
-	d, err := e.begin(ctx, scope, key, fp)
+	d, err := e.begin(ctx, scope, c.Route, key, fp)
 	if err == nil && d.verdict == InProgress && e.cfg.Wait > 0 {
-		d, err = e.await(ctx, scope, key, fp, e.cfg.Wait)
+		d, err = e.await(ctx, scope, c.Route, key, fp, e.cfg.Wait)
 	}
 	switch {
 	case errors.Is(err, store.ErrInvalidParams):
@@ -378,11 +377,14 @@ func (e *Engine) run(ctx context.Context, c *Call, op operation) Answer {
 		e.execute(ctx, d.exec, op)
 		return Answer{Verdict: Executed}
 	case Replayed:
+		_, end := e.obs.Step(ctx, Step{Name: StepReplay, Store: e.sname, Scope: scope, Route: c.Route, Fence: d.rec.Fence})
 		if d.rec.Response == nil {
 			err := fmt.Errorf("%w: the completed record of key %q has no answer", ErrStore, key)
 			e.log.Error("idem: completed record without an answer; refused", "scope", scope, "key", key)
+			end(StepEnd{Outcome: reserveOutcome[Replayed], Fence: d.rec.Fence, Err: err})
 			return Answer{Verdict: Unavailable, Problem: e.problem(probStore, 0), Err: err}
 		}
+		end(StepEnd{Outcome: reserveOutcome[Replayed], Fence: d.rec.Fence})
 		return Answer{Verdict: Replayed, Response: d.rec.Response}
 	case KeyReused:
 		e.log.Warn("idem: key reused with a different request", "scope", scope, "key", key)
@@ -396,7 +398,7 @@ func (e *Engine) run(ctx context.Context, c *Call, op operation) Answer {
 
 // refuse answers a call that cannot enter the protocol, and counts it.
 func (e *Engine) refuse(ctx context.Context, p *problemType, detail string) Answer {
-	e.obs.reserve(ctx, "rejected")
+	e.obs.Reserve(ctx, "rejected")
 	pr := e.problem(p, 0)
 	pr.Detail = detail
 	return Answer{Verdict: Invalid, Problem: pr}
@@ -440,39 +442,47 @@ type decision struct {
 // begin reserves the key and decides what to do. With Executed the caller
 // owns an Execution whose lease is renewed in the background until it is
 // finished.
-func (e *Engine) begin(ctx context.Context, scope, key, fp string) (decision, error) {
+func (e *Engine) begin(ctx context.Context, scope, route, key, fp string) (decision, error) {
 	p := store.ReserveParams{
 		Scope: scope, Key: key, Fingerprint: fp,
 		Lease: e.cfg.Lease, TTL: e.cfg.TTL, LeasePolicy: e.cfg.LeasePolicy,
 	}
+	sctx, end := e.obs.Step(ctx, Step{Name: StepReserve, Store: e.sname, Scope: scope, Route: route})
 	var res store.ReserveResult
-	start, err := e.callAt(new(callCtx), ctx, opReserve, false, func(ctx context.Context) (err error) {
+	start, err := e.callAt(new(callCtx), sctx, opReserve, false, func(ctx context.Context) (err error) {
 		res, err = e.store.Reserve(ctx, p)
 		return err
 	})
 	if err != nil {
 		if errors.Is(err, store.ErrInvalidParams) {
+			// Counted as rejected by the caller, which refuses the call.
+			end(StepEnd{Outcome: "rejected", Attempts: 1, Err: err})
 			return decision{}, err
 		}
-		e.obs.reserve(ctx, "store_error")
+		e.obs.Reserve(ctx, "store_error")
+		end(StepEnd{Outcome: "store_error", Attempts: 1, Err: err})
 		return decision{}, err
 	}
 	d := decide(fp, res)
+	outcome := reserveOutcome[d.verdict]
 	if d.verdict == Executed {
 		d.exec = e.newExecution(res, start)
 		switch res.Outcome {
 		case store.Reclaimed:
-			e.obs.reserve(ctx, "failed_retry")
+			outcome = "failed_retry"
 		case store.TakenOver:
-			e.obs.reserve(ctx, "taken_over")
+			outcome = "taken_over"
 			e.log.Warn("idem: took over an expired lease", "scope", scope, "key", key,
 				"fence", res.Record.Fence, "recovery_point", res.Record.RecoveryPoint)
 		default:
-			e.obs.reserve(ctx, "created")
+			outcome = "created"
 		}
+	}
+	e.obs.Reserve(ctx, outcome)
+	end(StepEnd{Outcome: outcome, Fence: res.Record.Fence, Attempts: 1})
+	if d.verdict == Executed {
 		return d, nil
 	}
-	e.obs.reserve(ctx, reserveOutcome[d.verdict])
 	if d.verdict == OutcomeUnknown && res.Record.LastError == "lease_expired" && res.Record.ReconcileAttempts == 0 {
 		e.log.Info("idem: record outcome unknown", "scope", scope, "key", key, "reason", res.Record.LastError)
 	}
@@ -506,11 +516,24 @@ func decide(fp string, res store.ReserveResult) decision {
 
 // await polls a record that is in progress until it leaves that state or
 // wait elapses, for the wait-then-replay mode. It returns the last decision.
-func (e *Engine) await(ctx context.Context, scope, key, fp string, wait time.Duration) (decision, error) {
+func (e *Engine) await(ctx context.Context, scope, route, key, fp string, wait time.Duration) (d decision, err error) {
+	ctx, end := e.obs.Step(ctx, Step{Name: StepWait, Store: e.sname, Scope: scope, Route: route})
+	attempts := 0
+	defer func() {
+		se := StepEnd{Attempts: attempts, Err: err}
+		if err == nil {
+			se.Outcome, se.Fence = reserveOutcome[d.verdict], d.rec.Fence
+			if d.exec != nil {
+				se.Fence = d.exec.fence
+			}
+		}
+		end(se)
+	}()
 	deadline := e.clk.Now().Add(wait)
 	pause := 5 * time.Millisecond
 	for {
 		var r store.Record
+		attempts++
 		err := e.call(ctx, opGet, false, func(ctx context.Context) (err error) {
 			r, err = e.store.Get(ctx, scope, key)
 			return err
@@ -518,7 +541,7 @@ func (e *Engine) await(ctx context.Context, scope, key, fp string, wait time.Dur
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			// Deleted by an operator while we waited: start over.
-			return e.begin(ctx, scope, key, fp)
+			return e.begin(ctx, scope, route, key, fp)
 		case err != nil:
 			return decision{}, err
 		}
@@ -526,7 +549,7 @@ func (e *Engine) await(ctx context.Context, scope, key, fp string, wait time.Dur
 		if r.State != store.StateInProgress || r.LeaseExpired(now) {
 			// Settled, or its holder died: begin applies the store's rules
 			// (replay, reclaim, takeover or unknown) atomically.
-			return e.begin(ctx, scope, key, fp)
+			return e.begin(ctx, scope, route, key, fp)
 		}
 		if !now.Add(pause).Before(deadline) {
 			return decide(fp, store.ReserveResult{Record: r}), nil
@@ -637,7 +660,7 @@ func (e *Engine) callAt(cctx *callCtx, ctx context.Context, op storeOp, detached
 	cctx.init(e.clk, ctx, start.Add(e.cfg.StoreTimeout), detached)
 	err := f(cctx)
 	cctx.release()
-	e.obs.storeOp(ctx, op, e.clk.Now().Sub(start), err)
+	e.obs.StoreCall(ctx, opNames[op], e.clk.Now().Sub(start), err != nil && !isAnswer(err))
 	if err == nil || isAnswer(err) {
 		return start, err
 	}
@@ -658,4 +681,12 @@ func isAnswer(err error) bool {
 // deadline there is the store being slow).
 func transient(err error) bool {
 	return store.IsRetryable(err) || (errors.Is(err, context.DeadlineExceeded) && !isAnswer(err))
+}
+
+// observerOr returns o, or an Observer that reports nothing.
+func observerOr(o Observer) Observer {
+	if o == nil {
+		return nopObserver{}
+	}
+	return o
 }

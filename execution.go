@@ -155,9 +155,11 @@ func (x *Execution) Committed() { x.committed.Store(true) }
 func (x *Execution) renew() {
 	e := x.e
 	start := e.clk.Now()
-	err := e.call(context.Background(), opExtend, false, func(ctx context.Context) error {
+	ctx, end := e.obs.Step(context.Background(), x.step(StepExtend))
+	err := e.call(ctx, opExtend, false, func(ctx context.Context) error {
 		return e.store.Extend(ctx, store.ExtendParams{FenceParams: x.fenceParams(), Lease: e.cfg.Lease})
 	})
+	end(StepEnd{Fence: x.fence, Attempts: 1, Err: err})
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.finished {
@@ -223,7 +225,9 @@ func (x *Execution) markUnknown(ctx context.Context, reason string) error {
 		return x.e.store.MarkUnknown(ctx, store.ReleaseParams{FenceParams: x.fenceParams(), Error: reason})
 	})
 	if err == nil {
-		x.e.obs.reconcileScheduled(ctx)
+		// Package maintenance counts those its sweeper sends, under the
+		// same name.
+		x.e.obs.Event(ctx, "reconcile_scheduled", 1)
 	}
 	return err
 }
@@ -234,6 +238,13 @@ func (x *Execution) markUnknown(ctx context.Context, reason string) error {
 // For tests of crash recovery, and for handlers that hand the request to a
 // process that will complete it in a transaction of its own.
 func (x *Execution) Abandon() { x.finish() }
+
+// step describes a step of x for its Observer. The route is read back from
+// the scope rather than kept: an Execution is allocated per request.
+func (x *Execution) step(name string) Step {
+	_, _, route, _ := ParseScope(x.scope)
+	return Step{Name: name, Store: x.e.sname, Scope: x.scope, Route: route, Fence: x.fence}
+}
 
 // finish stops the heartbeat for good.
 func (x *Execution) finish() {
@@ -287,8 +298,10 @@ func (x *Execution) end(ctx context.Context, op storeOp, what store.State, strea
 	// retry), but an outcome the store keeps refusing must not hold the
 	// request for ever.
 	deadline := x.leaseLapse()
+	ctx, stepEnd := e.obs.Step(ctx, x.step(opNames[op]))
 	err := e.callIn(&x.endCtx, ctx, op, true, f)
 	attempts := 1
+	defer func() { stepEnd(StepEnd{Fence: x.fence, Attempts: attempts, Err: err}) }()
 	pause := completionRetry
 	maxPause := min(completionRetryMax, max(e.cfg.Lease/10, completionRetry))
 	for transient(err) && !x.lost.Load() {
@@ -313,16 +326,16 @@ func (x *Execution) end(ctx context.Context, op storeOp, what store.State, strea
 	case errors.Is(err, store.ErrLeaseLost):
 		// Not a failure of the store: the record moved on without us
 		// (taken over after a stall, swept, or deleted by an operator).
-		e.obs.finishFailed(ctx, op)
+		e.obs.FinishFailed(ctx, opNames[op])
 		e.log.Warn("idem: outcome not recorded: this execution no longer holds the record",
 			"scope", x.scope, "key", x.key, "fence", x.fence, "outcome", what)
 	case transient(err):
-		e.obs.finishFailed(ctx, op)
+		e.obs.FinishFailed(ctx, opNames[op])
 		e.log.Error("idem: could not record the outcome before the lease would lapse; the record becomes unknown when its lease expires",
 			"scope", x.scope, "key", x.key, "fence", x.fence, "outcome", what, "attempts", attempts,
 			"answer_already_sent", streamed, "err", err)
 	default:
-		e.obs.finishFailed(ctx, op)
+		e.obs.FinishFailed(ctx, opNames[op])
 		e.log.Error("idem: the store refused the outcome",
 			"scope", x.scope, "key", x.key, "fence", x.fence, "outcome", what, "err", err)
 	}

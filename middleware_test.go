@@ -16,10 +16,8 @@ import (
 	"testing"
 	"time"
 
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
-
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/obstest"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/memory"
 	"github.com/idem-go/idem/store/storetest"
@@ -1007,10 +1005,8 @@ func TestPathsThatCannotNameARecord(t *testing.T) {
 		t.Run(ns.name, func(t *testing.T) {
 			t.Parallel()
 			logs := &errorCounter{}
-			reader := sdkmetric.NewManualReader()
-			e, err := idem.New(ns.open(t, nil), idem.Config{
-				Logger: slog.New(logs), MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
-			})
+			obs := &obstest.Recorder{}
+			e, err := idem.New(ns.open(t, nil), idem.Config{Logger: slog.New(logs), Observer: obs})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -1042,16 +1038,11 @@ func TestPathsThatCannotNameARecord(t *testing.T) {
 			if n := logs.n.Load(); n != 0 {
 				t.Fatalf("%d ERROR records for a client's bad request", n)
 			}
-			var rm metricdata.ResourceMetrics
-			if err := reader.Collect(context.Background(), &rm); err != nil {
-				t.Fatal(err)
+			if errs := obs.StoreErrors(); len(errs) != 0 {
+				t.Fatalf("store errors counted for a client's bad request: %v", errs)
 			}
-			for _, sm := range rm.ScopeMetrics {
-				for _, m := range sm.Metrics {
-					if m.Name == "idem.store.errors" {
-						t.Fatalf("store errors counted for a client's bad request: %+v", m.Data)
-					}
-				}
+			if n := obs.Reserves()["rejected"]; n == 0 {
+				t.Fatalf("refusals not counted as rejected: %v", obs.Reserves())
 			}
 		})
 	}

@@ -2,12 +2,116 @@ package idem
 
 import (
 	"context"
+	"reflect"
+	"strings"
 	"time"
-
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/metric"
 )
+
+// Observer receives what the engine and the background services of package
+// maintenance do, for metrics and traces. The core reports; the providers
+// live in modules of their own (package otelidem turns the reports into
+// OpenTelemetry metrics and spans), so an application that wants none pulls
+// none of their dependencies.
+//
+// An Observer is called on the request path, from many goroutines at once:
+// its methods must be safe for concurrent use, must not block, and should
+// not allocate more than the telemetry they produce needs. A nil Observer
+// in a Config reports nothing and costs nothing.
+//
+// The strings passed are from short fixed sets, listed on each method, so
+// an implementation can build its attribute sets once.
+type Observer interface {
+	// Reserve reports the outcome of one call that entered the protocol:
+	// created, replay, in_progress, key_reused, failed_retry, unknown,
+	// taken_over, store_error or rejected (a call refused before the store,
+	// such as a malformed key).
+	Reserve(ctx context.Context, outcome string)
+
+	// StoreCall reports one store operation, op being one of reserve,
+	// complete, release, mark_unknown, checkpoint, extend, get (the
+	// engine's) or sweep, reap, list_unknown, resolve, defer (the
+	// maintenance services'); d is how long it took. failed is true when it
+	// failed, not counting definite answers such as a lost lease, a record
+	// in another state or parameters the store refuses.
+	StoreCall(ctx context.Context, op string, d time.Duration, failed bool)
+
+	// FinishFailed reports an outcome the engine could not record (op is
+	// complete, release or mark_unknown): the key stays in progress until
+	// its lease expires.
+	FinishFailed(ctx context.Context, op string)
+
+	// Event counts n occurrences of a named event of the record's life:
+	// zombies_swept, ttl_pruned, abandoned, reconcile_scheduled,
+	// reconcile_resolved, reconcile_failed or reconcile_dead. The engine
+	// reports reconcile_scheduled; the maintenance services report all.
+	Event(ctx context.Context, name string, n int64)
+
+	// Step reports the start of a step of a protected call (see Step) and
+	// returns the context the step runs in (one that carries a span, say)
+	// and the function that reports its end, called exactly once. The
+	// engine calls the end function even when the step failed.
+	Step(ctx context.Context, s Step) (context.Context, func(StepEnd))
+}
+
+// The names of the steps reported to Observer.Step.
+const (
+	// StepReserve reserves the key, or finds the record that holds it.
+	StepReserve = "reserve"
+	// StepWait polls a record another request holds, in the
+	// wait-then-replay mode (Config.Wait), until it leaves that state.
+	StepWait = "wait"
+	// StepReplay answers with the stored response.
+	StepReplay = "replay"
+	// StepComplete, StepRelease and StepMarkUnknown record the outcome of
+	// the operation, retries included.
+	StepComplete    = "complete"
+	StepRelease     = "release"
+	StepMarkUnknown = "mark_unknown"
+	// StepExtend renews the lease while the operation runs (a heartbeat).
+	StepExtend = "extend"
+)
+
+// Step describes a step of a protected call.
+type Step struct {
+	// Name is one of the Step constants.
+	Name string
+	// Store names the store: the package of its type (memory, postgres,
+	// redis ...).
+	Store string
+	// Scope is the key's scope (tenant, method and route; see
+	// Request.Scope) and Route the route alone.
+	Scope, Route string
+	// Fence is the fence of the execution that owns the record, known in
+	// every step but reserve and wait (0 there).
+	Fence int64
+}
+
+// StepEnd is how a step ended.
+type StepEnd struct {
+	// Outcome is the reservation's outcome (as in Observer.Reserve) for
+	// reserve and wait steps; empty otherwise.
+	Outcome string
+	// Fence is the fence of the record the step ended with (the new
+	// execution's after a reservation), 0 when unknown.
+	Fence int64
+	// Attempts is how many store calls the step made.
+	Attempts int
+	// Err is the step's failure, nil when it succeeded.
+	Err error
+}
+
+// nopObserver is the Observer of a Config without one.
+type nopObserver struct{}
+
+func (nopObserver) Reserve(context.Context, string)                        {}
+func (nopObserver) StoreCall(context.Context, string, time.Duration, bool) {}
+func (nopObserver) FinishFailed(context.Context, string)                   {}
+func (nopObserver) Event(context.Context, string, int64)                   {}
+func (nopObserver) Step(ctx context.Context, _ Step) (context.Context, func(StepEnd)) {
+	return ctx, nopEnd
+}
+
+func nopEnd(StepEnd) {}
 
 // storeOp names a store operation in metrics and errors.
 type storeOp int
@@ -29,84 +133,19 @@ var opNames = [numOps]string{"reserve", "complete", "release", "mark_unknown", "
 
 func (o storeOp) String() string { return opNames[o] }
 
-// reserveOutcomes are the values of the outcome attribute of
-// idem.reserve.outcomes (DESIGN §6).
-var reserveOutcomes = []string{
-	"created", "replay", "in_progress", "key_reused", "failed_retry", "unknown", "taken_over", "store_error", "rejected",
-}
-
-// observer holds the engine's instruments with their attribute sets built
-// once, so recording costs no allocation on the request path.
-type observer struct {
-	reserves    metric.Int64Counter
-	reserveOpts map[string][]metric.AddOption
-	storeErrs   metric.Int64Counter
-	finishFails metric.Int64Counter
-	latency     metric.Float64Histogram
-	scheduled   metric.Int64Counter
-	// Option slices, not single options: a variadic call through an
-	// interface would allocate a fresh slice per call.
-	opAdd    [numOps][]metric.AddOption
-	opRecord [numOps][]metric.RecordOption
-}
-
-const meterName = "github.com/idem-go/idem"
-
-func newObserver(mp metric.MeterProvider) (*observer, error) {
-	if mp == nil {
-		mp = otel.GetMeterProvider()
+// StoreName names a store for Step.Store: the last element of the package
+// path of its type ("memory" for *memory.Store).
+func StoreName(s any) string {
+	t := reflect.TypeOf(s)
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
 	}
-	m := mp.Meter(meterName)
-	o := &observer{reserveOpts: map[string][]metric.AddOption{}}
-	var err error
-	if o.reserves, err = m.Int64Counter("idem.reserve.outcomes",
-		metric.WithDescription("Reservations by outcome: created, replay, in_progress, key_reused, failed_retry, unknown, taken_over, store_error, rejected.")); err != nil {
-		return nil, err
+	if t == nil {
+		return ""
 	}
-	if o.storeErrs, err = m.Int64Counter("idem.store.errors",
-		metric.WithDescription("Store operations that failed (not counting lease or state conflicts).")); err != nil {
-		return nil, err
+	p := t.PkgPath()
+	if p == "" {
+		return t.String()
 	}
-	if o.finishFails, err = m.Int64Counter("idem.finish.failures",
-		metric.WithDescription("Outcomes the engine could not record; the key stays in progress until its lease expires.")); err != nil {
-		return nil, err
-	}
-	if o.latency, err = m.Float64Histogram("idem.store.duration", metric.WithUnit("s"),
-		metric.WithDescription("Latency of store operations.")); err != nil {
-		return nil, err
-	}
-	if o.scheduled, err = m.Int64Counter("idem.reconcile_scheduled",
-		metric.WithDescription("Records scheduled for reconciliation.")); err != nil {
-		return nil, err
-	}
-	for _, out := range reserveOutcomes {
-		o.reserveOpts[out] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("outcome", out)))}
-	}
-	for op := storeOp(0); op < numOps; op++ {
-		set := attribute.NewSet(attribute.String("op", op.String()))
-		o.opAdd[op] = []metric.AddOption{metric.WithAttributeSet(set)}
-		o.opRecord[op] = []metric.RecordOption{metric.WithAttributeSet(set)}
-	}
-	return o, nil
-}
-
-func (o *observer) reserve(ctx context.Context, outcome string) {
-	o.reserves.Add(ctx, 1, o.reserveOpts[outcome]...)
-}
-
-func (o *observer) storeOp(ctx context.Context, op storeOp, d time.Duration, err error) {
-	o.latency.Record(ctx, d.Seconds(), o.opRecord[op]...)
-	if err != nil && !isAnswer(err) {
-		o.storeErrs.Add(ctx, 1, o.opAdd[op]...)
-	}
-}
-
-func (o *observer) finishFailed(ctx context.Context, op storeOp) {
-	o.finishFails.Add(ctx, 1, o.opAdd[op]...)
-}
-
-// reconcileScheduled counts a record the engine sent to reconciliation
-// (package maintenance counts those its sweeper sends, under the same name).
-func (o *observer) reconcileScheduled(ctx context.Context) {
-	o.scheduled.Add(ctx, 1)
+	return p[strings.LastIndexByte(p, '/')+1:]
 }

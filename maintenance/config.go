@@ -6,7 +6,7 @@ import (
 	"log/slog"
 	"time"
 
-	"go.opentelemetry.io/otel/metric"
+	"github.com/idem-go/idem"
 )
 
 // Defaults of Config, exported so that the idem binary's flags state the
@@ -107,10 +107,11 @@ type Config struct {
 	// records, dead letters, failed passes. Defaults to slog.Default().
 	Logger *slog.Logger
 
-	// MeterProvider receives the services' metrics, under the same names
-	// as the engine's. Defaults to the global OpenTelemetry provider (a
-	// no-op until the application installs one).
-	MeterProvider metric.MeterProvider
+	// Observer receives the services' metrics (its StoreCall and Event
+	// methods), under the same names as the engine's: give it the engine's
+	// Observer (package otelidem reports them to OpenTelemetry). Defaults
+	// to none.
+	Observer idem.Observer
 
 	// Clock tells the time: when the passes of Start are due, how long a
 	// store call took. Defaults to the system clock. Records are due by

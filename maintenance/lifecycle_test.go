@@ -8,12 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"go.opentelemetry.io/otel/attribute"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.uber.org/goleak"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/obstest"
 	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/memory"
@@ -224,10 +222,9 @@ func TestConfigDefaults(t *testing.T) {
 // measure their store calls beside the engine's under the op attribute.
 func TestMetrics(t *testing.T) {
 	t.Parallel()
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	m := newMaint(t, realStores(t)[0], maintenance.Config{}, idem.Config{MeterProvider: mp})
-	mt := m.maintainer(maintenance.Config{MeterProvider: mp, Resolver: stillUnknown, MaxReconcileAttempts: 1})
+	obs := &obstest.Recorder{}
+	m := newMaint(t, realStores(t)[0], maintenance.Config{}, idem.Config{Observer: obs})
+	mt := m.maintainer(maintenance.Config{Observer: obs, Resolver: stillUnknown, MaxReconcileAttempts: 1})
 	m.send("z", true)
 	m.send("done", false)
 	m.clock.Advance(25 * time.Hour)
@@ -240,36 +237,10 @@ func TestMetrics(t *testing.T) {
 	if _, err := mt.ReapOnce(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
-	sums := map[string]int64{}
-	ops := map[string]bool{}
-	for _, sm := range rm.ScopeMetrics {
-		if sm.Scope.Name != "github.com/idem-go/idem" {
-			t.Fatalf("meter %q", sm.Scope.Name)
-		}
-		for _, md := range sm.Metrics {
-			switch d := md.Data.(type) {
-			case metricdata.Sum[int64]:
-				for _, p := range d.DataPoints {
-					sums[md.Name] += p.Value
-				}
-			case metricdata.Histogram[float64]:
-				if md.Name != "idem.store.duration" {
-					continue
-				}
-				for _, p := range d.DataPoints {
-					if op, ok := p.Attributes.Value(attribute.Key("op")); ok {
-						ops[op.AsString()] = true
-					}
-				}
-			}
-		}
-	}
+	sums := obs.Events()
+	ops := obs.StoreCalls()
 	for name, want := range map[string]int64{
-		"idem.zombies_swept": 1, "idem.reconcile_dead": 1, "idem.ttl_pruned": 1,
+		"zombies_swept": 1, "reconcile_dead": 1, "ttl_pruned": 1,
 	} {
 		if sums[name] != want {
 			t.Errorf("%s = %d, want %d (all: %v)", name, sums[name], want, sums)
@@ -277,12 +248,12 @@ func TestMetrics(t *testing.T) {
 	}
 	// The engine counts the scheduling of records it marks unknown; the
 	// sweeper those it moves.
-	if sums["idem.reconcile_scheduled"] < 1 {
-		t.Errorf("idem.reconcile_scheduled = %d", sums["idem.reconcile_scheduled"])
+	if sums["reconcile_scheduled"] < 1 {
+		t.Errorf("reconcile_scheduled = %d", sums["reconcile_scheduled"])
 	}
 	for _, op := range []string{"sweep", "reap", "list_unknown", "defer", "reserve"} {
-		if !ops[op] {
-			t.Errorf("no idem.store.duration for op %s (have %v)", op, ops)
+		if ops[op] == 0 {
+			t.Errorf("no store call reported for op %s (have %v)", op, ops)
 		}
 	}
 }

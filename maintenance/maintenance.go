@@ -103,11 +103,7 @@ func New(s store.Store, cfg Config) (*Maintainer, error) {
 	if err != nil {
 		return nil, err
 	}
-	obs, err := newObserver(cfg.MeterProvider)
-	if err != nil {
-		return nil, err
-	}
-	return &Maintainer{store: s, cfg: cfg, obs: obs, randN: rand.Int64N}, nil
+	return &Maintainer{store: s, cfg: cfg, obs: newObserver(cfg.Observer), randN: rand.Int64N}, nil
 }
 
 // Start runs the services in the background until ctx ends or Stop. Each

@@ -68,8 +68,8 @@ func (p *Proxy) maintenanceConfig() maintenance.Config {
 	if c.Logger == nil {
 		c.Logger = p.cfg.Logger
 	}
-	if c.MeterProvider == nil {
-		c.MeterProvider = p.cfg.MeterProvider
+	if c.Observer == nil {
+		c.Observer = p.obs
 	}
 	return c
 }

@@ -20,12 +20,14 @@ import (
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/semaphore"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/console"
 	"github.com/idem-go/idem/internal/storeurl"
 	"github.com/idem-go/idem/maintenance"
+	"github.com/idem-go/idem/otelidem"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/memory"
 )
@@ -119,6 +121,13 @@ type ProxyConfig struct {
 	// a loopback address).
 	Console            bool
 	ConsoleCredentials console.Credentials
+	// TracerProvider receives the engine's spans and the proxy's own
+	// (idem.proxy, the server span of each request). Nil: an OpenTelemetry
+	// SDK provider exporting OTLP over HTTP when OTEL_EXPORTER_OTLP_ENDPOINT
+	// or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set, no spans otherwise.
+	// Either way the proxy continues the caller's trace (W3C traceparent)
+	// and passes it on to the upstream.
+	TracerProvider trace.TracerProvider
 
 	// NoMaintenance turns off the background services the proxy runs
 	// while it serves (sweeper, reaper, and the reconciler when there is a
@@ -126,7 +135,7 @@ type ProxyConfig struct {
 	// reconcile run, must then do their work.
 	NoMaintenance bool
 	// Maintenance configures the background services; zero fields take
-	// the defaults of maintenance.Config. TTL, Logger and MeterProvider
+	// the defaults of maintenance.Config. TTL, Logger and Observer
 	// default to the proxy's.
 	Maintenance maintenance.Config
 	// ResolveURL, when set and Maintenance.Resolver is nil, is the
@@ -156,6 +165,8 @@ type Proxy struct {
 	handler   http.Handler // the guard in front of everything
 	metrics   *metrics     // nil when the caller brought its own provider
 	refusals  metric.Int64Counter
+	tracing   *tracing      // nil when the caller brought its own provider
+	obs       idem.Observer // the engine's and the services' metrics and spans
 	tenants   *tenants
 	protected map[string]bool
 	buffers   *semaphore.Weighted
@@ -281,6 +292,17 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 		metric.WithDescription("requests the proxy refused before the engine, by reason")); err != nil {
 		return nil, fmt.Errorf("proxy: metrics: %w", err)
 	}
+	tp := cfg.TracerProvider
+	if tp == nil {
+		if p.tracing, err = newTracing(ctx); err != nil {
+			return nil, fmt.Errorf("proxy: traces: %w", err)
+		}
+		tp = p.tracing.tracerProvider()
+	}
+	usePropagator()
+	if p.obs, err = otelidem.New(otelidem.Config{MeterProvider: mp, TracerProvider: tp}); err != nil {
+		return nil, fmt.Errorf("proxy: metrics: %w", err)
+	}
 	// The engine's settings are checked now, whether or not the store
 	// answers: a typo must fail at start, not when the database comes up.
 	if _, err := idem.New(memory.New(memory.Config{}), p.engineConfig()); err != nil {
@@ -305,7 +327,7 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 		ErrorHandler: p.upstreamError,
 		ErrorLog:     slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
 	}
-	p.handler = http.HandlerFunc(p.guard)
+	p.handler = traced(tp.Tracer("github.com/idem-go/idem/internal/cli"), http.HandlerFunc(p.guard))
 
 	if s, err := p.openStore(ctx); err == nil {
 		p.attach(s)
@@ -393,17 +415,17 @@ func proxyTenants(cfg ProxyConfig, log *slog.Logger) (*tenants, error) {
 func (p *Proxy) engineConfig() idem.Config {
 	cfg := p.cfg
 	return idem.Config{
-		Profile:       idem.Profile(cfg.Profile),
-		Methods:       cfg.Methods,
-		TTL:           cfg.TTL,
-		Lease:         cfg.Lease,
-		Wait:          cfg.Wait,
-		MaxBodyBytes:  cfg.MaxBody,
-		Secret:        cfg.FingerprintSecret,
-		Tenant:        tenantFromContext,
-		Route:         proxyRoute,
-		Logger:        cfg.Logger,
-		MeterProvider: cfg.MeterProvider,
+		Profile:      idem.Profile(cfg.Profile),
+		Methods:      cfg.Methods,
+		TTL:          cfg.TTL,
+		Lease:        cfg.Lease,
+		Wait:         cfg.Wait,
+		MaxBodyBytes: cfg.MaxBody,
+		Secret:       cfg.FingerprintSecret,
+		Tenant:       tenantFromContext,
+		Route:        proxyRoute,
+		Logger:       cfg.Logger,
+		Observer:     p.obs,
 	}
 }
 
@@ -618,6 +640,9 @@ func (p *Proxy) Serve(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("proxy: metrics: %w", err))
 		}
 	}
+	if err := p.tracing.shutdown(sctx); err != nil {
+		errs = append(errs, fmt.Errorf("proxy: traces: %w", err))
+	}
 	if st != nil {
 		if err := st.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("proxy: close store: %w", err))
@@ -647,6 +672,7 @@ func (p *Proxy) closeAll() {
 	if p.metrics != nil {
 		p.metrics.shutdown(context.Background())
 	}
+	p.tracing.shutdown(context.Background())
 }
 
 // ready is the readiness check: not while draining, and only when the
@@ -701,6 +727,7 @@ type sentKey struct{}
 func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	pr.SetURL(p.upstream)
 	pr.SetXForwarded()
+	injectTrace(pr.Out)
 	if idem.FromContext(pr.In.Context()) == nil {
 		return // not under a key: an ordinary reverse proxy request
 	}
@@ -836,6 +863,9 @@ idem reconcile resolve (or idem reconcile run).
 With --admin, /metrics serves the engine's metrics in the Prometheus format
 (idem_reserve_outcomes_total{outcome=...}, idem_store_errors_total,
 idem_store_duration_seconds, idem_zombies_swept_total, ...).
+With OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) set,
+the proxy exports its spans over OTLP/HTTP; it continues the caller's W3C
+traceparent and passes it on to the upstream.
 
 Resource limits: --max-header-bytes (431 above it), --body-timeout (a
 client that stalls while sending its body is cut off, its connection
