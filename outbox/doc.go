@@ -1,4 +1,4 @@
-// Package outbox is the transactional outbox of idem (DESIGN §5): a handler
+// Package outbox is the transactional outbox of idem: a handler
 // that must call an external service (a payment provider, an email
 // service) does not call it inline. It writes its business rows, completes
 // its idempotency key and enqueues an outbox message in one database

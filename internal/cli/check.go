@@ -86,8 +86,9 @@ type conformanceCheck struct {
 	run      func(c *checker, ctx context.Context) checkResult
 }
 
-// checklist is the idempotency checklist of DESIGN §4 and the seeds'
-// verification checklists, in the order it runs.
+// checklist is the idempotency checklist of the README's HTTP contract,
+// with the verification checks a careful reviewer of an idempotent API
+// runs, in the order it runs.
 var checklist = []conformanceCheck{
 	{name: "replay", proves: "a retry with the same key and body gets the first answer again, and says it is a replay", run: (*checker).checkReplay},
 	{name: "mismatch", proves: "a key reused with a different body is refused, and the first request's answer is untouched", run: (*checker).checkMismatch},

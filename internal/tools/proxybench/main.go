@@ -80,7 +80,7 @@ func main() {
 		"PostgreSQL `URL`; empty skips the PostgreSQL variants")
 	flag.StringVar(&o.idemBin, "idem", "", "idem binary `path`; default: build ./cmd/idem")
 	flag.StringVar(&o.baseline, "baseline", "", "other idem binaries run as more SQLite and PostgreSQL variants: `name=path`[,name=path...], e.g. before=/tmp/idem-before")
-	flag.StringVar(&o.tenantFlags, "tenant-flags", "--tenant-header X-Tenant", "idem proxy flags that say where the tenant comes from (the load sends X-Tenant: bench)")
+	flag.StringVar(&o.tenantFlags, "tenant-flags", "--tenant-from trusted-header:X-Tenant", "idem proxy flags that say where the tenant comes from (the load sends X-Tenant: bench)")
 	flag.IntVar(&o.storeConns, "store-conns", 0, "idem proxy --store-conns for the PostgreSQL variants (0: its default)")
 	flag.StringVar(&o.only, "only", "", "comma-separated variant names to run (default all)")
 	flag.Parse()
