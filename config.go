@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/textproto"
 	"slices"
 	"strings"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/idem-go/idem/store"
 )
@@ -96,6 +99,17 @@ type Config struct {
 	// Fields, when set, fingerprints only these top-level JSON members (or
 	// form keys) instead of the whole body. Defaults to the whole body.
 	Fields []string
+
+	// KeyHeader names the request header that carries the idempotency key.
+	// It must be an HTTP token and is matched case-insensitively (it is
+	// canonicalised). Defaults to Idempotency-Key.
+	KeyHeader string
+
+	// EchoKey sends the key back, as the client sent it, in KeyHeader on
+	// every answer to a keyed request: executed answers, replays and
+	// problems alike, so a client (or a log of answers) can tell which key
+	// an answer belongs to. Defaults to false.
+	EchoKey bool
 
 	// Secret keys the fingerprint (HMAC-SHA-256) so stored fingerprints do
 	// not reveal request contents. Defaults to plain SHA-256.
@@ -216,6 +230,13 @@ func (c Config) withDefaults() (settings, error) {
 	c.Fields = slices.Clone(c.Fields)
 	slices.Sort(c.Fields)
 	c.Fields = slices.Compact(c.Fields)
+	if c.KeyHeader == "" {
+		c.KeyHeader = "Idempotency-Key"
+	}
+	if !httpguts.ValidHeaderFieldName(c.KeyHeader) {
+		errs = append(errs, fmt.Errorf("idem: KeyHeader %q is not a valid header name", c.KeyHeader))
+	}
+	c.KeyHeader = textproto.CanonicalMIMEHeaderKey(c.KeyHeader)
 	if c.Tenant == nil {
 		c.Tenant = func(*http.Request) string { return "" }
 	}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -71,9 +72,15 @@ func (e *Engine) handle(w http.ResponseWriter, r *http.Request, route string, co
 	// request's answer; this one passes such late writes to its own client.
 	h := &httpCall{r: r, next: next}
 	h.rec.init(w, e.cfg.MaxResponseBytes, e.log)
+	keys := r.Header[e.cfg.KeyHeader]
+	if e.cfg.EchoKey && len(keys) > 0 {
+		// Set before the handler runs, so it is on the answer whatever the
+		// verdict, streamed answers included.
+		w.Header()[e.cfg.KeyHeader] = slices.Clone(keys)
+	}
 	c := Call{
 		Tenant: e.cfg.Tenant(r), Method: method, Route: route, Target: r.URL.RequestURI(),
-		Keys: r.Header["Idempotency-Key"], ContentType: r.Header.Get("Content-Type"),
+		Keys: keys, ContentType: r.Header.Get("Content-Type"),
 	}
 	a := e.run(r.Context(), &c, h)
 	switch a.Verdict {

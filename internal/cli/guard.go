@@ -119,7 +119,7 @@ func (p *Proxy) guard(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	if len(r.Header["Idempotency-Key"]) > 0 {
+	if len(r.Header[p.cfg.KeyHeader]) > 0 {
 		tenant, err := p.tenants.tenant(r)
 		switch {
 		case errors.Is(err, errNoTenant):

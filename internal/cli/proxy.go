@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/http/httputil"
+	"net/textproto"
 	"net/url"
 	"os"
 	"slices"
@@ -21,6 +22,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
+	"golang.org/x/net/http/httpguts"
 	"golang.org/x/sync/semaphore"
 
 	"github.com/idem-go/idem"
@@ -58,6 +60,12 @@ type ProxyConfig struct {
 	Wait    time.Duration
 	Methods []string
 	MaxBody int64
+
+	// KeyHeader names the header that carries the idempotency key
+	// (idem.Config.KeyHeader); empty: Idempotency-Key. EchoKey sends the
+	// key back on every answer to a keyed request (idem.Config.EchoKey).
+	KeyHeader string
+	EchoKey   bool
 
 	// TenantFrom lists the tenant sources, tried in order (see
 	// tenantSourcesHelp): "authorization", "header:NAME", "cookie:NAME",
@@ -225,6 +233,14 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 	if cfg.MaxBody <= 0 {
 		cfg.MaxBody = defaultMaxBody
 	}
+	if cfg.KeyHeader == "" {
+		cfg.KeyHeader = "Idempotency-Key"
+	}
+	if !httpguts.ValidHeaderFieldName(cfg.KeyHeader) {
+		return nil, fmt.Errorf("proxy: --key-header %q is not a valid header name", cfg.KeyHeader)
+	}
+	// The guard looks the key up by the engine's (canonical) spelling.
+	cfg.KeyHeader = textproto.CanonicalMIMEHeaderKey(cfg.KeyHeader)
 	if cfg.MaxBufferedBytes <= 0 {
 		cfg.MaxBufferedBytes = defaultMaxBufferedBytes
 	}
@@ -421,6 +437,8 @@ func (p *Proxy) engineConfig() idem.Config {
 		Lease:        cfg.Lease,
 		Wait:         cfg.Wait,
 		MaxBodyBytes: cfg.MaxBody,
+		KeyHeader:    cfg.KeyHeader,
+		EchoKey:      cfg.EchoKey,
 		Secret:       cfg.FingerprintSecret,
 		Tenant:       tenantFromContext,
 		Route:        proxyRoute,
@@ -889,6 +907,8 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	fs.StringVar(&cfg.Profile, "profile", string(idem.ProfileIETF), "HTTP dialect: ietf (key required, 422 on reuse, problem+json) or stripe")
 	fs.DurationVar(&cfg.TTL, "ttl", 24*time.Hour, "how long a completed response is replayed")
 	fs.DurationVar(&cfg.Lease, "lease", 30*time.Second, "lease of an execution, renewed while the upstream works")
+	fs.StringVar(&cfg.KeyHeader, "key-header", "Idempotency-Key", "`name` of the request header that carries the idempotency key")
+	fs.BoolVar(&cfg.EchoKey, "echo-key", false, "send the key back, as sent, in --key-header on every answer to a keyed request (replays and problems too)")
 	fs.DurationVar(&cfg.Wait, "wait", 0, "let a duplicate of an in-flight request wait this long and replay, instead of 409 at once")
 	var tenantFrom listFlag
 	fs.Func("tenant-from", "tenant `source`: authorization, header:NAME, cookie:NAME or trusted-header:NAME (repeatable or comma-separated; the first present wins; see above)", func(v string) error {
