@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/net/http/httpguts"
 
 	"github.com/idem-go/idem/store"
 )
@@ -233,7 +232,7 @@ func (c Config) withDefaults() (settings, error) {
 	if c.KeyHeader == "" {
 		c.KeyHeader = "Idempotency-Key"
 	}
-	if !httpguts.ValidHeaderFieldName(c.KeyHeader) {
+	if !store.ValidHeader(c.KeyHeader, nil) {
 		errs = append(errs, fmt.Errorf("idem: KeyHeader %q is not a valid header name", c.KeyHeader))
 	}
 	c.KeyHeader = textproto.CanonicalMIMEHeaderKey(c.KeyHeader)

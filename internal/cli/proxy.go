@@ -22,7 +22,6 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
-	"golang.org/x/net/http/httpguts"
 	"golang.org/x/sync/semaphore"
 
 	"github.com/idem-go/idem"
@@ -236,7 +235,7 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 	if cfg.KeyHeader == "" {
 		cfg.KeyHeader = "Idempotency-Key"
 	}
-	if !httpguts.ValidHeaderFieldName(cfg.KeyHeader) {
+	if !store.ValidHeader(cfg.KeyHeader, nil) {
 		return nil, fmt.Errorf("proxy: --key-header %q is not a valid header name", cfg.KeyHeader)
 	}
 	// The guard looks the key up by the engine's (canonical) spelling.
