@@ -298,9 +298,9 @@ func TestRenewalRetriesSoonAfterAFailure(t *testing.T) {
 func TestAcknowledgedAnswersAreReplayed(t *testing.T) {
 	t.Parallel()
 	for _, ns := range engineStores(t) {
-		t.Run(ns.name, func(t *testing.T) {
+		t.Run(ns.Name, func(t *testing.T) {
 			t.Parallel()
-			s := &flakyStore{Store: ns.open(t, nil)}
+			s := &flakyStore{Store: ns.Open(t, nil)}
 			e, err := idem.New(s, idem.Config{Logger: slog.New(slog.DiscardHandler)})
 			if err != nil {
 				t.Fatal(err)

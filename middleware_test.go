@@ -998,15 +998,15 @@ func (refusingStore) Reserve(context.Context, store.ReserveParams) (store.Reserv
 func TestPathsThatCannotNameARecord(t *testing.T) {
 	t.Parallel()
 	stores := engineStores(t)
-	stores = append(stores, namedStore{"refusing", func(t *testing.T, clock store.Clock) store.Store {
+	stores = append(stores, namedStore{Name: "refusing", Open: func(t *testing.T, clock store.Clock) store.Store {
 		return refusingStore{memory.New(memory.Config{})}
 	}})
 	for _, ns := range stores {
-		t.Run(ns.name, func(t *testing.T) {
+		t.Run(ns.Name, func(t *testing.T) {
 			t.Parallel()
 			logs := &errorCounter{}
 			obs := &obstest.Recorder{}
-			e, err := idem.New(ns.open(t, nil), idem.Config{Logger: slog.New(logs), Observer: obs})
+			e, err := idem.New(ns.Open(t, nil), idem.Config{Logger: slog.New(logs), Observer: obs})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -1022,7 +1022,7 @@ func TestPathsThatCannotNameARecord(t *testing.T) {
 				h.ServeHTTP(w, r)
 				return w
 			}
-			if ns.name == "refusing" {
+			if ns.Name == "refusing" {
 				wantProblem(t, send("/ok"), 400, "scope-invalid")
 			} else {
 				wantProblem(t, send("/"+strings.Repeat("a", 3000)), 414, "scope-too-long")

@@ -3,64 +3,28 @@ package maintenance_test
 import (
 	"context"
 	"errors"
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/teststores"
+	"github.com/idem-go/idem/maintenance"
+	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/storetest"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/internal/testenv"
-	"github.com/idem-go/idem/maintenance"
-	"github.com/idem-go/idem/store"
-	"github.com/idem-go/idem/store/memory"
-	"github.com/idem-go/idem/store/postgres"
-	"github.com/idem-go/idem/store/sqlite"
-	"github.com/idem-go/idem/store/storetest"
 )
 
 // namedStore opens a fresh store with the given clock.
-type namedStore struct {
-	name string
-	open func(t *testing.T, clock store.Clock) store.Store
-}
+type namedStore = teststores.Named
 
 // realStores are the stores the services are tested against: memory,
 // SQLite and, when IDEM_TEST_POSTGRES_URL is set, PostgreSQL.
-func realStores(t *testing.T) []namedStore {
-	stores := []namedStore{
-		{"memory", func(t *testing.T, clock store.Clock) store.Store {
-			return memory.New(memory.Config{Clock: clock})
-		}},
-		{"sqlite", func(t *testing.T, clock store.Clock) store.Store {
-			s, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "idem.db"), sqlite.Config{Clock: clock})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { s.Close() })
-			return s
-		}},
-	}
-	if url := os.Getenv(testenv.PostgresEnv); url != "" {
-		stores = append(stores, namedStore{"postgres", func(t *testing.T, clock store.Clock) store.Store {
-			s, err := postgres.Open(context.Background(), url, postgres.Config{Clock: clock, Schema: testenv.PostgresSchema(t, url)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { s.Close() })
-			return s
-		}})
-	} else {
-		testenv.Without(t, testenv.PostgresEnv+" is not set: the services are tested without PostgreSQL")
-	}
-	return stores
-}
+func realStores(t *testing.T) []namedStore { return teststores.All(t, false) }
 
 // testClock is the time of a test: the stores read it through Now, the
 // Maintainer also waits on it through After. In manual mode a wait ends
@@ -162,7 +126,7 @@ type maint struct {
 
 func newMaint(t *testing.T, ns namedStore, cfg maintenance.Config, ecfg idem.Config) *maint {
 	m := &maint{t: t, clock: newTestClock()}
-	m.store = ns.open(t, m.clock.Now)
+	m.store = ns.Open(t, m.clock.Now)
 	ecfg.Logger = slog.New(slog.DiscardHandler)
 	e, err := idem.New(m.store, ecfg)
 	if err != nil {

@@ -16,7 +16,7 @@ import (
 
 func TestSweeper(t *testing.T) {
 	for _, ns := range realStores(t) {
-		t.Run(ns.name, func(t *testing.T) {
+		t.Run(ns.Name, func(t *testing.T) {
 			t.Parallel()
 			m := newMaint(t, ns, maintenance.Config{BatchSize: 2, BatchPause: time.Second}, idem.Config{})
 			for _, k := range []string{"a", "b", "c"} {
@@ -58,7 +58,7 @@ func TestSweeper(t *testing.T) {
 
 func TestTwoSweepersResetEachRecordOnce(t *testing.T) {
 	for _, ns := range realStores(t) {
-		t.Run(ns.name, func(t *testing.T) {
+		t.Run(ns.Name, func(t *testing.T) {
 			t.Parallel()
 			m := newMaint(t, ns, maintenance.Config{BatchSize: 3}, idem.Config{})
 			for i := 0; i < 20; i++ {
@@ -89,7 +89,7 @@ func TestTwoSweepersResetEachRecordOnce(t *testing.T) {
 
 func TestReaper(t *testing.T) {
 	for _, ns := range realStores(t) {
-		t.Run(ns.name, func(t *testing.T) {
+		t.Run(ns.Name, func(t *testing.T) {
 			t.Parallel()
 			m := newMaint(t, ns, maintenance.Config{BatchSize: 2}, idem.Config{TTL: time.Hour})
 			for _, k := range []string{"done1", "done2", "done3"} {
@@ -127,7 +127,7 @@ func TestReaper(t *testing.T) {
 
 func TestReaperSoftExpire(t *testing.T) {
 	for _, ns := range realStores(t) {
-		t.Run(ns.name, func(t *testing.T) {
+		t.Run(ns.Name, func(t *testing.T) {
 			t.Parallel()
 			m := newMaint(t, ns, maintenance.Config{SoftExpire: true}, idem.Config{TTL: time.Hour})
 			m.send("k", false)
@@ -144,7 +144,7 @@ func TestReaperSoftExpire(t *testing.T) {
 
 func TestReconciler(t *testing.T) {
 	for _, ns := range realStores(t) {
-		t.Run(ns.name, func(t *testing.T) {
+		t.Run(ns.Name, func(t *testing.T) {
 			t.Parallel()
 			// The "provider" knows that "paid" went through and "lost" did
 			// not; it cannot tell about "pending" and fails for "broken".

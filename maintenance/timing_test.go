@@ -40,7 +40,7 @@ func (m *maint) reconcileDue(key string, want maintenance.ReconcileResult) {
 // doubles, and stays at ReconcileMaxBackoff once it reached it.
 func TestReconcileBackoffDoublesUpToTheCap(t *testing.T) {
 	for _, ns := range realStores(t) {
-		t.Run(ns.name, func(t *testing.T) {
+		t.Run(ns.Name, func(t *testing.T) {
 			t.Parallel()
 			m := newMaint(t, ns, maintenance.Config{Resolver: stillUnknown, ReconcileBackoff: time.Minute,
 				ReconcileMaxBackoff: 5 * time.Minute, MaxReconcileAttempts: 100}, idem.Config{})
@@ -66,7 +66,7 @@ func TestReconcileBackoffDoublesUpToTheCap(t *testing.T) {
 // not one before; no pass asks about it again, however long it waits.
 func TestDeadLetterAtMaxReconcileAttempts(t *testing.T) {
 	for _, ns := range realStores(t) {
-		t.Run(ns.name, func(t *testing.T) {
+		t.Run(ns.Name, func(t *testing.T) {
 			t.Parallel()
 			asked := 0
 			counting := maintenance.ResolverFunc(func(ctx context.Context, r store.Record) (maintenance.Resolution, error) {
