@@ -297,6 +297,18 @@ type operation interface {
 	pass(ctx context.Context)
 	// run runs the operation under the key; ctx carries the Execution.
 	run(ctx context.Context) Result
+	// scratch returns storage for the reservation allocated with the
+	// adapter's own per-request state, or nil to allocate it apart.
+	scratch() *scratch
+}
+
+// scratch is the storage a call's first reservation needs: the context of
+// the Reserve call and the Execution it may start. An adapter embeds it in
+// its per-request state so that they cost no allocation of their own. It is
+// used once: a reservation retried after waiting allocates its own.
+type scratch struct {
+	reserve callCtx
+	exec    Execution
 }
 
 type funcOp func(ctx context.Context) Result
@@ -304,6 +316,7 @@ type funcOp func(ctx context.Context) Result
 func (funcOp) body(int64) ([]byte, error)       { return nil, nil }
 func (f funcOp) pass(ctx context.Context)       { f(ctx) }
 func (f funcOp) run(ctx context.Context) Result { return f(ctx) }
+func (funcOp) scratch() *scratch                { return nil }
 
 var errBodyTooLarge = errors.New("body too large")
 
@@ -356,7 +369,7 @@ func (e *Engine) run(ctx context.Context, c *Call, op operation) Answer {
 		return e.refuse(ctx, probInvalidBody, err.Error())
 	}
 
-	d, err := e.begin(ctx, scope, c.Route, key, fp)
+	d, err := e.begin(ctx, op.scratch(), scope, c.Route, key, fp)
 	if err == nil && d.verdict == InProgress && e.cfg.Wait > 0 {
 		d, err = e.await(ctx, scope, c.Route, key, fp, e.cfg.Wait)
 	}
@@ -441,15 +454,23 @@ type decision struct {
 
 // begin reserves the key and decides what to do. With Executed the caller
 // owns an Execution whose lease is renewed in the background until it is
-// finished.
-func (e *Engine) begin(ctx context.Context, scope, route, key, fp string) (decision, error) {
+// finished. sc, when not nil, is unused storage for the call's context and
+// the Execution.
+func (e *Engine) begin(ctx context.Context, sc *scratch, scope, route, key, fp string) (decision, error) {
+	var cctx *callCtx
+	var x *Execution
+	if sc != nil {
+		cctx, x = &sc.reserve, &sc.exec
+	} else {
+		cctx = new(callCtx)
+	}
 	p := store.ReserveParams{
 		Scope: scope, Key: key, Fingerprint: fp,
 		Lease: e.cfg.Lease, TTL: e.cfg.TTL, LeasePolicy: e.cfg.LeasePolicy,
 	}
 	sctx, end := e.obs.Step(ctx, Step{Name: StepReserve, Store: e.sname, Scope: scope, Route: route})
 	var res store.ReserveResult
-	start, err := e.callAt(new(callCtx), sctx, opReserve, false, func(ctx context.Context) (err error) {
+	start, err := e.callAt(cctx, sctx, opReserve, false, func(ctx context.Context) (err error) {
 		res, err = e.store.Reserve(ctx, p)
 		return err
 	})
@@ -466,7 +487,7 @@ func (e *Engine) begin(ctx context.Context, scope, route, key, fp string) (decis
 	d := decide(fp, res)
 	outcome := reserveOutcome[d.verdict]
 	if d.verdict == Executed {
-		d.exec = e.newExecution(res, start)
+		d.exec = e.newExecution(x, res, start)
 		switch res.Outcome {
 		case store.Reclaimed:
 			outcome = "failed_retry"
@@ -541,7 +562,7 @@ func (e *Engine) await(ctx context.Context, scope, route, key, fp string, wait t
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			// Deleted by an operator while we waited: start over.
-			return e.begin(ctx, scope, route, key, fp)
+			return e.begin(ctx, nil, scope, route, key, fp)
 		case err != nil:
 			return decision{}, err
 		}
@@ -549,7 +570,7 @@ func (e *Engine) await(ctx context.Context, scope, route, key, fp string, wait t
 		if r.State != store.StateInProgress || r.LeaseExpired(now) {
 			// Settled, or its holder died: begin applies the store's rules
 			// (replay, reclaim, takeover or unknown) atomically.
-			return e.begin(ctx, scope, route, key, fp)
+			return e.begin(ctx, nil, scope, route, key, fp)
 		}
 		if !now.Add(pause).Before(deadline) {
 			return decide(fp, store.ReserveResult{Record: r}), nil

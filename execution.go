@@ -71,13 +71,15 @@ func (x *Execution) attach(ctx context.Context) context.Context {
 	return &x.reqCtx
 }
 
-// newExecution starts the heartbeat of a lease reserved at start.
-func (e *Engine) newExecution(res store.ReserveResult, start time.Time) *Execution {
-	x := &Execution{
-		e: e, scope: res.Record.Scope, key: res.Record.Key, fence: res.Record.Fence,
-		point: res.Record.RecoveryPoint, resume: res.Outcome == store.TakenOver,
-		leaseEnd: start.Add(e.cfg.Lease),
+// newExecution sets up x (unused until now; nil allocates one) for a lease
+// reserved at start, and starts its heartbeat.
+func (e *Engine) newExecution(x *Execution, res store.ReserveResult, start time.Time) *Execution {
+	if x == nil {
+		x = new(Execution)
 	}
+	x.e, x.scope, x.key, x.fence = e, res.Record.Scope, res.Record.Key, res.Record.Fence
+	x.point, x.resume = res.Record.RecoveryPoint, res.Outcome == store.TakenOver
+	x.leaseEnd = start.Add(e.cfg.Lease)
 	x.mu.Lock()
 	x.heartbeat = e.clk.AfterFunc(e.cfg.Lease/3, x.renew)
 	x.mu.Unlock()

@@ -1,6 +1,6 @@
 package idem
 
-import ()
+import "net/http"
 
 // Clock and Timer let tests step the engine's time.
 type (
@@ -16,4 +16,4 @@ func SetClock(e *Engine, c Clock) { e.clk = c }
 func (e *Engine) Protected(m string) (string, bool) { return e.cfg.protected(m) }
 
 // ReadBody is the middleware's body reader.
-var ReadBody = readBody
+func ReadBody(r *http.Request, limit int64) ([]byte, error) { return new(bodyReader).read(r, limit) }

@@ -103,9 +103,13 @@ type httpCall struct {
 	r    *http.Request
 	next http.Handler
 	ran  bool
+	sc   scratch
+	in   bodyReader
 }
 
-func (h *httpCall) body(limit int64) ([]byte, error) { return readBody(h.r, limit) }
+func (h *httpCall) scratch() *scratch { return &h.sc }
+
+func (h *httpCall) body(limit int64) ([]byte, error) { return h.in.read(h.r, limit) }
 
 func (h *httpCall) pass(context.Context) {
 	h.ran = true
@@ -141,23 +145,39 @@ func (h *httpCall) run(ctx context.Context) Result {
 	return res
 }
 
-// readBody reads the body, at most limit bytes, and puts an identical body
+// bodyReader reads one request's body. A body of known length up to
+// smallBody bytes goes into its own array, so that with the reader embedded
+// in the per-request state reading it allocates nothing.
+type bodyReader struct {
+	rb    replayBody
+	small [smallBody]byte
+}
+
+// smallBody is the largest body read without an allocation of its own.
+const smallBody = 512
+
+// read reads the body, at most limit bytes, and puts an identical body
 // back on r for the handler. The buffer grows as bytes arrive: a declared
 // Content-Length sizes only the first allocation, up to a small bound, so a
 // client cannot make the server reserve memory it never sends.
-func readBody(r *http.Request, limit int64) ([]byte, error) {
+func (br *bodyReader) read(r *http.Request, limit int64) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
 	if r.ContentLength > limit {
 		return nil, errBodyTooLarge
 	}
-	rb := &replayBody{}
+	rb := &br.rb
 	size := int64(initialBodyBuffer)
 	if r.ContentLength >= 0 {
 		size = min(size, r.ContentLength)
 	}
-	b := make([]byte, 0, size)
+	var b []byte
+	if r.ContentLength >= 0 && size <= smallBody {
+		b = br.small[:0:size]
+	} else {
+		b = make([]byte, 0, size)
+	}
 	for {
 		if len(b) == cap(b) {
 			// Full: probe for more before growing, so that a body of
