@@ -6,9 +6,11 @@ import (
 	"errors"
 	"slices"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/idem-go/idem/internal/groupcommit"
 	"github.com/idem-go/idem/store"
@@ -67,6 +69,7 @@ type batcher struct {
 	s          *Store
 	group      *groupcommit.Group[*batchOp]
 	rolledBack atomic.Int64 // pipelines rolled back by a statement error
+	many       atomic.Int64 // multi-row statements sent
 }
 
 func newBatcher(s *Store, slots int) *batcher {
@@ -76,26 +79,62 @@ func newBatcher(s *Store, slots int) *batcher {
 	return b
 }
 
-// flush sends two or more statements as one pipeline.
+// flush sends two or more statements as one pipeline. The first Reserve
+// of each key rides in one multi-row statement (sqlReserveMany), the first
+// Complete of each key in another (sqlCompleteMany); a call repeating a key
+// already in its statement, and the other transitions, follow as single
+// statements in the same pipeline, so each sees the writes queued before
+// it, as if the calls had run one after the other.
 func (b *batcher) flush(ctx context.Context, batch []*batchOp) {
 	slices.SortStableFunc(batch, func(x, y *batchOp) int {
 		return cmp.Or(cmp.Compare(x.args[0].(string), y.args[0].(string)),
 			cmp.Compare(x.args[1].(string), y.args[1].(string)))
 	})
-	var pb pgx.Batch
+	q := &b.s.q
+	var reserves, completes, singles []*batchOp
+	var lastReserve, lastComplete *batchOp
 	for _, op := range batch {
+		switch {
+		case op.sql == q.reserve && !sameKey(op, lastReserve):
+			reserves, lastReserve = append(reserves, op), op
+		case op.sql == q.complete && !sameKey(op, lastComplete):
+			completes, lastComplete = append(completes, op), op
+		default:
+			singles = append(singles, op)
+		}
+	}
+	var pb pgx.Batch
+	var steps [][]*batchOp // what each queued statement answers for
+	for _, group := range [][]*batchOp{reserves, completes} {
+		switch {
+		case len(group) > 1:
+			queueMany(&pb, q, group)
+			b.many.Add(1)
+			steps = append(steps, group)
+		case len(group) == 1:
+			singles = append([]*batchOp{group[0]}, singles...)
+		}
+	}
+	for _, op := range singles {
 		pb.Queue(op.sql, op.args...)
+		steps = append(steps, []*batchOp{op})
 	}
 	br := b.s.pool.SendBatch(ctx, &pb)
 	rolledBack := false
-	for _, op := range batch {
-		if op.returns {
-			op.err = scanRecord(br.QueryRow(), &op.rec, &op.action)
-		} else {
-			op.tag, op.err = br.Exec()
+	for _, ops := range steps {
+		var err error
+		switch {
+		case len(ops) > 1:
+			err = readMany(br, ops[0].sql == q.reserve, ops)
+		case ops[0].returns:
+			ops[0].err = scanRecord(br.QueryRow(), &ops[0].rec, &ops[0].action)
+			err = ops[0].err
+		default:
+			ops[0].tag, ops[0].err = br.Exec()
+			err = ops[0].err
 		}
 		var pgErr *pgconn.PgError
-		if errors.As(op.err, &pgErr) {
+		if errors.As(err, &pgErr) {
 			rolledBack = true
 		}
 	}
@@ -113,6 +152,127 @@ func (b *batcher) flush(ctx context.Context, batch []*batchOp) {
 			op.err = err
 		}
 	}
+}
+
+// sameKey reports whether two batched statements name the same record.
+func sameKey(x, y *batchOp) bool {
+	return y != nil && x.args[0] == y.args[0] && x.args[1] == y.args[1]
+}
+
+// queueMany queues the multi-row form of ops' statement (Reserve or
+// Complete), whose arguments it gathers column by column.
+func queueMany(pb *pgx.Batch, q *queries, ops []*batchOp) {
+	n := len(ops)
+	scopes, keys := make([]string, n), make([]string, n)
+	nows := make([]pgtype.Timestamptz, n)
+	for i, op := range ops {
+		scopes[i], keys[i] = op.args[0].(string), op.args[1].(string)
+	}
+	if ops[0].sql == q.reserve {
+		// $3 fingerprint, $4 lease, $5 TTL, $6 policy, $7 now.
+		fps, policies := make([]string, n), make([]string, n)
+		leases, ttls := make([]int64, n), make([]int64, n)
+		for i, op := range ops {
+			fps[i], leases[i], ttls[i], policies[i] = op.args[2].(string), op.args[3].(int64), op.args[4].(int64), op.args[5].(string)
+			nows[i] = timestamptz(op.args[6])
+		}
+		pb.Queue(q.reserveMany, scopes, keys, fps, leases, ttls, policies, nows)
+		return
+	}
+	// $3 fence, $4 now, $5 status, $6 headers, $7 body, $8 omitted, $9 TTL.
+	fences, ttls := make([]int64, n), make([]int64, n)
+	statuses := make([]int32, n)
+	headers := make([]pgtype.Text, n)
+	bodies := make([][]byte, n)
+	omitted := make([]bool, n)
+	for i, op := range ops {
+		fences[i], nows[i] = op.args[2].(int64), timestamptz(op.args[3])
+		statuses[i] = int32(op.args[4].(int))
+		if h := op.args[5].([]byte); h != nil {
+			headers[i] = pgtype.Text{String: string(h), Valid: true}
+		}
+		bodies[i], omitted[i], ttls[i] = op.args[6].([]byte), op.args[7].(bool), op.args[8].(int64)
+	}
+	pb.Queue(q.completeMany, scopes, keys, fences, nows, statuses, headers, bodies, omitted, ttls)
+}
+
+// timestamptz is a statement's clock argument (nil: the database's) as an
+// array element.
+func timestamptz(now any) pgtype.Timestamptz {
+	t, ok := now.(time.Time)
+	return pgtype.Timestamptz{Time: t, Valid: ok}
+}
+
+// readMany reads the answer of a multi-row statement into its calls. A
+// Reserve call the statement did not settle (its row needs a rewrite, or
+// appeared after the statement's snapshot) runs alone afterwards; a
+// Complete call whose row the statement did not update lost its lease, as
+// the single statement would have found.
+func readMany(br pgx.BatchResults, reserve bool, ops []*batchOp) error {
+	rows, err := br.Query()
+	if err != nil {
+		for _, op := range ops {
+			op.err = err
+		}
+		return err
+	}
+	done := make([]bool, len(ops))
+	var scanErr error
+	for scanErr == nil && rows.Next() {
+		var ord int64
+		var op *batchOp
+		if reserve {
+			var rec store.Record
+			var action string
+			if scanErr = scanRecord(ordRow{rows, &ord}, &rec, &action); scanErr != nil {
+				break
+			}
+			if ord < 1 || int(ord) > len(ops) {
+				continue
+			}
+			op = ops[ord-1]
+			if action != "retry" {
+				op.rec, op.action = rec, action
+				done[ord-1] = true
+			}
+			continue
+		}
+		if scanErr = rows.Scan(&ord); scanErr != nil {
+			break
+		}
+		if ord >= 1 && int(ord) <= len(ops) {
+			done[ord-1] = true
+		}
+	}
+	rows.Close()
+	if err := cmp.Or(rows.Err(), scanErr); err != nil {
+		for _, op := range ops {
+			op.err = err
+		}
+		return err
+	}
+	for i, op := range ops {
+		switch {
+		case reserve && !done[i]:
+			op.runAlone = true
+		case !reserve && done[i]:
+			op.tag = pgconn.NewCommandTag("UPDATE 1")
+		case !reserve:
+			op.tag = pgconn.NewCommandTag("UPDATE 0")
+		}
+	}
+	return nil
+}
+
+// ordRow reads a row of a multi-row statement: its input position first,
+// then what scanRecord reads.
+type ordRow struct {
+	rows pgx.Rows
+	ord  *int64
+}
+
+func (r ordRow) Scan(dest ...any) error {
+	return r.rows.Scan(append([]any{r.ord}, dest...)...)
 }
 
 // runOne runs op's statement by itself on q.

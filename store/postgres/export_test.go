@@ -21,3 +21,6 @@ func (s *Store) BatchStats() (batched, rolledBack int64) {
 func (s *Store) BatchQueue() (free, pending int) {
 	return s.batch.group.Queue()
 }
+
+// BatchMany reports the multi-row statements (Reserve or Complete) sent.
+func (s *Store) BatchMany() int64 { return s.batch.many.Load() }

@@ -369,6 +369,7 @@ type queries struct {
 	reserve, complete, release, markUnknown, checkpoint, extend string
 	get, delete, sweep, reapDelete, reapSoft, reapAbandon       string
 	listUnknown, resolve, deferQ, deadLetter                    string
+	reserveMany, completeMany                                   string
 }
 
 func newQueries(schema string) queries {
@@ -394,5 +395,88 @@ func newQueries(schema string) queries {
 		resolve:     r.Replace(sqlResolve),
 		deferQ:      r.Replace(sqlDefer),
 		deadLetter:  r.Replace(sqlDeadLetter),
+
+		reserveMany:  r.Replace(sqlReserveMany),
+		completeMany: r.Replace(sqlCompleteMany),
 	}
 }
+
+// The multi-row forms of Reserve and Complete, for the calls of one batch
+// (see batch.go): one statement, one executor run and one index descent per
+// row instead of one statement per call. Each input row carries its call's
+// parameters and its position (ord); no key appears twice in one input (the
+// batcher sends repeats as single statements after it).
+
+// sqlReserveMany inserts the keys no row holds yet, as sqlReserve's ins
+// does (in key order, so concurrent batches wait for each other's inserts
+// in one order), and reports each input row's outcome:
+//   - 'created' with the new row;
+//   - 'existing' with the row read from the statement's snapshot when
+//     sqlReserve would leave it as it is (its action is 'none');
+//   - 'retry' when sqlReserve would rewrite the row (replace, reclaim,
+//     takeover, to_unknown): the call runs sqlReserve alone;
+//   - no row when the insert conflicted with a row committed after the
+//     snapshot: the call runs sqlReserve alone too.
+//
+// $1 scopes, $2 keys, $3 fingerprints, $4 leases and $5 TTLs in
+// microseconds, $6 lease policies, $7 nows (NULL: the database clock).
+const sqlReserveMany = `
+WITH input AS (
+	SELECT i.scope, i.key, i.fingerprint, i.lease, i.ttl, i.policy, i.ord,
+		coalesce(i.now_in, statement_timestamp()) AS now
+	FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::text[],
+		$7::timestamptz[]) WITH ORDINALITY AS i(scope, key, fingerprint, lease, ttl, policy, now_in, ord)
+),
+ins AS (
+	INSERT INTO {schema}idem_records AS r
+		(scope, key, fingerprint, state, fence, lease_policy, locked_until,
+		 attempts, created_at, updated_at, expires_at)
+	SELECT i.scope, i.key, i.fingerprint, 'in_progress',
+		greatest((extract(epoch FROM i.now) * 1000000)::bigint, 1), i.policy,
+		i.now + i.lease * interval '1 microsecond',
+		1, i.now, i.now, i.now + i.ttl * interval '1 microsecond'
+	FROM input i
+	WHERE NOT EXISTS (SELECT FROM {schema}idem_records x WHERE x.scope = i.scope AND x.key = i.key)
+	ORDER BY i.scope, i.key
+	ON CONFLICT (scope, key) DO NOTHING
+	RETURNING ` + recordColumns + `
+)
+SELECT i.ord, 'created', ` + recordColumnsR + `
+FROM input i JOIN ins r ON r.scope = i.scope AND r.key = i.key
+UNION ALL
+SELECT i.ord,
+	CASE
+		WHEN r.state = 'expired'
+			OR (r.state IN ('completed', 'failed_retryable') AND r.expires_at <= i.now)
+			THEN 'retry'
+		WHEN r.fingerprint <> i.fingerprint THEN 'existing'
+		WHEN r.state = 'failed_retryable' THEN 'retry'
+		WHEN r.state = 'in_progress' AND r.locked_until <= i.now THEN 'retry'
+		ELSE 'existing'
+	END, ` + recordColumnsR + `
+FROM input i JOIN {schema}idem_records r ON r.scope = i.scope AND r.key = i.key
+WHERE NOT EXISTS (SELECT FROM ins WHERE ins.scope = i.scope AND ins.key = i.key)`
+
+// sqlCompleteMany is sqlComplete for several records; it returns the
+// position of each input row whose record it completed.
+// $1 scopes, $2 keys, $3 fences, $4 nows (NULL: the database clock),
+// $5 statuses, $6 headers (JSON text), $7 bodies, $8 body omitted, $9 TTLs
+// in microseconds.
+const sqlCompleteMany = `
+UPDATE {schema}idem_records AS r SET
+	state = 'completed',
+	response_status = u.status,
+	response_headers = u.headers::jsonb,
+	response_body = u.body,
+	response_body_omitted = u.omitted,
+	last_error = '',
+	completed_at = coalesce(u.now_in, statement_timestamp()),
+	updated_at = coalesce(u.now_in, statement_timestamp()),
+	expires_at = CASE WHEN u.ttl > 0
+		THEN coalesce(u.now_in, statement_timestamp()) + u.ttl * interval '1 microsecond'
+		ELSE r.expires_at END
+FROM unnest($1::text[], $2::text[], $3::bigint[], $4::timestamptz[], $5::integer[], $6::text[],
+	$7::bytea[], $8::boolean[], $9::bigint[])
+	WITH ORDINALITY AS u(scope, key, fence, now_in, status, headers, body, omitted, ttl, ord)
+WHERE r.scope = u.scope AND r.key = u.key AND r.state = 'in_progress' AND r.fence = u.fence
+RETURNING u.ord`

@@ -1,0 +1,194 @@
+package postgres_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/postgres"
+)
+
+// The first Reserve of each key in a batch rides in one multi-row
+// statement; every call gets what the single statement would have given it
+// had the calls run one after the other: repeats of a key see the winner's
+// new row (in progress), a completed record is replayed from the batch, and
+// a record that needs a rewrite (a released one, reclaimed) runs alone.
+func TestBatchMultiRowReserve(t *testing.T) {
+	schema := newSchema(t)
+	ctx := context.Background()
+	s, err := postgres.Open(ctx, testURL(t), postgres.Config{Schema: schema, MaxBatches: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+
+	reserve := func(key string) store.ReserveResult {
+		t.Helper()
+		res, err := s.Reserve(ctx, reserveParams(key))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	done := reserve("done")
+	if err := s.Complete(ctx, completeParams("done", done.Record.Fence)); err != nil {
+		t.Fatal(err)
+	}
+	failed := reserve("failed")
+	if err := s.Release(ctx, store.ReleaseParams{FenceParams: fence(failed), Error: "boom"}); err != nil {
+		t.Fatal(err)
+	}
+	busy := reserve("busy")
+
+	other := func(key string) store.ReserveParams {
+		p := reserveParams(key)
+		p.Fingerprint = "another request"
+		return p
+	}
+	calls := []store.ReserveParams{
+		reserveParams("n1"), reserveParams("n2"), reserveParams("n3"), reserveParams("n3"),
+		other("n3"), reserveParams("n2"), reserveParams("done"), other("done"),
+		reserveParams("failed"), reserveParams("busy"), other("busy"), reserveParams("n4"),
+	}
+	manyBefore := s.BatchMany()
+	release := holdSlot(t, s, schema, "blocker")
+	var wg sync.WaitGroup
+	results := make([]store.ReserveResult, len(calls))
+	errs := make([]error, len(calls))
+	for i, p := range calls {
+		wg.Go(func() { results[i], errs[i] = s.Reserve(ctx, p) })
+		waitQueue(t, s, 0, i+1)
+	}
+	release()
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("reserve %d (%s): %v", i, calls[i].Key, err)
+		}
+	}
+	if got := s.BatchMany() - manyBefore; got < 1 {
+		t.Fatalf("%d multi-row statements; the queued reserves should have shared one", got)
+	}
+
+	// New keys: exactly one call per key acquires it (the first queued),
+	// the others find its record in progress.
+	winner := map[string]store.ReserveResult{}
+	for i, p := range calls {
+		if p.Key[0] != 'n' {
+			continue
+		}
+		r := results[i]
+		if _, seen := winner[p.Key]; !seen {
+			if r.Outcome != store.Created || r.Record.State != store.StateInProgress || r.Record.Fingerprint != p.Fingerprint {
+				t.Errorf("first reserve of %s: %+v", p.Key, r)
+			}
+			winner[p.Key] = r
+			continue
+		}
+		w := winner[p.Key]
+		if r.Outcome != store.Existing || r.Record.State != store.StateInProgress ||
+			r.Record.Fence != w.Record.Fence || r.Record.Fingerprint != w.Record.Fingerprint {
+			t.Errorf("repeated reserve %d of %s: %+v, want the winner's record %+v", i, p.Key, r, w.Record)
+		}
+	}
+	for i, p := range calls {
+		r := results[i]
+		switch p.Key {
+		case "done":
+			if r.Outcome != store.Existing || r.Record.State != store.StateCompleted || r.Record.Response == nil ||
+				string(r.Record.Response.Body) != "done" || r.Record.Fingerprint != "fp-done" {
+				t.Errorf("reserve %d of a completed key: %+v", i, r)
+			}
+		case "failed":
+			if r.Outcome != store.Reclaimed || r.Record.Fence <= failed.Record.Fence || r.Record.Attempts != 2 {
+				t.Errorf("reserve of a released key: %+v", r)
+			}
+		case "busy":
+			if r.Outcome != store.Existing || r.Record.State != store.StateInProgress || r.Record.Fence != busy.Record.Fence {
+				t.Errorf("reserve %d of a key in progress: %+v", i, r)
+			}
+		}
+	}
+	// What the batch wrote is what Get reads.
+	for k, w := range winner {
+		rec, err := s.Get(ctx, w.Record.Scope, k)
+		if err != nil || rec.Fence != w.Record.Fence || rec.State != store.StateInProgress || !rec.CreatedAt.Equal(w.Record.CreatedAt) {
+			t.Errorf("get %s: %+v, %v; reserve returned %+v", k, rec, err, w.Record)
+		}
+	}
+}
+
+// Many goroutines reserve and complete a handful of keys at once, so that
+// batches form with the same key several times in them: each key is
+// acquired exactly once, and every other call finds that execution's
+// record, in progress or completed with its answer.
+func TestBatchMultiRowConcurrent(t *testing.T) {
+	schema := newSchema(t)
+	ctx := context.Background()
+	s, err := postgres.Open(ctx, testURL(t), postgres.Config{Schema: schema, MaxBatches: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const (
+		goroutines = 48
+		keys       = 6
+		rounds     = 5
+	)
+	for round := range rounds {
+		var mu sync.Mutex
+		created := map[string]int64{} // key -> fence of the execution that acquired it
+		var seen []store.ReserveResult
+		var wg sync.WaitGroup
+		for g := range goroutines {
+			wg.Go(func() {
+				k := fmt.Sprintf("r%d-k%d", round, g%keys)
+				res, err := s.Reserve(ctx, reserveParams(k))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				if res.Outcome.Acquired() {
+					if _, dup := created[k]; dup {
+						t.Errorf("key %s acquired twice", k)
+					}
+					created[k] = res.Record.Fence
+				} else {
+					seen = append(seen, res)
+				}
+				mu.Unlock()
+				if res.Outcome.Acquired() {
+					if err := s.Complete(ctx, completeParams(k, res.Record.Fence)); err != nil {
+						t.Errorf("complete %s: %v", k, err)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if len(created) != keys {
+			t.Fatalf("round %d: %d keys acquired, want %d", round, len(created), keys)
+		}
+		for _, r := range seen {
+			f, ok := created[r.Record.Key]
+			if r.Outcome != store.Existing || !ok || r.Record.Fence != f {
+				t.Errorf("round %d: %+v; the key was acquired with fence %d", round, r, f)
+				continue
+			}
+			switch r.Record.State {
+			case store.StateInProgress:
+			case store.StateCompleted:
+				if r.Record.Response == nil || string(r.Record.Response.Body) != r.Record.Key {
+					t.Errorf("round %d: completed record without its answer: %+v", round, r)
+				}
+			default:
+				t.Errorf("round %d: state %s", round, r.Record.State)
+			}
+		}
+	}
+	if batched, _ := s.BatchStats(); batched == 0 {
+		t.Log("no batch formed (the machine ran the calls one at a time)")
+	}
+}
