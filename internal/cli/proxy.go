@@ -173,6 +173,7 @@ type Proxy struct {
 	metrics   *metrics     // nil when the caller brought its own provider
 	refusals  metric.Int64Counter
 	tracing   *tracing      // nil when the caller brought its own provider
+	spansOff  bool          // no span is recorded: the proxy neither starts nor injects one
 	obs       idem.Observer // the engine's and the services' metrics and spans
 	tenants   *tenants
 	protected map[string]bool
@@ -341,8 +342,17 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 		Transport:    p.transport,
 		ErrorHandler: p.upstreamError,
 		ErrorLog:     slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
+		BufferPool:   copyBuffers{},
 	}
-	p.handler = traced(tp.Tracer("github.com/idem-go/idem/internal/cli"), http.HandlerFunc(p.guard))
+	// Without spans (no provider given, no collector configured) the
+	// server span would record nothing, and the caller's traceparent
+	// reaches the upstream as the reverse proxy copies every end-to-end
+	// header: neither the span nor the propagation is worth a request copy.
+	p.spansOff = cfg.TracerProvider == nil && p.tracing.provider == nil
+	p.handler = http.HandlerFunc(p.guard)
+	if !p.spansOff {
+		p.handler = traced(tp.Tracer("github.com/idem-go/idem/internal/cli"), p.handler)
+	}
 
 	if s, err := p.openStore(ctx); err == nil {
 		p.attach(s)
@@ -737,6 +747,19 @@ func newTransport(responseTimeout time.Duration) *http.Transport {
 	}
 }
 
+// copyBuffers lends the reverse proxy the buffers it copies response
+// bodies through, instead of a new 32 KiB buffer per request.
+type copyBuffers struct{}
+
+var copyBufferPool = sync.Pool{New: func() any { return new([32 << 10]byte) }}
+
+func (copyBuffers) Get() []byte { return copyBufferPool.Get().(*[32 << 10]byte)[:] }
+func (copyBuffers) Put(b []byte) {
+	if cap(b) == 32<<10 {
+		copyBufferPool.Put((*[32 << 10]byte)(b[:32<<10]))
+	}
+}
+
 // sentKey marks, in an outgoing request's context, whether the transport
 // wrote the request: the line between "never sent" and "maybe executed".
 type sentKey struct{}
@@ -744,7 +767,9 @@ type sentKey struct{}
 func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	pr.SetURL(p.upstream)
 	pr.SetXForwarded()
-	injectTrace(pr.Out)
+	if !p.spansOff {
+		injectTrace(pr.Out)
+	}
 	if idem.FromContext(pr.In.Context()) == nil {
 		return // not under a key: an ordinary reverse proxy request
 	}
