@@ -24,9 +24,10 @@ import (
 // free runs its statement at once, alone, exactly as without the group, so
 // a lone request pays nothing. The calls that queue while every slot is
 // busy leave together, when a slot's round trip returns, as one pipeline
-// (pgx.Batch) of the very same statements: one round trip, one implicit
-// transaction, one commit and one WAL flush for all of them. No timer ever
-// holds a call back.
+// (pgx.Batch): one round trip, one implicit transaction, one commit and one
+// WAL flush for all of them. Reserves and Completes ride in one multi-row
+// statement each (see flush); the rest are the very same statements as
+// alone. No timer ever holds a call back.
 //
 // The statements of a batch commit or roll back together. A statement error
 // (a constraint the parameters break, a deadlock, a serialization failure)

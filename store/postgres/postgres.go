@@ -22,11 +22,19 @@
 // Reserve and the lease-holder updates share commits under load. A call that
 // finds one of Config.MaxBatches slots free (DefaultMaxBatches, 4) runs its
 // statement alone, at once. Calls that arrive while every slot is busy
-// queue, and leave together when a slot returns, as one pipeline of the
-// same statements in one implicit transaction: one round trip per call
-// still, but one commit and one WAL flush for the whole batch. No call ever
-// waits for a timer, so a lone request's latency is unchanged. The
-// statements of a batch commit or roll back together: a statement error
+// queue, and leave together when a slot returns, as one pipeline in one
+// implicit transaction: one round trip per call still, but one commit and
+// one WAL flush for the whole batch. The batch's Reserves go as one
+// multi-row statement (one INSERT ... SELECT FROM unnest(...) for the keys
+// no row holds, returning each call's record), its Completes as one
+// multi-row UPDATE; a key repeated in the batch, and the other transitions,
+// follow as single statements, so every call gets what it would have got
+// had the calls run one after the other (of two Reserves of a new key, the
+// first creates it and the second finds it in progress). A Reserve whose
+// record needs a rewrite (a released, expired or abandoned record) runs its
+// single statement after the batch: a second round trip, only for those.
+// No call ever waits for a timer, so a lone request's latency is unchanged.
+// The statements of a batch commit or roll back together: a statement error
 // rolls the batch back and each of its calls then runs alone, so only the
 // faulty call sees the error. Calls on the Tx forms never join a batch.
 // The calls of a batch wait for one another: a statement that waits for a
