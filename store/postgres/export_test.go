@@ -24,3 +24,10 @@ func (s *Store) BatchQueue() (free, pending int) {
 
 // BatchMany reports the multi-row statements (Reserve or Complete) sent.
 func (s *Store) BatchMany() int64 { return s.batch.many.Load() }
+
+// The multi-row statements, for the benchmark that compares them with the
+// single ones.
+const (
+	SQLReserveMany  = sqlReserveMany
+	SQLCompleteMany = sqlCompleteMany
+)
