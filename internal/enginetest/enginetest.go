@@ -11,7 +11,9 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -141,4 +143,14 @@ func WantProblem(t *testing.T, w *httptest.ResponseRecorder, status int, slug st
 		t.Fatalf("problem %+v, want type %s status %d", p, idem.ProblemBase+slug, status)
 	}
 	return p
+}
+
+// SendCharge sends h a keyed JSON POST /v1/payments.
+func SendCharge(h http.Handler, key string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest("POST", "/v1/payments", strings.NewReader(`{"amount":100}`))
+	r.Header.Set("Content-Type", "application/json")
+	r.Header.Set("Idempotency-Key", key)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
 }

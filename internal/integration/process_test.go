@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/enginetest"
 	"github.com/idem-go/idem/internal/testdb/pgdb"
 	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/phase"
@@ -238,15 +239,6 @@ func chargeHandler(wf writeFirst, beforeCommit func()) http.HandlerFunc {
 	}
 }
 
-func sendCharge(h http.Handler, key string) *httptest.ResponseRecorder {
-	r := httptest.NewRequest("POST", "/v1/payments", strings.NewReader(`{"amount":100}`))
-	r.Header.Set("Content-Type", "application/json")
-	r.Header.Set("Idempotency-Key", key)
-	w := httptest.NewRecorder()
-	h.ServeHTTP(w, r)
-	return w
-}
-
 func openChildDB() (store.Store, writeFirst) {
 	if path := os.Getenv("IDEM_TEST_SQLITE"); path != "" {
 		return openSQLiteWriteFirst(path, nil)
@@ -264,7 +256,7 @@ func runChild(mode string) error {
 		if err != nil {
 			return err
 		}
-		sendCharge(e.Middleware(chargeHandler(wf, func() {
+		enginetest.SendCharge(e.Middleware(chargeHandler(wf, func() {
 			fmt.Println("READY")
 			select {}
 		})), os.Getenv("IDEM_TEST_KEY"))
@@ -298,10 +290,10 @@ func TestKilledBetweenWriteAndCommit(t *testing.T) {
 				t.Fatal(err)
 			}
 			h := e.Middleware(chargeHandler(wf, func() {}))
-			if w := sendCharge(h, key); w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "" {
+			if w := enginetest.SendCharge(h, key); w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "" {
 				t.Fatalf("retry after the crash: %d %s", w.Code, w.Body)
 			}
-			if w := sendCharge(h, key); w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "true" {
+			if w := enginetest.SendCharge(h, key); w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "true" {
 				t.Fatalf("second retry: %d %v", w.Code, w.Header())
 			}
 			if n := db.count(t, key); n != 1 {
@@ -399,7 +391,7 @@ func childPhases() error {
 			select {}
 		}
 	}))
-	sendCharge(h, os.Getenv("IDEM_TEST_KEY"))
+	enginetest.SendCharge(h, os.Getenv("IDEM_TEST_KEY"))
 	return fmt.Errorf("the handler returned")
 }
 
@@ -435,7 +427,7 @@ func TestPhasesResumeAfterKill(t *testing.T) {
 	}
 	var ran []string
 	h := e.Middleware(ridePhases(s, schema, provider.srv.URL, func(p string) { ran = append(ran, p) }))
-	w := sendCharge(h, key)
+	w := enginetest.SendCharge(h, key)
 	if w.Code != 201 || !strings.Contains(w.Body.String(), `"resumed":true`) {
 		t.Fatalf("resumed request: %d %s", w.Code, w.Body)
 	}

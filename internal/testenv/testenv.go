@@ -11,10 +11,12 @@
 package testenv
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
 	"os"
+	"sync"
 	"testing"
 )
 
@@ -82,4 +84,25 @@ func MySQLDSN(tb testing.TB) string {
 func RedisAddr(tb testing.TB) string {
 	tb.Helper()
 	return need(tb, RedisEnv, "127.0.0.1:6379")
+}
+
+// Buffer is a bytes.Buffer that goroutines may write while a test reads it:
+// a place for a logger's or a command's output.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+// Write appends p.
+func (s *Buffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// String returns what was written so far.
+func (s *Buffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

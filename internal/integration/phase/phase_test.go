@@ -7,13 +7,13 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/enginetest"
 	"github.com/idem-go/idem/phase"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/mysql"
@@ -72,15 +72,6 @@ func execution(t *testing.T, e *idem.Engine) *idem.Execution {
 	}
 }
 
-func sendCharge(h http.Handler, key string) *httptest.ResponseRecorder {
-	r := httptest.NewRequest("POST", "/v1/payments", strings.NewReader(`{"amount":100}`))
-	r.Header.Set("Content-Type", "application/json")
-	r.Header.Set("Idempotency-Key", key)
-	w := httptest.NewRecorder()
-	h.ServeHTTP(w, r)
-	return w
-}
-
 // TestPhasesOnSQLite runs atomic phases on the embedded store: a phase that
 // fails rolls back its writes and keeps the recovery point; the retry after
 // the lease expired resumes at the failed phase; Foreign runs outside the
@@ -130,7 +121,7 @@ func TestPhasesOnSQLite(t *testing.T) {
 		w.WriteHeader(201)
 		io.WriteString(w, x.RecoveryPoint())
 	}))
-	if w := sendCharge(h, "trip-1"); w.Code != 500 {
+	if w := enginetest.SendCharge(h, "trip-1"); w.Code != 500 {
 		t.Fatalf("first attempt: %d %s", w.Code, w.Body)
 	}
 	steps := func() []string {
@@ -152,7 +143,7 @@ func TestPhasesOnSQLite(t *testing.T) {
 	}
 	failSecond = false
 	clock.Advance(31 * time.Second)
-	w := sendCharge(h, "trip-1")
+	w := enginetest.SendCharge(h, "trip-1")
 	if w.Code != 201 || w.Body.String() != "third" {
 		t.Fatalf("resumed attempt: %d %s", w.Code, w.Body)
 	}
