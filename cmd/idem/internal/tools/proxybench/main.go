@@ -24,9 +24,9 @@
 // the statistics of the variant's own table, heap tuples inserted and
 // updated, how many updates were HOT, and index bytes grown.
 //
-// -baseline name=PATH adds the variants sqlite-name and postgres-name run
-// by another idem binary (e.g. one built from an earlier commit), for a
-// before/after comparison in the same run.
+// -baseline name=PATH adds the variants memory-name, sqlite-name and
+// postgres-name run by another idem binary (e.g. one built from an earlier
+// commit), for a before/after comparison in the same run.
 package main
 
 import (
@@ -79,7 +79,7 @@ func main() {
 	flag.StringVar(&o.pgURL, "postgres", envOr("IDEM_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
 		"PostgreSQL `URL`; empty skips the PostgreSQL variants")
 	flag.StringVar(&o.idemBin, "idem", "", "idem binary `path`; default: build ./cmd/idem")
-	flag.StringVar(&o.baseline, "baseline", "", "other idem binaries run as more SQLite and PostgreSQL variants: `name=path`[,name=path...], e.g. before=/tmp/idem-before")
+	flag.StringVar(&o.baseline, "baseline", "", "other idem binaries run as more memory, SQLite and PostgreSQL variants: `name=path`[,name=path...], e.g. before=/tmp/idem-before")
 	flag.StringVar(&o.tenantFlags, "tenant-flags", "--tenant-from trusted-header:X-Tenant", "idem proxy flags that say where the tenant comes from (the load sends X-Tenant: bench)")
 	flag.IntVar(&o.storeConns, "store-conns", 0, "idem proxy --store-conns for the PostgreSQL variants (0: its default)")
 	flag.StringVar(&o.only, "only", "", "comma-separated variant names to run (default all)")
@@ -244,7 +244,7 @@ func run(o options) error {
 			{"memory", "memory:"},
 			{"sqlite", "sqlite:" + filepath.Join(dir, "idem"+b.suffix+".db")},
 		} {
-			if b.suffix != "" && s.name == "memory" || !wanted(s.name+b.suffix) {
+			if !wanted(s.name + b.suffix) {
 				continue
 			}
 			u, err := idemProxy(b.path, s.dsn)

@@ -145,6 +145,9 @@ func report(w io.Writer, o options, variants []*variant, newRes, repRes map[stri
 		if base, suffix, ok := strings.Cut(v.name, "-"); ok {
 			ratio(base+" / "+v.name+", new keys", base, v.name, 0, "this binary over another")
 			ratio(base+" / "+v.name+", replays", base, v.name, 1, "this binary over another")
+			if base == "memory" {
+				ratio(v.name+", new keys / plain proxy", v.name, "plain", 0, "binary "+suffix)
+			}
 			if base == "postgres" {
 				ratio(v.name+", new keys / pgbench INSERT + UPDATE", v.name, "pgbench", 0, "binary "+suffix)
 				ratio(v.name+", replays / pgbench SELECT", v.name, "pgbench", 1, "binary "+suffix)
