@@ -33,12 +33,15 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/idem-go/idem"
 )
 
 // Config selects the providers. Either may be nil: its global provider is
-// used (a no-op until the application installs one).
+// used (a no-op until the application installs one). Given OpenTelemetry's
+// no-op tracer provider (noop.NewTracerProvider()), the observer starts no
+// span at all, and records the metrics only.
 type Config struct {
 	MeterProvider  metric.MeterProvider
 	TracerProvider trace.TracerProvider
@@ -73,7 +76,11 @@ var events = map[string]string{
 // observer holds the instruments with their attribute sets built once, so
 // that recording a metric costs no allocation on the request path.
 type observer struct {
-	tracer      trace.Tracer
+	tracer trace.Tracer
+	// noSpans: the provider is OpenTelemetry's no-op one, whose spans
+	// record nothing and carry on only the parent's span context, which
+	// the caller's context carries already: Step skips them.
+	noSpans     bool
 	reserves    metric.Int64Counter
 	storeErrs   metric.Int64Counter
 	finishFails metric.Int64Counter
@@ -98,6 +105,7 @@ func New(cfg Config) (idem.Observer, error) {
 	m := mp.Meter(Name)
 	o := &observer{
 		tracer:     tp.Tracer(Name),
+		noSpans:    isNoop(tp),
 		events:     map[string]metric.Int64Counter{},
 		outcomeAdd: map[string][]metric.AddOption{},
 		opAdd:      map[string][]metric.AddOption{},
@@ -186,6 +194,9 @@ const (
 )
 
 func (o *observer) Step(ctx context.Context, s idem.Step) (context.Context, func(idem.StepEnd)) {
+	if o.noSpans {
+		return ctx, endNothing
+	}
 	attrs := []attribute.KeyValue{keyStore.String(s.Store), keyScope.String(s.Scope), keyRoute.String(s.Route)}
 	if s.Fence != 0 {
 		attrs = append(attrs, keyFence.Int64(s.Fence))
@@ -210,4 +221,16 @@ func (o *observer) Step(ctx context.Context, s idem.Step) (context.Context, func
 		}
 		span.End()
 	}
+}
+
+// endNothing ends a step that has no span.
+func endNothing(idem.StepEnd) {}
+
+// isNoop reports whether tp is OpenTelemetry's no-op provider.
+func isNoop(tp trace.TracerProvider) bool {
+	switch tp.(type) {
+	case noop.TracerProvider, *noop.TracerProvider:
+		return true
+	}
+	return false
 }

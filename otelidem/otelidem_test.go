@@ -13,6 +13,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/otelidem"
@@ -177,5 +179,50 @@ func TestFailuresAndEvents(t *testing.T) {
 	}
 	if a, _ := attr(spans[0].Attributes, "idem.attempts"); a.AsInt64() != 3 {
 		t.Fatalf("attempts %v", spans[0].Attributes)
+	}
+}
+
+// With OpenTelemetry's no-op tracer provider the steps start no span: the
+// context a step returns is the caller's, which still carries the caller's
+// span context for whatever the step calls; metrics are recorded as ever.
+func TestNoopTracerStartsNoSpan(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer mp.Shutdown(context.Background())
+	obs, err := otelidem.New(otelidem.Config{MeterProvider: mp, TracerProvider: noop.NewTracerProvider()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent := trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: trace.TraceID{1}, SpanID: trace.SpanID{2}, TraceFlags: trace.FlagsSampled, Remote: true,
+	})
+	step := idem.Step{Name: idem.StepReserve, Store: "memory", Scope: "0:POST /x", Route: "/x"}
+	for _, ctx := range []context.Context{
+		context.Background(), trace.ContextWithRemoteSpanContext(context.Background(), parent),
+	} {
+		got, end := obs.Step(ctx, step)
+		end(idem.StepEnd{Outcome: "created"})
+		if got != ctx {
+			t.Error("the step started a span under the no-op provider")
+		}
+		if sc, want := trace.SpanContextFromContext(got), trace.SpanContextFromContext(ctx); !sc.Equal(want) {
+			t.Errorf("span context %v, want the caller's %v", sc, want)
+		}
+	}
+
+	tel := &telemetry{reader: reader, obs: obs}
+	e, err := idem.New(memory.New(memory.Config{}), idem.Config{Logger: slog.New(slog.DiscardHandler), Observer: obs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(201) }))
+	for range 2 {
+		r := httptest.NewRequest("POST", "/x", strings.NewReader(`{}`))
+		r.Header.Set("Idempotency-Key", "k")
+		h.ServeHTTP(httptest.NewRecorder(), r)
+	}
+	sums := tel.sums(t)
+	if sums["idem.reserve.outcomes{outcome=created}"] != 1 || sums["idem.reserve.outcomes{outcome=replay}"] != 1 {
+		t.Errorf("counters %v", sums)
 	}
 }
