@@ -20,10 +20,7 @@ import (
 // (new), and reports the server backend's CPU per call (pg-cpu-us/op, from
 // /proc when the server runs on this machine) besides the time.
 func BenchmarkBatchStatements(b *testing.B) {
-	const (
-		batch    = 8
-		existing = 20000
-	)
+	const existing = 20000
 	ctx := context.Background()
 	schema := newSchema(b)
 	openStore(b, schema, nil) // runs the migrations
@@ -51,41 +48,43 @@ func BenchmarkBatchStatements(b *testing.B) {
 	single, many := unqualified.Replace(postgres.SQLReserve), unqualified.Replace(postgres.SQLReserveMany)
 	cpu := newCPUMeter(ctx, pool)
 	run := 0
-	for _, keys := range []string{"replay", "new"} {
-		for _, form := range []string{"single", "many"} {
-			b.Run(keys+"/"+form, func(b *testing.B) {
-				run++
-				_, server0 := cpu.read()
-				calls := 0
-				for i := 0; b.Loop(); i++ {
-					var pb pgx.Batch
-					scopes, ks, fps, policies := make([]string, batch), make([]string, batch), make([]string, batch), make([]string, batch)
-					leases, ttls := make([]int64, batch), make([]int64, batch)
-					nows := make([]pgtype.Timestamptz, batch)
-					for j := range batch {
-						k := fmt.Sprint("k", 1+(i*batch+j)%existing)
-						if keys == "new" {
-							k = fmt.Sprintf("n%d-%d-%d", run, i, j)
+	for _, batch := range []int{3, 8} {
+		for _, keys := range []string{"replay", "new"} {
+			for _, form := range []string{"single", "many"} {
+				b.Run(fmt.Sprintf("%d/%s/%s", batch, keys, form), func(b *testing.B) {
+					run++
+					_, server0 := cpu.read()
+					calls := 0
+					for i := 0; b.Loop(); i++ {
+						var pb pgx.Batch
+						scopes, ks, fps, policies := make([]string, batch), make([]string, batch), make([]string, batch), make([]string, batch)
+						leases, ttls := make([]int64, batch), make([]int64, batch)
+						nows := make([]pgtype.Timestamptz, batch)
+						for j := range batch {
+							k := fmt.Sprint("k", 1+(i*batch+j)%existing)
+							if keys == "new" {
+								k = fmt.Sprintf("n%d-%d-%d", run, i, j)
+							}
+							scopes[j], ks[j], fps[j], policies[j] = "s", k, "fp", "unknown"
+							leases[j], ttls[j] = int64(30*time.Second/time.Microsecond), int64(24*time.Hour/time.Microsecond)
+							if form == "single" {
+								pb.Queue(single, "s", k, "fp", leases[j], ttls[j], "unknown", nil)
+							}
 						}
-						scopes[j], ks[j], fps[j], policies[j] = "s", k, "fp", "unknown"
-						leases[j], ttls[j] = int64(30*time.Second/time.Microsecond), int64(24*time.Hour/time.Microsecond)
-						if form == "single" {
-							pb.Queue(single, "s", k, "fp", leases[j], ttls[j], "unknown", nil)
+						if form == "many" {
+							pb.Queue(many, scopes, ks, fps, leases, ttls, policies, nows)
 						}
+						if err := pool.SendBatch(ctx, &pb).Close(); err != nil {
+							b.Fatal(err)
+						}
+						calls += batch
 					}
-					if form == "many" {
-						pb.Queue(many, scopes, ks, fps, leases, ttls, policies, nows)
+					if _, server := cpu.read(); cpu.server {
+						b.ReportMetric(float64((server-server0).Microseconds())/float64(calls), "pg-cpu-us/op")
 					}
-					if err := pool.SendBatch(ctx, &pb).Close(); err != nil {
-						b.Fatal(err)
-					}
-					calls += batch
-				}
-				if _, server := cpu.read(); cpu.server {
-					b.ReportMetric(float64((server-server0).Microseconds())/float64(calls), "pg-cpu-us/op")
-				}
-				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(calls), "ns/call")
-			})
+					b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(calls), "ns/call")
+				})
+			}
 		}
 	}
 }

@@ -418,14 +418,21 @@ func newQueries(schema string) queries {
 //   - no row when the insert conflicted with a row committed after the
 //     snapshot: the call runs sqlReserve alone too.
 //
+// Each array is read through a scalar subquery, (SELECT $n), so that the
+// planner sees no constant array even in a custom plan: its row estimate is
+// then the same for every batch size, the plan cache settles on one generic
+// plan after its first executions, and the statement is not planned again
+// for every batch (planning this statement costs more than running it).
+//
 // $1 scopes, $2 keys, $3 fingerprints, $4 leases and $5 TTLs in
 // microseconds, $6 lease policies, $7 nows (NULL: the database clock).
 const sqlReserveMany = `
 WITH input AS (
 	SELECT i.scope, i.key, i.fingerprint, i.lease, i.ttl, i.policy, i.ord,
 		coalesce(i.now_in, statement_timestamp()) AS now
-	FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::text[],
-		$7::timestamptz[]) WITH ORDINALITY AS i(scope, key, fingerprint, lease, ttl, policy, now_in, ord)
+	FROM unnest((SELECT $1::text[]), (SELECT $2::text[]), (SELECT $3::text[]), (SELECT $4::bigint[]),
+		(SELECT $5::bigint[]), (SELECT $6::text[]), (SELECT $7::timestamptz[]))
+		WITH ORDINALITY AS i(scope, key, fingerprint, lease, ttl, policy, now_in, ord)
 ),
 ins AS (
 	INSERT INTO {schema}idem_records AS r
@@ -458,7 +465,8 @@ FROM input i JOIN {schema}idem_records r ON r.scope = i.scope AND r.key = i.key
 WHERE NOT EXISTS (SELECT FROM ins WHERE ins.scope = i.scope AND ins.key = i.key)`
 
 // sqlCompleteMany is sqlComplete for several records; it returns the
-// position of each input row whose record it completed.
+// position of each input row whose record it completed. Its arrays are read
+// through scalar subqueries for the reason given at sqlReserveMany.
 // $1 scopes, $2 keys, $3 fences, $4 nows (NULL: the database clock),
 // $5 statuses, $6 headers (JSON text), $7 bodies, $8 body omitted, $9 TTLs
 // in microseconds.
@@ -475,8 +483,9 @@ UPDATE {schema}idem_records AS r SET
 	expires_at = CASE WHEN u.ttl > 0
 		THEN coalesce(u.now_in, statement_timestamp()) + u.ttl * interval '1 microsecond'
 		ELSE r.expires_at END
-FROM unnest($1::text[], $2::text[], $3::bigint[], $4::timestamptz[], $5::integer[], $6::text[],
-	$7::bytea[], $8::boolean[], $9::bigint[])
+FROM unnest((SELECT $1::text[]), (SELECT $2::text[]), (SELECT $3::bigint[]), (SELECT $4::timestamptz[]),
+	(SELECT $5::integer[]), (SELECT $6::text[]), (SELECT $7::bytea[]), (SELECT $8::boolean[]),
+	(SELECT $9::bigint[]))
 	WITH ORDINALITY AS u(scope, key, fence, now_in, status, headers, body, omitted, ttl, ord)
 WHERE r.scope = u.scope AND r.key = u.key AND r.state = 'in_progress' AND r.fence = u.fence
 RETURNING u.ord`
