@@ -10,7 +10,21 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idem-go/idem/internal/fingerprint"
 	"github.com/idem-go/idem/store"
+)
+
+// Defaults of the Config fields that New applies to a zero field, for
+// programs (such as the idem proxy) that show or compare them.
+const (
+	DefaultInProgressStatus = http.StatusConflict
+	DefaultTTL              = 24 * time.Hour
+	DefaultLease            = 30 * time.Second
+	DefaultRetryAfter       = time.Second
+	DefaultStoreTimeout     = 5 * time.Second
+	DefaultMaxBodyBytes     = 1 << 20
+	DefaultMaxResponseBytes = 1 << 20
+	DefaultKeyHeader        = "Idempotency-Key"
 )
 
 // Profile selects the HTTP dialect of the engine's own responses.
@@ -94,8 +108,11 @@ type Config struct {
 	// closed with 503 before the handler runs. Defaults to 5s.
 	StoreTimeout time.Duration
 
-	// Fields, when set, fingerprints only these top-level JSON members (or
-	// form keys) instead of the whole body. Defaults to the whole body.
+	// Fields, when set, fingerprints only these JSON members (or form
+	// keys) instead of the whole body. A field is a path of member names
+	// separated by '.' (payment.amount), with '~' written ~0 and '.' in a
+	// name written ~1; New refuses a field that is not such a path.
+	// Defaults to the whole body.
 	Fields []string
 
 	// KeyHeader names the request header that carries the idempotency key.
@@ -189,7 +206,7 @@ func (c Config) withDefaults() (settings, error) {
 		errs = append(errs, fmt.Errorf("idem: KeyReusedStatus %d is not a 4xx status", c.KeyReusedStatus))
 	}
 	if c.InProgressStatus == 0 {
-		c.InProgressStatus = http.StatusConflict
+		c.InProgressStatus = DefaultInProgressStatus
 	}
 	if c.InProgressStatus != http.StatusConflict && c.InProgressStatus != http.StatusAccepted {
 		errs = append(errs, fmt.Errorf("idem: InProgressStatus %d is neither 409 nor 202", c.InProgressStatus))
@@ -202,10 +219,10 @@ func (c Config) withDefaults() (settings, error) {
 			errs = append(errs, fmt.Errorf("idem: %s must not be negative", name))
 		}
 	}
-	def(&c.TTL, 24*time.Hour, "TTL")
-	def(&c.Lease, 30*time.Second, "Lease")
-	def(&c.RetryAfter, time.Second, "RetryAfter")
-	def(&c.StoreTimeout, 5*time.Second, "StoreTimeout")
+	def(&c.TTL, DefaultTTL, "TTL")
+	def(&c.Lease, DefaultLease, "Lease")
+	def(&c.RetryAfter, DefaultRetryAfter, "RetryAfter")
+	def(&c.StoreTimeout, DefaultStoreTimeout, "StoreTimeout")
 	if c.Wait < 0 {
 		errs = append(errs, errors.New("idem: Wait must not be negative"))
 	}
@@ -216,10 +233,10 @@ func (c Config) withDefaults() (settings, error) {
 		errs = append(errs, fmt.Errorf("idem: unknown LeasePolicy %q (want unknown, retry or resume)", c.LeasePolicy))
 	}
 	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = 1 << 20
+		c.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	if c.MaxResponseBytes == 0 {
-		c.MaxResponseBytes = 1 << 20
+		c.MaxResponseBytes = DefaultMaxResponseBytes
 	}
 	if c.MaxBodyBytes < 0 || c.MaxResponseBytes < 0 {
 		errs = append(errs, errors.New("idem: MaxBodyBytes and MaxResponseBytes must not be negative"))
@@ -228,8 +245,11 @@ func (c Config) withDefaults() (settings, error) {
 	c.Fields = slices.Clone(c.Fields)
 	slices.Sort(c.Fields)
 	c.Fields = slices.Compact(c.Fields)
+	if err := fingerprint.ValidateFields(c.Fields); err != nil {
+		errs = append(errs, fmt.Errorf("idem: Fields: %w", err))
+	}
 	if c.KeyHeader == "" {
-		c.KeyHeader = "Idempotency-Key"
+		c.KeyHeader = DefaultKeyHeader
 	}
 	if !store.ValidHeader(c.KeyHeader, nil) {
 		errs = append(errs, fmt.Errorf("idem: KeyHeader %q is not a valid header name", c.KeyHeader))

@@ -776,6 +776,11 @@ func TestConfigErrors(t *testing.T) {
 		{KeyReusedStatus: 200},
 		{TTL: -time.Second},
 		{MaxBodyBytes: -1},
+		{InProgressStatus: 200},
+		{RetryAfter: -time.Second},
+		{StoreTimeout: -time.Second},
+		{MaxResponseBytes: -1},
+		{Fields: []string{"amount", "a~2b"}},
 	} {
 		if _, err := idem.New(s, cfg); err == nil {
 			t.Fatalf("New(%+v) accepted an invalid config", cfg)
