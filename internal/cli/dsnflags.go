@@ -2,7 +2,6 @@ package cli
 
 import (
 	"flag"
-	"os"
 
 	"github.com/idem-go/idem/internal/storeurl"
 )
@@ -33,22 +32,22 @@ func cacheFlag(fs *flag.FlagSet, help string) *dsnFlag {
 	return registerDSN(fs, "cache", storeurl.CacheEnv, "", help)
 }
 
-// resolve settles the DSN after fs was parsed.
+// resolve settles the DSN after fs was parsed: the command line's --NAME,
+// else its --NAME-file, else the environment's $ENV (set by parse), else a
+// --NAME-file from the environment or the config file, else --NAME as the
+// config file or the default gives it.
 func (d *dsnFlag) resolve(fs *flag.FlagSet) error {
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	cmd := onCommandLine(fs)
 	switch {
-	case set[d.name] && set[d.name+"-file"]:
+	case cmd[d.name] && cmd[d.name+"-file"]:
 		return usageErr(fs, "give --%s or --%s-file, not both", d.name, d.name)
-	case set[d.name]:
-	case d.file != "":
+	case cmd[d.name]:
+	case cmd[d.name+"-file"] || (d.file != "" && originOf(fs, d.name) != "$"+d.env):
 		v, err := storeurl.ReadFile(d.file)
 		if err != nil {
 			return usageErr(fs, "--%s-file: %v", d.name, err)
 		}
 		d.value = v
-	case os.Getenv(d.env) != "":
-		d.value = os.Getenv(d.env)
 	}
 	return nil
 }

@@ -142,7 +142,7 @@ func newFlags(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 	fs.Usage = func() {}
 	w := weak.Make(fs)
 	synopsesMu.Lock()
-	synopses[w] = synopsis
+	synopses[w] = &flagSetInfo{synopsis: synopsis, origins: map[string]string{}}
 	synopsesMu.Unlock()
 	runtime.AddCleanup(fs, func(w weak.Pointer[flag.FlagSet]) {
 		synopsesMu.Lock()
@@ -155,17 +155,28 @@ func newFlags(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 	return fs
 }
 
-// synopses holds the synopsis of each live flag set: a flag.FlagSet has
-// no room for it, and its Usage function cannot tell -h from an error.
+// flagSetInfo is what a flag.FlagSet has no room for: the synopsis given
+// to newFlags, and where the flags not set on the command line took their
+// value from (flag name -> "$IDEM_TTL", "config file idem.json").
+type flagSetInfo struct {
+	synopsis string
+	origins  map[string]string
+}
+
+// synopses holds the information of each live flag set: its Usage
+// function cannot tell -h from an error.
 var (
 	synopsesMu sync.Mutex
-	synopses   = map[weak.Pointer[flag.FlagSet]]string{}
+	synopses   = map[weak.Pointer[flag.FlagSet]]*flagSetInfo{}
 )
 
 // synopsisOf returns the synopsis given to newFlags for fs.
 func synopsisOf(fs *flag.FlagSet) (synopsis, description string) {
 	synopsesMu.Lock()
-	text := synopses[weak.Make(fs)]
+	var text string
+	if info := synopses[weak.Make(fs)]; info != nil {
+		text = info.synopsis
+	}
 	synopsesMu.Unlock()
 	synopsis, description, _ = strings.Cut(text, "\n\n")
 	return synopsis, strings.TrimSpace(description)
@@ -190,10 +201,14 @@ func printHelp(w io.Writer, fs *flag.FlagSet) {
 		if def == "" {
 			def = "none"
 		}
-		fmt.Fprintf(w, "  --%s%s\n        %s (default: %s)\n", f.Name, name, strings.ReplaceAll(usage, "\n", "\n        "), def)
+		fmt.Fprintf(w, "  --%s%s  ($%s)\n        %s (default: %s)\n", f.Name, name, envName(f.Name),
+			strings.ReplaceAll(usage, "\n", "\n        "), def)
 	})
 	if n == 0 {
 		fmt.Fprint(w, "  none\n")
+	} else {
+		fmt.Fprint(w, "\n  Every flag may also be given in the environment variable beside it\n"+
+			"  (booleans as true or false); the command line wins over the environment.\n")
 	}
 	printDoc(w, fs.Name())
 }

@@ -60,6 +60,25 @@ type ProxyConfig struct {
 	Methods []string
 	MaxBody int64
 
+	// KeyRequired, KeyReusedStatus, InProgressStatus, LeasePolicy,
+	// MaxResponseBytes, StoreServerErrors, RetryAfter, StoreTimeout and
+	// Fields set the engine's Config fields of the same name; zero keeps
+	// the engine's default (the profile's for KeyRequired and
+	// KeyReusedStatus).
+	KeyRequired       *bool
+	KeyReusedStatus   int
+	InProgressStatus  int
+	LeasePolicy       string
+	MaxResponseBytes  int
+	StoreServerErrors bool
+	RetryAfter        time.Duration
+	StoreTimeout      time.Duration
+	Fields            []string
+
+	// Routes are per-route settings, matched in ServeMux fashion; a
+	// request no route matches takes the settings above.
+	Routes []RouteConfig
+
 	// KeyHeader names the header that carries the idempotency key
 	// (idem.Config.KeyHeader); empty: Idempotency-Key. EchoKey sends the
 	// key back on every answer to a keyed request (idem.Config.EchoKey).
@@ -176,6 +195,7 @@ type Proxy struct {
 	obs       idem.Observer // the engine's and the services' metrics and spans
 	tenants   *tenants
 	protected map[string]bool
+	routes    *routeTable // nil without Routes
 	buffers   *semaphore.Weighted
 	buffered  atomic.Int64 // bytes held under buffers, for tests
 
@@ -185,7 +205,7 @@ type Proxy struct {
 	store   store.Store
 	engine  *idem.Engine
 	maint   *maintenance.Maintainer // nil with NoMaintenance
-	guarded atomic.Pointer[http.Handler]
+	guarded atomic.Pointer[guarded]
 	openErr error         // why the store is not open yet
 	opening chan struct{} // closed when the background opener returns; nil without one
 	storeUp atomic.Bool   // last readiness seen, to log each change once
@@ -197,12 +217,19 @@ type Proxy struct {
 	draining atomic.Bool
 }
 
+// guarded is what serves the requests the guard lets through once the
+// store is open: the engine's middleware in front of the reverse proxy,
+// and that of each route's own engine (nil for unprotected routes).
+type guarded struct {
+	main   http.Handler
+	routes []http.Handler
+}
+
 // Defaults of the proxy's resource limits.
 const (
 	defaultMaxHeaderBytes   = 64 << 10
 	defaultBodyTimeout      = 30 * time.Second
 	defaultMaxBufferedBytes = 64 << 20
-	defaultMaxBody          = 1 << 20
 )
 
 // NewProxy binds the listeners and opens the store; Serve starts serving.
@@ -230,10 +257,13 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 		cfg.BodyTimeout = defaultBodyTimeout
 	}
 	if cfg.MaxBody <= 0 {
-		cfg.MaxBody = defaultMaxBody
+		cfg.MaxBody = idem.DefaultMaxBodyBytes
+	}
+	if cfg.RetryAfter == 0 {
+		cfg.RetryAfter = idem.DefaultRetryAfter
 	}
 	if cfg.KeyHeader == "" {
-		cfg.KeyHeader = "Idempotency-Key"
+		cfg.KeyHeader = idem.DefaultKeyHeader
 	}
 	if !store.ValidHeader(cfg.KeyHeader, nil) {
 		return nil, fmt.Errorf("proxy: --key-header %q is not a valid header name", cfg.KeyHeader)
@@ -276,6 +306,7 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 		if err != nil {
 			return nil, fmt.Errorf("proxy: %w", err)
 		}
+		r.maxBody = cfg.maxResponseBytes()
 		cfg.Maintenance.Resolver = r
 	}
 
@@ -320,8 +351,8 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 	}
 	// The engine's settings are checked now, whether or not the store
 	// answers: a typo must fail at start, not when the database comes up.
-	if _, err := idem.New(memory.New(memory.Config{}), p.engineConfig()); err != nil {
-		return nil, err
+	if p.routes, err = cfg.checkSettings(); err != nil {
+		return nil, fmt.Errorf("proxy: %w", err)
 	}
 	if !cfg.NoMaintenance {
 		if _, err := maintenance.New(memory.New(memory.Config{}), cfg.Maintenance); err != nil {
@@ -427,22 +458,61 @@ func proxyTenants(cfg ProxyConfig, log *slog.Logger) (*tenants, error) {
 
 // engineConfig is the engine's configuration; the tenant is the one the
 // guard put in the request's context.
-func (p *Proxy) engineConfig() idem.Config {
-	cfg := p.cfg
+func (p *Proxy) engineConfig() idem.Config { return p.cfg.engineConfig(p.obs) }
+
+// checkSettings checks the engine's settings, the proxy's and each
+// route's, whether or not the store answers: a typo must fail at start,
+// not when the database comes up. It returns the routes' table.
+func (cfg ProxyConfig) checkSettings() (*routeTable, error) {
+	routes, err := newRouteTable(cfg.Routes)
+	if err != nil {
+		return nil, err
+	}
+	e, err := idem.New(memory.New(memory.Config{}), cfg.engineConfig(nil))
+	if err != nil {
+		return nil, err
+	}
+	if _, err := routes.routeEngines(e); err != nil {
+		return nil, err
+	}
+	return routes, nil
+}
+
+// maxResponseBytes is the engine's MaxResponseBytes, its default applied:
+// the bound on a body kept for replays, also of answers settled by the
+// reconciler and the webhook.
+func (cfg ProxyConfig) maxResponseBytes() int {
+	if cfg.MaxResponseBytes > 0 {
+		return cfg.MaxResponseBytes
+	}
+	return idem.DefaultMaxResponseBytes
+}
+
+// engineConfig is the engine's configuration of cfg, reporting to obs.
+func (cfg ProxyConfig) engineConfig(obs idem.Observer) idem.Config {
 	return idem.Config{
-		Profile:      idem.Profile(cfg.Profile),
-		Methods:      cfg.Methods,
-		TTL:          cfg.TTL,
-		Lease:        cfg.Lease,
-		Wait:         cfg.Wait,
-		MaxBodyBytes: cfg.MaxBody,
-		KeyHeader:    cfg.KeyHeader,
-		EchoKey:      cfg.EchoKey,
-		Secret:       cfg.FingerprintSecret,
-		Tenant:       tenantFromContext,
-		Route:        proxyRoute,
-		Logger:       cfg.Logger,
-		Observer:     p.obs,
+		Profile:           idem.Profile(cfg.Profile),
+		Methods:           cfg.Methods,
+		KeyRequired:       cfg.KeyRequired,
+		KeyReusedStatus:   cfg.KeyReusedStatus,
+		InProgressStatus:  cfg.InProgressStatus,
+		TTL:               cfg.TTL,
+		Lease:             cfg.Lease,
+		LeasePolicy:       store.LeasePolicy(cfg.LeasePolicy),
+		Wait:              cfg.Wait,
+		MaxBodyBytes:      cfg.MaxBody,
+		MaxResponseBytes:  cfg.MaxResponseBytes,
+		StoreServerErrors: cfg.StoreServerErrors,
+		RetryAfter:        cfg.RetryAfter,
+		StoreTimeout:      cfg.StoreTimeout,
+		Fields:            cfg.Fields,
+		KeyHeader:         cfg.KeyHeader,
+		EchoKey:           cfg.EchoKey,
+		Secret:            cfg.FingerprintSecret,
+		Tenant:            tenantFromContext,
+		Route:             proxyRoute,
+		Logger:            cfg.Logger,
+		Observer:          obs,
 	}
 }
 
@@ -461,6 +531,10 @@ func (p *Proxy) attach(s store.Store) error {
 	if err != nil {
 		return err
 	}
+	engines, err := p.routes.routeEngines(e)
+	if err != nil {
+		return fmt.Errorf("proxy: %w", err)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.store, p.engine, p.openErr = s, e, nil
@@ -469,8 +543,13 @@ func (p *Proxy) attach(s store.Store) error {
 			return fmt.Errorf("proxy: %w", err)
 		}
 	}
-	h := p.engine.Middleware(p.rp)
-	p.guarded.Store(&h)
+	g := &guarded{main: p.engine.Middleware(p.rp), routes: make([]http.Handler, len(engines))}
+	for i, re := range engines {
+		if re != nil {
+			g.routes[i] = re.Middleware(p.rp)
+		}
+	}
+	p.guarded.Store(g)
 	p.storeUp.Store(true)
 	return nil
 }
@@ -808,7 +887,7 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error)
 
 // writeBadGateway answers 502 in the profile's error shape.
 func writeBadGateway(w http.ResponseWriter, profile idem.Profile, detail string) {
-	writeProxyProblem(w, profile, proxyProblem{status: http.StatusBadGateway, title: "Bad Gateway"}, detail)
+	writeProxyProblem(w, profile, 0, proxyProblem{status: http.StatusBadGateway, title: "Bad Gateway"}, detail)
 }
 
 // proxyRoute is the route of a proxied request: its path as sent, plus the
@@ -894,6 +973,8 @@ until the store opens (retried in the background, migrated with --migrate).
 
 ` + tenantSourcesHelp + `
 
+` + configHelp + `
+
 ` + resolveProtocol + "\n\n" + webhookHelp
 
 func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logFormat, logLevel string, err error) {
@@ -904,9 +985,36 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	fs.BoolVar(&cfg.Migrate, "migrate", true, "apply the store's pending migrations at start")
 	fs.IntVar(&cfg.StoreConns, "store-conns", 0, "connection pool `size` of a PostgreSQL or MySQL store; 0: the store's default (PostgreSQL 32 unless the URL sets pool_max_conns, MySQL no cap)")
 	fs.StringVar(&cfg.Profile, "profile", string(idem.ProfileIETF), "HTTP dialect: ietf (key required, 422 on reuse, problem+json) or stripe")
-	fs.DurationVar(&cfg.TTL, "ttl", 24*time.Hour, "how long a completed response is replayed")
-	fs.DurationVar(&cfg.Lease, "lease", 30*time.Second, "lease of an execution, renewed while the upstream works")
-	fs.StringVar(&cfg.KeyHeader, "key-header", "Idempotency-Key", "`name` of the request header that carries the idempotency key")
+	configFile := fs.String("config", "", "JSON `file` of settings and per-route settings (see above)")
+	fs.DurationVar(&cfg.TTL, "ttl", idem.DefaultTTL, "how long a completed response is replayed")
+	fs.DurationVar(&cfg.Lease, "lease", idem.DefaultLease, "lease of an execution, renewed while the upstream works")
+	leasePolicy := choiceFlag{value: string(store.LeaseUnknown), valid: func(v string) bool { return store.LeasePolicy(v).Valid() },
+		want: "unknown, retry or resume"}
+	fs.Var(&leasePolicy, "lease-policy", "what a retry finds after the holder of the key died: unknown (settled by the reconciler or an operator), retry (runs again) or resume (runs again, told it resumes)")
+	keyRequired := optionalBool{}
+	fs.Var(&keyRequired, "key-required", "refuse a protected request without a key (400): true, false (it passes through), or profile (true under ietf, false under stripe)")
+	keyReused := statusFlag{zero: "profile", check: func(n int) error {
+		if n < 400 || n > 499 {
+			return errors.New("want a 4xx status")
+		}
+		return nil
+	}}
+	fs.Var(&keyReused, "key-reused-status", "`status` of a key reused with another request: a 4xx, or profile (422 under ietf, 400 under stripe)")
+	inProgress := statusFlag{n: idem.DefaultInProgressStatus, check: func(n int) error {
+		if n != http.StatusConflict && n != http.StatusAccepted {
+			return errors.New("want 409 or 202")
+		}
+		return nil
+	}}
+	fs.Var(&inProgress, "in-progress-status", "`status` of a duplicate of an in-flight request: 409 or 202, both with Retry-After")
+	fs.DurationVar(&cfg.RetryAfter, "retry-after", idem.DefaultRetryAfter, "Retry-After of the in-flight, unknown-outcome and 503 answers (whole seconds)")
+	fs.DurationVar(&cfg.StoreTimeout, "store-timeout", idem.DefaultStoreTimeout, "bound on every store call; over it the request is answered 503 before the upstream is called")
+	fs.BoolVar(&cfg.StoreServerErrors, "store-server-errors", false, "keep 5xx and 408/425/429 answers as final and replay them (Stripe v1), instead of letting a retry run again")
+	maxResponse := byteSize(idem.DefaultMaxResponseBytes)
+	fs.Var(&maxResponse, "max-response-bytes", "largest response body `size` kept for replays; a larger answer is passed on, and its replays say the body was not kept")
+	var fields listFlag
+	fs.Var(&fields, "fields", "comma-separated JSON `members` that identify a request (payment.amount names a nested one); none: the whole body")
+	fs.StringVar(&cfg.KeyHeader, "key-header", idem.DefaultKeyHeader, "`name` of the request header that carries the idempotency key")
 	fs.BoolVar(&cfg.EchoKey, "echo-key", false, "send the key back, as sent, in --key-header on every answer to a keyed request (replays and problems too)")
 	fs.DurationVar(&cfg.Wait, "wait", 0, "let a duplicate of an in-flight request wait this long and replay, instead of 409 at once")
 	var tenantFrom listFlag
@@ -928,7 +1036,7 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	fs.Var(&maxBuffered, "max-buffered-bytes", "bound on the `size` of the request bodies held in memory at once (over it: 503 + Retry-After at once); at least --max-body")
 	methods := listFlag{http.MethodPost, http.MethodPatch}
 	fs.Var(&methods, "methods", "comma-separated `methods` under idempotency keys; others pass through")
-	maxBody := byteSize(1 << 20)
+	maxBody := byteSize(idem.DefaultMaxBodyBytes)
 	fs.Var(&maxBody, "max-body", "largest request `size` fingerprinted (larger: 413), e.g. 1MiB")
 	fs.DurationVar(&cfg.UpstreamTimeout, "upstream-timeout", 60*time.Second, "wait for the upstream's response headers (after it, the outcome is unknown); 0 for no limit")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 20*time.Second, "time in-flight requests get to finish at shutdown")
@@ -951,6 +1059,11 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	}
 	if len(pos) > 0 {
 		return cfg, "", "", usageErr(fs, "unexpected argument %q", pos[0])
+	}
+	if *configFile != "" {
+		if cfg.Routes, err = loadConfig(fs, *configFile); err != nil {
+			return cfg, "", "", usageErr(fs, "--config: %v", err)
+		}
 	}
 	if cfg.Upstream == "" {
 		return cfg, "", "", usageErr(fs, "--upstream is required")
@@ -1013,5 +1126,14 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	}
 	cfg.Methods = methods
 	cfg.MaxBody = int64(maxBody)
+	cfg.LeasePolicy = leasePolicy.value
+	cfg.KeyRequired = keyRequired.v
+	cfg.KeyReusedStatus = keyReused.n
+	cfg.InProgressStatus = inProgress.n
+	cfg.MaxResponseBytes = int(min(maxResponse, 1<<31-1))
+	cfg.Fields = fields
+	if _, err := cfg.checkSettings(); err != nil {
+		return cfg, "", "", usageErr(fs, "%v", err)
+	}
 	return cfg, logFormat, logLevel, nil
 }
