@@ -236,3 +236,25 @@ func TestHelpNamesTheEnvironmentVariables(t *testing.T) {
 		}
 	}
 }
+
+// The README's example config file is one the proxy accepts.
+func TestReadmeConfigExample(t *testing.T) {
+	t.Parallel()
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(readme), "**Config file.**")
+	_, rest, ok2 := strings.Cut(rest, "```json\n")
+	example, _, ok3 := strings.Cut(rest, "```")
+	if !ok || !ok2 || !ok3 {
+		t.Fatal("README has no example config file after **Config file.**")
+	}
+	cfg, _, _, err := parseProxyFlags([]string{"--config", writeConfig(t, example)}, io.Discard)
+	if err != nil {
+		t.Fatalf("the README's config file: %v", err)
+	}
+	if len(cfg.Routes) < 5 || cfg.Upstream == "" || !cfg.EchoKey || len(cfg.TenantFrom) != 1 {
+		t.Errorf("the README's config file read as %+v", cfg)
+	}
+}
