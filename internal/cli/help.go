@@ -43,6 +43,10 @@ var helpDocs = map[string]helpDoc{
 		"idem proxy --upstream http://127.0.0.1:3000",
 		"# shared PostgreSQL store, metrics on :9090, unknown outcomes asked about",
 		"idem proxy --upstream http://api:3000 --listen :8080 --store postgres://idem@db/idem \\\n    --admin :9090 --resolve-url http://api:3000/internal/resolve",
+		"# per-route settings from a config file, the store from the environment",
+		"IDEM_STORE=postgres://idem@db/idem idem proxy --config /etc/idem/proxy.json",
+		"# 202 for a duplicate in flight, charges identified by two members only",
+		"idem proxy --upstream http://127.0.0.1:3000 --in-progress-status 202 --fields amount,payment.currency",
 	}},
 	"migrate": {examples: []string{
 		"idem migrate --store postgres://idem@db:5432/idem",

@@ -990,7 +990,7 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	fs.DurationVar(&cfg.Lease, "lease", idem.DefaultLease, "lease of an execution, renewed while the upstream works")
 	leasePolicy := choiceFlag{value: string(store.LeaseUnknown), valid: func(v string) bool { return store.LeasePolicy(v).Valid() },
 		want: "unknown, retry or resume"}
-	fs.Var(&leasePolicy, "lease-policy", "what a retry finds after the holder of the key died: unknown (settled by the reconciler or an operator), retry (runs again) or resume (runs again, told it resumes)")
+	fs.Var(&leasePolicy, "lease-policy", "`policy` for a retry that finds the holder of the key died: unknown (settled by the reconciler or an operator), retry (runs again) or resume (runs again, told it resumes)")
 	keyRequired := optionalBool{}
 	fs.Var(&keyRequired, "key-required", "refuse a protected request without a key (400): true, false (it passes through), or profile (true under ietf, false under stripe)")
 	keyReused := statusFlag{zero: "profile", check: func(n int) error {

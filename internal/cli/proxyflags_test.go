@@ -5,12 +5,16 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/store"
 )
 
@@ -245,5 +249,52 @@ func TestProxyFlagDefaultsAreTheEngines(t *testing.T) {
 		cfg.KeyRequired != nil || cfg.KeyReusedStatus != 0 || cfg.LeasePolicy != string(store.LeaseUnknown) ||
 		cfg.Fields != nil || cfg.StoreServerErrors || cfg.KeyHeader != idem.DefaultKeyHeader {
 		t.Errorf("defaults %+v", cfg)
+	}
+}
+
+// With the store's table locked, a keyed request waits for the store no
+// longer than --store-timeout: it is answered 503 before the upstream is
+// called, while the lock is still held (released only after the answer).
+func TestProxyStoreTimeoutFlagOnALockedStore(t *testing.T) {
+	t.Parallel()
+	u, err := url.Parse(testenv.PostgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	schema := testenv.PostgresSchema(t, u.String())
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	api := &chargeAPI{}
+	p, base := proxyFromFlags(t, newUpstream(t, api).URL, "--store", u.String(), "--store-timeout", "300ms",
+		"--maintenance=false")
+	p.mu.Lock()
+	timeout := p.engine.StoreTimeout()
+	p.mu.Unlock()
+	if timeout != 300*time.Millisecond {
+		t.Fatalf("engine's store timeout %v, want 300ms", timeout)
+	}
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{schema, "idem_records"}.Sanitize()+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	r := send(t, client(t), "POST", base+"/v1/charges", "locked", `{}`)
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r.status != http.StatusServiceUnavailable || r.header.Get("Retry-After") == "" {
+		t.Errorf("keyed request on a locked store: %d (Retry-After %q), want 503 with Retry-After", r.status, r.header.Get("Retry-After"))
+	}
+	if n := api.calls.Load(); n != 0 {
+		t.Errorf("upstream called %d times while the store was locked", n)
 	}
 }
