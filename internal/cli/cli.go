@@ -109,6 +109,9 @@ Store DSNs (--store, the same meaning in every command; default %s):
   mysql://user:pass@host:3306/db  redis://host:6379/0
 Keep passwords off the command line: --store-file PATH (its first line) or
 $%s; likewise --cache-file and $%s for --cache.
+
+Every flag may also be set in the environment: IDEM_ and its name in upper
+case, - written _ (--max-body is IDEM_MAX_BODY); the command line wins.
 `, storeurl.Default, storeurl.StoreEnv, storeurl.CacheEnv)
 	fmt.Fprint(w, `
 A request whose outcome is unknown (the proxy or the upstream died while
