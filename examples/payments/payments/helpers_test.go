@@ -1,7 +1,6 @@
 package payments
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -15,7 +14,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -112,7 +110,7 @@ const lease = 30 * time.Second
 // polls and retries within milliseconds.
 func newEnv(t *testing.T, dsn string, modify func(*Config)) *env {
 	t.Helper()
-	logs := &syncBuffer{}
+	logs := &testenv.Buffer{}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("service log:\n%s", logs.String())
@@ -295,21 +293,3 @@ func expect(t *testing.T, w *httptest.ResponseRecorder, status int, problem stri
 
 // errCrashed is what a test hook returns where the process would die.
 var errCrashed = errors.New("simulated crash")
-
-// syncBuffer is a bytes.Buffer safe for the service's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
