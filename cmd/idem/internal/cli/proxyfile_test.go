@@ -126,6 +126,8 @@ func TestProxyConfigFileErrors(t *testing.T) {
 		{`{"routes": [{"route": "POST /a", "lease-policy": "maybe"}]}`, `route "POST /a"`},
 		{`{"routes": [{"route": "POST /a", "fields": ["a~2"]}]}`, `route "POST /a"`},
 		{`{"routes": [{"route": "POST /a", "protected": false, "ttl": "1h"}]}`, `takes no other setting`},
+		{`{"routes": [{"route": "post /a"}]}`, `route "post /a": the method must be upper case`},
+		{`{"routes": [{"route": ""}]}`, `no "route"`},
 		{`{"ttl": "soon"}`, `config file`},
 		{`{"ttl": {"h": 1}}`, `"ttl"`},
 		{`[1, 2]`, `want a JSON object`},
@@ -135,6 +137,18 @@ func TestProxyConfigFileErrors(t *testing.T) {
 		_, errOut, err := run("proxy", "--upstream", "http://x", "--store", "memory:", "--single-tenant", "--config", path)
 		if !errors.Is(err, ErrUsage) || !strings.Contains(errOut, tt.want) {
 			t.Errorf("%s: %v, want a usage error with %q:\n%s", tt.file, err, tt.want, errOut)
+		}
+	}
+	// Routes given to NewProxy are checked alike.
+	for _, rc := range []RouteConfig{
+		{Pattern: "POST /a", Unprotected: true, TTL: time.Hour},
+		{Pattern: "POST /a", TTL: -time.Hour},
+		{Pattern: "POST /a/{x"},
+	} {
+		_, err := NewProxy(context.Background(), ProxyConfig{Upstream: "http://x", Store: "memory:", Listen: "127.0.0.1:0",
+			SingleTenant: true, Routes: []RouteConfig{rc}})
+		if err == nil || !strings.Contains(err.Error(), `route "`+rc.Pattern+`"`) {
+			t.Errorf("NewProxy with route %+v: %v, want an error naming the route", rc, err)
 		}
 	}
 	_, errOut, err := run("proxy", "--upstream", "http://x", "--config", filepath.Join(t.TempDir(), "missing.json"))

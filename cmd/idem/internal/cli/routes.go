@@ -73,6 +73,13 @@ func newRouteTable(routes []RouteConfig) (*routeTable, error) {
 		if f := strings.Fields(rc.Pattern); len(f) == 2 {
 			r.method = f[0]
 		}
+		if r.method != "" && !upperToken(r.method) {
+			// The guard refuses such methods before any route is matched.
+			return nil, fmt.Errorf("route %q: the method must be upper case", rc.Pattern)
+		}
+		if rc.Unprotected && (rc.KeyRequired != nil || rc.Fields != nil || rc.TTL != 0 || rc.Lease != 0 || rc.LeasePolicy != "") {
+			return nil, fmt.Errorf("route %q: an unprotected route takes no other setting", rc.Pattern)
+		}
 		t.routes = append(t.routes, r)
 	}
 	return t, nil
@@ -257,13 +264,8 @@ func loadConfig(fs *flag.FlagSet, path string) ([]RouteConfig, error) {
 		if r.Route == "" {
 			return nil, fmt.Errorf("%s: routes[%d]: no \"route\" pattern", path, i)
 		}
-		rc := RouteConfig{Pattern: r.Route, KeyRequired: r.KeyRequired, Fields: r.Fields, LeasePolicy: r.LeasePolicy}
-		if r.Protected != nil && !*r.Protected {
-			rc.Unprotected = true
-			if r.KeyRequired != nil || r.Fields != nil || r.TTL != nil || r.Lease != nil || r.LeasePolicy != "" {
-				return nil, fmt.Errorf("%s: route %q: an unprotected route takes no other setting", path, r.Route)
-			}
-		}
+		rc := RouteConfig{Pattern: r.Route, KeyRequired: r.KeyRequired, Fields: r.Fields, LeasePolicy: r.LeasePolicy,
+			Unprotected: r.Protected != nil && !*r.Protected}
 		if r.TTL != nil {
 			rc.TTL = time.Duration(*r.TTL)
 		}
