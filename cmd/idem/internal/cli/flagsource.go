@@ -50,11 +50,11 @@ func setFrom(fs *flag.FlagSet, lookup func(name string) (value, origin string, o
 			errs = append(errs, fmt.Errorf("invalid value %q in %s (--%s): %v", v, origin, f.Name, err))
 			return
 		}
-		synopsesMu.Lock()
-		if info := synopses[weak.Make(fs)]; info != nil {
+		flagSetsMu.Lock()
+		if info := flagSets[weak.Make(fs)]; info != nil {
 			info.origins[f.Name] = origin
 		}
-		synopsesMu.Unlock()
+		flagSetsMu.Unlock()
 	})
 	return errors.Join(errs...)
 }
@@ -63,9 +63,9 @@ func setFrom(fs *flag.FlagSet, lookup func(name string) (value, origin string, o
 // was not the command line ("$IDEM_STORE", "config file idem.json"); empty
 // for the command line and the default.
 func originOf(fs *flag.FlagSet, name string) string {
-	synopsesMu.Lock()
-	defer synopsesMu.Unlock()
-	if info := synopses[weak.Make(fs)]; info != nil {
+	flagSetsMu.Lock()
+	defer flagSetsMu.Unlock()
+	if info := flagSets[weak.Make(fs)]; info != nil {
 		return info.origins[name]
 	}
 	return ""

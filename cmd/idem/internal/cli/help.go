@@ -145,13 +145,13 @@ func newFlags(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 	// usageErr print what fits instead.
 	fs.Usage = func() {}
 	w := weak.Make(fs)
-	synopsesMu.Lock()
-	synopses[w] = &flagSetInfo{synopsis: synopsis, origins: map[string]string{}}
-	synopsesMu.Unlock()
+	flagSetsMu.Lock()
+	flagSets[w] = &flagSetInfo{synopsis: synopsis, origins: map[string]string{}}
+	flagSetsMu.Unlock()
 	runtime.AddCleanup(fs, func(w weak.Pointer[flag.FlagSet]) {
-		synopsesMu.Lock()
-		delete(synopses, w)
-		synopsesMu.Unlock()
+		flagSetsMu.Lock()
+		delete(flagSets, w)
+		flagSetsMu.Unlock()
 	}, w)
 	if r, ok := stderr.(recorder); ok {
 		r.recordFlags(fs)
@@ -167,21 +167,21 @@ type flagSetInfo struct {
 	origins  map[string]string
 }
 
-// synopses holds the information of each live flag set: its Usage
+// flagSets holds the information of each live flag set: its Usage
 // function cannot tell -h from an error.
 var (
-	synopsesMu sync.Mutex
-	synopses   = map[weak.Pointer[flag.FlagSet]]*flagSetInfo{}
+	flagSetsMu sync.Mutex
+	flagSets   = map[weak.Pointer[flag.FlagSet]]*flagSetInfo{}
 )
 
 // synopsisOf returns the synopsis given to newFlags for fs.
 func synopsisOf(fs *flag.FlagSet) (synopsis, description string) {
-	synopsesMu.Lock()
+	flagSetsMu.Lock()
 	var text string
-	if info := synopses[weak.Make(fs)]; info != nil {
+	if info := flagSets[weak.Make(fs)]; info != nil {
 		text = info.synopsis
 	}
-	synopsesMu.Unlock()
+	flagSetsMu.Unlock()
 	synopsis, description, _ = strings.Cut(text, "\n\n")
 	return synopsis, strings.TrimSpace(description)
 }

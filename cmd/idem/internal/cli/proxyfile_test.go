@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idem-go/idem/cmd/idem/internal/storeurl"
 )
 
 // writeConfig writes text to a config file in a temporary directory.
@@ -216,6 +218,10 @@ func TestProxyFlagsFromEnvironment(t *testing.T) {
 }
 
 func TestStoreFileOnCommandLineBeatsStoreEnv(t *testing.T) {
+	if envName("store") != storeurl.StoreEnv || envName("cache") != storeurl.CacheEnv {
+		t.Fatalf("--store and --cache read %s and %s, the documented variables are %s and %s",
+			envName("store"), envName("cache"), storeurl.StoreEnv, storeurl.CacheEnv)
+	}
 	dir := t.TempDir()
 	file := filepath.Join(dir, "dsn")
 	if err := os.WriteFile(file, []byte("memory:\n"), 0o600); err != nil {
