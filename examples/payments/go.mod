@@ -7,6 +7,7 @@ toolchain go1.26.8
 require github.com/idem-go/idem v0.0.0-00010101000000-000000000000
 
 require (
+	github.com/idem-go/idem/internal/testdb v0.0.0-00010101000000-000000000000
 	github.com/idem-go/idem/outbox v0.0.0-00010101000000-000000000000
 	github.com/idem-go/idem/store/postgres v0.0.0-00010101000000-000000000000
 	github.com/idem-go/idem/store/sqlite v0.0.0-00010101000000-000000000000

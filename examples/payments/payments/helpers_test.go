@@ -2,15 +2,11 @@ package payments
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -18,16 +14,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testdb/pgdb"
 	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 )
-
-const postgresEnv = "IDEM_TEST_POSTGRES_URL"
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
@@ -43,10 +37,7 @@ func forEachDB(t *testing.T, test func(t *testing.T, dsn string)) {
 	})
 	t.Run("postgres", func(t *testing.T) {
 		t.Parallel()
-		url := os.Getenv(postgresEnv)
-		if url == "" {
-			testenv.Skip(t, fmt.Sprintf("%s is not set; set it to e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable to run the PostgreSQL variant", postgresEnv))
-		}
+		url := testenv.PostgresURL(t)
 		test(t, freshSchema(t, url))
 	})
 }
@@ -56,29 +47,7 @@ func forEachDB(t *testing.T, test func(t *testing.T, dsn string)) {
 // all land in it.
 func freshSchema(t *testing.T, url string) string {
 	t.Helper()
-	var b [6]byte
-	rand.Read(b[:])
-	schema := "payments_test_" + hex.EncodeToString(b[:])
-	exec := func(q string) error {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, url)
-		if err != nil {
-			return err
-		}
-		defer conn.Close(ctx)
-		_, err = conn.Exec(ctx, q)
-		return err
-	}
-	id := pgx.Identifier{schema}.Sanitize()
-	if err := exec("CREATE SCHEMA " + id); err != nil {
-		t.Fatalf("PostgreSQL at %s: %v", postgresEnv, err)
-	}
-	t.Cleanup(func() {
-		if err := exec("DROP SCHEMA " + id + " CASCADE"); err != nil {
-			t.Errorf("drop schema: %v", err)
-		}
-	})
+	schema := pgdb.Schema(t, url)
 	sep := "?"
 	if strings.Contains(url, "?") {
 		sep = "&"
