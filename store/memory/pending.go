@@ -1,0 +1,90 @@
+package memory
+
+import (
+	"context"
+	"time"
+
+	"github.com/idem-go/idem/store"
+)
+
+var _ store.Queue = (*Store)(nil)
+
+// ReservePending implements store.Queue.
+func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (store.ReserveResult, error) {
+	if err := p.Validate(); err != nil {
+		return store.ReserveResult{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return store.ReserveResult{}, err
+	}
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := id{p.Scope, p.Key}
+	req := p.Request
+	e := s.recs[k]
+	if e == nil || store.Decide(&e.Record, &p.ReserveParams, now) == store.ActCreate {
+		var prev int64
+		if e != nil {
+			prev = e.Fence
+		}
+		n := &entry{Record: store.Record{
+			Scope: p.Scope, Key: p.Key, Fingerprint: p.Fingerprint,
+			State: store.StatePending, Fence: store.NextFence(prev, now), LeasePolicy: p.LeasePolicy,
+			LockedUntil: after(now, p.Lease), CreatedAt: now, UpdatedAt: now,
+			ExpiresAt: after(now, p.TTL), Request: &req,
+		}}
+		s.recs[k] = n
+		return store.ReserveResult{Outcome: store.Created, Record: n.Record}, nil
+	}
+	r := &e.Record
+	out := store.Existing
+	switch store.Decide(r, &p.ReserveParams, now) {
+	case store.ActReclaim:
+		out = store.Reclaimed
+		r.ExpiresAt = after(now, p.TTL)
+	case store.ActTakeOver:
+		out = store.TakenOver
+	case store.ActLeaseExpired:
+		toUnknown(r, now, "lease_expired")
+	}
+	if out != store.Existing {
+		r.State = store.StatePending
+		r.Fence = store.NextFence(r.Fence, now)
+		r.LockedUntil = after(now, p.Lease)
+		r.LastError = ""
+		r.UpdatedAt = now
+		r.Request = &req
+	}
+	return store.ReserveResult{Outcome: out, Record: *r}, nil
+}
+
+// Claim implements store.Queue.
+func (s *Store) Claim(ctx context.Context, p store.ClaimParams) ([]store.Record, error) {
+	var out []store.Record
+	err := s.scan(ctx, p.Validate(), p.Limit, func(r *store.Record, now time.Time) bool {
+		return r.State == store.StatePending && now.Before(r.LockedUntil) && r.Request != nil && r.Request.Queue == p.Queue
+	}, func(r *store.Record) time.Time { return r.CreatedAt }, func(r *entry, now time.Time) {
+		r.State = store.StateInProgress
+		r.Fence = store.NextFence(r.Fence, now)
+		r.Attempts++
+		r.LockedUntil = after(now, p.Lease)
+		r.UpdatedAt = now
+		out = append(out, r.Record)
+	})
+	return out, err
+}
+
+// ExpirePending implements store.Queue.
+func (s *Store) ExpirePending(ctx context.Context, p store.ExpirePendingParams) ([]store.Record, error) {
+	var out []store.Record
+	err := s.scan(ctx, p.Validate(), p.Limit, func(r *store.Record, now time.Time) bool {
+		return r.State == store.StatePending && !now.Before(r.LockedUntil)
+	}, func(r *store.Record) time.Time { return r.LockedUntil }, func(r *entry, now time.Time) {
+		r.complete(now, p.Response, p.TTL)
+		r.LastError = store.ExpiredPendingError
+		r.UpdatedAt = now
+		out = append(out, r.Record)
+	})
+	return out, err
+}
