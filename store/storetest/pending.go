@@ -315,9 +315,9 @@ func testPendingRequeue(t *testing.T, h Harness) {
 		t.Fatalf("retry of a released request: %v %s %q", res.Outcome, res.Record.State, res.Record.LastError)
 	}
 	// A terminal record past its expiry is replaced by a new pending one.
-	pc := e.pendingP("s", "old", "fp", "q", store.LeaseUnknown)
+	pc := e.pendingP("s", "old", "fp", "q-old", store.LeaseUnknown)
 	e.reservePending(pc)
-	c = e.claim(q, "q", 1)[0]
+	c = e.claim(q, "q-old", 1)[0]
 	e.complete(c, sampleResponse())
 	e.clock.Advance(ttl)
 	if res := e.reservePending(pc); res.Outcome != store.Created || res.Record.Fence <= c.Fence {
@@ -327,7 +327,7 @@ func testPendingRequeue(t *testing.T, h Harness) {
 	if err := e.s.Delete(e.ctx, "s", "old"); err != nil {
 		t.Fatalf("Delete of a pending record: %v", err)
 	}
-	if rs := e.claim(q, "q", 10); len(rs) != 0 {
+	if rs := e.claim(q, "q-old", 10); len(rs) != 0 {
 		t.Fatalf("a deleted pending record was claimed: %v", keysOf(rs))
 	}
 }
