@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
+	"strings"
 	"time"
 	"unicode/utf8"
 )
@@ -222,3 +224,24 @@ func DecodeRequest(queue string, b []byte) (*PendingRequest, error) {
 // ExpiredPendingError is the LastError of a pending record that no worker
 // claimed before its deadline.
 const ExpiredPendingError = "pending_expired"
+
+// SortRecords orders a batch by the time by returns, then by scope and
+// key: stores whose UPDATE ... RETURNING promises no order sort what
+// Claim (by CreatedAt) and ExpirePending (by LockedUntil) return.
+func SortRecords(rs []Record, by func(*Record) time.Time) {
+	slices.SortFunc(rs, func(a, b Record) int {
+		if c := by(&a).Compare(by(&b)); c != 0 {
+			return c
+		}
+		if c := strings.Compare(a.Scope, b.Scope); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Key, b.Key)
+	})
+}
+
+// ByCreated orders claimed records by their acceptance.
+func ByCreated(r *Record) time.Time { return r.CreatedAt }
+
+// ByDeadline orders pending records by their claim deadline.
+func ByDeadline(r *Record) time.Time { return r.LockedUntil }

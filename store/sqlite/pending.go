@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"sort"
 
 	"github.com/idem-go/idem/store"
 )
@@ -201,7 +200,7 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) ([]store.Record,
 	if err != nil {
 		return nil, wrap("claim", err)
 	}
-	sortPending(out, func(r *store.Record) int64 { return r.CreatedAt.UnixMicro() })
+	store.SortRecords(out, store.ByCreated)
 	return out, nil
 }
 
@@ -229,20 +228,6 @@ func (s *Store) ExpirePending(ctx context.Context, p store.ExpirePendingParams) 
 	if err != nil {
 		return nil, wrap("expire pending", err)
 	}
-	sortPending(out, func(r *store.Record) int64 { return r.LockedUntil.UnixMicro() })
+	store.SortRecords(out, store.ByDeadline)
 	return out, nil
-}
-
-// sortPending orders a batch returned by UPDATE ... RETURNING (whose order
-// SQLite does not promise) by, then by scope and key.
-func sortPending(rs []store.Record, by func(*store.Record) int64) {
-	sort.Slice(rs, func(i, j int) bool {
-		if a, b := by(&rs[i]), by(&rs[j]); a != b {
-			return a < b
-		}
-		if rs[i].Scope != rs[j].Scope {
-			return rs[i].Scope < rs[j].Scope
-		}
-		return rs[i].Key < rs[j].Key
-	})
 }
