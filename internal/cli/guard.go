@@ -110,6 +110,9 @@ func (p *Proxy) guard(w http.ResponseWriter, r *http.Request) {
 		p.refuse(w, r, probMethodCase, "")
 		return
 	}
+	if p.serveStatus(w, r) {
+		return
+	}
 	h := p.guarded.Load()
 	if !p.protected[r.Method] {
 		if h != nil {
