@@ -245,3 +245,48 @@ func ByCreated(r *Record) time.Time { return r.CreatedAt }
 
 // ByDeadline orders pending records by their claim deadline.
 func ByDeadline(r *Record) time.Time { return r.LockedUntil }
+
+// ApplyPending is ReservePending's transition computed in Go, for stores
+// that read the record, decide and write it back under a lock (the memory
+// and MySQL stores): given the existing record (nil when there is none)
+// and the instant now, it returns the outcome, the record as it must be
+// stored, and whether it must be written at all.
+func ApplyPending(prev *Record, p *PendingParams, now time.Time) (out ReserveOutcome, r Record, write bool) {
+	act := ActCreate
+	if prev != nil {
+		act = Decide(prev, &p.ReserveParams, now)
+		r = *prev
+	}
+	req := p.Request
+	after := func(d time.Duration) time.Time { return now.Add(RoundUp(d)) }
+	switch act {
+	case ActExisting:
+		return Existing, r, false
+	case ActLeaseExpired:
+		r.State, r.LastError, r.ReconcileAfter, r.UpdatedAt = StateUnknown, "lease_expired", now, now
+		return Existing, r, true
+	case ActCreate:
+		var fence int64
+		if prev != nil {
+			fence = prev.Fence
+		}
+		return Created, Record{
+			Scope: p.Scope, Key: p.Key, Fingerprint: p.Fingerprint, State: StatePending,
+			Fence: NextFence(fence, now), LeasePolicy: p.LeasePolicy, LockedUntil: after(p.Lease),
+			CreatedAt: now, UpdatedAt: now, ExpiresAt: after(p.TTL), Request: &req,
+		}, true
+	case ActReclaim:
+		out = Reclaimed
+		r.ExpiresAt = after(p.TTL)
+	default: // ActTakeOver
+		out = TakenOver
+	}
+	r.State = StatePending
+	r.Fence = NextFence(r.Fence, now)
+	r.LockedUntil = after(p.Lease)
+	r.LastError = ""
+	r.UpdatedAt = now
+	r.Response, r.CompletedAt = nil, time.Time{}
+	r.Request = &req
+	return out, r, true
+}

@@ -21,42 +21,15 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := id{p.Scope, p.Key}
-	req := p.Request
-	e := s.recs[k]
-	if e == nil || store.Decide(&e.Record, &p.ReserveParams, now) == store.ActCreate {
-		var prev int64
-		if e != nil {
-			prev = e.Fence
-		}
-		n := &entry{Record: store.Record{
-			Scope: p.Scope, Key: p.Key, Fingerprint: p.Fingerprint,
-			State: store.StatePending, Fence: store.NextFence(prev, now), LeasePolicy: p.LeasePolicy,
-			LockedUntil: after(now, p.Lease), CreatedAt: now, UpdatedAt: now,
-			ExpiresAt: after(now, p.TTL), Request: &req,
-		}}
-		s.recs[k] = n
-		return store.ReserveResult{Outcome: store.Created, Record: n.Record}, nil
+	var prev *store.Record
+	if e := s.recs[k]; e != nil {
+		prev = &e.Record
 	}
-	r := &e.Record
-	out := store.Existing
-	switch store.Decide(r, &p.ReserveParams, now) {
-	case store.ActReclaim:
-		out = store.Reclaimed
-		r.ExpiresAt = after(now, p.TTL)
-	case store.ActTakeOver:
-		out = store.TakenOver
-	case store.ActLeaseExpired:
-		toUnknown(r, now, "lease_expired")
+	out, r, write := store.ApplyPending(prev, &p, now)
+	if write {
+		s.recs[k] = &entry{Record: r}
 	}
-	if out != store.Existing {
-		r.State = store.StatePending
-		r.Fence = store.NextFence(r.Fence, now)
-		r.LockedUntil = after(now, p.Lease)
-		r.LastError = ""
-		r.UpdatedAt = now
-		r.Request = &req
-	}
-	return store.ReserveResult{Outcome: out, Record: *r}, nil
+	return store.ReserveResult{Outcome: out, Record: r}, nil
 }
 
 // Claim implements store.Queue.
