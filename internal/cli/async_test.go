@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/storetest"
 )
@@ -94,12 +95,15 @@ func asyncProxyConfig(upstream, dsn string, workers int) ProxyConfig {
 	}
 }
 
-// asyncStores are the stores two proxies can share: a SQLite file, and
-// the database servers of the environment.
+// asyncStores are the stores two proxies can share: a SQLite file, the
+// database servers of the environment and Redis.
 func asyncStores(t *testing.T) []sqlServer {
 	return append([]sqlServer{{"sqlite", func(t *testing.T) string {
 		return "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
-	}}}, sqlServers(t)...)
+	}}}, append(sqlServers(t), sqlServer{"redis", func(t *testing.T) string {
+		// The URL names no key prefix: the test's keys are its own.
+		return "redis://" + redisAddr(t) + "/0"
+	}})...)
 }
 
 func wantProxyAccepted(t *testing.T, r reply, what string) string {
@@ -125,13 +129,14 @@ func TestProxyAsyncTwoProxies(t *testing.T) {
 			c := client(t)
 			const n = 30
 			locs := make([]string, n)
+			run := testenv.Name("r")
 			for i := range n {
-				r := send(t, c, "POST", bases[i%2]+"/v1/reports?month=11", fmt.Sprint("r", i), fmt.Sprintf(`{"n":%d}`, i),
+				r := send(t, c, "POST", bases[i%2]+"/v1/reports?month=11", fmt.Sprint(run, i), fmt.Sprintf(`{"n":%d}`, i),
 					"X-Tenant", "acme", "Authorization", "Bearer secret")
 				locs[i] = wantProxyAccepted(t, r, "first request")
 			}
 			for i := range n {
-				key := fmt.Sprint("r", i)
+				key := fmt.Sprint(run, i)
 				var last reply
 				eventually(t, "request "+key+" to complete", func() bool {
 					last = send(t, c, "GET", bases[(i+1)%2]+locs[i], "", "", "X-Tenant", "acme")
@@ -155,7 +160,7 @@ func TestProxyAsyncTwoProxies(t *testing.T) {
 				t.Fatalf("another tenant's status read: %d %s", r.status, r.body)
 			}
 			// A synchronous route beside it is unchanged.
-			if r := send(t, c, "POST", base1+"/v1/charges", "sync", `{}`, "X-Tenant", "acme"); r.status != http.StatusCreated {
+			if r := send(t, c, "POST", base1+"/v1/charges", run+"sync", `{}`, "X-Tenant", "acme"); r.status != http.StatusCreated {
 				t.Fatalf("synchronous route: %d %s", r.status, r.body)
 			}
 		})
