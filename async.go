@@ -247,6 +247,6 @@ func PendingTimeout() store.Response {
 	return store.Response{
 		Status: http.StatusRequestTimeout,
 		Header: http.Header{"Content-Type": {"application/problem+json"}},
-		Body: []byte(`{"type":"` + ProblemBase + SlugPendingExpired + `","title":"The request was accepted but no worker ran it in time; it was not executed","status":408}`),
+		Body:   []byte(`{"type":"` + ProblemBase + SlugPendingExpired + `","title":"The request was accepted but no worker ran it in time; it was not executed","status":408}`),
 	}
 }

@@ -197,20 +197,20 @@ type Proxy struct {
 	buffers   *semaphore.Weighted
 	buffered  atomic.Int64 // bytes held under buffers, for tests
 
-	async     *asyncRoutes // nil without --async
+	async *asyncRoutes // nil without --async
 
 	// mu guards what attach sets once the store opened; guarded is nil
 	// until then and protected requests are answered 503.
 	mu          sync.Mutex
 	store       store.Store
 	engine      *idem.Engine
-	asyncEngine *idem.Engine // nil without --async
-	worker      *idem.Worker // nil without --async
-	maint   *maintenance.Maintainer // nil with NoMaintenance
-	guarded atomic.Pointer[http.Handler]
-	openErr error         // why the store is not open yet
-	opening chan struct{} // closed when the background opener returns; nil without one
-	storeUp atomic.Bool   // last readiness seen, to log each change once
+	asyncEngine *idem.Engine            // nil without --async
+	worker      *idem.Worker            // nil without --async
+	maint       *maintenance.Maintainer // nil with NoMaintenance
+	guarded     atomic.Pointer[http.Handler]
+	openErr     error         // why the store is not open yet
+	opening     chan struct{} // closed when the background opener returns; nil without one
+	storeUp     atomic.Bool   // last readiness seen, to log each change once
 
 	ln       net.Listener
 	server   *http.Server
