@@ -138,8 +138,12 @@ func wantAccepted(t *testing.T, got answer, location string) {
 	}
 }
 
-func TestAsyncAcceptRunReplay(t *testing.T) {
-	a := newAsyncApp(t, memory.New(memory.Config{}), idem.Config{})
+func TestAsyncAcceptRunReplay(t *testing.T) { asyncFlow(t, memory.New(memory.Config{})) }
+
+// asyncFlow is the life of an asynchronous request over s: accepted,
+// retried and read while pending, run once by a worker, then replayed.
+func asyncFlow(t *testing.T, s store.Store) {
+	a := newAsyncApp(t, s, idem.Config{})
 	first := a.post("acme", "r1", `{"month":11}`, "Authorization", "Bearer secret", "Cookie", "s=1", "X-Trace", "t1")
 	loc := first.header.Get("Location")
 	wantAccepted(t, first, "")
@@ -212,7 +216,12 @@ func TestAsyncKeepHeaders(t *testing.T) {
 
 func TestAsyncExpiresUnclaimed(t *testing.T) {
 	clock := storetest.NewClock()
-	s := memory.New(memory.Config{Clock: clock.Now})
+	asyncExpiry(t, memory.New(memory.Config{Clock: clock.Now}), clock)
+}
+
+// asyncExpiry: a request no worker claims before AsyncWait ends with a
+// stored 408 that retries and status reads get.
+func asyncExpiry(t *testing.T, s store.Store, clock *storetest.Clock) {
 	a := newAsyncApp(t, s, idem.Config{AsyncWait: time.Minute})
 	loc := a.post("acme", "late", `{}`).header.Get("Location")
 	mt, err := maintenance.New(s, maintenance.Config{Logger: quietLog})

@@ -1,0 +1,22 @@
+package idem_test
+
+import (
+	"testing"
+
+	"github.com/idem-go/idem/store/storetest"
+)
+
+// The asynchronous mode over every real store: SQLite, PostgreSQL and
+// MariaDB (and memory) when their servers are configured.
+func TestAsyncStores(t *testing.T) {
+	for _, ns := range engineStores(t) {
+		t.Run(ns.Name, func(t *testing.T) {
+			t.Parallel()
+			t.Run("flow", func(t *testing.T) { asyncFlow(t, ns.Open(t, nil)) })
+			t.Run("expiry", func(t *testing.T) {
+				clock := storetest.NewClock()
+				asyncExpiry(t, ns.Open(t, clock.Now), clock)
+			})
+		})
+	}
+}
