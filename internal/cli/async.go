@@ -104,7 +104,7 @@ func (p *Proxy) attachAsync(e *idem.Engine, sync http.Handler) (http.Handler, *i
 	}
 	var w *idem.Worker
 	if p.cfg.AsyncWorkers > 0 {
-		w, err = ae.NewWorker(idem.WorkerConfig{Handler: p.rp, Queue: asyncQueue, Concurrency: p.cfg.AsyncWorkers})
+		w, err = ae.NewWorker(idem.WorkerConfig{Handler: p.rp, Queue: asyncQueue, Concurrency: p.cfg.AsyncWorkers, Poll: p.cfg.AsyncPoll})
 		if err != nil {
 			return nil, nil, nil, err
 		}

@@ -175,6 +175,9 @@ type ProxyConfig struct {
 	// at once. Zero: this proxy runs no worker and only accepts requests
 	// (other proxies on the store forward them).
 	AsyncWorkers int
+	// AsyncPoll is how long an idle worker waits before it looks for new
+	// requests again. Zero: idem.DefaultWorkerPoll.
+	AsyncPoll time.Duration
 }
 
 // Proxy is the idempotency reverse proxy: the engine's middleware in front
@@ -364,8 +367,8 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 		if _, err := idem.New(memory.New(memory.Config{}), p.asyncEngineConfig()); err != nil {
 			return nil, err
 		}
-		if cfg.AsyncWorkers < 0 {
-			return nil, errors.New("proxy: --async-workers must not be negative")
+		if cfg.AsyncWorkers < 0 || cfg.AsyncPoll < 0 {
+			return nil, errors.New("proxy: --async-workers and --async-poll must not be negative")
 		}
 	}
 	p.transport = newTransport(cfg.UpstreamTimeout)
@@ -998,6 +1001,7 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	})
 	fs.DurationVar(&cfg.AsyncWait, "async-wait", 0, "how long an asynchronous request waits for a worker before it ends with 408 (0: 1h, or --ttl when shorter)")
 	fs.IntVar(&cfg.AsyncWorkers, "async-workers", idem.DefaultWorkerConcurrency, "asynchronous requests this proxy forwards at once; 0: none (this proxy only accepts them, others on the store forward them)")
+	fs.DurationVar(&cfg.AsyncPoll, "async-poll", idem.DefaultWorkerPoll, "how long an idle worker waits before it looks for new asynchronous requests again")
 	var asyncKeep listFlag
 	fs.Var(&asyncKeep, "async-keep-headers", "comma-separated sensitive `headers` (Authorization, Cookie) kept with asynchronous requests for the upstream; never stored otherwise")
 	fs.StringVar(&logFormat, "log-format", "text", "log format on stderr: text or json")
@@ -1073,6 +1077,9 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	cfg.AsyncKeepHeaders = asyncKeep
 	if cfg.AsyncWorkers < 0 {
 		return cfg, "", "", usageErr(fs, "--async-workers must not be negative")
+	}
+	if cfg.AsyncPoll <= 0 {
+		return cfg, "", "", usageErr(fs, "--async-poll must be positive")
 	}
 	return cfg, logFormat, logLevel, nil
 }
