@@ -49,6 +49,12 @@ SELECT ` + recordColumns + `, coalesce($3::timestamptz, statement_timestamp())
 FROM {schema}idem_records WHERE scope = $1 AND key = $2
 FOR UPDATE`
 
+// sqlPendingPeek is sqlPendingLock without the lock: the answer of a
+// duplicate (a retry, a replay) that changes nothing.
+const sqlPendingPeek = `
+SELECT ` + recordColumns + `, coalesce($3::timestamptz, statement_timestamp())
+FROM {schema}idem_records WHERE scope = $1 AND key = $2`
+
 // sqlPendingSet makes the locked row pending (a recreation, a reclaim or
 // a requeue after a dead worker). $1 scope, $2 key, $3 now, $4 claim
 // wait µs, $5 ttl µs or 0 to keep expires_at, $6 fingerprint,
@@ -138,7 +144,7 @@ WHERE r.scope = due.scope AND r.key = due.key AND r.state = 'pending'
 RETURNING ` + pendingColumnsR
 
 type pendingQueries struct {
-	insert, lock, set, toUnknown, claim, expire string
+	insert, peek, lock, set, toUnknown, claim, expire string
 }
 
 // pendingSQL caches the statements per schema (a Store's schema is fixed).
@@ -154,7 +160,7 @@ func (s *Store) pq() *pendingQueries {
 	}
 	r := strings.NewReplacer("{schema}", prefix)
 	q := &pendingQueries{
-		insert: r.Replace(sqlPendingInsert), lock: r.Replace(sqlPendingLock), set: r.Replace(sqlPendingSet),
+		insert: r.Replace(sqlPendingInsert), peek: r.Replace(sqlPendingPeek), lock: r.Replace(sqlPendingLock), set: r.Replace(sqlPendingSet),
 		toUnknown: r.Replace(sqlPendingToUnknown), claim: r.Replace(sqlClaim), expire: r.Replace(sqlExpirePending),
 	}
 	v, _ := pendingSQL.LoadOrStore(s.cfg.Schema, q)
@@ -204,7 +210,9 @@ func collectPending(rows pgx.Rows) ([]store.Record, error) {
 
 // ReservePending implements store.Queue: the common case (a new key) is
 // one INSERT; otherwise the row is locked and store.Decide applied to it
-// inside one transaction.
+// inside one transaction. A duplicate that changes nothing (a retry of a
+// pending or completed request) is answered from a plain read after the
+// INSERT, without a lock.
 func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (store.ReserveResult, error) {
 	if err := p.Validate(); err != nil {
 		return store.ReserveResult{}, err
@@ -216,22 +224,34 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 	q := s.pq()
 	var res store.ReserveResult
 	for run := 0; run < maxReserveRuns; run++ {
-		var again bool
+		// A new key, the common case, is one autocommitted INSERT.
+		err := scanPending(s.pool.QueryRow(ctx, q.insert, p.Scope, p.Key, p.Fingerprint, store.Micros(p.Lease),
+			store.Micros(p.TTL), string(p.LeasePolicy), s.now(), p.Request.Queue, req), &res.Record)
+		if err == nil {
+			res.Outcome = store.Created
+			return res, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return store.ReserveResult{}, wrap("reserve pending", err)
+		}
+		// A duplicate that changes nothing is answered from a plain read,
+		// without locking the row.
+		var rec store.Record
+		var now time.Time
+		err = scanRecord(extraScan{s.pool.QueryRow(ctx, q.peek, p.Scope, p.Key, s.now()), []any{&now}}, &rec, nil)
+		switch {
+		case err == nil && store.Decide(&rec, &p.ReserveParams, now) == store.ActExisting:
+			return store.ReserveResult{Outcome: store.Existing, Record: rec}, nil
+		case err != nil && !errors.Is(err, pgx.ErrNoRows):
+			return store.ReserveResult{}, wrap("reserve pending", err)
+		}
+		var gone bool
 		err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-			err := scanPending(tx.QueryRow(ctx, q.insert, p.Scope, p.Key, p.Fingerprint, store.Micros(p.Lease),
-				store.Micros(p.TTL), string(p.LeasePolicy), s.now(), p.Request.Queue, req), &res.Record)
-			if err == nil {
-				res.Outcome = store.Created
-				return nil
-			}
-			if !errors.Is(err, pgx.ErrNoRows) {
-				return err
-			}
 			var rec store.Record
 			var now time.Time
 			if err := scanRecord(extraScan{tx.QueryRow(ctx, q.lock, p.Scope, p.Key, s.now()), []any{&now}}, &rec, nil); err != nil {
 				if errors.Is(err, pgx.ErrNoRows) {
-					again = true // deleted since the insert conflicted
+					gone = true // deleted since the insert conflicted: insert again
 					return nil
 				}
 				return err
@@ -258,7 +278,7 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 		if err != nil {
 			return store.ReserveResult{}, wrap("reserve pending", err)
 		}
-		if !again {
+		if !gone {
 			return res, nil
 		}
 	}
