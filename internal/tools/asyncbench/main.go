@@ -5,8 +5,10 @@
 //
 // It builds the idem binary, creates a scratch schema, starts a counting
 // upstream and -proxies `idem proxy --async 'POST /bench'` processes on
-// that schema (each with -workers workers), and runs three phases:
+// that schema (each with -workers workers), and runs four phases:
 //
+//  0. sync: the same proxies on a synchronous route (POST /sync), the
+//     same clients for -duration: new keys per second, for scale.
 //  1. accept: -clients closed-loop clients post new keys for -duration,
 //     round robin over the proxies, while the workers drain the queue: the
 //     accepted requests per second and the latency of the 202.
@@ -161,6 +163,33 @@ func run(o options) error {
 	tr := &http.Transport{MaxIdleConnsPerHost: 256}
 	client := &http.Client{Transport: tr, Timeout: 30 * time.Second}
 
+	// Phase 0: the same proxies on a synchronous route, for scale.
+	var syncN atomic.Int64
+	var syncNs []time.Duration
+	var smu sync.Mutex
+	var swg sync.WaitGroup
+	sstart := time.Now()
+	sstop := sstart.Add(o.duration)
+	for c := range o.clients {
+		swg.Go(func() {
+			base := bases[c%len(bases)]
+			for i := 0; time.Now().Before(sstop); i++ {
+				t0 := time.Now()
+				status, _, err := postTo(client, base+"/sync", fmt.Sprintf("s%d-%d", c, i))
+				if err == nil && status == http.StatusCreated {
+					syncN.Add(1)
+					smu.Lock()
+					syncNs = append(syncNs, time.Since(t0))
+					smu.Unlock()
+				}
+			}
+		})
+	}
+	swg.Wait()
+	selapsed := time.Since(sstart)
+	fmt.Printf("sync (same proxies, a synchronous route, for scale): %.0f new keys/s, p50 %v p99 %v\n",
+		float64(syncN.Load())/selapsed.Seconds(), pct(syncNs, 50), pct(syncNs, 99))
+
 	// Phase 1: accept under load.
 	var (
 		mu       sync.Mutex
@@ -268,7 +297,11 @@ func run(o options) error {
 }
 
 func post(c *http.Client, base, key string) (int, string, error) {
-	req, err := http.NewRequest("POST", base+"/bench", strings.NewReader(`{"report":"monthly"}`))
+	return postTo(c, base+"/bench", key)
+}
+
+func postTo(c *http.Client, target, key string) (int, string, error) {
+	req, err := http.NewRequest("POST", target, strings.NewReader(`{"report":"monthly"}`))
 	if err != nil {
 		return 0, "", err
 	}
