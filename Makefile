@@ -1,6 +1,6 @@
 # Targets match what CI runs (.ci/run). The repository is several Go
-# modules tied by go.work (the core, and each framework adapter under
-# contrib/); PKGS names every package of all of them. Server-backed tests
+# modules tied by go.work (the core, each store, each integration, the
+# binary; see README.md); PKGS names every package of all of them. Server-backed tests
 # read IDEM_TEST_POSTGRES_URL, IDEM_TEST_MYSQL_DSN, IDEM_TEST_REDIS_ADDR and
 # IDEM_TEST_REDIS_CLUSTER; without them they skip with a message, and fail
 # under CI=true.

@@ -3,7 +3,6 @@ package idem_test
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/enginetest"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/memory"
 	"github.com/idem-go/idem/store/storetest"
@@ -110,62 +110,6 @@ func (c *stepClock) Advance(d time.Duration) {
 	}
 	c.now = end
 	c.mu.Unlock()
-}
-
-// flakyStore injects transient failures into a real store: the next N
-// calls of an operation fail as a dropped connection would.
-type flakyStore struct {
-	store.Store
-	failCompletes atomic.Int64 // calls left to fail
-	failExtends   atomic.Int64
-	extendsAlways atomic.Bool
-	failReleases  atomic.Int64
-	loseAnswers   atomic.Int64 // Completes applied whose answer is then lost
-	completes     atomic.Int64 // calls seen
-	extends       atomic.Int64
-	releases      atomic.Int64
-}
-
-func (f *flakyStore) Release(ctx context.Context, p store.ReleaseParams) error {
-	f.releases.Add(1)
-	if takeFailure(&f.failReleases) {
-		return errOutage
-	}
-	return f.Store.Release(ctx, p)
-}
-
-func takeFailure(n *atomic.Int64) bool {
-	for {
-		v := n.Load()
-		if v <= 0 {
-			return false
-		}
-		if n.CompareAndSwap(v, v-1) {
-			return true
-		}
-	}
-}
-
-func (f *flakyStore) Complete(ctx context.Context, p store.CompleteParams) error {
-	f.completes.Add(1)
-	if takeFailure(&f.failCompletes) {
-		return errOutage
-	}
-	if takeFailure(&f.loseAnswers) {
-		if err := f.Store.Complete(ctx, p); err != nil {
-			return err
-		}
-		return errOutage
-	}
-	return f.Store.Complete(ctx, p)
-}
-
-func (f *flakyStore) Extend(ctx context.Context, p store.ExtendParams) error {
-	f.extends.Add(1)
-	if f.extendsAlways.Load() || takeFailure(&f.failExtends) {
-		return errOutage
-	}
-	return f.Store.Extend(ctx, p)
 }
 
 // heldRequest sends one keyed POST to h in the background; the handler
@@ -266,7 +210,7 @@ func TestLeaseLostIsReported(t *testing.T) {
 func TestRenewalRetriesSoonAfterAFailure(t *testing.T) {
 	t.Parallel()
 	clk := newStepClock()
-	s := &flakyStore{Store: memory.New(memory.Config{Clock: clk.Now})}
+	s := &enginetest.Flaky{Store: memory.New(memory.Config{Clock: clk.Now})}
 	e, err := idem.New(s, idem.Config{Lease: 30 * time.Second, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
@@ -277,110 +221,17 @@ func TestRenewalRetriesSoonAfterAFailure(t *testing.T) {
 	done := make(chan struct{})
 	go func() { sendKeyed(h, "k"); close(done) }()
 	<-started
-	s.failExtends.Store(1)
+	s.FailExtends.Store(1)
 	clk.Advance(10 * time.Second)
-	if n := s.extends.Load(); n != 1 {
+	if n := s.Extends.Load(); n != 1 {
 		t.Fatalf("%d renewals at +10s, want 1", n)
 	}
 	clk.Advance(2 * time.Second)
-	if n := s.extends.Load(); n != 2 {
+	if n := s.Extends.Load(); n != 2 {
 		t.Fatalf("%d renewals at +12s, want 2 (the failed one retried within a thirtieth of the lease)", n)
 	}
 	close(release)
 	<-done
-}
-
-// Every 2xx/3xx/4xx a client receives is the answer every later retry
-// replays: answers are stored before they are sent, completion survives
-// transient store failures, and clients racing with the same key (one
-// retrying the moment it got its large answer) never see anything but
-// 409 before the answer and the same answer after it. On every store.
-func TestAcknowledgedAnswersAreReplayed(t *testing.T) {
-	t.Parallel()
-	for _, ns := range engineStores(t) {
-		t.Run(ns.Name, func(t *testing.T) {
-			t.Parallel()
-			s := &flakyStore{Store: ns.Open(t, nil)}
-			e, err := idem.New(s, idem.Config{Logger: slog.New(slog.DiscardHandler)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			var executions atomic.Int64
-			srv := httptest.NewServer(e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				n := executions.Add(1)
-				w.Header().Set("Content-Type", "text/plain")
-				w.WriteHeader(http.StatusCreated)
-				// 900 KB, different for every execution: a second
-				// execution could not pass for the first.
-				fmt.Fprintf(w, "execution %d\n", n)
-				w.Write(bytes.Repeat([]byte("x"), 900<<10))
-			})))
-			defer srv.Close()
-			send := func(key string) (int, []byte) {
-				req, _ := http.NewRequest("POST", srv.URL+"/v1/exports", strings.NewReader(`{"q":1}`))
-				req.Header.Set("Idempotency-Key", key)
-				resp, err := http.DefaultClient.Do(req)
-				if err != nil {
-					t.Error(err)
-					return 0, nil
-				}
-				defer resp.Body.Close()
-				b, err := io.ReadAll(resp.Body)
-				if err != nil {
-					t.Error(err)
-				}
-				return resp.StatusCode, b
-			}
-			for round := range 3 {
-				key := fmt.Sprintf("export-%d", round)
-				// Completion fails twice and renewals once before they
-				// succeed: a database blip while the answer is recorded.
-				s.failCompletes.Store(2)
-				s.failExtends.Store(1)
-				var mu sync.Mutex
-				var answers [][]byte
-				var wg sync.WaitGroup
-				for range 4 {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						for {
-							code, body := send(key)
-							if code == http.StatusConflict {
-								continue // in flight: retry, as a client would
-							}
-							if code != http.StatusCreated {
-								t.Errorf("answer %d: %.80s", code, body)
-								return
-							}
-							// Retry the moment the answer arrived.
-							again, replayed := send(key)
-							if again != http.StatusCreated || !bytes.Equal(replayed, body) {
-								t.Errorf("retry right after a %d-byte answer: %d with %d bytes", len(body), again, len(replayed))
-							}
-							mu.Lock()
-							answers = append(answers, body)
-							mu.Unlock()
-							return
-						}
-					}()
-				}
-				wg.Wait()
-				_, final := send(key)
-				for _, a := range answers {
-					if !bytes.Equal(a, final) {
-						t.Fatalf("a client got an answer (%.20q) that retries do not replay (%.20q)", a, final)
-					}
-				}
-			}
-			if n := executions.Load(); n != 3 {
-				t.Fatalf("%d executions for 3 keys", n)
-			}
-			if s.completes.Load() < 9 {
-				t.Fatalf("%d completion attempts, want the failed ones retried", s.completes.Load())
-			}
-		})
-	}
 }
 
 // When the store stays down until the lease would lapse, the engine gives
@@ -389,9 +240,9 @@ func TestAcknowledgedAnswersAreReplayed(t *testing.T) {
 func TestCompletionGivesUpWhenTheLeaseWouldLapse(t *testing.T) {
 	t.Parallel()
 	storeClock := storetest.NewClock()
-	s := &flakyStore{Store: memory.New(memory.Config{Clock: storeClock.Now})}
-	s.failCompletes.Store(1 << 30)
-	s.extendsAlways.Store(true)
+	s := &enginetest.Flaky{Store: memory.New(memory.Config{Clock: storeClock.Now})}
+	s.FailCompletes.Store(1 << 30)
+	s.ExtendsAlways.Store(true)
 	var logs bytes.Buffer
 	e, err := idem.New(s, idem.Config{Lease: 300 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
@@ -425,8 +276,8 @@ func TestCompletionGivesUpWhenTheLeaseWouldLapse(t *testing.T) {
 // instead of finding the request still in progress.
 func TestReleaseIsRetried(t *testing.T) {
 	t.Parallel()
-	s := &flakyStore{Store: memory.New(memory.Config{})}
-	s.failReleases.Store(2)
+	s := &enginetest.Flaky{Store: memory.New(memory.Config{})}
+	s.FailReleases.Store(2)
 	e, err := idem.New(s, idem.Config{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
@@ -445,7 +296,7 @@ func TestReleaseIsRetried(t *testing.T) {
 	if w := sendKeyed(h, "k"); w.Code != http.StatusCreated || calls.Load() != 2 {
 		t.Fatalf("retry after a released failure: %d after %d calls, want 201 from a second run", w.Code, calls.Load())
 	}
-	if n := s.releases.Load(); n != 3 {
+	if n := s.Releases.Load(); n != 3 {
 		t.Fatalf("%d release attempts, want 3", n)
 	}
 }
@@ -455,8 +306,8 @@ func TestReleaseIsRetried(t *testing.T) {
 // completed under this execution's fence: recorded, not lost.
 func TestCompletionWhoseAnswerWasLost(t *testing.T) {
 	t.Parallel()
-	s := &flakyStore{Store: memory.New(memory.Config{})}
-	s.loseAnswers.Store(1)
+	s := &enginetest.Flaky{Store: memory.New(memory.Config{})}
+	s.LoseAnswers.Store(1)
 	var logs bytes.Buffer
 	e, err := idem.New(s, idem.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -17,7 +16,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/internal/obstest"
+	"github.com/idem-go/idem/internal/enginetest"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/memory"
 	"github.com/idem-go/idem/store/storetest"
@@ -28,23 +27,20 @@ type faultyStore struct {
 	store.Store
 	failReserve  atomic.Bool
 	failComplete atomic.Bool
-	completes    atomic.Int64
+	Completes    atomic.Int64
 }
-
-// errOutage is a dropped connection, as the stores report one.
-var errOutage = store.Retryable(errors.New("connection refused"))
 
 func (f *faultyStore) Reserve(ctx context.Context, p store.ReserveParams) (store.ReserveResult, error) {
 	if f.failReserve.Load() {
-		return store.ReserveResult{}, errOutage
+		return store.ReserveResult{}, enginetest.ErrOutage
 	}
 	return f.Store.Reserve(ctx, p)
 }
 
 func (f *faultyStore) Complete(ctx context.Context, p store.CompleteParams) error {
-	f.completes.Add(1)
+	f.Completes.Add(1)
 	if f.failComplete.Load() {
-		return errOutage
+		return enginetest.ErrOutage
 	}
 	return f.Store.Complete(ctx, p)
 }
@@ -116,31 +112,6 @@ func (f *fixture) do(c call) *httptest.ResponseRecorder {
 	return w
 }
 
-type problemDoc struct {
-	Type   string `json:"type"`
-	Title  string `json:"title"`
-	Status int    `json:"status"`
-	Detail string `json:"detail"`
-}
-
-func wantProblem(t *testing.T, w *httptest.ResponseRecorder, status int, slug string) problemDoc {
-	t.Helper()
-	if w.Code != status {
-		t.Fatalf("status %d, want %d (body %s)", w.Code, status, w.Body)
-	}
-	if ct := w.Header().Get("Content-Type"); ct != "application/problem+json" {
-		t.Fatalf("Content-Type %q, want application/problem+json", ct)
-	}
-	var p problemDoc
-	if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil {
-		t.Fatalf("problem body %q: %v", w.Body, err)
-	}
-	if p.Type != idem.ProblemBase+slug || p.Status != status || p.Title == "" {
-		t.Fatalf("problem %+v, want type %s status %d", p, idem.ProblemBase+slug, status)
-	}
-	return p
-}
-
 const uuid = `"8e03978e-40d5-43e8-bc93-6894a57f9324"`
 
 func TestReplayIsByteIdentical(t *testing.T) {
@@ -191,7 +162,7 @@ func TestHopByHopHeadersNotReplayed(t *testing.T) {
 func TestMissingKey(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, idem.Config{}, nil)
-	wantProblem(t, f.do(post("", `{}`)), 400, "key-missing")
+	enginetest.WantProblem(t, f.do(post("", `{}`)), 400, "key-missing")
 	if f.calls.Load() != 0 {
 		t.Fatal("handler ran without a key")
 	}
@@ -218,7 +189,7 @@ func TestMalformedKeys(t *testing.T) {
 		"non-ascii":    `"clé"`,
 	} {
 		t.Run(name, func(t *testing.T) {
-			wantProblem(t, f.do(post(key, `{}`)), 400, "key-malformed")
+			enginetest.WantProblem(t, f.do(post(key, `{}`)), 400, "key-malformed")
 		})
 	}
 	if w := f.do(post(`"`+strings.Repeat("a", 255)+`"`, `{}`)); w.Code != 201 {
@@ -226,9 +197,9 @@ func TestMalformedKeys(t *testing.T) {
 	}
 	c := post(uuid, `{}`)
 	c.header["Idempotency-Key"] = []string{uuid, uuid}
-	wantProblem(t, f.do(c), 400, "key-repeated")
+	enginetest.WantProblem(t, f.do(c), 400, "key-repeated")
 	// A list in one field line is a repetition too.
-	wantProblem(t, f.do(post(`"a", "b"`, `{}`)), 400, "key-repeated")
+	enginetest.WantProblem(t, f.do(post(`"a", "b"`, `{}`)), 400, "key-repeated")
 	if n := f.calls.Load(); n != 1 {
 		t.Fatalf("handler ran %d times, want 1 (the valid 255-character key)", n)
 	}
@@ -238,7 +209,7 @@ func TestKeyReused(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, idem.Config{}, nil)
 	f.do(post(uuid, `{"amount":100}`))
-	wantProblem(t, f.do(post(uuid, `{"amount":200}`)), 422, "key-reused")
+	enginetest.WantProblem(t, f.do(post(uuid, `{"amount":200}`)), 422, "key-reused")
 	// The original record is untouched: it still replays.
 	if w := f.do(post(uuid, `{"amount":100}`)); w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("original after a mismatch: %d", w.Code)
@@ -291,12 +262,12 @@ func TestInFlightDuplicate(t *testing.T) {
 	go func() { done <- f.do(post(uuid, `{"a":1}`)) }()
 	<-started
 	w := f.do(post(uuid, `{"a":1}`))
-	wantProblem(t, w, 409, "request-in-progress")
+	enginetest.WantProblem(t, w, 409, "request-in-progress")
 	if w.Header().Get("Retry-After") != "2" {
 		t.Fatalf("Retry-After %q, want 2", w.Header().Get("Retry-After"))
 	}
 	// A different body is refused as a mismatch even while in flight.
-	wantProblem(t, f.do(post(uuid, `{"a":2}`)), 422, "key-reused")
+	enginetest.WantProblem(t, f.do(post(uuid, `{"a":2}`)), 422, "key-reused")
 	close(release)
 	if first := <-done; first.Code != 201 {
 		t.Fatalf("original: %d", first.Code)
@@ -337,7 +308,7 @@ func TestUncertainOutcome(t *testing.T) {
 	if w := f.do(post(uuid, `{}`)); w.Code != 504 {
 		t.Fatalf("first: %d", w.Code)
 	}
-	wantProblem(t, f.do(post(uuid, `{}`)), 409, "outcome-unknown")
+	enginetest.WantProblem(t, f.do(post(uuid, `{}`)), 409, "outcome-unknown")
 	if n := f.calls.Load(); n != 1 {
 		t.Fatalf("an unknown outcome was executed again (%d calls)", n)
 	}
@@ -348,7 +319,7 @@ func TestStoreDownAtReserveFailsClosed(t *testing.T) {
 	f := newFixture(t, idem.Config{}, nil)
 	f.store.failReserve.Store(true)
 	w := f.do(post(uuid, `{}`))
-	wantProblem(t, w, 503, "store-unavailable")
+	enginetest.WantProblem(t, w, 503, "store-unavailable")
 	if w.Header().Get("Retry-After") == "" {
 		t.Fatal("503 without Retry-After")
 	}
@@ -374,7 +345,7 @@ func TestStoreTimeoutAtReserveFailsClosed(t *testing.T) {
 	r.Header.Set("Idempotency-Key", uuid)
 	w := httptest.NewRecorder()
 	h.ServeHTTP(w, r)
-	wantProblem(t, w, 503, "store-unavailable")
+	enginetest.WantProblem(t, w, 503, "store-unavailable")
 	if calls.Load() != 0 {
 		t.Fatal("handler ran after a store timeout")
 	}
@@ -404,14 +375,14 @@ func TestStoreDownAtComplete(t *testing.T) {
 	if w := f.do(post(uuid, `{}`)); w.Code != 201 || !strings.Contains(w.Body.String(), "ch_1") {
 		t.Fatalf("response when Complete failed: %d %q", w.Code, w.Body)
 	}
-	if n := f.store.completes.Load(); n < 2 {
+	if n := f.store.Completes.Load(); n < 2 {
 		t.Fatalf("Complete tried %d times, want retries", n)
 	}
 	f.store.failComplete.Store(false)
 	// The record was not released: a retry cannot execute a second time.
-	wantProblem(t, f.do(post(uuid, `{}`)), 409, "request-in-progress")
+	enginetest.WantProblem(t, f.do(post(uuid, `{}`)), 409, "request-in-progress")
 	f.clock.Advance(time.Second) // the lease expires in store time: policy unknown
-	wantProblem(t, f.do(post(uuid, `{}`)), 409, "outcome-unknown")
+	enginetest.WantProblem(t, f.do(post(uuid, `{}`)), 409, "outcome-unknown")
 	if n := f.calls.Load(); n != 1 {
 		t.Fatalf("handler ran %d times", n)
 	}
@@ -430,7 +401,7 @@ func TestPanicMarksUnknown(t *testing.T) {
 		}()
 		f.do(post(uuid, `{}`))
 	}()
-	wantProblem(t, f.do(post(uuid, `{}`)), 409, "outcome-unknown")
+	enginetest.WantProblem(t, f.do(post(uuid, `{}`)), 409, "outcome-unknown")
 	if n := f.calls.Load(); n != 1 {
 		t.Fatalf("handler ran %d times", n)
 	}
@@ -476,14 +447,14 @@ func TestBodyLimits(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, idem.Config{MaxBodyBytes: 64}, nil)
 	big := `{"a":"` + strings.Repeat("x", 100) + `"}`
-	wantProblem(t, f.do(post(uuid, big)), 413, "body-too-large")
+	enginetest.WantProblem(t, f.do(post(uuid, big)), 413, "body-too-large")
 	// Unknown length (chunked): the limit holds while reading.
 	r := httptest.NewRequest("POST", "/v1/charges", io.MultiReader(strings.NewReader(big)))
 	r.ContentLength = -1
 	r.Header.Set("Idempotency-Key", uuid)
 	w := httptest.NewRecorder()
 	f.h.ServeHTTP(w, r)
-	wantProblem(t, w, 413, "body-too-large")
+	enginetest.WantProblem(t, w, 413, "body-too-large")
 	exact := `{"a":"` + strings.Repeat("x", 64-8) + `"}`
 	if w := f.do(post(uuid, exact)); w.Code != 201 {
 		t.Fatalf("body of exactly the limit: %d", w.Code)
@@ -497,7 +468,7 @@ func TestInvalidBodies(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, idem.Config{}, nil)
 	for _, body := range []string{`{"a":`, `{"a":1,"a":2}`, "{\"a\":\"\xff\"}", `{"a":01}`} {
-		p := wantProblem(t, f.do(post(uuid, body)), 400, "invalid-body")
+		p := enginetest.WantProblem(t, f.do(post(uuid, body)), 400, "invalid-body")
 		if p.Detail == "" {
 			t.Fatalf("invalid body %q: no detail", body)
 		}
@@ -807,7 +778,7 @@ func TestSelectedFields(t *testing.T) {
 	if w := f.do(post(uuid, `{"amount":100,"currency":"eur","trace":"b"}`)); w.Header().Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("unselected field changed: %d", w.Code)
 	}
-	wantProblem(t, f.do(post(uuid, `{"amount":200,"currency":"eur","trace":"a"}`)), 422, "key-reused")
+	enginetest.WantProblem(t, f.do(post(uuid, `{"amount":200,"currency":"eur","trace":"a"}`)), 422, "key-reused")
 	fa, _ := f.engine.Fingerprint(idem.Call{Method: "POST", Route: "/x", Target: "/x", ContentType: "application/json", Body: []byte(`{"amount":1,"currency":"eur"}`)})
 	ga, _ := g.engine.Fingerprint(idem.Call{Method: "POST", Route: "/x", Target: "/x", ContentType: "application/json", Body: []byte(`{"amount":1,"currency":"eur"}`)})
 	if fa != ga {
@@ -829,7 +800,7 @@ func TestSelectedFieldsOnAMislabelledBody(t *testing.T) {
 	if w := f.do(form(`{"amount":1000}`)); w.Code != 201 {
 		t.Fatal(w.Code)
 	}
-	wantProblem(t, f.do(form(`{"amount":2000}`)), 422, "key-reused")
+	enginetest.WantProblem(t, f.do(form(`{"amount":2000}`)), 422, "key-reused")
 }
 
 func TestScopeFromMethodPattern(t *testing.T) {
@@ -917,7 +888,7 @@ func TestTargetIsPartOfTheRequest(t *testing.T) {
 	if w := send("/v1/orders/1/pay", "k1"); w.Code != 201 || w.Body.String() != "paid 1 " {
 		t.Fatalf("order 1: %d %q", w.Code, w.Body)
 	}
-	wantProblem(t, send("/v1/orders/2/pay", "k1"), 422, "key-reused")
+	enginetest.WantProblem(t, send("/v1/orders/2/pay", "k1"), 422, "key-reused")
 	if w := send("/v1/orders/1/pay", "k1"); w.Header().Get("Idempotent-Replayed") != "true" || w.Body.String() != "paid 1 " {
 		t.Fatalf("retry of order 1: %d %q", w.Code, w.Body)
 	}
@@ -925,7 +896,7 @@ func TestTargetIsPartOfTheRequest(t *testing.T) {
 	if w := send("/v1/orders/3/pay?amount=5&currency=eur", "k2"); w.Code != 201 || w.Body.String() != "paid 3 5" {
 		t.Fatalf("amount 5: %d %q", w.Code, w.Body)
 	}
-	wantProblem(t, send("/v1/orders/3/pay?amount=500&currency=eur", "k2"), 422, "key-reused")
+	enginetest.WantProblem(t, send("/v1/orders/3/pay?amount=500&currency=eur", "k2"), 422, "key-reused")
 	// The same pairs in another order and spelling are the same request.
 	if w := send("/v1/orders/3/pay?currency=%65ur&amount=5", "k2"); w.Header().Get("Idempotent-Replayed") != "true" || w.Body.String() != "paid 3 5" {
 		t.Fatalf("retry with the query reordered: %d %q", w.Code, w.Body)
@@ -968,83 +939,6 @@ func TestMethodsMatchAnyCase(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(100, func() { e.Protected("POST") }); n != 0 {
 		t.Fatalf("matching POST allocates %v times", n)
-	}
-}
-
-// errorCounter counts ERROR records.
-type errorCounter struct{ n atomic.Int64 }
-
-func (c *errorCounter) Enabled(context.Context, slog.Level) bool { return true }
-func (c *errorCounter) Handle(_ context.Context, r slog.Record) error {
-	if r.Level >= slog.LevelError {
-		c.n.Add(1)
-	}
-	return nil
-}
-func (c *errorCounter) WithAttrs([]slog.Attr) slog.Handler { return c }
-func (c *errorCounter) WithGroup(string) slog.Handler      { return c }
-
-// refusingStore answers every reservation as a store whose own limits the
-// request breaks.
-type refusingStore struct{ store.Store }
-
-func (refusingStore) Reserve(context.Context, store.ReserveParams) (store.ReserveResult, error) {
-	return store.ReserveResult{}, errors.Join(store.ErrInvalidParams, errors.New("scope holds a byte the column refuses"))
-}
-
-// A path that cannot name a record is the client's error, never a store
-// outage: 414 for a scope too long, 400 for bytes that are not UTF-8,
-// without an ERROR log or a store-error metric, on every store.
-func TestPathsThatCannotNameARecord(t *testing.T) {
-	t.Parallel()
-	stores := engineStores(t)
-	stores = append(stores, namedStore{Name: "refusing", Open: func(t *testing.T, clock store.Clock) store.Store {
-		return refusingStore{memory.New(memory.Config{})}
-	}})
-	for _, ns := range stores {
-		t.Run(ns.Name, func(t *testing.T) {
-			t.Parallel()
-			logs := &errorCounter{}
-			obs := &obstest.Recorder{}
-			e, err := idem.New(ns.Open(t, nil), idem.Config{Logger: slog.New(logs), Observer: obs})
-			if err != nil {
-				t.Fatal(err)
-			}
-			var calls atomic.Int64
-			h := e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				calls.Add(1)
-				w.WriteHeader(201)
-			}))
-			send := func(target string) *httptest.ResponseRecorder {
-				r := httptest.NewRequest("POST", target, strings.NewReader(`{}`))
-				r.Header.Set("Idempotency-Key", "k")
-				w := httptest.NewRecorder()
-				h.ServeHTTP(w, r)
-				return w
-			}
-			if ns.Name == "refusing" {
-				wantProblem(t, send("/ok"), 400, "scope-invalid")
-			} else {
-				wantProblem(t, send("/"+strings.Repeat("a", 3000)), 414, "scope-too-long")
-				wantProblem(t, send("/bad%FFpath"), 400, "scope-invalid")
-				// The query is not part of the scope: its bytes are only hashed.
-				if w := send("/fine?q=%FF%00"); w.Code != 201 {
-					t.Fatalf("invalid UTF-8 in the query: %d %s", w.Code, w.Body)
-				}
-				if calls.Load() != 1 {
-					t.Fatalf("handler ran %d times, want 1", calls.Load())
-				}
-			}
-			if n := logs.n.Load(); n != 0 {
-				t.Fatalf("%d ERROR records for a client's bad request", n)
-			}
-			if errs := obs.StoreErrors(); len(errs) != 0 {
-				t.Fatalf("store errors counted for a client's bad request: %v", errs)
-			}
-			if n := obs.Reserves()["rejected"]; n == 0 {
-				t.Fatalf("refusals not counted as rejected: %v", obs.Reserves())
-			}
-		})
 	}
 }
 
@@ -1098,7 +992,7 @@ func TestInProgressStatus(t *testing.T) {
 	go func() { done <- f.do(post(uuid, `{"a":1}`)) }()
 	<-started
 	w := f.do(post(uuid, `{"a":1}`))
-	wantProblem(t, w, 202, "request-in-progress")
+	enginetest.WantProblem(t, w, 202, "request-in-progress")
 	if w.Header().Get("Retry-After") != "1" {
 		t.Fatalf("202 without Retry-After: %v", w.Header())
 	}
@@ -1152,7 +1046,7 @@ func TestWriteProblem(t *testing.T) {
 	ietf, _ := idem.New(memory.New(memory.Config{}), idem.Config{})
 	w := httptest.NewRecorder()
 	ietf.WriteProblem(w, p)
-	doc := wantProblem(t, w, 401, "tenant-missing")
+	doc := enginetest.WantProblem(t, w, 401, "tenant-missing")
 	if doc.Detail != "send X-Tenant-ID" || w.Header().Get("Retry-After") != "2" {
 		t.Fatalf("ietf problem: %+v %v", doc, w.Header())
 	}

@@ -16,7 +16,7 @@ func TestReadmeSnippetsAreExamples(t *testing.T) {
 	}
 	blocks := regexp.MustCompile("(?s)```go\n(.*?)```").FindAllStringSubmatch(string(readme), -1)
 	for marker, example := range map[string]string{
-		"phase.Run(":       "phase/example_test.go",
+		"phase.Run(":       "internal/integration/phase/example_test.go",
 		"maintenance.New(": "maintenance/example_test.go",
 	} {
 		src, err := os.ReadFile(example)

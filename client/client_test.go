@@ -17,6 +17,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/client"
+	"github.com/idem-go/idem/internal/clienttest"
 	"github.com/idem-go/idem/store"
 )
 
@@ -37,27 +38,20 @@ func checkOneKey(t *testing.T, a *api, want string, n int) {
 	}
 }
 
-func checkAllClosed(t *testing.T, tr *tracked) {
-	t.Helper()
-	if issued, closed := tr.issued.Load(), tr.closed.Load(); issued != closed {
-		t.Errorf("%d responses issued, %d closed", issued, closed)
-	}
-}
-
 // A connection cut after the server ran the request and before its answer
 // reached the client: the retry gets the stored answer, nothing runs twice.
 func TestConnectionCutAfterExecution(t *testing.T) {
 	t.Parallel()
 	a := &api{}
 	srv, _ := server(t, a, idem.Config{}, nil)
-	r := newRelay(t, srv.Listener.Addr().String())
-	r.drop.Store(1)
-	c := newClock()
-	tr, tracker := newTransport(t, c)
+	r := clienttest.NewRelay(t, srv.Listener.Addr().String())
+	r.Drop.Store(1)
+	c := clienttest.NewClock()
+	tr, tracker := clienttest.NewTransport(t, c)
 	var retries []client.Retry
 	tr.OnRetry = func(x client.Retry) { retries = append(retries, x) }
 
-	resp, body, err := post(t, context.Background(), tr, r.URL()+"/v1/charges", `{"amount":100}`)
+	resp, body, err := clienttest.Post(t, context.Background(), tr, r.URL()+"/v1/charges", `{"amount":100}`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +76,7 @@ func TestConnectionCutAfterExecution(t *testing.T) {
 	if d := c.Delays(); !slices.Equal(d, []time.Duration{client.DefaultBaseDelay}) {
 		t.Errorf("waits %v", d)
 	}
-	checkAllClosed(t, tracker)
+	clienttest.CheckAllClosed(t, tracker)
 }
 
 // Statuses that say "not now": each retried after the wait the server asks
@@ -104,11 +98,11 @@ func TestRetriedStatuses(t *testing.T) {
 			t.Parallel()
 			a := &api{}
 			srv, _ := server(t, a, idem.Config{}, tc.front)
-			c := newClock()
-			tr, tracker := newTransport(t, c)
+			c := clienttest.NewClock()
+			tr, tracker := clienttest.NewTransport(t, c)
 			var reasons []client.Reason
 			tr.OnRetry = func(x client.Retry) { reasons = append(reasons, x.Reason) }
-			resp, body, err := post(t, context.Background(), tr, srv.URL+"/v1/charges", `{"amount":100}`)
+			resp, body, err := clienttest.Post(t, context.Background(), tr, srv.URL+"/v1/charges", `{"amount":100}`)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -130,21 +124,21 @@ func TestRetriedStatuses(t *testing.T) {
 				}
 			}
 			checkOneKey(t, a, `"`+client.Key(resp)+`"`, len(tc.waits)+1)
-			checkAllClosed(t, tracker)
+			clienttest.CheckAllClosed(t, tracker)
 		})
 	}
 }
 
 func TestRetryAfterDate(t *testing.T) {
 	t.Parallel()
-	c := newClock()
+	c := clienttest.NewClock()
 	// The first failure asks for 7s from now; the second comes when that
 	// date has passed, so only the backoff (1s) is left.
 	date := c.Now().Add(7 * time.Second).Format(http.TimeFormat)
 	a := &api{}
 	srv, _ := server(t, a, idem.Config{}, failFirst(2, 503, "Retry-After", date))
-	tr, _ := newTransport(t, c)
-	resp, _, err := post(t, context.Background(), tr, srv.URL+"/v1/charges", `{}`)
+	tr, _ := clienttest.NewTransport(t, c)
+	resp, _, err := clienttest.Post(t, context.Background(), tr, srv.URL+"/v1/charges", `{}`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,20 +157,20 @@ func TestInProgressAfterCut(t *testing.T) {
 	t.Parallel()
 	a := &api{}
 	release := make(chan struct{})
-	var r *relay
+	var r *clienttest.Relay
 	a.during = func(n int32) {
 		if n == 1 {
-			r.cutClients()
+			r.CutClients()
 			<-release
 		}
 	}
 	srv, _ := server(t, a, idem.Config{}, nil)
-	r = newRelay(t, srv.Listener.Addr().String())
+	r = clienttest.NewRelay(t, srv.Listener.Addr().String())
 	var once sync.Once
 	free := func() { once.Do(func() { close(release) }) }
 	t.Cleanup(free) // a failing test must not leave the handler blocked
-	c := newClock()
-	tr, tracker := newTransport(t, c)
+	c := clienttest.NewClock()
+	tr, tracker := clienttest.NewTransport(t, c)
 	var reasons []client.Reason
 	var statuses []int
 	tr.OnRetry = func(x client.Retry) {
@@ -186,13 +180,13 @@ func TestInProgressAfterCut(t *testing.T) {
 			free()
 		}
 	}
-	c.onSleep = func(ctx context.Context, d time.Duration) error {
+	c.OnSleep = func(ctx context.Context, d time.Duration) error {
 		if reasons[len(reasons)-1] == client.ReasonInProgress {
-			<-r.dropped // the first execution answered: its record is complete
+			<-r.Dropped // the first execution answered: its record is complete
 		}
 		return nil
 	}
-	resp, body, err := post(t, context.Background(), tr, r.URL()+"/v1/charges", `{"amount":100}`)
+	resp, body, err := clienttest.Post(t, context.Background(), tr, r.URL()+"/v1/charges", `{"amount":100}`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +208,7 @@ func TestInProgressAfterCut(t *testing.T) {
 		t.Errorf("waits %v", d)
 	}
 	checkOneKey(t, a, `"`+client.Key(resp)+`"`, 3)
-	checkAllClosed(t, tracker)
+	clienttest.CheckAllClosed(t, tracker)
 }
 
 // Two callers with one key (a double click, two workers): the second waits
@@ -259,19 +253,19 @@ func TestInProgressConcurrentCallers(t *testing.T) {
 			}()
 			<-started
 
-			c := newClock()
-			tr, _ := newTransport(t, c)
+			c := clienttest.NewClock()
+			tr, _ := clienttest.NewTransport(t, c)
 			var reasons []client.Reason
 			tr.OnRetry = func(x client.Retry) {
 				reasons = append(reasons, x.Reason)
 				free()
 			}
 			var got1 answer
-			c.onSleep = func(ctx context.Context, d time.Duration) error {
+			c.OnSleep = func(ctx context.Context, d time.Duration) error {
 				got1 = <-first
 				return nil
 			}
-			resp, body, err := post(t, context.Background(), tr, srv.URL+"/v1/charges", `{"amount":100}`, "Idempotency-Key", key)
+			resp, body, err := clienttest.Post(t, context.Background(), tr, srv.URL+"/v1/charges", `{"amount":100}`, "Idempotency-Key", key)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -301,15 +295,15 @@ func TestNotRetried(t *testing.T) {
 	a := &api{}
 	srv, _ := server(t, a, idem.Config{}, nil)
 	url := srv.URL + "/v1/charges"
-	c := newClock()
-	tr, tracker := newTransport(t, c)
+	c := clienttest.NewClock()
+	tr, tracker := clienttest.NewTransport(t, c)
 	tr.OnRetry = func(x client.Retry) { t.Errorf("retried: %+v", x) }
 
 	key := client.NewKey()
-	if resp, _, err := post(t, context.Background(), tr, url, `{"amount":1}`, "Idempotency-Key", key); err != nil || resp.StatusCode != 201 {
+	if resp, _, err := clienttest.Post(t, context.Background(), tr, url, `{"amount":1}`, "Idempotency-Key", key); err != nil || resp.StatusCode != 201 {
 		t.Fatalf("first use of the key: %v %v", resp, err)
 	}
-	resp, body, err := post(t, context.Background(), tr, url, `{"amount":2}`, "Idempotency-Key", key)
+	resp, body, err := clienttest.Post(t, context.Background(), tr, url, `{"amount":2}`, "Idempotency-Key", key)
 	if err != nil || resp.StatusCode != http.StatusUnprocessableEntity || client.Attempts(resp) != 1 {
 		t.Errorf("key reused with another body: %v %v after %d attempts", resp, err, client.Attempts(resp))
 	}
@@ -317,7 +311,7 @@ func TestNotRetried(t *testing.T) {
 		t.Errorf("422 body %s", body)
 	}
 
-	resp, _, err = post(t, context.Background(), tr, url, bodyBad)
+	resp, _, err = clienttest.Post(t, context.Background(), tr, url, bodyBad)
 	if err != nil || resp.StatusCode != http.StatusBadRequest || client.Attempts(resp) != 1 {
 		t.Errorf("400: %v %v after %d attempts", resp, err, client.Attempts(resp))
 	}
@@ -325,11 +319,11 @@ func TestNotRetried(t *testing.T) {
 	// An outcome the server cannot know: the 409 is returned whole, with
 	// its problem type readable by the caller.
 	key = client.NewKey()
-	resp, _, err = post(t, context.Background(), tr, url, bodyUncertain, "Idempotency-Key", key)
+	resp, _, err = clienttest.Post(t, context.Background(), tr, url, bodyUncertain, "Idempotency-Key", key)
 	if err != nil || resp.StatusCode != http.StatusGatewayTimeout || client.Attempts(resp) != 1 {
 		t.Fatalf("uncertain: %v %v", resp, err)
 	}
-	resp, body, err = post(t, context.Background(), tr, url, bodyUncertain, "Idempotency-Key", key)
+	resp, body, err = clienttest.Post(t, context.Background(), tr, url, bodyUncertain, "Idempotency-Key", key)
 	if err != nil || resp.StatusCode != http.StatusConflict || client.Attempts(resp) != 1 {
 		t.Fatalf("outcome unknown: %v %v", resp, err)
 	}
@@ -342,7 +336,7 @@ func TestNotRetried(t *testing.T) {
 	if d := c.Delays(); len(d) != 0 {
 		t.Errorf("waited %v", d)
 	}
-	checkAllClosed(t, tracker)
+	clienttest.CheckAllClosed(t, tracker)
 }
 
 // A plain 409 without Retry-After is a business conflict, not a wait.
@@ -350,8 +344,8 @@ func TestPlainConflictWithoutRetryAfter(t *testing.T) {
 	t.Parallel()
 	a := &api{}
 	srv, _ := server(t, a, idem.Config{}, failFirst(1, 409))
-	tr, _ := newTransport(t, newClock())
-	resp, body, err := post(t, context.Background(), tr, srv.URL+"/v1/charges", `{}`)
+	tr, _ := clienttest.NewTransport(t, clienttest.NewClock())
+	resp, body, err := clienttest.Post(t, context.Background(), tr, srv.URL+"/v1/charges", `{}`)
 	if err != nil || resp.StatusCode != http.StatusConflict || client.Attempts(resp) != 1 || string(body) != "failure 1\n" {
 		t.Fatalf("%v %v %q", resp, err, body)
 	}
@@ -364,17 +358,17 @@ func TestRetryUnknown(t *testing.T) {
 	a := &api{}
 	srv, st := server(t, a, idem.Config{}, nil)
 	url := srv.URL + "/v1/charges"
-	c := newClock()
-	tr, tracker := newTransport(t, c)
+	c := clienttest.NewClock()
+	tr, tracker := clienttest.NewTransport(t, c)
 	tr.RetryUnknown = 10 * time.Second
 	tr.MaxDelay = time.Minute
 	key := client.NewKey()
-	if resp, _, err := post(t, context.Background(), tr, url, bodyUncertain, "Idempotency-Key", key); err != nil || resp.StatusCode != 504 {
+	if resp, _, err := clienttest.Post(t, context.Background(), tr, url, bodyUncertain, "Idempotency-Key", key); err != nil || resp.StatusCode != 504 {
 		t.Fatalf("uncertain: %v %v", resp, err)
 	}
 	var reasons []client.Reason
 	tr.OnRetry = func(x client.Retry) { reasons = append(reasons, x.Reason) }
-	c.onSleep = func(ctx context.Context, d time.Duration) error {
+	c.OnSleep = func(ctx context.Context, d time.Duration) error {
 		recs, err := st.ListUnknown(ctx, store.ListUnknownParams{Limit: 10})
 		if err != nil || len(recs) != 1 {
 			t.Errorf("ListUnknown: %v %v", recs, err)
@@ -383,7 +377,7 @@ func TestRetryUnknown(t *testing.T) {
 		return st.Resolve(ctx, store.ResolveParams{Scope: recs[0].Scope, Key: recs[0].Key, To: store.StateCompleted,
 			Response: &store.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"ch_found"}`)}})
 	}
-	resp, body, err := post(t, context.Background(), tr, url, bodyUncertain, "Idempotency-Key", key)
+	resp, body, err := clienttest.Post(t, context.Background(), tr, url, bodyUncertain, "Idempotency-Key", key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -399,17 +393,17 @@ func TestRetryUnknown(t *testing.T) {
 	if n := a.executions.Load(); n != 1 {
 		t.Errorf("%d executions, want 1", n)
 	}
-	checkAllClosed(t, tracker)
+	clienttest.CheckAllClosed(t, tracker)
 }
 
 func TestMaxAttempts(t *testing.T) {
 	t.Parallel()
 	a := &api{}
 	srv, _ := server(t, a, idem.Config{}, failFirst(100, 503))
-	c := newClock()
-	tr, tracker := newTransport(t, c)
+	c := clienttest.NewClock()
+	tr, tracker := clienttest.NewTransport(t, c)
 	tr.MaxAttempts = 3
-	resp, body, err := post(t, context.Background(), tr, srv.URL+"/v1/charges", `{}`)
+	resp, body, err := clienttest.Post(t, context.Background(), tr, srv.URL+"/v1/charges", `{}`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -419,17 +413,17 @@ func TestMaxAttempts(t *testing.T) {
 	if d := c.Delays(); !slices.Equal(d, []time.Duration{500 * time.Millisecond, time.Second}) {
 		t.Errorf("waits %v", d)
 	}
-	checkAllClosed(t, tracker)
+	clienttest.CheckAllClosed(t, tracker)
 }
 
 func TestMaxDelay(t *testing.T) {
 	t.Parallel()
 	a := &api{}
 	srv, _ := server(t, a, idem.Config{}, failFirst(100, 503))
-	c := newClock()
-	tr, _ := newTransport(t, c)
+	c := clienttest.NewClock()
+	tr, _ := clienttest.NewTransport(t, c)
 	tr.BaseDelay, tr.MaxDelay, tr.MaxAttempts = time.Second, 2500*time.Millisecond, 10
-	resp, _, err := post(t, context.Background(), tr, srv.URL+"/v1/charges", `{}`)
+	resp, _, err := clienttest.Post(t, context.Background(), tr, srv.URL+"/v1/charges", `{}`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -440,9 +434,9 @@ func TestMaxDelay(t *testing.T) {
 	// A Retry-After beyond the budget is not waited for either.
 	a2 := &api{}
 	srv2, _ := server(t, a2, idem.Config{}, failFirst(100, 503, "Retry-After", "3600"))
-	c2 := newClock()
-	tr2, _ := newTransport(t, c2)
-	resp, _, err = post(t, context.Background(), tr2, srv2.URL+"/v1/charges", `{}`)
+	c2 := clienttest.NewClock()
+	tr2, _ := clienttest.NewTransport(t, c2)
+	resp, _, err = clienttest.Post(t, context.Background(), tr2, srv2.URL+"/v1/charges", `{}`)
 	if err != nil || resp.StatusCode != 503 || client.Attempts(resp) != 1 || len(c2.Delays()) != 0 {
 		t.Errorf("Retry-After 3600: %v %v, waits %v", resp, err, c2.Delays())
 	}
@@ -454,13 +448,13 @@ func TestContextBounds(t *testing.T) {
 		t.Parallel()
 		a := &api{}
 		srv, _ := server(t, a, idem.Config{}, failFirst(100, 503, "Retry-After", "120"))
-		c := newClock()
-		tr, _ := newTransport(t, c)
+		c := clienttest.NewClock()
+		tr, _ := clienttest.NewTransport(t, c)
 		tr.Now = time.Now // the deadline is on the real clock
 		tr.MaxDelay = time.Hour
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		resp, _, err := post(t, ctx, tr, srv.URL+"/v1/charges", `{}`)
+		resp, _, err := clienttest.Post(t, ctx, tr, srv.URL+"/v1/charges", `{}`)
 		if err != nil || resp.StatusCode != 503 || client.Attempts(resp) != 1 || len(c.Delays()) != 0 {
 			t.Errorf("%v %v, waits %v; want the 503 at once", resp, err, c.Delays())
 		}
@@ -469,22 +463,22 @@ func TestContextBounds(t *testing.T) {
 		t.Parallel()
 		a := &api{}
 		srv, _ := server(t, a, idem.Config{}, failFirst(100, 503))
-		c := newClock()
-		tr, tracker := newTransport(t, c)
+		c := clienttest.NewClock()
+		tr, tracker := clienttest.NewTransport(t, c)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		c.onSleep = func(ctx context.Context, d time.Duration) error {
+		c.OnSleep = func(ctx context.Context, d time.Duration) error {
 			cancel()
 			<-ctx.Done()
 			return ctx.Err()
 		}
-		_, _, err := post(t, ctx, tr, srv.URL+"/v1/charges", `{}`)
+		_, _, err := clienttest.Post(t, ctx, tr, srv.URL+"/v1/charges", `{}`)
 		var ce *client.Error
 		if !errors.Is(err, context.Canceled) || !errors.As(err, &ce) || ce.Attempts != 1 {
 			t.Fatalf("err %v", err)
 		}
 		checkOneKey(t, a, `"`+ce.Key+`"`, 1)
-		checkAllClosed(t, tracker)
+		clienttest.CheckAllClosed(t, tracker)
 	})
 	t.Run("deadline during an attempt", func(t *testing.T) {
 		t.Parallel()
@@ -493,11 +487,11 @@ func TestContextBounds(t *testing.T) {
 		a.during = func(int32) { <-answered }
 		srv, _ := server(t, a, idem.Config{}, nil)
 		defer close(answered)
-		c := newClock()
-		tr, _ := newTransport(t, c)
+		c := clienttest.NewClock()
+		tr, _ := clienttest.NewTransport(t, c)
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 		defer cancel()
-		_, _, err := post(t, ctx, tr, srv.URL+"/v1/charges", `{}`)
+		_, _, err := clienttest.Post(t, ctx, tr, srv.URL+"/v1/charges", `{}`)
 		var ce *client.Error
 		if !errors.Is(err, context.DeadlineExceeded) || !errors.As(err, &ce) || ce.Attempts != 1 || len(c.Delays()) != 0 {
 			t.Fatalf("err %v, waits %v", err, c.Delays())
@@ -521,7 +515,7 @@ func TestBodyWithoutGetBody(t *testing.T) {
 		t.Parallel()
 		a := &api{}
 		srv, _ := server(t, a, idem.Config{}, failFirst(2, 503))
-		tr, _ := newTransport(t, newClock())
+		tr, _ := clienttest.NewTransport(t, clienttest.NewClock())
 		body := &onlyReader{r: strings.NewReader(payload)}
 		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/charges", body)
 		if req.GetBody != nil {
@@ -548,7 +542,7 @@ func TestBodyWithoutGetBody(t *testing.T) {
 		t.Parallel()
 		a := &api{}
 		srv, _ := server(t, a, idem.Config{}, failFirst(100, 503))
-		tr, _ := newTransport(t, newClock())
+		tr, _ := clienttest.NewTransport(t, clienttest.NewClock())
 		tr.MaxBufferBytes = 8
 		body := &onlyReader{r: strings.NewReader(payload)}
 		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/charges", body)
@@ -579,8 +573,8 @@ func TestNetworkErrorsExhausted(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close() // nothing listens there any more
-	c := newClock()
-	tr, _ := newTransport(t, c)
+	c := clienttest.NewClock()
+	tr, _ := clienttest.NewTransport(t, c)
 	tr.MaxAttempts = 3
 	var errs int
 	tr.OnRetry = func(x client.Retry) {
@@ -588,7 +582,7 @@ func TestNetworkErrorsExhausted(t *testing.T) {
 			errs++
 		}
 	}
-	_, _, err = post(t, context.Background(), tr, "http://"+addr+"/v1/charges", `{}`)
+	_, _, err = clienttest.Post(t, context.Background(), tr, "http://"+addr+"/v1/charges", `{}`)
 	var ce *client.Error
 	if !errors.As(err, &ce) || ce.Attempts != 3 || !uuidV4.MatchString(ce.Key) {
 		t.Fatalf("err %v", err)
@@ -607,9 +601,9 @@ func TestTLSErrorNotRetried(t *testing.T) {
 	t.Parallel()
 	srv := httptest.NewTLSServer(http.NotFoundHandler())
 	defer srv.Close()
-	c := newClock()
-	tr, _ := newTransport(t, c)
-	_, _, err := post(t, context.Background(), tr, srv.URL+"/v1/charges", `{}`)
+	c := clienttest.NewClock()
+	tr, _ := clienttest.NewTransport(t, c)
+	_, _, err := clienttest.Post(t, context.Background(), tr, srv.URL+"/v1/charges", `{}`)
 	var ce *client.Error
 	if !errors.As(err, &ce) || ce.Attempts != 1 || len(c.Delays()) != 0 {
 		t.Fatalf("err %v, waits %v", err, c.Delays())
@@ -625,8 +619,8 @@ func TestCallerKey(t *testing.T) {
 	} {
 		a := &api{}
 		srv, _ := server(t, a, idem.Config{}, failFirst(1, 503))
-		tr, _ := newTransport(t, newClock())
-		resp, _, err := post(t, context.Background(), tr, srv.URL+"/v1/charges", `{}`, "Idempotency-Key", tc.sent)
+		tr, _ := clienttest.NewTransport(t, clienttest.NewClock())
+		resp, _, err := clienttest.Post(t, context.Background(), tr, srv.URL+"/v1/charges", `{}`, "Idempotency-Key", tc.sent)
 		if err != nil || resp.StatusCode != 201 {
 			t.Fatalf("%s: %v %v", tc.sent, resp, err)
 		}
@@ -641,7 +635,7 @@ func TestMalformedCallerKey(t *testing.T) {
 	t.Parallel()
 	a := &api{}
 	srv, _ := server(t, a, idem.Config{}, nil)
-	tr, _ := newTransport(t, newClock())
+	tr, _ := clienttest.NewTransport(t, clienttest.NewClock())
 	for _, vals := range [][]string{{"a", "b"}, {""}, {"has space"}, {strings.Repeat("k", 256)}} {
 		body := &onlyReader{r: strings.NewReader("{}")}
 		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/charges", body)
@@ -663,7 +657,7 @@ func TestOtherMethodsPassThrough(t *testing.T) {
 	t.Parallel()
 	a := &api{}
 	srv, _ := server(t, a, idem.Config{}, nil)
-	tr, _ := newTransport(t, newClock())
+	tr, _ := clienttest.NewTransport(t, clienttest.NewClock())
 	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/v1/charges", nil)
 	resp, err := (&http.Client{Transport: tr}).Do(req)
 	if err != nil {
@@ -688,7 +682,7 @@ func TestCustomHeaderAndMethods(t *testing.T) {
 		got.Store(r.Header.Get("X-Request-Key"))
 	}))
 	defer srv.Close()
-	tr, _ := newTransport(t, newClock())
+	tr, _ := clienttest.NewTransport(t, clienttest.NewClock())
 	tr.Header, tr.Methods = "X-Request-Key", []string{"put"}
 	req, _ := http.NewRequest(http.MethodPut, srv.URL, strings.NewReader("{}"))
 	resp, err := tr.RoundTrip(req)

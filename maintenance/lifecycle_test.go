@@ -11,6 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/enginetest"
 	"github.com/idem-go/idem/internal/obstest"
 	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
@@ -45,26 +46,26 @@ func (s *service) Stop(context.Context) error {
 func TestMaintainerStartStop(t *testing.T) {
 	t.Parallel()
 	var events []string
-	m := newMaint(t, realStores(t)[0], maintenance.Config{}, idem.Config{})
-	m.clock.manual = true
-	mt := m.maintainer(maintenance.Config{Services: []maintenance.Service{&service{name: "outbox", events: &events}}})
-	m.send("z", true)
-	m.clock.Advance(time.Minute)
+	m := enginetest.NewMaint(t, enginetest.Memory, maintenance.Config{}, idem.Config{})
+	m.Clock.Manual = true
+	mt := m.Maintainer(maintenance.Config{Services: []maintenance.Service{&service{name: "outbox", events: &events}}})
+	m.Send("z", true)
+	m.Clock.Advance(time.Minute)
 	if err := mt.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if err := mt.Start(context.Background()); err != nil { // already running
 		t.Fatal(err)
 	}
-	m.clock.nextPark(t)
-	m.clock.nextPark(t)
-	if n := m.clock.pending(); n != 2 {
+	m.Clock.NextPark(t)
+	m.Clock.NextPark(t)
+	if n := m.Clock.Pending(); n != 2 {
 		t.Fatalf("%d loops run, want the sweeper and the reaper (no reconciler without a Resolver)", n)
 	}
-	m.clock.Advance(maintenance.DefaultReapInterval) // past every first wait
-	m.clock.nextPark(t)
-	m.clock.nextPark(t)
-	if s := m.state("z"); s != store.StateUnknown {
+	m.Clock.Advance(maintenance.DefaultReapInterval) // past every first wait
+	m.Clock.NextPark(t)
+	m.Clock.NextPark(t)
+	if s := m.State("z"); s != store.StateUnknown {
 		t.Fatalf("the running sweeper left z %s", s)
 	}
 	if err := mt.Stop(context.Background()); err != nil {
@@ -79,8 +80,8 @@ func TestMaintainerStartStop(t *testing.T) {
 	// A service that cannot start: the others are stopped again and
 	// nothing runs.
 	events = nil
-	waiting := m.clock.pending()
-	bad := m.maintainer(maintenance.Config{Services: []maintenance.Service{
+	waiting := m.Clock.Pending()
+	bad := m.Maintainer(maintenance.Config{Services: []maintenance.Service{
 		&service{name: "a", events: &events}, &service{name: "b", failStart: true, events: &events}}})
 	if err := bad.Start(context.Background()); err == nil {
 		t.Fatal("Start succeeded with a failing service")
@@ -88,7 +89,7 @@ func TestMaintainerStartStop(t *testing.T) {
 	if strings.Join(events, ",") != "start a,start b,stop a" {
 		t.Fatalf("lifecycle after a failed start %v", events)
 	}
-	if n := m.clock.pending(); n != waiting {
+	if n := m.Clock.Pending(); n != waiting {
 		t.Fatalf("%d loops run after a failed start", n-waiting)
 	}
 	if err := bad.Stop(context.Background()); err != nil {
@@ -101,14 +102,14 @@ func TestLoopLogsAFailedPass(t *testing.T) {
 	t.Parallel()
 	// slog's handlers serialize their writes.
 	var log strings.Builder
-	m := newMaint(t, realStores(t)[0], maintenance.Config{}, idem.Config{})
-	m.clock.manual = true
+	m := enginetest.NewMaint(t, enginetest.Memory, maintenance.Config{}, idem.Config{})
+	m.Clock.Manual = true
 	// Any Resolver: it turns the reconciler on.
 	resolver := maintenance.ResolverFunc(func(context.Context, store.Record) (maintenance.Resolution, error) {
 		return maintenance.Resolution{}, nil
 	})
-	inner := memory.New(memory.Config{Clock: m.clock.Now})
-	mt, err := maintenance.New(brokenStore{inner}, maintenance.Config{Clock: m.clock, Resolver: resolver,
+	inner := memory.New(memory.Config{Clock: m.Clock.Now})
+	mt, err := maintenance.New(brokenStore{inner}, maintenance.Config{Clock: m.Clock, Resolver: resolver,
 		Logger: slog.New(slog.NewTextHandler(&log, nil)), SweepInterval: time.Hour, ReapInterval: time.Hour, ReconcileInterval: time.Hour})
 	if err != nil {
 		t.Fatal(err)
@@ -118,11 +119,11 @@ func TestLoopLogsAFailedPass(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 3 {
-		m.clock.nextPark(t)
+		m.Clock.NextPark(t)
 	}
-	m.clock.Advance(0)
+	m.Clock.Advance(0)
 	for range 3 {
-		if d := m.clock.nextPark(t); d != time.Hour {
+		if d := m.Clock.NextPark(t); d != time.Hour {
 			t.Fatalf("wait after a failed pass: %v", d)
 		}
 	}
@@ -223,11 +224,11 @@ func TestConfigDefaults(t *testing.T) {
 func TestMetrics(t *testing.T) {
 	t.Parallel()
 	obs := &obstest.Recorder{}
-	m := newMaint(t, realStores(t)[0], maintenance.Config{}, idem.Config{Observer: obs})
-	mt := m.maintainer(maintenance.Config{Observer: obs, Resolver: stillUnknown, MaxReconcileAttempts: 1})
-	m.send("z", true)
-	m.send("done", false)
-	m.clock.Advance(25 * time.Hour)
+	m := enginetest.NewMaint(t, enginetest.Memory, maintenance.Config{}, idem.Config{Observer: obs})
+	mt := m.Maintainer(maintenance.Config{Observer: obs, Resolver: enginetest.StillUnknown, MaxReconcileAttempts: 1})
+	m.Send("z", true)
+	m.Send("done", false)
+	m.Clock.Advance(25 * time.Hour)
 	if _, err := mt.SweepOnce(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -7,96 +7,10 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/enginetest"
 	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 )
-
-// stillUnknown is a provider that can never tell.
-var stillUnknown = maintenance.ResolverFunc(func(context.Context, store.Record) (maintenance.Resolution, error) {
-	return maintenance.Resolution{Outcome: maintenance.StillUnknown}, nil
-})
-
-// reconcileDue runs a pass and checks that it asked about the key exactly
-// when it was due: not one microsecond (the stores' precision) before.
-func (m *maint) reconcileDue(key string, want maintenance.ReconcileResult) {
-	m.t.Helper()
-	rec, err := m.record(key)
-	if err != nil {
-		m.t.Fatal(err)
-	}
-	if wait := rec.ReconcileAfter.Sub(m.clock.Now()); wait > 0 {
-		m.clock.Advance(wait - time.Microsecond)
-		if res, err := m.m.ReconcileOnce(context.Background()); err != nil || res != (maintenance.ReconcileResult{}) {
-			m.t.Fatalf("pass a microsecond before %s was due: %+v %v", key, res, err)
-		}
-		m.clock.Advance(time.Microsecond)
-	}
-	if res, err := m.m.ReconcileOnce(context.Background()); err != nil || res != want {
-		m.t.Fatalf("pass when %s was due: %+v %v, want %+v", key, res, err, want)
-	}
-}
-
-// The delay after each unsettled attempt starts at ReconcileBackoff,
-// doubles, and stays at ReconcileMaxBackoff once it reached it.
-func TestReconcileBackoffDoublesUpToTheCap(t *testing.T) {
-	for _, ns := range realStores(t) {
-		t.Run(ns.Name, func(t *testing.T) {
-			t.Parallel()
-			m := newMaint(t, ns, maintenance.Config{Resolver: stillUnknown, ReconcileBackoff: time.Minute,
-				ReconcileMaxBackoff: 5 * time.Minute, MaxReconcileAttempts: 100}, idem.Config{})
-			m.unknown("k")
-			var delays []time.Duration
-			for range 6 {
-				m.reconcileDue("k", maintenance.ReconcileResult{Deferred: 1})
-				rec, err := m.record("k")
-				if err != nil {
-					t.Fatal(err)
-				}
-				delays = append(delays, rec.ReconcileAfter.Sub(m.clock.Now()))
-			}
-			want := []time.Duration{time.Minute, 2 * time.Minute, 4 * time.Minute, 5 * time.Minute, 5 * time.Minute, 5 * time.Minute}
-			if !slices.Equal(delays, want) {
-				t.Fatalf("delays after each attempt %v, want %v", delays, want)
-			}
-		})
-	}
-}
-
-// The MaxReconcileAttempts-th unsettled attempt dead-letters the record,
-// not one before; no pass asks about it again, however long it waits.
-func TestDeadLetterAtMaxReconcileAttempts(t *testing.T) {
-	for _, ns := range realStores(t) {
-		t.Run(ns.Name, func(t *testing.T) {
-			t.Parallel()
-			asked := 0
-			counting := maintenance.ResolverFunc(func(ctx context.Context, r store.Record) (maintenance.Resolution, error) {
-				asked++
-				return stillUnknown(ctx, r)
-			})
-			m := newMaint(t, ns, maintenance.Config{Resolver: counting, ReconcileBackoff: time.Minute,
-				ReconcileMaxBackoff: time.Minute, MaxReconcileAttempts: 4}, idem.Config{})
-			m.unknown("k")
-			for attempt := 1; attempt < 4; attempt++ {
-				m.reconcileDue("k", maintenance.ReconcileResult{Deferred: 1})
-				if rec, _ := m.record("k"); rec.DeadLettered() || rec.ReconcileAttempts != attempt {
-					t.Fatalf("after attempt %d: dead-lettered %v, attempts %d", attempt, rec.DeadLettered(), rec.ReconcileAttempts)
-				}
-			}
-			m.reconcileDue("k", maintenance.ReconcileResult{DeadLettered: 1})
-			rec, err := m.record("k")
-			if err != nil || !rec.DeadLettered() || rec.State != store.StateUnknown {
-				t.Fatalf("after the last attempt: %+v %v", rec, err)
-			}
-			m.clock.Advance(365 * 24 * time.Hour)
-			if res, err := m.m.ReconcileOnce(context.Background()); err != nil || res != (maintenance.ReconcileResult{}) {
-				t.Fatalf("a dead letter was asked about again: %+v %v", res, err)
-			}
-			if asked != 4 {
-				t.Fatalf("the resolver was asked %d times, want 4", asked)
-			}
-		})
-	}
-}
 
 // Each loop first waits a random part of its interval, from zero up to
 // (not including) the interval, then a whole interval between passes; a
@@ -104,7 +18,7 @@ func TestDeadLetterAtMaxReconcileAttempts(t *testing.T) {
 // between two batches. A random source pinned to its extremes shows the
 // bounds.
 func TestJitterBounds(t *testing.T) {
-	ns := realStores(t)[0]
+	ns := enginetest.Memory
 	for _, extreme := range []struct {
 		name string
 		draw func(n int64) int64
@@ -113,9 +27,9 @@ func TestJitterBounds(t *testing.T) {
 		{"highest", func(n int64) int64 { return n - 1 }},
 	} {
 		t.Run(extreme.name, func(t *testing.T) {
-			m := newMaint(t, ns, maintenance.Config{}, idem.Config{})
-			mt := m.maintainer(maintenance.Config{SweepInterval: 40 * time.Second, ReapInterval: time.Hour,
-				ReconcileInterval: 3 * time.Minute, Resolver: stillUnknown, BatchSize: 1, BatchPause: 2 * time.Second})
+			m := enginetest.NewMaint(t, ns, maintenance.Config{}, idem.Config{})
+			mt := m.Maintainer(maintenance.Config{SweepInterval: 40 * time.Second, ReapInterval: time.Hour,
+				ReconcileInterval: 3 * time.Minute, Resolver: enginetest.StillUnknown, BatchSize: 1, BatchPause: 2 * time.Second})
 			maintenance.SetRand(mt, extreme.draw)
 			pick := func(lo, hi time.Duration) time.Duration {
 				if extreme.draw(2) == 0 {
@@ -125,28 +39,28 @@ func TestJitterBounds(t *testing.T) {
 			}
 
 			// The pause between batches, in a one-off pass.
-			m.send("a", true)
-			m.send("b", true)
-			m.clock.Advance(time.Minute)
-			m.clock.sleeps()
+			m.Send("a", true)
+			m.Send("b", true)
+			m.Clock.Advance(time.Minute)
+			m.Clock.Sleeps()
 			if n, err := mt.SweepOnce(context.Background()); err != nil || n != 2 {
 				t.Fatalf("sweep: %d %v", n, err)
 			}
 			// Batches of one: a, b, and an empty one that ends the pass.
 			want := []time.Duration{pick(time.Second, 2*time.Second), pick(time.Second, 2*time.Second)}
-			if got := m.clock.sleeps(); !slices.Equal(got, want) {
+			if got := m.Clock.Sleeps(); !slices.Equal(got, want) {
 				t.Fatalf("pauses %v, want %v", got, want)
 			}
 
 			// The first wait of each loop.
-			m.clock.manual = true
+			m.Clock.Manual = true
 			if err := mt.Start(context.Background()); err != nil {
 				t.Fatal(err)
 			}
 			defer mt.Stop(context.Background())
 			var first []time.Duration
 			for range 3 {
-				first = append(first, m.clock.nextPark(t))
+				first = append(first, m.Clock.NextPark(t))
 			}
 			slices.Sort(first)
 			want = []time.Duration{pick(0, 40*time.Second), pick(0, 3*time.Minute), pick(0, time.Hour)}
@@ -161,36 +75,36 @@ func TestJitterBounds(t *testing.T) {
 // SweepInterval.
 func TestLoopCadence(t *testing.T) {
 	t.Parallel()
-	m := newMaint(t, realStores(t)[0], maintenance.Config{}, idem.Config{})
-	m.clock.manual = true
-	mt := m.maintainer(maintenance.Config{SweepInterval: 40 * time.Second, ReapInterval: 24 * time.Hour})
+	m := enginetest.NewMaint(t, enginetest.Memory, maintenance.Config{}, idem.Config{})
+	m.Clock.Manual = true
+	mt := m.Maintainer(maintenance.Config{SweepInterval: 40 * time.Second, ReapInterval: 24 * time.Hour})
 	maintenance.SetRand(mt, func(n int64) int64 { return n / 2 })
-	m.send("z1", true)
+	m.Send("z1", true)
 	if err := mt.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	defer mt.Stop(context.Background())
-	if got := []time.Duration{m.clock.nextPark(t), m.clock.nextPark(t)}; !slices.Contains(got, 20*time.Second) {
+	if got := []time.Duration{m.Clock.NextPark(t), m.Clock.NextPark(t)}; !slices.Contains(got, 20*time.Second) {
 		t.Fatalf("first waits %v, want the sweeper's 20s among them", got)
 	}
 	// At 20s the lease (30s) holds: the pass sweeps nothing.
-	m.clock.Advance(20 * time.Second)
-	if d := m.clock.nextPark(t); d != 40*time.Second {
+	m.Clock.Advance(20 * time.Second)
+	if d := m.Clock.NextPark(t); d != 40*time.Second {
 		t.Fatalf("wait after the first pass: %v, want the interval", d)
 	}
-	if s := m.state("z1"); s != store.StateInProgress {
+	if s := m.State("z1"); s != store.StateInProgress {
 		t.Fatalf("z1 swept inside its lease: %s", s)
 	}
 	// The next pass is due at 60s, not before.
-	m.clock.Advance(40*time.Second - time.Microsecond)
-	if n := m.clock.pending(); n != 2 {
+	m.Clock.Advance(40*time.Second - time.Microsecond)
+	if n := m.Clock.Pending(); n != 2 {
 		t.Fatalf("%d loops wait a microsecond before the second pass, want both", n)
 	}
-	m.clock.Advance(time.Microsecond)
-	if d := m.clock.nextPark(t); d != 40*time.Second {
+	m.Clock.Advance(time.Microsecond)
+	if d := m.Clock.NextPark(t); d != 40*time.Second {
 		t.Fatalf("wait after the second pass: %v", d)
 	}
-	if s := m.state("z1"); s != store.StateUnknown {
+	if s := m.State("z1"); s != store.StateUnknown {
 		t.Fatalf("z1 after the second pass: %s", s)
 	}
 }
@@ -204,10 +118,10 @@ func TestBatchTimeout(t *testing.T) {
 		deadline, ok = ctx.Deadline()
 		return maintenance.Resolution{Outcome: maintenance.StillUnknown}, nil
 	})
-	m := newMaint(t, realStores(t)[0], maintenance.Config{Resolver: probe, BatchTimeout: 7 * time.Hour}, idem.Config{})
-	m.unknown("k")
+	m := enginetest.NewMaint(t, enginetest.Memory, maintenance.Config{Resolver: probe, BatchTimeout: 7 * time.Hour}, idem.Config{})
+	m.Unknown("k")
 	before := time.Now()
-	if _, err := m.m.ReconcileOnce(context.Background()); err != nil {
+	if _, err := m.M.ReconcileOnce(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if !ok || deadline.Before(before) || deadline.After(time.Now().Add(7*time.Hour)) || deadline.Before(before.Add(6*time.Hour)) {

@@ -1,9 +1,12 @@
 module github.com/idem-go/idem/otelidem
 
-go 1.26.8
+go 1.26.0
+
+toolchain go1.26.8
+
+require github.com/idem-go/idem v0.0.0-00010101000000-000000000000
 
 require (
-	github.com/idem-go/idem v0.0.0-00010101000000-000000000000
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/metric v1.47.0
 	go.opentelemetry.io/otel/sdk v1.47.0
@@ -23,4 +26,4 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 )
 
-replace github.com/idem-go/idem => ../
+replace github.com/idem-go/idem => ..

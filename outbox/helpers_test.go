@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-go/idem/internal/testdb/pgdb"
 	"github.com/idem-go/idem/internal/testenv"
 
 	"github.com/jackc/pgx/v5"
@@ -89,7 +90,7 @@ func testURL(t testing.TB) string {
 // newSchema creates an empty schema for one test and drops it afterwards.
 func newSchema(t testing.TB, url string) string {
 	t.Helper()
-	return testenv.PostgresSchema(t, url)
+	return pgdb.Schema(t, url)
 }
 
 // openPool opens a pool whose search_path is schema: River, the outbox and

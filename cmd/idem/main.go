@@ -11,7 +11,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/idem-go/idem/internal/cli"
+	"github.com/idem-go/idem/cmd/idem/internal/cli"
 )
 
 func main() {

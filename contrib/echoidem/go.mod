@@ -1,11 +1,12 @@
 module github.com/idem-go/idem/contrib/echoidem
 
-go 1.26.8
+go 1.25.0
 
-require (
-	github.com/idem-go/idem v0.0.0-00010101000000-000000000000
-	github.com/labstack/echo/v5 v5.4.4
-)
+toolchain go1.26.8
+
+require github.com/idem-go/idem v0.0.0-00010101000000-000000000000
+
+require github.com/labstack/echo/v5 v5.4.4
 
 require (
 	github.com/dunglas/httpsfv v1.1.2 // indirect

@@ -1,6 +1,6 @@
-// Package testenv finds the real servers the tests run against and gives
-// each test a fresh, private place on them: a PostgreSQL schema, a MySQL
-// database, a Redis key prefix. A test whose server is not configured is
+// Package testenv finds the real servers the tests run against. It imports
+// no driver: internal/testdb gives each test a fresh, private place on a
+// server (a PostgreSQL schema, a MySQL database). A test whose server is not configured is
 // skipped with a message that names the environment variable to set.
 //
 //	IDEM_TEST_POSTGRES_URL  postgres://postgres@127.0.0.1:5432/test?sslmode=disable
@@ -11,16 +11,13 @@
 package testenv
 
 import (
-	"context"
+	"bytes"
 	"crypto/rand"
-	"database/sql"
 	"encoding/hex"
 	"fmt"
 	"os"
+	"sync"
 	"testing"
-
-	mysqldrv "github.com/go-sql-driver/mysql"
-	"github.com/jackc/pgx/v5"
 )
 
 // Environment variables naming the test servers.
@@ -77,72 +74,35 @@ func PostgresURL(tb testing.TB) string {
 	return need(tb, PostgresEnv, "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
 }
 
-// PostgresSchema creates an empty schema on the server at url, dropped when
-// the test ends, and returns its name.
-func PostgresSchema(tb testing.TB, url string) string {
+// MySQLDSN returns the MySQL/MariaDB DSN or skips the test.
+func MySQLDSN(tb testing.TB) string {
 	tb.Helper()
-	schema := Name("idem_test_")
-	exec := func(q string) error {
-		ctx := context.Background()
-		conn, err := pgx.Connect(ctx, url)
-		if err != nil {
-			return err
-		}
-		defer conn.Close(ctx)
-		_, err = conn.Exec(ctx, q)
-		return err
-	}
-	ident := pgx.Identifier{schema}.Sanitize()
-	if err := exec("CREATE SCHEMA " + ident); err != nil {
-		tb.Fatalf("testenv: create schema: %v", err)
-	}
-	tb.Cleanup(func() {
-		if err := exec("DROP SCHEMA " + ident + " CASCADE"); err != nil {
-			tb.Errorf("testenv: drop schema %s: %v", schema, err)
-		}
-	})
-	return schema
-}
-
-// MySQLConfig returns the parsed MySQL/MariaDB DSN or skips the test.
-func MySQLConfig(tb testing.TB) *mysqldrv.Config {
-	tb.Helper()
-	cfg, err := mysqldrv.ParseDSN(need(tb, MySQLEnv, "root@tcp(127.0.0.1:3306)/test"))
-	if err != nil {
-		tb.Fatalf("testenv: %s: %v", MySQLEnv, err)
-	}
-	return cfg
-}
-
-// MySQLDatabase creates an empty database, dropped when the test ends, and
-// returns the configuration of a connection to it.
-func MySQLDatabase(tb testing.TB) *mysqldrv.Config {
-	tb.Helper()
-	cfg := MySQLConfig(tb)
-	admin, err := sql.Open("mysql", cfg.FormatDSN())
-	if err != nil {
-		tb.Fatal(err)
-	}
-	name := Name("idem_test_")
-	// name is generated hex: safe to splice into DDL, which takes no
-	// placeholders.
-	if _, err := admin.Exec("CREATE DATABASE `" + name + "`"); err != nil {
-		admin.Close()
-		tb.Fatalf("testenv: create database: %v", err)
-	}
-	tb.Cleanup(func() {
-		if _, err := admin.Exec("DROP DATABASE IF EXISTS `" + name + "`"); err != nil {
-			tb.Errorf("testenv: drop database %s: %v", name, err)
-		}
-		admin.Close()
-	})
-	cfg = cfg.Clone()
-	cfg.DBName = name
-	return cfg
+	return need(tb, MySQLEnv, "root@tcp(127.0.0.1:3306)/test")
 }
 
 // RedisAddr returns the Redis server address or skips the test.
 func RedisAddr(tb testing.TB) string {
 	tb.Helper()
 	return need(tb, RedisEnv, "127.0.0.1:6379")
+}
+
+// Buffer is a bytes.Buffer that goroutines may write while a test reads it:
+// a place for a logger's or a command's output.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+// Write appends p.
+func (s *Buffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// String returns what was written so far.
+func (s *Buffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

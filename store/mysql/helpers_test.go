@@ -8,10 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-go/idem/internal/testenv"
-
 	mysqldrv "github.com/go-sql-driver/mysql"
 
+	"github.com/idem-go/idem/internal/testdb/mysqldb"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/storetest"
 )
@@ -19,14 +18,14 @@ import (
 // baseConfig returns the parsed test DSN or skips the test.
 func baseConfig(tb testing.TB) *mysqldrv.Config {
 	tb.Helper()
-	return testenv.MySQLConfig(tb)
+	return mysqldb.Config(tb)
 }
 
 // newDatabase creates an empty database for one test, dropped when it
 // ends, and returns the config of a connection to it.
 func newDatabase(tb testing.TB) *mysqldrv.Config {
 	tb.Helper()
-	return testenv.MySQLDatabase(tb)
+	return mysqldb.Database(tb)
 }
 
 // testMaxConns caps each test store's pool: the suite races 64 goroutines

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-go/idem/internal/testdb/pgdb"
 	"github.com/idem-go/idem/internal/testenv"
 
 	"github.com/jackc/pgx/v5"
@@ -41,7 +42,7 @@ func testURL(tb testing.TB) string {
 // newSchema creates an empty schema for one test and drops it afterwards.
 func newSchema(tb testing.TB) string {
 	tb.Helper()
-	return testenv.PostgresSchema(tb, testURL(tb))
+	return pgdb.Schema(tb, testURL(tb))
 }
 
 // withSearchPath returns the test URL with search_path set to schema, so

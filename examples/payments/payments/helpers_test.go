@@ -1,35 +1,27 @@
 package payments
 
 import (
-	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testdb/pgdb"
 	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 )
-
-const postgresEnv = "IDEM_TEST_POSTGRES_URL"
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
@@ -45,10 +37,7 @@ func forEachDB(t *testing.T, test func(t *testing.T, dsn string)) {
 	})
 	t.Run("postgres", func(t *testing.T) {
 		t.Parallel()
-		url := os.Getenv(postgresEnv)
-		if url == "" {
-			testenv.Skip(t, fmt.Sprintf("%s is not set; set it to e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable to run the PostgreSQL variant", postgresEnv))
-		}
+		url := testenv.PostgresURL(t)
 		test(t, freshSchema(t, url))
 	})
 }
@@ -58,29 +47,7 @@ func forEachDB(t *testing.T, test func(t *testing.T, dsn string)) {
 // all land in it.
 func freshSchema(t *testing.T, url string) string {
 	t.Helper()
-	var b [6]byte
-	rand.Read(b[:])
-	schema := "payments_test_" + hex.EncodeToString(b[:])
-	exec := func(q string) error {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, url)
-		if err != nil {
-			return err
-		}
-		defer conn.Close(ctx)
-		_, err = conn.Exec(ctx, q)
-		return err
-	}
-	id := pgx.Identifier{schema}.Sanitize()
-	if err := exec("CREATE SCHEMA " + id); err != nil {
-		t.Fatalf("PostgreSQL at %s: %v", postgresEnv, err)
-	}
-	t.Cleanup(func() {
-		if err := exec("DROP SCHEMA " + id + " CASCADE"); err != nil {
-			t.Errorf("drop schema: %v", err)
-		}
-	})
+	schema := pgdb.Schema(t, url)
 	sep := "?"
 	if strings.Contains(url, "?") {
 		sep = "&"
@@ -112,7 +79,7 @@ const lease = 30 * time.Second
 // polls and retries within milliseconds.
 func newEnv(t *testing.T, dsn string, modify func(*Config)) *env {
 	t.Helper()
-	logs := &syncBuffer{}
+	logs := &testenv.Buffer{}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("service log:\n%s", logs.String())
@@ -295,21 +262,3 @@ func expect(t *testing.T, w *httptest.ResponseRecorder, status int, problem stri
 
 // errCrashed is what a test hook returns where the process would die.
 var errCrashed = errors.New("simulated crash")
-
-// syncBuffer is a bytes.Buffer safe for the service's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}

@@ -1,0 +1,48 @@
+package cli
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/idem-go/idem/cmd/idem/internal/console"
+	"github.com/idem-go/idem/maintenance"
+	"github.com/idem-go/idem/store"
+)
+
+// consoleTenant is the tenant the proxy files a request carrying this
+// Authorization value under. The console calls it to search by credential,
+// so it hashes exactly as the proxy does, whatever the tenant sources.
+func (p *Proxy) consoleTenant(credential string) (string, error) {
+	return p.tenants.tenant(&http.Request{Header: http.Header{"Authorization": {credential}}})
+}
+
+// consoleSettle settles an unknown record through package maintenance, as
+// `idem reconcile resolve` does, with the proxy's TTL.
+func (p *Proxy) consoleSettle(ctx context.Context, scope, key string, res maintenance.Resolution) error {
+	s := p.Store()
+	if s == nil {
+		return store.ErrNotFound
+	}
+	m, err := maintenance.New(s, maintenance.Config{TTL: p.cfg.TTL})
+	if err != nil {
+		return err
+	}
+	return m.Settle(ctx, scope, key, res)
+}
+
+// mountConsole adds the operations console to the admin handlers.
+func (p *Proxy) mountConsole(cfg *ProxyConfig) error {
+	h, err := console.New(console.Config{
+		Store: p.Store, Settle: p.consoleSettle, Tenant: p.consoleTenant,
+		Credentials: cfg.ConsoleCredentials, Addr: cfg.Admin,
+	})
+	if err != nil {
+		return err
+	}
+	handlers := map[string]http.Handler{console.Prefix: h}
+	for pattern, x := range cfg.AdminHandlers {
+		handlers[pattern] = x
+	}
+	cfg.AdminHandlers = handlers
+	return nil
+}

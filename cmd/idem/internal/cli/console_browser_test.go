@@ -1,0 +1,219 @@
+package cli
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/idem-go/idem/cmd/idem/internal/console"
+)
+
+// browser starts a headless Chromium for the test, or skips when none is
+// installed (fails under CI=true, where the browser is part of the setup).
+func browser(t *testing.T) context.Context {
+	t.Helper()
+	var path string
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			path = p
+			break
+		}
+	}
+	if path == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("no Chromium installed: the console browser test needs one under CI (apt-get install -y chromium)")
+		}
+		t.Skip("no Chromium installed (apt-get install -y chromium): skipping the console browser test")
+	}
+	// Chromium's helpers may still write in its profile for a moment after
+	// it stops, so the profile is removed best-effort, not by t.TempDir.
+	dir, err := os.MkdirTemp("", "idem-console-chromium-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := []chromedp.ExecAllocatorOption{
+		chromedp.ExecPath(path),
+		chromedp.Flag("headless", true), chromedp.Flag("no-sandbox", true), chromedp.Flag("disable-gpu", true),
+		chromedp.Flag("disable-quic", true), chromedp.Flag("no-first-run", true),
+		// Without these, Chromium's own connections to the internet are
+		// refused on a closed network and slow every page.
+		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(dir),
+		chromedp.WindowSize(1280, 900),
+	}
+	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelC := chromedp.NewContext(actx)
+	ctx, cancelT := context.WithTimeout(ctx, 2*time.Minute)
+	t.Cleanup(func() {
+		cancelT()
+		cancelC()
+		cancelA()
+		for range 50 {
+			if os.RemoveAll(dir) == nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+	return ctx
+}
+
+// shot saves a screenshot into docs/console when IDEM_CONSOLE_SCREENSHOTS=1
+// (a normal run writes nothing into the repository).
+func shot(name string) chromedp.Action[chromedp.Void] {
+	return func(ctx context.Context, tg *chromedp.Target) (chromedp.Void, error) {
+		if os.Getenv("IDEM_CONSOLE_SCREENSHOTS") != "1" {
+			return chromedp.Void{}, nil
+		}
+		png, err := chromedp.FullScreenshot(100)(ctx, tg)
+		if err != nil {
+			return chromedp.Void{}, err
+		}
+		dir := filepath.Join("..", "..", "docs", "console")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return chromedp.Void{}, err
+		}
+		return chromedp.Void{}, os.WriteFile(filepath.Join(dir, name+".png"), png, 0o644)
+	}
+}
+
+// TestConsoleBrowser walks the console in a real browser: a request whose
+// upstream hung up is unknown; an operator signs in, finds it by key,
+// settles it as completed with an answer (confirmed), and the client's retry
+// gets that answer without the upstream being called again.
+func TestConsoleBrowser(t *testing.T) {
+	ctx := browser(t)
+	var calls atomic.Int32
+	up := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		_, _ = io.Copy(io.Discard, r.Body)
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			conn.Close() // received, then gone: the outcome is unknown
+		}
+	}))
+	p, base := startProxy(t, ProxyConfig{Upstream: up.URL, Store: "memory:", Admin: "127.0.0.1:0", Console: true,
+		ConsoleCredentials: console.Credentials{Token: "console-token"}})
+	admin := "http://" + p.AdminAddr().String()
+	c := client(t)
+
+	send := func() (int, string) {
+		req, _ := http.NewRequest(http.MethodPost, base+"/v1/charges", strings.NewReader(`{"amount":100}`))
+		req.Header.Set("Idempotency-Key", `"order-42"`)
+		req.Header.Set("Authorization", "Bearer client-1")
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, _ := send(); code < 500 {
+		t.Fatalf("request whose upstream hung up: %d, want a 5xx", code)
+	}
+	if calls.Load() != 1 {
+		t.Fatalf("upstream calls: %d", calls.Load())
+	}
+
+	must := func(what string, steps ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		for i, step := range steps {
+			if err := chromedp.Do(ctx, step); err != nil {
+				t.Fatalf("%s, step %d: %v", what, i, err)
+			}
+		}
+	}
+	textOf := func(sel string) string {
+		t.Helper()
+		s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+		if err != nil {
+			t.Fatalf("text of %s: %v", sel, err)
+		}
+		return s
+	}
+	var text string
+	// A wrong token is refused.
+	must("wrong token",
+		chromedp.Navigate(admin+"/console/"),
+		chromedp.WaitVisible(chromedp.CSS(`input[name=token]`)),
+		chromedp.SendKeys(chromedp.CSS(`input[name=token]`), "not-the-token"),
+		chromedp.Submit(chromedp.CSS(`input[name=token]`)),
+		chromedp.WaitVisible(chromedp.CSS(`p.error`)))
+	text = textOf(`p.error`)
+	if !strings.Contains(text, "wrong credentials") {
+		t.Fatalf("wrong token: %q", text)
+	}
+	must("sign in and search by key",
+		chromedp.SendKeys(chromedp.CSS(`input[name=token]`), "console-token"),
+		chromedp.Submit(chromedp.CSS(`input[name=token]`)),
+		chromedp.WaitVisible(chromedp.CSS(`input[name=key]`)),
+		chromedp.SendKeys(chromedp.CSS(`input[name=key]`), `"order-42"`),
+		chromedp.Submit(chromedp.CSS(`input[name=key]`)),
+		// The page before the search lists every record: wait for the results.
+		chromedp.WaitVisible(chromedp.CSS(`#searching-key`)),
+		chromedp.WaitVisible(chromedp.CSS(`table a`)),
+		shot("search"))
+	text = textOf(`table`)
+	if !strings.Contains(text, "order-42") || !strings.Contains(text, "unknown") {
+		t.Fatalf("search results: %q", text)
+	}
+	must("the unknown queue",
+		chromedp.Navigate(admin+"/console/unknown"),
+		chromedp.WaitVisible(chromedp.CSS(`table a`)),
+		shot("unknown"),
+		chromedp.Click(chromedp.CSS(`table a`)),
+		chromedp.WaitVisible(chromedp.CSS(`textarea[name=body]`)),
+		shot("record"))
+	text = textOf(`dl`)
+	if !strings.Contains(text, "unknown") {
+		t.Fatalf("record page: %q", text)
+	}
+	must("settle as completed",
+		chromedp.SetValue(chromedp.CSS(`input[name=status]`), "201"),
+		chromedp.SendKeys(chromedp.CSS(`textarea[name=body]`), `{"id":"ch_1","amount":100}`),
+		chromedp.Submit(chromedp.CSS(`textarea[name=body]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#confirm`)),
+		shot("confirm"),
+		chromedp.Click(chromedp.CSS(`#confirm`)),
+		// The confirmation page has a pre too: wait for the record page.
+		chromedp.WaitVisible(chromedp.CSS(`dl .state.completed`)))
+	text = textOf(`dl`)
+	if !strings.Contains(text, "completed") {
+		t.Fatalf("after the confirmation: %q", text)
+	}
+
+	code, body := send()
+	if code != 201 || body != `{"id":"ch_1","amount":100}` {
+		t.Fatalf("retry after settling: %d %q", code, body)
+	}
+	if calls.Load() != 1 {
+		t.Fatalf("the retry called the upstream: %d calls", calls.Load())
+	}
+
+	// A POST without the CSRF token is refused, even with valid credentials.
+	form := url.Values{"scope": {"x"}, "key": {"y"}, "action": {"delete"}, "confirm": {"yes"}}
+	req, _ := http.NewRequest(http.MethodPost, admin+"/console/act", strings.NewReader(form.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Authorization", "Bearer console-token")
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("POST without the CSRF token: %d, want 403", resp.StatusCode)
+	}
+}

@@ -1,0 +1,154 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// flagRecorder is an output that keeps the flag sets of the commands that
+// write to it.
+type flagRecorder struct {
+	bytes.Buffer
+	mu   sync.Mutex
+	sets []*flag.FlagSet
+}
+
+func (r *flagRecorder) recordFlags(fs *flag.FlagSet) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sets = append(r.sets, fs)
+}
+
+// TestHelpIsComplete walks every command and subcommand and checks its
+// full help: a synopsis, a description, every flag the command defines
+// (read from its flag set, not from the help), examples and exit status.
+func TestHelpIsComplete(t *testing.T) {
+	t.Parallel()
+	paths := commandPaths()
+	for _, want := range []string{"help", "version", "reconcile resolve", "inspect", "bench"} {
+		if !slices.Contains(paths, want) {
+			t.Errorf("commandPaths lacks %q: %q", want, paths)
+		}
+	}
+	for _, path := range paths {
+		t.Run(path, func(t *testing.T) {
+			t.Parallel()
+			var out flagRecorder
+			var errOut bytes.Buffer
+			args := append([]string{"help"}, strings.Fields(path)...)
+			if err := Run(context.Background(), args, &out, &errOut); err != nil {
+				t.Fatalf("idem %s: %v\n%s", strings.Join(args, " "), err, errOut.String())
+			}
+			text := out.String()
+			if errOut.Len() > 0 {
+				t.Errorf("help went to stderr: %s", errOut.String())
+			}
+			if !strings.HasPrefix(text, "Usage: idem "+path) {
+				t.Errorf("no synopsis line:\n%s", text)
+			}
+			// The description: a paragraph between the synopsis and the
+			// flags (or subcommands).
+			m := regexp.MustCompile(`(?s)^Usage: [^\n]*\n(?:\s+[^\n]*\n)*\n(.+?)\n\n(Flags|Subcommands):`).FindStringSubmatch(text)
+			if m == nil || len(strings.Fields(m[1])) < 8 {
+				t.Errorf("no description of what the command does:\n%s", text)
+			}
+			if !strings.Contains(text, "\nExamples:\n  idem ") && !strings.Contains(text, "\nExamples:\n  # ") {
+				t.Errorf("no examples:\n%s", text)
+			}
+			for _, line := range regexp.MustCompile(`(?m)^  idem [^\n]*`).FindAllString(text, -1) {
+				if !strings.HasPrefix(line, "  idem "+path) && !(path == "help" || groups[path] != nil || path == "version") {
+					t.Errorf("example %q does not run idem %s", line, path)
+				}
+			}
+			if !strings.Contains(text, "\nExit status:\n  0  ") {
+				t.Errorf("no exit status:\n%s", text)
+			}
+			if g := groups[path]; g != nil {
+				for _, s := range g.subs {
+					if !strings.Contains(text, "  "+s.name+" ") {
+						t.Errorf("subcommand %s not listed:\n%s", s.name, text)
+					}
+				}
+				return
+			}
+			out.mu.Lock()
+			sets := out.sets
+			out.mu.Unlock()
+			if len(sets) != 1 && path != "help" {
+				t.Fatalf("%d flag sets recorded, want 1", len(sets))
+			}
+			_, flagsPart, _ := strings.Cut(text, "\nFlags:\n")
+			flagsPart, _, _ = strings.Cut(flagsPart, "\nExamples:\n")
+			for _, fs := range sets {
+				fs.VisitAll(func(f *flag.Flag) {
+					if f.Usage == "" {
+						t.Errorf("--%s has no usage text", f.Name)
+					}
+					entry := regexp.MustCompile(`(?m)^  --` + regexp.QuoteMeta(f.Name) + `( [^\n]*)?\n\s+(.+)$`).FindStringSubmatch(flagsPart)
+					if entry == nil {
+						t.Errorf("help does not describe --%s:\n%s", f.Name, text)
+						return
+					}
+					if !strings.Contains(entry[2], "(default: ") {
+						t.Errorf("--%s: no default in %q", f.Name, entry[2])
+					}
+				})
+			}
+		})
+	}
+}
+
+func TestHelpErrors(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"help", "frobnicate"},
+		{"help", "reconcile", "frobnicate"},
+		{"help", "sweep", "list"},
+		{"help", "reconcile", "list", "extra"},
+	} {
+		_, errOut, err := run(args...)
+		if err != ErrUsage || errOut == "" {
+			t.Errorf("%q: %v\n%s", args, err, errOut)
+		}
+	}
+	// -h and a usage error print to stderr: the full help, and a pointer
+	// to it.
+	_, errOut, err := run("sweep", "-h")
+	if err != nil || !strings.Contains(errOut, "Examples:") || !strings.Contains(errOut, "--batch") {
+		t.Errorf("sweep -h: %v\n%s", err, errOut)
+	}
+	_, errOut, err = run("sweep", "--bogus")
+	if err == nil || !strings.Contains(errOut, "not defined: -bogus") || !strings.Contains(errOut, "Usage: idem sweep") ||
+		!strings.Contains(errOut, "idem help sweep") {
+		t.Errorf("sweep --bogus: %v\n%s", err, errOut)
+	}
+	out, _, err := run("--help")
+	if err != nil || !strings.Contains(out, "idem help <command> [<subcommand>]") || !strings.Contains(out, "  version ") {
+		t.Errorf("--help: %v\n%s", err, out)
+	}
+}
+
+// TestReadmeListsEveryCommand keeps the README's command table in step
+// with the commands.
+func TestReadmeListsEveryCommand(t *testing.T) {
+	t.Parallel()
+	readme, err := os.ReadFile("../../../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range commands {
+		if !strings.Contains(string(readme), "| `idem "+c.name) {
+			t.Errorf("README's command table lacks idem %s", c.name)
+		}
+	}
+	if !strings.Contains(string(readme), "go install github.com/idem-go/idem/cmd/idem@latest") {
+		t.Error("README lacks the install line")
+	}
+}

@@ -1,0 +1,1085 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"net/http/httputil"
+	"net/textproto"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+	"golang.org/x/sync/semaphore"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/console"
+	"github.com/idem-go/idem/cmd/idem/internal/storeurl"
+	"github.com/idem-go/idem/maintenance"
+	"github.com/idem-go/idem/otelidem"
+	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/memory"
+)
+
+// ProxyConfig configures a Proxy. Zero durations and sizes take the
+// defaults of the proxy command's flags.
+type ProxyConfig struct {
+	// Listen is the address of the proxy. Defaults to 127.0.0.1:8080.
+	Listen string
+	// Upstream is the base URL of the API behind the proxy. Required.
+	Upstream string
+	// Store is the store DSN (see package storeurl). Defaults to
+	// sqlite:idem.db.
+	Store string
+	// Migrate applies the store's pending migrations at start.
+	Migrate bool
+	// StoreConns sizes the server store's connection pool (see
+	// storeurl.Options.Conns). Zero keeps the store's default.
+	StoreConns int
+	// StoreClock replaces the store's clock (tests).
+	StoreClock store.Clock
+
+	// Profile, TTL, Lease, Wait, Methods and MaxBody set the engine's
+	// Config fields of the same meaning; zero keeps the engine's default.
+	Profile string
+	TTL     time.Duration
+	Lease   time.Duration
+	Wait    time.Duration
+	Methods []string
+	MaxBody int64
+
+	// KeyHeader names the header that carries the idempotency key
+	// (idem.Config.KeyHeader); empty: Idempotency-Key. EchoKey sends the
+	// key back on every answer to a keyed request (idem.Config.EchoKey).
+	KeyHeader string
+	EchoKey   bool
+
+	// TenantFrom lists the tenant sources, tried in order (see
+	// tenantSourcesHelp): "authorization", "header:NAME", "cookie:NAME",
+	// "trusted-header:NAME"; an entry may be a comma list. NewProxy fails
+	// without a source unless SingleTenant is set, so two callers never
+	// share records by accident.
+	TenantFrom []string
+	// TenantHeader is the deprecated spelling of TenantFrom
+	// "trusted-header:NAME", tried after the TenantFrom sources.
+	TenantHeader string
+	// SingleTenant declares one trusted caller: every request is the
+	// tenant "" and no source is read.
+	SingleTenant bool
+	// TenantSecret keys the hash (HMAC-SHA-256) of the credential sources,
+	// so a leaked store or log does not let anyone test guessed
+	// credentials. Nil: a SQLite file store keeps a generated one next to
+	// the database (DB.tenant-secret), the memory store makes one per
+	// process, and the shared stores refuse to start.
+	TenantSecret []byte
+	// FingerprintSecret keys the engine's request fingerprints
+	// (idem.Config.Secret). Nil: plain SHA-256.
+	FingerprintSecret []byte
+
+	// MaxHeaderBytes bounds the request line and headers (431 above it).
+	// Defaults to 64 KiB.
+	MaxHeaderBytes int
+	// BodyTimeout bounds the time to receive a request body; a client that
+	// stalls is cut off and its connection closed. Defaults to 30s;
+	// negative means no limit.
+	BodyTimeout time.Duration
+	// MaxBufferedBytes bounds the request bodies held in memory at once
+	// by keyed requests (each counts its Content-Length, or MaxBody when
+	// unknown, up to MaxBody). A request over the bound is answered 503
+	// with Retry-After at once. Defaults to 64 MiB; it must be at least
+	// MaxBody.
+	MaxBufferedBytes int64
+
+	// UpstreamTimeout bounds the wait for the upstream's response headers
+	// once the request was sent. Defaults to 60s; negative means no limit.
+	UpstreamTimeout time.Duration
+	// ShutdownTimeout bounds the graceful shutdown: in-flight requests
+	// get this long to finish. Defaults to 20s.
+	ShutdownTimeout time.Duration
+
+	// Admin is the address of the admin server (health, readiness and
+	// AdminHandlers). Empty: no admin server.
+	Admin string
+	// AdminHandlers are mounted on the admin server beside /healthz and
+	// /readyz, keyed by ServeMux pattern.
+	AdminHandlers map[string]http.Handler
+	// MeterProvider receives the engine's metrics. Nil with an admin
+	// server: the proxy installs an OpenTelemetry SDK provider and serves
+	// its metrics in the Prometheus format at /metrics on the admin
+	// server (unless AdminHandlers has "/metrics").
+	MeterProvider metric.MeterProvider
+	// Webhook turns on the settlement webhook on the admin server
+	// (WebhookPath); off without secrets.
+	Webhook WebhookConfig
+	// Console serves the operations console at /console/ on the admin
+	// server, authenticated by ConsoleCredentials (required unless Admin is
+	// a loopback address).
+	Console            bool
+	ConsoleCredentials console.Credentials
+	// TracerProvider receives the engine's spans and the proxy's own
+	// (idem.proxy, the server span of each request). Nil: an OpenTelemetry
+	// SDK provider exporting OTLP over HTTP when OTEL_EXPORTER_OTLP_ENDPOINT
+	// or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set, no spans otherwise.
+	// Either way the proxy continues the caller's trace (W3C traceparent)
+	// and passes it on to the upstream.
+	TracerProvider trace.TracerProvider
+
+	// NoMaintenance turns off the background services the proxy runs
+	// while it serves (sweeper, reaper, and the reconciler when there is a
+	// resolver). Another instance, or scheduled idem sweep / reap /
+	// reconcile run, must then do their work.
+	NoMaintenance bool
+	// Maintenance configures the background services; zero fields take
+	// the defaults of maintenance.Config. TTL, Logger and Observer
+	// default to the proxy's.
+	Maintenance maintenance.Config
+	// ResolveURL, when set and Maintenance.Resolver is nil, is the
+	// upstream operators' endpoint the reconciler asks about unknown
+	// outcomes (resolveProtocol).
+	ResolveURL string
+
+	// Cache, when set, is a Redis URL: replays are served from a cache in
+	// front of the store (package store/cache).
+	Cache string
+
+	// Logger receives the proxy's and the engine's events. Defaults to a
+	// text logger on stderr.
+	Logger *slog.Logger
+
+	// Async lists the asynchronous routes, as http.ServeMux patterns
+	// with a method ("POST /v1/reports"): a keyed request on one is
+	// recorded and answered 202 at once, and the proxy's worker forwards
+	// it to the upstream (see idem.Config.Async). Defaults to none.
+	Async []string
+	// AsyncWait bounds how long an accepted request waits for a worker
+	// before it ends with 408 (idem.Config.AsyncWait). Zero: 1h, or TTL
+	// when shorter.
+	AsyncWait time.Duration
+	// AsyncKeepHeaders names sensitive headers (Authorization, Cookie)
+	// kept with an asynchronous request for the upstream
+	// (idem.Config.AsyncKeepHeaders).
+	AsyncKeepHeaders []string
+	// AsyncWorkers is how many asynchronous requests this proxy forwards
+	// at once. Zero: this proxy runs no worker and only accepts requests
+	// (other proxies on the store forward them).
+	AsyncWorkers int
+	// AsyncPoll is how long an idle worker waits before it looks for new
+	// requests again. Zero: idem.DefaultWorkerPoll.
+	AsyncPoll time.Duration
+}
+
+// Proxy is the idempotency reverse proxy: the engine's middleware in front
+// of an httputil.ReverseProxy to the upstream, behind a guard that names
+// the caller's tenant and bounds what a client may make the proxy hold.
+type Proxy struct {
+	cfg       ProxyConfig
+	log       *slog.Logger
+	dsn       storeurl.DSN
+	upstream  *url.URL
+	transport *http.Transport
+	rp        http.Handler // the reverse proxy alone
+	handler   http.Handler // the guard in front of everything
+	metrics   *metrics     // nil when the caller brought its own provider
+	refusals  metric.Int64Counter
+	tracing   *tracing      // nil when the caller brought its own provider
+	obs       idem.Observer // the engine's and the services' metrics and spans
+	tenants   *tenants
+	protected map[string]bool
+	buffers   *semaphore.Weighted
+	buffered  atomic.Int64 // bytes held under buffers, for tests
+
+	async *asyncRoutes // nil without --async
+
+	// mu guards what attach sets once the store opened; guarded is nil
+	// until then and protected requests are answered 503.
+	mu          sync.Mutex
+	store       store.Store
+	engine      *idem.Engine
+	asyncEngine *idem.Engine            // nil without --async
+	worker      *idem.Worker            // nil without --async
+	maint       *maintenance.Maintainer // nil with NoMaintenance
+	guarded     atomic.Pointer[http.Handler]
+	openErr     error         // why the store is not open yet
+	opening     chan struct{} // closed when the background opener returns; nil without one
+	storeUp     atomic.Bool   // last readiness seen, to log each change once
+
+	ln       net.Listener
+	server   *http.Server
+	adminLn  net.Listener
+	admin    *http.Server
+	draining atomic.Bool
+}
+
+// Defaults of the proxy's resource limits.
+const (
+	defaultMaxHeaderBytes   = 64 << 10
+	defaultBodyTimeout      = 30 * time.Second
+	defaultMaxBufferedBytes = 64 << 20
+	defaultMaxBody          = 1 << 20
+)
+
+// NewProxy binds the listeners and opens the store; Serve starts serving.
+// Binding here lets a caller read Addr before serving, and a port conflict
+// fail before anything runs. A store that cannot be opened does not fail
+// NewProxy: Serve keeps trying in the background, with backoff, while the
+// proxy answers protected requests 503 and /readyz reports not ready.
+func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1:8080"
+	}
+	if cfg.Store == "" {
+		cfg.Store = storeurl.Default
+	}
+	if cfg.UpstreamTimeout == 0 {
+		cfg.UpstreamTimeout = 60 * time.Second
+	}
+	if cfg.ShutdownTimeout <= 0 {
+		cfg.ShutdownTimeout = 20 * time.Second
+	}
+	if cfg.MaxHeaderBytes <= 0 {
+		cfg.MaxHeaderBytes = defaultMaxHeaderBytes
+	}
+	if cfg.BodyTimeout == 0 {
+		cfg.BodyTimeout = defaultBodyTimeout
+	}
+	if cfg.MaxBody <= 0 {
+		cfg.MaxBody = defaultMaxBody
+	}
+	if cfg.KeyHeader == "" {
+		cfg.KeyHeader = "Idempotency-Key"
+	}
+	if !store.ValidHeader(cfg.KeyHeader, nil) {
+		return nil, fmt.Errorf("proxy: --key-header %q is not a valid header name", cfg.KeyHeader)
+	}
+	// The guard looks the key up by the engine's (canonical) spelling.
+	cfg.KeyHeader = textproto.CanonicalMIMEHeaderKey(cfg.KeyHeader)
+	if cfg.MaxBufferedBytes <= 0 {
+		cfg.MaxBufferedBytes = defaultMaxBufferedBytes
+	}
+	if cfg.MaxBufferedBytes < cfg.MaxBody {
+		return nil, fmt.Errorf("proxy: --max-buffered-bytes (%d) is smaller than --max-body (%d): no body would fit", cfg.MaxBufferedBytes, cfg.MaxBody)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	up, err := parseUpstream(cfg.Upstream)
+	if err != nil {
+		return nil, err
+	}
+	dsn, err := storeurl.Parse(cfg.Store)
+	if err != nil {
+		return nil, err
+	}
+	tn, err := proxyTenants(cfg, cfg.Logger)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.TenantHeader != "" {
+		cfg.Logger.Warn("idem proxy: --tenant-header is deprecated; use --tenant-from trusted-header:NAME", "name", cfg.TenantHeader)
+	}
+
+	if err := checkWebhook(cfg.Webhook, cfg.Admin); err != nil {
+		return nil, fmt.Errorf("proxy: %w", err)
+	}
+	if cfg.NoMaintenance && cfg.ResolveURL != "" {
+		return nil, errors.New("proxy: --resolve-url needs the background services (drop --maintenance=false)")
+	}
+	if cfg.ResolveURL != "" && cfg.Maintenance.Resolver == nil {
+		r, err := newHTTPResolver(cfg.ResolveURL)
+		if err != nil {
+			return nil, fmt.Errorf("proxy: %w", err)
+		}
+		cfg.Maintenance.Resolver = r
+	}
+
+	p := &Proxy{cfg: cfg, log: cfg.Logger, upstream: up, dsn: dsn, tenants: tn,
+		buffers: semaphore.NewWeighted(cfg.MaxBufferedBytes)}
+	// Undo what was set up if a later step fails.
+	defer func() {
+		if err != nil {
+			p.closeAll()
+		}
+	}()
+	if cfg.MeterProvider == nil && cfg.Admin != "" && !mountsMetrics(cfg.AdminHandlers) {
+		if p.metrics, err = newMetrics(cfg.Logger); err != nil {
+			return nil, fmt.Errorf("proxy: metrics: %w", err)
+		}
+		cfg.MeterProvider = p.metrics.provider
+		handlers := map[string]http.Handler{"/metrics": p.metrics.handler}
+		for pattern, h := range cfg.AdminHandlers {
+			handlers[pattern] = h
+		}
+		cfg.AdminHandlers = handlers
+		p.cfg = cfg
+	}
+	mp := cfg.MeterProvider
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	if p.refusals, err = mp.Meter("github.com/idem-go/idem/cmd/idem/internal/cli").Int64Counter("idem.proxy.refused",
+		metric.WithDescription("requests the proxy refused before the engine, by reason")); err != nil {
+		return nil, fmt.Errorf("proxy: metrics: %w", err)
+	}
+	tp := cfg.TracerProvider
+	if tp == nil {
+		if p.tracing, err = newTracing(ctx); err != nil {
+			return nil, fmt.Errorf("proxy: traces: %w", err)
+		}
+		tp = p.tracing.tracerProvider()
+	}
+	usePropagator()
+	if p.obs, err = otelidem.New(otelidem.Config{MeterProvider: mp, TracerProvider: tp}); err != nil {
+		return nil, fmt.Errorf("proxy: metrics: %w", err)
+	}
+	// The engine's settings are checked now, whether or not the store
+	// answers: a typo must fail at start, not when the database comes up.
+	if _, err := idem.New(memory.New(memory.Config{}), p.engineConfig()); err != nil {
+		return nil, err
+	}
+	if !cfg.NoMaintenance {
+		if _, err := maintenance.New(memory.New(memory.Config{}), cfg.Maintenance); err != nil {
+			return nil, fmt.Errorf("proxy: %w", err)
+		}
+	}
+	p.protected = map[string]bool{}
+	for _, m := range cfg.Methods {
+		p.protected[strings.ToUpper(m)] = true
+	}
+	if len(p.protected) == 0 {
+		p.protected = map[string]bool{http.MethodPost: true, http.MethodPatch: true}
+	}
+	if p.async, err = newAsyncRoutes(cfg.Async, p.protected); err != nil {
+		return nil, err
+	}
+	if p.async != nil {
+		if _, err := idem.New(memory.New(memory.Config{}), p.asyncEngineConfig()); err != nil {
+			return nil, err
+		}
+		if cfg.AsyncWorkers < 0 || cfg.AsyncPoll < 0 {
+			return nil, errors.New("proxy: --async-workers and --async-poll must not be negative")
+		}
+	}
+	p.transport = newTransport(cfg.UpstreamTimeout)
+	p.rp = &httputil.ReverseProxy{
+		Rewrite:      p.rewrite,
+		Transport:    p.transport,
+		ErrorHandler: p.upstreamError,
+		ErrorLog:     slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
+	}
+	p.handler = traced(tp.Tracer("github.com/idem-go/idem/cmd/idem/internal/cli"), http.HandlerFunc(p.guard))
+
+	if s, err := p.openStore(ctx); err == nil {
+		if err := p.attach(s); err != nil {
+			s.Close()
+			return nil, err
+		}
+	} else {
+		p.openErr = err
+		p.log.Warn("idem proxy: the store is unavailable; protected requests get 503 while it is retried in the background",
+			"store", string(dsn.Kind), "err", err)
+	}
+
+	if p.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+		return nil, fmt.Errorf("proxy: listen: %w", err)
+	}
+	p.server = &http.Server{
+		Handler: p.handler,
+		// Slow clients are bounded while sending headers here, while
+		// sending a body by BodyTimeout (see guard), and while idle
+		// between requests; upstream calls by UpstreamTimeout.
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    cfg.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
+	}
+	if cfg.AdminHandlers, err = p.mountWebhook(cfg.AdminHandlers); err != nil {
+		return nil, err
+	}
+	if cfg.Admin != "" && cfg.Console {
+		if err := p.mountConsole(&cfg); err != nil {
+			return nil, err
+		}
+		p.cfg = cfg
+	}
+	if cfg.Admin != "" {
+		if p.adminLn, err = net.Listen("tcp", cfg.Admin); err != nil {
+			return nil, fmt.Errorf("proxy: admin listen: %w", err)
+		}
+		p.admin = &http.Server{
+			Handler:           AdminMux(p.ready, cfg.AdminHandlers),
+			ReadHeaderTimeout: 5 * time.Second,
+			ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
+		}
+	}
+	p.log.Info("idem proxy listening", "listen", p.ln.Addr().String(), "upstream", up.Redacted(),
+		"store", string(dsn.Kind), "cache", cfg.Cache != "", "admin", adminString(p.adminLn),
+		"tenant_from", tn.String(), "maintenance", !cfg.NoMaintenance,
+		"reconciler", !cfg.NoMaintenance && cfg.Maintenance.Resolver != nil)
+	return p, nil
+}
+
+// proxyTenants builds the tenant rule of the proxy's configuration.
+func proxyTenants(cfg ProxyConfig, log *slog.Logger) (*tenants, error) {
+	specs := cfg.TenantFrom
+	if cfg.TenantHeader != "" {
+		specs = append(slices.Clip(specs), srcTrusted+":"+cfg.TenantHeader)
+	}
+	sources, err := parseTenantSources(specs)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: %w", err)
+	}
+	switch {
+	case cfg.SingleTenant && len(sources) > 0:
+		return nil, errors.New("proxy: --single-tenant and --tenant-from exclude each other")
+	case cfg.SingleTenant:
+		return &tenants{single: true}, nil
+	case len(sources) == 0:
+		return nil, errors.New("proxy: no tenant source: callers would share each other's records. " +
+			"Name how callers are told apart with --tenant-from (authorization, header:NAME, cookie:NAME " +
+			"or trusted-header:NAME, e.g. --tenant-from authorization), or declare one trusted caller with --single-tenant")
+	}
+	t := &tenants{sources: sources, secret: cfg.TenantSecret}
+	if t.needsSecret() && len(t.secret) == 0 {
+		secret, path, err := defaultTenantSecret(cfg.Store)
+		if err != nil {
+			return nil, fmt.Errorf("proxy: %w", err)
+		}
+		if path != "" {
+			log.Info("idem proxy: tenant secret from the file beside the database", "path", path)
+		}
+		t.secret = secret
+	}
+	return t, nil
+}
+
+// engineConfig is the engine's configuration; the tenant is the one the
+// guard put in the request's context.
+func (p *Proxy) engineConfig() idem.Config {
+	cfg := p.cfg
+	return idem.Config{
+		Profile:      idem.Profile(cfg.Profile),
+		Methods:      cfg.Methods,
+		TTL:          cfg.TTL,
+		Lease:        cfg.Lease,
+		Wait:         cfg.Wait,
+		MaxBodyBytes: cfg.MaxBody,
+		KeyHeader:    cfg.KeyHeader,
+		EchoKey:      cfg.EchoKey,
+		Secret:       cfg.FingerprintSecret,
+		Tenant:       tenantFromContext,
+		Route:        proxyRoute,
+		Logger:       cfg.Logger,
+		Observer:     p.obs,
+	}
+}
+
+// openStore opens the store once.
+func (p *Proxy) openStore(ctx context.Context) (store.Store, error) {
+	return storeurl.Open(ctx, p.cfg.Store, storeurl.Options{
+		Migrate: p.cfg.Migrate, Clock: p.cfg.StoreClock, Cache: p.cfg.Cache, Logger: p.cfg.Logger,
+		Conns: p.cfg.StoreConns,
+	})
+}
+
+// attach puts the opened store behind the guard: the engine, its
+// middleware and the background services.
+func (p *Proxy) attach(s store.Store) error {
+	e, err := idem.New(s, p.engineConfig())
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.store, p.engine, p.openErr = s, e, nil
+	if !p.cfg.NoMaintenance {
+		if p.maint, err = maintenance.New(s, p.maintenanceConfig()); err != nil {
+			return fmt.Errorf("proxy: %w", err)
+		}
+	}
+	h, ae, w, err := p.attachAsync(e, p.engine.Middleware(p.rp))
+	if err != nil {
+		return err
+	}
+	p.asyncEngine, p.worker = ae, w
+	p.guarded.Store(&h)
+	p.storeUp.Store(true)
+	return nil
+}
+
+// Backoff of the background opener.
+const (
+	openRetryMin = 100 * time.Millisecond
+	openRetryMax = 5 * time.Second
+	openTimeout  = 10 * time.Second
+)
+
+// openLoop opens the store in the background until it opens or ctx ends,
+// then starts the background services under serveCtx. It logs the success
+// once (NewProxy logged the first failure); every attempt in between at
+// debug level.
+func (p *Proxy) openLoop(ctx, serveCtx context.Context) {
+	defer close(p.opening)
+	wait := openRetryMin
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, openRetryMax)
+		octx, cancel := context.WithTimeout(ctx, openTimeout)
+		s, err := p.openStore(octx)
+		cancel()
+		if err != nil {
+			p.mu.Lock()
+			p.openErr = err
+			p.mu.Unlock()
+			p.log.Debug("idem proxy: the store is still unavailable", "err", err)
+			continue
+		}
+		if ctx.Err() != nil {
+			s.Close()
+			return
+		}
+		if err := p.attach(s); err != nil {
+			s.Close()
+			p.log.Error("idem proxy: the engine refused the store", "err", err)
+			return
+		}
+		p.log.Info("idem proxy: the store is available; protected requests are served", "store", string(p.dsn.Kind))
+		if err := p.startMaintenance(serveCtx); err != nil {
+			p.log.Error("idem proxy: background services did not start", "err", err)
+		}
+		if err := p.startWorker(serveCtx); err != nil {
+			p.log.Error("idem proxy: the asynchronous worker did not start", "err", err)
+		}
+		return
+	}
+}
+
+func (p *Proxy) startMaintenance(ctx context.Context) error {
+	p.mu.Lock()
+	m := p.maint
+	p.mu.Unlock()
+	if m == nil {
+		return nil
+	}
+	return m.Start(ctx)
+}
+
+// mountsMetrics reports whether the caller brought its own /metrics.
+func mountsMetrics(handlers map[string]http.Handler) bool {
+	for pattern := range handlers {
+		if _, path, _ := strings.Cut(pattern, " "); pattern == "/metrics" || path == "/metrics" {
+			return true
+		}
+	}
+	return false
+}
+
+func adminString(ln net.Listener) string {
+	if ln == nil {
+		return ""
+	}
+	return ln.Addr().String()
+}
+
+func parseUpstream(raw string) (*url.URL, error) {
+	if raw == "" {
+		return nil, errors.New("proxy: an upstream URL is required (--upstream http://host:port)")
+	}
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("proxy: --upstream %q: want an http:// or https:// URL with a host", raw)
+	}
+	return u, nil
+}
+
+// Addr returns the proxy's bound address.
+func (p *Proxy) Addr() net.Addr { return p.ln.Addr() }
+
+// AdminAddr returns the admin server's bound address, or nil without one.
+func (p *Proxy) AdminAddr() net.Addr {
+	if p.adminLn == nil {
+		return nil
+	}
+	return p.adminLn.Addr()
+}
+
+// Store returns the proxy's store, nil while it is not open yet; Serve
+// closes it on return.
+func (p *Proxy) Store() store.Store {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.store
+}
+
+// Handler returns the proxy's handler (guard, engine middleware and
+// reverse proxy).
+func (p *Proxy) Handler() http.Handler { return p.handler }
+
+// Serve serves, and runs the background services, until ctx is cancelled
+// or a server fails, then shuts down gracefully: readiness turns 503,
+// in-flight requests get ShutdownTimeout to finish, the background
+// services stop, and the store is closed last, so every request that ran
+// could record its outcome. It returns nil after a clean shutdown.
+func (p *Proxy) Serve(ctx context.Context) error {
+	stopOpening := func() {}
+	if p.Store() != nil {
+		if err := p.startMaintenance(ctx); err != nil {
+			return err
+		}
+		if err := p.startWorker(ctx); err != nil {
+			return err
+		}
+	} else {
+		var octx context.Context
+		octx, stopOpening = context.WithCancel(ctx)
+		p.opening = make(chan struct{})
+		go p.openLoop(octx, ctx)
+	}
+	defer stopOpening()
+	errc := make(chan error, 2)
+	running := 1
+	go func() { errc <- p.server.Serve(p.ln) }()
+	if p.admin != nil {
+		running++
+		go func() { errc <- p.admin.Serve(p.adminLn) }()
+	}
+	var failed error
+	select {
+	case <-ctx.Done():
+		p.log.Info("idem proxy shutting down", "timeout", p.cfg.ShutdownTimeout.String())
+	case failed = <-errc:
+		running--
+		p.log.Error("idem proxy server failed", "err", failed)
+	}
+	p.draining.Store(true)
+
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.ShutdownTimeout)
+	defer cancel()
+	var errs []error
+	if err := p.server.Shutdown(sctx); err != nil {
+		// Past the deadline the clients are cut off and the store closes
+		// under the requests still running: as after a crash, their keys
+		// stay in progress until the lease expires, then become unknown.
+		errs = append(errs, fmt.Errorf("proxy: shutdown: %w", err), p.server.Close())
+	}
+	if p.admin != nil {
+		if err := p.admin.Shutdown(sctx); err != nil {
+			errs = append(errs, p.admin.Close())
+		}
+	}
+	for ; running > 0; running-- {
+		if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+			errs = append(errs, err)
+		}
+	}
+	if p.opening != nil {
+		// The opener must not attach a store after the close below.
+		stopOpening()
+		<-p.opening
+	}
+	p.transport.CloseIdleConnections()
+	if err := p.stopWorker(sctx); err != nil {
+		errs = append(errs, fmt.Errorf("proxy: asynchronous worker: %w", err))
+	}
+	p.mu.Lock()
+	maint, st := p.maint, p.store
+	p.mu.Unlock()
+	if maint != nil {
+		if err := maint.Stop(sctx); err != nil {
+			errs = append(errs, fmt.Errorf("proxy: background services: %w", err))
+		}
+	}
+	if p.metrics != nil {
+		if err := p.metrics.shutdown(sctx); err != nil {
+			errs = append(errs, fmt.Errorf("proxy: metrics: %w", err))
+		}
+	}
+	if err := p.tracing.shutdown(sctx); err != nil {
+		errs = append(errs, fmt.Errorf("proxy: traces: %w", err))
+	}
+	if st != nil {
+		if err := st.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("proxy: close store: %w", err))
+		}
+	}
+	if failed != nil && !errors.Is(failed, http.ErrServerClosed) {
+		errs = append(errs, failed)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	p.log.Info("idem proxy stopped")
+	return nil
+}
+
+// closeAll releases what NewProxy acquired when it fails part way.
+func (p *Proxy) closeAll() {
+	if p.ln != nil {
+		p.ln.Close()
+	}
+	if p.adminLn != nil {
+		p.adminLn.Close()
+	}
+	if p.store != nil {
+		p.store.Close()
+	}
+	if p.metrics != nil {
+		p.metrics.shutdown(context.Background())
+	}
+	p.tracing.shutdown(context.Background())
+}
+
+// ready is the readiness check: not while draining, and only when the
+// store is open and answers. Each change of the store's state is logged
+// once.
+func (p *Proxy) ready(ctx context.Context) error {
+	if p.draining.Load() {
+		return errors.New("shutting down")
+	}
+	p.mu.Lock()
+	s, openErr := p.store, p.openErr
+	p.mu.Unlock()
+	if s == nil {
+		return fmt.Errorf("the store is not open yet: %w", openErr)
+	}
+	err := s.Ping(ctx)
+	if up := err == nil; p.storeUp.Swap(up) != up {
+		if up {
+			p.log.Info("idem proxy: the store answers again")
+		} else {
+			p.log.Warn("idem proxy: the store does not answer; protected requests get 503", "err", err)
+		}
+	}
+	return err
+}
+
+// newTransport tunes the upstream transport for a proxy: Go's default keeps
+// 2 idle connections per host, which makes a busy proxy dial for most
+// requests.
+func newTransport(responseTimeout time.Duration) *http.Transport {
+	if responseTimeout < 0 {
+		responseTimeout = 0
+	}
+	return &http.Transport{
+		// No Proxy: the upstream is addressed directly, whatever
+		// HTTP_PROXY says in the proxy's environment.
+		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:          1024,
+		MaxIdleConnsPerHost:   512,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ExpectContinueTimeout: time.Second,
+		ResponseHeaderTimeout: responseTimeout,
+		ForceAttemptHTTP2:     true,
+	}
+}
+
+// sentKey marks, in an outgoing request's context, whether the transport
+// wrote the request: the line between "never sent" and "maybe executed".
+type sentKey struct{}
+
+func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
+	pr.SetURL(p.upstream)
+	pr.SetXForwarded()
+	injectTrace(pr.Out)
+	if idem.FromContext(pr.In.Context()) == nil {
+		return // not under a key: an ordinary reverse proxy request
+	}
+	// A client that gives up must not cut the upstream call short: the
+	// call runs to its end so the outcome is recorded and the client's
+	// retry gets a replay instead of an unknown outcome.
+	ctx := context.WithoutCancel(pr.Out.Context())
+	sent := new(atomic.Bool)
+	ctx = context.WithValue(ctx, sentKey{}, sent)
+	// WroteRequest fires once the request is handed to the connection,
+	// also when the write failed part way: from then on the upstream may
+	// have acted on it, so every later failure is an unknown outcome.
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		WroteRequest: func(httptrace.WroteRequestInfo) { sent.Store(true) },
+	})
+	pr.Out = pr.Out.WithContext(ctx)
+	hideKeyFromTransport(pr.Out.Header)
+}
+
+// hideKeyFromTransport stops net/http's Transport from silently sending
+// the request a second time. The Transport treats a request carrying an
+// Idempotency-Key (and no body to rewind) as replayable and re-sends it when
+// a reused connection fails after the write: exactly the case where the
+// upstream may already have executed it. Field names are case-insensitive
+// on the wire, so spelling the names in lower case keeps them for the
+// upstream while the Transport, which looks them up in canonical form, no
+// longer sees them.
+func hideKeyFromTransport(h http.Header) {
+	for _, name := range [...]string{"Idempotency-Key", "X-Idempotency-Key"} {
+		if v, ok := h[name]; ok {
+			delete(h, name)
+			h[strings.ToLower(name)] = v
+		}
+	}
+}
+
+// upstreamError answers a request the upstream did not answer. The 502 is a
+// 5xx, so under the response policy the engine releases the key (a retry
+// runs again) unless the request may have reached the upstream: then the
+// record becomes unknown and the upstream is never called again for it.
+func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	x := idem.FromContext(r.Context())
+	sent, _ := r.Context().Value(sentKey{}).(*atomic.Bool)
+	var detail string
+	switch {
+	case x != nil && sent != nil && sent.Load():
+		x.Uncertain("upstream failed after the request was sent: " + err.Error())
+		p.log.Warn("idem proxy: upstream failed after the request was sent; outcome unknown",
+			"method", r.Method, "path", r.URL.Path, "key", x.Key(), "fence", x.Fence(), "err", err)
+		detail = "The upstream failed after the request was sent; its outcome is unknown, so it will not be executed again until it is reconciled."
+	case x != nil:
+		p.log.Warn("idem proxy: upstream unreachable; the key is released for a retry",
+			"method", r.Method, "path", r.URL.Path, "key", x.Key(), "err", err)
+		detail = "The request could not be sent to the upstream and was not executed; it can be retried."
+	default:
+		p.log.Warn("idem proxy: upstream request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		detail = "The upstream did not answer."
+	}
+	writeBadGateway(w, idem.Profile(p.cfg.Profile), detail)
+}
+
+// writeBadGateway answers 502 in the profile's error shape.
+func writeBadGateway(w http.ResponseWriter, profile idem.Profile, detail string) {
+	writeProxyProblem(w, profile, proxyProblem{status: http.StatusBadGateway, title: "Bad Gateway"}, detail)
+}
+
+// proxyRoute is the route of a proxied request: its path as sent, plus the
+// query when there is one. The engine fingerprints method, route and body;
+// an upstream may act on the query, so two requests that differ only there
+// must not share a record (the engine's default route drops the query).
+// The path is always ASCII (net/url escapes what was not); checkRoute
+// bounds the whole before it reaches a scope.
+func proxyRoute(r *http.Request) string {
+	route := r.URL.EscapedPath()
+	if r.URL.RawQuery != "" {
+		route += "?" + r.URL.RawQuery
+	}
+	return route
+}
+
+// maxRouteBytes bounds the route of a keyed request: with the method and
+// the longest tenant id (maxTrustedTenant, or a hashed source's label), its
+// scope stays within what every store accepts (store.MaxScopeBytes).
+const maxRouteBytes = 640
+
+// checkRoute refuses a route that must not become part of a scope: raw
+// bytes outside visible ASCII (RFC 3986 wants them percent-encoded; a
+// query may carry them through net/http as sent, even invalid UTF-8),
+// and routes longer than maxRouteBytes.
+func checkRoute(route string) (problem proxyProblem, bad bool) {
+	for i := 0; i < len(route); i++ {
+		if c := route[i]; c <= ' ' || c >= 0x7f {
+			return probTargetInvalid, true
+		}
+	}
+	if len(route) > maxRouteBytes {
+		return probTargetTooLong, true
+	}
+	return proxyProblem{}, false
+}
+
+// runProxy is `idem proxy`.
+func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cfg, logFormat, logLevel, err := parseProxyFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	if cfg.Logger, err = newLogger(stderr, logFormat, logLevel); err != nil {
+		return fmt.Errorf("%w: %w", ErrUsage, err)
+	}
+	p, err := NewProxy(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	return p.Serve(ctx)
+}
+
+// proxySynopsis is the usage text of idem proxy.
+const proxySynopsis = `--upstream URL [flags]
+
+Puts the idempotency engine in front of the API at --upstream: a request
+under an Idempotency-Key runs once, and its retries get the first answer.
+
+While it serves, the proxy runs the background services, unless
+--maintenance=false: the sweeper moves in-progress records whose lease
+expired (their holder crashed) to unknown every --sweep-interval, the
+reaper deletes expired records every --reap-interval, and with
+--resolve-url the reconciler asks the upstream's operators about unknown
+outcomes every --reconcile-interval. Several proxies on one store may all
+run them. Without a reconciler, settle unknown records with
+idem reconcile resolve (or idem reconcile run).
+
+With --admin, /metrics serves the engine's metrics in the Prometheus format
+(idem_reserve_outcomes_total{outcome=...}, idem_store_errors_total,
+idem_store_duration_seconds, idem_zombies_swept_total, ...).
+With OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) set,
+the proxy exports its spans over OTLP/HTTP; it continues the caller's W3C
+traceparent and passes it on to the upstream.
+
+Resource limits: --max-header-bytes (431 above it), --body-timeout (a
+client that stalls while sending its body is cut off, its connection
+closed), --max-buffered-bytes (keyed requests whose bodies would exceed it
+are answered 503 with Retry-After at once). Methods that are not upper
+case are refused with 400. If the store cannot be opened at start, the
+proxy serves anyway: protected requests get 503 and /readyz is not ready
+until the store opens (retried in the background, migrated with --migrate).
+
+` + tenantSourcesHelp + `
+
+` + resolveProtocol + "\n\n" + webhookHelp
+
+func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logFormat, logLevel string, err error) {
+	fs := newFlags("proxy", proxySynopsis, stderr)
+	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:8080", "`address` the proxy listens on")
+	fs.StringVar(&cfg.Upstream, "upstream", "", "base `URL` of the API behind the proxy (required)")
+	storeDSN := storeFlag(fs)
+	fs.BoolVar(&cfg.Migrate, "migrate", true, "apply the store's pending migrations at start")
+	fs.IntVar(&cfg.StoreConns, "store-conns", 0, "connection pool `size` of a PostgreSQL or MySQL store; 0: the store's default (PostgreSQL 32 unless the URL sets pool_max_conns, MySQL no cap)")
+	fs.StringVar(&cfg.Profile, "profile", string(idem.ProfileIETF), "HTTP dialect: ietf (key required, 422 on reuse, problem+json) or stripe")
+	fs.DurationVar(&cfg.TTL, "ttl", 24*time.Hour, "how long a completed response is replayed")
+	fs.DurationVar(&cfg.Lease, "lease", 30*time.Second, "lease of an execution, renewed while the upstream works")
+	fs.StringVar(&cfg.KeyHeader, "key-header", "Idempotency-Key", "`name` of the request header that carries the idempotency key")
+	fs.BoolVar(&cfg.EchoKey, "echo-key", false, "send the key back, as sent, in --key-header on every answer to a keyed request (replays and problems too)")
+	fs.DurationVar(&cfg.Wait, "wait", 0, "let a duplicate of an in-flight request wait this long and replay, instead of 409 at once")
+	var tenantFrom listFlag
+	fs.Func("tenant-from", "tenant `source`: authorization, header:NAME, cookie:NAME or trusted-header:NAME (repeatable or comma-separated; the first present wins; see above)", func(v string) error {
+		if _, err := parseTenantSources([]string{v}); err != nil {
+			return err
+		}
+		tenantFrom = append(tenantFrom, v)
+		return nil
+	})
+	fs.StringVar(&cfg.TenantHeader, "tenant-header", "", "deprecated: --tenant-from trusted-header:`NAME`")
+	fs.BoolVar(&cfg.SingleTenant, "single-tenant", false, "one trusted caller: every request shares one tenant (instead of --tenant-from)")
+	tenantSecretFile := fs.String("tenant-secret-file", "", "`file` holding the secret that keys the tenant hashes (else $"+tenantSecretEnv+")")
+	fpSecretFile := fs.String("fingerprint-secret-file", "", "`file` holding the secret that keys request fingerprints (else $"+fingerprintSecretEnv+"; none: plain SHA-256)")
+	maxHeader := byteSize(defaultMaxHeaderBytes)
+	fs.Var(&maxHeader, "max-header-bytes", "largest request line and headers `size` (larger: 431)")
+	fs.DurationVar(&cfg.BodyTimeout, "body-timeout", defaultBodyTimeout, "time a client gets to send a request body; a stalled client is cut off (0: no limit)")
+	maxBuffered := byteSize(defaultMaxBufferedBytes)
+	fs.Var(&maxBuffered, "max-buffered-bytes", "bound on the `size` of the request bodies held in memory at once (over it: 503 + Retry-After at once); at least --max-body")
+	methods := listFlag{http.MethodPost, http.MethodPatch}
+	fs.Var(&methods, "methods", "comma-separated `methods` under idempotency keys; others pass through")
+	maxBody := byteSize(1 << 20)
+	fs.Var(&maxBody, "max-body", "largest request `size` fingerprinted (larger: 413), e.g. 1MiB")
+	fs.DurationVar(&cfg.UpstreamTimeout, "upstream-timeout", 60*time.Second, "wait for the upstream's response headers (after it, the outcome is unknown); 0 for no limit")
+	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 20*time.Second, "time in-flight requests get to finish at shutdown")
+	fs.StringVar(&cfg.Admin, "admin", "", "`address` of the admin server (/healthz, /readyz, /metrics); off when empty")
+	fs.BoolVar(&cfg.Console, "console", true, "serve the operations console at /console/ on --admin (credentials from $IDEM_CONSOLE_TOKEN or $IDEM_CONSOLE_USER/$IDEM_CONSOLE_PASSWORD; required unless --admin is loopback)")
+	cfg.ConsoleCredentials = console.CredentialsFromEnv()
+	cacheDSN := cacheFlag(fs, "Redis `URL` of a replay cache in front of the store: "+storeurl.CacheSupported)
+	runMaintenance := fs.Bool("maintenance", true, "run the background services: sweeper, reaper, and reconciler (with --resolve-url)")
+	fs.DurationVar(&cfg.Maintenance.SweepInterval, "sweep-interval", maintenance.DefaultSweepInterval, "how often expired leases are swept to unknown")
+	fs.DurationVar(&cfg.Maintenance.ReapInterval, "reap-interval", maintenance.DefaultReapInterval, "how often expired records are reaped")
+	fs.DurationVar(&cfg.Maintenance.ReconcileInterval, "reconcile-interval", maintenance.DefaultReconcileInterval, "how often due unknown records are sent to --resolve-url")
+	fs.BoolVar(&cfg.Maintenance.SoftExpire, "soft-expire", false, "keep expired records as state expired (audit) instead of deleting them")
+	fs.StringVar(&cfg.ResolveURL, "resolve-url", "", "`URL` the reconciler asks about unknown outcomes (protocol above); no reconciler when empty")
+	webhook := registerWebhookFlags(fs)
+	fs.Func("async", "asynchronous `route`, as a method and a ServeMux path pattern, e.g. 'POST /v1/reports' (repeatable): keyed requests get 202 + Location at once and the proxy's worker forwards them", func(v string) error {
+		cfg.Async = append(cfg.Async, v)
+		return nil
+	})
+	fs.DurationVar(&cfg.AsyncWait, "async-wait", 0, "how long an asynchronous request waits for a worker before it ends with 408 (0: 1h, or --ttl when shorter)")
+	fs.IntVar(&cfg.AsyncWorkers, "async-workers", idem.DefaultWorkerConcurrency, "asynchronous requests this proxy forwards at once; 0: none (this proxy only accepts them, others on the store forward them)")
+	fs.DurationVar(&cfg.AsyncPoll, "async-poll", idem.DefaultWorkerPoll, "how long an idle worker waits before it looks for new asynchronous requests again")
+	var asyncKeep listFlag
+	fs.Var(&asyncKeep, "async-keep-headers", "comma-separated sensitive `headers` (Authorization, Cookie) kept with asynchronous requests for the upstream; never stored otherwise")
+	fs.StringVar(&logFormat, "log-format", "text", "log format on stderr: text or json")
+	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return cfg, "", "", err
+	}
+	if len(pos) > 0 {
+		return cfg, "", "", usageErr(fs, "unexpected argument %q", pos[0])
+	}
+	if cfg.Upstream == "" {
+		return cfg, "", "", usageErr(fs, "--upstream is required")
+	}
+	if err := storeDSN.resolve(fs); err != nil {
+		return cfg, "", "", err
+	}
+	if err := cacheDSN.resolve(fs); err != nil {
+		return cfg, "", "", err
+	}
+	cfg.Store, cfg.Cache = storeDSN.value, cacheDSN.value
+	cfg.TenantFrom = tenantFrom
+	if cfg.SingleTenant && (len(tenantFrom) > 0 || cfg.TenantHeader != "") {
+		return cfg, "", "", usageErr(fs, "--single-tenant and --tenant-from exclude each other")
+	}
+	if cfg.TenantSecret, err = readSecret(*tenantSecretFile, tenantSecretEnv, "tenant"); err != nil {
+		return cfg, "", "", usageErr(fs, "%v", err)
+	}
+	if cfg.FingerprintSecret, err = readSecret(*fpSecretFile, fingerprintSecretEnv, "fingerprint"); err != nil {
+		return cfg, "", "", usageErr(fs, "%v", err)
+	}
+	cfg.MaxHeaderBytes = int(min(maxHeader, 1<<30))
+	cfg.MaxBufferedBytes = int64(maxBuffered)
+	if cfg.BodyTimeout == 0 {
+		cfg.BodyTimeout = -1 // the flag's 0 means no limit
+	}
+	if cfg.MaxBufferedBytes < int64(maxBody) {
+		return cfg, "", "", usageErr(fs, "--max-buffered-bytes must be at least --max-body")
+	}
+	if cfg.UpstreamTimeout == 0 {
+		cfg.UpstreamTimeout = -1 // the flag's 0 means no limit
+	}
+	for name, d := range map[string]time.Duration{
+		"sweep-interval": cfg.Maintenance.SweepInterval, "reap-interval": cfg.Maintenance.ReapInterval,
+		"reconcile-interval": cfg.Maintenance.ReconcileInterval,
+	} {
+		if d <= 0 {
+			return cfg, "", "", usageErr(fs, "--%s must be positive", name)
+		}
+	}
+	cfg.NoMaintenance = !*runMaintenance
+	if cfg.Webhook, err = webhook.config(fs, cfg.Admin); err != nil {
+		return cfg, "", "", err
+	}
+	if cfg.NoMaintenance && cfg.ResolveURL != "" {
+		return cfg, "", "", usageErr(fs, "--resolve-url needs the background services: drop --maintenance=false")
+	}
+	if cfg.ResolveURL != "" {
+		if _, err := newHTTPResolver(cfg.ResolveURL); err != nil {
+			return cfg, "", "", usageErr(fs, "%v", err)
+		}
+	}
+	if cfg.Cache != "" {
+		if _, err := storeurl.ParseCache(cfg.Cache); err != nil {
+			return cfg, "", "", usageErr(fs, "--cache: %v", err)
+		}
+	}
+	for i, m := range methods {
+		methods[i] = strings.ToUpper(m)
+	}
+	cfg.Methods = methods
+	cfg.MaxBody = int64(maxBody)
+	cfg.AsyncKeepHeaders = asyncKeep
+	if cfg.AsyncWorkers < 0 {
+		return cfg, "", "", usageErr(fs, "--async-workers must not be negative")
+	}
+	if cfg.AsyncPoll <= 0 {
+		return cfg, "", "", usageErr(fs, "--async-poll must be positive")
+	}
+	return cfg, logFormat, logLevel, nil
+}

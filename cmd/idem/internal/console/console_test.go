@@ -1,0 +1,183 @@
+package console_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/console"
+	"github.com/idem-go/idem/maintenance"
+	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/memory"
+)
+
+type fixture struct {
+	t   *testing.T
+	s   store.Store
+	srv *httptest.Server
+	c   *http.Client
+}
+
+func newFixture(t *testing.T) *fixture {
+	s := memory.New(memory.Config{})
+	m, err := maintenance.New(s, maintenance.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := console.New(console.Config{Store: func() store.Store { return s }, Settle: m.Settle,
+		Tenant:      func(c string) (string, error) { return "auth:" + c, nil },
+		Credentials: console.Credentials{Token: "s3cret"}, Addr: "0.0.0.0:9090"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle(console.Prefix, h)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	jar, _ := cookiejar.New(nil)
+	c := &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	return &fixture{t: t, s: s, srv: srv, c: c}
+}
+
+// unknown makes a record whose outcome is unknown.
+func (f *fixture) unknown(tenant, route, key string) {
+	scope := (&idem.Request{Tenant: tenant, Method: "POST", Route: route}).Scope()
+	res, err := f.s.Reserve(context.Background(), store.ReserveParams{Scope: scope, Key: key, Fingerprint: "fp",
+		Lease: time.Minute, TTL: time.Hour, LeasePolicy: store.LeaseUnknown})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if err := f.s.MarkUnknown(context.Background(), store.ReleaseParams{FenceParams: store.FenceParams{
+		Scope: scope, Key: key, Fence: res.Record.Fence}, Error: "upstream hung up"}); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func (f *fixture) do(method, path string, form url.Values, hdr map[string]string) (int, string) {
+	f.t.Helper()
+	var body io.Reader
+	if form != nil {
+		body = strings.NewReader(form.Encode())
+	}
+	req, _ := http.NewRequest(method, f.srv.URL+path, body)
+	if form != nil {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := f.c.Do(req)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "default-src 'none'") {
+		f.t.Fatalf("%s %s: CSP %q", method, path, csp)
+	}
+	return resp.StatusCode, string(b)
+}
+
+var csrfRe = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
+
+func TestConsole(t *testing.T) {
+	f := newFixture(t)
+	f.unknown("auth:abc", "/v1/charges", `k-<script>alert(1)</script>`)
+	f.unknown("auth:other", "/v1/charges", "k2")
+
+	if code, _ := f.do("GET", "/console/", nil, nil); code != http.StatusSeeOther {
+		t.Fatalf("without credentials: %d, want a redirect to the login page", code)
+	}
+	if code, _ := f.do("GET", "/console/", nil, map[string]string{"Authorization": "Bearer wrong"}); code != http.StatusUnauthorized {
+		t.Fatalf("wrong bearer token: %d, want 401", code)
+	}
+	if code, _ := f.do("POST", "/console/login", url.Values{"token": {"wrong"}}, nil); code != http.StatusUnauthorized {
+		t.Fatalf("login with a wrong token: %d, want 401", code)
+	}
+	if code, body := f.do("GET", "/console/unknown", nil, map[string]string{"Authorization": "Bearer s3cret"}); code != 200 || !strings.Contains(body, "k2") {
+		t.Fatalf("bearer token: %d", code)
+	}
+	if code, _ := f.do("POST", "/console/login", url.Values{"token": {"s3cret"}}, nil); code != http.StatusSeeOther {
+		t.Fatalf("login: %d", code)
+	}
+
+	// Search by credential (hashed by the proxy's function) and by the key
+	// as the client sent it, quoted.
+	code, body := f.do("GET", "/console/?"+url.Values{"credential": {"abc"}, "key": {`"k-<script>alert(1)</script>"`}}.Encode(), nil, nil)
+	if code != 200 || strings.Contains(body, "<script>alert") || !strings.Contains(body, "k-&lt;script&gt;") || strings.Contains(body, "k2") {
+		t.Fatalf("search: %d\n%s", code, body)
+	}
+	if code, body := f.do("GET", "/console/?key=%22unterminated", nil, nil); code != 400 || !strings.Contains(body, "key:") {
+		t.Fatalf("bad key: %d", code)
+	}
+	if code, _ := f.do("GET", "/console/?after=garbage", nil, nil); code != 400 {
+		t.Fatalf("bad cursor: %d", code)
+	}
+
+	scope := (&idem.Request{Tenant: "auth:other", Method: "POST", Route: "/v1/charges"}).Scope()
+	code, body = f.do("GET", "/console/record?"+url.Values{"scope": {scope}, "key": {"k2"}}.Encode(), nil, nil)
+	if code != 200 || !strings.Contains(body, "upstream hung up") {
+		t.Fatalf("record page: %d", code)
+	}
+	m := csrfRe.FindStringSubmatch(body)
+	if m == nil {
+		t.Fatal("no CSRF token on the record page")
+	}
+	act := url.Values{"scope": {scope}, "key": {"k2"}, "action": {"completed"}, "status": {"201"},
+		"content_type": {"application/json"}, "body": {`{"id":1}`}, "confirm": {"yes"}}
+	if code, _ := f.do("POST", "/console/act", act, nil); code != http.StatusForbidden {
+		t.Fatalf("POST without the CSRF token: %d, want 403", code)
+	}
+	act.Set("csrf", m[1])
+	if code, _ := f.do("POST", "/console/act", act, map[string]string{"Origin": "https://evil.example"}); code != http.StatusForbidden {
+		t.Fatalf("cross-origin POST: %d, want 403", code)
+	}
+	act.Del("confirm")
+	if code, body := f.do("POST", "/console/act", act, nil); code != 200 || !strings.Contains(body, `name="confirm" value="yes"`) {
+		t.Fatalf("confirmation page: %d", code)
+	}
+	if rec, _ := f.s.Get(context.Background(), scope, "k2"); rec.State != store.StateUnknown {
+		t.Fatalf("the confirmation page settled the record: %s", rec.State)
+	}
+	act.Set("confirm", "yes")
+	if code, _ := f.do("POST", "/console/act", act, nil); code != http.StatusSeeOther {
+		t.Fatalf("confirmed: %d", code)
+	}
+	rec, _ := f.s.Get(context.Background(), scope, "k2")
+	if rec.State != store.StateCompleted || rec.Response.Status != 201 || string(rec.Response.Body) != `{"id":1}` {
+		t.Fatalf("after settling: %s %+v", rec.State, rec.Response)
+	}
+	if code, _ := f.do("POST", "/console/act", act, nil); code != http.StatusConflict {
+		t.Fatalf("settling a completed record: %d, want 409", code)
+	}
+	act.Set("action", "delete")
+	if code, _ := f.do("POST", "/console/act", act, nil); code != http.StatusSeeOther {
+		t.Fatalf("delete: %d", code)
+	}
+	if _, err := f.s.Get(context.Background(), scope, "k2"); err != store.ErrNotFound {
+		t.Fatalf("after delete: %v", err)
+	}
+}
+
+func TestConsoleRefusesWithoutCredentials(t *testing.T) {
+	s := memory.New(memory.Config{})
+	settle := func(context.Context, string, string, maintenance.Resolution) error { return nil }
+	st := func() store.Store { return s }
+	if _, err := console.New(console.Config{Store: st, Settle: settle, Addr: "0.0.0.0:9090"}); err == nil {
+		t.Fatal("a console without credentials on a public address")
+	}
+	if _, err := console.New(console.Config{Store: st, Settle: settle, Addr: "127.0.0.1:9090"}); err != nil {
+		t.Fatalf("loopback without credentials: %v", err)
+	}
+	if _, err := console.New(console.Config{Store: st, Settle: settle, Addr: "[::1]:9090", Credentials: console.Credentials{User: "u"}}); err == nil {
+		t.Fatal("a user without a password")
+	}
+}

@@ -1,0 +1,311 @@
+package storeurl_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	mysqldrv "github.com/go-sql-driver/mysql"
+	"go.uber.org/goleak"
+
+	"github.com/idem-go/idem/cmd/idem/internal/storeurl"
+	"github.com/idem-go/idem/internal/testenv"
+	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/postgres"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func TestParse(t *testing.T) {
+	t.Parallel()
+	// A password with every character that means something in a URL or in
+	// the driver's DSN syntax.
+	const pw = `p@ss:w/rd?#%()& =`
+	mysqlURL := (&url.URL{Scheme: "mysql", User: url.UserPassword("app", pw), Host: "db.internal:3307", Path: "/idem"}).String()
+
+	tests := []struct {
+		dsn    string
+		kind   storeurl.Kind
+		target string
+		err    string // substring of the error; "" for success
+	}{
+		{dsn: "sqlite:idem.db", kind: storeurl.SQLite, target: "idem.db"},
+		{dsn: storeurl.Default, kind: storeurl.SQLite, target: "idem.db"},
+		{dsn: "sqlite:/var/lib/idem/idem.db", kind: storeurl.SQLite, target: "/var/lib/idem/idem.db"},
+		{dsn: "sqlite:///var/lib/idem.db", kind: storeurl.SQLite, target: "/var/lib/idem.db"},
+		{dsn: "sqlite://rel.db", kind: storeurl.SQLite, target: "rel.db"},
+		{dsn: "sqlite::memory:", kind: storeurl.SQLite, target: ":memory:"},
+		{dsn: "sqlite:file:x.db?_txlock=immediate", kind: storeurl.SQLite, target: "file:x.db?_txlock=immediate"},
+		{dsn: "SQLITE:x.db", kind: storeurl.SQLite, target: "x.db"},
+		{dsn: "sqlite:", err: "needs a file path"},
+		{dsn: "memory:", kind: storeurl.Memory},
+		{dsn: "memory://", kind: storeurl.Memory},
+		{dsn: "memory:x", err: "takes no argument"},
+		{dsn: "postgres://u:p@127.0.0.1:5432/test?sslmode=disable", kind: storeurl.Postgres,
+			target: "postgres://u:p@127.0.0.1:5432/test?sslmode=disable"},
+		{dsn: "postgresql://127.0.0.1/test", kind: storeurl.Postgres, target: "postgresql://127.0.0.1/test"},
+		{dsn: "postgres:host=x", err: "must be a URL"},
+		{dsn: "mysql://root@127.0.0.1:3306/test", kind: storeurl.MySQL, target: "root@tcp(127.0.0.1:3306)/test"},
+		{dsn: "mysql://root:secret@localhost/test", kind: storeurl.MySQL, target: "root:secret@tcp(localhost:3306)/test"},
+		{dsn: "mysql://root@[::1]:3306/test", kind: storeurl.MySQL, target: "root@tcp([::1]:3306)/test"},
+		{dsn: "mysql://root@127.0.0.1/test?timeout=5s&tls=false", kind: storeurl.MySQL,
+			target: "root@tcp(127.0.0.1:3306)/test?timeout=5s&tls=false"},
+		{dsn: mysqlURL, kind: storeurl.MySQL, target: "app:" + pw + "@tcp(db.internal:3307)/idem"},
+		{dsn: "mysql://root@127.0.0.1:3306/", err: "needs a database name"},
+		{dsn: "mysql://root@127.0.0.1:3306/a/b", err: "needs a database name"},
+		{dsn: "mysql:root@tcp(127.0.0.1)/test", err: "must be a URL"},
+		{dsn: "mysql://root@127.0.0.1/test?timeout=soon", err: "parameters"},
+		{dsn: "redis://127.0.0.1:6379/0", kind: storeurl.Redis, target: "redis://127.0.0.1:6379/0"},
+		{dsn: "rediss://u:p@cache:6380/1", kind: storeurl.Redis, target: "rediss://u:p@cache:6380/1"},
+		{dsn: "redis+cluster://a:7000,b:7001", kind: storeurl.Redis, target: "redis+cluster://a:7000,b:7001"},
+		{dsn: "redis:127.0.0.1", err: "must be a URL"},
+		{dsn: "mongodb://127.0.0.1/x", err: `unsupported store DSN: scheme "mongodb"`},
+		{dsn: "idem.db", err: "unsupported store DSN"},
+		{dsn: "", err: "unsupported store DSN"},
+	}
+	for _, tt := range tests {
+		d, err := storeurl.Parse(tt.dsn)
+		if tt.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.err) {
+				t.Errorf("Parse(%q) = %+v, %v; want error containing %q", tt.dsn, d, err, tt.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("Parse(%q): %v", tt.dsn, err)
+			continue
+		}
+		if d.Kind != tt.kind || d.Target != tt.target {
+			t.Errorf("Parse(%q) = {%s %q}, want {%s %q}", tt.dsn, d.Kind, d.Target, tt.kind, tt.target)
+		}
+	}
+
+	// The converted DSN must read back, through the driver, as the same
+	// credentials: that is what the mysql store will do with it.
+	d, err := storeurl.Parse(mysqlURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := mysqldrv.ParseDSN(d.Target)
+	if err != nil {
+		t.Fatalf("driver cannot parse %q: %v", d.Target, err)
+	}
+	if cfg.User != "app" || cfg.Passwd != pw || cfg.Addr != "db.internal:3307" || cfg.DBName != "idem" || cfg.Net != "tcp" {
+		t.Errorf("driver read user=%q pass=%q addr=%q db=%q net=%q", cfg.User, cfg.Passwd, cfg.Addr, cfg.DBName, cfg.Net)
+	}
+}
+
+func TestErrorsHideThePassword(t *testing.T) {
+	t.Parallel()
+	for _, dsn := range []string{
+		"mysql://root:hunter2@127.0.0.1:3306/%zz",
+		"mysql://root:hunter2@127.0.0.1:3306/",
+		"nosuch://root:hunter2@host/db",
+	} {
+		_, err := storeurl.Parse(dsn)
+		if err == nil {
+			t.Fatalf("Parse(%q) succeeded", dsn)
+		}
+		if strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("error repeats the password: %v", err)
+		}
+	}
+}
+
+func TestOpenUnsupported(t *testing.T) {
+	t.Parallel()
+	_, err := storeurl.Open(context.Background(), "cassandra://x", storeurl.Options{})
+	if !errors.Is(err, storeurl.ErrUnsupported) {
+		t.Fatalf("Open: %v, want ErrUnsupported", err)
+	}
+	for _, form := range []string{"sqlite:PATH", "memory:", "postgres://", "mysql://", "redis://"} {
+		if !strings.Contains(err.Error(), form) {
+			t.Errorf("error %q does not name %s", err, form)
+		}
+	}
+}
+
+// roundTrip checks that an opened store works: reserve, get, delete.
+func roundTrip(t *testing.T, s store.Store) {
+	t.Helper()
+	ctx := context.Background()
+	if err := s.Ping(ctx); err != nil {
+		t.Fatalf("Ping: %v", err)
+	}
+	res, err := s.Reserve(ctx, store.ReserveParams{
+		Scope: "storeurl-test", Key: "k", Fingerprint: "fp",
+		Lease: time.Minute, TTL: time.Hour, LeasePolicy: store.LeaseUnknown,
+	})
+	if err != nil || res.Outcome != store.Created {
+		t.Fatalf("Reserve: %v, %v", res.Outcome, err)
+	}
+	if _, err := s.Get(ctx, "storeurl-test", "k"); err != nil {
+		t.Fatalf("Get: %v", err)
+	}
+	// An in-progress record is not deleted; a released one is.
+	fence := store.FenceParams{Scope: "storeurl-test", Key: "k", Fence: res.Record.Fence}
+	if err := s.Release(ctx, store.ReleaseParams{FenceParams: fence, Error: "test"}); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if err := s.Delete(ctx, "storeurl-test", "k"); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+}
+
+func TestOpenMemory(t *testing.T) {
+	t.Parallel()
+	s, err := storeurl.Open(context.Background(), "memory:", storeurl.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	roundTrip(t, s)
+	if ok, err := storeurl.Migrate(context.Background(), s); ok || err != nil {
+		t.Errorf("Migrate(memory) = %v, %v; want a no-op", ok, err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestOpenSQLite(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "idem.db")
+	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+
+	// Without Migrate the file has no table yet: the store must say so
+	// rather than create it behind the operator's back.
+	s, err := storeurl.Open(ctx, "sqlite:"+path, storeurl.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(ctx, "a", "b"); err == nil || errors.Is(err, store.ErrNotFound) {
+		t.Errorf("Get before migration: %v, want a missing-table error", err)
+	}
+	if ok, err := storeurl.Migrate(ctx, s); !ok || err != nil {
+		t.Fatalf("Migrate = %v, %v", ok, err)
+	}
+	roundTrip(t, s)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	s, err = storeurl.Open(ctx, "sqlite://"+path, storeurl.Options{Migrate: true, Clock: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	res, err := s.Reserve(ctx, store.ReserveParams{
+		Scope: "s", Key: "k", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, LeasePolicy: store.LeaseUnknown,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Record.CreatedAt.Equal(now) {
+		t.Errorf("CreatedAt = %v, want the injected clock's %v", res.Record.CreatedAt, now)
+	}
+}
+
+// The server stores are opened only to check that the DSN reaches them;
+// Migrate stays false so the shared test databases are not changed.
+
+func TestOpenPostgres(t *testing.T) {
+	t.Parallel()
+	u := os.Getenv("IDEM_TEST_POSTGRES_URL")
+	if u == "" {
+		testenv.Skip(t, "IDEM_TEST_POSTGRES_URL is not set (e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable)")
+	}
+	pingAndClose(t, u)
+
+	// Conns sizes the pool, over a pool_max_conns in the URL.
+	s, err := storeurl.Open(context.Background(), u+"&pool_max_conns=5", storeurl.Options{Conns: 9})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if got := s.(*postgres.Store).Pool().Config().MaxConns; got != 9 {
+		t.Errorf("pool of %d connections, want 9", got)
+	}
+}
+
+func TestOpenConnsInvalid(t *testing.T) {
+	t.Parallel()
+	for _, n := range []int{-1, 1 << 40} {
+		if _, err := storeurl.Open(context.Background(), "memory:", storeurl.Options{Conns: n}); err == nil ||
+			!strings.Contains(err.Error(), "store connections") {
+			t.Errorf("Conns %d: %v", n, err)
+		}
+	}
+}
+
+func TestOpenMySQL(t *testing.T) {
+	t.Parallel()
+	dsn := os.Getenv("IDEM_TEST_MYSQL_DSN")
+	if dsn == "" {
+		testenv.Skip(t, "IDEM_TEST_MYSQL_DSN is not set (e.g. root@tcp(127.0.0.1:3306)/test)")
+	}
+	cfg, err := mysqldrv.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := url.URL{Scheme: "mysql", Host: cfg.Addr, Path: "/" + cfg.DBName}
+	if cfg.Passwd != "" {
+		u.User = url.UserPassword(cfg.User, cfg.Passwd)
+	} else {
+		u.User = url.User(cfg.User)
+	}
+	pingAndClose(t, u.String())
+}
+
+func TestOpenRedis(t *testing.T) {
+	t.Parallel()
+	addr := os.Getenv("IDEM_TEST_REDIS_ADDR")
+	if addr == "" {
+		testenv.Skip(t, "IDEM_TEST_REDIS_ADDR is not set (e.g. 127.0.0.1:6379)")
+	}
+	pingAndClose(t, "redis://"+addr+"/0")
+}
+
+func pingAndClose(t *testing.T, dsn string) {
+	t.Helper()
+	ctx := context.Background()
+	s, err := storeurl.Open(ctx, dsn, storeurl.Options{})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	if err := s.Ping(ctx); err != nil {
+		t.Errorf("Ping: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+}
+
+func TestReadFile(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	got, err := storeurl.ReadFile(write("ok", " postgres://u:p%40ss@h/db \r\nsecond line\n"))
+	if err != nil || got != "postgres://u:p%40ss@h/db" {
+		t.Errorf("ReadFile = %q, %v", got, err)
+	}
+	for _, p := range []string{write("empty", ""), write("blank", "  \nsqlite:x\n"), filepath.Join(dir, "missing")} {
+		if got, err := storeurl.ReadFile(p); err == nil || strings.Contains(fmt.Sprint(err), "sqlite:x") {
+			t.Errorf("ReadFile(%s) = %q, %v", filepath.Base(p), got, err)
+		}
+	}
+}

@@ -1,0 +1,156 @@
+// Package enginetest holds what tests of the engine and of the background
+// services share, whichever module they live in: the stores they run on,
+// stores that fail on demand, a test clock, a Maintainer harness and
+// checks of problem answers. The tests over server stores live in the
+// integration module (internal/integration), so that the core module
+// depends on no database driver.
+package enginetest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/memory"
+)
+
+// Store opens a fresh store, private to its test, with the given clock
+// (nil: its own).
+type Store struct {
+	Name string
+	Open func(t *testing.T, clock store.Clock) store.Store
+}
+
+// Memory is the memory store.
+var Memory = Store{"memory", func(t *testing.T, clock store.Clock) store.Store {
+	return memory.New(memory.Config{Clock: clock})
+}}
+
+// ErrOutage is a dropped connection, as the stores report one.
+var ErrOutage = store.Retryable(errors.New("connection refused"))
+
+// Flaky injects transient failures into a real store: the next N calls of
+// an operation fail as a dropped connection would.
+type Flaky struct {
+	store.Store
+	FailCompletes atomic.Int64 // calls left to fail
+	FailExtends   atomic.Int64
+	ExtendsAlways atomic.Bool
+	FailReleases  atomic.Int64
+	LoseAnswers   atomic.Int64 // Completes applied whose answer is then lost
+	Completes     atomic.Int64 // calls seen
+	Extends       atomic.Int64
+	Releases      atomic.Int64
+}
+
+// Release fails while FailReleases lasts.
+func (f *Flaky) Release(ctx context.Context, p store.ReleaseParams) error {
+	f.Releases.Add(1)
+	if takeFailure(&f.FailReleases) {
+		return ErrOutage
+	}
+	return f.Store.Release(ctx, p)
+}
+
+// Complete fails while FailCompletes lasts, then applies the completion
+// but reports a failure while LoseAnswers lasts.
+func (f *Flaky) Complete(ctx context.Context, p store.CompleteParams) error {
+	f.Completes.Add(1)
+	if takeFailure(&f.FailCompletes) {
+		return ErrOutage
+	}
+	if takeFailure(&f.LoseAnswers) {
+		if err := f.Store.Complete(ctx, p); err != nil {
+			return err
+		}
+		return ErrOutage
+	}
+	return f.Store.Complete(ctx, p)
+}
+
+// Extend fails while FailExtends lasts, or always with ExtendsAlways.
+func (f *Flaky) Extend(ctx context.Context, p store.ExtendParams) error {
+	f.Extends.Add(1)
+	if f.ExtendsAlways.Load() || takeFailure(&f.FailExtends) {
+		return ErrOutage
+	}
+	return f.Store.Extend(ctx, p)
+}
+
+func takeFailure(n *atomic.Int64) bool {
+	for {
+		v := n.Load()
+		if v <= 0 {
+			return false
+		}
+		if n.CompareAndSwap(v, v-1) {
+			return true
+		}
+	}
+}
+
+// ErrorCounter is a slog.Handler that counts ERROR records.
+type ErrorCounter struct{ N atomic.Int64 }
+
+// Enabled reports true: every record is looked at.
+func (c *ErrorCounter) Enabled(context.Context, slog.Level) bool { return true }
+
+// Handle counts r if it is an ERROR.
+func (c *ErrorCounter) Handle(_ context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelError {
+		c.N.Add(1)
+	}
+	return nil
+}
+
+// WithAttrs returns c.
+func (c *ErrorCounter) WithAttrs([]slog.Attr) slog.Handler { return c }
+
+// WithGroup returns c.
+func (c *ErrorCounter) WithGroup(string) slog.Handler { return c }
+
+// Problem is an RFC 9457 problem document.
+type Problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail"`
+}
+
+// WantProblem fails t unless w is a problem answer with the status and the
+// type idem.ProblemBase+slug.
+func WantProblem(t *testing.T, w *httptest.ResponseRecorder, status int, slug string) Problem {
+	t.Helper()
+	if w.Code != status {
+		t.Fatalf("status %d, want %d (body %s)", w.Code, status, w.Body)
+	}
+	if ct := w.Header().Get("Content-Type"); ct != "application/problem+json" {
+		t.Fatalf("Content-Type %q, want application/problem+json", ct)
+	}
+	var p Problem
+	if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil {
+		t.Fatalf("problem body %q: %v", w.Body, err)
+	}
+	if p.Type != idem.ProblemBase+slug || p.Status != status || p.Title == "" {
+		t.Fatalf("problem %+v, want type %s status %d", p, idem.ProblemBase+slug, status)
+	}
+	return p
+}
+
+// SendCharge sends h a keyed JSON POST /v1/payments.
+func SendCharge(h http.Handler, key string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest("POST", "/v1/payments", strings.NewReader(`{"amount":100}`))
+	r.Header.Set("Content-Type", "application/json")
+	r.Header.Set("Idempotency-Key", key)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}

@@ -1,0 +1,261 @@
+package maintenance_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/enginetest"
+	"github.com/idem-go/idem/maintenance"
+	"github.com/idem-go/idem/store"
+)
+
+func TestSweeper(t *testing.T) {
+	for _, ns := range realStores(t) {
+		t.Run(ns.Name, func(t *testing.T) {
+			t.Parallel()
+			m := enginetest.NewMaint(t, ns, maintenance.Config{BatchSize: 2, BatchPause: time.Second}, idem.Config{})
+			for _, k := range []string{"a", "b", "c"} {
+				m.Send(k, true)
+			}
+			if n, err := m.M.SweepOnce(context.Background()); err != nil || n != 0 {
+				t.Fatalf("sweep inside the lease: %d %v", n, err)
+			}
+			// Past the 30s lease, but within the sweeper's grace: a holder
+			// whose renewal failed in an outage still gets its record back.
+			m.Clock.Advance(31 * time.Second)
+			if n, err := m.M.SweepOnce(context.Background()); err != nil || n != 0 {
+				t.Fatalf("sweep within the grace: %d %v", n, err)
+			}
+			m.Clock.Advance(maintenance.DefaultSweepGrace)
+			n, err := m.M.SweepOnce(context.Background())
+			if err != nil || n != 3 {
+				t.Fatalf("sweep after the lease: %d %v, want 3 (in batches of 2)", n, err)
+			}
+			// Two batches: one pause between them, none after the last.
+			if s := m.Clock.Sleeps(); len(s) != 1 || s[0] < 500*time.Millisecond || s[0] >= time.Second {
+				t.Fatalf("pauses of a pass of two batches: %v, want one in [500ms, 1s)", s)
+			}
+			for _, k := range []string{"a", "b", "c"} {
+				if s := m.State(k); s != store.StateUnknown {
+					t.Fatalf("%s after the sweep: %s", k, s)
+				}
+			}
+			// A retry is told the outcome is unknown; the handler is not run.
+			if w := m.Send("a", false); w.Code != 409 {
+				t.Fatalf("retry of a swept key: %d", w.Code)
+			}
+			if m.Calls.Load() != 3 {
+				t.Fatalf("handler ran %d times", m.Calls.Load())
+			}
+		})
+	}
+}
+
+func TestTwoSweepersResetEachRecordOnce(t *testing.T) {
+	for _, ns := range realStores(t) {
+		t.Run(ns.Name, func(t *testing.T) {
+			t.Parallel()
+			m := enginetest.NewMaint(t, ns, maintenance.Config{BatchSize: 3}, idem.Config{})
+			for i := 0; i < 20; i++ {
+				m.Send("k"+string(rune('a'+i)), true)
+			}
+			m.Clock.Advance(time.Minute)
+			other := m.Maintainer(maintenance.Config{BatchSize: 3})
+			var total atomic.Int64
+			errc := make(chan error, 2)
+			for _, s := range []*maintenance.Maintainer{m.M, other} {
+				go func() {
+					n, err := s.SweepOnce(context.Background())
+					total.Add(int64(n))
+					errc <- err
+				}()
+			}
+			for i := 0; i < 2; i++ {
+				if err := <-errc; err != nil {
+					t.Fatal(err)
+				}
+			}
+			if total.Load() != 20 {
+				t.Fatalf("two sweepers reset %d records, want 20", total.Load())
+			}
+		})
+	}
+}
+
+func TestReaper(t *testing.T) {
+	for _, ns := range realStores(t) {
+		t.Run(ns.Name, func(t *testing.T) {
+			t.Parallel()
+			m := enginetest.NewMaint(t, ns, maintenance.Config{BatchSize: 2}, idem.Config{TTL: time.Hour})
+			for _, k := range []string{"done1", "done2", "done3"} {
+				m.Send(k, false)
+			}
+			m.Send("stuck", true)
+			m.Clock.Advance(30 * time.Minute)
+			m.Send("young", false)
+			if res, err := m.M.ReapOnce(context.Background()); err != nil || res.Deleted != 0 {
+				t.Fatalf("reap before expiry: %+v %v", res, err)
+			}
+			m.Clock.Advance(31 * time.Minute)
+			res, err := m.M.ReapOnce(context.Background())
+			if err != nil || res.Deleted != 3 || res.Abandoned != 1 {
+				t.Fatalf("reap: %+v %v, want 3 deleted, 1 abandoned", res, err)
+			}
+			if s := m.State("done1"); s != "" {
+				t.Fatalf("reaped record still there: %s", s)
+			}
+			if s := m.State("young"); s != store.StateCompleted {
+				t.Fatalf("young record: %s", s)
+			}
+			// The abandoned request answers with a definite timeout.
+			w := m.Send("stuck", true)
+			if w.Code != http.StatusGatewayTimeout || !strings.Contains(w.Body.String(), "abandoned") {
+				t.Fatalf("retry of an abandoned request: %d %s", w.Code, w.Body)
+			}
+			// A reaped key is a new request again.
+			if w := m.Send("done1", false); w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "" {
+				t.Fatalf("reaped key: %d %v", w.Code, w.Header())
+			}
+		})
+	}
+}
+
+func TestReaperSoftExpire(t *testing.T) {
+	for _, ns := range realStores(t) {
+		t.Run(ns.Name, func(t *testing.T) {
+			t.Parallel()
+			m := enginetest.NewMaint(t, ns, maintenance.Config{SoftExpire: true}, idem.Config{TTL: time.Hour})
+			m.Send("k", false)
+			m.Clock.Advance(2 * time.Hour)
+			if res, err := m.M.ReapOnce(context.Background()); err != nil || res.Deleted != 1 {
+				t.Fatalf("soft reap: %+v %v", res, err)
+			}
+			if s := m.State("k"); s != store.StateExpired {
+				t.Fatalf("soft-expired record: %s", s)
+			}
+		})
+	}
+}
+
+func TestReconciler(t *testing.T) {
+	for _, ns := range realStores(t) {
+		t.Run(ns.Name, func(t *testing.T) {
+			t.Parallel()
+			// The "provider" knows that "paid" went through and "lost" did
+			// not; it cannot tell about "pending" and fails for "broken".
+			resolver := maintenance.ResolverFunc(func(ctx context.Context, r store.Record) (maintenance.Resolution, error) {
+				switch r.Key {
+				case "paid":
+					return maintenance.Resolution{Outcome: maintenance.Happened, Response: &store.Response{
+						Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"ch_paid"}`)}}, nil
+				case "lost":
+					return maintenance.Resolution{Outcome: maintenance.DidNotHappen}, nil
+				case "partial":
+					return maintenance.Resolution{Outcome: maintenance.RunAgain}, nil
+				case "broken":
+					return maintenance.Resolution{}, errors.New("provider returned 500")
+				}
+				return maintenance.Resolution{Outcome: maintenance.StillUnknown}, nil
+			})
+			m := enginetest.NewMaint(t, ns, maintenance.Config{Resolver: resolver, ReconcileBackoff: time.Minute,
+				ReconcileMaxBackoff: 4 * time.Minute, MaxReconcileAttempts: 3}, idem.Config{})
+			m.Unknown("paid", "lost", "partial", "pending", "broken")
+			res, err := m.M.ReconcileOnce(context.Background())
+			if err != nil || res.Resolved != 3 || res.Deferred != 2 {
+				t.Fatalf("reconcile: %+v %v", res, err)
+			}
+			// Resolved: the retry replays the provider's answer, or runs again.
+			if w := m.Send("paid", false); w.Code != 201 || w.Body.String() != `{"id":"ch_paid"}` {
+				t.Fatalf("retry of a resolved key: %d %s", w.Code, w.Body)
+			}
+			for _, k := range []string{"lost", "partial"} {
+				if w := m.Send(k, false); w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "" {
+					t.Fatalf("retry of %s after it was released: %d", k, w.Code)
+				}
+			}
+			// Not due again until the backoff passed.
+			if res, _ := m.M.ReconcileOnce(context.Background()); res.Deferred != 0 {
+				t.Fatalf("reconciled before the backoff: %+v", res)
+			}
+			m.Clock.Advance(time.Minute)
+			if res, _ := m.M.ReconcileOnce(context.Background()); res.Deferred != 2 {
+				t.Fatalf("second attempt: %+v", res)
+			}
+			m.Clock.Advance(2 * time.Minute)
+			res, _ = m.M.ReconcileOnce(context.Background())
+			if res.DeadLettered != 2 {
+				t.Fatalf("third attempt should dead-letter both: %+v", res)
+			}
+			m.Clock.Advance(24 * time.Hour)
+			if res, _ := m.M.ReconcileOnce(context.Background()); res != (maintenance.ReconcileResult{}) {
+				t.Fatalf("dead letters were retried: %+v", res)
+			}
+			for key, dead := range map[string]bool{"pending": true, "broken": true, "paid": false} {
+				rec, err := m.Record(key)
+				if err != nil || rec.DeadLettered() != dead {
+					t.Fatalf("%s: DeadLettered = %v, want %v (%v)", key, rec.DeadLettered(), dead, err)
+				}
+			}
+			// A webhook settles "broken": never replay a cookie or a
+			// hop-by-hop header, whatever the caller passes.
+			if err := m.M.Settle(context.Background(), enginetest.Scope, "broken", maintenance.Resolution{Outcome: maintenance.Happened, Response: &store.Response{
+				Status: 201, Header: http.Header{"Set-Cookie": {"s=1"}, "Connection": {"close"}, "X-Id": {"7"}}, Body: []byte("{}")}}); err != nil {
+				t.Fatal(err)
+			}
+			if w := m.Send("broken", false); w.Code != 201 || w.Header().Get("Set-Cookie") != "" || w.Header().Get("Connection") != "" || w.Header().Get("X-Id") != "7" {
+				t.Fatalf("replay of a settled record: %d %v", w.Code, w.Header())
+			}
+			// An operator settles a dead letter.
+			if err := m.M.Settle(context.Background(), enginetest.Scope, "pending", maintenance.Resolution{Outcome: maintenance.DidNotHappen}); err != nil {
+				t.Fatal(err)
+			}
+			if w := m.Send("pending", false); w.Code != 201 {
+				t.Fatalf("retry after the operator released it: %d", w.Code)
+			}
+			if err := m.M.Settle(context.Background(), enginetest.Scope, "pending", maintenance.Resolution{Outcome: maintenance.DidNotHappen}); !errors.Is(err, store.ErrStateConflict) {
+				t.Fatalf("settling a completed record: %v", err)
+			}
+		})
+	}
+}
+
+// A settlement that does not say what happened is refused before the
+// store is asked, and the record stays unknown.
+func TestSettleRefusesIncompleteVerdicts(t *testing.T) {
+	t.Parallel()
+	m := enginetest.NewMaint(t, enginetest.Memory, maintenance.Config{}, idem.Config{})
+	m.Unknown("k")
+	for _, res := range []maintenance.Resolution{
+		{Outcome: maintenance.StillUnknown},
+		{Outcome: maintenance.Outcome(7)},
+		{Outcome: maintenance.Happened}, // without the response to replay
+	} {
+		if err := m.M.Settle(context.Background(), enginetest.Scope, "k", res); err == nil || !strings.HasPrefix(err.Error(), "maintenance: ") {
+			t.Errorf("Settle(%v) = %v, want a clear error", res.Outcome, err)
+		}
+	}
+	if s := m.State("k"); s != store.StateUnknown {
+		t.Fatalf("after refused settlements: %s", s)
+	}
+	if _, err := m.M.ReconcileOnce(context.Background()); err == nil {
+		t.Fatal("ReconcileOnce without a Resolver succeeded")
+	}
+}
+
+func TestOutcomeString(t *testing.T) {
+	for o, want := range map[maintenance.Outcome]string{
+		maintenance.StillUnknown: "still_unknown", maintenance.Happened: "happened",
+		maintenance.DidNotHappen: "did_not_happen", maintenance.RunAgain: "run_again",
+		maintenance.Outcome(9): "Outcome(9)", maintenance.Outcome(-1): "Outcome(-1)",
+	} {
+		if got := o.String(); got != want {
+			t.Errorf("%d: %q, want %q", int(o), got, want)
+		}
+	}
+}

@@ -1,0 +1,3 @@
+// Package sqltx holds the tests of internal/sqltx over a real database/sql
+// driver (SQLite).
+package sqltx

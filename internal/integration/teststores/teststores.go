@@ -1,0 +1,64 @@
+// Package teststores opens the real stores that tests of the engine and of
+// the background services run against, each fresh and private to its test:
+// memory, SQLite and, when their servers are configured (package testenv),
+// PostgreSQL and MariaDB.
+package teststores
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/idem-go/idem/internal/enginetest"
+	"github.com/idem-go/idem/internal/testdb/mysqldb"
+	"github.com/idem-go/idem/internal/testdb/pgdb"
+	"github.com/idem-go/idem/internal/testenv"
+	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/mysql"
+	"github.com/idem-go/idem/store/postgres"
+	"github.com/idem-go/idem/store/sqlite"
+)
+
+// All returns memory, SQLite, PostgreSQL when IDEM_TEST_POSTGRES_URL is
+// set and, with mariadb, MariaDB when IDEM_TEST_MYSQL_DSN is set. A
+// missing server is noted (and fails the test under CI=true).
+func All(t *testing.T, mariadb bool) []enginetest.Store {
+	stores := []enginetest.Store{
+		enginetest.Memory,
+		{Name: "sqlite", Open: func(t *testing.T, clock store.Clock) store.Store {
+			s, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "idem.db"), sqlite.Config{Clock: clock})
+			return opened(t, s, err)
+		}},
+	}
+	if url := os.Getenv(testenv.PostgresEnv); url != "" {
+		stores = append(stores, enginetest.Store{Name: "postgres", Open: func(t *testing.T, clock store.Clock) store.Store {
+			s, err := postgres.Open(context.Background(), url, postgres.Config{Clock: clock, Schema: pgdb.Schema(t, url)})
+			return opened(t, s, err)
+		}})
+	} else {
+		testenv.Without(t, testenv.PostgresEnv+" is not set: tested without PostgreSQL")
+	}
+	if !mariadb {
+		return stores
+	}
+	if os.Getenv(testenv.MySQLEnv) != "" {
+		stores = append(stores, enginetest.Store{Name: "mariadb", Open: func(t *testing.T, clock store.Clock) store.Store {
+			s, err := mysql.Open(context.Background(), mysqldb.Database(t).FormatDSN(), mysql.Config{Clock: clock})
+			return opened(t, s, err)
+		}})
+	} else {
+		testenv.Without(t, testenv.MySQLEnv+" is not set: tested without MariaDB")
+	}
+	return stores
+}
+
+// opened closes s when the test ends, or fails the test on err.
+func opened[S store.Store](t *testing.T, s S, err error) store.Store {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}

@@ -1,0 +1,17 @@
+module github.com/idem-go/idem/internal/pgmigrate
+
+go 1.25.0
+
+toolchain go1.26.8
+
+require github.com/idem-go/idem v0.0.0-00010101000000-000000000000
+
+require github.com/jackc/pgx/v5 v5.12.0
+
+require (
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	golang.org/x/text v0.41.0 // indirect
+)
+
+replace github.com/idem-go/idem => ../..
