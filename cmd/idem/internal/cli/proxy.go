@@ -936,6 +936,15 @@ With OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) set,
 the proxy exports its spans over OTLP/HTTP; it continues the caller's W3C
 traceparent and passes it on to the upstream.
 
+Asynchronous routes: --async 'POST /v1/reports' (repeatable; a method and a
+ServeMux path pattern) records a keyed request on that route and answers 202
+Accepted at once, with Location: /.idem/requests/ID and Retry-After; a
+worker of any proxy on the store (--async-workers each, 0 for none) forwards
+it to the upstream once and stores the answer, which retries with the key and
+GET Location (same tenant only) then replay. A request no worker claims
+within --async-wait ends with a stored 408. Authorization and Cookie are
+never stored unless --async-keep-headers names them.
+
 Resource limits: --max-header-bytes (431 above it), --body-timeout (a
 client that stalls while sending its body is cut off, its connection
 closed), --max-buffered-bytes (keyed requests whose bodies would exceed it
