@@ -275,6 +275,15 @@ func testPendingExpire(t *testing.T, h Harness) {
 	if got := e.get("s", "fresh"); got.State != store.StateInProgress {
 		t.Fatalf("the claimed record became %s", got.State)
 	}
+	// Past its expiry too, a pending record is left to ExpirePending:
+	// the reaper neither deletes nor abandons it.
+	e.reservePending(e.pendingP("s", "old", "fp", "q", store.LeaseUnknown))
+	e.clock.Advance(ttl)
+	before := e.get("s", "old")
+	if _, err := e.s.Reap(e.ctx, store.ReapParams{Limit: 100, Abandoned: timeout}); err != nil {
+		t.Fatal(err)
+	}
+	e.mustUnchanged(before, "a reap")
 }
 
 func testPendingRequeue(t *testing.T, h Harness) {
