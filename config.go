@@ -147,6 +147,39 @@ type Config struct {
 	// for traces (package otelidem reports them to OpenTelemetry).
 	// Defaults to none.
 	Observer Observer
+
+	// Async accepts the requests of the route asynchronously: the first
+	// request with a key is recorded as pending, with what is needed to run
+	// it later, and answered at once with 202 Accepted, Retry-After and a
+	// Location naming its status resource (see StatusHandler); a Worker
+	// claims and runs it. Retries with the key, and reads of the status
+	// resource, get 202 until the stored answer exists, then that answer.
+	// The store must implement store.Queue. Defaults to false.
+	Async bool
+
+	// AsyncQueue names the queue an asynchronous request waits in: the
+	// Worker serving it must claim from the same queue. Defaults to
+	// "default".
+	AsyncQueue string
+
+	// AsyncWait bounds how long an accepted request waits for a worker;
+	// a request no worker claimed in time ends with a stored 408 answer
+	// (the maintenance services end it). It must not exceed TTL.
+	// Defaults to 1h, or TTL when that is shorter.
+	AsyncWait time.Duration
+
+	// AsyncKeepHeaders names sensitive request headers that are kept with
+	// an asynchronous request all the same, for a worker that needs them
+	// (a worker that must authenticate as the client). Authorization,
+	// Proxy-Authorization and Cookie are otherwise never stored, nor are
+	// hop-by-hop headers. Defaults to none.
+	AsyncKeepHeaders []string
+
+	// StatusPath is the path prefix of the status resources of
+	// asynchronous requests: Location is StatusPath followed by the
+	// request's id. Its leading segment starts with a dot, which no route
+	// of an API uses. Defaults to "/.idem/requests/".
+	StatusPath string
 }
 
 // settings is a Config with every default applied.
@@ -264,6 +297,7 @@ func (c Config) withDefaults() (settings, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	c.asyncDefaults(&errs)
 	s.Config = c
 	return s, errors.Join(errs...)
 }

@@ -112,10 +112,20 @@ func (p *Proxy) guard(w http.ResponseWriter, r *http.Request) {
 		p.refuse(w, r, probMethodCase, "")
 		return
 	}
+	if p.serveStatus(w, r) {
+		return
+	}
 	g := p.guarded.Load()
 	var h http.Handler // nil while the store is not open
 	protected := p.protected[r.Method]
-	if i, ok := p.routes.match(r); ok {
+	if p.async != nil && p.async.match(r) {
+		// An asynchronous route: the main handler sends it to the
+		// asynchronous engine, whatever the config file says of its path.
+		protected = true
+		if g != nil {
+			h = g.main
+		}
+	} else if i, ok := p.routes.match(r); ok {
 		rt := &p.routes.routes[i]
 		if rt.Unprotected {
 			p.rp.ServeHTTP(w, r)

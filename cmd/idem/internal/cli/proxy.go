@@ -176,6 +176,27 @@ type ProxyConfig struct {
 	// Logger receives the proxy's and the engine's events. Defaults to a
 	// text logger on stderr.
 	Logger *slog.Logger
+
+	// Async lists the asynchronous routes, as http.ServeMux patterns
+	// with a method ("POST /v1/reports"): a keyed request on one is
+	// recorded and answered 202 at once, and the proxy's worker forwards
+	// it to the upstream (see idem.Config.Async). Defaults to none.
+	Async []string
+	// AsyncWait bounds how long an accepted request waits for a worker
+	// before it ends with 408 (idem.Config.AsyncWait). Zero: 1h, or TTL
+	// when shorter.
+	AsyncWait time.Duration
+	// AsyncKeepHeaders names sensitive headers (Authorization, Cookie)
+	// kept with an asynchronous request for the upstream
+	// (idem.Config.AsyncKeepHeaders).
+	AsyncKeepHeaders []string
+	// AsyncWorkers is how many asynchronous requests this proxy forwards
+	// at once. Zero: this proxy runs no worker and only accepts requests
+	// (other proxies on the store forward them).
+	AsyncWorkers int
+	// AsyncPoll is how long an idle worker waits before it looks for new
+	// requests again. Zero: idem.DefaultWorkerPoll.
+	AsyncPoll time.Duration
 }
 
 // Proxy is the idempotency reverse proxy: the engine's middleware in front
@@ -199,16 +220,20 @@ type Proxy struct {
 	buffers   *semaphore.Weighted
 	buffered  atomic.Int64 // bytes held under buffers, for tests
 
+	async *asyncRoutes // nil without --async
+
 	// mu guards what attach sets once the store opened; guarded is nil
 	// until then and protected requests are answered 503.
-	mu      sync.Mutex
-	store   store.Store
-	engine  *idem.Engine
-	maint   *maintenance.Maintainer // nil with NoMaintenance
-	guarded atomic.Pointer[guarded]
-	openErr error         // why the store is not open yet
-	opening chan struct{} // closed when the background opener returns; nil without one
-	storeUp atomic.Bool   // last readiness seen, to log each change once
+	mu          sync.Mutex
+	store       store.Store
+	engine      *idem.Engine
+	asyncEngine *idem.Engine            // nil without --async
+	worker      *idem.Worker            // nil without --async
+	maint       *maintenance.Maintainer // nil with NoMaintenance
+	guarded     atomic.Pointer[guarded]
+	openErr     error         // why the store is not open yet
+	opening     chan struct{} // closed when the background opener returns; nil without one
+	storeUp     atomic.Bool   // last readiness seen, to log each change once
 
 	ln       net.Listener
 	server   *http.Server
@@ -366,6 +391,17 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 	if len(p.protected) == 0 {
 		p.protected = map[string]bool{http.MethodPost: true, http.MethodPatch: true}
 	}
+	if p.async, err = newAsyncRoutes(cfg.Async, p.protected); err != nil {
+		return nil, err
+	}
+	if p.async != nil {
+		if _, err := idem.New(memory.New(memory.Config{}), p.asyncEngineConfig()); err != nil {
+			return nil, err
+		}
+		if cfg.AsyncWorkers < 0 || cfg.AsyncPoll < 0 {
+			return nil, errors.New("proxy: --async-workers and --async-poll must not be negative")
+		}
+	}
 	p.transport = newTransport(cfg.UpstreamTimeout)
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:      p.rewrite,
@@ -376,7 +412,10 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 	p.handler = traced(tp.Tracer("github.com/idem-go/idem/cmd/idem/internal/cli"), http.HandlerFunc(p.guard))
 
 	if s, err := p.openStore(ctx); err == nil {
-		p.attach(s)
+		if err := p.attach(s); err != nil {
+			s.Close()
+			return nil, err
+		}
 	} else {
 		p.openErr = err
 		p.log.Warn("idem proxy: the store is unavailable; protected requests get 503 while it is retried in the background",
@@ -543,7 +582,12 @@ func (p *Proxy) attach(s store.Store) error {
 			return fmt.Errorf("proxy: %w", err)
 		}
 	}
-	g := &guarded{main: p.engine.Middleware(p.rp), routes: make([]http.Handler, len(engines))}
+	main, ae, w, err := p.attachAsync(e, p.engine.Middleware(p.rp))
+	if err != nil {
+		return err
+	}
+	p.asyncEngine, p.worker = ae, w
+	g := &guarded{main: main, routes: make([]http.Handler, len(engines))}
 	for i, re := range engines {
 		if re != nil {
 			g.routes[i] = re.Middleware(p.rp)
@@ -597,6 +641,9 @@ func (p *Proxy) openLoop(ctx, serveCtx context.Context) {
 		p.log.Info("idem proxy: the store is available; protected requests are served", "store", string(p.dsn.Kind))
 		if err := p.startMaintenance(serveCtx); err != nil {
 			p.log.Error("idem proxy: background services did not start", "err", err)
+		}
+		if err := p.startWorker(serveCtx); err != nil {
+			p.log.Error("idem proxy: the asynchronous worker did not start", "err", err)
 		}
 		return
 	}
@@ -674,6 +721,9 @@ func (p *Proxy) Serve(ctx context.Context) error {
 		if err := p.startMaintenance(ctx); err != nil {
 			return err
 		}
+		if err := p.startWorker(ctx); err != nil {
+			return err
+		}
 	} else {
 		var octx context.Context
 		octx, stopOpening = context.WithCancel(ctx)
@@ -723,6 +773,9 @@ func (p *Proxy) Serve(ctx context.Context) error {
 		<-p.opening
 	}
 	p.transport.CloseIdleConnections()
+	if err := p.stopWorker(sctx); err != nil {
+		errs = append(errs, fmt.Errorf("proxy: asynchronous worker: %w", err))
+	}
 	p.mu.Lock()
 	maint, st := p.maint, p.store
 	p.mu.Unlock()
@@ -963,6 +1016,15 @@ With OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) set,
 the proxy exports its spans over OTLP/HTTP; it continues the caller's W3C
 traceparent and passes it on to the upstream.
 
+Asynchronous routes: --async 'POST /v1/reports' (repeatable; a method and a
+ServeMux path pattern) records a keyed request on that route and answers 202
+Accepted at once, with Location: /.idem/requests/ID and Retry-After; a
+worker of any proxy on the store (--async-workers each, 0 for none) forwards
+it to the upstream once and stores the answer, which retries with the key and
+GET Location (same tenant only) then replay. A request no worker claims
+within --async-wait ends with a stored 408. Authorization and Cookie are
+never stored unless --async-keep-headers names them.
+
 Resource limits: --max-header-bytes (431 above it), --body-timeout (a
 client that stalls while sending its body is cut off, its connection
 closed), --max-buffered-bytes (keyed requests whose bodies would exceed it
@@ -1051,6 +1113,15 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	fs.BoolVar(&cfg.Maintenance.SoftExpire, "soft-expire", false, "keep expired records as state expired (audit) instead of deleting them")
 	fs.StringVar(&cfg.ResolveURL, "resolve-url", "", "`URL` the reconciler asks about unknown outcomes (protocol above); no reconciler when empty")
 	webhook := registerWebhookFlags(fs)
+	fs.Func("async", "asynchronous `route`, as a method and a ServeMux path pattern, e.g. 'POST /v1/reports' (repeatable): keyed requests get 202 + Location at once and the proxy's worker forwards them", func(v string) error {
+		cfg.Async = append(cfg.Async, v)
+		return nil
+	})
+	fs.DurationVar(&cfg.AsyncWait, "async-wait", 0, "how long an asynchronous request waits for a worker before it ends with 408 (0: 1h, or --ttl when shorter)")
+	fs.IntVar(&cfg.AsyncWorkers, "async-workers", idem.DefaultWorkerConcurrency, "asynchronous requests this proxy forwards at once; 0: none (this proxy only accepts them, others on the store forward them)")
+	fs.DurationVar(&cfg.AsyncPoll, "async-poll", idem.DefaultWorkerPoll, "how long an idle worker waits before it looks for new asynchronous requests again")
+	var asyncKeep listFlag
+	fs.Var(&asyncKeep, "async-keep-headers", "comma-separated sensitive `headers` (Authorization, Cookie) kept with asynchronous requests for the upstream; never stored otherwise")
 	fs.StringVar(&logFormat, "log-format", "text", "log format on stderr: text or json")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	pos, err := parse(fs, args)
@@ -1132,6 +1203,13 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	cfg.InProgressStatus = inProgress.n
 	cfg.MaxResponseBytes = int(min(maxResponse, 1<<31-1))
 	cfg.Fields = fields
+	cfg.AsyncKeepHeaders = asyncKeep
+	if cfg.AsyncWorkers < 0 {
+		return cfg, "", "", usageErr(fs, "--async-workers must not be negative")
+	}
+	if cfg.AsyncPoll <= 0 {
+		return cfg, "", "", usageErr(fs, "--async-poll must be positive")
+	}
 	if _, err := cfg.checkSettings(); err != nil {
 		return cfg, "", "", usageErr(fs, "%v", err)
 	}
