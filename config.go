@@ -10,7 +10,21 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idem-go/idem/internal/fingerprint"
 	"github.com/idem-go/idem/store"
+)
+
+// Defaults of the Config fields that New applies to a zero field, for
+// programs (such as the idem proxy) that show or compare them.
+const (
+	DefaultInProgressStatus = http.StatusConflict
+	DefaultTTL              = 24 * time.Hour
+	DefaultLease            = 30 * time.Second
+	DefaultRetryAfter       = time.Second
+	DefaultStoreTimeout     = 5 * time.Second
+	DefaultMaxBodyBytes     = 1 << 20
+	DefaultMaxResponseBytes = 1 << 20
+	DefaultKeyHeader        = "Idempotency-Key"
 )
 
 // Profile selects the HTTP dialect of the engine's own responses.
@@ -94,8 +108,11 @@ type Config struct {
 	// closed with 503 before the handler runs. Defaults to 5s.
 	StoreTimeout time.Duration
 
-	// Fields, when set, fingerprints only these top-level JSON members (or
-	// form keys) instead of the whole body. Defaults to the whole body.
+	// Fields, when set, fingerprints only these JSON members (or form
+	// keys) instead of the whole body. A field is a path of member names
+	// separated by '.' (payment.amount), with '~' written ~0 and '.' in a
+	// name written ~1; New refuses a field that is not such a path.
+	// Defaults to the whole body.
 	Fields []string
 
 	// KeyHeader names the request header that carries the idempotency key.
@@ -130,6 +147,39 @@ type Config struct {
 	// for traces (package otelidem reports them to OpenTelemetry).
 	// Defaults to none.
 	Observer Observer
+
+	// Async accepts the requests of the route asynchronously: the first
+	// request with a key is recorded as pending, with what is needed to run
+	// it later, and answered at once with 202 Accepted, Retry-After and a
+	// Location naming its status resource (see StatusHandler); a Worker
+	// claims and runs it. Retries with the key, and reads of the status
+	// resource, get 202 until the stored answer exists, then that answer.
+	// The store must implement store.Queue. Defaults to false.
+	Async bool
+
+	// AsyncQueue names the queue an asynchronous request waits in: the
+	// Worker serving it must claim from the same queue. Defaults to
+	// "default".
+	AsyncQueue string
+
+	// AsyncWait bounds how long an accepted request waits for a worker;
+	// a request no worker claimed in time ends with a stored 408 answer
+	// (the maintenance services end it). It must not exceed TTL.
+	// Defaults to 1h, or TTL when that is shorter.
+	AsyncWait time.Duration
+
+	// AsyncKeepHeaders names sensitive request headers that are kept with
+	// an asynchronous request all the same, for a worker that needs them
+	// (a worker that must authenticate as the client). Authorization,
+	// Proxy-Authorization and Cookie are otherwise never stored, nor are
+	// hop-by-hop headers. Defaults to none.
+	AsyncKeepHeaders []string
+
+	// StatusPath is the path prefix of the status resources of
+	// asynchronous requests: Location is StatusPath followed by the
+	// request's id. Its leading segment starts with a dot, which no route
+	// of an API uses. Defaults to "/.idem/requests/".
+	StatusPath string
 }
 
 // settings is a Config with every default applied.
@@ -189,7 +239,7 @@ func (c Config) withDefaults() (settings, error) {
 		errs = append(errs, fmt.Errorf("idem: KeyReusedStatus %d is not a 4xx status", c.KeyReusedStatus))
 	}
 	if c.InProgressStatus == 0 {
-		c.InProgressStatus = http.StatusConflict
+		c.InProgressStatus = DefaultInProgressStatus
 	}
 	if c.InProgressStatus != http.StatusConflict && c.InProgressStatus != http.StatusAccepted {
 		errs = append(errs, fmt.Errorf("idem: InProgressStatus %d is neither 409 nor 202", c.InProgressStatus))
@@ -202,10 +252,10 @@ func (c Config) withDefaults() (settings, error) {
 			errs = append(errs, fmt.Errorf("idem: %s must not be negative", name))
 		}
 	}
-	def(&c.TTL, 24*time.Hour, "TTL")
-	def(&c.Lease, 30*time.Second, "Lease")
-	def(&c.RetryAfter, time.Second, "RetryAfter")
-	def(&c.StoreTimeout, 5*time.Second, "StoreTimeout")
+	def(&c.TTL, DefaultTTL, "TTL")
+	def(&c.Lease, DefaultLease, "Lease")
+	def(&c.RetryAfter, DefaultRetryAfter, "RetryAfter")
+	def(&c.StoreTimeout, DefaultStoreTimeout, "StoreTimeout")
 	if c.Wait < 0 {
 		errs = append(errs, errors.New("idem: Wait must not be negative"))
 	}
@@ -216,10 +266,10 @@ func (c Config) withDefaults() (settings, error) {
 		errs = append(errs, fmt.Errorf("idem: unknown LeasePolicy %q (want unknown, retry or resume)", c.LeasePolicy))
 	}
 	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = 1 << 20
+		c.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	if c.MaxResponseBytes == 0 {
-		c.MaxResponseBytes = 1 << 20
+		c.MaxResponseBytes = DefaultMaxResponseBytes
 	}
 	if c.MaxBodyBytes < 0 || c.MaxResponseBytes < 0 {
 		errs = append(errs, errors.New("idem: MaxBodyBytes and MaxResponseBytes must not be negative"))
@@ -228,8 +278,11 @@ func (c Config) withDefaults() (settings, error) {
 	c.Fields = slices.Clone(c.Fields)
 	slices.Sort(c.Fields)
 	c.Fields = slices.Compact(c.Fields)
+	if err := fingerprint.ValidateFields(c.Fields); err != nil {
+		errs = append(errs, fmt.Errorf("idem: Fields: %w", err))
+	}
 	if c.KeyHeader == "" {
-		c.KeyHeader = "Idempotency-Key"
+		c.KeyHeader = DefaultKeyHeader
 	}
 	if !store.ValidHeader(c.KeyHeader, nil) {
 		errs = append(errs, fmt.Errorf("idem: KeyHeader %q is not a valid header name", c.KeyHeader))
@@ -244,6 +297,7 @@ func (c Config) withDefaults() (settings, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	c.asyncDefaults(&errs)
 	s.Config = c
 	return s, errors.Join(errs...)
 }

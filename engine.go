@@ -39,6 +39,9 @@ func New(s store.Store, cfg Config) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkAsync(s, &set); err != nil {
+		return nil, err
+	}
 	return &Engine{store: s, cfg: set, hasher: fingerprint.New(set.Secret), log: set.Logger,
 		obs: observerOr(set.Observer), sname: StoreName(s), clk: wallClock{}}, nil
 }
@@ -50,12 +53,16 @@ func (e *Engine) With(modify func(*Config)) (*Engine, error) {
 	cfg := e.cfg.Config
 	cfg.Methods = append([]string(nil), cfg.Methods...)
 	cfg.Fields = append([]string(nil), cfg.Fields...)
+	cfg.AsyncKeepHeaders = append([]string(nil), cfg.AsyncKeepHeaders...)
 	if e.cfg.Config.KeyRequired == nil {
 		cfg.KeyRequired = Bool(e.cfg.keyRequired)
 	}
 	modify(&cfg)
 	set, err := cfg.withDefaults()
 	if err != nil {
+		return nil, err
+	}
+	if err := checkAsync(e.store, &set); err != nil {
 		return nil, err
 	}
 	d := *e
@@ -156,6 +163,11 @@ type Call struct {
 	// is known to be valid, so that calls passing through without a key
 	// do not pay for it. Its error refuses the call (body-unreadable).
 	ReadBody func() ([]byte, error)
+
+	// Header is the request's header. Only an asynchronous route
+	// (Config.Async) reads it: the headers a worker needs are kept with the
+	// pending request (see Config.AsyncKeepHeaders).
+	Header map[string][]string
 }
 
 // Outcome is what becomes of a record once its operation returned.
@@ -231,9 +243,14 @@ const (
 	Invalid
 	// Unavailable: the store failed; the operation did not run.
 	Unavailable
+	// Accepted: the route is asynchronous (Config.Async) and the request
+	// is recorded as pending, or is waiting for a worker or being run by
+	// one: 202 Accepted with Retry-After and Answer.Location. The operation
+	// did not run in this call.
+	Accepted
 )
 
-var verdictNames = [...]string{"executed", "passed", "replayed", "key_reused", "in_progress", "unknown", "invalid", "unavailable"}
+var verdictNames = [...]string{"executed", "passed", "replayed", "key_reused", "in_progress", "unknown", "invalid", "unavailable", "accepted"}
 
 func (v Verdict) String() string {
 	if v >= 0 && int(v) < len(verdictNames) {
@@ -254,6 +271,9 @@ type Answer struct {
 	Problem Problem
 	// Err is the store's failure for Unavailable.
 	Err error
+	// Location is the status resource of an Accepted call (see
+	// StatusHandler).
+	Location string
 }
 
 // ErrStore wraps every store failure the engine met; the engine fails
@@ -369,9 +389,14 @@ func (e *Engine) run(ctx context.Context, c *Call, op operation) Answer {
 		return e.refuse(ctx, probInvalidBody, err.Error())
 	}
 
-	d, err := e.begin(ctx, op.scratch(), scope, c.Route, key, fp)
-	if err == nil && d.verdict == InProgress && e.cfg.Wait > 0 {
-		d, err = e.await(ctx, scope, c.Route, key, fp, e.cfg.Wait)
+	var d decision
+	if e.cfg.Async {
+		d, err = e.accept(ctx, c, scope, key, fp)
+	} else {
+		d, err = e.begin(ctx, op.scratch(), scope, c.Route, key, fp)
+		if err == nil && d.verdict == InProgress && e.cfg.Wait > 0 {
+			d, err = e.await(ctx, scope, c.Route, key, fp, e.cfg.Wait)
+		}
 	}
 	switch {
 	case errors.Is(err, store.ErrInvalidParams):
@@ -404,6 +429,8 @@ func (e *Engine) run(ctx context.Context, c *Call, op operation) Answer {
 		return Answer{Verdict: KeyReused, Problem: e.problem(probKeyReused, e.cfg.KeyReusedStatus)}
 	case OutcomeUnknown:
 		return Answer{Verdict: OutcomeUnknown, Problem: e.problem(probUnknown, 0)}
+	case Accepted:
+		return Answer{Verdict: Accepted, Problem: e.problem(probAccepted, 0), Location: e.StatusLocation(c.Method, c.Route, key)}
 	default:
 		return Answer{Verdict: InProgress, Problem: e.problem(probInProgress, e.cfg.InProgressStatus)}
 	}

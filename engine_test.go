@@ -163,6 +163,13 @@ func TestHeartbeatRenewsAThirdIntoTheLease(t *testing.T) {
 	if w := sendKeyed(h, "slow-1"); w.Code != http.StatusConflict {
 		t.Fatalf("duplicate after the first lease: %d, want 409 (lease renewed)", w.Code)
 	}
+	// The handler outlives many leases: the heartbeat keeps renewing.
+	for range 30 {
+		clk.Advance(10 * time.Second)
+	}
+	if w := sendKeyed(h, "slow-1"); w.Code != http.StatusConflict {
+		t.Fatalf("duplicate ten leases later: %d, want 409 (lease renewed)", w.Code)
+	}
 	once.Do(func() { close(release) })
 	if w := <-done; w.Code != http.StatusCreated {
 		t.Fatalf("original: %d", w.Code)

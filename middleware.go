@@ -80,7 +80,7 @@ func (e *Engine) handle(w http.ResponseWriter, r *http.Request, route string, co
 	}
 	c := Call{
 		Tenant: e.cfg.Tenant(r), Method: method, Route: route, Target: r.URL.RequestURI(),
-		Keys: keys, ContentType: r.Header.Get("Content-Type"),
+		Keys: keys, ContentType: r.Header.Get("Content-Type"), Header: r.Header,
 	}
 	a := e.run(r.Context(), &c, h)
 	switch a.Verdict {
@@ -89,6 +89,9 @@ func (e *Engine) handle(w http.ResponseWriter, r *http.Request, route string, co
 	case Passed:
 	case Replayed:
 		replay(w, a.Response)
+	case Accepted:
+		w.Header().Set("Location", a.Location)
+		e.WriteProblem(w, a.Problem)
 	default:
 		e.WriteProblem(w, a.Problem)
 	}

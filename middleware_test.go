@@ -586,42 +586,6 @@ func TestFenceAndTakeover(t *testing.T) {
 	}
 }
 
-func TestHeartbeatKeepsLease(t *testing.T) {
-	t.Parallel()
-	// Real time here: the heartbeat is a timer. The lease is short and the
-	// handler outlives it several times; the store clock is the real one.
-	s := memory.New(memory.Config{})
-	e, err := idem.New(s, idem.Config{Lease: 90 * time.Millisecond, LeasePolicy: store.LeaseRetry})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var calls atomic.Int64
-	h := e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		calls.Add(1)
-		time.Sleep(400 * time.Millisecond)
-		w.WriteHeader(201)
-	}))
-	send := func() *httptest.ResponseRecorder {
-		r := httptest.NewRequest("POST", "/x", strings.NewReader(`{}`))
-		r.Header.Set("Idempotency-Key", uuid)
-		w := httptest.NewRecorder()
-		h.ServeHTTP(w, r)
-		return w
-	}
-	done := make(chan *httptest.ResponseRecorder)
-	go func() { done <- send() }()
-	time.Sleep(250 * time.Millisecond) // well past one lease
-	if w := send(); w.Code != 409 {
-		t.Fatalf("duplicate while the slow handler runs: %d (lease not renewed?)", w.Code)
-	}
-	if w := <-done; w.Code != 201 {
-		t.Fatal(w.Code)
-	}
-	if calls.Load() != 1 {
-		t.Fatalf("handler ran %d times", calls.Load())
-	}
-}
-
 func TestClientDisconnectMidRequest(t *testing.T) {
 	t.Parallel()
 	s := memory.New(memory.Config{})
@@ -747,6 +711,11 @@ func TestConfigErrors(t *testing.T) {
 		{KeyReusedStatus: 200},
 		{TTL: -time.Second},
 		{MaxBodyBytes: -1},
+		{InProgressStatus: 200},
+		{RetryAfter: -time.Second},
+		{StoreTimeout: -time.Second},
+		{MaxResponseBytes: -1},
+		{Fields: []string{"amount", "a~2b"}},
 	} {
 		if _, err := idem.New(s, cfg); err == nil {
 			t.Fatalf("New(%+v) accepted an invalid config", cfg)

@@ -23,13 +23,14 @@ import (
 type Observer interface {
 	// Reserve reports the outcome of one call that entered the protocol:
 	// created, replay, in_progress, key_reused, failed_retry, unknown,
-	// taken_over, store_error or rejected (a call refused before the store,
+	// taken_over, accepted (an asynchronous request recorded as pending),
+	// store_error or rejected (a call refused before the store,
 	// such as a malformed key).
 	Reserve(ctx context.Context, outcome string)
 
 	// StoreCall reports one store operation, op being one of reserve,
-	// complete, release, mark_unknown, checkpoint, extend, get (the
-	// engine's) or sweep, reap, list_unknown, resolve, defer (the
+	// complete, release, mark_unknown, checkpoint, extend, get, claim (the
+	// engine's and its Worker's) or sweep, reap, list_unknown, resolve, defer (the
 	// maintenance services'); d is how long it took. failed is true when it
 	// failed, not counting definite answers such as a lost lease, a record
 	// in another state or parameters the store refuses.
@@ -42,8 +43,9 @@ type Observer interface {
 
 	// Event counts n occurrences of a named event of the record's life:
 	// zombies_swept, ttl_pruned, abandoned, reconcile_scheduled,
-	// reconcile_resolved, reconcile_failed or reconcile_dead. The engine
-	// reports reconcile_scheduled; the maintenance services report all.
+	// reconcile_resolved, reconcile_failed, reconcile_dead, async_claimed
+	// or pending_expired. The engine reports reconcile_scheduled, its
+	// Worker async_claimed; the maintenance services report the others.
 	Event(ctx context.Context, name string, n int64)
 
 	// Step reports the start of a step of a protected call (see Step) and
@@ -124,12 +126,13 @@ const (
 	opCheckpoint
 	opExtend
 	opGet
+	opClaim
 	numOps
 )
 
 // opNames match those of package maintenance, whose store calls sit beside
 // the engine's under the same op attribute.
-var opNames = [numOps]string{"reserve", "complete", "release", "mark_unknown", "checkpoint", "extend", "get"}
+var opNames = [numOps]string{"reserve", "complete", "release", "mark_unknown", "checkpoint", "extend", "get", "claim"}
 
 func (o storeOp) String() string { return opNames[o] }
 

@@ -46,6 +46,10 @@ const (
 	SlugInProgress       = "request-in-progress"
 	SlugOutcomeUnknown   = "outcome-unknown"
 	SlugStoreUnavailable = "store-unavailable"
+	SlugAccepted         = "request-accepted"
+	SlugRequestNotFound  = "request-not-found"
+	SlugRequestFailed    = "request-failed"
+	SlugPendingExpired   = "request-not-run-in-time"
 )
 
 // problemType is one of the engine's problems with its fixed texts.
@@ -104,7 +108,7 @@ var stripeMessages = map[string]string{}
 func init() {
 	for _, p := range []*problemType{probKeyMissing, probKeyMalformed, probKeyRepeated, probBodyTooLarge,
 		probBodyUnreadable, probInvalidBody, probScopeTooLong, probScopeInvalid, probKeyReused,
-		probInProgress, probUnknown, probStore} {
+		probInProgress, probUnknown, probStore, probAccepted, probRequestNotFound, probRequestFailed} {
 		stripeMessages[p.slug] = p.stripe
 	}
 }

@@ -38,8 +38,9 @@ type Config struct {
 	// StoreTimeout bounds every store call. Defaults to 5s.
 	StoreTimeout time.Duration
 
-	// SweepInterval is how often expired leases are swept. Defaults to
-	// 15s.
+	// SweepInterval is how often expired leases are swept, and
+	// asynchronous requests no worker claimed in time are ended (see
+	// ExpirePendingOnce). Defaults to 15s.
 	SweepInterval time.Duration
 
 	// SweepGrace is how long past its end a lease must be before the

@@ -1,7 +1,9 @@
 // Package maintenance runs the background services of an idempotency
 // store: the sweeper moves records whose holder died to unknown, the reaper
-// deletes expired records and closes abandoned ones, and the reconciler
-// asks the application's Resolver what became of unknown outcomes.
+// deletes expired records and closes abandoned ones, the reconciler asks
+// the application's Resolver what became of unknown outcomes, and on a
+// store that keeps asynchronous requests, pending requests no worker
+// claimed in time end with a stored timeout answer.
 //
 // Run them in every instance of a service: several maintainers may work on
 // one store at once, as every step is atomic per record. Settle is the one
@@ -128,7 +130,10 @@ func (m *Maintainer) Start(ctx context.Context) error {
 	ctx, m.cancel = context.WithCancel(ctx)
 	m.loop(ctx, "sweep", m.cfg.SweepInterval, func(ctx context.Context) error {
 		_, err := m.SweepOnce(ctx)
-		return err
+		// The sweeper also ends the asynchronous requests no worker
+		// claimed in time (nothing on a store without them).
+		_, perr := m.ExpirePendingOnce(ctx)
+		return errors.Join(err, perr)
 	})
 	m.loop(ctx, "reap", m.cfg.ReapInterval, func(ctx context.Context) error {
 		_, err := m.ReapOnce(ctx)

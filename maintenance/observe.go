@@ -16,12 +16,13 @@ const (
 	opListUnknown
 	opResolve
 	opDefer
+	opExpirePending
 	numOps
 )
 
 // opNames sit beside the engine's store operations under the same op
 // attribute: an application that runs both exports one set of metrics.
-var opNames = [numOps]string{"sweep", "reap", "list_unknown", "resolve", "defer"}
+var opNames = [numOps]string{"sweep", "reap", "list_unknown", "resolve", "defer", "expire_pending"}
 
 func (o op) String() string { return opNames[o] }
 

@@ -54,12 +54,14 @@ const Name = "github.com/idem-go/idem"
 // idem.reserve.outcomes.
 var outcomes = []string{
 	"created", "replay", "in_progress", "key_reused", "failed_retry", "unknown", "taken_over", "store_error", "rejected",
+	"accepted",
 }
 
 // ops are the store operations of the engine and of package maintenance.
 var ops = []string{
 	"reserve", "complete", "release", "mark_unknown", "checkpoint", "extend", "get",
 	"sweep", "reap", "list_unknown", "resolve", "defer",
+	"claim", "expire_pending",
 }
 
 // events are the counters of the record's life.
@@ -71,6 +73,8 @@ var events = map[string]string{
 	"reconcile_resolved":  "Unknown records settled by the resolver, a webhook or an operator.",
 	"reconcile_failed":    "Reconciliation attempts that failed.",
 	"reconcile_dead":      "Unknown records dead-lettered for an operator.",
+	"async_claimed":       "Asynchronous requests claimed by a worker.",
+	"pending_expired":     "Asynchronous requests no worker claimed in time, ended with a timeout answer.",
 }
 
 // observer holds the instruments with their attribute sets built once, so

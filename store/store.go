@@ -58,10 +58,10 @@ const (
 	StateExpired State = "expired"
 )
 
-// Valid reports whether s is one of the five states.
+// Valid reports whether s is one of the states (pending included).
 func (s State) Valid() bool {
 	switch s {
-	case StateInProgress, StateCompleted, StateFailedRetryable, StateUnknown, StateExpired:
+	case StateInProgress, StateCompleted, StateFailedRetryable, StateUnknown, StateExpired, StatePending:
 		return true
 	}
 	return false
@@ -150,6 +150,10 @@ type Record struct {
 	// still sees it (ListUnknown without DueOnly) and Resolve settles it
 	// (which clears DeadLetteredAt).
 	DeadLetteredAt time.Time
+	// Request is the request kept with an asynchronous record (see
+	// [Queue]). Claim and ReservePending return it; other reads may leave
+	// it nil.
+	Request *PendingRequest
 }
 
 // DeadLettered reports whether the reconciler gave up on the record.

@@ -275,7 +275,9 @@ func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]
 func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult, error) {
 	var res store.ReapResult
 	err := s.scan(ctx, p.Validate(), p.Limit, func(r *store.Record, now time.Time) bool {
-		return r.State != store.StateExpired && !now.Before(r.ExpiresAt) &&
+		// Pending records are ended by ExpirePending at their deadline,
+		// as in every other store, never abandoned here.
+		return r.State != store.StateExpired && r.State != store.StatePending && !now.Before(r.ExpiresAt) &&
 			(r.State != store.StateInProgress || r.LeaseExpired(now))
 	}, func(r *store.Record) time.Time { return r.ExpiresAt }, func(r *entry, now time.Time) {
 		switch {

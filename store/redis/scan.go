@@ -75,18 +75,31 @@ func (s *Store) batch(ctx context.Context, calls []call) ([]any, error) {
 // due is "" for every entry, else the lag (microseconds, as a string) behind
 // now that an entry's score must not pass: "0" for what is due now.
 func (s *Store) candidates(ctx context.Context, due string, limit int, indexes ...int) ([]candidate, error) {
-	now := s.now()
-	page := min(limit, max(8, 2*((limit+shardCount-1)/shardCount)))
-	lists := make([]indexList, 0, shardCount*len(indexes))
-	calls := make([]call, shardCount)
-	for sh := range shardCount {
+	return s.candidatesIn(ctx, due, limit, func(sh int) []string {
 		all := s.indexKeys(sh)
 		keys := make([]string, len(indexes))
-		args := []any{now, due, page, "+inf"}
 		for i, ix := range indexes {
 			keys[i] = all[ix]
+		}
+		return keys
+	})
+}
+
+// candidatesIn is candidates over the index keys keysOf returns for each
+// shard (the same number for every shard).
+func (s *Store) candidatesIn(ctx context.Context, due string, limit int, keysOf func(shard int) []string) ([]candidate, error) {
+	now := s.now()
+	page := min(limit, max(8, 2*((limit+shardCount-1)/shardCount)))
+	nkeys := len(keysOf(0))
+	indexes := make([]struct{}, nkeys)
+	lists := make([]indexList, 0, shardCount*nkeys)
+	calls := make([]call, shardCount)
+	for sh := range shardCount {
+		keys := keysOf(sh)
+		args := []any{now, due, page, "+inf"}
+		for _, k := range keys {
 			args = append(args, "-inf")
-			lists = append(lists, indexList{shard: sh, key: all[ix]})
+			lists = append(lists, indexList{shard: sh, key: k})
 		}
 		calls[sh] = call{scriptDue, keys, args}
 	}

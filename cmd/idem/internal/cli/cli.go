@@ -109,6 +109,9 @@ Store DSNs (--store, the same meaning in every command; default %s):
   mysql://user:pass@host:3306/db  redis://host:6379/0
 Keep passwords off the command line: --store-file PATH (its first line) or
 $%s; likewise --cache-file and $%s for --cache.
+
+Every flag may also be set in the environment: IDEM_ and its name in upper
+case, - written _ (--max-body is IDEM_MAX_BODY); the command line wins.
 `, storeurl.Default, storeurl.StoreEnv, storeurl.CacheEnv)
 	fmt.Fprint(w, `
 A request whose outcome is unknown (the proxy or the upstream died while
@@ -120,8 +123,20 @@ settled, by the proxy's reconciler (--resolve-url) or by an operator
 
 // parse parses args with flags and positional arguments in any order
 // ("inspect KEY --store X" as well as "inspect --store X KEY"); "--" ends
-// the flags.
+// the flags. A flag not on the command line then takes the value of its
+// environment variable (envName), if set.
 func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return nil, err
+	}
+	if err := applyEnv(fs); err != nil {
+		return nil, usageErr(fs, "%v", err)
+	}
+	return pos, nil
+}
+
+func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {
@@ -211,6 +226,89 @@ func (l *listFlag) Set(s string) error {
 	if len(*l) == 0 {
 		return errors.New("empty list")
 	}
+	return nil
+}
+
+// optionalBool is a boolean flag that may be left to a default decided
+// elsewhere (the profile): v is nil until it is set; "profile" unsets it.
+type optionalBool struct{ v *bool }
+
+func (b *optionalBool) String() string {
+	if b == nil || b.v == nil {
+		return "profile"
+	}
+	return strconv.FormatBool(*b.v)
+}
+
+func (b *optionalBool) Set(s string) error {
+	if s == "profile" {
+		b.v = nil
+		return nil
+	}
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		return errors.New("want true, false or profile")
+	}
+	b.v = &v
+	return nil
+}
+
+// IsBoolFlag lets the flag stand alone: --key-required means true.
+func (b *optionalBool) IsBoolFlag() bool { return true }
+
+// statusFlag is an HTTP status flag that check accepts; with zero set, 0
+// (written as zero) leaves the status to a default decided elsewhere.
+type statusFlag struct {
+	n     int
+	zero  string
+	check func(int) error
+}
+
+func (f *statusFlag) String() string {
+	if f == nil {
+		return ""
+	}
+	if f.n == 0 && f.zero != "" {
+		return f.zero
+	}
+	return strconv.Itoa(f.n)
+}
+
+func (f *statusFlag) Set(s string) error {
+	if f.zero != "" && s == f.zero {
+		f.n = 0
+		return nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return errors.New("want an HTTP status such as 409")
+	}
+	if err := f.check(n); err != nil {
+		return err
+	}
+	f.n = n
+	return nil
+}
+
+// choiceFlag is a string flag that valid accepts (want says what is).
+type choiceFlag struct {
+	value string
+	valid func(string) bool
+	want  string
+}
+
+func (f *choiceFlag) String() string {
+	if f == nil {
+		return ""
+	}
+	return f.value
+}
+
+func (f *choiceFlag) Set(s string) error {
+	if !f.valid(s) {
+		return errors.New("want " + f.want)
+	}
+	f.value = s
 	return nil
 }
 

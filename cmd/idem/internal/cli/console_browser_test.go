@@ -16,6 +16,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/idem-go/idem/cmd/idem/internal/console"
+	"github.com/idem-go/idem/store"
 )
 
 // browser starts a headless Chromium for the test, or skips when none is
@@ -80,7 +81,7 @@ func shot(name string) chromedp.Action[chromedp.Void] {
 		if err != nil {
 			return chromedp.Void{}, err
 		}
-		dir := filepath.Join("..", "..", "docs", "console")
+		dir := filepath.Join("..", "..", "..", "..", "docs", "console") // the repository root's docs
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return chromedp.Void{}, err
 		}
@@ -108,9 +109,9 @@ func TestConsoleBrowser(t *testing.T) {
 	admin := "http://" + p.AdminAddr().String()
 	c := client(t)
 
-	send := func() (int, string) {
+	sendKey := func(key string) (int, string) {
 		req, _ := http.NewRequest(http.MethodPost, base+"/v1/charges", strings.NewReader(`{"amount":100}`))
-		req.Header.Set("Idempotency-Key", `"order-42"`)
+		req.Header.Set("Idempotency-Key", `"`+key+`"`)
 		req.Header.Set("Authorization", "Bearer client-1")
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := c.Do(req)
@@ -121,11 +122,24 @@ func TestConsoleBrowser(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
+	send := func() (int, string) { return sendKey("order-42") }
 	if code, _ := send(); code < 500 {
 		t.Fatalf("request whose upstream hung up: %d, want a 5xx", code)
 	}
 	if calls.Load() != 1 {
 		t.Fatalf("upstream calls: %d", calls.Load())
+	}
+	// A second unknown request, which the reconciler gave up on.
+	if code, _ := sendKey("order-43"); code < 500 {
+		t.Fatalf("second request whose upstream hung up: %d, want a 5xx", code)
+	}
+	tenant, err := p.consoleTenant("Bearer client-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Store().Defer(context.Background(), store.DeferParams{Scope: scopeOf(tenant, "POST", "/v1/charges"),
+		Key: "order-43", DeadLetter: true, Error: "the resolver kept failing"}); err != nil {
+		t.Fatal(err)
 	}
 
 	must := func(what string, steps ...chromedp.Action[chromedp.Void]) {
@@ -199,8 +213,37 @@ func TestConsoleBrowser(t *testing.T) {
 	if code != 201 || body != `{"id":"ch_1","amount":100}` {
 		t.Fatalf("retry after settling: %d %q", code, body)
 	}
-	if calls.Load() != 1 {
-		t.Fatalf("the retry called the upstream: %d calls", calls.Load())
+	if calls.Load() != 2 {
+		t.Fatalf("the retry called the upstream: %d calls, want the 2 of order-42 and order-43", calls.Load())
+	}
+
+	// The dead letter is on its own page, reached from the navigation, and
+	// not in the unknown queue.
+	must("the dead letters",
+		chromedp.Navigate(admin+"/console/unknown"),
+		chromedp.WaitVisible(chromedp.CSS(`nav`)))
+	if text = textOf(`main`); strings.Contains(text, "order-43") {
+		t.Fatalf("the unknown queue lists the dead letter: %q", text)
+	}
+	must("open the dead letters",
+		chromedp.Click(chromedp.CSS(`nav a[href="/console/dead-letters"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`table a`)),
+		shot("dead-letters"))
+	if text = textOf(`table`); !strings.Contains(text, "order-43") || strings.Contains(text, "order-42") {
+		t.Fatalf("dead letters page: %q", text)
+	}
+	must("run a dead letter again",
+		chromedp.Click(chromedp.CSS(`table a`)),
+		chromedp.WaitVisible(chromedp.CSS(`form:has(input[value=run_again]) button`)),
+		chromedp.Click(chromedp.CSS(`form:has(input[value=run_again]) button`)),
+		chromedp.WaitVisible(chromedp.CSS(`#confirm`)),
+		chromedp.Click(chromedp.CSS(`#confirm`)),
+		chromedp.WaitVisible(chromedp.CSS(`dl .state.failed_retryable`)))
+	must("the dead letters are empty",
+		chromedp.Navigate(admin+"/console/dead-letters"),
+		chromedp.WaitVisible(chromedp.CSS(`main p`)))
+	if text = textOf(`main`); strings.Contains(text, "order-43") || !strings.Contains(text, "No records") {
+		t.Fatalf("dead letters after running it again: %q", text)
 	}
 
 	// A POST without the CSRF token is refused, even with valid credentials.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strconv"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -41,15 +42,16 @@ var (
 		title: "Idempotency store is unavailable; the request was not processed"}
 )
 
-// writeProxyProblem answers p in the profile's error shape. detail may be
-// empty.
-func writeProxyProblem(w http.ResponseWriter, profile idem.Profile, p proxyProblem, detail string) {
+// writeProxyProblem answers p in the profile's error shape, with
+// Retry-After (whole seconds, at least 1) when p comes with one. detail
+// may be empty.
+func writeProxyProblem(w http.ResponseWriter, profile idem.Profile, retryAfter time.Duration, p proxyProblem, detail string) {
 	typ := idem.ProblemBase + p.slug
 	if p.slug == "" {
 		typ = "about:blank"
 	}
 	if p.retry {
-		w.Header().Set("Retry-After", "1")
+		w.Header().Set("Retry-After", strconv.Itoa(max(1, int(retryAfter.Round(time.Second)/time.Second))))
 	}
 	var body []byte
 	if profile == idem.ProfileStripe {
@@ -83,7 +85,7 @@ func (p *Proxy) refuse(w http.ResponseWriter, r *http.Request, prob proxyProblem
 		w.Header().Set("Connection", "close")
 	}
 	p.refusals.Add(r.Context(), 1, metric.WithAttributes(attribute.String("reason", prob.slug)))
-	writeProxyProblem(w, idem.Profile(p.cfg.Profile), prob, detail)
+	writeProxyProblem(w, idem.Profile(p.cfg.Profile), p.cfg.RetryAfter, prob, detail)
 }
 
 type tenantKey struct{}
@@ -110,10 +112,37 @@ func (p *Proxy) guard(w http.ResponseWriter, r *http.Request) {
 		p.refuse(w, r, probMethodCase, "")
 		return
 	}
-	h := p.guarded.Load()
-	if !p.protected[r.Method] {
+	if p.serveStatus(w, r) {
+		return
+	}
+	g := p.guarded.Load()
+	var h http.Handler // nil while the store is not open
+	protected := p.protected[r.Method]
+	if p.async != nil && p.async.match(r) {
+		// An asynchronous route: the main handler sends it to the
+		// asynchronous engine, whatever the config file says of its path.
+		protected = true
+		if g != nil {
+			h = g.main
+		}
+	} else if i, ok := p.routes.match(r); ok {
+		rt := &p.routes.routes[i]
+		if rt.Unprotected {
+			p.rp.ServeHTTP(w, r)
+			return
+		}
+		if rt.method != "" {
+			protected = r.Method == rt.method
+		}
+		if g != nil {
+			h = g.routes[i]
+		}
+	} else if g != nil {
+		h = g.main
+	}
+	if !protected {
 		if h != nil {
-			(*h).ServeHTTP(w, r)
+			h.ServeHTTP(w, r)
 		} else {
 			p.rp.ServeHTTP(w, r)
 		}
@@ -154,7 +183,7 @@ func (p *Proxy) guard(w http.ResponseWriter, r *http.Request) {
 		p.refuse(w, r, probStoreDown, "")
 		return
 	}
-	(*h).ServeHTTP(w, r)
+	h.ServeHTTP(w, r)
 }
 
 // bodyWeight is what the engine may hold of r's body: its Content-Length,

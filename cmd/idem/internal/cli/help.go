@@ -43,6 +43,10 @@ var helpDocs = map[string]helpDoc{
 		"idem proxy --upstream http://127.0.0.1:3000",
 		"# shared PostgreSQL store, metrics on :9090, unknown outcomes asked about",
 		"idem proxy --upstream http://api:3000 --listen :8080 --store postgres://idem@db/idem \\\n    --admin :9090 --resolve-url http://api:3000/internal/resolve",
+		"# per-route settings from a config file, the store from the environment",
+		"IDEM_STORE=postgres://idem@db/idem idem proxy --config /etc/idem/proxy.json",
+		"# 202 for a duplicate in flight, charges identified by two members only",
+		"idem proxy --upstream http://127.0.0.1:3000 --in-progress-status 202 --fields amount,payment.currency",
 	}},
 	"migrate": {examples: []string{
 		"idem migrate --store postgres://idem@db:5432/idem",
@@ -141,13 +145,13 @@ func newFlags(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 	// usageErr print what fits instead.
 	fs.Usage = func() {}
 	w := weak.Make(fs)
-	synopsesMu.Lock()
-	synopses[w] = synopsis
-	synopsesMu.Unlock()
+	flagSetsMu.Lock()
+	flagSets[w] = &flagSetInfo{synopsis: synopsis, origins: map[string]string{}}
+	flagSetsMu.Unlock()
 	runtime.AddCleanup(fs, func(w weak.Pointer[flag.FlagSet]) {
-		synopsesMu.Lock()
-		delete(synopses, w)
-		synopsesMu.Unlock()
+		flagSetsMu.Lock()
+		delete(flagSets, w)
+		flagSetsMu.Unlock()
 	}, w)
 	if r, ok := stderr.(recorder); ok {
 		r.recordFlags(fs)
@@ -155,18 +159,29 @@ func newFlags(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 	return fs
 }
 
-// synopses holds the synopsis of each live flag set: a flag.FlagSet has
-// no room for it, and its Usage function cannot tell -h from an error.
+// flagSetInfo is what a flag.FlagSet has no room for: the synopsis given
+// to newFlags, and where the flags not set on the command line took their
+// value from (flag name -> "$IDEM_TTL", "config file idem.json").
+type flagSetInfo struct {
+	synopsis string
+	origins  map[string]string
+}
+
+// flagSets holds the information of each live flag set: its Usage
+// function cannot tell -h from an error.
 var (
-	synopsesMu sync.Mutex
-	synopses   = map[weak.Pointer[flag.FlagSet]]string{}
+	flagSetsMu sync.Mutex
+	flagSets   = map[weak.Pointer[flag.FlagSet]]*flagSetInfo{}
 )
 
 // synopsisOf returns the synopsis given to newFlags for fs.
 func synopsisOf(fs *flag.FlagSet) (synopsis, description string) {
-	synopsesMu.Lock()
-	text := synopses[weak.Make(fs)]
-	synopsesMu.Unlock()
+	flagSetsMu.Lock()
+	var text string
+	if info := flagSets[weak.Make(fs)]; info != nil {
+		text = info.synopsis
+	}
+	flagSetsMu.Unlock()
 	synopsis, description, _ = strings.Cut(text, "\n\n")
 	return synopsis, strings.TrimSpace(description)
 }
@@ -190,10 +205,14 @@ func printHelp(w io.Writer, fs *flag.FlagSet) {
 		if def == "" {
 			def = "none"
 		}
-		fmt.Fprintf(w, "  --%s%s\n        %s (default: %s)\n", f.Name, name, strings.ReplaceAll(usage, "\n", "\n        "), def)
+		fmt.Fprintf(w, "  --%s%s  ($%s)\n        %s (default: %s)\n", f.Name, name, envName(f.Name),
+			strings.ReplaceAll(usage, "\n", "\n        "), def)
 	})
 	if n == 0 {
 		fmt.Fprint(w, "  none\n")
+	} else {
+		fmt.Fprint(w, "\n  Every flag may also be given in the environment variable beside it\n"+
+			"  (booleans as true or false); the command line wins over the environment.\n")
 	}
 	printDoc(w, fs.Name())
 }

@@ -125,7 +125,7 @@ func TestProxyBoundsBufferedBodies(t *testing.T) {
 	const body = 1 << 20
 	api := &chargeAPI{}
 	p, base := startProxy(t, ProxyConfig{Upstream: newUpstream(t, api).URL, Store: "memory:",
-		MaxBody: body, MaxBufferedBytes: 4 * body, BodyTimeout: time.Minute})
+		MaxBody: body, MaxBufferedBytes: 4 * body, BodyTimeout: time.Minute, RetryAfter: 4 * time.Second})
 	head := func(key string) string {
 		return "POST /v1/charges HTTP/1.1\r\nHost: x\r\nIdempotency-Key: \"" + key + "\"\r\n" +
 			"Content-Type: application/octet-stream\r\nContent-Length: " + fmt.Sprint(body)
@@ -141,8 +141,8 @@ func TestProxyBoundsBufferedBodies(t *testing.T) {
 			continue
 		}
 		resp, _ := readAnswer(t, conn)
-		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
-			t.Errorf("upload %d over the bound: %d Retry-After %q, want 503 with Retry-After", i, resp.StatusCode, resp.Header.Get("Retry-After"))
+		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "4" {
+			t.Errorf("upload %d over the bound: %d Retry-After %q, want 503 with the proxy's Retry-After 4", i, resp.StatusCode, resp.Header.Get("Retry-After"))
 		}
 		refused++
 		if n := p.buffered.Load(); n > 4*body {

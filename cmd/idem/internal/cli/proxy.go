@@ -60,6 +60,25 @@ type ProxyConfig struct {
 	Methods []string
 	MaxBody int64
 
+	// KeyRequired, KeyReusedStatus, InProgressStatus, LeasePolicy,
+	// MaxResponseBytes, StoreServerErrors, RetryAfter, StoreTimeout and
+	// Fields set the engine's Config fields of the same name; zero keeps
+	// the engine's default (the profile's for KeyRequired and
+	// KeyReusedStatus).
+	KeyRequired       *bool
+	KeyReusedStatus   int
+	InProgressStatus  int
+	LeasePolicy       string
+	MaxResponseBytes  int
+	StoreServerErrors bool
+	RetryAfter        time.Duration
+	StoreTimeout      time.Duration
+	Fields            []string
+
+	// Routes are per-route settings, matched in ServeMux fashion; a
+	// request no route matches takes the settings above.
+	Routes []RouteConfig
+
 	// KeyHeader names the header that carries the idempotency key
 	// (idem.Config.KeyHeader); empty: Idempotency-Key. EchoKey sends the
 	// key back on every answer to a keyed request (idem.Config.EchoKey).
@@ -157,6 +176,27 @@ type ProxyConfig struct {
 	// Logger receives the proxy's and the engine's events. Defaults to a
 	// text logger on stderr.
 	Logger *slog.Logger
+
+	// Async lists the asynchronous routes, as http.ServeMux patterns
+	// with a method ("POST /v1/reports"): a keyed request on one is
+	// recorded and answered 202 at once, and the proxy's worker forwards
+	// it to the upstream (see idem.Config.Async). Defaults to none.
+	Async []string
+	// AsyncWait bounds how long an accepted request waits for a worker
+	// before it ends with 408 (idem.Config.AsyncWait). Zero: 1h, or TTL
+	// when shorter.
+	AsyncWait time.Duration
+	// AsyncKeepHeaders names sensitive headers (Authorization, Cookie)
+	// kept with an asynchronous request for the upstream
+	// (idem.Config.AsyncKeepHeaders).
+	AsyncKeepHeaders []string
+	// AsyncWorkers is how many asynchronous requests this proxy forwards
+	// at once. Zero: this proxy runs no worker and only accepts requests
+	// (other proxies on the store forward them).
+	AsyncWorkers int
+	// AsyncPoll is how long an idle worker waits before it looks for new
+	// requests again. Zero: idem.DefaultWorkerPoll.
+	AsyncPoll time.Duration
 }
 
 // Proxy is the idempotency reverse proxy: the engine's middleware in front
@@ -177,19 +217,24 @@ type Proxy struct {
 	obs       idem.Observer // the engine's and the services' metrics and spans
 	tenants   *tenants
 	protected map[string]bool
+	routes    *routeTable // nil without Routes
 	buffers   *semaphore.Weighted
 	buffered  atomic.Int64 // bytes held under buffers, for tests
 
+	async *asyncRoutes // nil without --async
+
 	// mu guards what attach sets once the store opened; guarded is nil
 	// until then and protected requests are answered 503.
-	mu      sync.Mutex
-	store   store.Store
-	engine  *idem.Engine
-	maint   *maintenance.Maintainer // nil with NoMaintenance
-	guarded atomic.Pointer[http.Handler]
-	openErr error         // why the store is not open yet
-	opening chan struct{} // closed when the background opener returns; nil without one
-	storeUp atomic.Bool   // last readiness seen, to log each change once
+	mu          sync.Mutex
+	store       store.Store
+	engine      *idem.Engine
+	asyncEngine *idem.Engine            // nil without --async
+	worker      *idem.Worker            // nil without --async
+	maint       *maintenance.Maintainer // nil with NoMaintenance
+	guarded     atomic.Pointer[guarded]
+	openErr     error         // why the store is not open yet
+	opening     chan struct{} // closed when the background opener returns; nil without one
+	storeUp     atomic.Bool   // last readiness seen, to log each change once
 
 	ln       net.Listener
 	server   *http.Server
@@ -198,12 +243,19 @@ type Proxy struct {
 	draining atomic.Bool
 }
 
+// guarded is what serves the requests the guard lets through once the
+// store is open: the engine's middleware in front of the reverse proxy,
+// and that of each route's own engine (nil for unprotected routes).
+type guarded struct {
+	main   http.Handler
+	routes []http.Handler
+}
+
 // Defaults of the proxy's resource limits.
 const (
 	defaultMaxHeaderBytes   = 64 << 10
 	defaultBodyTimeout      = 30 * time.Second
 	defaultMaxBufferedBytes = 64 << 20
-	defaultMaxBody          = 1 << 20
 )
 
 // NewProxy binds the listeners and opens the store; Serve starts serving.
@@ -231,10 +283,13 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 		cfg.BodyTimeout = defaultBodyTimeout
 	}
 	if cfg.MaxBody <= 0 {
-		cfg.MaxBody = defaultMaxBody
+		cfg.MaxBody = idem.DefaultMaxBodyBytes
+	}
+	if cfg.RetryAfter == 0 {
+		cfg.RetryAfter = idem.DefaultRetryAfter
 	}
 	if cfg.KeyHeader == "" {
-		cfg.KeyHeader = "Idempotency-Key"
+		cfg.KeyHeader = idem.DefaultKeyHeader
 	}
 	if !store.ValidHeader(cfg.KeyHeader, nil) {
 		return nil, fmt.Errorf("proxy: --key-header %q is not a valid header name", cfg.KeyHeader)
@@ -277,6 +332,7 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 		if err != nil {
 			return nil, fmt.Errorf("proxy: %w", err)
 		}
+		r.maxBody = cfg.maxResponseBytes()
 		cfg.Maintenance.Resolver = r
 	}
 
@@ -321,8 +377,8 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 	}
 	// The engine's settings are checked now, whether or not the store
 	// answers: a typo must fail at start, not when the database comes up.
-	if _, err := idem.New(memory.New(memory.Config{}), p.engineConfig()); err != nil {
-		return nil, err
+	if p.routes, err = cfg.checkSettings(); err != nil {
+		return nil, fmt.Errorf("proxy: %w", err)
 	}
 	if !cfg.NoMaintenance {
 		if _, err := maintenance.New(memory.New(memory.Config{}), cfg.Maintenance); err != nil {
@@ -335,6 +391,17 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 	}
 	if len(p.protected) == 0 {
 		p.protected = map[string]bool{http.MethodPost: true, http.MethodPatch: true}
+	}
+	if p.async, err = newAsyncRoutes(cfg.Async, p.protected); err != nil {
+		return nil, err
+	}
+	if p.async != nil {
+		if _, err := idem.New(memory.New(memory.Config{}), p.asyncEngineConfig()); err != nil {
+			return nil, err
+		}
+		if cfg.AsyncWorkers < 0 || cfg.AsyncPoll < 0 {
+			return nil, errors.New("proxy: --async-workers and --async-poll must not be negative")
+		}
 	}
 	p.transport = newTransport(cfg.UpstreamTimeout)
 	p.rp = &httputil.ReverseProxy{
@@ -355,7 +422,10 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 	}
 
 	if s, err := p.openStore(ctx); err == nil {
-		p.attach(s)
+		if err := p.attach(s); err != nil {
+			s.Close()
+			return nil, err
+		}
 	} else {
 		p.openErr = err
 		p.log.Warn("idem proxy: the store is unavailable; protected requests get 503 while it is retried in the background",
@@ -437,22 +507,61 @@ func proxyTenants(cfg ProxyConfig, log *slog.Logger) (*tenants, error) {
 
 // engineConfig is the engine's configuration; the tenant is the one the
 // guard put in the request's context.
-func (p *Proxy) engineConfig() idem.Config {
-	cfg := p.cfg
+func (p *Proxy) engineConfig() idem.Config { return p.cfg.engineConfig(p.obs) }
+
+// checkSettings checks the engine's settings, the proxy's and each
+// route's, whether or not the store answers: a typo must fail at start,
+// not when the database comes up. It returns the routes' table.
+func (cfg ProxyConfig) checkSettings() (*routeTable, error) {
+	routes, err := newRouteTable(cfg.Routes)
+	if err != nil {
+		return nil, err
+	}
+	e, err := idem.New(memory.New(memory.Config{}), cfg.engineConfig(nil))
+	if err != nil {
+		return nil, err
+	}
+	if _, err := routes.routeEngines(e); err != nil {
+		return nil, err
+	}
+	return routes, nil
+}
+
+// maxResponseBytes is the engine's MaxResponseBytes, its default applied:
+// the bound on a body kept for replays, also of answers settled by the
+// reconciler and the webhook.
+func (cfg ProxyConfig) maxResponseBytes() int {
+	if cfg.MaxResponseBytes > 0 {
+		return cfg.MaxResponseBytes
+	}
+	return idem.DefaultMaxResponseBytes
+}
+
+// engineConfig is the engine's configuration of cfg, reporting to obs.
+func (cfg ProxyConfig) engineConfig(obs idem.Observer) idem.Config {
 	return idem.Config{
-		Profile:      idem.Profile(cfg.Profile),
-		Methods:      cfg.Methods,
-		TTL:          cfg.TTL,
-		Lease:        cfg.Lease,
-		Wait:         cfg.Wait,
-		MaxBodyBytes: cfg.MaxBody,
-		KeyHeader:    cfg.KeyHeader,
-		EchoKey:      cfg.EchoKey,
-		Secret:       cfg.FingerprintSecret,
-		Tenant:       tenantFromContext,
-		Route:        proxyRoute,
-		Logger:       cfg.Logger,
-		Observer:     p.obs,
+		Profile:           idem.Profile(cfg.Profile),
+		Methods:           cfg.Methods,
+		KeyRequired:       cfg.KeyRequired,
+		KeyReusedStatus:   cfg.KeyReusedStatus,
+		InProgressStatus:  cfg.InProgressStatus,
+		TTL:               cfg.TTL,
+		Lease:             cfg.Lease,
+		LeasePolicy:       store.LeasePolicy(cfg.LeasePolicy),
+		Wait:              cfg.Wait,
+		MaxBodyBytes:      cfg.MaxBody,
+		MaxResponseBytes:  cfg.MaxResponseBytes,
+		StoreServerErrors: cfg.StoreServerErrors,
+		RetryAfter:        cfg.RetryAfter,
+		StoreTimeout:      cfg.StoreTimeout,
+		Fields:            cfg.Fields,
+		KeyHeader:         cfg.KeyHeader,
+		EchoKey:           cfg.EchoKey,
+		Secret:            cfg.FingerprintSecret,
+		Tenant:            tenantFromContext,
+		Route:             proxyRoute,
+		Logger:            cfg.Logger,
+		Observer:          obs,
 	}
 }
 
@@ -471,6 +580,10 @@ func (p *Proxy) attach(s store.Store) error {
 	if err != nil {
 		return err
 	}
+	engines, err := p.routes.routeEngines(e)
+	if err != nil {
+		return fmt.Errorf("proxy: %w", err)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.store, p.engine, p.openErr = s, e, nil
@@ -479,8 +592,18 @@ func (p *Proxy) attach(s store.Store) error {
 			return fmt.Errorf("proxy: %w", err)
 		}
 	}
-	h := p.engine.Middleware(p.rp)
-	p.guarded.Store(&h)
+	main, ae, w, err := p.attachAsync(e, p.engine.Middleware(p.rp))
+	if err != nil {
+		return err
+	}
+	p.asyncEngine, p.worker = ae, w
+	g := &guarded{main: main, routes: make([]http.Handler, len(engines))}
+	for i, re := range engines {
+		if re != nil {
+			g.routes[i] = re.Middleware(p.rp)
+		}
+	}
+	p.guarded.Store(g)
 	p.storeUp.Store(true)
 	return nil
 }
@@ -528,6 +651,9 @@ func (p *Proxy) openLoop(ctx, serveCtx context.Context) {
 		p.log.Info("idem proxy: the store is available; protected requests are served", "store", string(p.dsn.Kind))
 		if err := p.startMaintenance(serveCtx); err != nil {
 			p.log.Error("idem proxy: background services did not start", "err", err)
+		}
+		if err := p.startWorker(serveCtx); err != nil {
+			p.log.Error("idem proxy: the asynchronous worker did not start", "err", err)
 		}
 		return
 	}
@@ -605,6 +731,9 @@ func (p *Proxy) Serve(ctx context.Context) error {
 		if err := p.startMaintenance(ctx); err != nil {
 			return err
 		}
+		if err := p.startWorker(ctx); err != nil {
+			return err
+		}
 	} else {
 		var octx context.Context
 		octx, stopOpening = context.WithCancel(ctx)
@@ -654,6 +783,9 @@ func (p *Proxy) Serve(ctx context.Context) error {
 		<-p.opening
 	}
 	p.transport.CloseIdleConnections()
+	if err := p.stopWorker(sctx); err != nil {
+		errs = append(errs, fmt.Errorf("proxy: asynchronous worker: %w", err))
+	}
 	p.mu.Lock()
 	maint, st := p.maint, p.store
 	p.mu.Unlock()
@@ -833,7 +965,7 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error)
 
 // writeBadGateway answers 502 in the profile's error shape.
 func writeBadGateway(w http.ResponseWriter, profile idem.Profile, detail string) {
-	writeProxyProblem(w, profile, proxyProblem{status: http.StatusBadGateway, title: "Bad Gateway"}, detail)
+	writeProxyProblem(w, profile, 0, proxyProblem{status: http.StatusBadGateway, title: "Bad Gateway"}, detail)
 }
 
 // proxyRoute is the route of a proxied request: its path as sent, plus the
@@ -909,6 +1041,15 @@ With OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) set,
 the proxy exports its spans over OTLP/HTTP; it continues the caller's W3C
 traceparent and passes it on to the upstream.
 
+Asynchronous routes: --async 'POST /v1/reports' (repeatable; a method and a
+ServeMux path pattern) records a keyed request on that route and answers 202
+Accepted at once, with Location: /.idem/requests/ID and Retry-After; a
+worker of any proxy on the store (--async-workers each, 0 for none) forwards
+it to the upstream once and stores the answer, which retries with the key and
+GET Location (same tenant only) then replay. A request no worker claims
+within --async-wait ends with a stored 408. Authorization and Cookie are
+never stored unless --async-keep-headers names them.
+
 Resource limits: --max-header-bytes (431 above it), --body-timeout (a
 client that stalls while sending its body is cut off, its connection
 closed), --max-buffered-bytes (keyed requests whose bodies would exceed it
@@ -918,6 +1059,8 @@ proxy serves anyway: protected requests get 503 and /readyz is not ready
 until the store opens (retried in the background, migrated with --migrate).
 
 ` + tenantSourcesHelp + `
+
+` + configHelp + `
 
 ` + resolveProtocol + "\n\n" + webhookHelp
 
@@ -929,9 +1072,36 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	fs.BoolVar(&cfg.Migrate, "migrate", true, "apply the store's pending migrations at start")
 	fs.IntVar(&cfg.StoreConns, "store-conns", 0, "connection pool `size` of a PostgreSQL or MySQL store; 0: the store's default (PostgreSQL 32 unless the URL sets pool_max_conns, MySQL no cap)")
 	fs.StringVar(&cfg.Profile, "profile", string(idem.ProfileIETF), "HTTP dialect: ietf (key required, 422 on reuse, problem+json) or stripe")
-	fs.DurationVar(&cfg.TTL, "ttl", 24*time.Hour, "how long a completed response is replayed")
-	fs.DurationVar(&cfg.Lease, "lease", 30*time.Second, "lease of an execution, renewed while the upstream works")
-	fs.StringVar(&cfg.KeyHeader, "key-header", "Idempotency-Key", "`name` of the request header that carries the idempotency key")
+	configFile := fs.String("config", "", "JSON `file` of settings and per-route settings (see above)")
+	fs.DurationVar(&cfg.TTL, "ttl", idem.DefaultTTL, "how long a completed response is replayed")
+	fs.DurationVar(&cfg.Lease, "lease", idem.DefaultLease, "lease of an execution, renewed while the upstream works")
+	leasePolicy := choiceFlag{value: string(store.LeaseUnknown), valid: func(v string) bool { return store.LeasePolicy(v).Valid() },
+		want: "unknown, retry or resume"}
+	fs.Var(&leasePolicy, "lease-policy", "`policy` for a retry that finds the holder of the key died: unknown (settled by the reconciler or an operator), retry (runs again) or resume (runs again, told it resumes)")
+	keyRequired := optionalBool{}
+	fs.Var(&keyRequired, "key-required", "refuse a protected request without a key (400): true, false (it passes through), or profile (true under ietf, false under stripe)")
+	keyReused := statusFlag{zero: "profile", check: func(n int) error {
+		if n < 400 || n > 499 {
+			return errors.New("want a 4xx status")
+		}
+		return nil
+	}}
+	fs.Var(&keyReused, "key-reused-status", "`status` of a key reused with another request: a 4xx, or profile (422 under ietf, 400 under stripe)")
+	inProgress := statusFlag{n: idem.DefaultInProgressStatus, check: func(n int) error {
+		if n != http.StatusConflict && n != http.StatusAccepted {
+			return errors.New("want 409 or 202")
+		}
+		return nil
+	}}
+	fs.Var(&inProgress, "in-progress-status", "`status` of a duplicate of an in-flight request: 409 or 202, both with Retry-After")
+	fs.DurationVar(&cfg.RetryAfter, "retry-after", idem.DefaultRetryAfter, "Retry-After of the in-flight, unknown-outcome and 503 answers (whole seconds)")
+	fs.DurationVar(&cfg.StoreTimeout, "store-timeout", idem.DefaultStoreTimeout, "bound on every store call; over it the request is answered 503 before the upstream is called")
+	fs.BoolVar(&cfg.StoreServerErrors, "store-server-errors", false, "keep 5xx and 408/425/429 answers as final and replay them (Stripe v1), instead of letting a retry run again")
+	maxResponse := byteSize(idem.DefaultMaxResponseBytes)
+	fs.Var(&maxResponse, "max-response-bytes", "largest response body `size` kept for replays; a larger answer is passed on, and its replays say the body was not kept")
+	var fields listFlag
+	fs.Var(&fields, "fields", "comma-separated JSON `members` that identify a request (payment.amount names a nested one); none: the whole body")
+	fs.StringVar(&cfg.KeyHeader, "key-header", idem.DefaultKeyHeader, "`name` of the request header that carries the idempotency key")
 	fs.BoolVar(&cfg.EchoKey, "echo-key", false, "send the key back, as sent, in --key-header on every answer to a keyed request (replays and problems too)")
 	fs.DurationVar(&cfg.Wait, "wait", 0, "let a duplicate of an in-flight request wait this long and replay, instead of 409 at once")
 	var tenantFrom listFlag
@@ -953,7 +1123,7 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	fs.Var(&maxBuffered, "max-buffered-bytes", "bound on the `size` of the request bodies held in memory at once (over it: 503 + Retry-After at once); at least --max-body")
 	methods := listFlag{http.MethodPost, http.MethodPatch}
 	fs.Var(&methods, "methods", "comma-separated `methods` under idempotency keys; others pass through")
-	maxBody := byteSize(1 << 20)
+	maxBody := byteSize(idem.DefaultMaxBodyBytes)
 	fs.Var(&maxBody, "max-body", "largest request `size` fingerprinted (larger: 413), e.g. 1MiB")
 	fs.DurationVar(&cfg.UpstreamTimeout, "upstream-timeout", 60*time.Second, "wait for the upstream's response headers (after it, the outcome is unknown); 0 for no limit")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 20*time.Second, "time in-flight requests get to finish at shutdown")
@@ -968,6 +1138,15 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	fs.BoolVar(&cfg.Maintenance.SoftExpire, "soft-expire", false, "keep expired records as state expired (audit) instead of deleting them")
 	fs.StringVar(&cfg.ResolveURL, "resolve-url", "", "`URL` the reconciler asks about unknown outcomes (protocol above); no reconciler when empty")
 	webhook := registerWebhookFlags(fs)
+	fs.Func("async", "asynchronous `route`, as a method and a ServeMux path pattern, e.g. 'POST /v1/reports' (repeatable): keyed requests get 202 + Location at once and the proxy's worker forwards them", func(v string) error {
+		cfg.Async = append(cfg.Async, v)
+		return nil
+	})
+	fs.DurationVar(&cfg.AsyncWait, "async-wait", 0, "how long an asynchronous request waits for a worker before it ends with 408 (0: 1h, or --ttl when shorter)")
+	fs.IntVar(&cfg.AsyncWorkers, "async-workers", idem.DefaultWorkerConcurrency, "asynchronous requests this proxy forwards at once; 0: none (this proxy only accepts them, others on the store forward them)")
+	fs.DurationVar(&cfg.AsyncPoll, "async-poll", idem.DefaultWorkerPoll, "how long an idle worker waits before it looks for new asynchronous requests again")
+	var asyncKeep listFlag
+	fs.Var(&asyncKeep, "async-keep-headers", "comma-separated sensitive `headers` (Authorization, Cookie) kept with asynchronous requests for the upstream; never stored otherwise")
 	fs.StringVar(&logFormat, "log-format", "text", "log format on stderr: text or json")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	pos, err := parse(fs, args)
@@ -976,6 +1155,11 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	}
 	if len(pos) > 0 {
 		return cfg, "", "", usageErr(fs, "unexpected argument %q", pos[0])
+	}
+	if *configFile != "" {
+		if cfg.Routes, err = loadConfig(fs, *configFile); err != nil {
+			return cfg, "", "", usageErr(fs, "--config: %v", err)
+		}
 	}
 	if cfg.Upstream == "" {
 		return cfg, "", "", usageErr(fs, "--upstream is required")
@@ -1038,5 +1222,21 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	}
 	cfg.Methods = methods
 	cfg.MaxBody = int64(maxBody)
+	cfg.LeasePolicy = leasePolicy.value
+	cfg.KeyRequired = keyRequired.v
+	cfg.KeyReusedStatus = keyReused.n
+	cfg.InProgressStatus = inProgress.n
+	cfg.MaxResponseBytes = int(min(maxResponse, 1<<31-1))
+	cfg.Fields = fields
+	cfg.AsyncKeepHeaders = asyncKeep
+	if cfg.AsyncWorkers < 0 {
+		return cfg, "", "", usageErr(fs, "--async-workers must not be negative")
+	}
+	if cfg.AsyncPoll <= 0 {
+		return cfg, "", "", usageErr(fs, "--async-poll must be positive")
+	}
+	if _, err := cfg.checkSettings(); err != nil {
+		return cfg, "", "", usageErr(fs, "%v", err)
+	}
 	return cfg, logFormat, logLevel, nil
 }

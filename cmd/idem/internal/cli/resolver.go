@@ -56,9 +56,6 @@ type httpResolver struct {
 	maxBody int
 }
 
-// defaultMaxResponseBytes is the engine's default MaxResponseBytes.
-const defaultMaxResponseBytes = 1 << 20
-
 var _ maintenance.Resolver = (*httpResolver)(nil)
 
 func newHTTPResolver(raw string) (*httpResolver, error) {
@@ -66,7 +63,7 @@ func newHTTPResolver(raw string) (*httpResolver, error) {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("--resolve-url %q: want an http:// or https:// URL with a host", raw)
 	}
-	return &httpResolver{url: raw, client: &http.Client{Timeout: resolveTimeout}, maxBody: defaultMaxResponseBytes}, nil
+	return &httpResolver{url: raw, client: &http.Client{Timeout: resolveTimeout}, maxBody: idem.DefaultMaxResponseBytes}, nil
 }
 
 // resolveQuestion is the JSON posted to the resolve URL.

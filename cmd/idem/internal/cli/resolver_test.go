@@ -50,7 +50,7 @@ func TestParseResolveAnswer(t *testing.T) {
 		{answer: `not json`, err: "unreadable"},
 	}
 	for _, tt := range tests {
-		res, err := parseResolveAnswer([]byte(tt.answer), defaultMaxResponseBytes)
+		res, err := parseResolveAnswer([]byte(tt.answer), idem.DefaultMaxResponseBytes)
 		if tt.err != "" {
 			if err == nil || !strings.Contains(err.Error(), tt.err) {
 				t.Errorf("%s: error %v, want %q", tt.answer, err, tt.err)
@@ -94,7 +94,7 @@ func TestResolveAnswerBodyLimit(t *testing.T) {
 	}
 	// Through the resolver as the reconciler calls it.
 	srv := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, `{"outcome":"happened","status":201,"body":%q}`, strings.Repeat("y", defaultMaxResponseBytes+1))
+		fmt.Fprintf(w, `{"outcome":"happened","status":201,"body":%q}`, strings.Repeat("y", idem.DefaultMaxResponseBytes+1))
 	}))
 	r, _ := newHTTPResolver(srv.URL)
 	got, err := r.Resolve(context.Background(), store.Record{Scope: "s", Key: "k"})

@@ -395,7 +395,7 @@ func (h *webhook) parse(body []byte) (scope, key string, res maintenance.Resolut
 	}
 	switch d.Outcome {
 	case "happened":
-		if res, err = d.resolution(defaultMaxResponseBytes); err != nil {
+		if res, err = d.resolution(h.p.cfg.maxResponseBytes()); err != nil {
 			return "", "", res, err
 		}
 	case "not_happened", "run_again":

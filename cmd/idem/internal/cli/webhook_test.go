@@ -303,7 +303,7 @@ func TestWebhookBadBodies(t *testing.T) {
 	}
 	// A body over the engine's MaxResponseBytes is left out, as the
 	// engine leaves out a live one; the raw scope names the record.
-	answer := strings.Repeat("y", defaultMaxResponseBytes+1)
+	answer := strings.Repeat("y", idem.DefaultMaxResponseBytes+1)
 	scope := scopeOf("", "POST", "/v1/charges?mode=fast")
 	body := fmt.Sprintf(`{"key":"order-4","scope":%q,"outcome":"happened","status":200,"body":%q}`, scope, answer)
 	if r := deliver(t, c, admin, sign(time.Now(), body, testWebhookSecret), body); r.status != http.StatusOK {

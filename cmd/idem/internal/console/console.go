@@ -1,6 +1,7 @@
 // Package console is the operations console of the idem proxy's admin
-// server: search records, read one, and settle or delete unknown records,
-// in plain HTML forms (no JavaScript, no asset from elsewhere).
+// server: search records, read one, and settle or delete unknown records
+// (the unknown queue, and the dead letters the reconciler gave up on), in
+// plain HTML forms (no JavaScript, no asset from elsewhere).
 package console
 
 import (
@@ -96,6 +97,7 @@ func New(cfg Config) (*Handler, error) {
 	h.mux.HandleFunc("GET /console/{$}", h.search)
 	h.mux.HandleFunc("GET /console/record", h.record)
 	h.mux.HandleFunc("GET /console/unknown", h.unknown)
+	h.mux.HandleFunc("GET /console/dead-letters", h.deadLetters)
 	h.mux.HandleFunc("GET /console/login", h.loginPage)
 	h.mux.HandleFunc("POST /console/login", h.login)
 	h.mux.HandleFunc("POST /console/act", h.act)
@@ -285,7 +287,9 @@ func (h *Handler) query(q url.Values) (store.ListParams, error) {
 	return p, p.Validate()
 }
 
-func (h *Handler) list(w http.ResponseWriter, r *http.Request, page string, p store.ListParams, err error) {
+// list renders page with the records p selects, newest first; keep, when
+// not nil, keeps only the records it accepts (see filtered).
+func (h *Handler) list(w http.ResponseWriter, r *http.Request, page string, p store.ListParams, err error, keep func(*store.Record) bool) {
 	data := map[string]any{"Q": r.URL.Query(), "States": []store.State{store.StateInProgress, store.StateCompleted,
 		store.StateFailedRetryable, store.StateUnknown, store.StateExpired}}
 	if err != nil {
@@ -293,7 +297,7 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request, page string, p st
 		h.render(w, r, http.StatusBadRequest, page, data)
 		return
 	}
-	recs, next, err := h.cfg.Store().List(r.Context(), p)
+	recs, next, err := h.filtered(r.Context(), p, keep)
 	if err != nil {
 		data["Error"] = err.Error()
 		h.render(w, r, http.StatusBadGateway, page, data)
@@ -308,16 +312,68 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request, page string, p st
 	h.render(w, r, http.StatusOK, page, data)
 }
 
-func (h *Handler) search(w http.ResponseWriter, r *http.Request) {
-	p, err := h.query(r.URL.Query())
-	h.list(w, r, "search.html", p, err)
+// maxScan bounds the records one page of a filtered list reads: a page
+// may then hold fewer records than asked, with a link to go on.
+const maxScan = 5000
+
+// filtered lists the records p selects that keep accepts (all with a nil
+// keep), up to p.Limit of them, and the cursor to go on from. The stores
+// list by tenant, route, key and state; what only the record tells (a dead
+// letter) is filtered here, reading at most maxScan records.
+func (h *Handler) filtered(ctx context.Context, p store.ListParams, keep func(*store.Record) bool) ([]store.Record, *store.Cursor, error) {
+	if keep == nil {
+		return h.cfg.Store().List(ctx, p)
+	}
+	want := p.Limit
+	p.Limit = min(store.MaxListLimit, max(want, 200))
+	var out []store.Record
+	for scanned := 0; ; {
+		recs, next, err := h.cfg.Store().List(ctx, p)
+		if err != nil {
+			return nil, nil, err
+		}
+		for i := range recs {
+			if !keep(&recs[i]) {
+				continue
+			}
+			out = append(out, recs[i])
+			if len(out) == want {
+				if i == len(recs)-1 && next == nil {
+					return out, nil, nil
+				}
+				c := store.CursorOf(&recs[i])
+				return out, &c, nil
+			}
+		}
+		scanned += len(recs)
+		if next == nil || scanned >= maxScan {
+			return out, next, nil
+		}
+		p.After = next
+	}
 }
 
+func (h *Handler) search(w http.ResponseWriter, r *http.Request) {
+	p, err := h.query(r.URL.Query())
+	h.list(w, r, "search.html", p, err, nil)
+}
+
+// unknown is the unknown queue: unknown records the reconciler (or an
+// operator) has yet to settle; the dead letters have their own page.
 func (h *Handler) unknown(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	q.Set("state", string(store.StateUnknown))
 	p, err := h.query(q)
-	h.list(w, r, "unknown.html", p, err)
+	h.list(w, r, "unknown.html", p, err, func(r *store.Record) bool { return !r.DeadLettered() })
+}
+
+// deadLetters lists the unknown records the reconciler gave up on: only
+// an operator settles them.
+func (h *Handler) deadLetters(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	q.Set("state", string(store.StateUnknown))
+	p, err := h.query(q)
+	h.list(w, r, "deadletters.html", p, err, (*store.Record).DeadLettered)
 }
 
 func (h *Handler) record(w http.ResponseWriter, r *http.Request) {
@@ -362,6 +418,8 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request) {
 		res = maintenance.Resolution{Outcome: maintenance.Happened, Response: &store.Response{Status: status, Header: hdr, Body: []byte(f.Get("body"))}}
 	case "not_happened":
 		res = maintenance.Resolution{Outcome: maintenance.DidNotHappen}
+	case "run_again":
+		res = maintenance.Resolution{Outcome: maintenance.RunAgain}
 	case "delete":
 	default:
 		h.fail(w, r, http.StatusBadRequest, fmt.Errorf("unknown action %q", action))
@@ -389,7 +447,11 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if action == "delete" {
-		http.Redirect(w, r, Prefix+"unknown", http.StatusSeeOther)
+		back := "unknown"
+		if f.Get("from") == "dead-letters" {
+			back = "dead-letters"
+		}
+		http.Redirect(w, r, Prefix+back, http.StatusSeeOther)
 		return
 	}
 	http.Redirect(w, r, Prefix+"record?"+url.Values{"scope": {scope}, "key": {key}}.Encode(), http.StatusSeeOther)

@@ -2,6 +2,8 @@ package console_test
 
 import (
 	"context"
+	"fmt"
+	"html"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -179,5 +181,102 @@ func TestConsoleRefusesWithoutCredentials(t *testing.T) {
 	}
 	if _, err := console.New(console.Config{Store: st, Settle: settle, Addr: "[::1]:9090", Credentials: console.Credentials{User: "u"}}); err == nil {
 		t.Fatal("a user without a password")
+	}
+}
+
+// deadLetter makes an unknown record the reconciler gave up on.
+func (f *fixture) deadLetter(tenant, route, key string) string {
+	f.unknown(tenant, route, key)
+	scope := (&idem.Request{Tenant: tenant, Method: "POST", Route: route}).Scope()
+	if err := f.s.Defer(context.Background(), store.DeferParams{Scope: scope, Key: key, DeadLetter: true,
+		Error: "resolver kept failing"}); err != nil {
+		f.t.Fatal(err)
+	}
+	return scope
+}
+
+func TestConsoleDeadLetters(t *testing.T) {
+	f := newFixture(t)
+	auth := map[string]string{"Authorization": "Bearer s3cret"}
+	f.unknown("t", "/v1/charges", "still-unknown")
+	scope := f.deadLetter("t", "/v1/charges", "given-up")
+	f.deadLetter("t", "/v1/charges", "given-up-2")
+
+	code, body := f.do("GET", "/console/dead-letters", nil, auth)
+	if code != 200 || !strings.Contains(body, "given-up") || strings.Contains(body, "still-unknown") ||
+		!strings.Contains(body, `href="/console/dead-letters"`) {
+		t.Fatalf("dead letters page: %d\n%s", code, body)
+	}
+	code, body = f.do("GET", "/console/unknown", nil, auth)
+	if code != 200 || !strings.Contains(body, "still-unknown") || strings.Contains(body, "given-up") {
+		t.Fatalf("unknown queue: %d\n%s", code, body)
+	}
+
+	// Each action of a dead letter asks for confirmation, then settles it.
+	code, body = f.do("GET", "/console/record?"+url.Values{"scope": {scope}, "key": {"given-up"}}.Encode(), nil, auth)
+	for _, action := range []string{"completed", "not_happened", "run_again", "delete"} {
+		if !strings.Contains(body, `name="action" value="`+action+`"`) {
+			t.Errorf("a dead letter's record page lacks the %s action", action)
+		}
+	}
+	m := csrfRe.FindStringSubmatch(body)
+	if code != 200 || m == nil {
+		t.Fatalf("record page: %d", code)
+	}
+	act := url.Values{"csrf": {m[1]}, "scope": {scope}, "key": {"given-up"}, "action": {"run_again"}}
+	if code, body := f.do("POST", "/console/act", act, auth); code != 200 || !strings.Contains(body, "run again") {
+		t.Fatalf("run again, unconfirmed: %d\n%s", code, body)
+	}
+	if rec, _ := f.s.Get(context.Background(), scope, "given-up"); rec.State != store.StateUnknown {
+		t.Fatalf("the confirmation page settled the record: %s", rec.State)
+	}
+	act.Set("confirm", "yes")
+	if code, _ := f.do("POST", "/console/act", act, auth); code != http.StatusSeeOther {
+		t.Fatalf("run again: %d", code)
+	}
+	rec, _ := f.s.Get(context.Background(), scope, "given-up")
+	if rec.State != store.StateFailedRetryable || rec.DeadLettered() {
+		t.Fatalf("after run again: %s, dead-lettered %v", rec.State, rec.DeadLettered())
+	}
+	// Deleting a dead letter leads back to the dead letters.
+	act = url.Values{"csrf": {m[1]}, "scope": {scope}, "key": {"given-up-2"}, "action": {"delete"}, "from": {"dead-letters"}, "confirm": {"yes"}}
+	req, _ := http.NewRequest("POST", f.srv.URL+"/console/act", strings.NewReader(act.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Authorization", "Bearer s3cret")
+	resp, err := f.c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/console/dead-letters" {
+		t.Fatalf("delete: %d to %q", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	if code, body := f.do("GET", "/console/dead-letters", nil, auth); code != 200 || strings.Contains(body, "given-up") {
+		t.Fatalf("dead letters after settling both: %d\n%s", code, body)
+	}
+}
+
+// The dead letters page pages through the unknown records: 60 dead
+// letters among unknown records fill a page of 50 and a second of 10.
+func TestConsoleDeadLettersPaging(t *testing.T) {
+	f := newFixture(t)
+	auth := map[string]string{"Authorization": "Bearer s3cret"}
+	for i := range 60 {
+		f.deadLetter("t", "/v1/charges", fmt.Sprintf("dead-%02d", i))
+		f.unknown("t", "/v1/charges", fmt.Sprintf("live-%02d", i))
+	}
+	next := regexp.MustCompile(`href="\?([^"]+)" id="next"`)
+	code, body := f.do("GET", "/console/dead-letters", nil, auth)
+	if code != 200 || strings.Count(body, ">dead-") != 50 || strings.Contains(body, ">live-") {
+		t.Fatalf("first page: %d, %d dead letters\n%s", code, strings.Count(body, ">dead-"), body)
+	}
+	m := next.FindStringSubmatch(body)
+	if m == nil {
+		t.Fatal("no next page link")
+	}
+	q, _ := url.ParseQuery(html.UnescapeString(m[1]))
+	code, body = f.do("GET", "/console/dead-letters?"+q.Encode(), nil, auth)
+	if code != 200 || strings.Count(body, ">dead-") != 10 || next.MatchString(body) {
+		t.Fatalf("second page: %d, %d dead letters, next link %v", code, strings.Count(body, ">dead-"), next.MatchString(body))
 	}
 }

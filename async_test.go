@@ -1,0 +1,117 @@
+package idem_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/enginetest"
+	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/memory"
+	"github.com/idem-go/idem/store/storetest"
+)
+
+// The asynchronous mode on the memory store; the integration module runs
+// enginetest.AsyncFlow and AsyncExpiry on the other stores.
+
+func TestAsyncAcceptRunReplay(t *testing.T) { enginetest.AsyncFlow(t, memory.New(memory.Config{})) }
+
+func TestAsyncExpiresUnclaimed(t *testing.T) {
+	clock := storetest.NewClock()
+	enginetest.AsyncExpiry(t, memory.New(memory.Config{Clock: clock.Now}), clock)
+}
+
+func TestAsyncKeepHeaders(t *testing.T) {
+	a := enginetest.NewAsyncApp(t, memory.New(memory.Config{}), idem.Config{AsyncKeepHeaders: []string{"authorization"}})
+	a.Post("acme", "k", `{}`, "Authorization", "Bearer worker", "Cookie", "s=1", "Connection", "X-Hop", "X-Hop", "1")
+	if _, err := a.Worker.RunOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	_, seen, _ := a.Runs("k")
+	if seen.Get("Authorization") != "Bearer worker" || seen.Get("Cookie") != "" || seen.Get("X-Hop") != "" {
+		t.Fatalf("kept headers: %v", seen)
+	}
+}
+
+func TestAsyncWorkerSurvivesPanic(t *testing.T) {
+	a := enginetest.NewAsyncApp(t, memory.New(memory.Config{}), idem.Config{})
+	a.Post("acme", "boom", `{"x":"panic"}`)
+	a.Post("acme", "fine", `{"x":1}`)
+	if n, err := a.Worker.RunOnce(context.Background()); err != nil || n != 2 {
+		t.Fatalf("RunOnce: %d %v", n, err)
+	}
+	if got := a.Post("acme", "boom", `{"x":"panic"}`); got.Status != http.StatusConflict || !strings.Contains(got.Body, idem.SlugOutcomeUnknown) {
+		t.Fatalf("after a panic: %d %s", got.Status, got.Body)
+	}
+	if got := a.Post("acme", "fine", `{"x":1}`); got.Status != http.StatusCreated {
+		t.Fatalf("the other request: %d %s", got.Status, got.Body)
+	}
+}
+
+// A worker stopped while it runs a request: the handler sees its context
+// end; what it answers then is recorded as unknown (it may have had its
+// effect), never run again by another worker.
+func TestAsyncWorkerStopped(t *testing.T) {
+	s := memory.New(memory.Config{})
+	a := enginetest.NewAsyncApp(t, s, idem.Config{})
+	started := a.Block()
+	a.Post("acme", "long", `{}`)
+	if err := a.Worker.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	if err := a.Worker.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := s.Get(context.Background(), (&idem.Request{Tenant: "acme", Method: "POST", Route: "/v1/reports"}).Scope(), "long")
+	if err != nil || rec.State != store.StateUnknown || rec.Attempts != 1 {
+		t.Fatalf("record of the cut-off request: %s attempts %d %v", rec.State, rec.Attempts, err)
+	}
+	if n, _ := a.Worker.RunOnce(context.Background()); n != 0 {
+		t.Fatal("the cut-off request was claimed again")
+	}
+	if runs, _, _ := a.Runs("long"); runs != 1 {
+		t.Fatalf("the cut-off request ran %d times", runs)
+	}
+}
+
+func TestAsyncConfig(t *testing.T) {
+	s := memory.New(memory.Config{})
+	for name, cfg := range map[string]idem.Config{
+		"wait beyond ttl": {Async: true, TTL: time.Hour, AsyncWait: 2 * time.Hour},
+		"negative wait":   {Async: true, AsyncWait: -time.Second},
+		"status path":     {Async: true, StatusPath: "status"},
+		"keep header":     {Async: true, AsyncKeepHeaders: []string{"Bad Name"}},
+		"queue":           {Async: true, AsyncQueue: "a\nb"},
+	} {
+		if _, err := idem.New(s, cfg); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+	if _, err := idem.New(noQueue{s}, idem.Config{Async: true}); err == nil || !strings.Contains(err.Error(), "store.Queue") {
+		t.Fatalf("Async over a store without a queue: %v", err)
+	}
+	eng, err := idem.New(noQueue{s}, idem.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eng.With(func(c *idem.Config) { c.Async = true }); err == nil {
+		t.Fatal("With(Async) over a store without a queue: no error")
+	}
+	if _, err := eng.NewWorker(idem.WorkerConfig{Handler: http.NotFoundHandler()}); err == nil {
+		t.Fatal("NewWorker over a store without a queue: no error")
+	}
+	eng, _ = idem.New(s, idem.Config{})
+	if _, err := eng.NewWorker(idem.WorkerConfig{}); err == nil {
+		t.Fatal("NewWorker without a handler: no error")
+	}
+	if _, err := eng.NewWorker(idem.WorkerConfig{Handler: http.NotFoundHandler(), Concurrency: -1}); err == nil {
+		t.Fatal("NewWorker with a negative concurrency: no error")
+	}
+}
+
+// noQueue hides a store's queue.
+type noQueue struct{ store.Store }

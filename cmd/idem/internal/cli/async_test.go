@@ -1,0 +1,318 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testenv"
+	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/storetest"
+)
+
+// reportAPI is an upstream that counts its executions per key. A key in
+// hold waits, after telling started, until the test closes its channel.
+type reportAPI struct {
+	mu      sync.Mutex
+	runs    map[string]int
+	hold    map[string]chan struct{}
+	started chan string
+}
+
+func newReportAPI(t *testing.T) (*reportAPI, string) {
+	a := &reportAPI{runs: map[string]int{}, hold: map[string]chan struct{}{}, started: make(chan string, 16)}
+	srv := httptest.NewServer(a)
+	t.Cleanup(srv.Close)
+	return a, srv.URL
+}
+
+func (a *reportAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	key := strings.Trim(r.Header.Get("Idempotency-Key"), `"`)
+	body, _ := io.ReadAll(r.Body)
+	a.mu.Lock()
+	a.runs[key]++
+	hold := a.hold[key]
+	a.mu.Unlock()
+	if hold != nil {
+		a.started <- key
+		<-hold
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"report":%q,"uri":%q,"body":%q,"auth":%q}`, key, r.RequestURI, body, r.Header.Get("Authorization"))
+}
+
+func (a *reportAPI) count(key string) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.runs[key]
+}
+
+// startStoppable is startProxy with a stop function (idempotent) that
+// shuts the proxy down and waits for it.
+func startStoppable(t *testing.T, cfg ProxyConfig) (*Proxy, string, func()) {
+	t.Helper()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.Migrate = true
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
+	}
+	p, err := NewProxy(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("NewProxy: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Serve(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Serve: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return p, "http://" + p.Addr().String(), stop
+}
+
+// asyncProxyConfig is a proxy with one asynchronous route, callers told
+// apart by X-Tenant.
+func asyncProxyConfig(upstream, dsn string, workers int) ProxyConfig {
+	return ProxyConfig{
+		Upstream: upstream, Store: dsn, Async: []string{"POST /v1/reports"}, AsyncWorkers: workers,
+		TenantFrom: []string{"header:X-Tenant"}, TenantSecret: []byte("tenant secret"),
+	}
+}
+
+// asyncStores are the stores two proxies can share: a SQLite file, the
+// database servers of the environment and Redis.
+func asyncStores(t *testing.T) []sqlServer {
+	return append([]sqlServer{{"sqlite", func(t *testing.T) string {
+		return "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
+	}}}, append(sqlServers(t), sqlServer{"redis", func(t *testing.T) string {
+		// The URL names no key prefix: the test's keys are its own.
+		return "redis://" + redisAddr(t) + "/0"
+	}})...)
+}
+
+func wantProxyAccepted(t *testing.T, r reply, what string) string {
+	t.Helper()
+	loc := r.header.Get("Location")
+	if r.status != http.StatusAccepted || r.header.Get("Retry-After") == "" || !strings.HasPrefix(loc, idem.DefaultStatusPath) {
+		t.Fatalf("%s: %d Location %q Retry-After %q %s, want 202", what, r.status, loc, r.header.Get("Retry-After"), r.body)
+	}
+	return loc
+}
+
+// Two proxies share one store: every accepted request runs exactly once,
+// whichever proxy accepted it and whichever proxy's worker claimed it.
+func TestProxyAsyncTwoProxies(t *testing.T) {
+	for _, srv := range asyncStores(t) {
+		t.Run(srv.name, func(t *testing.T) {
+			t.Parallel()
+			api, up := newReportAPI(t)
+			dsn := srv.dsn(t)
+			_, base1, _ := startStoppable(t, asyncProxyConfig(up, dsn, 3))
+			_, base2, _ := startStoppable(t, asyncProxyConfig(up, dsn, 3))
+			bases := []string{base1, base2}
+			c := client(t)
+			const n = 30
+			locs := make([]string, n)
+			run := testenv.Name("r")
+			for i := range n {
+				r := send(t, c, "POST", bases[i%2]+"/v1/reports?month=11", fmt.Sprint(run, i), fmt.Sprintf(`{"n":%d}`, i),
+					"X-Tenant", "acme", "Authorization", "Bearer secret")
+				locs[i] = wantProxyAccepted(t, r, "first request")
+			}
+			for i := range n {
+				key := fmt.Sprint(run, i)
+				var last reply
+				eventually(t, "request "+key+" to complete", func() bool {
+					last = send(t, c, "GET", bases[(i+1)%2]+locs[i], "", "", "X-Tenant", "acme")
+					return last.status != http.StatusAccepted
+				})
+				want := fmt.Sprintf(`{"report":%q,"uri":"/v1/reports?month=11","body":"{\"n\":%d}","auth":""}`, key, i)
+				if last.status != http.StatusCreated || string(last.body) != want {
+					t.Fatalf("%s: %d %s, want 201 %s", key, last.status, last.body, want)
+				}
+				if got := api.count(key); got != 1 {
+					t.Fatalf("%s ran %d times upstream, want once", key, got)
+				}
+				// A retry through either proxy replays the answer.
+				r := send(t, c, "POST", bases[i%2]+"/v1/reports?month=11", key, fmt.Sprintf(`{"n":%d}`, i), "X-Tenant", "acme")
+				if r.status != http.StatusCreated || r.header.Get("Idempotent-Replayed") != "true" || string(r.body) != want {
+					t.Fatalf("retry of %s: %d %s", key, r.status, r.body)
+				}
+			}
+			// Another tenant cannot read the status resource.
+			if r := send(t, c, "GET", base1+locs[0], "", "", "X-Tenant", "mallory"); r.status != http.StatusNotFound {
+				t.Fatalf("another tenant's status read: %d %s", r.status, r.body)
+			}
+			// A synchronous route beside it is unchanged.
+			if r := send(t, c, "POST", base1+"/v1/charges", run+"sync", `{}`, "X-Tenant", "acme"); r.status != http.StatusCreated {
+				t.Fatalf("synchronous route: %d %s", r.status, r.body)
+			}
+		})
+	}
+}
+
+// A worker that loses its lease while the upstream runs: the sweeper of
+// another proxy moves the record to unknown (the default lease policy),
+// the late answer is refused, and nothing runs again.
+func TestProxyAsyncLeaseLost(t *testing.T) {
+	api, up := newReportAPI(t)
+	hold := make(chan struct{})
+	api.hold["slow"] = hold
+	clock := storetest.NewClock()
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
+	cfgA := asyncProxyConfig(up, dsn, 1)
+	cfgA.StoreClock = clock.Now
+	cfgB := asyncProxyConfig(up, dsn, 0) // accepts only
+	cfgB.StoreClock = clock.Now
+	_, _, stopA := startStoppable(t, cfgA)
+	b, baseB, _ := startStoppable(t, cfgB)
+	c := client(t)
+	loc := wantProxyAccepted(t, send(t, c, "POST", baseB+"/v1/reports", "slow", `{}`, "X-Tenant", "acme"), "first request")
+	<-api.started // A's worker forwarded it
+	wantProxyAccepted(t, send(t, c, "GET", baseB+loc, "", "", "X-Tenant", "acme"), "status while it runs")
+	clock.Advance(time.Hour)
+	n, err := b.maint.SweepOnce(context.Background())
+	if err != nil || n != 1 {
+		t.Fatalf("sweep: %d %v", n, err)
+	}
+	close(hold)
+	stopA() // waits for A's worker to try to record the answer
+	for _, r := range []reply{
+		send(t, c, "GET", baseB+loc, "", "", "X-Tenant", "acme"),
+		send(t, c, "POST", baseB+"/v1/reports", "slow", `{}`, "X-Tenant", "acme"),
+	} {
+		if r.status != http.StatusConflict || !strings.Contains(string(r.body), idem.SlugOutcomeUnknown) {
+			t.Fatalf("after the lease was lost: %d %s", r.status, r.body)
+		}
+	}
+	if got := api.count("slow"); got != 1 {
+		t.Fatalf("upstream ran %d times, want once", got)
+	}
+}
+
+// A request no worker claims before --async-wait ends with 408, stored.
+func TestProxyAsyncExpires(t *testing.T) {
+	api, up := newReportAPI(t)
+	clock := storetest.NewClock()
+	cfg := asyncProxyConfig(up, "sqlite:"+filepath.Join(t.TempDir(), "idem.db"), 0)
+	cfg.StoreClock = clock.Now
+	cfg.AsyncWait = time.Minute
+	p, base, _ := startStoppable(t, cfg)
+	c := client(t)
+	loc := wantProxyAccepted(t, send(t, c, "POST", base+"/v1/reports", "late", `{}`, "X-Tenant", "acme"), "first request")
+	if n, err := p.maint.ExpirePendingOnce(context.Background()); err != nil || n != 0 {
+		t.Fatalf("expiry before the deadline: %d %v", n, err)
+	}
+	clock.Advance(time.Minute)
+	if n, err := p.maint.ExpirePendingOnce(context.Background()); err != nil || n != 1 {
+		t.Fatalf("expiry at the deadline: %d %v", n, err)
+	}
+	for _, r := range []reply{
+		send(t, c, "GET", base+loc, "", "", "X-Tenant", "acme"),
+		send(t, c, "POST", base+"/v1/reports", "late", `{}`, "X-Tenant", "acme"),
+	} {
+		if r.status != http.StatusRequestTimeout || !strings.Contains(string(r.body), idem.SlugPendingExpired) {
+			t.Fatalf("expired request: %d %s", r.status, r.body)
+		}
+	}
+	if api.count("late") != 0 {
+		t.Fatal("an expired request reached the upstream")
+	}
+	rec, err := p.Store().Get(context.Background(), (&idem.Request{Tenant: headerTenant(t, p, "acme"), Method: "POST", Route: "/v1/reports"}).Scope(), "late")
+	if err != nil || rec.State != store.StateCompleted || rec.LastError != store.ExpiredPendingError {
+		t.Fatalf("record: %s %q %v", rec.State, rec.LastError, err)
+	}
+}
+
+// headerTenant is the tenant the proxy names for X-Tenant: value.
+func headerTenant(t *testing.T, p *Proxy, value string) string {
+	t.Helper()
+	r := httptest.NewRequest("POST", "/", nil)
+	r.Header.Set("X-Tenant", value)
+	tn, err := p.tenants.tenant(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tn
+}
+
+// Credentials are kept for the upstream only when named; status reads
+// need a tenant like keyed requests.
+func TestProxyAsyncHeadersAndTenants(t *testing.T) {
+	_, up := newReportAPI(t)
+	cfg := asyncProxyConfig(up, "sqlite:"+filepath.Join(t.TempDir(), "idem.db"), 2)
+	cfg.AsyncKeepHeaders = []string{"Authorization"}
+	_, base, _ := startStoppable(t, cfg)
+	c := client(t)
+	loc := wantProxyAccepted(t, send(t, c, "POST", base+"/v1/reports", "k", `{}`, "X-Tenant", "acme", "Authorization", "Bearer worker"), "first")
+	var last reply
+	eventually(t, "the request to complete", func() bool {
+		last = send(t, c, "GET", base+loc, "", "", "X-Tenant", "acme")
+		return last.status != http.StatusAccepted
+	})
+	if !strings.Contains(string(last.body), `"auth":"Bearer worker"`) {
+		t.Fatalf("kept Authorization did not reach the upstream: %s", last.body)
+	}
+	if r := send(t, c, "GET", base+loc, "", ""); r.status != http.StatusUnauthorized {
+		t.Fatalf("status read without a tenant: %d %s", r.status, r.body)
+	}
+	if r := send(t, c, "GET", base+idem.DefaultStatusPath+"not-an-id", "", "", "X-Tenant", "acme"); r.status != http.StatusNotFound {
+		t.Fatalf("status read of a bad id: %d %s", r.status, r.body)
+	}
+}
+
+func TestProxyAsyncConfigErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mod  func(*ProxyConfig)
+		want string
+	}{
+		{"no path", func(c *ProxyConfig) { c.Async = []string{"POST"} }, "want METHOD /path"},
+		{"unprotected method", func(c *ProxyConfig) { c.Async = []string{"GET /v1/reports"} }, "not a protected method"},
+		{"bad pattern", func(c *ProxyConfig) { c.Async = []string{"POST /v1/{bad"} }, "--async"},
+		{"status path", func(c *ProxyConfig) { c.Async = []string{"POST /.idem/requests/x"} }, "status resources"},
+		{"wait beyond ttl", func(c *ProxyConfig) { c.TTL = time.Hour; c.AsyncWait = 2 * time.Hour }, "AsyncWait"},
+		{"negative workers", func(c *ProxyConfig) { c.AsyncWorkers = -1 }, "async-workers"},
+		{"bad keep header", func(c *ProxyConfig) { c.AsyncKeepHeaders = []string{"Bad Name"} }, "AsyncKeepHeaders"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := asyncProxyConfig("http://127.0.0.1:1", "memory:", 1)
+			cfg.Listen = "127.0.0.1:0"
+			cfg.Logger = slog.New(slog.DiscardHandler)
+			tc.mod(&cfg)
+			p, err := NewProxy(context.Background(), cfg)
+			if err == nil {
+				p.closeAll()
+				t.Fatal("no error")
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %q, want it to mention %q", err, tc.want)
+			}
+		})
+	}
+	var stderr strings.Builder
+	if _, _, _, err := parseProxyFlags([]string{"--upstream", "http://x", "--async-workers", "-1"}, &stderr); err == nil {
+		t.Fatal("--async-workers -1: no error")
+	}
+	cfg, _, _, err := parseProxyFlags([]string{"--upstream", "http://x", "--async", "POST /a", "--async", "POST /b",
+		"--async-keep-headers", "Authorization,Cookie", "--async-wait", "5m"}, &stderr)
+	if err != nil || len(cfg.Async) != 2 || len(cfg.AsyncKeepHeaders) != 2 || cfg.AsyncWait != 5*time.Minute || cfg.AsyncWorkers != idem.DefaultWorkerConcurrency {
+		t.Fatalf("flags: %+v %v", cfg, err)
+	}
+}

@@ -1,0 +1,240 @@
+package enginetest
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/maintenance"
+	"github.com/idem-go/idem/store"
+)
+
+// AsyncApp is an API with one asynchronous route (POST /v1/reports) over
+// a store, its status resources, and a worker running the same handler.
+// Callers are told apart by X-Tenant.
+type AsyncApp struct {
+	t      *testing.T
+	Eng    *idem.Engine
+	Srv    *httptest.Server
+	Worker *idem.Worker
+
+	mu   sync.Mutex
+	runs map[string]int         // executions per key
+	seen map[string]http.Header // headers the handler saw, per key
+	body map[string]string
+	// block, when set, makes the handler close it, wait for its context
+	// to end and answer 500 (a worker cut off mid-run).
+	block chan struct{}
+}
+
+// Answer is what a client got.
+type Answer struct {
+	Status int
+	Header http.Header
+	Body   string
+}
+
+// NewAsyncApp serves the app until the test ends.
+func NewAsyncApp(t *testing.T, s store.Store, cfg idem.Config) *AsyncApp {
+	t.Helper()
+	cfg.Async = true
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	if cfg.Tenant == nil {
+		cfg.Tenant = func(r *http.Request) string { return r.Header.Get("X-Tenant") }
+	}
+	eng, err := idem.New(s, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &AsyncApp{t: t, Eng: eng, runs: map[string]int{}, seen: map[string]http.Header{}, body: map[string]string{}}
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		x := idem.FromContext(r.Context())
+		if x == nil {
+			http.Error(w, "no execution", 500)
+			return
+		}
+		b, _ := io.ReadAll(r.Body)
+		a.mu.Lock()
+		a.runs[x.Key()]++
+		a.seen[x.Key()] = r.Header.Clone()
+		a.body[x.Key()] = string(b)
+		block := a.block
+		a.mu.Unlock()
+		if block != nil {
+			close(block)
+			<-r.Context().Done()
+			http.Error(w, "cut off", http.StatusInternalServerError)
+			return
+		}
+		if strings.Contains(string(b), "panic") {
+			panic("handler bug")
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"report":"`+x.Key()+`","target":"`+r.URL.RequestURI()+`"}`)
+	})
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/reports", eng.Middleware(handler))
+	mux.Handle("GET "+idem.DefaultStatusPath, eng.StatusHandler())
+	a.Srv = httptest.NewServer(mux)
+	t.Cleanup(a.Srv.Close)
+	a.Worker, err = eng.NewWorker(idem.WorkerConfig{Handler: handler})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// Block makes the next execution wait for its context to end; the channel
+// returned is closed once it started.
+func (a *AsyncApp) Block() <-chan struct{} {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.block = make(chan struct{})
+	return a.block
+}
+
+// Do sends one request; hdr are name, value pairs.
+func (a *AsyncApp) Do(method, path, tenant, key, body string, hdr ...string) Answer {
+	a.t.Helper()
+	req, err := http.NewRequest(method, a.Srv.URL+path, strings.NewReader(body))
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	req.Header.Set("X-Tenant", tenant)
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Add(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return Answer{resp.StatusCode, resp.Header, string(b)}
+}
+
+// Post sends a request to the asynchronous route.
+func (a *AsyncApp) Post(tenant, key, body string, hdr ...string) Answer {
+	a.t.Helper()
+	return a.Do("POST", "/v1/reports?month=11", tenant, key, body, hdr...)
+}
+
+// Runs returns how many times the handler ran for key, and what it got
+// the last time.
+func (a *AsyncApp) Runs(key string) (n int, header http.Header, body string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.runs[key], a.seen[key], a.body[key]
+}
+
+// WantAccepted checks a 202 with Retry-After (and Location, when given).
+func WantAccepted(t *testing.T, got Answer, location string) {
+	t.Helper()
+	if got.Status != http.StatusAccepted || got.Header.Get("Retry-After") == "" ||
+		!strings.Contains(got.Body, idem.SlugAccepted) {
+		t.Fatalf("want 202 with Retry-After, got %d %v %s", got.Status, got.Header, got.Body)
+	}
+	if location != "" && got.Header.Get("Location") != location {
+		t.Fatalf("Location %q, want %q", got.Header.Get("Location"), location)
+	}
+}
+
+// AsyncFlow is the life of an asynchronous request over s: accepted,
+// retried and read while pending, run once by a worker, then replayed;
+// another tenant never sees it.
+func AsyncFlow(t *testing.T, s store.Store) {
+	a := NewAsyncApp(t, s, idem.Config{})
+	first := a.Post("acme", "r1", `{"month":11}`, "Authorization", "Bearer secret", "Cookie", "s=1", "X-Trace", "t1")
+	loc := first.Header.Get("Location")
+	WantAccepted(t, first, "")
+	if !strings.HasPrefix(loc, idem.DefaultStatusPath) || loc != a.Eng.StatusLocation("POST", "/v1/reports", "r1") {
+		t.Fatalf("Location %q", loc)
+	}
+	if n, _, _ := a.Runs("r1"); n != 0 {
+		t.Fatalf("the handler ran %d times while the client waited", n)
+	}
+	// Retries and status reads: 202 while pending.
+	WantAccepted(t, a.Post("acme", "r1", `{"month":11}`), loc)
+	WantAccepted(t, a.Do("GET", loc, "acme", "", ""), loc)
+	// Another request under the key is refused, pending or not.
+	if got := a.Post("acme", "r1", `{"month":12}`); got.Status != http.StatusUnprocessableEntity {
+		t.Fatalf("key reused while pending: %d", got.Status)
+	}
+	// Another tenant never sees the request, nor learns it exists.
+	if got := a.Do("GET", loc, "other", "", ""); got.Status != http.StatusNotFound || !strings.Contains(got.Body, idem.SlugRequestNotFound) {
+		t.Fatalf("another tenant's status read: %d %s", got.Status, got.Body)
+	}
+	for _, bad := range []string{idem.DefaultStatusPath + "!!", idem.DefaultStatusPath + "cG9zdA", idem.DefaultStatusPath} {
+		if got := a.Do("GET", bad, "acme", "", ""); got.Status != http.StatusNotFound {
+			t.Fatalf("status read of %q: %d", bad, got.Status)
+		}
+	}
+
+	n, err := a.Worker.RunOnce(context.Background())
+	if err != nil || n != 1 {
+		t.Fatalf("RunOnce: %d %v", n, err)
+	}
+	runs, seen, body := a.Runs("r1")
+	if runs != 1 {
+		t.Fatalf("handler ran %d times, want 1", runs)
+	}
+	if body != `{"month":11}` || seen.Get("X-Trace") != "t1" || seen.Get("Content-Type") != "application/json" {
+		t.Fatalf("worker's request: body %q headers %v", body, seen)
+	}
+	if seen.Get("Authorization") != "" || seen.Get("Cookie") != "" {
+		t.Fatalf("credentials were stored with the request: %v", seen)
+	}
+	for _, got := range []Answer{a.Post("acme", "r1", `{"month":11}`), a.Do("GET", loc, "acme", "", "")} {
+		if got.Status != http.StatusCreated || got.Header.Get("Idempotent-Replayed") != "true" ||
+			got.Body != `{"report":"r1","target":"/v1/reports?month=11"}` {
+			t.Fatalf("answer once complete: %d %v %s", got.Status, got.Header, got.Body)
+		}
+	}
+	if n, _ := a.Worker.RunOnce(context.Background()); n != 0 {
+		t.Fatalf("a completed request was claimed again (%d)", n)
+	}
+	if runs, _, _ := a.Runs("r1"); runs != 1 {
+		t.Fatalf("a completed request ran again (%d runs)", runs)
+	}
+}
+
+// AsyncExpiry: a request no worker claims before AsyncWait ends with a
+// stored 408 that retries and status reads get. clock is s's.
+func AsyncExpiry(t *testing.T, s store.Store, clock interface{ Advance(time.Duration) }) {
+	a := NewAsyncApp(t, s, idem.Config{AsyncWait: time.Minute})
+	loc := a.Post("acme", "late", `{}`).Header.Get("Location")
+	mt, err := maintenance.New(s, maintenance.Config{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := mt.ExpirePendingOnce(context.Background()); err != nil || n != 0 {
+		t.Fatalf("expiry before the deadline: %d %v", n, err)
+	}
+	clock.Advance(time.Minute)
+	if n, err := mt.ExpirePendingOnce(context.Background()); err != nil || n != 1 {
+		t.Fatalf("expiry past the deadline: %d %v", n, err)
+	}
+	if n, _ := a.Worker.RunOnce(context.Background()); n != 0 {
+		t.Fatal("an expired request was claimed")
+	}
+	if runs, _, _ := a.Runs("late"); runs != 0 {
+		t.Fatal("an expired request was run")
+	}
+	for _, got := range []Answer{a.Post("acme", "late", `{}`), a.Do("GET", loc, "acme", "", "")} {
+		if got.Status != http.StatusRequestTimeout || !strings.Contains(got.Body, idem.SlugPendingExpired) {
+			t.Fatalf("answer of an expired request: %d %s", got.Status, got.Body)
+		}
+	}
+}

@@ -1,0 +1,282 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/idem-go/idem/store"
+)
+
+var _ store.Queue = (*Store)(nil)
+
+// Asynchronous acceptance: the pending record is the queue. Claims and
+// expiry lock their batch with FOR UPDATE SKIP LOCKED in a READ COMMITTED
+// transaction, as the sweeper does, so workers of any number of instances
+// take disjoint batches and never wait for each other. Every transition is
+// computed in Go (store.ApplyPending, the claim and expiry rules) from the
+// row read under its lock and written back whole.
+
+// pendingQuery compiles a statement of this file, with {record_columns}.
+func pendingQuery(name, text string) *query {
+	qq, err := compile(name, strings.ReplaceAll(text, "{record_columns}", q("record_columns").sql))
+	if err != nil {
+		panic(err)
+	}
+	return qq
+}
+
+const pendingNow = `COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6))`
+
+var (
+	qPendingNow = pendingQuery("pending_now", `SELECT `+pendingNow)
+
+	qPendingLock = pendingQuery("pending_lock", `
+SELECT {record_columns}, queue, request FROM idem_records
+WHERE scope = :scope AND `+"`key`"+` = :key
+FOR UPDATE`)
+
+	qPendingInsert = pendingQuery("pending_insert", `
+INSERT INTO idem_records (scope, `+"`key`"+`, fingerprint, state, fence, lease_policy, locked_until,
+    recovery_point, response_status, response_headers, response_body, response_body_omitted,
+    last_error, attempts, created_at, updated_at, completed_at, expires_at, reconcile_after,
+    reconcile_attempts, dead_lettered_at, queue, request)
+VALUES (:scope, :key, :fingerprint, :state, :fence, :lease_policy, :locked_until,
+    :recovery_point, :status, :headers, :body, :body_omitted,
+    :last_error, :attempts, :created_at, :updated_at, :completed_at, :expires_at, :reconcile_after,
+    :reconcile_attempts, :dead_lettered_at, :queue, :request)`)
+
+	qPendingWrite = pendingQuery("pending_write", `
+UPDATE idem_records SET
+    fingerprint = :fingerprint, state = :state, fence = :fence, lease_policy = :lease_policy,
+    locked_until = :locked_until, recovery_point = :recovery_point,
+    response_status = :status, response_headers = :headers, response_body = :body,
+    response_body_omitted = :body_omitted, last_error = :last_error, attempts = :attempts,
+    created_at = :created_at, updated_at = :updated_at, completed_at = :completed_at,
+    expires_at = :expires_at, reconcile_after = :reconcile_after,
+    reconcile_attempts = :reconcile_attempts, dead_lettered_at = :dead_lettered_at,
+    queue = :queue, request = :request, row_version = row_version + 1
+WHERE scope = :scope AND `+"`key`"+` = :key AND fence = :old_fence AND state = :old_state`)
+
+	qClaimSelect = pendingQuery("claim_select", `
+SELECT {record_columns}, queue, request, `+pendingNow+` FROM idem_records
+WHERE state = 'pending' AND queue = :queue AND locked_until > `+pendingNow+`
+ORDER BY created_at
+LIMIT :limit
+FOR UPDATE SKIP LOCKED`)
+
+	qExpireSelect = pendingQuery("expire_pending_select", `
+SELECT {record_columns}, queue, request, `+pendingNow+` FROM idem_records
+WHERE state = 'pending' AND locked_until <= `+pendingNow+`
+ORDER BY locked_until
+LIMIT :limit
+FOR UPDATE SKIP LOCKED`)
+)
+
+func dbTimeArg(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t.UTC().Format(datetimeLayout)
+}
+
+// recordArgs are the columns of r as qPendingInsert and qPendingWrite bind
+// them.
+func recordArgs(r *store.Record) (args, error) {
+	a := args{
+		"scope": r.Scope, "key": r.Key, "fingerprint": r.Fingerprint, "state": string(r.State),
+		"fence": r.Fence, "lease_policy": string(r.LeasePolicy), "locked_until": dbTimeArg(r.LockedUntil),
+		"recovery_point": []byte(r.RecoveryPoint), "last_error": []byte(r.LastError), "attempts": r.Attempts,
+		"created_at": dbTimeArg(r.CreatedAt), "updated_at": dbTimeArg(r.UpdatedAt),
+		"completed_at": dbTimeArg(r.CompletedAt), "expires_at": dbTimeArg(r.ExpiresAt),
+		"reconcile_after": dbTimeArg(r.ReconcileAfter), "reconcile_attempts": r.ReconcileAttempts,
+		"dead_lettered_at": dbTimeArg(r.DeadLetteredAt), "queue": nil, "request": nil,
+	}
+	if err := responseArgs(a, r.Response); err != nil {
+		return nil, err
+	}
+	if r.Request != nil {
+		b, err := store.EncodeRequest(r.Request)
+		if err != nil {
+			return nil, err
+		}
+		a["queue"], a["request"] = []byte(r.Request.Queue), b
+	}
+	return a, nil
+}
+
+// scanPending reads {record_columns}, queue, request and then trail.
+func scanPending(sc scanner, trail ...any) (store.Record, error) {
+	var queue, request []byte
+	r, err := scanRecord(sc, nil, append([]any{&queue, &request}, trail...)...)
+	if err != nil || queue == nil {
+		return r, err
+	}
+	r.Request, err = store.DecodeRequest(string(queue), request)
+	return r, err
+}
+
+// run binds a and executes qq on tx.
+func runIn(ctx context.Context, tx *sql.Tx, qq *query, a args) (int64, error) {
+	bound, err := qq.bind(a)
+	if err != nil {
+		return 0, err
+	}
+	res, err := tx.ExecContext(ctx, qq.sql, bound...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// write stores r over the row read as prev (same fence and state).
+func writeRecord(ctx context.Context, tx *sql.Tx, r *store.Record, prev *store.Record) error {
+	a, err := recordArgs(r)
+	if err != nil {
+		return err
+	}
+	qq := qPendingInsert
+	if prev != nil {
+		qq = qPendingWrite
+		a["old_fence"], a["old_state"] = prev.Fence, string(prev.State)
+	}
+	n, err := runIn(ctx, tx, qq, a)
+	if err == nil && n != 1 {
+		// The row is locked by this transaction: a miss is a bug.
+		err = fmt.Errorf("record %q/%q changed under its lock", r.Scope, r.Key)
+	}
+	return err
+}
+
+// inTx runs fn in a READ COMMITTED transaction, again after a deadlock or
+// a concurrent insert of the same key (which the next run then sees).
+func (s *Store) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	return s.retry(ctx, transient, func() (err error) {
+		tx, err := s.q.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+		if err != nil {
+			return err
+		}
+		if err := fn(tx); err != nil {
+			_ = tx.Rollback()
+			return err
+		}
+		return tx.Commit()
+	})
+}
+
+// ReservePending implements [store.Queue]: the row is read under its lock
+// (or found absent), store.ApplyPending decides, and the result is written
+// in the same transaction.
+func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (store.ReserveResult, error) {
+	if err := p.Validate(); err != nil {
+		return store.ReserveResult{}, err
+	}
+	var res store.ReserveResult
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		var now dbTime
+		a, err := qPendingNow.bind(args{"now": s.nowArg()})
+		if err != nil {
+			return err
+		}
+		if err := tx.QueryRowContext(ctx, qPendingNow.sql, a...).Scan(&now); err != nil {
+			return err
+		}
+		if a, err = qPendingLock.bind(s.idArgs(p.Scope, p.Key)); err != nil {
+			return err
+		}
+		var prev *store.Record
+		rec, err := scanPending(tx.QueryRowContext(ctx, qPendingLock.sql, a...))
+		switch {
+		case err == nil:
+			prev = &rec
+		case !errors.Is(err, sql.ErrNoRows):
+			return err
+		}
+		out, r, write := store.ApplyPending(prev, &p, now.t.Truncate(store.Resolution))
+		res = store.ReserveResult{Outcome: out, Record: r}
+		if !write {
+			return nil
+		}
+		return writeRecord(ctx, tx, &r, prev)
+	})
+	if err != nil {
+		return store.ReserveResult{}, wrap("reserve pending", err)
+	}
+	return res, nil
+}
+
+// lockBatch selects a batch with sel under FOR UPDATE SKIP LOCKED, changes
+// each record with f and writes it back.
+func (s *Store) lockBatch(ctx context.Context, sel *query, a args, f func(r *store.Record, now time.Time)) ([]store.Record, error) {
+	var out []store.Record
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		out = nil
+		bound, err := sel.bind(a)
+		if err != nil {
+			return err
+		}
+		rows, err := tx.QueryContext(ctx, sel.sql, bound...)
+		if err != nil {
+			return err
+		}
+		var now dbTime
+		for rows.Next() {
+			rec, err := scanPending(rows, &now)
+			if err != nil {
+				_ = rows.Close()
+				return err
+			}
+			out = append(out, rec)
+		}
+		if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+			return err
+		}
+		for i := range out {
+			prev := out[i]
+			f(&out[i], now.t)
+			if err := writeRecord(ctx, tx, &out[i], &prev); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// Claim implements [store.Queue].
+func (s *Store) Claim(ctx context.Context, p store.ClaimParams) ([]store.Record, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	out, err := s.lockBatch(ctx, qClaimSelect, args{"now": s.nowArg(), "queue": []byte(p.Queue), "limit": p.Limit},
+		func(r *store.Record, now time.Time) {
+			r.State = store.StateInProgress
+			r.Fence = store.NextFence(r.Fence, now)
+			r.Attempts++
+			r.LockedUntil = now.Add(store.RoundUp(p.Lease))
+			r.UpdatedAt = now
+		})
+	return out, wrap("claim", err)
+}
+
+// ExpirePending implements [store.Queue].
+func (s *Store) ExpirePending(ctx context.Context, p store.ExpirePendingParams) ([]store.Record, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	out, err := s.lockBatch(ctx, qExpireSelect, args{"now": s.nowArg(), "limit": p.Limit},
+		func(r *store.Record, now time.Time) {
+			resp := p.Response
+			r.State = store.StateCompleted
+			r.Response = &resp
+			r.LastError = store.ExpiredPendingError
+			r.CompletedAt, r.UpdatedAt = now, now
+			if p.TTL > 0 {
+				r.ExpiresAt = now.Add(store.RoundUp(p.TTL))
+			}
+		})
+	return out, wrap("expire pending", err)
+}

@@ -1,0 +1,292 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// Asynchronous acceptance. A request on an asynchronous route is not run
+// while its client waits: ReservePending records it as pending (accepted,
+// not yet claimed) together with what is needed to run it later, and a
+// worker claims it (pending -> in_progress, with a lease and a new fence)
+// and settles it through the ordinary lease-holder transitions (Complete,
+// Release, MarkUnknown, Extend):
+//
+//	absent ──ReservePending──▶ pending ──Claim──▶ in_progress ──Complete──▶ completed
+//	                              └──ExpirePending (never claimed in time)──▶ completed (timeout answer)
+//
+// The pending record is itself the queue: one write accepts the request,
+// there is no second table or list to keep consistent with the record,
+// and a claim is one guarded transition like every other, so every store
+// keeps the same semantics (SKIP LOCKED in PostgreSQL and MySQL, the
+// single writer of SQLite, a Lua script in Redis).
+
+// StatePending: the request is accepted and kept with the record
+// (Record.Request); no worker has claimed it yet. LockedUntil is the
+// claim deadline: past it, ExpirePending ends the record with a timeout
+// answer. Reserve treats a pending record like a live in_progress one
+// (Existing).
+const StatePending State = "pending"
+
+// Limits of a pending request, whatever the store.
+const (
+	// MaxQueueBytes bounds a queue's name.
+	MaxQueueBytes = 200
+	// MaxPendingRequestBytes bounds the encoded request kept with a
+	// pending record (method, target, headers and body). The engine bounds
+	// the body further by its MaxBodyBytes.
+	MaxPendingRequestBytes = 32 << 20
+)
+
+// PendingRequest is a request kept with a pending record, to be run by the
+// worker that claims it.
+type PendingRequest struct {
+	// Queue names the workers that may claim it (one per kind of work:
+	// a proxy's upstream, a set of handlers).
+	Queue string
+	// Method, Target (path and query), Header and Body are the request as
+	// the worker must replay it. Header holds only what the engine chose
+	// to keep (no credentials unless configured).
+	Method string
+	Target string
+	Header http.Header
+	Body   []byte
+}
+
+// PendingParams records a request as pending.
+type PendingParams struct {
+	// ReserveParams identify the record as for Reserve. Lease is how long
+	// the request may wait for a worker (LockedUntil = now + Lease while
+	// pending); TTL and LeasePolicy are as for Reserve (the policy applies
+	// to the worker's lease once claimed).
+	ReserveParams
+	Request PendingRequest
+}
+
+// ClaimParams selects the pending requests a worker takes.
+type ClaimParams struct {
+	// Queue is the queue to claim from. Required.
+	Queue string
+	// Limit bounds the batch. Must be positive.
+	Limit int
+	// Lease is the worker's lease on each claimed record (LockedUntil =
+	// now + Lease). Must be positive.
+	Lease time.Duration
+}
+
+// ExpirePendingParams ends pending records whose claim deadline passed.
+type ExpirePendingParams struct {
+	// Limit bounds the batch. Must be positive.
+	Limit int
+	// Response is the answer stored on each expired record (a timeout,
+	// 408). Required.
+	Response Response
+	// TTL, when positive, resets ExpiresAt = now + TTL; zero keeps the
+	// ExpiresAt set when the request was accepted.
+	TTL time.Duration
+}
+
+// Queue is implemented by stores that keep asynchronous requests. Every
+// store of this module implements it; the cache wrapper forwards it.
+type Queue interface {
+	// ReservePending is Reserve for an asynchronous request, applying the
+	// rules of Reserve ([Decide]) in one atomic step, except that the
+	// caller never holds a lease: where Reserve would create, reclaim or
+	// take over an in_progress record, ReservePending makes the record
+	// pending with p.Request (a new fence; outcome Created, Reclaimed or
+	// TakenOver), so that a worker runs it; an expired lease under policy
+	// unknown goes to unknown as with Reserve; every other record is
+	// returned untouched (Existing), a pending one included. The
+	// returned record carries Request when the outcome is not Existing.
+	ReservePending(ctx context.Context, p PendingParams) (ReserveResult, error)
+
+	// Claim moves up to p.Limit pending records of p.Queue whose claim
+	// deadline has not passed, oldest first, to in_progress: a new fence,
+	// LockedUntil = now + p.Lease, Attempts+1. It returns them with their
+	// Request. Each pending record is claimed by exactly one caller, however
+	// many claim at once on however many handles.
+	Claim(ctx context.Context, p ClaimParams) ([]Record, error)
+
+	// ExpirePending ends up to p.Limit pending records whose claim
+	// deadline (LockedUntil) passed: they become completed with
+	// p.Response and LastError "pending_expired", and are returned. Safe
+	// to run from several instances at once: each record is ended once.
+	ExpirePending(ctx context.Context, p ExpirePendingParams) ([]Record, error)
+}
+
+// Validate checks a pending reservation: the reservation's own rules and a
+// request a worker can run.
+func (p *PendingParams) Validate() error {
+	if err := p.ReserveParams.Validate(); err != nil {
+		return err
+	}
+	r := &p.Request
+	if err := checkQueue(r.Queue); err != nil {
+		return err
+	}
+	if r.Method == "" || !ValidHeader(r.Method, nil) {
+		return invalid(fmt.Sprintf("request method %q is not an HTTP token", r.Method))
+	}
+	if r.Target == "" || !utf8.ValidString(r.Target) || !ValidHeader("x", []string{r.Target}) {
+		return invalid("request target must be non-empty UTF-8 without control characters")
+	}
+	for k, v := range r.Header {
+		if !ValidHeader(k, v) {
+			return invalid(fmt.Sprintf("request header %q is not valid", k))
+		}
+	}
+	if n := r.size(); n > MaxPendingRequestBytes {
+		return errors.Join(ErrTooLong, fmt.Errorf("request of %d bytes, the limit is %d", n, MaxPendingRequestBytes))
+	}
+	return nil
+}
+
+func (r *PendingRequest) size() int {
+	n := len(r.Method) + len(r.Target) + len(r.Body)
+	for k, v := range r.Header {
+		n += len(k)
+		for _, s := range v {
+			n += len(s)
+		}
+	}
+	return n
+}
+
+func checkQueue(q string) error {
+	switch {
+	case q == "":
+		return invalid("queue is required")
+	case len(q) > MaxQueueBytes:
+		return errors.Join(ErrTooLong, fmt.Errorf("queue of %d bytes, the limit is %d", len(q), MaxQueueBytes))
+	case !ValidHeader("x", []string{q}) || !utf8.ValidString(q):
+		return invalid("queue must be UTF-8 without control characters")
+	}
+	return nil
+}
+
+// Validate checks a claim.
+func (p *ClaimParams) Validate() error {
+	if err := checkQueue(p.Queue); err != nil {
+		return err
+	}
+	if err := checkLimit(p.Limit); err != nil {
+		return err
+	}
+	if p.Lease <= 0 {
+		return invalid("lease must be positive")
+	}
+	return nil
+}
+
+// Validate checks an expiry pass.
+func (p *ExpirePendingParams) Validate() error {
+	if err := checkLimit(p.Limit); err != nil {
+		return err
+	}
+	if p.TTL < 0 {
+		return invalid("ttl must not be negative")
+	}
+	return p.Response.Validate()
+}
+
+// pendingJSON is the stored form of a PendingRequest (the queue is kept
+// in a column or field of its own, to claim by it).
+type pendingJSON struct {
+	Method string      `json:"method"`
+	Target string      `json:"target"`
+	Header http.Header `json:"header,omitempty"`
+	Body   []byte      `json:"body,omitempty"`
+}
+
+// EncodeRequest is the stored form of r without its queue, the same bytes
+// in every store.
+func EncodeRequest(r *PendingRequest) ([]byte, error) {
+	return json.Marshal(pendingJSON{Method: r.Method, Target: r.Target, Header: r.Header, Body: r.Body})
+}
+
+// DecodeRequest reads what EncodeRequest wrote, with the queue kept
+// beside it.
+func DecodeRequest(queue string, b []byte) (*PendingRequest, error) {
+	var j pendingJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return nil, fmt.Errorf("idem/store: stored request: %w", err)
+	}
+	return &PendingRequest{Queue: queue, Method: j.Method, Target: j.Target, Header: j.Header, Body: j.Body}, nil
+}
+
+// ExpiredPendingError is the LastError of a pending record that no worker
+// claimed before its deadline.
+const ExpiredPendingError = "pending_expired"
+
+// SortRecords orders a batch by the time by returns, then by scope and
+// key: stores whose UPDATE ... RETURNING promises no order sort what
+// Claim (by CreatedAt) and ExpirePending (by LockedUntil) return.
+func SortRecords(rs []Record, by func(*Record) time.Time) {
+	slices.SortFunc(rs, func(a, b Record) int {
+		if c := by(&a).Compare(by(&b)); c != 0 {
+			return c
+		}
+		if c := strings.Compare(a.Scope, b.Scope); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Key, b.Key)
+	})
+}
+
+// ByCreated orders claimed records by their acceptance.
+func ByCreated(r *Record) time.Time { return r.CreatedAt }
+
+// ByDeadline orders pending records by their claim deadline.
+func ByDeadline(r *Record) time.Time { return r.LockedUntil }
+
+// ApplyPending is ReservePending's transition computed in Go, for stores
+// that read the record, decide and write it back under a lock (the memory
+// and MySQL stores): given the existing record (nil when there is none)
+// and the instant now, it returns the outcome, the record as it must be
+// stored, and whether it must be written at all.
+func ApplyPending(prev *Record, p *PendingParams, now time.Time) (out ReserveOutcome, r Record, write bool) {
+	act := ActCreate
+	if prev != nil {
+		act = Decide(prev, &p.ReserveParams, now)
+		r = *prev
+	}
+	req := p.Request
+	after := func(d time.Duration) time.Time { return now.Add(RoundUp(d)) }
+	switch act {
+	case ActExisting:
+		return Existing, r, false
+	case ActLeaseExpired:
+		r.State, r.LastError, r.ReconcileAfter, r.UpdatedAt = StateUnknown, "lease_expired", now, now
+		return Existing, r, true
+	case ActCreate:
+		var fence int64
+		if prev != nil {
+			fence = prev.Fence
+		}
+		return Created, Record{
+			Scope: p.Scope, Key: p.Key, Fingerprint: p.Fingerprint, State: StatePending,
+			Fence: NextFence(fence, now), LeasePolicy: p.LeasePolicy, LockedUntil: after(p.Lease),
+			CreatedAt: now, UpdatedAt: now, ExpiresAt: after(p.TTL), Request: &req,
+		}, true
+	case ActReclaim:
+		out = Reclaimed
+		r.ExpiresAt = after(p.TTL)
+	default: // ActTakeOver
+		out = TakenOver
+	}
+	r.State = StatePending
+	r.Fence = NextFence(r.Fence, now)
+	r.LockedUntil = after(p.Lease)
+	r.LastError = ""
+	r.UpdatedAt = now
+	r.Response, r.CompletedAt = nil, time.Time{}
+	r.Request = &req
+	return out, r, true
+}

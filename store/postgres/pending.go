@@ -1,0 +1,329 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idem-go/idem/store"
+)
+
+var _ store.Queue = (*Store)(nil)
+
+// Asynchronous acceptance: the pending record is the queue. Workers claim
+// with SELECT ... FOR UPDATE SKIP LOCKED, so concurrent claimers on any
+// number of instances split the pending rows and never take one twice,
+// and the accepted request commits in the same single write as its record
+// (no second table or job to keep consistent with it).
+
+const pendingColumns = recordColumns + `, queue, request`
+
+const pendingColumnsR = recordColumnsR + `, r.queue, r.request`
+
+// fenceAt is store.NextFence's clock part for the instant "now".
+const fenceAt = `greatest((extract(epoch FROM now) * 1000000)::bigint, 1)`
+
+// sqlPendingInsert: $1 scope, $2 key, $3 fingerprint, $4 claim wait µs,
+// $5 ttl µs, $6 lease policy, $7 now (nullable), $8 queue, $9 request.
+const sqlPendingInsert = `
+WITH clock AS (SELECT coalesce($7::timestamptz, statement_timestamp()) AS now)
+INSERT INTO {schema}idem_records AS r
+	(scope, key, fingerprint, state, fence, lease_policy, locked_until,
+	 attempts, created_at, updated_at, expires_at, queue, request)
+SELECT $1, $2, $3, 'pending', ` + fenceAt + `, $6,
+	now + $4::bigint * interval '1 microsecond', 0, now, now,
+	now + $5::bigint * interval '1 microsecond', $8, $9
+FROM clock
+ON CONFLICT (scope, key) DO NOTHING
+RETURNING ` + pendingColumns
+
+// sqlPendingLock reads and locks the existing row with the instant the
+// decision is taken at. $1 scope, $2 key, $3 now (nullable).
+const sqlPendingLock = `
+SELECT ` + recordColumns + `, coalesce($3::timestamptz, statement_timestamp())
+FROM {schema}idem_records WHERE scope = $1 AND key = $2
+FOR UPDATE`
+
+// sqlPendingPeek is sqlPendingLock without the lock: the answer of a
+// duplicate (a retry, a replay) that changes nothing.
+const sqlPendingPeek = `
+SELECT ` + recordColumns + `, coalesce($3::timestamptz, statement_timestamp())
+FROM {schema}idem_records WHERE scope = $1 AND key = $2`
+
+// sqlPendingSet makes the locked row pending (a recreation, a reclaim or
+// a requeue after a dead worker). $1 scope, $2 key, $3 now, $4 claim
+// wait µs, $5 ttl µs or 0 to keep expires_at, $6 fingerprint,
+// $7 lease policy, $8 queue, $9 request, $10 recreate.
+const sqlPendingSet = `
+UPDATE {schema}idem_records AS r SET
+	state = 'pending',
+	fence = greatest(r.fence + 1, greatest((extract(epoch FROM $3::timestamptz) * 1000000)::bigint, 1)),
+	locked_until = $3::timestamptz + $4::bigint * interval '1 microsecond',
+	expires_at = CASE WHEN $5::bigint > 0 THEN $3::timestamptz + $5::bigint * interval '1 microsecond'
+		ELSE r.expires_at END,
+	last_error = '',
+	updated_at = $3::timestamptz,
+	queue = $8,
+	request = $9,
+	fingerprint = CASE WHEN $10 THEN $6 ELSE r.fingerprint END,
+	lease_policy = CASE WHEN $10 THEN $7 ELSE r.lease_policy END,
+	recovery_point = CASE WHEN $10 THEN '' ELSE r.recovery_point END,
+	response_status = NULL,
+	response_headers = NULL,
+	response_body = NULL,
+	response_body_omitted = false,
+	attempts = CASE WHEN $10 THEN 0 ELSE r.attempts END,
+	created_at = CASE WHEN $10 THEN $3::timestamptz ELSE r.created_at END,
+	completed_at = NULL,
+	reconcile_after = NULL,
+	reconcile_attempts = CASE WHEN $10 THEN 0 ELSE r.reconcile_attempts END,
+	dead_lettered_at = NULL
+WHERE scope = $1 AND key = $2
+RETURNING ` + pendingColumns
+
+// sqlPendingToUnknown: an expired lease under policy unknown, as Reserve
+// does it. $1 scope, $2 key, $3 now.
+const sqlPendingToUnknown = `
+UPDATE {schema}idem_records SET
+	state = 'unknown', last_error = 'lease_expired',
+	reconcile_after = $3::timestamptz, updated_at = $3::timestamptz
+WHERE scope = $1 AND key = $2
+RETURNING ` + recordColumns
+
+// sqlClaim: $1 queue, $2 now (nullable), $3 limit, $4 lease µs.
+const sqlClaim = `
+WITH clock AS (SELECT coalesce($2::timestamptz, statement_timestamp()) AS now),
+picked AS (
+	SELECT r.scope, r.key
+	FROM {schema}idem_records r, clock c
+	WHERE r.state = 'pending' AND r.queue = $1 AND r.locked_until > c.now
+	ORDER BY r.created_at
+	LIMIT $3
+	FOR UPDATE OF r SKIP LOCKED
+)
+UPDATE {schema}idem_records AS r SET
+	state = 'in_progress',
+	fence = greatest(r.fence + 1, greatest((extract(epoch FROM c.now) * 1000000)::bigint, 1)),
+	attempts = r.attempts + 1,
+	locked_until = c.now + $4::bigint * interval '1 microsecond',
+	updated_at = c.now
+FROM picked, clock c
+WHERE r.scope = picked.scope AND r.key = picked.key AND r.state = 'pending'
+RETURNING ` + pendingColumnsR
+
+// sqlExpirePending: $1 now (nullable), $2 limit, $3 status, $4 headers,
+// $5 body, $6 body omitted, $7 ttl µs or 0 to keep expires_at.
+const sqlExpirePending = `
+WITH clock AS (SELECT coalesce($1::timestamptz, statement_timestamp()) AS now),
+due AS (
+	SELECT r.scope, r.key
+	FROM {schema}idem_records r, clock c
+	WHERE r.state = 'pending' AND r.locked_until <= c.now
+	ORDER BY r.locked_until
+	LIMIT $2
+	FOR UPDATE OF r SKIP LOCKED
+)
+UPDATE {schema}idem_records AS r SET
+	state = 'completed',
+	response_status = $3,
+	response_headers = $4,
+	response_body = $5,
+	response_body_omitted = $6,
+	last_error = '` + store.ExpiredPendingError + `',
+	completed_at = c.now,
+	updated_at = c.now,
+	expires_at = CASE WHEN $7::bigint > 0 THEN c.now + $7::bigint * interval '1 microsecond'
+		ELSE r.expires_at END
+FROM due, clock c
+WHERE r.scope = due.scope AND r.key = due.key AND r.state = 'pending'
+RETURNING ` + pendingColumnsR
+
+type pendingQueries struct {
+	insert, peek, lock, set, toUnknown, claim, expire string
+}
+
+// pendingSQL caches the statements per schema (a Store's schema is fixed).
+var pendingSQL sync.Map // schema -> *pendingQueries
+
+func (s *Store) pq() *pendingQueries {
+	if q, ok := pendingSQL.Load(s.cfg.Schema); ok {
+		return q.(*pendingQueries)
+	}
+	prefix := ""
+	if s.cfg.Schema != "" {
+		prefix = pgx.Identifier{s.cfg.Schema}.Sanitize() + "."
+	}
+	r := strings.NewReplacer("{schema}", prefix)
+	q := &pendingQueries{
+		insert: r.Replace(sqlPendingInsert), peek: r.Replace(sqlPendingPeek), lock: r.Replace(sqlPendingLock), set: r.Replace(sqlPendingSet),
+		toUnknown: r.Replace(sqlPendingToUnknown), claim: r.Replace(sqlClaim), expire: r.Replace(sqlExpirePending),
+	}
+	v, _ := pendingSQL.LoadOrStore(s.cfg.Schema, q)
+	return v.(*pendingQueries)
+}
+
+// scanPending reads pendingColumns.
+func scanPending(row pgx.Row, rec *store.Record, extra ...any) error {
+	var (
+		queue   *string
+		request []byte
+	)
+	if err := scanRecord(extraScan{row, append([]any{&queue, &request}, extra...)}, rec, nil); err != nil {
+		return err
+	}
+	rec.Request = nil
+	if queue != nil {
+		r, err := store.DecodeRequest(*queue, request)
+		if err != nil {
+			return err
+		}
+		rec.Request = r
+	}
+	return nil
+}
+
+// extraScan appends destinations to a row's Scan.
+type extraScan struct {
+	row   pgx.Row
+	extra []any
+}
+
+func (e extraScan) Scan(dest ...any) error { return e.row.Scan(append(dest, e.extra...)...) }
+
+func collectPending(rows pgx.Rows) ([]store.Record, error) {
+	defer rows.Close()
+	var out []store.Record
+	for rows.Next() {
+		var rec store.Record
+		if err := scanPending(rows, &rec); err != nil {
+			return nil, err
+		}
+		out = append(out, rec)
+	}
+	return out, rows.Err()
+}
+
+// ReservePending implements store.Queue: the common case (a new key) is
+// one INSERT; otherwise the row is locked and store.Decide applied to it
+// inside one transaction. A duplicate that changes nothing (a retry of a
+// pending or completed request) is answered from a plain read after the
+// INSERT, without a lock.
+func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (store.ReserveResult, error) {
+	if err := p.Validate(); err != nil {
+		return store.ReserveResult{}, err
+	}
+	req, err := store.EncodeRequest(&p.Request)
+	if err != nil {
+		return store.ReserveResult{}, err
+	}
+	q := s.pq()
+	var res store.ReserveResult
+	for run := 0; run < maxReserveRuns; run++ {
+		// A new key, the common case, is one autocommitted INSERT.
+		err := scanPending(s.pool.QueryRow(ctx, q.insert, p.Scope, p.Key, p.Fingerprint, store.Micros(p.Lease),
+			store.Micros(p.TTL), string(p.LeasePolicy), s.now(), p.Request.Queue, req), &res.Record)
+		if err == nil {
+			res.Outcome = store.Created
+			return res, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return store.ReserveResult{}, wrap("reserve pending", err)
+		}
+		// A duplicate that changes nothing is answered from a plain read,
+		// without locking the row.
+		var rec store.Record
+		var now time.Time
+		err = scanRecord(extraScan{s.pool.QueryRow(ctx, q.peek, p.Scope, p.Key, s.now()), []any{&now}}, &rec, nil)
+		switch {
+		case err == nil && store.Decide(&rec, &p.ReserveParams, now) == store.ActExisting:
+			return store.ReserveResult{Outcome: store.Existing, Record: rec}, nil
+		case err != nil && !errors.Is(err, pgx.ErrNoRows):
+			return store.ReserveResult{}, wrap("reserve pending", err)
+		}
+		var gone bool
+		err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			var rec store.Record
+			var now time.Time
+			if err := scanRecord(extraScan{tx.QueryRow(ctx, q.lock, p.Scope, p.Key, s.now()), []any{&now}}, &rec, nil); err != nil {
+				if errors.Is(err, pgx.ErrNoRows) {
+					gone = true // deleted since the insert conflicted: insert again
+					return nil
+				}
+				return err
+			}
+			var ttl int64
+			recreate := false
+			switch store.Decide(&rec, &p.ReserveParams, now) {
+			case store.ActExisting:
+				res = store.ReserveResult{Outcome: store.Existing, Record: rec}
+				return nil
+			case store.ActLeaseExpired:
+				res.Outcome = store.Existing
+				return scanRecord(tx.QueryRow(ctx, q.toUnknown, p.Scope, p.Key, now), &res.Record, nil)
+			case store.ActCreate:
+				res.Outcome, ttl, recreate = store.Created, store.Micros(p.TTL), true
+			case store.ActReclaim:
+				res.Outcome, ttl = store.Reclaimed, store.Micros(p.TTL)
+			default:
+				res.Outcome = store.TakenOver
+			}
+			return scanPending(tx.QueryRow(ctx, q.set, p.Scope, p.Key, now, store.Micros(p.Lease), ttl,
+				p.Fingerprint, string(p.LeasePolicy), p.Request.Queue, req, recreate), &res.Record)
+		})
+		if err != nil {
+			return store.ReserveResult{}, wrap("reserve pending", err)
+		}
+		if !gone {
+			return res, nil
+		}
+	}
+	return store.ReserveResult{}, fmt.Errorf("idem/postgres: reserve pending: key %q kept changing under %d attempts", p.Key, maxReserveRuns)
+}
+
+// Claim implements store.Queue.
+func (s *Store) Claim(ctx context.Context, p store.ClaimParams) ([]store.Record, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	rows, err := s.pool.Query(ctx, s.pq().claim, p.Queue, s.now(), p.Limit, store.Micros(p.Lease))
+	if err != nil {
+		return nil, wrap("claim", err)
+	}
+	out, err := collectPending(rows)
+	if err != nil {
+		return nil, wrap("claim", err)
+	}
+	store.SortRecords(out, store.ByCreated)
+	return out, nil
+}
+
+// ExpirePending implements store.Queue.
+func (s *Store) ExpirePending(ctx context.Context, p store.ExpirePendingParams) ([]store.Record, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	headers, err := encodeHeader(p.Response.Header)
+	if err != nil {
+		return nil, err
+	}
+	body := p.Response.Body
+	if p.Response.BodyOmitted {
+		body = nil
+	}
+	rows, err := s.pool.Query(ctx, s.pq().expire, s.now(), p.Limit, p.Response.Status, headers, body,
+		p.Response.BodyOmitted, store.Micros(p.TTL))
+	if err != nil {
+		return nil, wrap("expire pending", err)
+	}
+	out, err := collectPending(rows)
+	if err != nil {
+		return nil, wrap("expire pending", err)
+	}
+	store.SortRecords(out, store.ByDeadline)
+	return out, nil
+}

@@ -1,0 +1,233 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+
+	"github.com/idem-go/idem/store"
+)
+
+var _ store.Queue = (*Store)(nil)
+
+// Asynchronous acceptance: the pending record is the queue. SQLite has one
+// writer, so a claim is one UPDATE of the oldest pending rows; no two
+// claimers can take the same row.
+
+const pendingColumns = recordColumns + `, queue, request`
+
+// qPendingCreate inserts a pending record, or replaces one that Decide
+// said may be recreated (the caller checked it inside the transaction).
+// ?1 scope, ?2 key, ?3 fingerprint, ?4 lease policy, ?5 claim deadline,
+// ?6 now, ?7 expires_at, ?8 queue, ?9 request.
+const qPendingCreate = `INSERT INTO idem_records (scope, key, fingerprint, state, fence, lease_policy,
+	locked_until, attempts, created_at, updated_at, expires_at, queue, request)
+VALUES (?1, ?2, ?3, 'pending', max(?6, 1), ?4, ?5, 0, ?6, ?6, ?7, ?8, ?9)
+ON CONFLICT (scope, key) DO UPDATE SET
+	fingerprint = excluded.fingerprint,
+	state = 'pending',
+	fence = max(fence + 1, excluded.fence),
+	lease_policy = excluded.lease_policy,
+	locked_until = excluded.locked_until,
+	recovery_point = '',
+	response_status = NULL,
+	response_headers = NULL,
+	response_body = NULL,
+	response_body_omitted = 0,
+	last_error = '',
+	attempts = 0,
+	created_at = excluded.created_at,
+	updated_at = excluded.updated_at,
+	completed_at = NULL,
+	expires_at = excluded.expires_at,
+	reconcile_after = NULL,
+	reconcile_attempts = 0,
+	dead_lettered_at = NULL,
+	queue = excluded.queue,
+	request = excluded.request
+RETURNING ` + pendingColumns
+
+// qPendingRequeue puts a failed_retryable record or an expired lease under
+// policy retry or resume back in the queue. ?1 scope, ?2 key, ?3 fence
+// read, ?4 claim deadline, ?5 now, ?6 expires_at or NULL to keep it,
+// ?7 queue, ?8 request.
+const qPendingRequeue = `UPDATE idem_records SET
+	state = 'pending',
+	fence = max(fence + 1, ?5),
+	locked_until = ?4,
+	last_error = '',
+	updated_at = ?5,
+	expires_at = coalesce(?6, expires_at),
+	queue = ?7,
+	request = ?8
+WHERE scope = ?1 AND key = ?2 AND fence = ?3
+RETURNING ` + pendingColumns
+
+// qClaim: ?1 queue, ?2 now, ?3 limit, ?4 locked_until.
+const qClaim = `UPDATE idem_records SET
+	state = 'in_progress',
+	fence = max(fence + 1, ?2),
+	attempts = attempts + 1,
+	locked_until = ?4,
+	updated_at = ?2
+WHERE rowid IN (
+	SELECT rowid FROM idem_records
+	WHERE state = 'pending' AND queue = ?1 AND locked_until > ?2
+	ORDER BY created_at
+	LIMIT ?3)
+RETURNING ` + pendingColumns
+
+// qExpirePending: ?1 now, ?2 limit, ?3 status, ?4 headers, ?5 body,
+// ?6 body omitted, ?7 expires_at or NULL to keep it.
+const qExpirePending = `UPDATE idem_records SET
+	state = 'completed',
+	response_status = ?3,
+	response_headers = ?4,
+	response_body = ?5,
+	response_body_omitted = ?6,
+	last_error = '` + store.ExpiredPendingError + `',
+	completed_at = ?1,
+	updated_at = ?1,
+	expires_at = coalesce(?7, expires_at)
+WHERE rowid IN (
+	SELECT rowid FROM idem_records
+	WHERE state = 'pending' AND locked_until <= ?1
+	ORDER BY locked_until
+	LIMIT ?2)
+RETURNING ` + pendingColumns
+
+// withRequest scans recordColumns followed by queue and request.
+type withRequest struct {
+	sc      scanner
+	queue   sql.NullString
+	request []byte
+}
+
+func (w *withRequest) Scan(dest ...any) error {
+	return w.sc.Scan(append(dest, &w.queue, &w.request)...)
+}
+
+func scanPending(sc scanner) (store.Record, error) {
+	w := &withRequest{sc: sc}
+	r, err := scanRecord(w)
+	if err != nil || !w.queue.Valid {
+		return r, err
+	}
+	r.Request, err = store.DecodeRequest(w.queue.String, w.request)
+	return r, err
+}
+
+func queryPending(ctx context.Context, q querier, query string, args ...any) ([]store.Record, error) {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []store.Record
+	for rows.Next() {
+		rec, err := scanPending(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, rec)
+	}
+	return out, rows.Err()
+}
+
+// ReservePending implements [store.Queue] in one immediate transaction.
+func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (store.ReserveResult, error) {
+	if err := p.Validate(); err != nil {
+		return store.ReserveResult{}, err
+	}
+	req, err := store.EncodeRequest(&p.Request)
+	if err != nil {
+		return store.ReserveResult{}, err
+	}
+	var res store.ReserveResult
+	err = s.write(ctx, true, func(ctx context.Context, q querier) error {
+		now := s.now()
+		deadline := after(now, p.Lease)
+		rec, err := getRecord(ctx, q, p.Scope, p.Key)
+		act := store.ActCreate
+		switch {
+		case err == nil:
+			act = store.Decide(&rec, &p.ReserveParams, now)
+		case !errors.Is(err, store.ErrNotFound):
+			return err
+		}
+		var expires sql.NullInt64
+		switch act {
+		case store.ActExisting:
+			res = store.ReserveResult{Outcome: store.Existing, Record: rec}
+			return nil
+		case store.ActLeaseExpired:
+			rec, err = scanRecord(q.QueryRowContext(ctx, qLeaseExpired, p.Scope, p.Key, now.UnixMicro()))
+			res = store.ReserveResult{Outcome: store.Existing, Record: rec}
+			return err
+		case store.ActCreate:
+			rec, err = scanPending(q.QueryRowContext(ctx, qPendingCreate, p.Scope, p.Key, p.Fingerprint,
+				string(p.LeasePolicy), deadline, now.UnixMicro(), after(now, p.TTL), p.Request.Queue, req))
+			res = store.ReserveResult{Outcome: store.Created, Record: rec}
+			return err
+		case store.ActReclaim:
+			res.Outcome = store.Reclaimed
+			expires = sql.NullInt64{Int64: after(now, p.TTL), Valid: true}
+		default: // ActTakeOver
+			res.Outcome = store.TakenOver
+		}
+		res.Record, err = scanPending(q.QueryRowContext(ctx, qPendingRequeue, p.Scope, p.Key, rec.Fence,
+			deadline, now.UnixMicro(), expires, p.Request.Queue, req))
+		return err
+	})
+	if err != nil {
+		return store.ReserveResult{}, wrap("reserve pending", err)
+	}
+	return res, nil
+}
+
+// Claim implements [store.Queue].
+func (s *Store) Claim(ctx context.Context, p store.ClaimParams) ([]store.Record, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	var out []store.Record
+	err := s.write(ctx, false, func(ctx context.Context, q querier) error {
+		now := s.now()
+		var err error
+		out, err = queryPending(ctx, q, qClaim, p.Queue, now.UnixMicro(), p.Limit, after(now, p.Lease))
+		return err
+	})
+	if err != nil {
+		return nil, wrap("claim", err)
+	}
+	store.SortRecords(out, store.ByCreated)
+	return out, nil
+}
+
+// ExpirePending implements [store.Queue].
+func (s *Store) ExpirePending(ctx context.Context, p store.ExpirePendingParams) ([]store.Record, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	resp, err := encodeResponse(&p.Response)
+	if err != nil {
+		return nil, err
+	}
+	var out []store.Record
+	err = s.write(ctx, false, func(ctx context.Context, q querier) error {
+		now := s.now()
+		var expires sql.NullInt64
+		if p.TTL > 0 {
+			expires = sql.NullInt64{Int64: after(now, p.TTL), Valid: true}
+		}
+		var err error
+		out, err = queryPending(ctx, q, qExpirePending, now.UnixMicro(), p.Limit,
+			resp.status, resp.headers, resp.body, resp.omitted, expires)
+		return err
+	})
+	if err != nil {
+		return nil, wrap("expire pending", err)
+	}
+	store.SortRecords(out, store.ByDeadline)
+	return out, nil
+}

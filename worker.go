@@ -1,0 +1,218 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/idem-go/idem/store"
+)
+
+// Defaults of WorkerConfig.
+const (
+	DefaultWorkerConcurrency = 4
+	DefaultWorkerPoll        = 250 * time.Millisecond
+)
+
+// WorkerConfig configures a Worker.
+type WorkerConfig struct {
+	// Handler runs the stored requests. It gets a request rebuilt from what
+	// was kept (method, target, kept headers, body) whose context carries
+	// the Execution (FromContext), as a synchronous route's handler does;
+	// its answer is stored under the ordinary response policy. Required.
+	Handler http.Handler
+
+	// Queue is the queue to claim from. Defaults to the engine's
+	// AsyncQueue.
+	Queue string
+
+	// Concurrency is how many requests run at once. Defaults to 4.
+	Concurrency int
+
+	// Poll is the pause after finding the queue empty (or failing to
+	// claim). Defaults to 250ms.
+	Poll time.Duration
+}
+
+// Worker runs the asynchronous requests of a queue: it claims pending
+// requests (each is claimed by exactly one worker across all instances
+// sharing the store), runs Handler with each under a lease the engine
+// renews, and records the outcome as a synchronous execution would (Keep,
+// Release, Unknown; a panic marks the record unknown). A worker that dies
+// while running a request leaves its lease to lapse: the record then
+// follows its lease policy (the sweeper sends it to reconciliation under
+// unknown; under retry or resume the client's next retry queues it again).
+//
+// Worker implements maintenance.Service (Start, Stop): give it to
+// maintenance.Config.Services to run it with the other background
+// services.
+type Worker struct {
+	e   *Engine
+	cfg WorkerConfig
+
+	mu     sync.Mutex
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// NewWorker returns a worker that runs the asynchronous requests accepted
+// by engines over e's store, with e's settings (Lease, MaxResponseBytes,
+// the response policy, Observer).
+func (e *Engine) NewWorker(cfg WorkerConfig) (*Worker, error) {
+	if _, ok := e.store.(store.Queue); !ok {
+		return nil, fmt.Errorf("idem: a Worker needs a store that keeps pending requests (store.Queue); %s does not", e.sname)
+	}
+	if cfg.Handler == nil {
+		return nil, errors.New("idem: WorkerConfig.Handler is required")
+	}
+	if cfg.Queue == "" {
+		cfg.Queue = e.cfg.AsyncQueue
+	}
+	if cfg.Concurrency < 0 || cfg.Poll < 0 {
+		return nil, errors.New("idem: WorkerConfig.Concurrency and Poll must not be negative")
+	}
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = DefaultWorkerConcurrency
+	}
+	if cfg.Poll == 0 {
+		cfg.Poll = DefaultWorkerPoll
+	}
+	if err := (&store.ClaimParams{Queue: cfg.Queue, Limit: 1, Lease: e.cfg.Lease}).Validate(); err != nil {
+		return nil, fmt.Errorf("idem: WorkerConfig.Queue %q: %w", cfg.Queue, err)
+	}
+	return &Worker{e: e, cfg: cfg}, nil
+}
+
+// RunOnce claims up to Concurrency pending requests and runs them at once,
+// returning when all are recorded. It returns how many it ran.
+func (w *Worker) RunOnce(ctx context.Context) (int, error) {
+	return w.runBatch(ctx, w.cfg.Concurrency)
+}
+
+func (w *Worker) runBatch(ctx context.Context, limit int) (int, error) {
+	e := w.e
+	var recs []store.Record
+	start, err := e.callAt(new(callCtx), ctx, opClaim, false, func(ctx context.Context) (err error) {
+		recs, err = e.store.(store.Queue).Claim(ctx, store.ClaimParams{Queue: w.cfg.Queue, Limit: limit, Lease: e.cfg.Lease})
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	e.obs.Event(ctx, "async_claimed", int64(len(recs)))
+	var wg sync.WaitGroup
+	for _, r := range recs {
+		wg.Go(func() { w.run(ctx, r, start) })
+	}
+	wg.Wait()
+	return len(recs), nil
+}
+
+// Start runs Concurrency loops that claim and run requests until ctx ends
+// or Stop. Starting a running worker does nothing.
+func (w *Worker) Start(ctx context.Context) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.cancel != nil {
+		return nil
+	}
+	ctx, w.cancel = context.WithCancel(ctx)
+	for range w.cfg.Concurrency {
+		w.wg.Go(func() {
+			for ctx.Err() == nil {
+				n, err := w.runBatch(ctx, 1)
+				if err != nil && ctx.Err() == nil {
+					w.e.log.Error("idem: worker failed to claim", "queue", w.cfg.Queue, "err", err)
+				}
+				if n == 0 {
+					select {
+					case <-ctx.Done():
+					case <-time.After(w.cfg.Poll):
+					}
+				}
+			}
+		})
+	}
+	return nil
+}
+
+// Stop cancels the running requests' context and waits for them to be
+// recorded, or for ctx to end. A request cut off this way is recorded as
+// its handler's answer says; a handler that gives up with a failure is
+// recorded unknown, as for a client that left (see Result).
+func (w *Worker) Stop(ctx context.Context) error {
+	w.mu.Lock()
+	cancel := w.cancel
+	w.cancel = nil
+	w.mu.Unlock()
+	if cancel == nil {
+		return nil
+	}
+	cancel()
+	done := make(chan struct{})
+	go func() { w.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// run executes one claimed record.
+func (w *Worker) run(ctx context.Context, rec store.Record, start time.Time) {
+	e := w.e
+	x := e.newExecution(nil, store.ReserveResult{Outcome: store.Created, Record: rec}, start)
+	r, err := storedRequest(ctx, rec.Request)
+	if err != nil {
+		// It can never run: an answer, not a failure to retry.
+		e.log.Error("idem: stored request cannot be run", "scope", rec.Scope, "key", rec.Key, "err", err)
+		e.settle(ctx, x, &Result{Outcome: Keep, Response: store.Response{
+			Status: http.StatusInternalServerError, Body: []byte("stored request cannot be run: " + err.Error()),
+		}})
+		return
+	}
+	h := &httpCall{r: r, next: w.cfg.Handler}
+	h.rec.init(discardWriter{h: http.Header{}}, e.cfg.MaxResponseBytes, e.log)
+	defer func() {
+		if p := recover(); p != nil {
+			// execute marked the record unknown; one request's panic must
+			// not end the worker.
+			e.log.Error("idem: asynchronous handler panicked", "scope", rec.Scope, "key", rec.Key, "panic", p)
+		}
+	}()
+	e.execute(ctx, x, h)
+}
+
+// storedRequest rebuilds the request a worker runs.
+func storedRequest(ctx context.Context, p *store.PendingRequest) (*http.Request, error) {
+	if p == nil {
+		return nil, errors.New("the record keeps no request")
+	}
+	r, err := http.NewRequestWithContext(ctx, p.Method, p.Target, bytes.NewReader(p.Body))
+	if err != nil {
+		return nil, err
+	}
+	r.RequestURI = p.Target
+	r.Header = http.Header(p.Header).Clone()
+	if r.Header == nil {
+		r.Header = http.Header{}
+	}
+	r.ContentLength = int64(len(p.Body))
+	if len(p.Body) == 0 {
+		r.Body = http.NoBody
+	}
+	return r, nil
+}
+
+// discardWriter is the client side of a worker's request: there is no
+// client, the answer goes to the store only.
+type discardWriter struct{ h http.Header }
+
+func (d discardWriter) Header() http.Header       { return d.h }
+func (discardWriter) Write(b []byte) (int, error) { return len(b), nil }
+func (discardWriter) WriteHeader(int)             {}
