@@ -191,6 +191,7 @@ func run(t *testing.T, h Harness) {
 	t.Run("ListInvalid", func(t *testing.T) { testListInvalid(t, h) })
 	t.Run("StoreClock", func(t *testing.T) { testStoreClock(t, h) })
 	t.Run("CancelledContext", func(t *testing.T) { testCancelled(t, h) })
+	runCap(t, h)
 }
 
 func testReserveCreates(t *testing.T, h Harness) {
