@@ -46,6 +46,8 @@ const (
 	SlugInProgress       = "request-in-progress"
 	SlugOutcomeUnknown   = "outcome-unknown"
 	SlugStoreUnavailable = "store-unavailable"
+	SlugRateLimited      = "tenant-rate-limited"
+	SlugOverCap          = "tenant-over-cap"
 )
 
 // problemType is one of the engine's problems with its fixed texts.
@@ -96,6 +98,12 @@ var (
 	probStore = &problemType{slug: SlugStoreUnavailable, status: 503, retry: true,
 		title:  "Idempotency store is unavailable; the request was not processed",
 		stripe: "The request could not be processed safely right now and was not executed; please retry."}
+	probRateLimited = &problemType{slug: SlugRateLimited, status: 429, retry: true,
+		title:  "Too many new Idempotency-Keys from this tenant; the request was not processed",
+		stripe: "Too many new idempotent requests from this account; the request was not executed, please retry later."}
+	probOverCap = &problemType{slug: SlugOverCap, status: 429, retry: true,
+		title:  "This tenant has too many requests in progress or awaiting reconciliation; the request was not processed",
+		stripe: "Too many idempotent requests of this account are still in progress; the request was not executed, please retry later."}
 )
 
 // stripeMessages are the Stripe-profile messages of the engine's slugs.
@@ -104,7 +112,7 @@ var stripeMessages = map[string]string{}
 func init() {
 	for _, p := range []*problemType{probKeyMissing, probKeyMalformed, probKeyRepeated, probBodyTooLarge,
 		probBodyUnreadable, probInvalidBody, probScopeTooLong, probScopeInvalid, probKeyReused,
-		probInProgress, probUnknown, probStore} {
+		probInProgress, probUnknown, probStore, probRateLimited, probOverCap} {
 		stripeMessages[p.slug] = p.stripe
 	}
 }
