@@ -267,6 +267,12 @@ type Answer struct {
 	Problem Problem
 	// Err is the store's failure for Unavailable.
 	Err error
+	// Expires is when the key's record expires, for a Replayed answer and
+	// an Executed one whose answer was stored (zero otherwise): from then
+	// on the key is free and a retry runs the operation again. For an
+	// executed answer it is the completion's start plus Config.TTL, at
+	// most the store's own figure (counted from a moment later).
+	Expires time.Time
 }
 
 // ErrStore wraps every store failure the engine met; the engine fails
@@ -406,7 +412,7 @@ func (e *Engine) run(ctx context.Context, c *Call, op operation) Answer {
 	switch d.verdict {
 	case Executed:
 		e.execute(ctx, d.exec, op)
-		return Answer{Verdict: Executed}
+		return Answer{Verdict: Executed, Expires: d.exec.expiresAt()}
 	case Replayed:
 		_, end := e.obs.Step(ctx, Step{Name: StepReplay, Store: e.sname, Scope: scope, Route: c.Route, Fence: d.rec.Fence})
 		if d.rec.Response == nil {
@@ -416,7 +422,7 @@ func (e *Engine) run(ctx context.Context, c *Call, op operation) Answer {
 			return Answer{Verdict: Unavailable, Problem: e.problem(probStore, 0), Err: err}
 		}
 		end(StepEnd{Outcome: reserveOutcome[Replayed], Fence: d.rec.Fence})
-		return Answer{Verdict: Replayed, Response: d.rec.Response}
+		return Answer{Verdict: Replayed, Response: d.rec.Response, Expires: d.rec.ExpiresAt}
 	case KeyReused:
 		e.log.Warn("idem: key reused with a different request", "scope", scope, "key", key)
 		return Answer{Verdict: KeyReused, Problem: e.problem(probKeyReused, e.cfg.KeyReusedStatus)}
@@ -622,6 +628,8 @@ func (e *Engine) settle(ctx context.Context, x *Execution, res *Result) {
 		x.Abandon()
 		return
 	}
+	x.expires.Store(0) // a CompleteParams whose transaction did not commit
+
 	if r := x.uncertain.Load(); r != nil {
 		x.markUnknown(ctx, *r)
 		return

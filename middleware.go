@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/idem-go/idem/store"
 )
@@ -72,6 +73,7 @@ func (e *Engine) handle(w http.ResponseWriter, r *http.Request, route string, co
 	// request's answer; this one passes such late writes to its own client.
 	h := &httpCall{r: r, next: next}
 	h.rec.init(w, e.cfg.MaxResponseBytes, e.log)
+	h.rec.clk, h.rec.ttl = e.clk, e.cfg.TTL
 	keys := r.Header[e.cfg.KeyHeader]
 	if e.cfg.EchoKey && len(keys) > 0 {
 		// Set before the handler runs, so it is on the answer whatever the
@@ -85,9 +87,13 @@ func (e *Engine) handle(w http.ResponseWriter, r *http.Request, route string, co
 	a := e.run(r.Context(), &c, h)
 	switch a.Verdict {
 	case Executed:
+		if !h.rec.streaming {
+			setExpires(w.Header(), a.Expires)
+		}
 		h.rec.send()
 	case Passed:
 	case Replayed:
+		setExpires(w.Header(), a.Expires)
 		replay(w, a.Response)
 	default:
 		e.WriteProblem(w, a.Problem)
@@ -243,7 +249,10 @@ func replay(w http.ResponseWriter, resp *store.Response) {
 // answers that cannot wait: larger than the stored-size limit, flushed, or
 // event streams.
 type recorder struct {
-	w           http.ResponseWriter // the client's
+	w http.ResponseWriter // the client's
+	// clk and ttl date the expiry header of a streamed answer.
+	clk         clock
+	ttl         time.Duration
 	status      int
 	wroteHeader bool
 	// streaming: the answer goes to the client as it is written; header
@@ -325,6 +334,11 @@ func isEventStream(h http.Header) bool {
 func (rw *recorder) stream() {
 	rw.streaming = true
 	rw.header = store.ReplayableHeader(rw.w.Header())
+	if rw.clk != nil {
+		// Sent before the answer is stored: the record will expire a
+		// TTL after its completion, later than this.
+		setExpires(rw.w.Header(), rw.clk.Now().Add(rw.ttl))
+	}
 	rw.w.WriteHeader(rw.status)
 	if len(rw.body) > 0 {
 		if _, err := rw.w.Write(rw.body); err != nil && rw.writeErr == nil {
