@@ -530,8 +530,8 @@ func TestMigrateConcurrent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n != 3 || maxVersion != 4 {
-		t.Fatalf("idem_migrations: %d rows, max version %d; want 3, 4", n, maxVersion)
+	if n != 4 || maxVersion != 6 {
+		t.Fatalf("idem_migrations: %d rows, max version %d; want 4, 6", n, maxVersion)
 	}
 	// The schema is usable from every process.
 	for i, s := range stores {

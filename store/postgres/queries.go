@@ -83,10 +83,10 @@ cur AS (
 ins AS (
 	INSERT INTO {schema}idem_records AS r
 		(scope, key, fingerprint, state, fence, lease_policy, locked_until,
-		 attempts, created_at, updated_at, expires_at)
+		 attempts, created_at, updated_at, expires_at, tenant)
 	SELECT $1, $2, $3, 'in_progress', c.new_fence, $6,
 		c.now + $4::bigint * interval '1 microsecond',
-		1, c.now, c.now, c.now + $5::bigint * interval '1 microsecond'
+		1, c.now, c.now, c.now + $5::bigint * interval '1 microsecond', $8
 	FROM clock c
 	WHERE NOT EXISTS (SELECT FROM cur)
 	ON CONFLICT (scope, key) DO NOTHING
@@ -96,6 +96,7 @@ upd AS (
 	UPDATE {schema}idem_records AS r SET
 		state = CASE WHEN cur.action = 'to_unknown' THEN 'unknown' ELSE 'in_progress' END,
 		fingerprint = CASE WHEN cur.action = 'replace' THEN $3 ELSE r.fingerprint END,
+		tenant = CASE WHEN cur.action = 'replace' THEN $8 ELSE r.tenant END,
 		fence = CASE WHEN cur.action = 'to_unknown' THEN r.fence
 			ELSE greatest(r.fence + 1, c.new_fence) END,
 		lease_policy = CASE WHEN cur.action = 'replace' THEN $6 ELSE r.lease_policy END,
@@ -366,6 +367,7 @@ const sqlMigrateRecord = `INSERT INTO idem_migrations (version, name) VALUES ($1
 
 // queries is the statement set of one Store, with the schema resolved.
 type queries struct {
+	reserveCapped, active                                       string
 	reserve, complete, release, markUnknown, checkpoint, extend string
 	get, delete, sweep, reapDelete, reapSoft, reapAbandon       string
 	listUnknown, resolve, deferQ, deadLetter                    string
@@ -378,21 +380,23 @@ func newQueries(schema string) queries {
 	}
 	r := strings.NewReplacer("{schema}", prefix)
 	return queries{
-		reserve:     r.Replace(sqlReserve),
-		complete:    r.Replace(sqlComplete),
-		release:     r.Replace(sqlRelease),
-		markUnknown: r.Replace(sqlMarkUnknown),
-		checkpoint:  r.Replace(sqlCheckpoint),
-		extend:      r.Replace(sqlExtend),
-		get:         r.Replace(sqlGet),
-		delete:      r.Replace(sqlDelete),
-		sweep:       r.Replace(sqlSweep),
-		reapDelete:  r.Replace(sqlReapDelete),
-		reapSoft:    r.Replace(sqlReapSoft),
-		reapAbandon: r.Replace(sqlReapAbandon),
-		listUnknown: r.Replace(sqlListUnknown),
-		resolve:     r.Replace(sqlResolve),
-		deferQ:      r.Replace(sqlDefer),
-		deadLetter:  r.Replace(sqlDeadLetter),
+		reserve:       r.Replace(sqlReserve),
+		reserveCapped: r.Replace(sqlReserveCapped),
+		active:        r.Replace(sqlActiveAlone),
+		complete:      r.Replace(sqlComplete),
+		release:       r.Replace(sqlRelease),
+		markUnknown:   r.Replace(sqlMarkUnknown),
+		checkpoint:    r.Replace(sqlCheckpoint),
+		extend:        r.Replace(sqlExtend),
+		get:           r.Replace(sqlGet),
+		delete:        r.Replace(sqlDelete),
+		sweep:         r.Replace(sqlSweep),
+		reapDelete:    r.Replace(sqlReapDelete),
+		reapSoft:      r.Replace(sqlReapSoft),
+		reapAbandon:   r.Replace(sqlReapAbandon),
+		listUnknown:   r.Replace(sqlListUnknown),
+		resolve:       r.Replace(sqlResolve),
+		deferQ:        r.Replace(sqlDefer),
+		deadLetter:    r.Replace(sqlDeadLetter),
 	}
 }
