@@ -798,7 +798,7 @@ func TestConcurrentMigrate(t *testing.T) {
 	if err := s.DB().QueryRowContext(t.Context(), "SELECT COUNT(*), COUNT(DISTINCT version) FROM idem_migrations").Scan(&n, &versions); err != nil {
 		t.Fatal(err)
 	}
-	if n != versions || n != 3 {
+	if n != versions || n != 4 {
 		t.Fatalf("idem_migrations has %d rows for %d versions", n, versions)
 	}
 }
