@@ -43,6 +43,9 @@ func New(s store.Store, cfg Config) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkCap(s, &set); err != nil {
+		return nil, err
+	}
 	obs := observerOr(set.Observer)
 	return &Engine{store: s, cfg: set, hasher: fingerprint.New(set.Secret), log: set.Logger,
 		obs: obs, sname: StoreName(s), clk: wallClock{},
@@ -61,6 +64,9 @@ func (e *Engine) With(modify func(*Config)) (*Engine, error) {
 	}
 	modify(&cfg)
 	set, err := cfg.withDefaults()
+	if err == nil {
+		err = checkCap(e.store, &set)
+	}
 	if err != nil {
 		return nil, err
 	}

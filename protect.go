@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"strconv"
 	"sync"
@@ -170,4 +171,13 @@ func (e *Engine) tenantObs(ctx context.Context, tenant, outcome string) {
 // burstFor is the default burst of a rate: one second's worth, at least 1.
 func burstFor(rate float64) int {
 	return max(1, int(math.Ceil(rate)))
+}
+
+// checkCap refuses a cap of active records over a store that cannot count
+// them (store.CapRefuser).
+func checkCap(s store.Store, set *settings) error {
+	if r, ok := s.(store.CapRefuser); ok && set.TenantMaxActive > 0 {
+		return fmt.Errorf("idem: TenantMaxActive: %s", r.TenantCapUnsupported())
+	}
+	return nil
 }

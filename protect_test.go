@@ -263,3 +263,24 @@ func TestTenantLimitsWith(t *testing.T) {
 		}
 	}
 }
+
+// capRefusing is a store that cannot count a tenant's records.
+type capRefusing struct{ *memory.Store }
+
+func (capRefusing) TenantCapUnsupported() string { return "no count here" }
+
+// A cap over a store that cannot enforce it fails at New and With.
+func TestTenantMaxActiveNeedsAStoreThatCounts(t *testing.T) {
+	t.Parallel()
+	st := capRefusing{memory.New(memory.Config{})}
+	if _, err := idem.New(st, idem.Config{TenantMaxActive: 1}); err == nil || !strings.Contains(err.Error(), "no count here") {
+		t.Fatalf("New: %v, want the store's reason", err)
+	}
+	e, err := idem.New(st, idem.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.With(func(c *idem.Config) { c.TenantMaxActive = 1 }); err == nil {
+		t.Fatal("With: a cap over a store that cannot count was accepted")
+	}
+}

@@ -457,7 +457,18 @@ var (
 	// already holds ReserveParams.MaxActive active records; nothing was
 	// changed. A definite answer, not a failure.
 	ErrOverCap = errors.New("idem/store: tenant is at its cap of active records")
+	// ErrCapUnsupported: the store cannot count a tenant's active records
+	// atomically with a reservation, and refuses a Reserve with a positive
+	// MaxActive (changing nothing). Such a store implements CapRefuser, so
+	// that a configuration asking for a cap fails at start.
+	ErrCapUnsupported = errors.New("idem/store: this store does not enforce a cap of active records per tenant")
 )
+
+// CapRefuser is implemented by a store that refuses ReserveParams.MaxActive
+// with ErrCapUnsupported; TenantCapUnsupported says why.
+type CapRefuser interface {
+	TenantCapUnsupported() string
+}
 
 // Limits every store accepts, whatever its schema, so that one request gets
 // one answer on every store.

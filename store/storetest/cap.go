@@ -12,6 +12,10 @@ import (
 // tenant's active records, made atomically with the reserve.
 
 func runCap(t *testing.T, h Harness) {
+	if h.NoTenantCap {
+		t.Run("TenantCapUnsupported", func(t *testing.T) { testTenantCapUnsupported(t, h) })
+		return
+	}
 	t.Run("TenantCap", func(t *testing.T) { testTenantCap(t, h) })
 	t.Run("TenantCapConcurrent", func(t *testing.T) { testTenantCapConcurrent(t, h) })
 	if h.Shared {
@@ -174,5 +178,24 @@ func testTenantCapTwoHandles(t *testing.T, h Harness) {
 	})
 	if c := countOutcomes(res, store.Created); c != max {
 		t.Fatalf("%d created across two handles, want %d", c, max)
+	}
+}
+
+// testTenantCapUnsupported: a store that cannot count says so at once and
+// reserves nothing.
+func testTenantCapUnsupported(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	if _, ok := e.s.(store.CapRefuser); !ok {
+		t.Fatalf("%T refuses the cap but does not implement store.CapRefuser", e.s)
+	}
+	_, err := e.s.Reserve(e.ctx, e.capP("a", "k", "fp", 1))
+	if !errors.Is(err, store.ErrCapUnsupported) {
+		t.Fatalf("capped Reserve: %v, want ErrCapUnsupported", err)
+	}
+	if _, err := e.s.Get(e.ctx, "scope-a", "k"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a refused capped Reserve left a record: %v", err)
+	}
+	if res := e.reserve(e.s, e.capP("a", "k", "fp", 0)); res.Outcome != store.Created {
+		t.Fatalf("uncapped Reserve: %v", res.Outcome)
 	}
 }
