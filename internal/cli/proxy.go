@@ -463,6 +463,10 @@ func (p *Proxy) engineConfig() idem.Config {
 		KeyHeader:    cfg.KeyHeader,
 		EchoKey:      cfg.EchoKey,
 		Secret:       cfg.FingerprintSecret,
+		Tenant:       tenantFromContext,
+		Route:        proxyRoute,
+		Logger:       cfg.Logger,
+		Observer:     p.obs,
 
 		TenantRate:      cfg.TenantRate,
 		TenantBurst:     cfg.TenantBurst,
@@ -470,10 +474,6 @@ func (p *Proxy) engineConfig() idem.Config {
 		BreakerFailures: cfg.BreakerFailures,
 		BreakerOpen:     cfg.BreakerOpen,
 		BreakerMaxOpen:  cfg.BreakerMaxOpen,
-		Tenant:          tenantFromContext,
-		Route:           proxyRoute,
-		Logger:          cfg.Logger,
-		Observer:        p.obs,
 	}
 }
 
