@@ -114,8 +114,9 @@ type Config struct {
 	// record yet and finds the bucket empty gets 429 (tenant-rate-limited)
 	// with Retry-After, nothing reserved. Replays, duplicates in flight and
 	// retries of a released key are not charged. The buckets live in the
-	// Engine: N instances admit up to N times the rate. Defaults to 0 (no
-	// limit).
+	// Engine (and in those derived with With, unless they set another rate
+	// or burst): N instances admit up to N times the rate. Defaults to 0
+	// (no limit).
 	TenantRate float64
 
 	// TenantBurst is how many new keys a tenant may send at once under

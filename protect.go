@@ -35,7 +35,9 @@ const (
 
 // limiterIdle bounds the buckets kept: once there are more, buckets that
 // refilled completely (tenants idle for a while) are dropped, as a full
-// bucket is what a tenant without one gets.
+// bucket is what a tenant without one gets. Buckets still refilling are
+// kept (dropping one would give its tenant a full burst again): their
+// number is bounded by the new keys admitted within burst/rate seconds.
 const limiterIdle = 4096
 
 // tenantLimiter is a token bucket per tenant: rate tokens a second, at
@@ -46,6 +48,10 @@ type tenantLimiter struct {
 	burst float64
 	mu    sync.Mutex
 	b     map[string]*bucket
+	// prune is the number of buckets at which the next prune runs: twice
+	// what the last one left, so that pruning costs O(1) a call however
+	// many tenants are busy at once.
+	prune int
 }
 
 type bucket struct {
@@ -57,7 +63,7 @@ func newTenantLimiter(rate float64, burst int) *tenantLimiter {
 	if rate <= 0 {
 		return nil
 	}
-	return &tenantLimiter{rate: rate, burst: float64(burst), b: map[string]*bucket{}}
+	return &tenantLimiter{rate: rate, burst: float64(burst), b: map[string]*bucket{}, prune: limiterIdle}
 }
 
 // take takes a token for tenant at now. Without one, it returns how long
@@ -67,8 +73,9 @@ func (l *tenantLimiter) take(tenant string, now time.Time) (bool, time.Duration)
 	defer l.mu.Unlock()
 	b := l.b[tenant]
 	if b == nil {
-		if len(l.b) >= limiterIdle {
-			l.prune(now)
+		if len(l.b) >= l.prune {
+			l.dropIdle(now)
+			l.prune = max(limiterIdle, 2*len(l.b))
 		}
 		b = &bucket{tokens: l.burst, at: now}
 		l.b[tenant] = b
@@ -97,7 +104,7 @@ func (l *tenantLimiter) refill(b *bucket, now time.Time) {
 	}
 }
 
-func (l *tenantLimiter) prune(now time.Time) {
+func (l *tenantLimiter) dropIdle(now time.Time) {
 	for t, b := range l.b {
 		if l.refill(b, now); b.tokens >= l.burst {
 			delete(l.b, t)
@@ -146,7 +153,9 @@ func (e *Engine) admit(ctx context.Context, tenant, scope, key string) (charged 
 func (e *Engine) limited(ctx context.Context, tenant, outcome string, p *problemType, wait time.Duration, detail string) Answer {
 	e.obs.Reserve(ctx, outcome)
 	e.tenantObs(ctx, tenant, outcome)
-	e.log.Warn("idem: tenant limit; refused", "tenant", tenant, "limit", outcome)
+	// Debug: under key spraying there is one per request; the metrics
+	// count them.
+	e.log.Debug("idem: tenant limit; refused", "tenant", tenant, "limit", outcome)
 	pr := e.problem(p, 0)
 	pr.Detail = detail
 	if wait > pr.RetryAfter {
