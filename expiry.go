@@ -2,6 +2,7 @@ package idem
 
 import (
 	"net/http"
+	"sync/atomic"
 	"time"
 )
 
@@ -18,7 +19,31 @@ func setExpires(h http.Header, t time.Time) {
 	if t.IsZero() {
 		return
 	}
-	h[ExpiresHeader] = []string{t.UTC().Format(http.TimeFormat)}
+	h[ExpiresHeader] = expiresValue(t)
+}
+
+// expiresFormatted is one formatted expiry: the value of the header for
+// every instant within the second sec.
+type expiresFormatted struct {
+	sec int64
+	v   []string
+}
+
+// lastExpires keeps the last value formatted. Answers given within one
+// second share their expiry's second (a replay of one record, new records
+// under one TTL), so most answers reuse it and cost no allocation. The
+// slice is shared between answers: its capacity is its length, so an
+// Add appends to a copy.
+var lastExpires atomic.Pointer[expiresFormatted]
+
+func expiresValue(t time.Time) []string {
+	sec := t.Unix()
+	if f := lastExpires.Load(); f != nil && f.sec == sec {
+		return f.v
+	}
+	v := []string{t.UTC().Format(http.TimeFormat)}
+	lastExpires.Store(&expiresFormatted{sec: sec, v: v[:1:1]})
+	return v[:1:1]
 }
 
 // stampExpiry notes that the answer is being stored now: its record
