@@ -125,3 +125,30 @@ func TestExpiryHeaderReleasedAndStreamed(t *testing.T) {
 	wantExpires(t, "streamed answer", w, x.clk.Now().Add(2*time.Hour))
 	wantExpires(t, "replay of the streamed answer", x.send(t, "/v1/charges?stream", "s"), x.clk.Now().Add(2*time.Hour))
 }
+
+// A stored answer that carried an Idempotency-Key-Expires of its own (an
+// upstream behind another idem) is replayed with this record's expiry.
+func TestExpiryHeaderOverridesAStoredOne(t *testing.T) {
+	t.Parallel()
+	clk := newStepClock()
+	st := memory.New(memory.Config{Clock: clk.Now})
+	e, err := idem.New(st, idem.Config{TTL: time.Hour, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	idem.SetClock(e, clk)
+	h := e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(idem.ExpiresHeader, "Thu, 01 Jan 1970 00:00:00 GMT")
+		w.WriteHeader(201)
+	}))
+	send := func() *httptest.ResponseRecorder {
+		r := httptest.NewRequest("POST", "/x", strings.NewReader(`{}`))
+		r.Header.Set("Idempotency-Key", "k")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	want := clk.Now().Add(time.Hour)
+	wantExpires(t, "executed", send(), want)
+	wantExpires(t, "replay", send(), want)
+}

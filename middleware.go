@@ -93,8 +93,7 @@ func (e *Engine) handle(w http.ResponseWriter, r *http.Request, route string, co
 		h.rec.send()
 	case Passed:
 	case Replayed:
-		setExpires(w.Header(), a.Expires)
-		replay(w, a.Response)
+		replay(w, a.Response, a.Expires)
 	default:
 		e.WriteProblem(w, a.Problem)
 	}
@@ -220,9 +219,10 @@ var (
 	omittedTrue  = []string{"true"}
 )
 
-// replay writes a stored answer, byte for byte. Its headers pass the
-// filter of store.ReplayableHeader again, whoever stored them.
-func replay(w http.ResponseWriter, resp *store.Response) {
+// replay writes a stored answer, byte for byte, naming the record's
+// expiry (ExpiresHeader). Its headers pass the filter of
+// store.ReplayableHeader again, whoever stored them.
+func replay(w http.ResponseWriter, resp *store.Response, expires time.Time) {
 	src := resp.Header
 	if _, ok := src["Connection"]; ok {
 		src = store.ReplayableHeader(src) // drops the headers it names too
@@ -237,6 +237,7 @@ func replay(w http.ResponseWriter, resp *store.Response) {
 		h[k] = v[:len(v):len(v)]
 	}
 	h["Idempotent-Replayed"] = replayedTrue
+	setExpires(h, expires) // over a stored header of that name
 	if resp.BodyOmitted {
 		h["Idempotent-Body-Omitted"] = omittedTrue
 	}
