@@ -367,10 +367,12 @@ const sqlMigrateRecord = `INSERT INTO idem_migrations (version, name) VALUES ($1
 
 // queries is the statement set of one Store, with the schema resolved.
 type queries struct {
-	reserveCapped, active                                       string
 	reserve, complete, release, markUnknown, checkpoint, extend string
 	get, delete, sweep, reapDelete, reapSoft, reapAbandon       string
 	listUnknown, resolve, deferQ, deadLetter                    string
+
+	// The tenant cap's statements (tenant.go).
+	reserveCapped, active string
 }
 
 func newQueries(schema string) queries {
@@ -380,23 +382,24 @@ func newQueries(schema string) queries {
 	}
 	r := strings.NewReplacer("{schema}", prefix)
 	return queries{
-		reserve:       r.Replace(sqlReserve),
+		reserve:     r.Replace(sqlReserve),
+		complete:    r.Replace(sqlComplete),
+		release:     r.Replace(sqlRelease),
+		markUnknown: r.Replace(sqlMarkUnknown),
+		checkpoint:  r.Replace(sqlCheckpoint),
+		extend:      r.Replace(sqlExtend),
+		get:         r.Replace(sqlGet),
+		delete:      r.Replace(sqlDelete),
+		sweep:       r.Replace(sqlSweep),
+		reapDelete:  r.Replace(sqlReapDelete),
+		reapSoft:    r.Replace(sqlReapSoft),
+		reapAbandon: r.Replace(sqlReapAbandon),
+		listUnknown: r.Replace(sqlListUnknown),
+		resolve:     r.Replace(sqlResolve),
+		deferQ:      r.Replace(sqlDefer),
+		deadLetter:  r.Replace(sqlDeadLetter),
+
 		reserveCapped: r.Replace(sqlReserveCapped),
 		active:        r.Replace(sqlActiveAlone),
-		complete:      r.Replace(sqlComplete),
-		release:       r.Replace(sqlRelease),
-		markUnknown:   r.Replace(sqlMarkUnknown),
-		checkpoint:    r.Replace(sqlCheckpoint),
-		extend:        r.Replace(sqlExtend),
-		get:           r.Replace(sqlGet),
-		delete:        r.Replace(sqlDelete),
-		sweep:         r.Replace(sqlSweep),
-		reapDelete:    r.Replace(sqlReapDelete),
-		reapSoft:      r.Replace(sqlReapSoft),
-		reapAbandon:   r.Replace(sqlReapAbandon),
-		listUnknown:   r.Replace(sqlListUnknown),
-		resolve:       r.Replace(sqlResolve),
-		deferQ:        r.Replace(sqlDefer),
-		deadLetter:    r.Replace(sqlDeadLetter),
 	}
 }
