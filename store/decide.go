@@ -48,3 +48,23 @@ func Decide(r *Record, p *ReserveParams, now time.Time) Action {
 // record; an absent one is always created) makes a record active that was
 // not: the moves the tenant cap (ReserveParams.MaxActive) refuses.
 func (a Action) Activates() bool { return a == ActCreate || a == ActReclaim }
+
+// CheckCap applies the tenant cap (MaxActive) to action a, what Reserve or
+// ReservePending would do to the record (ActCreate for an absent one):
+// when the cap is set and a makes a record active, it counts the tenant's
+// active records with active and fails with ErrOverCap at the cap. Stores
+// that decide in Go call it in the same atomic step as the write; active
+// is not called when the cap cannot refuse.
+func (p *ReserveParams) CheckCap(a Action, active func() (int, error)) error {
+	if p.MaxActive <= 0 || !a.Activates() {
+		return nil
+	}
+	n, err := active()
+	switch {
+	case err != nil:
+		return err
+	case n >= p.MaxActive:
+		return ErrOverCap
+	}
+	return nil
+}

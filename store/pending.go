@@ -250,21 +250,28 @@ func ByDeadline(r *Record) time.Time { return r.LockedUntil }
 // that read the record, decide and write it back under a lock (the memory
 // and MySQL stores): given the existing record (nil when there is none)
 // and the instant now, it returns the outcome, the record as it must be
-// stored, and whether it must be written at all.
-func ApplyPending(prev *Record, p *PendingParams, now time.Time) (out ReserveOutcome, r Record, write bool) {
+// stored, and whether it must be written at all. It applies the tenant
+// cap as Reserve does (ReserveParams.CheckCap, counting with active, which
+// must see the tenant's records as of the write): ErrOverCap means nothing
+// may be written. Outcome Created is a new record, which belongs to
+// p.Tenant; any other write keeps the tenant of the record.
+func ApplyPending(prev *Record, p *PendingParams, now time.Time, active func() (int, error)) (out ReserveOutcome, r Record, write bool, err error) {
 	act := ActCreate
 	if prev != nil {
 		act = Decide(prev, &p.ReserveParams, now)
 		r = *prev
 	}
+	if err := p.CheckCap(act, active); err != nil {
+		return Existing, Record{}, false, err
+	}
 	req := p.Request
 	after := func(d time.Duration) time.Time { return now.Add(RoundUp(d)) }
 	switch act {
 	case ActExisting:
-		return Existing, r, false
+		return Existing, r, false, nil
 	case ActLeaseExpired:
 		r.State, r.LastError, r.ReconcileAfter, r.UpdatedAt = StateUnknown, "lease_expired", now, now
-		return Existing, r, true
+		return Existing, r, true, nil
 	case ActCreate:
 		var fence int64
 		if prev != nil {
@@ -274,7 +281,7 @@ func ApplyPending(prev *Record, p *PendingParams, now time.Time) (out ReserveOut
 			Scope: p.Scope, Key: p.Key, Fingerprint: p.Fingerprint, State: StatePending,
 			Fence: NextFence(fence, now), LeasePolicy: p.LeasePolicy, LockedUntil: after(p.Lease),
 			CreatedAt: now, UpdatedAt: now, ExpiresAt: after(p.TTL), Request: &req,
-		}, true
+		}, true, nil
 	case ActReclaim:
 		out = Reclaimed
 		r.ExpiresAt = after(p.TTL)
@@ -288,5 +295,5 @@ func ApplyPending(prev *Record, p *PendingParams, now time.Time) (out ReserveOut
 	r.UpdatedAt = now
 	r.Response, r.CompletedAt = nil, time.Time{}
 	r.Request = &req
-	return out, r, true
+	return out, r, true, nil
 }

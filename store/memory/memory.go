@@ -79,24 +79,16 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 	if r != nil {
 		act = store.Decide(r, &p, now)
 	}
-	if p.MaxActive > 0 && act.Activates() && s.active(p.Tenant) >= p.MaxActive {
-		return store.ReserveResult{}, store.ErrOverCap
+	if err := p.CheckCap(act, s.counter(p.Tenant)); err != nil {
+		return store.ReserveResult{}, err
 	}
 	fresh := func(fence int64) store.ReserveResult {
-		s.forget(k)
-		n := &entry{tenant: p.Tenant, Record: store.Record{
+		n := s.put(k, p.Tenant, store.Record{
 			Scope: p.Scope, Key: p.Key, Fingerprint: p.Fingerprint,
 			State: store.StateInProgress, Fence: fence, LeasePolicy: p.LeasePolicy,
 			LockedUntil: after(now, p.Lease), Attempts: 1,
 			CreatedAt: now, UpdatedAt: now, ExpiresAt: after(now, p.TTL),
-		}}
-		s.recs[k] = n
-		t := s.tenants[p.Tenant]
-		if t == nil {
-			t = make(map[id]*entry)
-			s.tenants[p.Tenant] = t
-		}
-		t[k] = n
+		})
 		return store.ReserveResult{Outcome: store.Created, Record: n.Record}
 	}
 	if r == nil {
@@ -117,16 +109,34 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 	return store.ReserveResult{Outcome: store.Existing, Record: *r}, nil
 }
 
-// active counts the tenant's active records. The memory store is for
-// tests and small services: counting the tenant's records is fine.
-func (s *Store) active(tenant string) int {
-	n := 0
-	for _, e := range s.tenants[tenant] {
-		if e.State.Active() {
-			n++
-		}
+// put stores a new record r under k for tenant, in place of the record
+// there was, if any.
+func (s *Store) put(k id, tenant string, r store.Record) *entry {
+	s.forget(k)
+	n := &entry{tenant: tenant, Record: r}
+	s.recs[k] = n
+	t := s.tenants[tenant]
+	if t == nil {
+		t = make(map[id]*entry)
+		s.tenants[tenant] = t
 	}
+	t[k] = n
 	return n
+}
+
+// counter counts the tenant's active records, for ReserveParams.CheckCap.
+// The memory store is for tests and small services: counting the tenant's
+// records is fine.
+func (s *Store) counter(tenant string) func() (int, error) {
+	return func() (int, error) {
+		n := 0
+		for _, e := range s.tenants[tenant] {
+			if e.State.Active() {
+				n++
+			}
+		}
+		return n, nil
+	}
 }
 
 // forget removes the record k from the maps, if it is there.

@@ -21,13 +21,19 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := id{p.Scope, p.Key}
+	e := s.recs[k]
 	var prev *store.Record
-	if e := s.recs[k]; e != nil {
+	if e != nil {
 		prev = &e.Record
 	}
-	out, r, write := store.ApplyPending(prev, &p, now)
-	if write {
-		s.recs[k] = &entry{Record: r}
+	out, r, write, err := store.ApplyPending(prev, &p, now, s.counter(p.Tenant))
+	switch {
+	case err != nil:
+		return store.ReserveResult{}, err
+	case out == store.Created:
+		s.put(k, p.Tenant, r)
+	case write:
+		e.Record = r
 	}
 	return store.ReserveResult{Outcome: out, Record: r}, nil
 }

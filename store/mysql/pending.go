@@ -43,11 +43,11 @@ FOR UPDATE`)
 INSERT INTO idem_records (scope, `+"`key`"+`, fingerprint, state, fence, lease_policy, locked_until,
     recovery_point, response_status, response_headers, response_body, response_body_omitted,
     last_error, attempts, created_at, updated_at, completed_at, expires_at, reconcile_after,
-    reconcile_attempts, dead_lettered_at, queue, request)
+    reconcile_attempts, dead_lettered_at, queue, request, tenant)
 VALUES (:scope, :key, :fingerprint, :state, :fence, :lease_policy, :locked_until,
     :recovery_point, :status, :headers, :body, :body_omitted,
     :last_error, :attempts, :created_at, :updated_at, :completed_at, :expires_at, :reconcile_after,
-    :reconcile_attempts, :dead_lettered_at, :queue, :request)`)
+    :reconcile_attempts, :dead_lettered_at, :queue, :request, :tenant)`)
 
 	qPendingWrite = pendingQuery("pending_write", `
 UPDATE idem_records SET
@@ -58,7 +58,8 @@ UPDATE idem_records SET
     created_at = :created_at, updated_at = :updated_at, completed_at = :completed_at,
     expires_at = :expires_at, reconcile_after = :reconcile_after,
     reconcile_attempts = :reconcile_attempts, dead_lettered_at = :dead_lettered_at,
-    queue = :queue, request = :request, row_version = row_version + 1
+    queue = :queue, request = :request, tenant = COALESCE(:tenant, tenant),
+    row_version = row_version + 1
 WHERE scope = :scope AND `+"`key`"+` = :key AND fence = :old_fence AND state = :old_state`)
 
 	qClaimSelect = pendingQuery("claim_select", `
@@ -132,12 +133,15 @@ func runIn(ctx context.Context, tx *sql.Tx, qq *query, a args) (int64, error) {
 	return res.RowsAffected()
 }
 
-// write stores r over the row read as prev (same fence and state).
-func writeRecord(ctx context.Context, tx *sql.Tx, r *store.Record, prev *store.Record) error {
+// write stores r over the row read as prev (same fence and state), or as
+// a new row when prev is nil. tenant is the tenant of a new record (a
+// string); nil keeps the row's.
+func writeRecord(ctx context.Context, tx *sql.Tx, r *store.Record, prev *store.Record, tenant any) error {
 	a, err := recordArgs(r)
 	if err != nil {
 		return err
 	}
+	a["tenant"] = tenant
 	qq := qPendingInsert
 	if prev != nil {
 		qq = qPendingWrite
@@ -169,13 +173,22 @@ func (s *Store) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 
 // ReservePending implements [store.Queue]: the row is read under its lock
 // (or found absent), store.ApplyPending decides, and the result is written
-// in the same transaction.
+// in the same transaction. Under a tenant cap the transaction first locks
+// the tenant's row of idem_tenants, as a capped Reserve does, and the
+// tenant's active records are counted under that lock when the decision
+// would make one more active.
 func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (store.ReserveResult, error) {
 	if err := p.Validate(); err != nil {
 		return store.ReserveResult{}, err
 	}
 	var res store.ReserveResult
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		capArgs := s.reserveArgs(p.ReserveParams)
+		if p.MaxActive > 0 {
+			if err := lockTenant(ctx, tx, capArgs); err != nil {
+				return err
+			}
+		}
 		var now dbTime
 		a, err := qPendingNow.bind(args{"now": s.nowArg()})
 		if err != nil {
@@ -195,14 +208,27 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 		case !errors.Is(err, sql.ErrNoRows):
 			return err
 		}
-		out, r, write := store.ApplyPending(prev, &p, now.t.Truncate(store.Resolution))
+		out, r, write, err := store.ApplyPending(prev, &p, now.t.Truncate(store.Resolution), func() (int, error) {
+			n, _, err := tenantCheck(ctx, tx, capArgs)
+			return n, err
+		})
+		if err != nil {
+			return err
+		}
 		res = store.ReserveResult{Outcome: out, Record: r}
 		if !write {
 			return nil
 		}
-		return writeRecord(ctx, tx, &r, prev)
+		var tenant any // kept, unless the record is new
+		if out == store.Created {
+			tenant = p.Tenant
+		}
+		return writeRecord(ctx, tx, &r, prev, tenant)
 	})
-	if err != nil {
+	switch {
+	case errors.Is(err, store.ErrOverCap):
+		return store.ReserveResult{}, err
+	case err != nil:
 		return store.ReserveResult{}, wrap("reserve pending", err)
 	}
 	return res, nil
@@ -237,7 +263,7 @@ func (s *Store) lockBatch(ctx context.Context, sel *query, a args, f func(r *sto
 		for i := range out {
 			prev := out[i]
 			f(&out[i], now.t)
-			if err := writeRecord(ctx, tx, &out[i], &prev); err != nil {
+			if err := writeRecord(ctx, tx, &out[i], &prev, nil); err != nil {
 				return err
 			}
 		}

@@ -35,24 +35,38 @@ func (s *Store) reserveCapped(ctx context.Context, p store.ReserveParams) (store
 // transaction (ReserveTx) the count is only current under READ COMMITTED.
 func (s *Store) reserveCappedIn(ctx context.Context, q querier, p store.ReserveParams) (store.ReserveResult, error) {
 	a := s.reserveArgs(p)
-	lock, err := qTenantLock.bind(a)
+	if err := lockTenant(ctx, q, a); err != nil {
+		return store.ReserveResult{}, err
+	}
+	active, activates, err := tenantCheck(ctx, q, a)
 	if err != nil {
 		return store.ReserveResult{}, err
 	}
-	check, err := qTenantCheck.bind(a)
-	if err != nil {
-		return store.ReserveResult{}, err
-	}
-	if _, err := q.ExecContext(ctx, qTenantLock.sql, lock...); err != nil {
-		return store.ReserveResult{}, err
-	}
-	var active int64
-	var activates bool
-	if err := q.QueryRowContext(ctx, qTenantCheck.sql, check...).Scan(&active, &activates); err != nil {
-		return store.ReserveResult{}, err
-	}
-	if activates && active >= int64(p.MaxActive) {
+	if activates && active >= p.MaxActive {
 		return store.ReserveResult{}, store.ErrOverCap
 	}
 	return s.reserveIn(ctx, q, p)
+}
+
+// lockTenant locks the tenant's row of idem_tenants until the end of the
+// transaction q. a are reserveArgs.
+func lockTenant(ctx context.Context, q querier, a args) error {
+	lock, err := qTenantLock.bind(a)
+	if err != nil {
+		return err
+	}
+	_, err = q.ExecContext(ctx, qTenantLock.sql, lock...)
+	return err
+}
+
+// tenantCheck counts the tenant's active records and reports whether the
+// reservation of a (reserveArgs) would make one more active. Run it once
+// the tenant's lock is held, for a count current as of the write.
+func tenantCheck(ctx context.Context, q querier, a args) (active int, activates bool, err error) {
+	check, err := qTenantCheck.bind(a)
+	if err != nil {
+		return 0, false, err
+	}
+	err = q.QueryRowContext(ctx, qTenantCheck.sql, check...).Scan(&active, &activates)
+	return active, activates, err
 }

@@ -29,15 +29,16 @@ const pendingColumnsR = recordColumnsR + `, r.queue, r.request`
 const fenceAt = `greatest((extract(epoch FROM now) * 1000000)::bigint, 1)`
 
 // sqlPendingInsert: $1 scope, $2 key, $3 fingerprint, $4 claim wait µs,
-// $5 ttl µs, $6 lease policy, $7 now (nullable), $8 queue, $9 request.
+// $5 ttl µs, $6 lease policy, $7 now (nullable), $8 queue, $9 request,
+// $10 tenant.
 const sqlPendingInsert = `
 WITH clock AS (SELECT coalesce($7::timestamptz, statement_timestamp()) AS now)
 INSERT INTO {schema}idem_records AS r
 	(scope, key, fingerprint, state, fence, lease_policy, locked_until,
-	 attempts, created_at, updated_at, expires_at, queue, request)
+	 attempts, created_at, updated_at, expires_at, queue, request, tenant)
 SELECT $1, $2, $3, 'pending', ` + fenceAt + `, $6,
 	now + $4::bigint * interval '1 microsecond', 0, now, now,
-	now + $5::bigint * interval '1 microsecond', $8, $9
+	now + $5::bigint * interval '1 microsecond', $8, $9, $10
 FROM clock
 ON CONFLICT (scope, key) DO NOTHING
 RETURNING ` + pendingColumns
@@ -58,7 +59,7 @@ FROM {schema}idem_records WHERE scope = $1 AND key = $2`
 // sqlPendingSet makes the locked row pending (a recreation, a reclaim or
 // a requeue after a dead worker). $1 scope, $2 key, $3 now, $4 claim
 // wait µs, $5 ttl µs or 0 to keep expires_at, $6 fingerprint,
-// $7 lease policy, $8 queue, $9 request, $10 recreate.
+// $7 lease policy, $8 queue, $9 request, $10 recreate, $11 tenant.
 const sqlPendingSet = `
 UPDATE {schema}idem_records AS r SET
 	state = 'pending',
@@ -71,6 +72,7 @@ UPDATE {schema}idem_records AS r SET
 	queue = $8,
 	request = $9,
 	fingerprint = CASE WHEN $10 THEN $6 ELSE r.fingerprint END,
+	tenant = CASE WHEN $10 THEN $11 ELSE r.tenant END,
 	lease_policy = CASE WHEN $10 THEN $7 ELSE r.lease_policy END,
 	recovery_point = CASE WHEN $10 THEN '' ELSE r.recovery_point END,
 	response_status = NULL,
@@ -213,6 +215,13 @@ func collectPending(rows pgx.Rows) ([]store.Record, error) {
 // inside one transaction. A duplicate that changes nothing (a retry of a
 // pending or completed request) is answered from a plain read after the
 // INSERT, without a lock.
+//
+// Under a tenant cap the INSERT is not tried first: the transaction takes
+// the tenant's advisory lock, as a capped Reserve does, then locks the row
+// (or finds none), decides, and counts the tenant's active records when
+// the decision would make one more active (store.ReserveParams.CheckCap);
+// the count runs after the lock is held, so it sees what the lock's
+// previous holder committed.
 func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (store.ReserveResult, error) {
 	if err := p.Validate(); err != nil {
 		return store.ReserveResult{}, err
@@ -222,20 +231,23 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 		return store.ReserveResult{}, err
 	}
 	q := s.pq()
-	var res store.ReserveResult
+	capped := p.MaxActive > 0
 	for run := 0; run < maxReserveRuns; run++ {
-		// A new key, the common case, is one autocommitted INSERT.
-		err := scanPending(s.pool.QueryRow(ctx, q.insert, p.Scope, p.Key, p.Fingerprint, store.Micros(p.Lease),
-			store.Micros(p.TTL), string(p.LeasePolicy), s.now(), p.Request.Queue, req), &res.Record)
-		if err == nil {
-			res.Outcome = store.Created
-			return res, nil
-		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return store.ReserveResult{}, wrap("reserve pending", err)
+		if !capped {
+			// A new key, the common case, is one autocommitted INSERT.
+			var res store.ReserveResult
+			err := scanPending(s.pool.QueryRow(ctx, q.insert, p.Scope, p.Key, p.Fingerprint, store.Micros(p.Lease),
+				store.Micros(p.TTL), string(p.LeasePolicy), s.now(), p.Request.Queue, req, p.Tenant), &res.Record)
+			if err == nil {
+				res.Outcome = store.Created
+				return res, nil
+			}
+			if !errors.Is(err, pgx.ErrNoRows) {
+				return store.ReserveResult{}, wrap("reserve pending", err)
+			}
 		}
 		// A duplicate that changes nothing is answered from a plain read,
-		// without locking the row.
+		// without locking the row (nor the tenant).
 		var rec store.Record
 		var now time.Time
 		err = scanRecord(extraScan{s.pool.QueryRow(ctx, q.peek, p.Scope, p.Key, s.now()), []any{&now}}, &rec, nil)
@@ -245,44 +257,76 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 		case err != nil && !errors.Is(err, pgx.ErrNoRows):
 			return store.ReserveResult{}, wrap("reserve pending", err)
 		}
+		var res store.ReserveResult
 		var gone bool
-		err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-			var rec store.Record
-			var now time.Time
-			if err := scanRecord(extraScan{tx.QueryRow(ctx, q.lock, p.Scope, p.Key, s.now()), []any{&now}}, &rec, nil); err != nil {
-				if errors.Is(err, pgx.ErrNoRows) {
-					gone = true // deleted since the insert conflicted: insert again
-					return nil
-				}
-				return err
-			}
-			var ttl int64
-			recreate := false
-			switch store.Decide(&rec, &p.ReserveParams, now) {
-			case store.ActExisting:
-				res = store.ReserveResult{Outcome: store.Existing, Record: rec}
-				return nil
-			case store.ActLeaseExpired:
-				res.Outcome = store.Existing
-				return scanRecord(tx.QueryRow(ctx, q.toUnknown, p.Scope, p.Key, now), &res.Record, nil)
-			case store.ActCreate:
-				res.Outcome, ttl, recreate = store.Created, store.Micros(p.TTL), true
-			case store.ActReclaim:
-				res.Outcome, ttl = store.Reclaimed, store.Micros(p.TTL)
-			default:
-				res.Outcome = store.TakenOver
-			}
-			return scanPending(tx.QueryRow(ctx, q.set, p.Scope, p.Key, now, store.Micros(p.Lease), ttl,
-				p.Fingerprint, string(p.LeasePolicy), p.Request.Queue, req, recreate), &res.Record)
+		err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) (err error) {
+			res, gone, err = s.pendingIn(ctx, tx, q, &p, req)
+			return err
 		})
-		if err != nil {
+		switch {
+		case errors.Is(err, store.ErrOverCap):
+			return store.ReserveResult{}, err
+		case err != nil:
 			return store.ReserveResult{}, wrap("reserve pending", err)
-		}
-		if !gone {
+		case !gone:
 			return res, nil
 		}
 	}
 	return store.ReserveResult{}, fmt.Errorf("idem/postgres: reserve pending: key %q kept changing under %d attempts", p.Key, maxReserveRuns)
+}
+
+// pendingIn is ReservePending's transaction: gone reports a race to run
+// again (the row was deleted since the uncapped INSERT conflicted, or
+// inserted since the capped transaction found none).
+func (s *Store) pendingIn(ctx context.Context, tx pgx.Tx, q *pendingQueries, p *store.PendingParams, req []byte) (res store.ReserveResult, gone bool, err error) {
+	capped := p.MaxActive > 0
+	if capped {
+		if _, err := tx.Exec(ctx, sqlTenantLock, p.Tenant); err != nil {
+			return res, false, err
+		}
+	}
+	var rec store.Record
+	var now time.Time
+	act := store.ActCreate
+	err = scanRecord(extraScan{tx.QueryRow(ctx, q.lock, p.Scope, p.Key, s.now()), []any{&now}}, &rec, nil)
+	absent := errors.Is(err, pgx.ErrNoRows)
+	switch {
+	case err == nil:
+		act = store.Decide(&rec, &p.ReserveParams, now)
+	case !errors.Is(err, pgx.ErrNoRows):
+		return res, false, err
+	case !capped:
+		return res, true, nil // deleted since the insert conflicted: insert again
+	}
+	if err := p.CheckCap(act, func() (int, error) { return s.active(ctx, tx, p.Tenant) }); err != nil {
+		return res, false, err
+	}
+	var ttl int64
+	recreate := false
+	switch act {
+	case store.ActExisting:
+		return store.ReserveResult{Outcome: store.Existing, Record: rec}, false, nil
+	case store.ActLeaseExpired:
+		res.Outcome = store.Existing
+		return res, false, scanRecord(tx.QueryRow(ctx, q.toUnknown, p.Scope, p.Key, now), &res.Record, nil)
+	case store.ActCreate:
+		if absent { // capped: the INSERT, inside the tenant's lock
+			res.Outcome = store.Created
+			err := scanPending(tx.QueryRow(ctx, q.insert, p.Scope, p.Key, p.Fingerprint, store.Micros(p.Lease),
+				store.Micros(p.TTL), string(p.LeasePolicy), s.now(), p.Request.Queue, req, p.Tenant), &res.Record)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return res, true, nil // inserted meanwhile by an uncapped or other tenant's call
+			}
+			return res, false, err
+		}
+		res.Outcome, ttl, recreate = store.Created, store.Micros(p.TTL), true
+	case store.ActReclaim:
+		res.Outcome, ttl = store.Reclaimed, store.Micros(p.TTL)
+	default:
+		res.Outcome = store.TakenOver
+	}
+	return res, false, scanPending(tx.QueryRow(ctx, q.set, p.Scope, p.Key, now, store.Micros(p.Lease), ttl,
+		p.Fingerprint, string(p.LeasePolicy), p.Request.Queue, req, recreate, p.Tenant), &res.Record)
 }
 
 // Claim implements store.Queue.

@@ -89,9 +89,18 @@ func (s *Store) reserveCapped(ctx context.Context, q querier, p *store.ReservePa
 
 // atCap reports whether the tenant holds p.MaxActive active records.
 func (s *Store) atCap(ctx context.Context, q querier, p *store.ReserveParams) (bool, error) {
-	var n int64
-	if err := q.QueryRow(ctx, s.q.active, p.Tenant).Scan(&n); err != nil {
-		return false, fmt.Errorf("counting active records: %w", err)
+	n, err := s.active(ctx, q, p.Tenant)
+	if err != nil {
+		return false, err
 	}
-	return n >= int64(p.MaxActive), nil
+	return n >= p.MaxActive, nil
+}
+
+// active counts the tenant's active records.
+func (s *Store) active(ctx context.Context, q querier, tenant string) (int, error) {
+	var n int64
+	if err := q.QueryRow(ctx, s.q.active, tenant).Scan(&n); err != nil {
+		return 0, fmt.Errorf("counting active records: %w", err)
+	}
+	return int(n), nil
 }

@@ -56,10 +56,14 @@ func decodePending(v any) (store.Record, error) {
 	return r, err
 }
 
-// ReservePending implements store.Queue in one script.
+// ReservePending implements store.Queue in one script. A positive
+// MaxActive is refused with store.ErrCapUnsupported, as by Reserve.
 func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (store.ReserveResult, error) {
 	if err := p.Validate(); err != nil {
 		return store.ReserveResult{}, fmt.Errorf("idem/redis: reserve pending: %w", err)
+	}
+	if err := s.refuseCap(&p.ReserveParams, "reserve pending"); err != nil {
+		return store.ReserveResult{}, err
 	}
 	req, err := store.EncodeRequest(&p.Request)
 	if err != nil {

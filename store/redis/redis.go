@@ -248,6 +248,14 @@ func (s *Store) TenantCapUnsupported() string {
 	return "a tenant's records are spread over hash slots, and a Redis script cannot count them atomically with a reservation"
 }
 
+// refuseCap refuses a positive MaxActive with store.ErrCapUnsupported.
+func (s *Store) refuseCap(p *store.ReserveParams, op string) error {
+	if p.MaxActive > 0 {
+		return fmt.Errorf("idem/redis: %s: %w: %s", op, store.ErrCapUnsupported, s.TenantCapUnsupported())
+	}
+	return nil
+}
+
 // Reserve implements store.Store; the whole decision is reserve.lua. A
 // positive MaxActive is refused with store.ErrCapUnsupported (see
 // TenantCapUnsupported).
@@ -255,8 +263,8 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 	if err := p.Validate(); err != nil {
 		return store.ReserveResult{}, fmt.Errorf("idem/redis: reserve: %w", err)
 	}
-	if p.MaxActive > 0 {
-		return store.ReserveResult{}, fmt.Errorf("idem/redis: reserve: %w: %s", store.ErrCapUnsupported, s.TenantCapUnsupported())
+	if err := s.refuseCap(&p, "reserve"); err != nil {
+		return store.ReserveResult{}, err
 	}
 	v, err := scriptReserve.Run(ctx, s.client, s.scriptKeys(p.Scope, p.Key),
 		s.now(), p.Scope, p.Key, p.Fingerprint, store.Micros(p.Lease), store.Micros(p.TTL),

@@ -19,12 +19,13 @@ const pendingColumns = recordColumns + `, queue, request`
 // qPendingCreate inserts a pending record, or replaces one that Decide
 // said may be recreated (the caller checked it inside the transaction).
 // ?1 scope, ?2 key, ?3 fingerprint, ?4 lease policy, ?5 claim deadline,
-// ?6 now, ?7 expires_at, ?8 queue, ?9 request.
+// ?6 now, ?7 expires_at, ?8 queue, ?9 request, ?10 tenant.
 const qPendingCreate = `INSERT INTO idem_records (scope, key, fingerprint, state, fence, lease_policy,
-	locked_until, attempts, created_at, updated_at, expires_at, queue, request)
-VALUES (?1, ?2, ?3, 'pending', max(?6, 1), ?4, ?5, 0, ?6, ?6, ?7, ?8, ?9)
+	locked_until, attempts, created_at, updated_at, expires_at, queue, request, tenant)
+VALUES (?1, ?2, ?3, 'pending', max(?6, 1), ?4, ?5, 0, ?6, ?6, ?7, ?8, ?9, ?10)
 ON CONFLICT (scope, key) DO UPDATE SET
 	fingerprint = excluded.fingerprint,
+	tenant = excluded.tenant,
 	state = 'pending',
 	fence = max(fence + 1, excluded.fence),
 	lease_policy = excluded.lease_policy,
@@ -134,7 +135,9 @@ func queryPending(ctx context.Context, q querier, query string, args ...any) ([]
 	return out, rows.Err()
 }
 
-// ReservePending implements [store.Queue] in one immediate transaction.
+// ReservePending implements [store.Queue] in one immediate transaction,
+// which makes the tenant cap's count and the write one step, as for
+// Reserve.
 func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (store.ReserveResult, error) {
 	if err := p.Validate(); err != nil {
 		return store.ReserveResult{}, err
@@ -155,6 +158,9 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 		case !errors.Is(err, store.ErrNotFound):
 			return err
 		}
+		if err := p.CheckCap(act, activeOf(ctx, q, p.Tenant)); err != nil {
+			return err
+		}
 		var expires sql.NullInt64
 		switch act {
 		case store.ActExisting:
@@ -166,7 +172,7 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 			return err
 		case store.ActCreate:
 			rec, err = scanPending(q.QueryRowContext(ctx, qPendingCreate, p.Scope, p.Key, p.Fingerprint,
-				string(p.LeasePolicy), deadline, now.UnixMicro(), after(now, p.TTL), p.Request.Queue, req))
+				string(p.LeasePolicy), deadline, now.UnixMicro(), after(now, p.TTL), p.Request.Queue, req, p.Tenant))
 			res = store.ReserveResult{Outcome: store.Created, Record: rec}
 			return err
 		case store.ActReclaim:

@@ -115,22 +115,24 @@ func (s *Store) reserve(ctx context.Context, q querier, p *store.ReserveParams) 
 // tenant active while it holds p.MaxActive. The immediate transaction
 // makes the count and the write one step: no other writer runs between.
 func overCap(ctx context.Context, q querier, p *store.ReserveParams, now time.Time) error {
+	act := store.ActCreate
 	rec, err := getRecord(ctx, q, p.Scope, p.Key)
 	switch {
-	case errors.Is(err, store.ErrNotFound):
-	case err != nil:
-		return err
-	case !store.Decide(&rec, p, now).Activates():
-		return nil
-	}
-	var n int
-	if err := q.QueryRowContext(ctx, qActive, p.Tenant).Scan(&n); err != nil {
+	case err == nil:
+		act = store.Decide(&rec, p, now)
+	case !errors.Is(err, store.ErrNotFound):
 		return err
 	}
-	if n >= p.MaxActive {
-		return store.ErrOverCap
+	return p.CheckCap(act, activeOf(ctx, q, p.Tenant))
+}
+
+// activeOf counts the tenant's active records, for
+// store.ReserveParams.CheckCap.
+func activeOf(ctx context.Context, q querier, tenant string) func() (int, error) {
+	return func() (n int, err error) {
+		err = q.QueryRowContext(ctx, qActive, tenant).Scan(&n)
+		return n, err
 	}
-	return nil
 }
 
 // errChanged reports a row that changed between two statements of reserve,
