@@ -18,8 +18,11 @@ func runCap(t *testing.T, h Harness) {
 	}
 	t.Run("TenantCap", func(t *testing.T) { testTenantCap(t, h) })
 	t.Run("TenantCapConcurrent", func(t *testing.T) { testTenantCapConcurrent(t, h) })
+	t.Run("TenantCapPending", func(t *testing.T) { testTenantCapPending(t, h) })
+	t.Run("TenantCapPendingConcurrent", func(t *testing.T) { testTenantCapPendingConcurrent(t, h, false) })
 	if h.Shared {
 		t.Run("TenantCapTwoHandles", func(t *testing.T) { testTenantCapTwoHandles(t, h) })
+		t.Run("TenantCapPendingTwoHandles", func(t *testing.T) { testTenantCapPendingConcurrent(t, h, true) })
 	}
 }
 
@@ -35,8 +38,21 @@ func (e *env) capP(tenant, key, fp string, max int) store.ReserveParams {
 func (e *env) overCap(p store.ReserveParams, before *store.Record) {
 	e.t.Helper()
 	res, err := e.s.Reserve(e.ctx, p)
+	e.refusedAtCap("Reserve", p, res, err, before)
+}
+
+// overCapPending is overCap for ReservePending.
+func (e *env) overCapPending(p store.PendingParams, before *store.Record) {
+	e.t.Helper()
+	res, err := e.queue().ReservePending(e.ctx, p)
+	e.refusedAtCap("ReservePending", p.ReserveParams, res, err, before)
+}
+
+// refusedAtCap checks what a reserve of p over the cap answered.
+func (e *env) refusedAtCap(op string, p store.ReserveParams, res store.ReserveResult, err error, before *store.Record) {
+	e.t.Helper()
 	if !errors.Is(err, store.ErrOverCap) {
-		e.t.Fatalf("Reserve(%s) over the cap: %v %v, want ErrOverCap", p.Key, res.Outcome, err)
+		e.t.Fatalf("%s(%s) over the cap: %v %v, want ErrOverCap", op, p.Key, res.Outcome, err)
 	}
 	if errors.Is(err, store.ErrInvalidParams) || store.IsRetryable(err) {
 		e.t.Fatalf("ErrOverCap must be a definite answer of its own: %v", err)
@@ -181,6 +197,164 @@ func testTenantCapTwoHandles(t *testing.T, h Harness) {
 	}
 }
 
+// capPending is a pending reservation of key for tenant under a cap of max.
+func (e *env) capPending(tenant, key, fp string, max int) store.PendingParams {
+	p := e.pendingP("scope-"+tenant, key, fp, "capped", store.LeaseUnknown)
+	p.Tenant, p.MaxActive = tenant, max
+	return p
+}
+
+// testTenantCapPending: pending records count against the cap like
+// in_progress ones, through either reserve, and ReservePending is refused
+// by the cap exactly where Reserve is.
+func testTenantCapPending(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	q := e.queue()
+	const max = 3
+	// One synchronous and two pending reservations fill one count.
+	sync := e.reserve(e.s, e.capP("a", "sync", "fp", max))
+	p0 := e.reservePending(e.capPending("a", "p0", "fp", max))
+	p1 := e.reservePending(e.capPending("a", "p1", "fp", max))
+	for _, r := range []store.ReserveResult{sync, p0, p1} {
+		if r.Outcome != store.Created {
+			t.Fatalf("%s under the cap: %v", r.Record.Key, r.Outcome)
+		}
+	}
+	e.overCapPending(e.capPending("a", "p-over", "fp", max), nil)
+	e.overCap(e.capP("a", "s-over", "fp", max), nil)
+	// Another tenant, and no cap, are not refused.
+	if r := e.reservePending(e.capPending("b", "p0", "fp", max)); r.Outcome != store.Created {
+		t.Fatalf("another tenant: %v", r.Outcome)
+	}
+	if r := e.reservePending(e.pendingP("scope-a", "uncapped", "fp", "capped", store.LeaseUnknown)); r.Outcome != store.Created {
+		t.Fatalf("a pending reserve without a cap: %v", r.Outcome)
+	}
+
+	// Duplicates of a pending key at the cap are answered, not refused,
+	// through either reserve, and a reuse of the key with another request.
+	before := e.get("scope-a", "p0")
+	if r := e.reservePending(e.capPending("a", "p0", "fp", max)); r.Outcome != store.Existing || r.Record.State != store.StatePending {
+		t.Fatalf("pending duplicate at the cap: %v %s", r.Outcome, r.Record.State)
+	}
+	if r := e.reservePending(e.capPending("a", "p0", "other", max)); r.Outcome != store.Existing {
+		t.Fatalf("pending key reuse at the cap: %v", r.Outcome)
+	}
+	if r := e.reserve(e.s, e.capP("a", "p0", "fp", max)); r.Outcome != store.Existing || r.Record.State != store.StatePending {
+		t.Fatalf("Reserve of a pending key at the cap: %v %s", r.Outcome, r.Record.State)
+	}
+	if r := e.reservePending(e.capPending("a", "sync", "fp", max)); r.Outcome != store.Existing || r.Record.State != store.StateInProgress {
+		t.Fatalf("ReservePending of an in-flight key at the cap: %v %s", r.Outcome, r.Record.State)
+	}
+	e.mustUnchanged(before, "duplicates at the cap")
+
+	// A claimed record still counts; completing it frees a place, and its
+	// replay is answered.
+	claimed := e.claim(q, "capped", 10)
+	var c0, c1 store.Record
+	for _, r := range claimed {
+		switch {
+		case r.Scope == "scope-a" && r.Key == "p0":
+			c0 = r
+		case r.Scope == "scope-a" && r.Key == "p1":
+			c1 = r
+		}
+	}
+	if len(claimed) != 4 || c0.Fence == 0 || c1.Fence == 0 {
+		t.Fatalf("claimed %v, want a's p0, p1 and uncapped, and b's p0", keysOf(claimed))
+	}
+	e.overCapPending(e.capPending("a", "p-over", "fp", max), nil)
+	e.complete(c0, sampleResponse())
+	if r := e.reservePending(e.capPending("a", "p0", "fp", max)); r.Outcome != store.Existing || r.Record.State != store.StateCompleted {
+		t.Fatalf("pending replay: %v %s", r.Outcome, r.Record.State)
+	}
+	if r := e.reservePending(e.capPending("a", "p2", "fp", max)); r.Outcome != store.Created {
+		t.Fatalf("a new pending key after a completion freed a place: %v", r.Outcome)
+	}
+	e.overCapPending(e.capPending("a", "p-over", "fp", max), nil)
+
+	// A released record does not count, and taking it back is refused at
+	// the cap, leaving it as it was.
+	if err := e.s.Release(e.ctx, store.ReleaseParams{FenceParams: fenceOf(c1), Error: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.reservePending(e.capPending("a", "p3", "fp", max)); r.Outcome != store.Created {
+		t.Fatalf("a new pending key after a release freed a place: %v", r.Outcome)
+	}
+	released := e.get("scope-a", "p1")
+	e.overCapPending(e.capPending("a", "p1", "fp", max), &released)
+
+	// Past the TTL, the completed p0 may be recreated, but not at the cap
+	// (sync, p2 and p3 are still active: a lease or a claim deadline that
+	// passed does not end a record).
+	e.clock.Advance(ttl)
+	expired := e.get("scope-a", "p0")
+	e.overCapPending(e.capPending("a", "p0", "fp", max), &expired)
+	// Ending the pending records frees two places: p0 is recreated, and a
+	// released key past its TTL is recreated for the tenant that sends it
+	// (a record belongs to the tenant that created it).
+	if ended, err := q.ExpirePending(e.ctx, store.ExpirePendingParams{Limit: 100, Response: sampleResponse()}); err != nil || len(ended) != 2 {
+		t.Fatalf("expiring p2 and p3: %d ended, %v", len(ended), err)
+	}
+	if r := e.reservePending(e.capPending("a", "p0", "fp", max)); r.Outcome != store.Created || r.Record.State != store.StatePending {
+		t.Fatalf("recreating an expired key under the cap: %v %s", r.Outcome, r.Record.State)
+	}
+	p1c := e.capPending("c", "p1", "fp", 1)
+	p1c.Scope = "scope-a"
+	if r := e.reservePending(p1c); r.Outcome != store.Created {
+		t.Fatalf("recreating a released key past its TTL for another tenant: %v", r.Outcome)
+	}
+	e.overCapPending(e.capPending("c", "c-over", "fp", 1), nil)
+	// a holds sync and p0: one more place, then the cap.
+	if r := e.reservePending(e.capPending("a", "p4", "fp", max)); r.Outcome != store.Created {
+		t.Fatalf("the last place: %v", r.Outcome)
+	}
+	e.overCap(e.capP("a", "s-over", "fp", max), nil)
+}
+
+// testTenantCapPendingConcurrent: racers reserving distinct keys of one
+// tenant, half through Reserve and half through ReservePending (on two
+// handles when shared): exactly max get a record, the others ErrOverCap.
+func testTenantCapPendingConcurrent(t *testing.T, h Harness, shared bool) {
+	e := newEnv(t, h)
+	var other store.Store = e.s
+	if shared {
+		other = e.open(t, e.clock.Now)
+	}
+	const n, max = 32, 5
+	for round := range 3 {
+		tenant := fmt.Sprint("t", round)
+		mixed := round > 0 // the first round is pending only
+		errs := make([]error, n)
+		res := race(t, n, func(i int) (store.ReserveResult, error) {
+			s := e.s
+			if i%2 == 1 {
+				s = other
+			}
+			var r store.ReserveResult
+			var err error
+			if mixed && i%4 >= 2 {
+				r, err = s.Reserve(e.ctx, e.capP(tenant, fmt.Sprint("k", i), "fp", max))
+			} else {
+				r, err = s.(store.Queue).ReservePending(e.ctx, e.capPending(tenant, fmt.Sprint("k", i), "fp", max))
+			}
+			errs[i] = err
+			if errors.Is(err, store.ErrOverCap) {
+				err = nil
+			}
+			return r, err
+		})
+		over := 0
+		for _, err := range errs {
+			if errors.Is(err, store.ErrOverCap) {
+				over++
+			}
+		}
+		if c := countOutcomes(res, store.Created); c != max || over != n-max {
+			t.Fatalf("round %d: %d created and %d over the cap of %d racers, want %d and %d", round, c, over, n, max, n-max)
+		}
+	}
+}
+
 // testTenantCapUnsupported: a store that cannot count says so at once and
 // reserves nothing.
 func testTenantCapUnsupported(t *testing.T, h Harness) {
@@ -197,5 +371,12 @@ func testTenantCapUnsupported(t *testing.T, h Harness) {
 	}
 	if res := e.reserve(e.s, e.capP("a", "k", "fp", 0)); res.Outcome != store.Created {
 		t.Fatalf("uncapped Reserve: %v", res.Outcome)
+	}
+	_, err = e.queue().ReservePending(e.ctx, e.capPending("a", "kp", "fp", 1))
+	if !errors.Is(err, store.ErrCapUnsupported) {
+		t.Fatalf("capped ReservePending: %v, want ErrCapUnsupported", err)
+	}
+	if _, err := e.s.Get(e.ctx, "scope-a", "kp"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a refused capped ReservePending left a record: %v", err)
 	}
 }
