@@ -108,12 +108,14 @@ func (e *Engine) pendingHeader(h http.Header) http.Header {
 }
 
 // accept records an asynchronous call as pending, or finds the record
-// that holds its key.
+// that holds its key. It counts against the tenant's cap as begin does:
+// a pending record is active.
 func (e *Engine) accept(ctx context.Context, c *Call, scope, key, fp string) (decision, error) {
 	p := store.PendingParams{
 		ReserveParams: store.ReserveParams{
 			Scope: scope, Key: key, Fingerprint: fp,
 			Lease: e.cfg.AsyncWait, TTL: e.cfg.TTL, LeasePolicy: e.cfg.LeasePolicy,
+			Tenant: c.Tenant, MaxActive: e.cfg.TenantMaxActive,
 		},
 		Request: store.PendingRequest{
 			Queue: e.cfg.AsyncQueue, Method: c.Method, Target: c.Target,
@@ -128,13 +130,7 @@ func (e *Engine) accept(ctx context.Context, c *Call, scope, key, fp string) (de
 		return err
 	})
 	if err != nil {
-		outcome := "store_error"
-		if errors.Is(err, store.ErrInvalidParams) {
-			outcome = "rejected" // counted by the caller, which refuses the call
-		} else {
-			e.obs.Reserve(ctx, outcome)
-		}
-		end(StepEnd{Outcome: outcome, Attempts: 1, Err: err})
+		e.reserveFailed(ctx, end, err)
 		return decision{}, err
 	}
 	d := decide(fp, res)
@@ -149,6 +145,7 @@ func (e *Engine) accept(ctx context.Context, c *Call, scope, key, fp string) (de
 		d.verdict = Accepted // pending or being run by a worker
 	}
 	e.obs.Reserve(ctx, outcome)
+	e.tenantObs(ctx, c.Tenant, outcome)
 	end(StepEnd{Outcome: outcome, Fence: res.Record.Fence, Attempts: 1})
 	return d, nil
 }

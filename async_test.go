@@ -24,6 +24,8 @@ func TestAsyncExpiresUnclaimed(t *testing.T) {
 	enginetest.AsyncExpiry(t, memory.New(memory.Config{Clock: clock.Now}), clock)
 }
 
+func TestAsyncTenantCap(t *testing.T) { enginetest.AsyncCap(t, memory.New(memory.Config{})) }
+
 func TestAsyncKeepHeaders(t *testing.T) {
 	a := enginetest.NewAsyncApp(t, memory.New(memory.Config{}), idem.Config{AsyncKeepHeaders: []string{"authorization"}})
 	a.Post("acme", "k", `{}`, "Authorization", "Bearer worker", "Cookie", "s=1", "Connection", "X-Hop", "X-Hop", "1")

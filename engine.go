@@ -547,18 +547,7 @@ func (e *Engine) begin(ctx context.Context, sc *scratch, tenant, scope, route, k
 		return err
 	})
 	if err != nil {
-		if errors.Is(err, store.ErrInvalidParams) {
-			// Counted as rejected by the caller, which refuses the call.
-			end(StepEnd{Outcome: "rejected", Attempts: 1, Err: err})
-			return decision{}, err
-		}
-		if errors.Is(err, store.ErrOverCap) {
-			// Counted by the caller, which refuses the call.
-			end(StepEnd{Outcome: outcomeOverCap, Attempts: 1})
-			return decision{}, err
-		}
-		e.obs.Reserve(ctx, "store_error")
-		end(StepEnd{Outcome: "store_error", Attempts: 1, Err: err})
+		e.reserveFailed(ctx, end, err)
 		return decision{}, err
 	}
 	d := decide(fp, res)
@@ -587,6 +576,22 @@ func (e *Engine) begin(ctx context.Context, sc *scratch, tenant, scope, route, k
 		e.log.Info("idem: record outcome unknown", "scope", scope, "key", key, "reason", res.Record.LastError)
 	}
 	return d, nil
+}
+
+// reserveFailed ends the reserve step of begin or accept that failed with
+// err. A refusal of the call (parameters the store refuses, the tenant's
+// cap) is counted by the caller, which answers it; a failure is counted
+// here.
+func (e *Engine) reserveFailed(ctx context.Context, end func(StepEnd), err error) {
+	switch {
+	case errors.Is(err, store.ErrInvalidParams):
+		end(StepEnd{Outcome: "rejected", Attempts: 1, Err: err})
+	case errors.Is(err, store.ErrOverCap):
+		end(StepEnd{Outcome: outcomeOverCap, Attempts: 1})
+	default:
+		e.obs.Reserve(ctx, "store_error")
+		end(StepEnd{Outcome: "store_error", Attempts: 1, Err: err})
+	}
 }
 
 // reserveOutcome names the verdicts of a reservation that found a record

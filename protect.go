@@ -21,7 +21,8 @@ import (
 // tenants and folds the others into one). The engine calls it, besides
 // Observer.Reserve, for every call that reached the store or was refused
 // by a tenant limit: outcome is one of created, replay, in_progress,
-// key_reused, failed_retry, unknown, taken_over, rate_limited or over_cap.
+// key_reused, failed_retry, unknown, taken_over, accepted (an
+// asynchronous request recorded as pending), rate_limited or over_cap.
 type TenantObserver interface {
 	TenantReserve(ctx context.Context, tenant, outcome string)
 }

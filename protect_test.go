@@ -220,6 +220,27 @@ func TestTenantMaxActive(t *testing.T) {
 	}
 }
 
+// On an asynchronous route pending requests count: at the cap a new key
+// gets 429 and is not accepted, a duplicate is still accepted, and the
+// tenant's outcomes are reported as on a synchronous route.
+func TestTenantMaxActiveAsync(t *testing.T) {
+	t.Parallel()
+	te := newTenantEnv(t, idem.Config{Async: true, TenantMaxActive: 2, RetryAfter: 3 * time.Second})
+	te.want("a", "k0", 202)
+	te.want("a", "k1", 202)
+	te.wantLimited("a", "k2", idem.SlugOverCap, "3")
+	te.want("a", "k0", 202)
+	te.want("b", "k2", 202)
+	if te.ran() != 0 {
+		t.Fatalf("handler ran %d times on an asynchronous route", te.ran())
+	}
+	for k, want := range map[string]int{"a/accepted": 2, "a/over_cap": 1, "b/accepted": 1} {
+		if got := te.obs.get(k); got != want {
+			t.Fatalf("%s = %d, want %d", k, got, want)
+		}
+	}
+}
+
 func TestTenantLimitConfigErrors(t *testing.T) {
 	t.Parallel()
 	for name, cfg := range map[string]idem.Config{

@@ -2,6 +2,8 @@ package enginetest
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -237,4 +239,38 @@ func AsyncExpiry(t *testing.T, s store.Store, clock interface{ Advance(time.Dura
 			t.Fatalf("answer of an expired request: %d %s", got.Status, got.Body)
 		}
 	}
+}
+
+// AsyncCap: an asynchronous route holds a tenant to
+// Config.TenantMaxActive, its pending requests counting as active: at the
+// cap a new key gets 429 tenant-over-cap and nothing is reserved, while a
+// duplicate of a pending request is still answered 202 and another tenant
+// is served; once a worker completed the requests the places are free.
+func AsyncCap(t *testing.T, s store.Store) {
+	a := NewAsyncApp(t, s, idem.Config{TenantMaxActive: 2})
+	var locs []string
+	for i := range 2 {
+		got := a.Post("acme", fmt.Sprint("r", i), `{}`)
+		WantAccepted(t, got, "")
+		locs = append(locs, got.Header.Get("Location"))
+	}
+	scope := (&idem.Request{Tenant: "acme", Method: "POST", Route: "/v1/reports"}).Scope()
+	got := a.Post("acme", "r2", `{}`)
+	if got.Status != http.StatusTooManyRequests || !strings.Contains(got.Body, idem.SlugOverCap) ||
+		got.Header.Get("Retry-After") == "" || got.Header.Get("Location") != "" {
+		t.Fatalf("a new key at the cap: %d %v %s", got.Status, got.Header, got.Body)
+	}
+	if _, err := s.Get(context.Background(), scope, "r2"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a request refused at the cap left a record: %v", err)
+	}
+	WantAccepted(t, a.Post("acme", "r0", `{}`), locs[0])
+	WantAccepted(t, a.Do("GET", locs[1], "acme", "", ""), locs[1])
+	WantAccepted(t, a.Post("other", "o0", `{}`), "")
+	if n, err := a.Worker.RunOnce(context.Background()); err != nil || n != 3 {
+		t.Fatalf("RunOnce: %d %v", n, err)
+	}
+	if runs, _, _ := a.Runs("r2"); runs != 0 {
+		t.Fatalf("the refused request ran %d times", runs)
+	}
+	WantAccepted(t, a.Post("acme", "r2", `{}`), "")
 }

@@ -14,6 +14,7 @@ func TestAsyncStores(t *testing.T) {
 		t.Run(ns.Name, func(t *testing.T) {
 			t.Parallel()
 			t.Run("flow", func(t *testing.T) { enginetest.AsyncFlow(t, ns.Open(t, nil)) })
+			t.Run("tenant cap", func(t *testing.T) { enginetest.AsyncCap(t, ns.Open(t, nil)) })
 			t.Run("expiry", func(t *testing.T) {
 				clock := storetest.NewClock()
 				enginetest.AsyncExpiry(t, ns.Open(t, clock.Now), clock)
