@@ -105,6 +105,11 @@ type Queue interface {
 	// unknown goes to unknown as with Reserve; every other record is
 	// returned untouched (Existing), a pending one included. The
 	// returned record carries Request when the outcome is not Existing.
+	// The tenant cap (ReserveParams.MaxActive) applies as for Reserve, in
+	// the same atomic step and to the same moves (a creation, a reclaim):
+	// a pending record is active, so pending and in_progress records of a
+	// tenant share one count; a store that refuses the cap on Reserve
+	// refuses it here too (ErrCapUnsupported).
 	ReservePending(ctx context.Context, p PendingParams) (ReserveResult, error)
 
 	// Claim moves up to p.Limit pending records of p.Queue whose claim

@@ -191,11 +191,11 @@ type ReserveParams struct {
 	// tenant like any other.
 	Tenant string
 	// MaxActive, when positive, caps the tenant's active records (see
-	// State.Active): a Reserve that would create a record or reclaim a
-	// failed_retryable one while the tenant already holds MaxActive active
-	// records fails with ErrOverCap and changes nothing. The count and the
-	// write are one atomic step across every process sharing the store.
-	// Zero means no cap; replays, in-flight duplicates and takeovers are
+	// State.Active): a Reserve (or ReservePending) that would create a
+	// record or reclaim a failed_retryable one while the tenant already
+	// holds MaxActive active records fails with ErrOverCap and changes
+	// nothing. The count and the write are one atomic step across every
+	// process sharing the store. Zero means no cap; replays, in-flight duplicates and takeovers are
 	// never refused by it.
 	MaxActive int
 }
