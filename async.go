@@ -142,6 +142,7 @@ func (e *Engine) accept(ctx context.Context, c *Call, scope, key, fp string) (de
 	switch {
 	case d.verdict == Executed:
 		d.verdict, outcome = Accepted, "accepted"
+		d.created = res.Outcome != store.Reclaimed && res.Outcome != store.TakenOver
 		e.log.Info("idem: asynchronous request accepted", "scope", scope, "key", key,
 			"queue", e.cfg.AsyncQueue, "fence", res.Record.Fence, "outcome", res.Outcome.String())
 	case d.verdict == InProgress:
@@ -222,7 +223,7 @@ func (e *Engine) StatusHandler() http.Handler {
 		switch rec.State {
 		case store.StateCompleted:
 			if rec.Response != nil {
-				replay(w, rec.Response)
+				replay(w, rec.Response, rec.ExpiresAt)
 				return
 			}
 			e.WriteProblem(w, e.problem(probStore, 0))

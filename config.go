@@ -25,6 +25,9 @@ const (
 	DefaultMaxBodyBytes     = 1 << 20
 	DefaultMaxResponseBytes = 1 << 20
 	DefaultKeyHeader        = "Idempotency-Key"
+	DefaultBreakerFailures  = 5
+	DefaultBreakerOpen      = time.Second
+	DefaultBreakerMaxOpen   = 30 * time.Second
 )
 
 // Profile selects the HTTP dialect of the engine's own responses.
@@ -125,6 +128,46 @@ type Config struct {
 	// problems alike, so a client (or a log of answers) can tell which key
 	// an answer belongs to. Defaults to false.
 	EchoKey bool
+
+	// TenantRate, when positive, limits each tenant to TenantRate new keys
+	// a second, a token bucket holding TenantBurst: a call whose key has no
+	// record yet and finds the bucket empty gets 429 (tenant-rate-limited)
+	// with Retry-After, nothing reserved. Replays, duplicates in flight and
+	// retries of a released key are not charged. The buckets live in the
+	// Engine (and in those derived with With, unless they set another rate
+	// or burst): N instances admit up to N times the rate. Defaults to 0
+	// (no limit).
+	TenantRate float64
+
+	// TenantBurst is how many new keys a tenant may send at once under
+	// TenantRate. Defaults to one second's worth (TenantRate rounded up).
+	TenantBurst int
+
+	// TenantMaxActive, when positive, caps the records a tenant holds in
+	// progress or awaiting reconciliation: a call that would start one more
+	// gets 429 (tenant-over-cap) with Retry-After, nothing reserved. The
+	// store counts them atomically with the reservation, so the cap holds
+	// across every instance sharing the store. Defaults to 0 (no cap).
+	TenantMaxActive int
+
+	// BreakerFailures is how many failures in a row of the store calls that
+	// start a request (errors and timeouts of reservations, not definite
+	// answers) open the store's circuit breaker:
+	// requests then get 503 with Retry-After at once, without calling the
+	// store, for BreakerOpen; then one request at a time probes the store,
+	// and a success closes the breaker while a failure opens it again for
+	// twice as long, up to BreakerMaxOpen. Executions already running keep
+	// calling the store. The breaker belongs to the engine made by New and
+	// is shared by those derived with With (their breaker settings are
+	// ignored). Defaults to 5; negative disables the breaker.
+	BreakerFailures int
+
+	// BreakerOpen is the first interval the breaker stays open. Defaults
+	// to 1s.
+	BreakerOpen time.Duration
+
+	// BreakerMaxOpen bounds the interval as it doubles. Defaults to 30s.
+	BreakerMaxOpen time.Duration
 
 	// Secret keys the fingerprint (HMAC-SHA-256) so stored fingerprints do
 	// not reveal request contents. Defaults to plain SHA-256.
@@ -256,6 +299,20 @@ func (c Config) withDefaults() (settings, error) {
 	def(&c.Lease, DefaultLease, "Lease")
 	def(&c.RetryAfter, DefaultRetryAfter, "RetryAfter")
 	def(&c.StoreTimeout, DefaultStoreTimeout, "StoreTimeout")
+	def(&c.BreakerOpen, DefaultBreakerOpen, "BreakerOpen")
+	def(&c.BreakerMaxOpen, DefaultBreakerMaxOpen, "BreakerMaxOpen")
+	if c.BreakerMaxOpen < c.BreakerOpen {
+		errs = append(errs, errors.New("idem: BreakerMaxOpen must not be shorter than BreakerOpen"))
+	}
+	if c.BreakerFailures == 0 {
+		c.BreakerFailures = DefaultBreakerFailures
+	}
+	if c.TenantRate < 0 || c.TenantRate != c.TenantRate || c.TenantBurst < 0 || c.TenantMaxActive < 0 {
+		errs = append(errs, errors.New("idem: TenantRate, TenantBurst and TenantMaxActive must not be negative"))
+	}
+	if c.TenantBurst == 0 && c.TenantRate > 0 {
+		c.TenantBurst = burstFor(c.TenantRate)
+	}
 	if c.Wait < 0 {
 		errs = append(errs, errors.New("idem: Wait must not be negative"))
 	}

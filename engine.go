@@ -28,6 +28,10 @@ type Engine struct {
 	obs    Observer
 	sname  string // the store's name in Step.Store
 	clk    clock
+	// limiter is the tenants' rate of new keys, nil without one.
+	limiter *tenantLimiter
+	// breaker is the store's circuit breaker, nil when disabled.
+	breaker *breaker
 }
 
 // New returns an engine over s.
@@ -42,8 +46,13 @@ func New(s store.Store, cfg Config) (*Engine, error) {
 	if err := checkAsync(s, &set); err != nil {
 		return nil, err
 	}
+	if err := checkCap(s, &set); err != nil {
+		return nil, err
+	}
+	obs := observerOr(set.Observer)
 	return &Engine{store: s, cfg: set, hasher: fingerprint.New(set.Secret), log: set.Logger,
-		obs: observerOr(set.Observer), sname: StoreName(s), clk: wallClock{}}, nil
+		obs: obs, sname: StoreName(s), clk: wallClock{},
+		limiter: newTenantLimiter(set.TenantRate, set.TenantBurst), breaker: newBreaker(&set, obs)}, nil
 }
 
 // With returns an engine for a route that needs other settings (an optional
@@ -59,6 +68,9 @@ func (e *Engine) With(modify func(*Config)) (*Engine, error) {
 	}
 	modify(&cfg)
 	set, err := cfg.withDefaults()
+	if err == nil {
+		err = checkCap(e.store, &set)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -70,6 +82,9 @@ func (e *Engine) With(modify func(*Config)) (*Engine, error) {
 	d.hasher = fingerprint.New(set.Secret)
 	d.log = set.Logger
 	d.obs = observerOr(set.Observer)
+	if set.TenantRate != e.cfg.TenantRate || set.TenantBurst != e.cfg.TenantBurst {
+		d.limiter = newTenantLimiter(set.TenantRate, set.TenantBurst)
+	}
 	return &d, nil
 }
 
@@ -248,9 +263,13 @@ const (
 	// one: 202 Accepted with Retry-After and Answer.Location. The operation
 	// did not run in this call.
 	Accepted
+	// Limited: the tenant is over its rate of new keys or its cap of
+	// active records (429, Retry-After); nothing was reserved and the
+	// operation did not run.
+	Limited
 )
 
-var verdictNames = [...]string{"executed", "passed", "replayed", "key_reused", "in_progress", "unknown", "invalid", "unavailable", "accepted"}
+var verdictNames = [...]string{"executed", "passed", "replayed", "key_reused", "in_progress", "unknown", "invalid", "unavailable", "accepted", "limited"}
 
 func (v Verdict) String() string {
 	if v >= 0 && int(v) < len(verdictNames) {
@@ -274,6 +293,12 @@ type Answer struct {
 	// Location is the status resource of an Accepted call (see
 	// StatusHandler).
 	Location string
+	// Expires is when the key's record expires, for a Replayed answer and
+	// an Executed one whose answer was stored (zero otherwise): from then
+	// on the key is free and a retry runs the operation again. For an
+	// executed answer it is the completion's start plus Config.TTL, at
+	// most the store's own figure (counted from a moment later).
+	Expires time.Time
 }
 
 // ErrStore wraps every store failure the engine met; the engine fails
@@ -298,7 +323,10 @@ var ErrStore = errors.New("idem: store unavailable")
 //   - an outcome being reconciled: OutcomeUnknown (409, Retry-After).
 //   - a key missing where required, malformed or repeated, an invalid body,
 //     a scope the store cannot hold: Invalid (400, 414).
-//   - a store failure: Unavailable (503, Retry-After); fn does not run.
+//   - a store failure, or the store's circuit breaker open: Unavailable
+//     (503, Retry-After); fn does not run.
+//   - a tenant over Config.TenantRate or Config.TenantMaxActive: Limited
+//     (429, Retry-After); nothing is reserved and fn does not run.
 //
 // A call without a key on a route where it is optional, and a call made
 // inside an operation already running under a key, run fn directly:
@@ -389,31 +417,46 @@ func (e *Engine) run(ctx context.Context, c *Call, op operation) Answer {
 		return e.refuse(ctx, probInvalidBody, err.Error())
 	}
 
+	charged, refused := e.admit(ctx, c.Tenant, scope, key)
+	if refused != nil {
+		return *refused
+	}
 	var d decision
 	if e.cfg.Async {
 		d, err = e.accept(ctx, c, scope, key, fp)
 	} else {
-		d, err = e.begin(ctx, op.scratch(), scope, c.Route, key, fp)
+		d, err = e.begin(ctx, op.scratch(), c.Tenant, scope, c.Route, key, fp)
 		if err == nil && d.verdict == InProgress && e.cfg.Wait > 0 {
-			d, err = e.await(ctx, scope, c.Route, key, fp, e.cfg.Wait)
+			d, err = e.await(ctx, c.Tenant, scope, c.Route, key, fp, e.cfg.Wait)
 		}
 	}
+	if charged && (err != nil || !d.created) {
+		e.limiter.refund(c.Tenant)
+	}
 	switch {
+	case errors.Is(err, store.ErrOverCap):
+		return e.overCap(ctx, c.Tenant)
 	case errors.Is(err, store.ErrInvalidParams):
 		// The store's own limits: the client's request, not an outage.
 		return e.refuseID(ctx, err)
 	case err != nil:
-		if ctx.Err() != nil {
+		pr := e.problem(probStore, 0)
+		wait, open := breakerWait(err)
+		switch {
+		case open:
+			pr.RetryAfter = max(pr.RetryAfter, wait)
+			e.log.Debug("idem: store circuit breaker open; refused", "scope", scope, "key", key)
+		case ctx.Err() != nil:
 			e.log.Info("idem: the caller left before the key was reserved", "scope", scope, "key", key, "err", err)
-		} else {
+		default:
 			e.log.Error("idem: store failed before the operation ran; refused", "scope", scope, "key", key, "err", err)
 		}
-		return Answer{Verdict: Unavailable, Problem: e.problem(probStore, 0), Err: err}
+		return Answer{Verdict: Unavailable, Problem: pr, Err: err}
 	}
 	switch d.verdict {
 	case Executed:
 		e.execute(ctx, d.exec, op)
-		return Answer{Verdict: Executed}
+		return Answer{Verdict: Executed, Expires: d.exec.expiresAt()}
 	case Replayed:
 		_, end := e.obs.Step(ctx, Step{Name: StepReplay, Store: e.sname, Scope: scope, Route: c.Route, Fence: d.rec.Fence})
 		if d.rec.Response == nil {
@@ -423,7 +466,7 @@ func (e *Engine) run(ctx context.Context, c *Call, op operation) Answer {
 			return Answer{Verdict: Unavailable, Problem: e.problem(probStore, 0), Err: err}
 		}
 		end(StepEnd{Outcome: reserveOutcome[Replayed], Fence: d.rec.Fence})
-		return Answer{Verdict: Replayed, Response: d.rec.Response}
+		return Answer{Verdict: Replayed, Response: d.rec.Response, Expires: d.rec.ExpiresAt}
 	case KeyReused:
 		e.log.Warn("idem: key reused with a different request", "scope", scope, "key", key)
 		return Answer{Verdict: KeyReused, Problem: e.problem(probKeyReused, e.cfg.KeyReusedStatus)}
@@ -477,13 +520,14 @@ type decision struct {
 	verdict Verdict // Executed, Replayed, KeyReused, InProgress or OutcomeUnknown
 	rec     store.Record
 	exec    *Execution // set when verdict is Executed
+	created bool       // the reservation created the record (a new key)
 }
 
 // begin reserves the key and decides what to do. With Executed the caller
 // owns an Execution whose lease is renewed in the background until it is
 // finished. sc, when not nil, is unused storage for the call's context and
 // the Execution.
-func (e *Engine) begin(ctx context.Context, sc *scratch, scope, route, key, fp string) (decision, error) {
+func (e *Engine) begin(ctx context.Context, sc *scratch, tenant, scope, route, key, fp string) (decision, error) {
 	var cctx *callCtx
 	var x *Execution
 	if sc != nil {
@@ -494,6 +538,7 @@ func (e *Engine) begin(ctx context.Context, sc *scratch, scope, route, key, fp s
 	p := store.ReserveParams{
 		Scope: scope, Key: key, Fingerprint: fp,
 		Lease: e.cfg.Lease, TTL: e.cfg.TTL, LeasePolicy: e.cfg.LeasePolicy,
+		Tenant: tenant, MaxActive: e.cfg.TenantMaxActive,
 	}
 	sctx, end := e.obs.Step(ctx, Step{Name: StepReserve, Store: e.sname, Scope: scope, Route: route})
 	var res store.ReserveResult
@@ -505,6 +550,11 @@ func (e *Engine) begin(ctx context.Context, sc *scratch, scope, route, key, fp s
 		if errors.Is(err, store.ErrInvalidParams) {
 			// Counted as rejected by the caller, which refuses the call.
 			end(StepEnd{Outcome: "rejected", Attempts: 1, Err: err})
+			return decision{}, err
+		}
+		if errors.Is(err, store.ErrOverCap) {
+			// Counted by the caller, which refuses the call.
+			end(StepEnd{Outcome: outcomeOverCap, Attempts: 1})
 			return decision{}, err
 		}
 		e.obs.Reserve(ctx, "store_error")
@@ -524,9 +574,11 @@ func (e *Engine) begin(ctx context.Context, sc *scratch, scope, route, key, fp s
 				"fence", res.Record.Fence, "recovery_point", res.Record.RecoveryPoint)
 		default:
 			outcome = "created"
+			d.created = true
 		}
 	}
 	e.obs.Reserve(ctx, outcome)
+	e.tenantObs(ctx, tenant, outcome)
 	end(StepEnd{Outcome: outcome, Fence: res.Record.Fence, Attempts: 1})
 	if d.verdict == Executed {
 		return d, nil
@@ -564,7 +616,7 @@ func decide(fp string, res store.ReserveResult) decision {
 
 // await polls a record that is in progress until it leaves that state or
 // wait elapses, for the wait-then-replay mode. It returns the last decision.
-func (e *Engine) await(ctx context.Context, scope, route, key, fp string, wait time.Duration) (d decision, err error) {
+func (e *Engine) await(ctx context.Context, tenant, scope, route, key, fp string, wait time.Duration) (d decision, err error) {
 	ctx, end := e.obs.Step(ctx, Step{Name: StepWait, Store: e.sname, Scope: scope, Route: route})
 	attempts := 0
 	defer func() {
@@ -589,7 +641,7 @@ func (e *Engine) await(ctx context.Context, scope, route, key, fp string, wait t
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			// Deleted by an operator while we waited: start over.
-			return e.begin(ctx, nil, scope, route, key, fp)
+			return e.begin(ctx, nil, tenant, scope, route, key, fp)
 		case err != nil:
 			return decision{}, err
 		}
@@ -597,7 +649,7 @@ func (e *Engine) await(ctx context.Context, scope, route, key, fp string, wait t
 		if r.State != store.StateInProgress || r.LeaseExpired(now) {
 			// Settled, or its holder died: begin applies the store's rules
 			// (replay, reclaim, takeover or unknown) atomically.
-			return e.begin(ctx, nil, scope, route, key, fp)
+			return e.begin(ctx, nil, tenant, scope, route, key, fp)
 		}
 		if !now.Add(pause).Before(deadline) {
 			return decide(fp, store.ReserveResult{Record: r}), nil
@@ -630,6 +682,8 @@ func (e *Engine) settle(ctx context.Context, x *Execution, res *Result) {
 		x.Abandon()
 		return
 	}
+	x.expires.Store(0) // a CompleteParams whose transaction did not commit
+
 	if r := x.uncertain.Load(); r != nil {
 		x.markUnknown(ctx, *r)
 		return
@@ -705,10 +759,30 @@ func (e *Engine) callIn(cctx *callCtx, ctx context.Context, op storeOp, detached
 // reserved by it runs from then at the latest).
 func (e *Engine) callAt(cctx *callCtx, ctx context.Context, op storeOp, detached bool, f func(context.Context) error) (time.Time, error) {
 	start := e.clk.Now()
+	probe := false
+	if b := e.breaker; b != nil && gated(op) {
+		var wait time.Duration
+		var ok bool
+		if probe, wait, ok = b.allow(start); !ok {
+			return start, &breakerError{wait: wait}
+		}
+	}
 	cctx.init(e.clk, ctx, start.Add(e.cfg.StoreTimeout), detached)
 	err := f(cctx)
 	cctx.release()
-	e.obs.StoreCall(ctx, opNames[op], e.clk.Now().Sub(start), err != nil && !isAnswer(err))
+	now := e.clk.Now()
+	failed := err != nil && !isAnswer(err)
+	e.obs.StoreCall(ctx, opNames[op], now.Sub(start), failed)
+	if b := e.breaker; b != nil && gated(op) {
+		r := resultOK
+		switch {
+		case failed && !detached && ctx.Err() != nil:
+			r = resultNone // the caller left: nothing learnt about the store
+		case failed:
+			r = resultFailed
+		}
+		b.done(ctx, now, probe, r)
+	}
 	if err == nil || isAnswer(err) {
 		return start, err
 	}
@@ -720,7 +794,8 @@ func (e *Engine) callAt(cctx *callCtx, ctx context.Context, op storeOp, detached
 // the store refuses) rather than a failure: retrying it cannot help.
 func isAnswer(err error) bool {
 	return errors.Is(err, store.ErrLeaseLost) || errors.Is(err, store.ErrNotFound) ||
-		errors.Is(err, store.ErrStateConflict) || errors.Is(err, store.ErrInvalidParams)
+		errors.Is(err, store.ErrStateConflict) || errors.Is(err, store.ErrInvalidParams) ||
+		errors.Is(err, store.ErrOverCap)
 }
 
 // transient reports whether a failed final transition may succeed if tried

@@ -44,6 +44,10 @@ type Execution struct {
 
 	uncertain atomic.Pointer[string]
 	committed atomic.Bool
+	// expires is when the stored answer's record expires at the earliest
+	// (UnixNano; 0 before the answer is stored): the TTL from the start of
+	// the completion, which the store counts from a later instant.
+	expires atomic.Int64
 
 	// Storage that would otherwise be allocated per request: the context
 	// of the final transition and the request context carrying x.
@@ -144,6 +148,7 @@ func (x *Execution) Uncertain(reason string) { x.uncertain.Store(&reason) }
 // commit succeeded, then send the same response.
 func (x *Execution) CompleteParams(resp store.Response) store.CompleteParams {
 	resp.Header = store.ReplayableHeader(resp.Header)
+	x.stampExpiry()
 	return store.CompleteParams{FenceParams: x.fenceParams(), Response: resp, TTL: x.e.cfg.TTL}
 }
 
@@ -208,9 +213,14 @@ func (x *Execution) leaseLapse() time.Time {
 
 // complete stores the response for replay.
 func (x *Execution) complete(ctx context.Context, resp store.Response, streamed bool) error {
-	return x.end(ctx, opComplete, store.StateCompleted, streamed, func(ctx context.Context) error {
+	x.stampExpiry()
+	err := x.end(ctx, opComplete, store.StateCompleted, streamed, func(ctx context.Context) error {
 		return x.e.store.Complete(ctx, store.CompleteParams{FenceParams: x.fenceParams(), Response: resp, TTL: x.e.cfg.TTL})
 	})
+	if err != nil {
+		x.expires.Store(0)
+	}
+	return err
 }
 
 // release frees the key for another attempt.

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/idem-go/idem/store"
 )
@@ -72,6 +73,7 @@ func (e *Engine) handle(w http.ResponseWriter, r *http.Request, route string, co
 	// request's answer; this one passes such late writes to its own client.
 	h := &httpCall{r: r, next: next}
 	h.rec.init(w, e.cfg.MaxResponseBytes, e.log)
+	h.rec.clk, h.rec.ttl = e.clk, e.cfg.TTL
 	keys := r.Header[e.cfg.KeyHeader]
 	if e.cfg.EchoKey && len(keys) > 0 {
 		// Set before the handler runs, so it is on the answer whatever the
@@ -85,10 +87,13 @@ func (e *Engine) handle(w http.ResponseWriter, r *http.Request, route string, co
 	a := e.run(r.Context(), &c, h)
 	switch a.Verdict {
 	case Executed:
+		if !h.rec.streaming {
+			setExpires(w.Header(), a.Expires)
+		}
 		h.rec.send()
 	case Passed:
 	case Replayed:
-		replay(w, a.Response)
+		replay(w, a.Response, a.Expires)
 	case Accepted:
 		w.Header().Set("Location", a.Location)
 		e.WriteProblem(w, a.Problem)
@@ -237,9 +242,10 @@ var (
 	omittedTrue  = []string{"true"}
 )
 
-// replay writes a stored answer, byte for byte. Its headers pass the
-// filter of store.ReplayableHeader again, whoever stored them.
-func replay(w http.ResponseWriter, resp *store.Response) {
+// replay writes a stored answer, byte for byte, naming the record's
+// expiry (ExpiresHeader). Its headers pass the filter of
+// store.ReplayableHeader again, whoever stored them.
+func replay(w http.ResponseWriter, resp *store.Response, expires time.Time) {
 	src := resp.Header
 	if _, ok := src["Connection"]; ok {
 		src = store.ReplayableHeader(src) // drops the headers it names too
@@ -254,6 +260,7 @@ func replay(w http.ResponseWriter, resp *store.Response) {
 		h[k] = v[:len(v):len(v)]
 	}
 	h["Idempotent-Replayed"] = replayedTrue
+	setExpires(h, expires) // over a stored header of that name
 	if resp.BodyOmitted {
 		h["Idempotent-Body-Omitted"] = omittedTrue
 	}
@@ -266,7 +273,10 @@ func replay(w http.ResponseWriter, resp *store.Response) {
 // answers that cannot wait: larger than the stored-size limit, flushed, or
 // event streams.
 type recorder struct {
-	w           http.ResponseWriter // the client's
+	w http.ResponseWriter // the client's
+	// clk and ttl date the expiry header of a streamed answer.
+	clk         clock
+	ttl         time.Duration
 	status      int
 	wroteHeader bool
 	// streaming: the answer goes to the client as it is written; header
@@ -348,6 +358,11 @@ func isEventStream(h http.Header) bool {
 func (rw *recorder) stream() {
 	rw.streaming = true
 	rw.header = store.ReplayableHeader(rw.w.Header())
+	if rw.clk != nil {
+		// Sent before the answer is stored: the record will expire a
+		// TTL after its completion, later than this.
+		setExpires(rw.w.Header(), rw.clk.Now().Add(rw.ttl))
+	}
 	rw.w.WriteHeader(rw.status)
 	if len(rw.body) > 0 {
 		if _, err := rw.w.Write(rw.body); err != nil && rw.writeErr == nil {

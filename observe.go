@@ -24,8 +24,10 @@ type Observer interface {
 	// Reserve reports the outcome of one call that entered the protocol:
 	// created, replay, in_progress, key_reused, failed_retry, unknown,
 	// taken_over, accepted (an asynchronous request recorded as pending),
-	// store_error or rejected (a call refused before the store,
-	// such as a malformed key).
+	// store_error, rejected (a call refused before the store, such as a
+	// malformed key), rate_limited or over_cap (a call refused by a tenant
+	// limit, Config.TenantRate or Config.TenantMaxActive). An Observer that
+	// also implements TenantObserver gets them per tenant.
 	Reserve(ctx context.Context, outcome string)
 
 	// StoreCall reports one store operation, op being one of reserve,
@@ -44,8 +46,10 @@ type Observer interface {
 	// Event counts n occurrences of a named event of the record's life:
 	// zombies_swept, ttl_pruned, abandoned, reconcile_scheduled,
 	// reconcile_resolved, reconcile_failed, reconcile_dead, async_claimed
-	// or pending_expired. The engine reports reconcile_scheduled, its
-	// Worker async_claimed; the maintenance services report the others.
+	// or pending_expired, and of the store's circuit breaker:
+	// breaker_opened, breaker_closed. The engine reports
+	// reconcile_scheduled and the breaker's, its Worker async_claimed; the
+	// maintenance services report the others.
 	Event(ctx context.Context, name string, n int64)
 
 	// Step reports the start of a step of a protected call (see Step) and

@@ -50,6 +50,8 @@ const (
 	SlugRequestNotFound  = "request-not-found"
 	SlugRequestFailed    = "request-failed"
 	SlugPendingExpired   = "request-not-run-in-time"
+	SlugRateLimited      = "tenant-rate-limited"
+	SlugOverCap          = "tenant-over-cap"
 )
 
 // problemType is one of the engine's problems with its fixed texts.
@@ -100,6 +102,12 @@ var (
 	probStore = &problemType{slug: SlugStoreUnavailable, status: 503, retry: true,
 		title:  "Idempotency store is unavailable; the request was not processed",
 		stripe: "The request could not be processed safely right now and was not executed; please retry."}
+	probRateLimited = &problemType{slug: SlugRateLimited, status: 429, retry: true,
+		title:  "Too many new Idempotency-Keys from this tenant; the request was not processed",
+		stripe: "Too many new idempotent requests from this account; the request was not executed, please retry later."}
+	probOverCap = &problemType{slug: SlugOverCap, status: 429, retry: true,
+		title:  "This tenant has too many requests in progress or awaiting reconciliation; the request was not processed",
+		stripe: "Too many idempotent requests of this account are still in progress; the request was not executed, please retry later."}
 )
 
 // stripeMessages are the Stripe-profile messages of the engine's slugs.
@@ -108,7 +116,7 @@ var stripeMessages = map[string]string{}
 func init() {
 	for _, p := range []*problemType{probKeyMissing, probKeyMalformed, probKeyRepeated, probBodyTooLarge,
 		probBodyUnreadable, probInvalidBody, probScopeTooLong, probScopeInvalid, probKeyReused,
-		probInProgress, probUnknown, probStore, probAccepted, probRequestNotFound, probRequestFailed} {
+		probInProgress, probUnknown, probStore, probAccepted, probRequestNotFound, probRequestFailed, probRateLimited, probOverCap} {
 		stripeMessages[p.slug] = p.stripe
 	}
 }

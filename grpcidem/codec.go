@@ -148,6 +148,11 @@ const (
 	// ReasonStoreUnavailable: the idempotency store failed before the
 	// handler ran, which did not run (Unavailable, with RetryInfo).
 	ReasonStoreUnavailable = "IDEMPOTENCY_STORE_UNAVAILABLE"
+	// ReasonTenantLimited: the caller's tenant is over its rate of new keys
+	// or its cap of calls in progress (idem.Config.TenantRate,
+	// TenantMaxActive); nothing was reserved and the handler did not run
+	// (ResourceExhausted, with RetryInfo).
+	ReasonTenantLimited = "IDEMPOTENCY_TENANT_LIMITED"
 	// ReasonScopeInvalid: the tenant and method name cannot name a record:
 	// too long, or not valid UTF-8 (InvalidArgument).
 	ReasonScopeInvalid = "IDEMPOTENCY_SCOPE_INVALID"

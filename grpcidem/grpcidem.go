@@ -338,6 +338,9 @@ func (i *interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 	case idem.InProgress:
 		return nil, refusal(codes.Aborted, ReasonInProgress,
 			"idempotency: a call with this key is in progress; retry later", a.Problem.RetryAfter)
+	case idem.Limited:
+		return nil, refusal(codes.ResourceExhausted, ReasonTenantLimited,
+			"idempotency: "+a.Problem.Title+" ("+a.Problem.Slug+")", a.Problem.RetryAfter)
 	case idem.Unavailable:
 		if ctx.Err() != nil {
 			return nil, status.FromContextError(ctx.Err()).Err()

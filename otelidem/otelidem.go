@@ -9,12 +9,18 @@
 // The metrics, under the meter github.com/idem-go/idem:
 //
 //   - idem.reserve.outcomes{outcome}: reservations by outcome
+//   - idem.tenant.outcomes{tenant, outcome}: the same per tenant, for the
+//     first Config.MaxTenants tenants seen by the process, every other
+//     tenant counted under tenant "other" (the number of series stays
+//     bounded however many tenants call): replays, duplicates in flight,
+//     key reuse and the tenant limits' refusals per tenant
 //   - idem.store.errors{op}, idem.store.duration{op} (seconds): store
 //     operations of the engine and of the services
 //   - idem.finish.failures{op}: outcomes the engine could not record
 //   - idem.zombies_swept, idem.ttl_pruned, idem.abandoned,
 //     idem.reconcile_scheduled, idem.reconcile_resolved,
 //     idem.reconcile_failed, idem.reconcile_dead: the record's life
+//   - idem.breaker_opened, idem.breaker_closed: the store's circuit breaker
 //
 // The spans, under the tracer github.com/idem-go/idem, one per step of a
 // protected call, named idem.<step> (idem.reserve, idem.wait,
@@ -25,6 +31,7 @@
 package otelidem
 
 import (
+	"cmp"
 	"context"
 	"time"
 
@@ -45,7 +52,15 @@ import (
 type Config struct {
 	MeterProvider  metric.MeterProvider
 	TracerProvider trace.TracerProvider
+	// MaxTenants bounds the tenants of idem.tenant.outcomes that get a
+	// series of their own; the others share tenant "other". Defaults to
+	// 100; negative turns the per-tenant counter off.
+	MaxTenants int
 }
+
+// OtherTenant is the tenant attribute of the tenants beyond
+// Config.MaxTenants.
+const OtherTenant = "other"
 
 // Name is the instrumentation scope of the meter and the tracer.
 const Name = "github.com/idem-go/idem"
@@ -55,6 +70,7 @@ const Name = "github.com/idem-go/idem"
 var outcomes = []string{
 	"created", "replay", "in_progress", "key_reused", "failed_retry", "unknown", "taken_over", "store_error", "rejected",
 	"accepted",
+	"rate_limited", "over_cap",
 }
 
 // ops are the store operations of the engine and of package maintenance.
@@ -75,6 +91,8 @@ var events = map[string]string{
 	"reconcile_dead":      "Unknown records dead-lettered for an operator.",
 	"async_claimed":       "Asynchronous requests claimed by a worker.",
 	"pending_expired":     "Asynchronous requests no worker claimed in time, ended with a timeout answer.",
+	"breaker_opened":      "Times the store's circuit breaker opened: requests got 503 without calling the store.",
+	"breaker_closed":      "Times the store's circuit breaker closed after a successful probe.",
 }
 
 // observer holds the instruments with their attribute sets built once, so
@@ -95,6 +113,7 @@ type observer struct {
 	outcomeAdd map[string][]metric.AddOption
 	opAdd      map[string][]metric.AddOption
 	opRecord   map[string][]metric.RecordOption
+	tenants    *tenantSeries // nil when turned off
 }
 
 // New returns an Observer for idem.Config and maintenance.Config.
@@ -137,6 +156,14 @@ func New(cfg Config) (idem.Observer, error) {
 			return nil, err
 		}
 	}
+	if cfg.MaxTenants >= 0 {
+		c, err := m.Int64Counter("idem.tenant.outcomes",
+			metric.WithDescription("Reservations by tenant and outcome, for a bounded set of tenants; the others under tenant \"other\"."))
+		if err != nil {
+			return nil, err
+		}
+		o.tenants = newTenantSeries(c, cmp.Or(cfg.MaxTenants, 100))
+	}
 	for _, out := range outcomes {
 		o.outcomeAdd[out] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("outcome", out)))}
 	}
@@ -150,6 +177,13 @@ func New(cfg Config) (idem.Observer, error) {
 
 func (o *observer) Reserve(ctx context.Context, outcome string) {
 	o.reserves.Add(ctx, 1, o.outcomeOpts(outcome)...)
+}
+
+// TenantReserve implements idem.TenantObserver.
+func (o *observer) TenantReserve(ctx context.Context, tenant, outcome string) {
+	if o.tenants != nil {
+		o.tenants.add(ctx, tenant, outcome)
+	}
 }
 
 func (o *observer) outcomeOpts(outcome string) []metric.AddOption {

@@ -2,6 +2,7 @@ package otelidem_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -224,5 +225,58 @@ func TestNoopTracerStartsNoSpan(t *testing.T) {
 	sums := tel.sums(t)
 	if sums["idem.reserve.outcomes{outcome=created}"] != 1 || sums["idem.reserve.outcomes{outcome=replay}"] != 1 {
 		t.Errorf("counters %v", sums)
+	}
+}
+
+// Per-tenant outcomes keep a bounded number of series: tenants beyond
+// MaxTenants are counted under "other", however many call.
+func TestTenantOutcomesAreBounded(t *testing.T) {
+	tel := &telemetry{reader: sdkmetric.NewManualReader()}
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(tel.reader))
+	t.Cleanup(func() { mp.Shutdown(context.Background()) })
+	obs, err := otelidem.New(otelidem.Config{MeterProvider: mp, MaxTenants: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	to, ok := obs.(idem.TenantObserver)
+	if !ok {
+		t.Fatal("the observer does not count per tenant")
+	}
+	ctx := context.Background()
+	to.TenantReserve(ctx, "acme", "replay")
+	to.TenantReserve(ctx, "acme", "replay")
+	to.TenantReserve(ctx, "globex", "in_progress")
+	for i := range 1000 {
+		to.TenantReserve(ctx, fmt.Sprint("sprayer-", i), "rate_limited")
+	}
+	to.TenantReserve(ctx, "acme", "key_reused")
+	to.TenantReserve(ctx, "other", "replay") // a tenant named like the bucket joins it
+	tenants := map[string]bool{}
+	got := map[string]int64{}
+	for k, v := range tel.sums(t) {
+		if name, rest, ok := strings.Cut(k, "{"); ok && name == "idem.tenant.outcomes" {
+			got[rest] = v
+			attrs := strings.TrimSuffix(rest, "}")
+			for _, kv := range strings.Split(attrs, ",") {
+				if v, ok := strings.CutPrefix(kv, "tenant="); ok {
+					tenants[v] = true
+				}
+			}
+		}
+	}
+	want := map[string]int64{
+		"outcome=replay,tenant=acme}":        2,
+		"outcome=key_reused,tenant=acme}":    1,
+		"outcome=in_progress,tenant=globex}": 1,
+		"outcome=rate_limited,tenant=other}": 1000,
+		"outcome=replay,tenant=other}":       1,
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("idem.tenant.outcomes{%s = %d, want %d (all: %v)", k, got[k], v, got)
+		}
+	}
+	if len(tenants) != 3 {
+		t.Fatalf("tenant attribute values %v, want acme, globex and other", tenants)
 	}
 }

@@ -43,3 +43,8 @@ func Decide(r *Record, p *ReserveParams, now time.Time) Action {
 	}
 	return ActExisting
 }
+
+// Activates reports whether Reserve taking action a (on an existing
+// record; an absent one is always created) makes a record active that was
+// not: the moves the tenant cap (ReserveParams.MaxActive) refuses.
+func (a Action) Activates() bool { return a == ActCreate || a == ActReclaim }

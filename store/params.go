@@ -3,7 +3,9 @@ package store
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Every parameter type of the contract checks itself: stores call Validate
@@ -31,6 +33,12 @@ func (p *ReserveParams) Validate() error {
 		return invalid("lease and ttl must be positive")
 	case !p.LeasePolicy.Valid():
 		return invalid("unknown lease policy " + string(p.LeasePolicy))
+	case p.MaxActive < 0:
+		return invalid("max active must not be negative")
+	case len(p.Tenant) > MaxScopeBytes:
+		return errors.Join(ErrTooLong, fmt.Errorf("tenant of %d bytes, the limit is %d", len(p.Tenant), MaxScopeBytes))
+	case !utf8.ValidString(p.Tenant) || strings.IndexByte(p.Tenant, 0) >= 0:
+		return invalid("tenant is not valid UTF-8 without NUL")
 	}
 	return nil
 }

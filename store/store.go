@@ -67,6 +67,14 @@ func (s State) Valid() bool {
 	return false
 }
 
+// Active reports whether a record in state s counts against its tenant's
+// cap of active records (ReserveParams.MaxActive): every state but the
+// terminal ones and expired, so a request that may still run or whose
+// outcome is still open counts, whatever its state is named.
+func (s State) Active() bool {
+	return s != StateCompleted && s != StateFailedRetryable && s != StateExpired
+}
+
 // Terminal reports whether s is completed or failed_retryable: the states the
 // reaper may delete once they pass ExpiresAt.
 func (s State) Terminal() bool {
@@ -178,6 +186,18 @@ type ReserveParams struct {
 	// policy it was created with: that stored policy decides what happens
 	// when its lease expires, whatever a later request asks.
 	LeasePolicy LeasePolicy
+	// Tenant is the caller the record is counted against; stored on a new
+	// record (a record keeps the tenant it was created with). "" is a
+	// tenant like any other.
+	Tenant string
+	// MaxActive, when positive, caps the tenant's active records (see
+	// State.Active): a Reserve that would create a record or reclaim a
+	// failed_retryable one while the tenant already holds MaxActive active
+	// records fails with ErrOverCap and changes nothing. The count and the
+	// write are one atomic step across every process sharing the store.
+	// Zero means no cap; replays, in-flight duplicates and takeovers are
+	// never refused by it.
+	MaxActive int
 }
 
 // ReserveOutcome says what a Reserve did.
@@ -350,6 +370,8 @@ type Store interface {
 	//   - otherwise returns the record (Existing).
 	// N concurrent Reserves of one absent key yield exactly one Created; the
 	// others get Existing with an in_progress record, never an error.
+	// With p.MaxActive positive, a create or reclaim that would take the
+	// tenant past its cap fails with ErrOverCap instead (see ReserveParams).
 	Reserve(ctx context.Context, p ReserveParams) (ReserveResult, error)
 
 	// Complete stores the response and moves in_progress to completed. It
@@ -435,7 +457,22 @@ var (
 	// ErrTooLong: a scope or key is longer than MaxScopeBytes or
 	// MaxKeyBytes. It matches ErrInvalidParams too.
 	ErrTooLong = fmt.Errorf("%w: too long", ErrInvalidParams)
+	// ErrOverCap: Reserve would have made a record active while its tenant
+	// already holds ReserveParams.MaxActive active records; nothing was
+	// changed. A definite answer, not a failure.
+	ErrOverCap = errors.New("idem/store: tenant is at its cap of active records")
+	// ErrCapUnsupported: the store cannot count a tenant's active records
+	// atomically with a reservation, and refuses a Reserve with a positive
+	// MaxActive (changing nothing). Such a store implements CapRefuser, so
+	// that a configuration asking for a cap fails at start.
+	ErrCapUnsupported = errors.New("idem/store: this store does not enforce a cap of active records per tenant")
 )
+
+// CapRefuser is implemented by a store that refuses ReserveParams.MaxActive
+// with ErrCapUnsupported; TenantCapUnsupported says why.
+type CapRefuser interface {
+	TenantCapUnsupported() string
+}
 
 // Limits every store accepts, whatever its schema, so that one request gets
 // one answer on every store.

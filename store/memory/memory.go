@@ -26,7 +26,8 @@ type id struct{ scope, key string }
 // allocate.
 type entry struct {
 	store.Record
-	resp store.Response
+	resp   store.Response
+	tenant string // ReserveParams.Tenant at creation
 }
 
 // Store is a map behind one mutex: every transition is trivially atomic.
@@ -37,6 +38,9 @@ type Store struct {
 	clock store.Clock
 	mu    sync.Mutex
 	recs  map[id]*entry
+	// tenants indexes the records by tenant, for the cap on active
+	// records (ReserveParams.MaxActive).
+	tenants map[string]map[id]*entry
 }
 
 // New returns an empty store.
@@ -45,7 +49,7 @@ func New(cfg Config) *Store {
 	if c == nil {
 		c = time.Now
 	}
-	return &Store{clock: c, recs: make(map[id]*entry)}
+	return &Store{clock: c, recs: make(map[id]*entry), tenants: make(map[string]map[id]*entry)}
 }
 
 // now reads the clock at the resolution every store keeps, so that the
@@ -71,20 +75,34 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 	if e := s.recs[k]; e != nil {
 		r = &e.Record
 	}
+	act := store.ActCreate
+	if r != nil {
+		act = store.Decide(r, &p, now)
+	}
+	if p.MaxActive > 0 && act.Activates() && s.active(p.Tenant) >= p.MaxActive {
+		return store.ReserveResult{}, store.ErrOverCap
+	}
 	fresh := func(fence int64) store.ReserveResult {
-		n := &entry{Record: store.Record{
+		s.forget(k)
+		n := &entry{tenant: p.Tenant, Record: store.Record{
 			Scope: p.Scope, Key: p.Key, Fingerprint: p.Fingerprint,
 			State: store.StateInProgress, Fence: fence, LeasePolicy: p.LeasePolicy,
 			LockedUntil: after(now, p.Lease), Attempts: 1,
 			CreatedAt: now, UpdatedAt: now, ExpiresAt: after(now, p.TTL),
 		}}
 		s.recs[k] = n
+		t := s.tenants[p.Tenant]
+		if t == nil {
+			t = make(map[id]*entry)
+			s.tenants[p.Tenant] = t
+		}
+		t[k] = n
 		return store.ReserveResult{Outcome: store.Created, Record: n.Record}
 	}
 	if r == nil {
 		return fresh(store.NextFence(0, now)), nil
 	}
-	switch store.Decide(r, &p, now) {
+	switch act {
 	case store.ActCreate:
 		return fresh(store.NextFence(r.Fence, now)), nil
 	case store.ActReclaim:
@@ -97,6 +115,33 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 		toUnknown(r, now, "lease_expired")
 	}
 	return store.ReserveResult{Outcome: store.Existing, Record: *r}, nil
+}
+
+// active counts the tenant's active records. The memory store is for
+// tests and small services: counting the tenant's records is fine.
+func (s *Store) active(tenant string) int {
+	n := 0
+	for _, e := range s.tenants[tenant] {
+		if e.State.Active() {
+			n++
+		}
+	}
+	return n
+}
+
+// forget removes the record k from the maps, if it is there.
+func (s *Store) forget(k id) {
+	e := s.recs[k]
+	if e == nil {
+		return
+	}
+	delete(s.recs, k)
+	if t := s.tenants[e.tenant]; t != nil {
+		delete(t, k)
+		if len(t) == 0 {
+			delete(s.tenants, e.tenant)
+		}
+	}
 }
 
 func (s *Store) take(r *store.Record, now time.Time, lease, ttl time.Duration, reclaim bool) {
@@ -219,7 +264,7 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 	case r.State == store.StateInProgress:
 		return store.ErrStateConflict
 	}
-	delete(s.recs, k)
+	s.forget(k)
 	return nil
 }
 
@@ -286,7 +331,7 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 			r.UpdatedAt = now
 			res.Deleted++
 		case r.State.Terminal():
-			delete(s.recs, id{r.Scope, r.Key})
+			s.forget(id{r.Scope, r.Key})
 			res.Deleted++
 		default: // in_progress whose holder died, or unknown: abandoned
 			r.complete(now, p.Abandoned, p.AbandonedTTL)

@@ -38,7 +38,9 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 	var res store.ReserveResult
 	err := s.retry(ctx, transient, func() error {
 		var err error
-		if s.batch {
+		if p.MaxActive > 0 {
+			res, err = s.reserveCapped(ctx, p)
+		} else if s.batch {
 			res, err = s.reserveBatch(ctx, p)
 		} else {
 			res, err = s.reserveOwnTx(ctx, p)
@@ -58,7 +60,11 @@ func (s *Store) ReserveTx(ctx context.Context, tx *sql.Tx, p store.ReserveParams
 	var res store.ReserveResult
 	err := s.retry(ctx, duplicateKey, func() error {
 		var err error
-		res, err = s.reserveIn(ctx, tx, p)
+		if p.MaxActive > 0 {
+			res, err = s.reserveCappedIn(ctx, tx, p)
+		} else {
+			res, err = s.reserveIn(ctx, tx, p)
+		}
 		return err
 	})
 	return res, wrap("reserve", err)
@@ -70,6 +76,7 @@ func (s *Store) reserveArgs(p store.ReserveParams) args {
 	a["lease_policy"] = string(p.LeasePolicy)
 	a["lease_us"] = store.Micros(p.Lease)
 	a["ttl_us"] = store.Micros(p.TTL)
+	a["tenant"] = p.Tenant
 	return a
 }
 

@@ -46,6 +46,8 @@ func q(name string) *query {
 var (
 	qReserveUpsert  = q("reserve_upsert")
 	qReserveSelect  = q("reserve_select")
+	qTenantLock     = q("tenant_lock")
+	qTenantCheck    = q("tenant_check")
 	qComplete       = q("complete")
 	qRelease        = q("release")
 	qMarkUnknown    = q("mark_unknown")

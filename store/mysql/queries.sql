@@ -52,7 +52,8 @@ INSERT INTO idem_records (
     scope, `key`, fingerprint, state, fence, lease_policy, locked_until,
     recovery_point, response_status, response_headers, response_body,
     response_body_omitted, last_error, attempts, created_at, updated_at,
-    completed_at, expires_at, reconcile_after, reconcile_attempts, row_version
+    completed_at, expires_at, reconcile_after, reconcile_attempts, row_version,
+    tenant
 ) VALUES (
     :scope, :key, :fingerprint, 'in_progress',
     GREATEST(LAST_INSERT_ID(1), TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00',
@@ -65,7 +66,8 @@ INSERT INTO idem_records (
     COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)),
     NULL,
     DATE_ADD(COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)), INTERVAL :ttl_us MICROSECOND),
-    NULL, 0, 0
+    NULL, 0, 0,
+    :tenant
 ) ON DUPLICATE KEY UPDATE
     -- Must stay the first assignment: it is the only one that reads other
     -- columns, and they are still the old row here in either mode.
@@ -85,6 +87,7 @@ INSERT INTO idem_records (
         ELSE state
     END,
     fingerprint           = IF(LAST_INSERT_ID() = 1, VALUES(fingerprint), fingerprint),
+    tenant                = IF(LAST_INSERT_ID() = 1, VALUES(tenant), tenant),
     lease_policy          = IF(LAST_INSERT_ID() = 1, VALUES(lease_policy), lease_policy),
     locked_until          = IF(LAST_INSERT_ID() IN (1, 2, 3), VALUES(locked_until), locked_until),
     recovery_point        = IF(LAST_INSERT_ID() = 1, '', recovery_point),
@@ -113,6 +116,27 @@ INSERT INTO idem_records (
     END,
     reconcile_attempts    = IF(LAST_INSERT_ID() = 1, 0, reconcile_attempts),
     row_version           = row_version + (LAST_INSERT_ID() <> 0)
+
+-- name: tenant_lock
+-- The tenant cap: locks the tenant's row until the transaction ends (an
+-- upsert that changes nothing still takes the row's exclusive lock).
+INSERT INTO idem_tenants (tenant_hash) VALUES (UNHEX(SHA2(:tenant, 256)))
+ON DUPLICATE KEY UPDATE tenant_hash = tenant_hash
+
+-- name: tenant_check
+-- The tenant's active records (store.State.Active), and whether the
+-- reservation would make one more active: the key is absent, or its
+-- record would be replaced (expired, or terminal past expires_at) or
+-- reclaimed (failed_retryable with the same fingerprint), as in
+-- reserve_upsert's decisions 1 and 2.
+SELECT
+    (SELECT COUNT(*) FROM idem_records
+     WHERE tenant = :tenant AND state NOT IN ('completed', 'failed_retryable', 'expired')),
+    COALESCE((SELECT state = 'expired'
+        OR (state IN ('completed', 'failed_retryable')
+            AND expires_at <= COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)))
+        OR (state = 'failed_retryable' AND fingerprint = :fingerprint)
+     FROM idem_records WHERE scope = :scope AND `key` = :key), TRUE)
 
 -- name: reserve_select
 -- FOR UPDATE reads the latest version even when ReserveTx runs in a caller's

@@ -163,7 +163,7 @@ func newCeiling(tb testing.TB, pool *pgxpool.Pool, schema string, e *idem.Engine
 // reserveArgs and completeArgs are the statements' arguments in the
 // store's order; the nil is the clock (the database's).
 func (c *ceiling) reserveArgs(key string) []any {
-	return []any{c.scope, key, c.fp, c.lease, c.ttl, c.policy, nil}
+	return []any{c.scope, key, c.fp, c.lease, c.ttl, c.policy, nil, ""}
 }
 
 func (c *ceiling) completeArgs(key string, fence int64) []any {

@@ -263,12 +263,32 @@ func (s *Store) reserve(ctx context.Context, q querier, p store.ReserveParams) (
 	if err := p.Validate(); err != nil {
 		return store.ReserveResult{}, err
 	}
+	refusals := 0
 	for run := 0; run < maxReserveRuns; run++ {
 		if run > 0 {
 			s.reserveRe.Add(1)
 		}
-		op := s.run(ctx, q, true, s.q.reserve, []any{
-			p.Scope, p.Key, p.Fingerprint, store.Micros(p.Lease), store.Micros(p.TTL), string(p.LeasePolicy), s.now()})
+		args := []any{p.Scope, p.Key, p.Fingerprint, store.Micros(p.Lease), store.Micros(p.TTL), string(p.LeasePolicy), s.now(), p.Tenant}
+		var op *batchOp
+		if p.MaxActive > 0 {
+			var refused bool
+			if op, refused = s.reserveCapped(ctx, q, &p, args); refused {
+				over, err := s.atCap(ctx, q, &p)
+				switch {
+				case err != nil:
+					return store.ReserveResult{}, wrap("reserve", err)
+				case over && refusals > 0:
+					return store.ReserveResult{}, store.ErrOverCap
+				case over:
+					// Once more: a record of this very key committed
+					// meanwhile is answered, not refused.
+					refusals++
+				}
+				continue
+			}
+		} else {
+			op = s.run(ctx, q, true, s.q.reserve, args)
+		}
 		action, rec, err := op.action, op.rec, op.err
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // insert conflicted with a row newer than the snapshot

@@ -83,10 +83,10 @@ cur AS (
 ins AS (
 	INSERT INTO {schema}idem_records AS r
 		(scope, key, fingerprint, state, fence, lease_policy, locked_until,
-		 attempts, created_at, updated_at, expires_at)
+		 attempts, created_at, updated_at, expires_at, tenant)
 	SELECT $1, $2, $3, 'in_progress', c.new_fence, $6,
 		c.now + $4::bigint * interval '1 microsecond',
-		1, c.now, c.now, c.now + $5::bigint * interval '1 microsecond'
+		1, c.now, c.now, c.now + $5::bigint * interval '1 microsecond', $8
 	FROM clock c
 	WHERE NOT EXISTS (SELECT FROM cur)
 	ON CONFLICT (scope, key) DO NOTHING
@@ -96,6 +96,7 @@ upd AS (
 	UPDATE {schema}idem_records AS r SET
 		state = CASE WHEN cur.action = 'to_unknown' THEN 'unknown' ELSE 'in_progress' END,
 		fingerprint = CASE WHEN cur.action = 'replace' THEN $3 ELSE r.fingerprint END,
+		tenant = CASE WHEN cur.action = 'replace' THEN $8 ELSE r.tenant END,
 		fence = CASE WHEN cur.action = 'to_unknown' THEN r.fence
 			ELSE greatest(r.fence + 1, c.new_fence) END,
 		lease_policy = CASE WHEN cur.action = 'replace' THEN $6 ELSE r.lease_policy END,
@@ -370,6 +371,9 @@ type queries struct {
 	get, delete, sweep, reapDelete, reapSoft, reapAbandon       string
 	listUnknown, resolve, deferQ, deadLetter                    string
 	reserveMany, completeMany                                   string
+
+	// The tenant cap's statements (tenant.go).
+	reserveCapped, active string
 }
 
 func newQueries(schema string) queries {
@@ -396,8 +400,10 @@ func newQueries(schema string) queries {
 		deferQ:      r.Replace(sqlDefer),
 		deadLetter:  r.Replace(sqlDeadLetter),
 
-		reserveMany:  r.Replace(sqlReserveMany),
-		completeMany: r.Replace(sqlCompleteMany),
+		reserveMany:   r.Replace(sqlReserveMany),
+		completeMany:  r.Replace(sqlCompleteMany),
+		reserveCapped: r.Replace(sqlReserveCapped),
+		active:        r.Replace(sqlActiveAlone),
 	}
 }
 

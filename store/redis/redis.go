@@ -241,10 +241,22 @@ func retryable(err error) bool {
 		errors.Is(err, goredis.ErrPoolTimeout)
 }
 
-// Reserve implements store.Store; the whole decision is reserve.lua.
+// TenantCapUnsupported implements store.CapRefuser: records are spread
+// over hash slots by their identity, and a script runs in one slot, so no
+// script can count a tenant's records atomically with a reservation.
+func (s *Store) TenantCapUnsupported() string {
+	return "a tenant's records are spread over hash slots, and a Redis script cannot count them atomically with a reservation"
+}
+
+// Reserve implements store.Store; the whole decision is reserve.lua. A
+// positive MaxActive is refused with store.ErrCapUnsupported (see
+// TenantCapUnsupported).
 func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.ReserveResult, error) {
 	if err := p.Validate(); err != nil {
 		return store.ReserveResult{}, fmt.Errorf("idem/redis: reserve: %w", err)
+	}
+	if p.MaxActive > 0 {
+		return store.ReserveResult{}, fmt.Errorf("idem/redis: reserve: %w: %s", store.ErrCapUnsupported, s.TenantCapUnsupported())
 	}
 	v, err := scriptReserve.Run(ctx, s.client, s.scriptKeys(p.Scope, p.Key),
 		s.now(), p.Scope, p.Key, p.Fingerprint, store.Micros(p.Lease), store.Micros(p.TTL),

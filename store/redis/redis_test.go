@@ -118,8 +118,9 @@ func TestConformance(t *testing.T) {
 		// one on the same running server (an application restart). A
 		// restart of the Redis server itself is not covered: the test
 		// server runs without persistence, and so loses everything.
-		Durable: true,
-		Shared:  true,
+		Durable:     true,
+		Shared:      true,
+		NoTenantCap: true,
 	})
 }
 

@@ -23,11 +23,17 @@ const qGet = `SELECT ` + recordColumns + ` FROM idem_records WHERE scope = ?1 AN
 //
 // ?1 scope, ?2 key, ?3 fingerprint, ?4 lease policy, ?5 locked_until,
 // ?6 now, ?7 expires_at.
+// qActive counts a tenant's active records (store.State.Active), through
+// the partial index idem_records_active.
+const qActive = `SELECT count(*) FROM idem_records
+WHERE tenant = ?1 AND state NOT IN ('completed', 'failed_retryable', 'expired')`
+
 const qCreate = `INSERT INTO idem_records (scope, key, fingerprint, state, fence, lease_policy,
-	locked_until, attempts, created_at, updated_at, expires_at)
-VALUES (?1, ?2, ?3, 'in_progress', max(?6, 1), ?4, ?5, 1, ?6, ?6, ?7)
+	locked_until, attempts, created_at, updated_at, expires_at, tenant)
+VALUES (?1, ?2, ?3, 'in_progress', max(?6, 1), ?4, ?5, 1, ?6, ?6, ?7, ?8)
 ON CONFLICT (scope, key) DO UPDATE SET
 	fingerprint = excluded.fingerprint,
+	tenant = excluded.tenant,
 	state = 'in_progress',
 	fence = max(fence + 1, excluded.fence),
 	lease_policy = excluded.lease_policy,

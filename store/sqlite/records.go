@@ -64,10 +64,15 @@ func (s *Store) reserve(ctx context.Context, q querier, p *store.ReserveParams) 
 	now := s.now()
 	lockedUntil := after(now, p.Lease)
 	expiresAt := after(now, p.TTL)
+	if p.MaxActive > 0 {
+		if err := overCap(ctx, q, p, now); err != nil {
+			return store.ReserveResult{}, err
+		}
+	}
 
 	// The common case, a new key, is this one statement.
 	rec, err := scanRecord(q.QueryRowContext(ctx, qCreate,
-		p.Scope, p.Key, p.Fingerprint, string(p.LeasePolicy), lockedUntil, now.UnixMicro(), expiresAt))
+		p.Scope, p.Key, p.Fingerprint, string(p.LeasePolicy), lockedUntil, now.UnixMicro(), expiresAt, p.Tenant))
 	if err == nil {
 		return store.ReserveResult{Outcome: store.Created, Record: rec}, nil
 	}
@@ -104,6 +109,28 @@ func (s *Store) reserve(ctx context.Context, q querier, p *store.ReserveParams) 
 		return store.ReserveResult{}, errChanged(err)
 	}
 	return store.ReserveResult{Outcome: outcome, Record: rec}, nil
+}
+
+// overCap refuses a reservation that would make one more record of the
+// tenant active while it holds p.MaxActive. The immediate transaction
+// makes the count and the write one step: no other writer runs between.
+func overCap(ctx context.Context, q querier, p *store.ReserveParams, now time.Time) error {
+	rec, err := getRecord(ctx, q, p.Scope, p.Key)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+	case err != nil:
+		return err
+	case !store.Decide(&rec, p, now).Activates():
+		return nil
+	}
+	var n int
+	if err := q.QueryRowContext(ctx, qActive, p.Tenant).Scan(&n); err != nil {
+		return err
+	}
+	if n >= p.MaxActive {
+		return store.ErrOverCap
+	}
+	return nil
 }
 
 // errChanged reports a row that changed between two statements of reserve,

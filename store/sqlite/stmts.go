@@ -23,7 +23,7 @@ var (
 		qGet, qCreate, qReclaim, qTakeOver, qLeaseExpired,
 		qComplete, qRelease, qMarkUnknown, qCheckpoint, qExtend,
 		qDelete, qState, qSweep, qReapDelete, qReapSoft, qReapAbandon,
-		qResolve, qDefer, qDeadLetter,
+		qResolve, qDefer, qDeadLetter, qActive,
 	}
 	readerQueries = []string{qGet, qListUnknownDue, qListUnknownAll}
 )

@@ -38,6 +38,10 @@ type Harness struct {
 	// Shared is true when two handles opened on one database see each
 	// other's records at once (two processes on one database).
 	Shared bool
+	// NoTenantCap is true for a store that implements store.CapRefuser:
+	// the suite then checks that a capped Reserve fails with
+	// store.ErrCapUnsupported and changes nothing.
+	NoTenantCap bool
 }
 
 // Clock is a manual clock for tests. Times are truncated to microseconds,

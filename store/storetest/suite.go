@@ -192,6 +192,7 @@ func run(t *testing.T, h Harness) {
 	t.Run("StoreClock", func(t *testing.T) { testStoreClock(t, h) })
 	t.Run("CancelledContext", func(t *testing.T) { testCancelled(t, h) })
 	runPending(t, h)
+	runCap(t, h)
 }
 
 func testReserveCreates(t *testing.T, h Harness) {

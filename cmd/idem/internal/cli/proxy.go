@@ -85,6 +85,22 @@ type ProxyConfig struct {
 	KeyHeader string
 	EchoKey   bool
 
+	// TenantRate limits each tenant to this many new keys a second
+	// (idem.Config.TenantRate, a bucket of TenantBurst; per proxy);
+	// TenantMaxActive caps the records a tenant holds in progress or
+	// awaiting reconciliation (idem.Config.TenantMaxActive, across every
+	// proxy sharing the store). Zero: off.
+	TenantRate      float64
+	TenantBurst     int
+	TenantMaxActive int
+
+	// BreakerFailures, BreakerOpen and BreakerMaxOpen tune the store's
+	// circuit breaker (idem.Config fields of the same names); zero keeps
+	// the engine's default, a negative BreakerFailures turns it off.
+	BreakerFailures int
+	BreakerOpen     time.Duration
+	BreakerMaxOpen  time.Duration
+
 	// TenantFrom lists the tenant sources, tried in order (see
 	// tenantSourcesHelp): "authorization", "header:NAME", "cookie:NAME",
 	// "trusted-header:NAME"; an entry may be a comma list. NewProxy fails
@@ -315,6 +331,11 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 	dsn, err := storeurl.Parse(cfg.Store)
 	if err != nil {
 		return nil, err
+	}
+	if dsn.Kind == storeurl.Redis && cfg.TenantMaxActive > 0 {
+		// Known before the store is reached: refused at once rather than
+		// when it opens.
+		return nil, fmt.Errorf("%w: --tenant-max-active needs a store that counts a tenant's records (SQLite, PostgreSQL, MySQL or memory), not Redis", ErrUsage)
 	}
 	tn, err := proxyTenants(cfg, cfg.Logger)
 	if err != nil {
@@ -569,6 +590,13 @@ func (cfg ProxyConfig) engineConfig(obs idem.Observer) idem.Config {
 		Route:             proxyRoute,
 		Logger:            cfg.Logger,
 		Observer:          obs,
+
+		TenantRate:      cfg.TenantRate,
+		TenantBurst:     cfg.TenantBurst,
+		TenantMaxActive: cfg.TenantMaxActive,
+		BreakerFailures: cfg.BreakerFailures,
+		BreakerOpen:     cfg.BreakerOpen,
+		BreakerMaxOpen:  cfg.BreakerMaxOpen,
 	}
 }
 
@@ -1063,6 +1091,26 @@ file with "async": true is the same as --async for its pattern (both may be
 given: one route, with the file's key-required, fields and lease-policy; an
 asynchronous route takes no ttl or lease and cannot be "protected": false).
 Asynchronous patterns are matched before the file's other routes.
+Per-tenant protection (off by default): --tenant-rate limits the new keys
+a tenant sends a second (key spraying: a client minting a fresh key per
+request to defeat deduplication, or filling the store), per proxy;
+--tenant-max-active caps the records a tenant holds in progress or
+awaiting reconciliation, counted by the store across every proxy on it
+(a client holding many keys in flight, or probing for keys). Over either:
+429 with Retry-After, nothing reserved, nothing forwarded. Replays and
+duplicates in flight are never charged. Not with a Redis store, which
+cannot count a tenant's records atomically (the proxy refuses to start).
+
+Store circuit breaker: after --breaker-failures failed reservations in a
+row, requests get 503 with Retry-After at once, without waiting for the
+store (up to its 5s timeout each), for --breaker-open; then one request at a
+time probes the store: a success closes the breaker, a failure opens it
+again for twice as long, up to --breaker-max-open. Logged and counted
+(idem_breaker_opened_total, idem_breaker_closed_total).
+
+Every stored answer and every replay carries Idempotency-Key-Expires, the
+HTTP-date until which the key's answer is replayed (a --ttl after the
+answer was stored).
 
 Resource limits: --max-header-bytes (431 above it), --body-timeout (a
 client that stalls while sending its body is cut off, its connection
@@ -1118,6 +1166,12 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	fs.StringVar(&cfg.KeyHeader, "key-header", idem.DefaultKeyHeader, "`name` of the request header that carries the idempotency key")
 	fs.BoolVar(&cfg.EchoKey, "echo-key", false, "send the key back, as sent, in --key-header on every answer to a keyed request (replays and problems too)")
 	fs.DurationVar(&cfg.Wait, "wait", 0, "let a duplicate of an in-flight request wait this long and replay, instead of 409 at once")
+	fs.Float64Var(&cfg.TenantRate, "tenant-rate", 0, "new keys a `second` each tenant may send, per proxy (over it: 429 tenant-rate-limited; replays and duplicates are free); 0: no limit")
+	fs.IntVar(&cfg.TenantBurst, "tenant-burst", 0, "new keys a tenant may send at once under --tenant-rate; 0: one second's worth")
+	fs.IntVar(&cfg.TenantMaxActive, "tenant-max-active", 0, "`records` a tenant may hold in progress or awaiting reconciliation, across every proxy on the store (over it: 429 tenant-over-cap); 0: no cap")
+	breakerFailures := fs.Int("breaker-failures", idem.DefaultBreakerFailures, "store failures in a row that open the circuit breaker (503 at once, without waiting for the store); 0: no breaker")
+	fs.DurationVar(&cfg.BreakerOpen, "breaker-open", idem.DefaultBreakerOpen, "first interval the circuit breaker stays open before one request probes the store; it doubles while probes fail")
+	fs.DurationVar(&cfg.BreakerMaxOpen, "breaker-max-open", idem.DefaultBreakerMaxOpen, "bound on the circuit breaker's interval as it doubles")
 	var tenantFrom listFlag
 	fs.Func("tenant-from", "tenant `source`: authorization, header:NAME, cookie:NAME or trusted-header:NAME (repeatable or comma-separated; the first present wins; see above)", func(v string) error {
 		if _, err := parseTenantSources([]string{v}); err != nil {
@@ -1177,6 +1231,18 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	}
 	if cfg.Upstream == "" {
 		return cfg, "", "", usageErr(fs, "--upstream is required")
+	}
+	switch {
+	case cfg.TenantRate < 0 || cfg.TenantBurst < 0 || cfg.TenantMaxActive < 0:
+		return cfg, "", "", usageErr(fs, "--tenant-rate, --tenant-burst and --tenant-max-active must not be negative")
+	case *breakerFailures < 0:
+		return cfg, "", "", usageErr(fs, "--breaker-failures must not be negative (0 turns the breaker off)")
+	case cfg.BreakerOpen <= 0 || cfg.BreakerMaxOpen < cfg.BreakerOpen:
+		return cfg, "", "", usageErr(fs, "--breaker-open must be positive and --breaker-max-open at least as long")
+	case *breakerFailures == 0:
+		cfg.BreakerFailures = -1
+	default:
+		cfg.BreakerFailures = *breakerFailures
 	}
 	if err := storeDSN.resolve(fs); err != nil {
 		return cfg, "", "", err

@@ -1,0 +1,145 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// ErrBreakerOpen is the failure of a call refused by the store's circuit
+// breaker: the store kept failing, so the engine answers 503 at once
+// instead of making the call wait for it. It matches ErrStore too.
+var ErrBreakerOpen = fmt.Errorf("%w: circuit breaker open", ErrStore)
+
+// breakerError carries how long the breaker stays open.
+type breakerError struct{ wait time.Duration }
+
+func (e *breakerError) Error() string {
+	return fmt.Sprintf("%v for another %v", ErrBreakerOpen, e.wait)
+}
+
+func (e *breakerError) Unwrap() error { return ErrBreakerOpen }
+
+type breakerState int
+
+const (
+	breakerClosed breakerState = iota
+	breakerOpen
+	breakerHalfOpen
+)
+
+// breaker is the store's circuit breaker, shared by every engine derived
+// from one New. After threshold store failures in a row it opens: the
+// calls that start a request (reserve, and the reads before it) fail at
+// once for an interval. Then it lets one call through as a probe
+// (half-open) while the others still fail at once: a probe that succeeds
+// closes it, one that fails opens it again for twice the interval, up to
+// maxOpen. Only those calls count and are refused: the calls of
+// executions already running (completion, lease renewal) retry on their
+// own schedule and are never refused, so that a request that ran gets its
+// outcome recorded as soon as the store answers again.
+type breaker struct {
+	threshold     int
+	base, maxOpen time.Duration
+	log           *slog.Logger
+	obs           Observer
+
+	mu        sync.Mutex
+	state     breakerState
+	failures  int
+	interval  time.Duration
+	openUntil time.Time
+	probing   bool
+}
+
+func newBreaker(s *settings, obs Observer) *breaker {
+	if s.BreakerFailures < 0 {
+		return nil
+	}
+	return &breaker{threshold: s.BreakerFailures, base: s.BreakerOpen, maxOpen: s.BreakerMaxOpen, log: s.Logger, obs: obs}
+}
+
+// allow decides whether a call that starts a request may go to the store
+// at now. probe reports that it is the one call testing the store's
+// recovery; without leave, wait is how long the breaker stays open.
+func (b *breaker) allow(now time.Time) (probe bool, wait time.Duration, ok bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch b.state {
+	case breakerClosed:
+		return false, 0, true
+	case breakerOpen:
+		if now.Before(b.openUntil) {
+			return false, b.openUntil.Sub(now), false
+		}
+		b.state = breakerHalfOpen
+	}
+	if b.probing {
+		// Half-open with a probe in flight: the next one comes after it.
+		return false, b.base, false
+	}
+	b.probing = true
+	return true, 0, true
+}
+
+// result is how a store call ended, for the breaker.
+type result int
+
+const (
+	resultOK result = iota
+	resultFailed
+	// resultNone: the caller left or the call was never made; says nothing
+	// about the store.
+	resultNone
+)
+
+// done reports how a call ended; probe as allow returned it.
+func (b *breaker) done(ctx context.Context, now time.Time, probe bool, r result) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if probe {
+		b.probing = false
+	}
+	switch {
+	case r == resultNone:
+		return
+	case r == resultOK:
+		b.failures = 0
+		if probe && b.state != breakerClosed {
+			b.state, b.interval = breakerClosed, 0
+			b.log.Info("idem: store circuit breaker closed; the store answers again")
+			b.obs.Event(ctx, "breaker_closed", 1)
+		}
+		return
+	}
+	b.failures++
+	switch {
+	case probe && b.state == breakerHalfOpen:
+		b.open(ctx, now, min(2*b.interval, b.maxOpen))
+	case b.state == breakerClosed && b.failures >= b.threshold:
+		b.open(ctx, now, b.base)
+	}
+}
+
+func (b *breaker) open(ctx context.Context, now time.Time, d time.Duration) {
+	b.state, b.interval, b.openUntil = breakerOpen, d, now.Add(d)
+	b.log.Error("idem: store circuit breaker opened; requests get 503 without waiting for the store",
+		"failures", b.failures, "for", d)
+	b.obs.Event(ctx, "breaker_opened", 1)
+}
+
+// gated reports whether op starts a request: the calls the breaker refuses.
+func gated(op storeOp) bool { return op == opReserve || op == opGet }
+
+// breakerWait returns how long the breaker stays open when err is its
+// refusal.
+func breakerWait(err error) (time.Duration, bool) {
+	var be *breakerError
+	if errors.As(err, &be) {
+		return be.wait, true
+	}
+	return 0, false
+}

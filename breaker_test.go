@@ -1,0 +1,327 @@
+package idem_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/enginetest"
+	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/memory"
+)
+
+// outageStore is a real memory store behind a switch that models an
+// outage: while down, every call fails as a refused connection would.
+// gate, when set, holds Reserve until it is closed (a slow store).
+type outageStore struct {
+	store.Store
+	down     atomic.Bool
+	reserves atomic.Int64 // Reserve calls that reached the store
+	gets     atomic.Int64
+	gate     chan struct{}
+}
+
+func (o *outageStore) Reserve(ctx context.Context, p store.ReserveParams) (store.ReserveResult, error) {
+	o.reserves.Add(1)
+	if o.gate != nil {
+		<-o.gate
+	}
+	if o.down.Load() {
+		return store.ReserveResult{}, enginetest.ErrOutage
+	}
+	return o.Store.Reserve(ctx, p)
+}
+
+func (o *outageStore) Get(ctx context.Context, scope, key string) (store.Record, error) {
+	o.gets.Add(1)
+	if o.down.Load() {
+		return store.Record{}, enginetest.ErrOutage
+	}
+	return o.Store.Get(ctx, scope, key)
+}
+
+// eventObserver counts the engine's events.
+type eventObserver struct {
+	mu     sync.Mutex
+	events map[string]int64
+}
+
+func (o *eventObserver) Reserve(context.Context, string)                        {}
+func (o *eventObserver) StoreCall(context.Context, string, time.Duration, bool) {}
+func (o *eventObserver) FinishFailed(context.Context, string)                   {}
+func (o *eventObserver) Step(ctx context.Context, _ idem.Step) (context.Context, func(idem.StepEnd)) {
+	return ctx, func(idem.StepEnd) {}
+}
+func (o *eventObserver) Event(_ context.Context, name string, n int64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.events[name] += n
+}
+
+func (o *eventObserver) count(name string) int64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.events[name]
+}
+
+type breakerEnv struct {
+	t    *testing.T
+	clk  *stepClock
+	st   *outageStore
+	h    http.Handler
+	obs  *eventObserver
+	logs *bytes.Buffer
+	runs atomic.Int64
+	n    int
+}
+
+func newBreakerEnv(t *testing.T, cfg idem.Config) *breakerEnv {
+	t.Helper()
+	clk := newStepClock()
+	b := &breakerEnv{t: t, clk: clk, st: &outageStore{Store: memory.New(memory.Config{Clock: clk.Now})},
+		obs: &eventObserver{events: map[string]int64{}}, logs: &bytes.Buffer{}}
+	cfg.Observer = b.obs
+	cfg.Logger = slog.New(slog.NewTextHandler(&lockedWriter{w: b.logs}, nil))
+	e, err := idem.New(b.st, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idem.SetClock(e, clk)
+	b.h = e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b.runs.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	return b
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// send sends a request with a new key and returns the status and
+// Retry-After.
+func (b *breakerEnv) send() (int, string) {
+	b.n++
+	w := sendKeyed(b.h, fmt.Sprint("k-", b.n))
+	return w.Code, w.Header().Get("Retry-After")
+}
+
+func (b *breakerEnv) want(status int, what string) string {
+	b.t.Helper()
+	got, ra := b.send()
+	if got != status {
+		b.t.Fatalf("%s: status %d, want %d", what, got, status)
+	}
+	return ra
+}
+
+// The breaker opens after BreakerFailures failed reservations in a row,
+// answers 503 without calling the store while open, lets one probe
+// through once the interval passed, opens again for twice as long when
+// the probe fails, and closes when a probe succeeds.
+func TestBreakerOpensProbesAndCloses(t *testing.T) {
+	t.Parallel()
+	b := newBreakerEnv(t, idem.Config{BreakerFailures: 3, BreakerOpen: 2 * time.Second, BreakerMaxOpen: 5 * time.Second})
+	b.st.down.Store(true)
+	for i := range 3 {
+		b.want(503, fmt.Sprint("failure ", i+1))
+	}
+	if got := b.st.reserves.Load(); got != 3 {
+		t.Fatalf("%d reservations reached the store, want 3", got)
+	}
+	if b.obs.count("breaker_opened") != 1 || !strings.Contains(b.logs.String(), "circuit breaker opened") {
+		t.Fatalf("opening not reported: events %v, log %s", b.obs.events, b.logs)
+	}
+
+	// Open: refused at once, the store untouched, Retry-After the time left.
+	if ra := b.want(503, "while open"); ra != "2" {
+		t.Fatalf("Retry-After %q while open, want 2", ra)
+	}
+	b.clk.Advance(time.Second)
+	b.want(503, "still open")
+	if got := b.st.reserves.Load(); got != 3 {
+		t.Fatalf("the store was called while the breaker was open: %d reservations", got)
+	}
+
+	// Half-open: the probe reaches the store, fails, and the breaker opens
+	// again for twice as long.
+	b.clk.Advance(time.Second)
+	b.want(503, "failed probe")
+	if got := b.st.reserves.Load(); got != 4 {
+		t.Fatalf("the probe did not reach the store: %d reservations", got)
+	}
+	if ra := b.want(503, "reopened"); ra != "4" {
+		t.Fatalf("Retry-After %q after a failed probe, want 4 (the interval doubled)", ra)
+	}
+	b.clk.Advance(4 * time.Second)
+	b.want(503, "second failed probe")
+	if ra := b.want(503, "reopened at the bound"); ra != "5" {
+		t.Fatalf("Retry-After %q, want 5 (BreakerMaxOpen)", ra)
+	}
+	if got := b.obs.count("breaker_opened"); got != 3 {
+		t.Fatalf("breaker_opened = %d, want 3", got)
+	}
+
+	// The store is back: the next probe closes the breaker.
+	b.st.down.Store(false)
+	b.clk.Advance(5 * time.Second)
+	b.want(201, "successful probe")
+	b.want(201, "closed")
+	if b.obs.count("breaker_closed") != 1 || !strings.Contains(b.logs.String(), "circuit breaker closed") {
+		t.Fatalf("closing not reported: events %v, log %s", b.obs.events, b.logs)
+	}
+	if got := b.runs.Load(); got != 2 {
+		t.Fatalf("the handler ran %d times, want 2 (never while the store was refused)", got)
+	}
+
+	// Closed again, it takes BreakerFailures failures in a row to open it,
+	// and the interval starts over from BreakerOpen.
+	b.st.down.Store(true)
+	for i := range 3 {
+		b.want(503, fmt.Sprint("failure ", i+1, " after closing"))
+	}
+	if ra := b.want(503, "open again"); ra != "2" {
+		t.Fatalf("Retry-After %q, want 2 (the interval starts over)", ra)
+	}
+}
+
+// A success between failures starts the count over: the breaker needs
+// failures in a row.
+func TestBreakerNeedsFailuresInARow(t *testing.T) {
+	t.Parallel()
+	b := newBreakerEnv(t, idem.Config{BreakerFailures: 2})
+	for range 3 {
+		b.st.down.Store(true)
+		b.want(503, "failure")
+		b.st.down.Store(false)
+		b.want(201, "success")
+	}
+	if got := b.obs.count("breaker_opened"); got != 0 {
+		t.Fatalf("breaker opened %d times on alternating failures", got)
+	}
+}
+
+// Half-open, one probe at a time: while the probe waits for the store,
+// other requests get 503 without calling it.
+func TestBreakerSingleProbe(t *testing.T) {
+	t.Parallel()
+	b := newBreakerEnv(t, idem.Config{BreakerFailures: 1, BreakerOpen: time.Second})
+	b.st.down.Store(true)
+	b.want(503, "failure")
+	b.st.down.Store(false)
+	b.clk.Advance(time.Second)
+
+	b.st.gate = make(chan struct{})
+	probe := make(chan int)
+	go func() {
+		w := sendKeyed(b.h, "probe")
+		probe <- w.Code
+	}()
+	for b.st.reserves.Load() < 2 {
+		time.Sleep(time.Millisecond) // until the probe is inside the store
+	}
+	for i := range 5 {
+		w := sendKeyed(b.h, fmt.Sprint("other-", i))
+		if w.Code != 503 || w.Header().Get("Retry-After") == "" {
+			t.Fatalf("request during the probe: %d (Retry-After %q), want 503 with Retry-After", w.Code, w.Header().Get("Retry-After"))
+		}
+	}
+	if got := b.st.reserves.Load(); got != 2 {
+		t.Fatalf("%d reservations reached the store during the probe, want only the probe's", got)
+	}
+	close(b.st.gate)
+	if code := <-probe; code != 201 {
+		t.Fatalf("probe: %d", code)
+	}
+	b.want(201, "after the probe closed the breaker")
+}
+
+// Timeouts count as failures: a store slower than StoreTimeout opens the
+// breaker, and requests then stop waiting for it.
+func TestBreakerCountsTimeouts(t *testing.T) {
+	t.Parallel()
+	clk := newStepClock()
+	st := &outageStore{Store: memory.New(memory.Config{Clock: clk.Now})}
+	e, err := idem.New(&slowReserve{outageStore: st, clk: clk, d: 2 * time.Second},
+		idem.Config{BreakerFailures: 2, StoreTimeout: time.Second, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	idem.SetClock(e, clk)
+	ctx := context.Background()
+	call := func(key string) idem.Answer {
+		return e.Run(ctx, idem.Call{Method: "POST", Route: "/x", Keys: []string{key}}, func(context.Context) idem.Result {
+			return idem.Result{Response: store.Response{Status: 201}}
+		})
+	}
+	for i := range 2 {
+		if a := call(fmt.Sprint("t", i)); a.Verdict != idem.Unavailable || !errors.Is(a.Err, context.DeadlineExceeded) {
+			t.Fatalf("slow reservation %d: %v %v", i, a.Verdict, a.Err)
+		}
+	}
+	a := call("t-open")
+	if a.Verdict != idem.Unavailable || !errors.Is(a.Err, idem.ErrBreakerOpen) || !errors.Is(a.Err, idem.ErrStore) {
+		t.Fatalf("after two timeouts: %v %v, want the breaker's refusal", a.Verdict, a.Err)
+	}
+	if got := st.reserves.Load(); got != 2 {
+		t.Fatalf("%d reservations reached the store, want 2", got)
+	}
+}
+
+// slowReserve makes every reservation outlast its deadline on the step
+// clock: it moves the clock past the store timeout and reports the
+// deadline.
+type slowReserve struct {
+	*outageStore
+	clk *stepClock
+	d   time.Duration
+}
+
+func (s *slowReserve) Reserve(ctx context.Context, p store.ReserveParams) (store.ReserveResult, error) {
+	s.reserves.Add(1)
+	s.clk.Advance(s.d)
+	<-ctx.Done()
+	return store.ReserveResult{}, ctx.Err()
+}
+
+// A negative BreakerFailures disables the breaker: every request waits for
+// the store.
+func TestBreakerDisabled(t *testing.T) {
+	t.Parallel()
+	b := newBreakerEnv(t, idem.Config{BreakerFailures: -1})
+	b.st.down.Store(true)
+	for range 20 {
+		b.want(503, "failure")
+	}
+	if got := b.st.reserves.Load(); got != 20 {
+		t.Fatalf("%d reservations reached the store, want 20", got)
+	}
+}
+
+func TestBreakerConfigErrors(t *testing.T) {
+	t.Parallel()
+	for name, cfg := range map[string]idem.Config{
+		"max shorter than open": {BreakerOpen: time.Minute, BreakerMaxOpen: time.Second},
+		"negative open":         {BreakerOpen: -time.Second},
+	} {
+		if _, err := idem.New(memory.New(memory.Config{}), cfg); err == nil || !strings.Contains(err.Error(), "Breaker") {
+			t.Errorf("%s: %v, want an error naming the field", name, err)
+		}
+	}
+}

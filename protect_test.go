@@ -1,0 +1,286 @@
+package idem_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/memory"
+)
+
+// tenantEnv serves POST /v1/charges for the tenant named in X-Tenant.
+type tenantEnv struct {
+	t    *testing.T
+	clk  *stepClock
+	st   *memory.Store
+	h    http.Handler
+	obs  *tenantObserver
+	mu   sync.Mutex
+	runs int
+	// hold, when set, keeps the handlers of keys starting with "held"
+	// running until it is closed.
+	hold chan struct{}
+}
+
+func newTenantEnv(t *testing.T, cfg idem.Config) *tenantEnv {
+	t.Helper()
+	clk := newStepClock()
+	te := &tenantEnv{t: t, clk: clk, st: memory.New(memory.Config{Clock: clk.Now}), obs: &tenantObserver{counts: map[string]int{}}}
+	cfg.Tenant = func(r *http.Request) string { return r.Header.Get("X-Tenant") }
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	cfg.Observer = te.obs
+	e, err := idem.New(te.st, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idem.SetClock(e, clk)
+	te.h = e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		te.mu.Lock()
+		te.runs++
+		hold := te.hold
+		te.mu.Unlock()
+		if hold != nil && strings.HasPrefix(r.Header.Get("Idempotency-Key"), "held") {
+			<-hold
+		}
+		w.WriteHeader(http.StatusCreated)
+		w.Write([]byte(`{"ok":true}`))
+	}))
+	return te
+}
+
+func (te *tenantEnv) send(tenant, key string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest("POST", "/v1/charges", strings.NewReader(`{"amount":1}`))
+	r.Header.Set("Idempotency-Key", key)
+	r.Header.Set("X-Tenant", tenant)
+	w := httptest.NewRecorder()
+	te.h.ServeHTTP(w, r)
+	return w
+}
+
+func (te *tenantEnv) want(tenant, key string, status int) *httptest.ResponseRecorder {
+	te.t.Helper()
+	w := te.send(tenant, key)
+	if w.Code != status {
+		te.t.Fatalf("%s/%s: %d %s, want %d", tenant, key, w.Code, w.Body, status)
+	}
+	return w
+}
+
+// wantLimited checks a 429 of the given problem type with Retry-After, and
+// that the key has no record.
+func (te *tenantEnv) wantLimited(tenant, key, slug, retryAfter string) {
+	te.t.Helper()
+	w := te.want(tenant, key, 429)
+	var doc struct{ Type string }
+	if err := json.Unmarshal(w.Body.Bytes(), &doc); err != nil || doc.Type != idem.ProblemBase+slug {
+		te.t.Fatalf("429 body %s, want problem %s", w.Body, slug)
+	}
+	if ra := w.Header().Get("Retry-After"); ra != retryAfter {
+		te.t.Fatalf("Retry-After %q, want %q", ra, retryAfter)
+	}
+	req := idem.Request{Tenant: tenant, Method: "POST", Route: "/v1/charges"}
+	if _, err := te.st.Get(context.Background(), req.Scope(), key); !errors.Is(err, store.ErrNotFound) {
+		te.t.Fatalf("a refused call left a record: %v", err)
+	}
+}
+
+func (te *tenantEnv) ran() int {
+	te.mu.Lock()
+	defer te.mu.Unlock()
+	return te.runs
+}
+
+// tenantObserver counts TenantReserve reports as "tenant/outcome".
+type tenantObserver struct {
+	eventObserver
+	mu     sync.Mutex
+	counts map[string]int
+}
+
+func (o *tenantObserver) TenantReserve(_ context.Context, tenant, outcome string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.counts[tenant+"/"+outcome]++
+}
+
+func (o *tenantObserver) get(k string) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.counts[k]
+}
+
+// The rate of new keys: a bucket of TenantBurst refilled at TenantRate a
+// second, per tenant; replays, duplicates and key reuse are not charged.
+func TestTenantRate(t *testing.T) {
+	t.Parallel()
+	te := newTenantEnv(t, idem.Config{TenantRate: 0.5, TenantBurst: 2})
+	te.want("a", "k1", 201)
+	te.want("a", "k2", 201)
+	te.wantLimited("a", "k3", idem.SlugRateLimited, "2")
+	if te.ran() != 2 {
+		t.Fatalf("handler ran %d times, want 2", te.ran())
+	}
+	// Not charged: replays and a reused key are answered from the record.
+	for range 5 {
+		if w := te.want("a", "k1", 201); w.Header().Get("Idempotent-Replayed") != "true" {
+			t.Fatal("a replay under the rate limit was not replayed")
+		}
+	}
+	r := httptest.NewRequest("POST", "/v1/charges", strings.NewReader(`{"amount":2}`))
+	r.Header.Set("Idempotency-Key", "k1")
+	r.Header.Set("X-Tenant", "a")
+	w := httptest.NewRecorder()
+	te.h.ServeHTTP(w, r)
+	if w.Code != 422 {
+		t.Fatalf("key reuse under the rate limit: %d, want 422", w.Code)
+	}
+	// Another tenant has its own bucket.
+	te.want("b", "k1", 201)
+	// One token every two seconds.
+	te.clk.Advance(time.Second)
+	te.wantLimited("a", "k3", idem.SlugRateLimited, "1")
+	te.clk.Advance(time.Second)
+	te.want("a", "k3", 201)
+	te.wantLimited("a", "k4", idem.SlugRateLimited, "2")
+	if got := te.obs.get("a/rate_limited"); got != 3 {
+		t.Fatalf("rate_limited for tenant a = %d, want 3", got)
+	}
+	if got := te.obs.get("a/replay"); got != 5 {
+		t.Fatalf("replay for tenant a = %d, want 5", got)
+	}
+	if got := te.obs.get("a/key_reused"); got != 1 {
+		t.Fatalf("key_reused for tenant a = %d, want 1", got)
+	}
+}
+
+// A call that does not create a key gives its token back: an in-flight
+// duplicate, reaching the store while tokens are left, costs nothing.
+func TestTenantRateRefundsDuplicates(t *testing.T) {
+	t.Parallel()
+	te := newTenantEnv(t, idem.Config{TenantRate: 0.001, TenantBurst: 2})
+	te.hold = make(chan struct{})
+	done := make(chan int)
+	go func() { done <- te.send("a", "held").Code }()
+	for te.ran() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	for range 5 {
+		te.want("a", "held", 409)
+	}
+	if got := te.obs.get("a/in_progress"); got != 5 {
+		t.Fatalf("in_progress for tenant a = %d, want 5", got)
+	}
+	te.want("a", "second", 201) // the second token is still there
+	te.wantLimited("a", "third", idem.SlugRateLimited, "1000")
+	close(te.hold)
+	if code := <-done; code != 201 {
+		t.Fatalf("held request: %d", code)
+	}
+}
+
+// The cap on active records: a tenant holding TenantMaxActive requests in
+// progress gets 429 for a new key, nothing reserved and nothing run, while
+// its duplicates and other tenants are answered as usual.
+func TestTenantMaxActive(t *testing.T) {
+	t.Parallel()
+	te := newTenantEnv(t, idem.Config{TenantMaxActive: 2, RetryAfter: 3 * time.Second})
+	te.hold = make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			te.send("a", fmt.Sprint("held-", i))
+		}()
+	}
+	for te.ran() < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	te.wantLimited("a", "third", idem.SlugOverCap, "3")
+	te.want("a", "held-0", 409) // an in-flight duplicate is still answered
+	if te.ran() != 2 {
+		t.Fatalf("handler ran %d times, want 2", te.ran())
+	}
+	close(te.hold)
+	wg.Wait()
+	te.want("b", "other", 201)
+	te.want("a", "third", 201) // the completions freed the places
+	if got := te.obs.get("a/over_cap"); got != 1 {
+		t.Fatalf("over_cap for tenant a = %d, want 1", got)
+	}
+}
+
+func TestTenantLimitConfigErrors(t *testing.T) {
+	t.Parallel()
+	for name, cfg := range map[string]idem.Config{
+		"negative rate":       {TenantRate: -1},
+		"negative burst":      {TenantRate: 1, TenantBurst: -1},
+		"negative max active": {TenantMaxActive: -1},
+	} {
+		if _, err := idem.New(memory.New(memory.Config{}), cfg); err == nil || !strings.Contains(err.Error(), "Tenant") {
+			t.Errorf("%s: %v, want an error naming the field", name, err)
+		}
+	}
+}
+
+// Derived engines keep the cap and can set their own rate.
+func TestTenantLimitsWith(t *testing.T) {
+	t.Parallel()
+	st := memory.New(memory.Config{})
+	e, err := idem.New(st, idem.Config{TenantRate: 1, TenantBurst: 1, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := newStepClock()
+	idem.SetClock(e, clk)
+	loose, err := e.With(func(c *idem.Config) { c.TenantRate, c.TenantBurst = 100, 100 })
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(e *idem.Engine, key string) idem.Verdict {
+		return e.Run(context.Background(), idem.Call{Tenant: "a", Method: "POST", Route: "/x", Keys: []string{key}},
+			func(context.Context) idem.Result { return idem.Result{Response: store.Response{Status: 201}} }).Verdict
+	}
+	if v := run(e, "1"); v != idem.Executed {
+		t.Fatal(v)
+	}
+	if v := run(e, "2"); v != idem.Limited {
+		t.Fatalf("second key at a rate of 1: %v, want limited", v)
+	}
+	for i := range 10 {
+		if v := run(loose, fmt.Sprint("loose-", i)); v != idem.Executed {
+			t.Fatalf("derived engine with its own rate: %v", v)
+		}
+	}
+}
+
+// capRefusing is a store that cannot count a tenant's records.
+type capRefusing struct{ *memory.Store }
+
+func (capRefusing) TenantCapUnsupported() string { return "no count here" }
+
+// A cap over a store that cannot enforce it fails at New and With.
+func TestTenantMaxActiveNeedsAStoreThatCounts(t *testing.T) {
+	t.Parallel()
+	st := capRefusing{memory.New(memory.Config{})}
+	if _, err := idem.New(st, idem.Config{TenantMaxActive: 1}); err == nil || !strings.Contains(err.Error(), "no count here") {
+		t.Fatalf("New: %v, want the store's reason", err)
+	}
+	e, err := idem.New(st, idem.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.With(func(c *idem.Config) { c.TenantMaxActive = 1 }); err == nil {
+		t.Fatal("With: a cap over a store that cannot count was accepted")
+	}
+}

@@ -1,0 +1,97 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idem-go/idem/store"
+)
+
+// The tenant cap (store.ReserveParams.MaxActive).
+//
+// A capped Reserve sends two statements in one pipeline, one round trip
+// and one implicit transaction: a transaction-scoped advisory lock on the
+// tenant, then sqlReserveCapped. Under READ COMMITTED the second statement
+// takes its snapshot once the lock is held, so it sees every record the
+// tenant's previous holder of the lock committed: counting and writing are
+// one step per tenant, across every process sharing the database.
+//
+// sqlReserveCapped is sqlReserve with the count as one more CTE, and the
+// insert and the moves that make a record active (replace, reclaim)
+// guarded by it. A refused write looks like a lost race to the statement
+// ('stale', or no row); Reserve then counts again, outside the lock, and
+// answers ErrOverCap when the tenant is still at its cap, or runs the
+// statement again when a place was freed meanwhile.
+
+// sqlActive counts a tenant's active records (store.State.Active), through
+// the partial index idem_records_active_idx. $8 tenant, $9 cap.
+const sqlActive = `SELECT count(*) FROM {schema}idem_records
+	WHERE tenant = $8 AND state NOT IN ('completed', 'failed_retryable', 'expired')`
+
+var sqlReserveCapped = capped(sqlReserve)
+
+// sqlActiveAlone is sqlActive as a statement of its own: $1 tenant.
+var sqlActiveAlone = strings.Replace(sqlActive, "$8", "$1", 1)
+
+// sqlTenantLock serialises the capped reservations of one tenant until the
+// end of the transaction. The key is a hash of the tenant, in a name space
+// of its own; two tenants sharing a hash only wait for each other.
+const sqlTenantLock = `SELECT pg_advisory_xact_lock(hashtextextended('idem/tenant:' || $1::text, 0))`
+
+// capped adds the cap to the reservation statement.
+func capped(q string) string {
+	for _, r := range [][2]string{
+		{"\ncur AS (", "\ncap AS (SELECT (" + sqlActive + ") < $9::bigint AS ok),\ncur AS ("},
+		{"WHERE NOT EXISTS (SELECT FROM cur)\n", "WHERE NOT EXISTS (SELECT FROM cur) AND (SELECT ok FROM cap)\n"},
+		{"\t\tAND r.state = cur.state AND r.fence = cur.fence\n",
+			"\t\tAND r.state = cur.state AND r.fence = cur.fence\n" +
+				"\t\tAND (cur.action NOT IN ('replace', 'reclaim') OR (SELECT ok FROM cap))\n"},
+	} {
+		if !strings.Contains(q, r[0]) {
+			panic("idem/postgres: the reservation statement lost the place of the tenant cap: " + r[0])
+		}
+		q = strings.Replace(q, r[0], r[1], 1)
+	}
+	return q
+}
+
+// reserveCapped runs one capped reservation. refused reports that the
+// statement wrote nothing where it wanted to write (over the cap, or a
+// race: the caller tells them apart).
+func (s *Store) reserveCapped(ctx context.Context, q querier, p *store.ReserveParams, args []any) (op *batchOp, refused bool) {
+	args = append(args, p.MaxActive)
+	op = &batchOp{}
+	if tx, ok := q.(pgx.Tx); ok {
+		if _, err := tx.Exec(ctx, sqlTenantLock, p.Tenant); err != nil {
+			return &batchOp{err: err}, false
+		}
+		op.err = scanRecord(tx.QueryRow(ctx, s.q.reserveCapped, args...), &op.rec, &op.action)
+	} else {
+		var b pgx.Batch
+		b.Queue(sqlTenantLock, p.Tenant)
+		b.Queue(s.q.reserveCapped, args...)
+		br := s.pool.SendBatch(ctx, &b)
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return &batchOp{err: err}, false
+		}
+		op.err = scanRecord(br.QueryRow(), &op.rec, &op.action)
+		if err := br.Close(); err != nil && op.err == nil {
+			op.err = err
+		}
+	}
+	return op, errors.Is(op.err, pgx.ErrNoRows) || (op.err == nil && op.action == "stale")
+}
+
+// atCap reports whether the tenant holds p.MaxActive active records.
+func (s *Store) atCap(ctx context.Context, q querier, p *store.ReserveParams) (bool, error) {
+	var n int64
+	if err := q.QueryRow(ctx, s.q.active, p.Tenant).Scan(&n); err != nil {
+		return false, fmt.Errorf("counting active records: %w", err)
+	}
+	return n >= int64(p.MaxActive), nil
+}
