@@ -76,12 +76,29 @@ func asyncPattern(pat string) (method, path string, err error) {
 	method, path, ok := strings.Cut(strings.TrimSpace(pat), " ")
 	path = strings.TrimSpace(path)
 	switch {
-	case !ok || method == "" || !strings.HasPrefix(path, "/"):
+	case !ok || method == "" || !strings.HasPrefix(path, "/") || strings.ContainsAny(path, " \t"):
 		return "", "", errors.New("want METHOD /path, e.g. 'POST /v1/reports'")
 	case strings.HasPrefix(path, idem.DefaultStatusPath) || path+"/" == idem.DefaultStatusPath:
 		return "", "", errors.New("the path is the status resources' own")
 	}
 	return method, path, nil
+}
+
+// splitPatterns splits a comma list of asynchronous patterns (an
+// --async value from the environment or a config file's array): a comma
+// starts a new pattern only where a method and a path follow it, so a
+// comma inside a path stays there.
+func splitPatterns(v string) []string {
+	var out []string
+	for _, part := range strings.Split(v, ",") {
+		method, path, ok := strings.Cut(strings.TrimSpace(part), " ")
+		if len(out) == 0 || (ok && upperToken(method) && strings.HasPrefix(strings.TrimSpace(path), "/")) {
+			out = append(out, part)
+			continue
+		}
+		out[len(out)-1] += "," + part
+	}
+	return out
 }
 
 // canonPattern is pattern with its parts separated by one space, so that

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -288,6 +289,7 @@ func TestProxyAsyncConfigErrors(t *testing.T) {
 		{"unprotected method", func(c *ProxyConfig) { c.Async = []string{"GET /v1/reports"} }, "not a protected method"},
 		{"bad pattern", func(c *ProxyConfig) { c.Async = []string{"POST /v1/{bad"} }, "--async"},
 		{"status path", func(c *ProxyConfig) { c.Async = []string{"POST /.idem/requests/x"} }, "status resources"},
+		{"two patterns in one", func(c *ProxyConfig) { c.Async = []string{"POST /a, post /b"} }, "want METHOD /path"},
 		{"wait beyond ttl", func(c *ProxyConfig) { c.TTL = time.Hour; c.AsyncWait = 2 * time.Hour }, "AsyncWait"},
 		{"negative workers", func(c *ProxyConfig) { c.AsyncWorkers = -1 }, "async-workers"},
 		{"bad keep header", func(c *ProxyConfig) { c.AsyncKeepHeaders = []string{"Bad Name"} }, "AsyncKeepHeaders"},
@@ -311,9 +313,9 @@ func TestProxyAsyncConfigErrors(t *testing.T) {
 	if _, _, _, err := parseProxyFlags([]string{"--upstream", "http://x", "--async-workers", "-1"}, &stderr); err == nil {
 		t.Fatal("--async-workers -1: no error")
 	}
-	cfg, _, _, err := parseProxyFlags([]string{"--upstream", "http://x", "--async", "POST /a", "--async", "POST /b",
+	cfg, _, _, err := parseProxyFlags([]string{"--upstream", "http://x", "--async", "POST /a", "--async", "POST /b,PUT /c/{x},d",
 		"--async-keep-headers", "Authorization,Cookie", "--async-wait", "5m"}, &stderr)
-	if err != nil || len(cfg.Async) != 2 || len(cfg.AsyncKeepHeaders) != 2 || cfg.AsyncWait != 5*time.Minute || cfg.AsyncWorkers != idem.DefaultWorkerConcurrency {
+	if err != nil || !slices.Equal(cfg.Async, []string{"POST /a", "POST /b", "PUT /c/{x},d"}) || len(cfg.AsyncKeepHeaders) != 2 || cfg.AsyncWait != 5*time.Minute || cfg.AsyncWorkers != idem.DefaultWorkerConcurrency {
 		t.Fatalf("flags: %+v %v", cfg, err)
 	}
 }
@@ -423,5 +425,15 @@ func TestProxyConfigFileAsyncErrors(t *testing.T) {
 		SingleTenant: true, Async: []string{"POST /a/{x}"}, Routes: []RouteConfig{{Pattern: "POST /a/{y}", Async: true}}})
 	if err == nil || !strings.Contains(err.Error(), `route "POST /a/{y}"`) {
 		t.Errorf("conflicting asynchronous patterns: %v, want an error naming the route", err)
+	}
+}
+
+// The config file's "async" member, a list, is one --async per pattern.
+func TestProxyConfigFileAsyncList(t *testing.T) {
+	t.Parallel()
+	path := writeConfig(t, `{"async": ["POST /v1/reports", "POST /v1/exports/{kind}"]}`)
+	cfg, _, _, err := parseProxyFlags([]string{"--upstream", "http://x", "--config", path}, io.Discard)
+	if err != nil || !slices.Equal(cfg.Async, []string{"POST /v1/reports", "POST /v1/exports/{kind}"}) {
+		t.Fatalf("async from the config file: %q %v", cfg.Async, err)
 	}
 }

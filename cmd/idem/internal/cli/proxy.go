@@ -1206,8 +1206,8 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	fs.BoolVar(&cfg.Maintenance.SoftExpire, "soft-expire", false, "keep expired records as state expired (audit) instead of deleting them")
 	fs.StringVar(&cfg.ResolveURL, "resolve-url", "", "`URL` the reconciler asks about unknown outcomes (protocol above); no reconciler when empty")
 	webhook := registerWebhookFlags(fs)
-	fs.Func("async", "asynchronous `route`, as a method and a ServeMux path pattern, e.g. 'POST /v1/reports' (repeatable): keyed requests get 202 + Location at once and the proxy's worker forwards them", func(v string) error {
-		cfg.Async = append(cfg.Async, v)
+	fs.Func("async", "asynchronous `route`, as a method and a ServeMux path pattern, e.g. 'POST /v1/reports' (repeatable, or a comma list as from the environment or a config file's array): keyed requests get 202 + Location at once and the proxy's worker forwards them", func(v string) error {
+		cfg.Async = append(cfg.Async, splitPatterns(v)...)
 		return nil
 	})
 	fs.DurationVar(&cfg.AsyncWait, "async-wait", 0, "how long an asynchronous request waits for a worker before it ends with 408 (0: 1h, or --ttl when shorter)")
