@@ -42,7 +42,7 @@ func newAsyncRoutes(patterns []string, protected map[string]bool, table *routeTa
 		}
 		canon := canonPattern(pat)
 		if err == nil {
-			err = register(r.mux, canon)
+			err = register(r.mux, canon, http.NotFoundHandler())
 		}
 		if err != nil {
 			return nil, fmt.Errorf("proxy: --async %q: %w", pat, err)
@@ -57,7 +57,7 @@ func newAsyncRoutes(patterns []string, protected map[string]bool, table *routeTa
 			}
 			canon := canonPattern(rt.Pattern)
 			if _, ok := r.routes[canon]; !ok {
-				if err := register(r.mux, canon); err != nil {
+				if err := register(r.mux, canon, http.NotFoundHandler()); err != nil {
 					return nil, fmt.Errorf("proxy: route %q: %w", rt.Pattern, err)
 				}
 			}
@@ -106,15 +106,15 @@ func splitPatterns(v string) []string {
 // spacing are found to be the same.
 func canonPattern(pattern string) string { return strings.Join(strings.Fields(pattern), " ") }
 
-// register adds a pattern to mux, turning its panic on a bad or
-// conflicting pattern into an error.
-func register(mux *http.ServeMux, pattern string) (err error) {
+// register adds pattern to mux with h, turning the mux's panic on a bad
+// or conflicting pattern into an error.
+func register(mux *http.ServeMux, pattern string, h http.Handler) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("%v", p)
 		}
 	}()
-	mux.Handle(pattern, http.NotFoundHandler())
+	mux.Handle(pattern, h)
 	return nil
 }
 

@@ -120,17 +120,11 @@ func (rc *RouteConfig) checkAsync() error {
 
 // handle registers pattern, turning the mux's panic on a bad or
 // conflicting pattern into an error.
-func (t *routeTable) handle(pattern string, h http.Handler) (err error) {
+func (t *routeTable) handle(pattern string, h http.Handler) error {
 	if strings.TrimSpace(pattern) == "" {
 		return errors.New("empty pattern")
 	}
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("%v", p)
-		}
-	}()
-	t.mux.Handle(pattern, h)
-	return nil
+	return register(t.mux, pattern, h)
 }
 
 // match returns the index of the route r matches, if any. A request whose
