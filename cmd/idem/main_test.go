@@ -203,11 +203,16 @@ func (p *proxyProc) stop(t *testing.T) {
 }
 
 // blockingAPI is an upstream whose charge endpoint holds every request
-// until the client side goes away or the test ends.
+// (only the first one with holdFirst) until the client side goes away or
+// the test ends.
 type blockingAPI struct {
 	calls   atomic.Int64
 	entered chan struct{}
 	release chan struct{}
+
+	holdFirst bool
+	mu        sync.Mutex
+	hosts     []string // the Host of every call, in order
 }
 
 func newBlockingAPI(t *testing.T) (*blockingAPI, *httptest.Server) {
@@ -220,14 +225,29 @@ func newBlockingAPI(t *testing.T) (*blockingAPI, *httptest.Server) {
 
 func (a *blockingAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	io.Copy(io.Discard, r.Body)
-	a.calls.Add(1)
+	n := a.calls.Add(1)
+	a.mu.Lock()
+	a.hosts = append(a.hosts, r.Host)
+	a.mu.Unlock()
 	a.entered <- struct{}{}
-	select {
-	case <-r.Context().Done():
-	case <-a.release:
+	if !a.holdFirst || n == 1 {
+		select {
+		case <-r.Context().Done():
+		case <-a.release:
+		}
 	}
 	w.WriteHeader(http.StatusCreated)
 	io.WriteString(w, `{"id":"from-upstream"}`)
+}
+
+// host returns the Host of the n-th call (from 0).
+func (a *blockingAPI) host(n int) string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if n >= len(a.hosts) {
+		return ""
+	}
+	return a.hosts[n]
 }
 
 type reply struct {

@@ -18,71 +18,126 @@ import (
 // upstream, and stores the upstream's answer, which retries and the status
 // resource then replay.
 
-// asyncRoutes matches requests against the --async patterns, with the
-// syntax and precedence of http.ServeMux patterns ("POST /v1/reports",
-// "POST /v1/reports/{id}/export", "POST /v1/batch/").
+// asyncRoutes matches requests against the asynchronous patterns (the
+// --async ones and the config file's "async" routes), with the syntax and
+// precedence of http.ServeMux patterns ("POST /v1/reports",
+// "POST /v1/reports/{id}/export", "POST /v1/batch/"). They are matched
+// before the other routes of the config file.
 type asyncRoutes struct {
-	mux      *http.ServeMux
-	patterns map[string]bool
+	mux *http.ServeMux
+	// routes maps each canonical pattern to its route in the config
+	// file's table, or -1 for an --async pattern no route repeats.
+	routes map[string]int
 }
 
-// newAsyncRoutes checks the patterns: each must name a method the proxy
-// protects and a path.
-func newAsyncRoutes(patterns []string, protected map[string]bool) (r *asyncRoutes, err error) {
-	if len(patterns) == 0 {
-		return nil, nil
-	}
-	r = &asyncRoutes{mux: http.NewServeMux(), patterns: map[string]bool{}}
+// newAsyncRoutes checks the --async patterns (each must name a method the
+// proxy protects and a path) and adds the asynchronous routes of the
+// table, checked by newRouteTable. Nil when there is none.
+func newAsyncRoutes(patterns []string, protected map[string]bool, table *routeTable) (r *asyncRoutes, err error) {
+	r = &asyncRoutes{mux: http.NewServeMux(), routes: map[string]int{}}
 	for _, pat := range patterns {
-		method, path, ok := strings.Cut(strings.TrimSpace(pat), " ")
-		path = strings.TrimSpace(path)
-		switch {
-		case !ok || method == "" || !strings.HasPrefix(path, "/"):
-			return nil, fmt.Errorf("proxy: --async %q: want METHOD /path, e.g. 'POST /v1/reports'", pat)
-		case !protected[method]:
-			return nil, fmt.Errorf("proxy: --async %q: %s is not a protected method (--methods)", pat, method)
-		case strings.HasPrefix(path, idem.DefaultStatusPath) || path+"/" == idem.DefaultStatusPath:
-			return nil, fmt.Errorf("proxy: --async %q: the path is the status resources' own", pat)
+		method, _, err := asyncPattern(pat)
+		if err == nil && !protected[method] {
+			err = fmt.Errorf("%s is not a protected method (--methods)", method)
 		}
-		canon := method + " " + path
-		if err := register(r.mux, canon); err != nil {
+		canon := canonPattern(pat)
+		if err == nil {
+			err = register(r.mux, canon, http.NotFoundHandler())
+		}
+		if err != nil {
 			return nil, fmt.Errorf("proxy: --async %q: %w", pat, err)
 		}
-		r.patterns[canon] = true
+		r.routes[canon] = -1
+	}
+	if table != nil {
+		for i := range table.routes {
+			rt := &table.routes[i]
+			if !rt.Async {
+				continue
+			}
+			canon := canonPattern(rt.Pattern)
+			if _, ok := r.routes[canon]; !ok {
+				if err := register(r.mux, canon, http.NotFoundHandler()); err != nil {
+					return nil, fmt.Errorf("proxy: route %q: %w", rt.Pattern, err)
+				}
+			}
+			r.routes[canon] = i
+		}
+	}
+	if len(r.routes) == 0 {
+		return nil, nil
 	}
 	return r, nil
 }
 
-// register adds a pattern to mux, turning its panic on a bad or
-// conflicting pattern into an error.
-func register(mux *http.ServeMux, pattern string) (err error) {
+// asyncPattern checks an asynchronous pattern: a method and a path, not
+// under the status resources.
+func asyncPattern(pat string) (method, path string, err error) {
+	method, path, ok := strings.Cut(strings.TrimSpace(pat), " ")
+	path = strings.TrimSpace(path)
+	switch {
+	case !ok || method == "" || !strings.HasPrefix(path, "/") || strings.ContainsAny(path, " \t"):
+		return "", "", errors.New("want METHOD /path, e.g. 'POST /v1/reports'")
+	case strings.HasPrefix(path, idem.DefaultStatusPath) || path+"/" == idem.DefaultStatusPath:
+		return "", "", errors.New("the path is the status resources' own")
+	}
+	return method, path, nil
+}
+
+// splitPatterns splits a comma list of asynchronous patterns (an
+// --async value from the environment or a config file's array): a comma
+// starts a new pattern only where a method and a path follow it, so a
+// comma inside a path stays there.
+func splitPatterns(v string) []string {
+	var out []string
+	for _, part := range strings.Split(v, ",") {
+		method, path, ok := strings.Cut(strings.TrimSpace(part), " ")
+		if len(out) == 0 || (ok && upperToken(method) && strings.HasPrefix(strings.TrimSpace(path), "/")) {
+			out = append(out, part)
+			continue
+		}
+		out[len(out)-1] += "," + part
+	}
+	return out
+}
+
+// canonPattern is pattern with its parts separated by one space, so that
+// an --async pattern and a route of the config file written with other
+// spacing are found to be the same.
+func canonPattern(pattern string) string { return strings.Join(strings.Fields(pattern), " ") }
+
+// register adds pattern to mux with h, turning the mux's panic on a bad
+// or conflicting pattern into an error.
+func register(mux *http.ServeMux, pattern string, h http.Handler) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("%v", p)
 		}
 	}()
-	mux.Handle(pattern, http.NotFoundHandler())
+	mux.Handle(pattern, h)
 	return nil
 }
 
-// match reports whether r is on an asynchronous route.
-func (a *asyncRoutes) match(r *http.Request) bool {
+// match reports whether r is on an asynchronous route, and which route of
+// the config file's table it is (-1: an --async pattern of no route).
+func (a *asyncRoutes) match(r *http.Request) (int, bool) {
 	if a == nil {
-		return false
+		return 0, false
 	}
 	_, pattern := a.mux.Handler(r)
-	return a.patterns[pattern]
+	i, ok := a.routes[pattern]
+	return i, ok
 }
 
 // asyncEngineConfig is the engine configuration of the asynchronous
-// routes.
-func (p *Proxy) asyncEngineConfig() idem.Config {
-	cfg := p.engineConfig()
-	cfg.Async = true
-	cfg.AsyncWait = p.cfg.AsyncWait
-	cfg.AsyncKeepHeaders = p.cfg.AsyncKeepHeaders
-	cfg.AsyncQueue = asyncQueue
-	return cfg
+// routes, reporting to obs.
+func (cfg ProxyConfig) asyncEngineConfig(obs idem.Observer) idem.Config {
+	c := cfg.engineConfig(obs)
+	c.Async = true
+	c.AsyncWait = cfg.AsyncWait
+	c.AsyncKeepHeaders = cfg.AsyncKeepHeaders
+	c.AsyncQueue = asyncQueue
+	return c
 }
 
 // asyncQueue is the queue of the proxy's asynchronous requests: proxies
@@ -90,34 +145,26 @@ func (p *Proxy) asyncEngineConfig() idem.Config {
 const asyncQueue = "proxy"
 
 // attachAsync derives the asynchronous engine and its worker from the
-// synchronous engine, and returns the handler that routes between them.
-func (p *Proxy) attachAsync(e *idem.Engine, sync http.Handler) (http.Handler, *idem.Engine, *idem.Worker, error) {
+// synchronous engine; nil without asynchronous routes.
+func (p *Proxy) attachAsync(e *idem.Engine) (*idem.Engine, *idem.Worker, error) {
 	if p.async == nil {
-		return sync, nil, nil, nil
+		return nil, nil, nil
 	}
 	if _, ok := e.Store().(store.Queue); !ok {
-		return nil, nil, nil, errors.New("proxy: --async needs a store that keeps pending requests")
+		return nil, nil, errors.New("proxy: asynchronous routes need a store that keeps pending requests")
 	}
-	ae, err := idem.New(e.Store(), p.asyncEngineConfig())
+	ae, err := idem.New(e.Store(), p.cfg.asyncEngineConfig(p.obs))
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	var w *idem.Worker
 	if p.cfg.AsyncWorkers > 0 {
 		w, err = ae.NewWorker(idem.WorkerConfig{Handler: p.rp, Queue: asyncQueue, Concurrency: p.cfg.AsyncWorkers, Poll: p.cfg.AsyncPoll})
 		if err != nil {
-			return nil, nil, nil, err
+			return nil, nil, err
 		}
 	}
-	async := ae.Middleware(p.rp)
-	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if p.async.match(r) {
-			async.ServeHTTP(w, r)
-			return
-		}
-		sync.ServeHTTP(w, r)
-	})
-	return h, ae, w, nil
+	return ae, w, nil
 }
 
 // serveStatus answers a read of a status resource (GET or HEAD under

@@ -2,12 +2,14 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -287,6 +289,7 @@ func TestProxyAsyncConfigErrors(t *testing.T) {
 		{"unprotected method", func(c *ProxyConfig) { c.Async = []string{"GET /v1/reports"} }, "not a protected method"},
 		{"bad pattern", func(c *ProxyConfig) { c.Async = []string{"POST /v1/{bad"} }, "--async"},
 		{"status path", func(c *ProxyConfig) { c.Async = []string{"POST /.idem/requests/x"} }, "status resources"},
+		{"two patterns in one", func(c *ProxyConfig) { c.Async = []string{"POST /a, post /b"} }, "want METHOD /path"},
 		{"wait beyond ttl", func(c *ProxyConfig) { c.TTL = time.Hour; c.AsyncWait = 2 * time.Hour }, "AsyncWait"},
 		{"negative workers", func(c *ProxyConfig) { c.AsyncWorkers = -1 }, "async-workers"},
 		{"bad keep header", func(c *ProxyConfig) { c.AsyncKeepHeaders = []string{"Bad Name"} }, "AsyncKeepHeaders"},
@@ -310,9 +313,127 @@ func TestProxyAsyncConfigErrors(t *testing.T) {
 	if _, _, _, err := parseProxyFlags([]string{"--upstream", "http://x", "--async-workers", "-1"}, &stderr); err == nil {
 		t.Fatal("--async-workers -1: no error")
 	}
-	cfg, _, _, err := parseProxyFlags([]string{"--upstream", "http://x", "--async", "POST /a", "--async", "POST /b",
+	cfg, _, _, err := parseProxyFlags([]string{"--upstream", "http://x", "--async", "POST /a", "--async", "POST /b,PUT /c/{x},d",
 		"--async-keep-headers", "Authorization,Cookie", "--async-wait", "5m"}, &stderr)
-	if err != nil || len(cfg.Async) != 2 || len(cfg.AsyncKeepHeaders) != 2 || cfg.AsyncWait != 5*time.Minute || cfg.AsyncWorkers != idem.DefaultWorkerConcurrency {
+	if err != nil || !slices.Equal(cfg.Async, []string{"POST /a", "POST /b", "PUT /c/{x},d"}) || len(cfg.AsyncKeepHeaders) != 2 || cfg.AsyncWait != 5*time.Minute || cfg.AsyncWorkers != idem.DefaultWorkerConcurrency {
 		t.Fatalf("flags: %+v %v", cfg, err)
+	}
+}
+
+// An asynchronous route of the config file is what --async makes of its
+// pattern, with the route's fields and lease policy applied to the
+// asynchronous engine; --async for the same pattern adds nothing, and
+// --async for a route of the file makes that route asynchronous with its
+// settings. The other routes stay as they were.
+func TestProxyConfigFileAsyncRoutes(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, async string
+		args        []string
+	}{
+		{"file", `, "async": true`, nil},
+		{"file and flag", `, "async": true`, []string{"--async", "POST  /v1/reports"}},
+		{"flag on a route of the file", "", []string{"--async", "POST /v1/reports"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			api, up := newReportAPI(t)
+			path := writeConfig(t, `{"async-poll": "20ms", "routes": [
+				{"route": "POST /login", "protected": false},
+				{"route": "POST /v1/reports", "fields": ["month"], "lease-policy": "retry"`+tc.async+`},
+				{"route": "POST /v1/charges", "fields": ["amount"]}
+			]}`)
+			p, base := proxyFromFlags(t, up, append([]string{"--config", path}, tc.args...)...)
+			c := client(t)
+
+			loc := wantProxyAccepted(t, send(t, c, "POST", base+"/v1/reports", "r1", `{"month":"11","note":"a"}`), "first request")
+			var last reply
+			eventually(t, "the report to complete", func() bool {
+				last = send(t, c, "GET", base+loc, "", "")
+				return last.status != http.StatusAccepted
+			})
+			want := `{"report":"r1","uri":"/v1/reports","body":"{\"month\":\"11\",\"note\":\"a\"}","auth":""}`
+			if last.status != http.StatusCreated || string(last.body) != want {
+				t.Fatalf("status resource: %d %s, want 201 %s", last.status, last.body, want)
+			}
+			// The route's fields: another note is the same request, another
+			// month is not.
+			if r := send(t, c, "POST", base+"/v1/reports", "r1", `{"month":"11","note":"b"}`); r.status != http.StatusCreated ||
+				r.header.Get("Idempotent-Replayed") != "true" || string(r.body) != want {
+				t.Fatalf("retry with another note: %d %s, want the replay", r.status, r.body)
+			}
+			if r := send(t, c, "POST", base+"/v1/reports", "r1", `{"month":"12"}`); r.status != http.StatusUnprocessableEntity {
+				t.Fatalf("retry with another month: %d %s, want 422", r.status, r.body)
+			}
+			if n := api.count("r1"); n != 1 {
+				t.Fatalf("the report ran %d times upstream, want once", n)
+			}
+			// The route's lease policy is the record's.
+			rec, err := p.Store().Get(context.Background(), scopeOf("", "POST", "/v1/reports"), "r1")
+			if err != nil || rec.LeasePolicy != store.LeaseRetry {
+				t.Fatalf("record: policy %q, %v; want retry", rec.LeasePolicy, err)
+			}
+
+			// The synchronous routes are unchanged: the upstream's answer
+			// at once, its route's fields, no key needed where unprotected.
+			r := send(t, c, "POST", base+"/v1/charges", "c1", `{"amount":1,"note":"a"}`)
+			if r.status != http.StatusCreated || r.header.Get("Location") != "" || api.count("c1") != 1 {
+				t.Fatalf("synchronous route: %d %v %s", r.status, r.header, r.body)
+			}
+			if r := send(t, c, "POST", base+"/v1/charges", "c1", `{"amount":1,"note":"b"}`); r.header.Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("synchronous retry with another note: %d %s, want the replay", r.status, r.body)
+			}
+			if r := send(t, c, "POST", base+"/login", "", `{}`); r.status != http.StatusCreated {
+				t.Fatalf("unprotected route: %d %s", r.status, r.body)
+			}
+			if r := send(t, c, "POST", base+"/v1/other", "o1", `{}`); r.status != http.StatusCreated || r.header.Get("Location") != "" {
+				t.Fatalf("a path of no route: %d %v", r.status, r.header)
+			}
+		})
+	}
+}
+
+// What an asynchronous route cannot be or take stops the proxy at start,
+// with an error naming the route.
+func TestProxyConfigFileAsyncErrors(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		file string
+		args []string
+		want string
+	}{
+		{`{"routes": [{"route": "POST /a", "ttl": "1h", "async": true}]}`, nil, `route "POST /a": ttl and lease do not apply to an asynchronous route`},
+		{`{"routes": [{"route": "POST /a", "lease": "1m", "async": true}]}`, nil, `route "POST /a": ttl and lease do not apply to an asynchronous route`},
+		{`{"routes": [{"route": "POST /a", "ttl": "1h"}]}`, []string{"--async", "POST /a"}, `route "POST /a": ttl and lease do not apply`},
+		{`{"routes": [{"route": "POST /a", "protected": false, "async": true}]}`, nil, `route "POST /a": an asynchronous route`},
+		{`{"routes": [{"route": "POST /a", "protected": false}]}`, []string{"--async", "POST /a"}, `route "POST /a": an asynchronous route`},
+		{`{"routes": [{"route": "/a", "async": true}]}`, nil, `route "/a": want METHOD /path`},
+		{`{"routes": [{"route": "POST example.com/a", "async": true}]}`, nil, `route "POST example.com/a": want METHOD /path`},
+		{`{"routes": [{"route": "POST /.idem/requests/a", "async": true}]}`, nil, `status resources`},
+		{`{"routes": [{"route": "POST /a", "async": "yes"}]}`, nil, `routes:`},
+		{`{"ttl": "1m", "async-wait": "1h", "routes": [{"route": "POST /a", "async": true}]}`, nil, `AsyncWait`},
+	} {
+		path := writeConfig(t, tt.file)
+		args := append([]string{"proxy", "--upstream", "http://x", "--store", "memory:", "--single-tenant", "--config", path}, tt.args...)
+		_, errOut, err := run(args...)
+		if !errors.Is(err, ErrUsage) || !strings.Contains(errOut, tt.want) {
+			t.Errorf("%s %q: %v, want a usage error with %q:\n%s", tt.file, tt.args, err, tt.want, errOut)
+		}
+	}
+	// An asynchronous route whose pattern conflicts with an --async one.
+	_, err := NewProxy(context.Background(), ProxyConfig{Upstream: "http://x", Store: "memory:", Listen: "127.0.0.1:0",
+		SingleTenant: true, Async: []string{"POST /a/{x}"}, Routes: []RouteConfig{{Pattern: "POST /a/{y}", Async: true}}})
+	if err == nil || !strings.Contains(err.Error(), `route "POST /a/{y}"`) {
+		t.Errorf("conflicting asynchronous patterns: %v, want an error naming the route", err)
+	}
+}
+
+// The config file's "async" member, a list, is one --async per pattern.
+func TestProxyConfigFileAsyncList(t *testing.T) {
+	t.Parallel()
+	path := writeConfig(t, `{"async": ["POST /v1/reports", "POST /v1/exports/{kind}"]}`)
+	cfg, _, _, err := parseProxyFlags([]string{"--upstream", "http://x", "--config", path}, io.Discard)
+	if err != nil || !slices.Equal(cfg.Async, []string{"POST /v1/reports", "POST /v1/exports/{kind}"}) {
+		t.Fatalf("async from the config file: %q %v", cfg.Async, err)
 	}
 }

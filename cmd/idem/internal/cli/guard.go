@@ -118,12 +118,16 @@ func (p *Proxy) guard(w http.ResponseWriter, r *http.Request) {
 	g := p.guarded.Load()
 	var h http.Handler // nil while the store is not open
 	protected := p.protected[r.Method]
-	if p.async != nil && p.async.match(r) {
-		// An asynchronous route: the main handler sends it to the
-		// asynchronous engine, whatever the config file says of its path.
+	if i, ok := p.async.match(r); ok {
+		// An asynchronous route (--async or "async" in the config file)
+		// is matched before the other routes: its engine is the
+		// asynchronous one, with the settings of its route if it has one.
 		protected = true
 		if g != nil {
-			h = g.main
+			h = g.async
+			if i >= 0 {
+				h = g.routes[i]
+			}
 		}
 	} else if i, ok := p.routes.match(r); ok {
 		rt := &p.routes.routes[i]

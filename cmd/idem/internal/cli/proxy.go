@@ -196,7 +196,9 @@ type ProxyConfig struct {
 	// Async lists the asynchronous routes, as http.ServeMux patterns
 	// with a method ("POST /v1/reports"): a keyed request on one is
 	// recorded and answered 202 at once, and the proxy's worker forwards
-	// it to the upstream (see idem.Config.Async). Defaults to none.
+	// it to the upstream (see idem.Config.Async). Defaults to none. A
+	// route of Routes with Async is one more; a pattern in both is one
+	// route, with the settings of Routes.
 	Async []string
 	// AsyncWait bounds how long an accepted request waits for a worker
 	// before it ends with 408 (idem.Config.AsyncWait). Zero: 1h, or TTL
@@ -237,15 +239,15 @@ type Proxy struct {
 	buffers   *semaphore.Weighted
 	buffered  atomic.Int64 // bytes held under buffers, for tests
 
-	async *asyncRoutes // nil without --async
+	async *asyncRoutes // nil without asynchronous routes
 
 	// mu guards what attach sets once the store opened; guarded is nil
 	// until then and protected requests are answered 503.
 	mu          sync.Mutex
 	store       store.Store
 	engine      *idem.Engine
-	asyncEngine *idem.Engine            // nil without --async
-	worker      *idem.Worker            // nil without --async
+	asyncEngine *idem.Engine            // nil without asynchronous routes
+	worker      *idem.Worker            // nil without asynchronous routes
 	maint       *maintenance.Maintainer // nil with NoMaintenance
 	guarded     atomic.Pointer[guarded]
 	openErr     error         // why the store is not open yet
@@ -264,6 +266,7 @@ type Proxy struct {
 // and that of each route's own engine (nil for unprotected routes).
 type guarded struct {
 	main   http.Handler
+	async  http.Handler // of the --async patterns no route repeats; nil without them
 	routes []http.Handler
 }
 
@@ -413,13 +416,10 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 	if len(p.protected) == 0 {
 		p.protected = map[string]bool{http.MethodPost: true, http.MethodPatch: true}
 	}
-	if p.async, err = newAsyncRoutes(cfg.Async, p.protected); err != nil {
+	if p.async, err = newAsyncRoutes(cfg.Async, p.protected, p.routes); err != nil {
 		return nil, err
 	}
 	if p.async != nil {
-		if _, err := idem.New(memory.New(memory.Config{}), p.asyncEngineConfig()); err != nil {
-			return nil, err
-		}
 		if cfg.AsyncWorkers < 0 || cfg.AsyncPoll < 0 {
 			return nil, errors.New("proxy: --async-workers and --async-poll must not be negative")
 		}
@@ -534,15 +534,22 @@ func (p *Proxy) engineConfig() idem.Config { return p.cfg.engineConfig(p.obs) }
 // route's, whether or not the store answers: a typo must fail at start,
 // not when the database comes up. It returns the routes' table.
 func (cfg ProxyConfig) checkSettings() (*routeTable, error) {
-	routes, err := newRouteTable(cfg.Routes)
+	routes, err := newRouteTable(cfg.Routes, cfg.Async)
 	if err != nil {
 		return nil, err
 	}
-	e, err := idem.New(memory.New(memory.Config{}), cfg.engineConfig(nil))
+	s := memory.New(memory.Config{})
+	e, err := idem.New(s, cfg.engineConfig(nil))
 	if err != nil {
 		return nil, err
 	}
-	if _, err := routes.routeEngines(e); err != nil {
+	var ae *idem.Engine
+	if len(cfg.Async) > 0 || routes.hasAsync() {
+		if ae, err = idem.New(s, cfg.asyncEngineConfig(nil)); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := routes.routeEngines(e, ae); err != nil {
 		return nil, err
 	}
 	return routes, nil
@@ -608,7 +615,11 @@ func (p *Proxy) attach(s store.Store) error {
 	if err != nil {
 		return err
 	}
-	engines, err := p.routes.routeEngines(e)
+	ae, w, err := p.attachAsync(e)
+	if err != nil {
+		return err
+	}
+	engines, err := p.routes.routeEngines(e, ae)
 	if err != nil {
 		return fmt.Errorf("proxy: %w", err)
 	}
@@ -620,12 +631,11 @@ func (p *Proxy) attach(s store.Store) error {
 			return fmt.Errorf("proxy: %w", err)
 		}
 	}
-	main, ae, w, err := p.attachAsync(e, p.engine.Middleware(p.rp))
-	if err != nil {
-		return err
-	}
 	p.asyncEngine, p.worker = ae, w
-	g := &guarded{main: main, routes: make([]http.Handler, len(engines))}
+	g := &guarded{main: e.Middleware(p.rp), routes: make([]http.Handler, len(engines))}
+	if ae != nil {
+		g.async = ae.Middleware(p.rp)
+	}
 	for i, re := range engines {
 		if re != nil {
 			g.routes[i] = re.Middleware(p.rp)
@@ -1076,7 +1086,11 @@ worker of any proxy on the store (--async-workers each, 0 for none) forwards
 it to the upstream once and stores the answer, which retries with the key and
 GET Location (same tenant only) then replay. A request no worker claims
 within --async-wait ends with a stored 408. Authorization and Cookie are
-never stored unless --async-keep-headers names them.
+never stored unless --async-keep-headers names them. A route of the config
+file with "async": true is the same as --async for its pattern (both may be
+given: one route, with the file's key-required, fields and lease-policy; an
+asynchronous route takes no ttl or lease and cannot be "protected": false).
+Asynchronous patterns are matched before the file's other routes.
 Per-tenant protection (off by default): --tenant-rate limits the new keys
 a tenant sends a second (key spraying: a client minting a fresh key per
 request to defeat deduplication, or filling the store), per proxy;
@@ -1192,8 +1206,8 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	fs.BoolVar(&cfg.Maintenance.SoftExpire, "soft-expire", false, "keep expired records as state expired (audit) instead of deleting them")
 	fs.StringVar(&cfg.ResolveURL, "resolve-url", "", "`URL` the reconciler asks about unknown outcomes (protocol above); no reconciler when empty")
 	webhook := registerWebhookFlags(fs)
-	fs.Func("async", "asynchronous `route`, as a method and a ServeMux path pattern, e.g. 'POST /v1/reports' (repeatable): keyed requests get 202 + Location at once and the proxy's worker forwards them", func(v string) error {
-		cfg.Async = append(cfg.Async, v)
+	fs.Func("async", "asynchronous `route`, as a method and a ServeMux path pattern, e.g. 'POST /v1/reports' (repeatable, or a comma list as from the environment or a config file's array): keyed requests get 202 + Location at once and the proxy's worker forwards them", func(v string) error {
+		cfg.Async = append(cfg.Async, splitPatterns(v)...)
 		return nil
 	})
 	fs.DurationVar(&cfg.AsyncWait, "async-wait", 0, "how long an asynchronous request waits for a worker before it ends with 408 (0: 1h, or --ttl when shorter)")

@@ -117,7 +117,7 @@ func TestProxyConfigFileRoutes(t *testing.T) {
 func TestProxyConfigFileErrors(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct{ file, want string }{
-		{`{"routes": [{"route": "POST /a", "ttl": "1h", "async": true}]}`, `unknown field "async"`},
+		{`{"routes": [{"route": "POST /a", "tll": "1h"}]}`, `unknown field "tll"`},
 		{`{"tll": "1h"}`, `unknown setting "tll"`},
 		{`{"config": "other.json"}`, `unknown setting "config"`},
 		{`{"routes": [{"route": "POST /v1/{id"}]}`, `route "POST /v1/{id"`},

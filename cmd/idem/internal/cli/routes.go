@@ -33,10 +33,19 @@ type RouteConfig struct {
 	// empty, non-nil list fingerprints the whole body.
 	Fields []string
 	// TTL, Lease and LeasePolicy override the engine's settings of the
-	// same name.
+	// same name. An asynchronous route takes no TTL or Lease: the
+	// workers, which serve every asynchronous route, run its requests
+	// under the proxy's lease and keep their answers for its TTL.
 	TTL         time.Duration
 	Lease       time.Duration
 	LeasePolicy string
+	// Async makes the route asynchronous, as ProxyConfig.Async does for
+	// its pattern (which must then name a method and a path): a keyed
+	// request is recorded and answered 202 at once, and a worker forwards
+	// it. KeyRequired, Fields and LeasePolicy apply to it, as they are
+	// decided when the request is accepted. A pattern both in
+	// ProxyConfig.Async and here is one route, with these settings.
+	Async bool
 }
 
 // routeTable matches requests to the proxy's routes.
@@ -58,15 +67,24 @@ type routeIndex int
 func (routeIndex) ServeHTTP(http.ResponseWriter, *http.Request) {}
 
 // newRouteTable checks the routes and builds their table; nil without
-// routes. A pattern the mux refuses, or two that conflict, is an error
-// naming the route.
-func newRouteTable(routes []RouteConfig) (*routeTable, error) {
+// routes. A route whose pattern is one of the --async patterns (async) is
+// asynchronous. A pattern the mux refuses, two that conflict, or a setting
+// an asynchronous route cannot take is an error naming the route.
+func newRouteTable(routes []RouteConfig, async []string) (*routeTable, error) {
 	if len(routes) == 0 {
 		return nil, nil
+	}
+	flagged := map[string]bool{}
+	for _, pat := range async {
+		flagged[canonPattern(pat)] = true
 	}
 	t := &routeTable{mux: http.NewServeMux()}
 	for i, rc := range routes {
 		if err := t.handle(rc.Pattern, routeIndex(i)); err != nil {
+			return nil, fmt.Errorf("route %q: %w", rc.Pattern, err)
+		}
+		rc.Async = rc.Async || flagged[canonPattern(rc.Pattern)]
+		if err := rc.checkAsync(); err != nil {
 			return nil, fmt.Errorf("route %q: %w", rc.Pattern, err)
 		}
 		r := route{RouteConfig: rc}
@@ -85,19 +103,28 @@ func newRouteTable(routes []RouteConfig) (*routeTable, error) {
 	return t, nil
 }
 
+// checkAsync refuses what an asynchronous route cannot be or take.
+func (rc *RouteConfig) checkAsync() error {
+	switch {
+	case !rc.Async:
+		return nil
+	case rc.Unprotected:
+		return errors.New(`an asynchronous route ("async": true or --async) must be protected: it cannot also be "protected": false`)
+	case rc.TTL != 0 || rc.Lease != 0:
+		return errors.New("ttl and lease do not apply to an asynchronous route: the workers run every asynchronous request " +
+			"under --lease and keep its answer for --ttl (key-required, fields and lease-policy do apply)")
+	}
+	_, _, err := asyncPattern(rc.Pattern)
+	return err
+}
+
 // handle registers pattern, turning the mux's panic on a bad or
 // conflicting pattern into an error.
-func (t *routeTable) handle(pattern string, h http.Handler) (err error) {
+func (t *routeTable) handle(pattern string, h http.Handler) error {
 	if strings.TrimSpace(pattern) == "" {
 		return errors.New("empty pattern")
 	}
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("%v", p)
-		}
-	}()
-	t.mux.Handle(pattern, h)
-	return nil
+	return register(t.mux, pattern, h)
 }
 
 // match returns the index of the route r matches, if any. A request whose
@@ -110,6 +137,19 @@ func (t *routeTable) match(r *http.Request) (int, bool) {
 	h, _ := t.mux.Handler(r)
 	i, ok := h.(routeIndex)
 	return int(i), ok
+}
+
+// hasAsync reports whether a route is asynchronous.
+func (t *routeTable) hasAsync() bool {
+	if t == nil {
+		return false
+	}
+	for i := range t.routes {
+		if t.routes[i].Async {
+			return true
+		}
+	}
+	return false
 }
 
 // modify applies the route's settings to a copy of the proxy's engine
@@ -135,10 +175,10 @@ func (r *route) modify(c *idem.Config) {
 	}
 }
 
-// routeEngines derives the engine of every protected route from e; an
-// unprotected route gets nil. An invalid setting is an error naming the
-// route.
-func (t *routeTable) routeEngines(e *idem.Engine) ([]*idem.Engine, error) {
+// routeEngines derives the engine of every protected route from e, of
+// every asynchronous route from the asynchronous engine ae; an unprotected
+// route gets nil. An invalid setting is an error naming the route.
+func (t *routeTable) routeEngines(e, ae *idem.Engine) ([]*idem.Engine, error) {
 	if t == nil {
 		return nil, nil
 	}
@@ -148,7 +188,11 @@ func (t *routeTable) routeEngines(e *idem.Engine) ([]*idem.Engine, error) {
 		if r.Unprotected {
 			continue
 		}
-		d, err := e.With(r.modify)
+		base := e
+		if r.Async {
+			base = ae
+		}
+		d, err := base.With(r.modify)
 		if err != nil {
 			return nil, fmt.Errorf("route %q: %w", r.Pattern, err)
 		}
@@ -172,13 +216,16 @@ the flags' settings:
       {"route": "POST /login", "protected": false},
       {"route": "POST /v1/charges", "fields": ["amount", "payment.currency"]},
       {"route": "POST /v1/exports", "ttl": "1h", "lease-policy": "retry"},
-      {"route": "PATCH /v1/profile/{id}", "key-required": false}
+      {"route": "PATCH /v1/profile/{id}", "key-required": false},
+      {"route": "POST /v1/reports", "async": true, "fields": ["month"]}
     ]
   }
 A route's members: route (the pattern; with a method, that method is the
 one protected there), protected (false: straight to the upstream, no key
 read), key-required, fields (an empty list: the whole body), ttl, lease,
-lease-policy. An unknown member is an error.`
+lease-policy, async (true: as --async for the pattern, which must then be
+METHOD /path; it takes key-required, fields and lease-policy, not ttl or
+lease, and cannot be unprotected). An unknown member is an error.`
 
 // routeJSON is a route in the config file.
 type routeJSON struct {
@@ -189,6 +236,7 @@ type routeJSON struct {
 	TTL         *duration `json:"ttl"`
 	Lease       *duration `json:"lease"`
 	LeasePolicy string    `json:"lease-policy"`
+	Async       bool      `json:"async"`
 }
 
 // duration is a time.Duration written as Go writes it ("90s", "1h30m").
@@ -265,7 +313,7 @@ func loadConfig(fs *flag.FlagSet, path string) ([]RouteConfig, error) {
 			return nil, fmt.Errorf("%s: routes[%d]: no \"route\" pattern", path, i)
 		}
 		rc := RouteConfig{Pattern: r.Route, KeyRequired: r.KeyRequired, Fields: r.Fields, LeasePolicy: r.LeasePolicy,
-			Unprotected: r.Protected != nil && !*r.Protected}
+			Unprotected: r.Protected != nil && !*r.Protected, Async: r.Async}
 		if r.TTL != nil {
 			rc.TTL = time.Duration(*r.TTL)
 		}
