@@ -24,26 +24,10 @@ const qPendingCreate = `INSERT INTO idem_records (scope, key, fingerprint, state
 	locked_until, attempts, created_at, updated_at, expires_at, queue, request, tenant)
 VALUES (?1, ?2, ?3, 'pending', max(?6, 1), ?4, ?5, 0, ?6, ?6, ?7, ?8, ?9, ?10)
 ON CONFLICT (scope, key) DO UPDATE SET
-	fingerprint = excluded.fingerprint,
-	tenant = excluded.tenant,
 	state = 'pending',
-	fence = max(fence + 1, excluded.fence),
-	lease_policy = excluded.lease_policy,
-	locked_until = excluded.locked_until,
-	recovery_point = '',
-	response_status = NULL,
-	response_headers = NULL,
-	response_body = NULL,
-	response_body_omitted = 0,
-	last_error = '',
 	attempts = 0,
-	created_at = excluded.created_at,
-	updated_at = excluded.updated_at,
-	completed_at = NULL,
-	expires_at = excluded.expires_at,
-	reconcile_after = NULL,
-	reconcile_attempts = 0,
 	dead_lettered_at = NULL,
+` + qRecreate + `,
 	queue = excluded.queue,
 	request = excluded.request
 RETURNING ` + pendingColumns

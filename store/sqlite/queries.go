@@ -28,13 +28,11 @@ const qGet = `SELECT ` + recordColumns + ` FROM idem_records WHERE scope = ?1 AN
 const qActive = `SELECT count(*) FROM idem_records
 WHERE tenant = ?1 AND state NOT IN ('completed', 'failed_retryable', 'expired')`
 
-const qCreate = `INSERT INTO idem_records (scope, key, fingerprint, state, fence, lease_policy,
-	locked_until, attempts, created_at, updated_at, expires_at, tenant)
-VALUES (?1, ?2, ?3, 'in_progress', max(?6, 1), ?4, ?5, 1, ?6, ?6, ?7, ?8)
-ON CONFLICT (scope, key) DO UPDATE SET
-	fingerprint = excluded.fingerprint,
+// qRecreate is what a reservation that replaces a record (a new key on an
+// expired one) writes over it, whatever state it starts in: qCreate's and
+// qPendingCreate's shared assignments.
+const qRecreate = `	fingerprint = excluded.fingerprint,
 	tenant = excluded.tenant,
-	state = 'in_progress',
 	fence = max(fence + 1, excluded.fence),
 	lease_policy = excluded.lease_policy,
 	locked_until = excluded.locked_until,
@@ -44,13 +42,20 @@ ON CONFLICT (scope, key) DO UPDATE SET
 	response_body = NULL,
 	response_body_omitted = 0,
 	last_error = '',
-	attempts = 1,
 	created_at = excluded.created_at,
 	updated_at = excluded.updated_at,
 	completed_at = NULL,
 	expires_at = excluded.expires_at,
 	reconcile_after = NULL,
-	reconcile_attempts = 0
+	reconcile_attempts = 0`
+
+const qCreate = `INSERT INTO idem_records (scope, key, fingerprint, state, fence, lease_policy,
+	locked_until, attempts, created_at, updated_at, expires_at, tenant)
+VALUES (?1, ?2, ?3, 'in_progress', max(?6, 1), ?4, ?5, 1, ?6, ?6, ?7, ?8)
+ON CONFLICT (scope, key) DO UPDATE SET
+	state = 'in_progress',
+	attempts = 1,
+` + qRecreate + `
 WHERE state = 'expired'
 	OR (state IN ('completed', 'failed_retryable') AND expires_at <= excluded.created_at)
 RETURNING ` + recordColumns

@@ -29,7 +29,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -43,6 +42,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idem-go/idem/cmd/idem/internal/tools/benchnet"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -143,7 +143,7 @@ func run(o options) error {
 		}
 	}()
 	for range o.proxies {
-		addr, err := freeAddr()
+		addr, err := benchnet.FreeAddr()
 		if err != nil {
 			return err
 		}
@@ -155,7 +155,7 @@ func run(o options) error {
 			return err
 		}
 		procs = append(procs, cmd)
-		if err := waitListening(addr); err != nil {
+		if err := benchnet.WaitListening(addr); err != nil {
 			return err
 		}
 		bases = append(bases, "http://"+addr)
@@ -325,26 +325,4 @@ func pct(ds []time.Duration, p int) time.Duration {
 	slices.Sort(s)
 	i := min(len(s)-1, len(s)*p/100)
 	return s[i].Round(10 * time.Microsecond)
-}
-
-func freeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
-}
-
-func waitListening(addr string) error {
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
-			return nil
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return errors.New("did not start listening within 30s")
 }

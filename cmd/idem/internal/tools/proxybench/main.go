@@ -53,6 +53,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idem-go/idem/cmd/idem/internal/tools/benchnet"
 	"github.com/idem-go/idem/store/postgres"
 )
 
@@ -200,7 +201,7 @@ func run(o options) error {
 		return err
 	}
 	spawn := func(bin string, args ...string) (string, error) {
-		addr, err := freeAddr()
+		addr, err := benchnet.FreeAddr()
 		if err != nil {
 			return "", err
 		}
@@ -210,7 +211,7 @@ func run(o options) error {
 			return "", err
 		}
 		procs = append(procs, cmd)
-		if err := waitListening(addr); err != nil {
+		if err := benchnet.WaitListening(addr); err != nil {
 			return "", fmt.Errorf("%s %s: %w", filepath.Base(bin), strings.Join(args, " "), err)
 		}
 		return "http://" + addr, nil
@@ -372,28 +373,6 @@ func parseBaselines(v string) ([]binary, error) {
 		bins = append(bins, binary{"-" + name, bin})
 	}
 	return bins, nil
-}
-
-func freeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
-}
-
-func waitListening(addr string) error {
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
-			return nil
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return errors.New("did not start listening within 30s")
 }
 
 func withSearchPath(raw, schema string) string {
