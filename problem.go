@@ -106,7 +106,7 @@ var (
 		title:  "Too many new Idempotency-Keys from this tenant; the request was not processed",
 		stripe: "Too many new idempotent requests from this account; the request was not executed, please retry later."}
 	probOverCap = &problemType{slug: SlugOverCap, status: 429, retry: true,
-		title:  "This tenant has too many requests in progress or awaiting reconciliation; the request was not processed",
+		title:  "This tenant has too many requests waiting, in progress or awaiting reconciliation; the request was not processed",
 		stripe: "Too many idempotent requests of this account are still in progress; the request was not executed, please retry later."}
 )
 

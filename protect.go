@@ -168,7 +168,7 @@ func (e *Engine) limited(ctx context.Context, tenant, outcome string, p *problem
 // overCap answers a reservation the store refused at the tenant's cap.
 func (e *Engine) overCap(ctx context.Context, tenant string) Answer {
 	return e.limited(ctx, tenant, outcomeOverCap, probOverCap, 0,
-		"the tenant holds "+strconv.Itoa(e.cfg.TenantMaxActive)+" requests in progress or awaiting reconciliation")
+		"the tenant holds "+strconv.Itoa(e.cfg.TenantMaxActive)+" requests waiting for a worker, in progress or awaiting reconciliation")
 }
 
 // tenantObs reports outcome for tenant to a TenantObserver.
