@@ -259,10 +259,13 @@ func UnaryServerInterceptor(e *idem.Engine, cfg Config) grpc.UnaryServerIntercep
 	if cfg.KeyReusedCode == codes.OK {
 		cfg.KeyReusedCode = codes.FailedPrecondition
 	}
-	if cfg.Wait > 0 || cfg.RetryAfter > 0 || cfg.MaxResponseBytes > 0 || cfg.Logger != nil {
-		// The engine applies them; the settings left zero keep e's.
+	// The engine applies the settings; those left zero keep e's. A unary
+	// call has no asynchronous answer (no 202, no status resource), so an
+	// engine made for asynchronous HTTP routes runs calls synchronously.
+	{
 		var err error
 		e, err = e.With(func(c *idem.Config) {
+			c.Async = false
 			if cfg.Wait > 0 {
 				c.Wait = cfg.Wait
 			}

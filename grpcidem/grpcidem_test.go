@@ -349,6 +349,21 @@ func TestKeyReused(t *testing.T) {
 	})
 }
 
+// An engine made for asynchronous HTTP routes runs unary calls at once: a
+// call has no 202 or status resource to come back to.
+func TestAsynchronousEngineRunsCallsAtOnce(t *testing.T) {
+	t.Parallel()
+	engine, err := idem.New(memoryStore(t), idem.Config{Async: true, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{health: &health{}}
+	f.client = serve(t, grpc.ChainUnaryInterceptor(grpcidem.UnaryServerInterceptor(engine, grpcidem.Config{Logger: quiet})), f.health)
+	wantOK(t, f.check(ctx, "k", "db"), hpb.HealthCheckResponse_SERVING, false)
+	wantOK(t, f.check(ctx, "k", "db"), hpb.HealthCheckResponse_SERVING, true)
+	wantCalls(t, f, 1)
+}
+
 func TestKeyReusedCode(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, memoryStore(t), grpcidem.Config{KeyReusedCode: codes.InvalidArgument})
