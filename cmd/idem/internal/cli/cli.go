@@ -136,6 +136,24 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	return pos, nil
 }
 
+// parseFlags is parse for a command that takes flags only: a positional
+// argument is a usage error. It then settles dsns (dsnFlag.resolve).
+func parseFlags(fs *flag.FlagSet, args []string, dsns ...*dsnFlag) error {
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usageErr(fs, "unexpected argument %q", pos[0])
+	}
+	for _, d := range dsns {
+		if err := d.resolve(fs); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {

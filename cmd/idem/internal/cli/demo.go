@@ -247,12 +247,8 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) (err 
 	dsn := fs.String("store", "", "store `DSN` of the proxy (default: sqlite: in a temporary directory)")
 	listen := fs.String("listen", "127.0.0.1:0", "`address` of the proxy (default: a free loopback port)")
 	delay := fs.Duration("delay", 300*time.Millisecond, "how long the fake API takes for a charge (lets duplicates meet)")
-	pos, err := parse(fs, args)
-	if err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
-	}
-	if len(pos) > 0 {
-		return usageErr(fs, "unexpected argument %q", pos[0])
 	}
 	if *delay < 0 {
 		return usageErr(fs, "--delay must not be negative")

@@ -102,12 +102,8 @@ page do not shift later pages.
 	limit := fs.Int("limit", 50, "records per page, `N` from 1 to "+strconv.Itoa(store.MaxListLimit))
 	after := fs.String("after", "", "continue after this `CURSOR`, printed at the end of the previous page")
 	asJSON := fs.Bool("json", false, "print the page as one JSON object: records and the next cursor")
-	pos, err := parse(fs, args)
-	if err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
-	}
-	if len(pos) > 0 {
-		return usageErr(fs, "unexpected argument %q", pos[0])
 	}
 	f, err := k.filter(fs)
 	if err != nil {

@@ -92,15 +92,8 @@ resume stay for their retry to take over. The proxy runs this every
 --sweep-interval unless --maintenance=false.`, stderr)
 	dsn := storeFlag(fs)
 	batch := fs.Int("batch", maintenance.DefaultBatchSize, "records changed per store call")
-	pos, err := parse(fs, args)
-	if err != nil {
+	if err := parseFlags(fs, args, dsn); err != nil {
 		return err
-	}
-	if err := dsn.resolve(fs); err != nil {
-		return err
-	}
-	if len(pos) > 0 {
-		return usageErr(fs, "unexpected argument %q", pos[0])
 	}
 	if err := positive(fs, "batch", *batch); err != nil {
 		return err
@@ -131,15 +124,8 @@ batches done and records processed on stderr as the pass goes.`, stderr)
 	abandonedTTL := fs.Duration("abandoned-ttl", maintenance.DefaultAbandonedTTL, "how long an abandoned record keeps its 504 answer")
 	var pf progressFlags
 	pf.register(fs)
-	pos, err := parse(fs, args)
-	if err != nil {
+	if err := parseFlags(fs, args, dsn); err != nil {
 		return err
-	}
-	if err := dsn.resolve(fs); err != nil {
-		return err
-	}
-	if len(pos) > 0 {
-		return usageErr(fs, "unexpected argument %q", pos[0])
 	}
 	if err := positive(fs, "batch", *batch); err != nil {
 		return err
@@ -205,15 +191,8 @@ RECONCILE_AFTER column. ATTEMPTS counts reconciliation attempts.`, stderr)
 	all := fs.Bool("all", false, "list every unknown record, not only the due ones")
 	limit := fs.Int("limit", 100, "list at most `N` records")
 	asJSON := fs.Bool("json", false, "print one JSON object per line instead of a table")
-	pos, err := parse(fs, args)
-	if err != nil {
+	if err := parseFlags(fs, args, dsn); err != nil {
 		return err
-	}
-	if err := dsn.resolve(fs); err != nil {
-		return err
-	}
-	if len(pos) > 0 {
-		return usageErr(fs, "unexpected argument %q", pos[0])
 	}
 	if err := positive(fs, "limit", *limit); err != nil {
 		return err
@@ -379,15 +358,8 @@ asked about on stderr as the pass goes.
 	batch := fs.Int("batch", maintenance.DefaultBatchSize, "records asked about per store call")
 	var pf progressFlags
 	pf.register(fs)
-	pos, err := parse(fs, args)
-	if err != nil {
+	if err := parseFlags(fs, args, dsn); err != nil {
 		return err
-	}
-	if err := dsn.resolve(fs); err != nil {
-		return err
-	}
-	if len(pos) > 0 {
-		return usageErr(fs, "unexpected argument %q", pos[0])
 	}
 	if *resolveURL == "" {
 		return usageErr(fs, "--resolve-url is required")

@@ -29,15 +29,8 @@ The proxy migrates at start unless --migrate=false; run this instead when
 the proxy's database user may not change the schema. Memory and Redis
 stores have no schema.`, stderr)
 	dsn := storeFlag(fs)
-	pos, err := parse(fs, args)
-	if err != nil {
+	if err := parseFlags(fs, args, dsn); err != nil {
 		return err
-	}
-	if err := dsn.resolve(fs); err != nil {
-		return err
-	}
-	if len(pos) > 0 {
-		return usageErr(fs, "unexpected argument %q", pos[0])
 	}
 	d, err := storeurl.Parse(dsn.value)
 	if err != nil {

@@ -82,12 +82,8 @@ and whether the checkout had uncommitted changes (when the build recorded
 them), and the Go version and platform it was built with. Quote it in bug
 reports.`, stderr)
 	asJSON := fs.Bool("json", false, "print a JSON object (module, version, revision, time, modified, go, platform)")
-	pos, err := parse(fs, args)
-	if err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
-	}
-	if len(pos) > 0 {
-		return usageErr(fs, "unexpected argument %q", pos[0])
 	}
 	b := readBuildInfo()
 	if *asJSON {
@@ -95,6 +91,6 @@ reports.`, stderr)
 		enc.SetIndent("", "  ")
 		return enc.Encode(b)
 	}
-	_, err = fmt.Fprintln(stdout, b)
+	_, err := fmt.Fprintln(stdout, b)
 	return err
 }
