@@ -62,8 +62,14 @@ var benchResponse = store.Response{
 	Body:   []byte(`{"id":"pay_1","amount":100,"currency":"EUR"}`),
 }
 
-// BenchmarkReserveComplete: one new request, reserve then complete.
-func BenchmarkReserveComplete(b *testing.B) {
+// BenchmarkReserveComplete: one new request, reserve then complete;
+// BenchmarkReserveCompleteCapped: the same under a tenant cap that is never
+// reached (what the cap's count and lock cost).
+func BenchmarkReserveComplete(b *testing.B) { benchReserveComplete(b, 0) }
+
+func BenchmarkReserveCompleteCapped(b *testing.B) { benchReserveComplete(b, 1_000_000) }
+
+func benchReserveComplete(b *testing.B, maxActive int) {
 	s := benchStore(b)
 	ctx := context.Background()
 	var seq atomic.Int64
@@ -72,6 +78,9 @@ func BenchmarkReserveComplete(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			p := reserveParams(fmt.Sprint("new-", seq.Add(1)))
+			if maxActive > 0 {
+				p.Tenant, p.MaxActive = "acme", maxActive
+			}
 			r, err := s.Reserve(ctx, p)
 			if err != nil || r.Outcome != store.Created {
 				b.Fatalf("reserve: %v %v", r.Outcome, err)
