@@ -15,6 +15,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/enginetest"
+	"github.com/idem-go/idem/internal/obstest"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/memory"
 )
@@ -49,36 +50,12 @@ func (o *outageStore) Get(ctx context.Context, scope, key string) (store.Record,
 	return o.Store.Get(ctx, scope, key)
 }
 
-// eventObserver counts the engine's events.
-type eventObserver struct {
-	mu     sync.Mutex
-	events map[string]int64
-}
-
-func (o *eventObserver) Reserve(context.Context, string)                        {}
-func (o *eventObserver) StoreCall(context.Context, string, time.Duration, bool) {}
-func (o *eventObserver) FinishFailed(context.Context, string)                   {}
-func (o *eventObserver) Step(ctx context.Context, _ idem.Step) (context.Context, func(idem.StepEnd)) {
-	return ctx, func(idem.StepEnd) {}
-}
-func (o *eventObserver) Event(_ context.Context, name string, n int64) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.events[name] += n
-}
-
-func (o *eventObserver) count(name string) int64 {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.events[name]
-}
-
 type breakerEnv struct {
 	t    *testing.T
 	clk  *stepClock
 	st   *outageStore
 	h    http.Handler
-	obs  *eventObserver
+	obs  *obstest.Recorder
 	logs *bytes.Buffer
 	runs atomic.Int64
 	n    int
@@ -88,7 +65,7 @@ func newBreakerEnv(t *testing.T, cfg idem.Config) *breakerEnv {
 	t.Helper()
 	clk := newStepClock()
 	b := &breakerEnv{t: t, clk: clk, st: &outageStore{Store: memory.New(memory.Config{Clock: clk.Now})},
-		obs: &eventObserver{events: map[string]int64{}}, logs: &bytes.Buffer{}}
+		obs: &obstest.Recorder{}, logs: &bytes.Buffer{}}
 	cfg.Observer = b.obs
 	cfg.Logger = slog.New(slog.NewTextHandler(&lockedWriter{w: b.logs}, nil))
 	e, err := idem.New(b.st, cfg)
@@ -145,8 +122,8 @@ func TestBreakerOpensProbesAndCloses(t *testing.T) {
 	if got := b.st.reserves.Load(); got != 3 {
 		t.Fatalf("%d reservations reached the store, want 3", got)
 	}
-	if b.obs.count("breaker_opened") != 1 || !strings.Contains(b.logs.String(), "circuit breaker opened") {
-		t.Fatalf("opening not reported: events %v, log %s", b.obs.events, b.logs)
+	if b.obs.Events()["breaker_opened"] != 1 || !strings.Contains(b.logs.String(), "circuit breaker opened") {
+		t.Fatalf("opening not reported: events %v, log %s", b.obs.Events(), b.logs)
 	}
 
 	// Open: refused at once, the store untouched, Retry-After the time left.
@@ -174,7 +151,7 @@ func TestBreakerOpensProbesAndCloses(t *testing.T) {
 	if ra := b.want(503, "reopened at the bound"); ra != "5" {
 		t.Fatalf("Retry-After %q, want 5 (BreakerMaxOpen)", ra)
 	}
-	if got := b.obs.count("breaker_opened"); got != 3 {
+	if got := b.obs.Events()["breaker_opened"]; got != 3 {
 		t.Fatalf("breaker_opened = %d, want 3", got)
 	}
 
@@ -183,8 +160,8 @@ func TestBreakerOpensProbesAndCloses(t *testing.T) {
 	b.clk.Advance(5 * time.Second)
 	b.want(201, "successful probe")
 	b.want(201, "closed")
-	if b.obs.count("breaker_closed") != 1 || !strings.Contains(b.logs.String(), "circuit breaker closed") {
-		t.Fatalf("closing not reported: events %v, log %s", b.obs.events, b.logs)
+	if b.obs.Events()["breaker_closed"] != 1 || !strings.Contains(b.logs.String(), "circuit breaker closed") {
+		t.Fatalf("closing not reported: events %v, log %s", b.obs.Events(), b.logs)
 	}
 	if got := b.runs.Load(); got != 2 {
 		t.Fatalf("the handler ran %d times, want 2 (never while the store was refused)", got)
@@ -212,7 +189,7 @@ func TestBreakerNeedsFailuresInARow(t *testing.T) {
 		b.st.down.Store(false)
 		b.want(201, "success")
 	}
-	if got := b.obs.count("breaker_opened"); got != 0 {
+	if got := b.obs.Events()["breaker_opened"]; got != 0 {
 		t.Fatalf("breaker opened %d times on alternating failures", got)
 	}
 }

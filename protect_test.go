@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/obstest"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/memory"
 )
@@ -24,7 +25,7 @@ type tenantEnv struct {
 	clk  *stepClock
 	st   *memory.Store
 	h    http.Handler
-	obs  *tenantObserver
+	obs  *obstest.Recorder
 	mu   sync.Mutex
 	runs int
 	// hold, when set, keeps the handlers of keys starting with "held"
@@ -35,7 +36,7 @@ type tenantEnv struct {
 func newTenantEnv(t *testing.T, cfg idem.Config) *tenantEnv {
 	t.Helper()
 	clk := newStepClock()
-	te := &tenantEnv{t: t, clk: clk, st: memory.New(memory.Config{Clock: clk.Now}), obs: &tenantObserver{counts: map[string]int{}}}
+	te := &tenantEnv{t: t, clk: clk, st: memory.New(memory.Config{Clock: clk.Now}), obs: &obstest.Recorder{}}
 	cfg.Tenant = func(r *http.Request) string { return r.Header.Get("X-Tenant") }
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	cfg.Observer = te.obs
@@ -100,25 +101,6 @@ func (te *tenantEnv) ran() int {
 	return te.runs
 }
 
-// tenantObserver counts TenantReserve reports as "tenant/outcome".
-type tenantObserver struct {
-	eventObserver
-	mu     sync.Mutex
-	counts map[string]int
-}
-
-func (o *tenantObserver) TenantReserve(_ context.Context, tenant, outcome string) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.counts[tenant+"/"+outcome]++
-}
-
-func (o *tenantObserver) get(k string) int {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.counts[k]
-}
-
 // The rate of new keys: a bucket of TenantBurst refilled at TenantRate a
 // second, per tenant; replays, duplicates and key reuse are not charged.
 func TestTenantRate(t *testing.T) {
@@ -152,13 +134,13 @@ func TestTenantRate(t *testing.T) {
 	te.clk.Advance(time.Second)
 	te.want("a", "k3", 201)
 	te.wantLimited("a", "k4", idem.SlugRateLimited, "2")
-	if got := te.obs.get("a/rate_limited"); got != 3 {
+	if got := te.obs.Tenants()["a/rate_limited"]; got != 3 {
 		t.Fatalf("rate_limited for tenant a = %d, want 3", got)
 	}
-	if got := te.obs.get("a/replay"); got != 5 {
+	if got := te.obs.Tenants()["a/replay"]; got != 5 {
 		t.Fatalf("replay for tenant a = %d, want 5", got)
 	}
-	if got := te.obs.get("a/key_reused"); got != 1 {
+	if got := te.obs.Tenants()["a/key_reused"]; got != 1 {
 		t.Fatalf("key_reused for tenant a = %d, want 1", got)
 	}
 }
@@ -177,7 +159,7 @@ func TestTenantRateRefundsDuplicates(t *testing.T) {
 	for range 5 {
 		te.want("a", "held", 409)
 	}
-	if got := te.obs.get("a/in_progress"); got != 5 {
+	if got := te.obs.Tenants()["a/in_progress"]; got != 5 {
 		t.Fatalf("in_progress for tenant a = %d, want 5", got)
 	}
 	te.want("a", "second", 201) // the second token is still there
@@ -215,7 +197,7 @@ func TestTenantMaxActive(t *testing.T) {
 	wg.Wait()
 	te.want("b", "other", 201)
 	te.want("a", "third", 201) // the completions freed the places
-	if got := te.obs.get("a/over_cap"); got != 1 {
+	if got := te.obs.Tenants()["a/over_cap"]; got != 1 {
 		t.Fatalf("over_cap for tenant a = %d, want 1", got)
 	}
 }
@@ -234,8 +216,8 @@ func TestTenantMaxActiveAsync(t *testing.T) {
 	if te.ran() != 0 {
 		t.Fatalf("handler ran %d times on an asynchronous route", te.ran())
 	}
-	for k, want := range map[string]int{"a/accepted": 2, "a/over_cap": 1, "b/accepted": 1} {
-		if got := te.obs.get(k); got != want {
+	for k, want := range map[string]int64{"a/accepted": 2, "a/over_cap": 1, "b/accepted": 1} {
+		if got := te.obs.Tenants()[k]; got != want {
 			t.Fatalf("%s = %d, want %d", k, got, want)
 		}
 	}

@@ -20,6 +20,7 @@ type Recorder struct {
 	storeErrors map[string]int64
 	finishFails map[string]int64
 	events      map[string]int64
+	tenants     map[string]int64
 	steps       []Step
 }
 
@@ -29,7 +30,10 @@ type Step struct {
 	End idem.StepEnd
 }
 
-var _ idem.Observer = (*Recorder)(nil)
+var (
+	_ idem.Observer       = (*Recorder)(nil)
+	_ idem.TenantObserver = (*Recorder)(nil)
+)
 
 func add(m *map[string]int64, k string, n int64) {
 	if *m == nil {
@@ -121,4 +125,18 @@ func (r *Recorder) Steps() []Step {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]Step(nil), r.steps...)
+}
+
+// TenantReserve counts a tenant's outcome under "tenant/outcome".
+func (r *Recorder) TenantReserve(_ context.Context, tenant, outcome string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	add(&r.tenants, tenant+"/"+outcome, 1)
+}
+
+// Tenants returns the counts of TenantReserve by "tenant/outcome".
+func (r *Recorder) Tenants() map[string]int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return snapshot(r.tenants)
 }
