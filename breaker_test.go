@@ -20,40 +20,10 @@ import (
 	"github.com/idem-go/idem/store/memory"
 )
 
-// outageStore is a real memory store behind a switch that models an
-// outage: while down, every call fails as a refused connection would.
-// gate, when set, holds Reserve until it is closed (a slow store).
-type outageStore struct {
-	store.Store
-	down     atomic.Bool
-	reserves atomic.Int64 // Reserve calls that reached the store
-	gets     atomic.Int64
-	gate     chan struct{}
-}
-
-func (o *outageStore) Reserve(ctx context.Context, p store.ReserveParams) (store.ReserveResult, error) {
-	o.reserves.Add(1)
-	if o.gate != nil {
-		<-o.gate
-	}
-	if o.down.Load() {
-		return store.ReserveResult{}, enginetest.ErrOutage
-	}
-	return o.Store.Reserve(ctx, p)
-}
-
-func (o *outageStore) Get(ctx context.Context, scope, key string) (store.Record, error) {
-	o.gets.Add(1)
-	if o.down.Load() {
-		return store.Record{}, enginetest.ErrOutage
-	}
-	return o.Store.Get(ctx, scope, key)
-}
-
 type breakerEnv struct {
 	t    *testing.T
 	clk  *stepClock
-	st   *outageStore
+	st   *enginetest.Flaky
 	h    http.Handler
 	obs  *obstest.Recorder
 	logs *bytes.Buffer
@@ -64,7 +34,7 @@ type breakerEnv struct {
 func newBreakerEnv(t *testing.T, cfg idem.Config) *breakerEnv {
 	t.Helper()
 	clk := newStepClock()
-	b := &breakerEnv{t: t, clk: clk, st: &outageStore{Store: memory.New(memory.Config{Clock: clk.Now})},
+	b := &breakerEnv{t: t, clk: clk, st: &enginetest.Flaky{Store: memory.New(memory.Config{Clock: clk.Now})},
 		obs: &obstest.Recorder{}, logs: &bytes.Buffer{}}
 	cfg.Observer = b.obs
 	cfg.Logger = slog.New(slog.NewTextHandler(&lockedWriter{w: b.logs}, nil))
@@ -115,11 +85,11 @@ func (b *breakerEnv) want(status int, what string) string {
 func TestBreakerOpensProbesAndCloses(t *testing.T) {
 	t.Parallel()
 	b := newBreakerEnv(t, idem.Config{BreakerFailures: 3, BreakerOpen: 2 * time.Second, BreakerMaxOpen: 5 * time.Second})
-	b.st.down.Store(true)
+	b.st.Down.Store(true)
 	for i := range 3 {
 		b.want(503, fmt.Sprint("failure ", i+1))
 	}
-	if got := b.st.reserves.Load(); got != 3 {
+	if got := b.st.Reserves.Load(); got != 3 {
 		t.Fatalf("%d reservations reached the store, want 3", got)
 	}
 	if b.obs.Events()["breaker_opened"] != 1 || !strings.Contains(b.logs.String(), "circuit breaker opened") {
@@ -132,7 +102,7 @@ func TestBreakerOpensProbesAndCloses(t *testing.T) {
 	}
 	b.clk.Advance(time.Second)
 	b.want(503, "still open")
-	if got := b.st.reserves.Load(); got != 3 {
+	if got := b.st.Reserves.Load(); got != 3 {
 		t.Fatalf("the store was called while the breaker was open: %d reservations", got)
 	}
 
@@ -140,7 +110,7 @@ func TestBreakerOpensProbesAndCloses(t *testing.T) {
 	// again for twice as long.
 	b.clk.Advance(time.Second)
 	b.want(503, "failed probe")
-	if got := b.st.reserves.Load(); got != 4 {
+	if got := b.st.Reserves.Load(); got != 4 {
 		t.Fatalf("the probe did not reach the store: %d reservations", got)
 	}
 	if ra := b.want(503, "reopened"); ra != "4" {
@@ -156,7 +126,7 @@ func TestBreakerOpensProbesAndCloses(t *testing.T) {
 	}
 
 	// The store is back: the next probe closes the breaker.
-	b.st.down.Store(false)
+	b.st.Down.Store(false)
 	b.clk.Advance(5 * time.Second)
 	b.want(201, "successful probe")
 	b.want(201, "closed")
@@ -169,7 +139,7 @@ func TestBreakerOpensProbesAndCloses(t *testing.T) {
 
 	// Closed again, it takes BreakerFailures failures in a row to open it,
 	// and the interval starts over from BreakerOpen.
-	b.st.down.Store(true)
+	b.st.Down.Store(true)
 	for i := range 3 {
 		b.want(503, fmt.Sprint("failure ", i+1, " after closing"))
 	}
@@ -184,9 +154,9 @@ func TestBreakerNeedsFailuresInARow(t *testing.T) {
 	t.Parallel()
 	b := newBreakerEnv(t, idem.Config{BreakerFailures: 2})
 	for range 3 {
-		b.st.down.Store(true)
+		b.st.Down.Store(true)
 		b.want(503, "failure")
-		b.st.down.Store(false)
+		b.st.Down.Store(false)
 		b.want(201, "success")
 	}
 	if got := b.obs.Events()["breaker_opened"]; got != 0 {
@@ -199,18 +169,18 @@ func TestBreakerNeedsFailuresInARow(t *testing.T) {
 func TestBreakerSingleProbe(t *testing.T) {
 	t.Parallel()
 	b := newBreakerEnv(t, idem.Config{BreakerFailures: 1, BreakerOpen: time.Second})
-	b.st.down.Store(true)
+	b.st.Down.Store(true)
 	b.want(503, "failure")
-	b.st.down.Store(false)
+	b.st.Down.Store(false)
 	b.clk.Advance(time.Second)
 
-	b.st.gate = make(chan struct{})
+	b.st.Gate = make(chan struct{})
 	probe := make(chan int)
 	go func() {
 		w := sendKeyed(b.h, "probe")
 		probe <- w.Code
 	}()
-	for b.st.reserves.Load() < 2 {
+	for b.st.Reserves.Load() < 2 {
 		time.Sleep(time.Millisecond) // until the probe is inside the store
 	}
 	for i := range 5 {
@@ -219,10 +189,10 @@ func TestBreakerSingleProbe(t *testing.T) {
 			t.Fatalf("request during the probe: %d (Retry-After %q), want 503 with Retry-After", w.Code, w.Header().Get("Retry-After"))
 		}
 	}
-	if got := b.st.reserves.Load(); got != 2 {
+	if got := b.st.Reserves.Load(); got != 2 {
 		t.Fatalf("%d reservations reached the store during the probe, want only the probe's", got)
 	}
-	close(b.st.gate)
+	close(b.st.Gate)
 	if code := <-probe; code != 201 {
 		t.Fatalf("probe: %d", code)
 	}
@@ -234,8 +204,8 @@ func TestBreakerSingleProbe(t *testing.T) {
 func TestBreakerCountsTimeouts(t *testing.T) {
 	t.Parallel()
 	clk := newStepClock()
-	st := &outageStore{Store: memory.New(memory.Config{Clock: clk.Now})}
-	e, err := idem.New(&slowReserve{outageStore: st, clk: clk, d: 2 * time.Second},
+	st := &enginetest.Flaky{Store: memory.New(memory.Config{Clock: clk.Now})}
+	e, err := idem.New(&slowReserve{Flaky: st, clk: clk, d: 2 * time.Second},
 		idem.Config{BreakerFailures: 2, StoreTimeout: time.Second, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
@@ -256,7 +226,7 @@ func TestBreakerCountsTimeouts(t *testing.T) {
 	if a.Verdict != idem.Unavailable || !errors.Is(a.Err, idem.ErrBreakerOpen) || !errors.Is(a.Err, idem.ErrStore) {
 		t.Fatalf("after two timeouts: %v %v, want the breaker's refusal", a.Verdict, a.Err)
 	}
-	if got := st.reserves.Load(); got != 2 {
+	if got := st.Reserves.Load(); got != 2 {
 		t.Fatalf("%d reservations reached the store, want 2", got)
 	}
 }
@@ -265,13 +235,13 @@ func TestBreakerCountsTimeouts(t *testing.T) {
 // clock: it moves the clock past the store timeout and reports the
 // deadline.
 type slowReserve struct {
-	*outageStore
+	*enginetest.Flaky
 	clk *stepClock
 	d   time.Duration
 }
 
 func (s *slowReserve) Reserve(ctx context.Context, p store.ReserveParams) (store.ReserveResult, error) {
-	s.reserves.Add(1)
+	s.Reserves.Add(1)
 	s.clk.Advance(s.d)
 	<-ctx.Done()
 	return store.ReserveResult{}, ctx.Err()
@@ -282,11 +252,11 @@ func (s *slowReserve) Reserve(ctx context.Context, p store.ReserveParams) (store
 func TestBreakerDisabled(t *testing.T) {
 	t.Parallel()
 	b := newBreakerEnv(t, idem.Config{BreakerFailures: -1})
-	b.st.down.Store(true)
+	b.st.Down.Store(true)
 	for range 20 {
 		b.want(503, "failure")
 	}
-	if got := b.st.reserves.Load(); got != 20 {
+	if got := b.st.Reserves.Load(); got != 20 {
 		t.Fatalf("%d reservations reached the store, want 20", got)
 	}
 }

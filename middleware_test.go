@@ -22,35 +22,12 @@ import (
 	"github.com/idem-go/idem/store/storetest"
 )
 
-// faultyStore injects failures into a real store, as an outage would.
-type faultyStore struct {
-	store.Store
-	failReserve  atomic.Bool
-	failComplete atomic.Bool
-	Completes    atomic.Int64
-}
-
-func (f *faultyStore) Reserve(ctx context.Context, p store.ReserveParams) (store.ReserveResult, error) {
-	if f.failReserve.Load() {
-		return store.ReserveResult{}, enginetest.ErrOutage
-	}
-	return f.Store.Reserve(ctx, p)
-}
-
-func (f *faultyStore) Complete(ctx context.Context, p store.CompleteParams) error {
-	f.Completes.Add(1)
-	if f.failComplete.Load() {
-		return enginetest.ErrOutage
-	}
-	return f.Store.Complete(ctx, p)
-}
-
 // fixture is an engine over a memory store with a manual clock, in front of
 // a handler that counts its calls.
 type fixture struct {
 	t      *testing.T
 	clock  *storetest.Clock
-	store  *faultyStore
+	store  *enginetest.Flaky
 	engine *idem.Engine
 	calls  atomic.Int64
 	h      http.Handler
@@ -59,7 +36,7 @@ type fixture struct {
 func newFixture(t *testing.T, cfg idem.Config, handler http.HandlerFunc) *fixture {
 	t.Helper()
 	f := &fixture{t: t, clock: storetest.NewClock()}
-	f.store = &faultyStore{Store: memory.New(memory.Config{Clock: f.clock.Now})}
+	f.store = &enginetest.Flaky{Store: memory.New(memory.Config{Clock: f.clock.Now})}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -317,7 +294,7 @@ func TestUncertainOutcome(t *testing.T) {
 func TestStoreDownAtReserveFailsClosed(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, idem.Config{}, nil)
-	f.store.failReserve.Store(true)
+	f.store.Down.Store(true)
 	w := f.do(post(uuid, `{}`))
 	enginetest.WantProblem(t, w, 503, "store-unavailable")
 	if w.Header().Get("Retry-After") == "" {
@@ -326,7 +303,7 @@ func TestStoreDownAtReserveFailsClosed(t *testing.T) {
 	if f.calls.Load() != 0 {
 		t.Fatal("handler ran while the store was down")
 	}
-	f.store.failReserve.Store(false)
+	f.store.Down.Store(false)
 	if w := f.do(post(uuid, `{}`)); w.Code != 201 || f.calls.Load() != 1 {
 		t.Fatalf("after the outage: %d, calls %d", w.Code, f.calls.Load())
 	}
@@ -370,7 +347,7 @@ func TestStoreDownAtComplete(t *testing.T) {
 	// A short lease: the engine retries the completion until the lease it
 	// holds would lapse, then gives up.
 	f := newFixture(t, idem.Config{Lease: 200 * time.Millisecond}, nil)
-	f.store.failComplete.Store(true)
+	f.store.FailCompletes.Store(1 << 30)
 	// The client still gets the response it earned.
 	if w := f.do(post(uuid, `{}`)); w.Code != 201 || !strings.Contains(w.Body.String(), "ch_1") {
 		t.Fatalf("response when Complete failed: %d %q", w.Code, w.Body)
@@ -378,7 +355,7 @@ func TestStoreDownAtComplete(t *testing.T) {
 	if n := f.store.Completes.Load(); n < 2 {
 		t.Fatalf("Complete tried %d times, want retries", n)
 	}
-	f.store.failComplete.Store(false)
+	f.store.FailCompletes.Store(0)
 	// The record was not released: a retry cannot execute a second time.
 	enginetest.WantProblem(t, f.do(post(uuid, `{}`)), 409, "request-in-progress")
 	f.clock.Advance(time.Second) // the lease expires in store time: policy unknown

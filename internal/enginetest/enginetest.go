@@ -37,10 +37,15 @@ var Memory = Store{"memory", func(t *testing.T, clock store.Clock) store.Store {
 // ErrOutage is a dropped connection, as the stores report one.
 var ErrOutage = store.Retryable(errors.New("connection refused"))
 
-// Flaky injects transient failures into a real store: the next N calls of
-// an operation fail as a dropped connection would.
+// Flaky injects failures into a real store: the next N calls of an
+// operation fail as a dropped connection would, or every Reserve and Get
+// while Down is set (an outage).
 type Flaky struct {
 	store.Store
+	Down          atomic.Bool   // Reserve and Get fail while set
+	Gate          chan struct{} // when not nil, Reserve waits until it is closed (a slow store)
+	Reserves      atomic.Int64  // calls seen
+	Gets          atomic.Int64
 	FailCompletes atomic.Int64 // calls left to fail
 	FailExtends   atomic.Int64
 	ExtendsAlways atomic.Bool
@@ -49,6 +54,27 @@ type Flaky struct {
 	Completes     atomic.Int64 // calls seen
 	Extends       atomic.Int64
 	Releases      atomic.Int64
+}
+
+// Reserve waits for Gate, then fails while Down is set.
+func (f *Flaky) Reserve(ctx context.Context, p store.ReserveParams) (store.ReserveResult, error) {
+	f.Reserves.Add(1)
+	if f.Gate != nil {
+		<-f.Gate
+	}
+	if f.Down.Load() {
+		return store.ReserveResult{}, ErrOutage
+	}
+	return f.Store.Reserve(ctx, p)
+}
+
+// Get fails while Down is set.
+func (f *Flaky) Get(ctx context.Context, scope, key string) (store.Record, error) {
+	f.Gets.Add(1)
+	if f.Down.Load() {
+		return store.Record{}, ErrOutage
+	}
+	return f.Store.Get(ctx, scope, key)
 }
 
 // Release fails while FailReleases lasts.
