@@ -170,14 +170,14 @@ func queueMany(pb *pgx.Batch, q *queries, ops []*batchOp) {
 		scopes[i], keys[i] = op.args[0].(string), op.args[1].(string)
 	}
 	if ops[0].sql == q.reserve {
-		// $3 fingerprint, $4 lease, $5 TTL, $6 policy, $7 now.
-		fps, policies := make([]string, n), make([]string, n)
+		// $3 fingerprint, $4 lease, $5 TTL, $6 policy, $7 now, $8 tenant.
+		fps, policies, tenants := make([]string, n), make([]string, n), make([]string, n)
 		leases, ttls := make([]int64, n), make([]int64, n)
 		for i, op := range ops {
 			fps[i], leases[i], ttls[i], policies[i] = op.args[2].(string), op.args[3].(int64), op.args[4].(int64), op.args[5].(string)
-			nows[i] = timestamptz(op.args[6])
+			nows[i], tenants[i] = timestamptz(op.args[6]), op.args[7].(string)
 		}
-		pb.Queue(q.reserveMany, scopes, keys, fps, leases, ttls, policies, nows)
+		pb.Queue(q.reserveMany, scopes, keys, fps, leases, ttls, policies, nows, tenants)
 		return
 	}
 	// $3 fence, $4 now, $5 status, $6 headers, $7 body, $8 omitted, $9 TTL.

@@ -57,7 +57,7 @@ func BenchmarkBatchStatements(b *testing.B) {
 					calls := 0
 					for i := 0; b.Loop(); i++ {
 						var pb pgx.Batch
-						scopes, ks, fps, policies := make([]string, batch), make([]string, batch), make([]string, batch), make([]string, batch)
+						scopes, ks, fps, policies, tenants := make([]string, batch), make([]string, batch), make([]string, batch), make([]string, batch), make([]string, batch)
 						leases, ttls := make([]int64, batch), make([]int64, batch)
 						nows := make([]pgtype.Timestamptz, batch)
 						for j := range batch {
@@ -68,11 +68,11 @@ func BenchmarkBatchStatements(b *testing.B) {
 							scopes[j], ks[j], fps[j], policies[j] = "s", k, "fp", "unknown"
 							leases[j], ttls[j] = int64(30*time.Second/time.Microsecond), int64(24*time.Hour/time.Microsecond)
 							if form == "single" {
-								pb.Queue(single, "s", k, "fp", leases[j], ttls[j], "unknown", nil)
+								pb.Queue(single, "s", k, "fp", leases[j], ttls[j], "unknown", nil, "")
 							}
 						}
 						if form == "many" {
-							pb.Queue(many, scopes, ks, fps, leases, ttls, policies, nows)
+							pb.Queue(many, scopes, ks, fps, leases, ttls, policies, nows, tenants)
 						}
 						if err := pool.SendBatch(ctx, &pb).Close(); err != nil {
 							b.Fatal(err)

@@ -2,9 +2,13 @@ package postgres_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/postgres"
@@ -190,5 +194,91 @@ func TestBatchMultiRowConcurrent(t *testing.T) {
 	}
 	if batched, _ := s.BatchStats(); batched == 0 {
 		t.Log("no batch formed (the machine ran the calls one at a time)")
+	}
+}
+
+// The multi-row reserve stores each call's tenant, as the single
+// statement does: records reserved in a batch count against a later cap.
+func TestBatchMultiRowReserveKeepsTenant(t *testing.T) {
+	schema := newSchema(t)
+	ctx := context.Background()
+	s, err := postgres.Open(ctx, testURL(t), postgres.Config{Schema: schema, MaxBatches: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	tenant := func(key string, max int) store.ReserveParams {
+		p := reserveParams(key)
+		p.Tenant, p.MaxActive = "acme", max
+		return p
+	}
+	manyBefore := s.BatchMany()
+	release := holdSlot(t, s, schema, "blocker")
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	for i := range errs {
+		wg.Go(func() { _, errs[i] = s.Reserve(ctx, tenant(fmt.Sprint("k", i), 0)) })
+		waitQueue(t, s, 0, i+1)
+	}
+	release()
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("reserve k%d: %v", i, err)
+		}
+	}
+	if got := s.BatchMany() - manyBefore; got < 1 {
+		t.Fatalf("%d multi-row statements; the queued reserves should have shared one", got)
+	}
+	if _, err := s.Reserve(ctx, tenant("k3", 3)); !errors.Is(err, store.ErrOverCap) {
+		t.Fatalf("a fourth record under a cap of 3, after three batched ones: %v, want ErrOverCap", err)
+	}
+}
+
+// The multi-row statements find each record by a primary key probe even
+// in a generic plan made while the table is new and empty (as a service's
+// first requests find it), which a connection keeps for its life: a join
+// planned for a table of a few pages would scan the whole table at every
+// batch once it has grown.
+func TestMultiRowPlansProbeTheKey(t *testing.T) {
+	schema := newSchema(t)
+	ctx := context.Background()
+	s, err := postgres.Open(ctx, testURL(t), postgres.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	conn := adminConn(t)
+	if _, err := conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan"); err != nil {
+		t.Fatal(err)
+	}
+	qualified := strings.NewReplacer("{schema}", pgx.Identifier{schema}.Sanitize()+".")
+	for _, st := range []struct{ name, types, sql, args string }{
+		{"reserve", "text[], text[], text[], bigint[], bigint[], text[], timestamptz[], text[]", postgres.SQLReserveMany,
+			`'{s,s}', '{a,b}', '{f,f}', '{1,1}', '{1,1}', '{unknown,unknown}', '{NULL,NULL}', '{"",""}'`},
+		{"complete", "text[], text[], bigint[], timestamptz[], integer[], text[], bytea[], boolean[], bigint[]", postgres.SQLCompleteMany,
+			`'{s}', '{a}', '{1}', '{NULL}', '{200}', '{NULL}', '{x}', '{f}', '{1}'`},
+	} {
+		if _, err := conn.Exec(ctx, fmt.Sprintf("PREPARE many_%s(%s) AS %s", st.name, st.types, qualified.Replace(st.sql))); err != nil {
+			t.Fatalf("prepare %s: %v", st.name, err)
+		}
+		var plan strings.Builder
+		rows, err := conn.Query(ctx, fmt.Sprintf("EXPLAIN EXECUTE many_%s(%s)", st.name, st.args), pgx.QueryExecModeSimpleProtocol)
+		if err != nil {
+			t.Fatalf("explain %s: %v", st.name, err)
+		}
+		for rows.Next() {
+			var line string
+			if err := rows.Scan(&line); err != nil {
+				t.Fatal(err)
+			}
+			plan.WriteString(line + "\n")
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatalf("explain %s: %v", st.name, err)
+		}
+		if strings.Contains(plan.String(), "Seq Scan on idem_records") {
+			t.Errorf("the generic plan of the multi-row %s scans the table:\n%s", st.name, plan.String())
+		}
 	}
 }

@@ -430,26 +430,46 @@ func newQueries(schema string) queries {
 // plan after its first executions, and the statement is not planned again
 // for every batch (planning this statement costs more than running it).
 //
+// That generic plan lives as long as the connection, and is made whenever
+// the table happens to be: often empty, at a service's first requests. A
+// join between the input and the table would then be planned for a table
+// of a few pages (a hash join over a sequential scan) and keep scanning
+// the whole table once it holds millions of rows. So cur reads each input
+// row's record through a LATERAL subquery with LIMIT 1, which the planner
+// can neither flatten into a join nor answer but with one primary key
+// probe per input row, whatever it believes of the table's size; and cur
+// is read once, for both the insert and the answer.
+//
 // $1 scopes, $2 keys, $3 fingerprints, $4 leases and $5 TTLs in
-// microseconds, $6 lease policies, $7 nows (NULL: the database clock).
+// microseconds, $6 lease policies, $7 nows (NULL: the database clock),
+// $8 tenants.
 const sqlReserveMany = `
 WITH input AS (
-	SELECT i.scope, i.key, i.fingerprint, i.lease, i.ttl, i.policy, i.ord,
+	SELECT i.scope, i.key, i.fingerprint, i.lease, i.ttl, i.policy, i.tenant, i.ord,
 		coalesce(i.now_in, statement_timestamp()) AS now
 	FROM unnest((SELECT $1::text[]), (SELECT $2::text[]), (SELECT $3::text[]), (SELECT $4::bigint[]),
-		(SELECT $5::bigint[]), (SELECT $6::text[]), (SELECT $7::timestamptz[]))
-		WITH ORDINALITY AS i(scope, key, fingerprint, lease, ttl, policy, now_in, ord)
+		(SELECT $5::bigint[]), (SELECT $6::text[]), (SELECT $7::timestamptz[]), (SELECT $8::text[]))
+		WITH ORDINALITY AS i(scope, key, fingerprint, lease, ttl, policy, now_in, tenant, ord)
+),
+cur AS (
+	SELECT i.ord, i.now AS in_now, i.fingerprint AS in_fingerprint, x.*
+	FROM input i CROSS JOIN LATERAL (
+		SELECT ` + recordColumns + `
+		FROM {schema}idem_records r
+		WHERE r.scope = i.scope AND r.key = i.key
+		LIMIT 1
+	) x
 ),
 ins AS (
 	INSERT INTO {schema}idem_records AS r
 		(scope, key, fingerprint, state, fence, lease_policy, locked_until,
-		 attempts, created_at, updated_at, expires_at)
+		 attempts, created_at, updated_at, expires_at, tenant)
 	SELECT i.scope, i.key, i.fingerprint, 'in_progress',
 		greatest((extract(epoch FROM i.now) * 1000000)::bigint, 1), i.policy,
 		i.now + i.lease * interval '1 microsecond',
-		1, i.now, i.now, i.now + i.ttl * interval '1 microsecond'
+		1, i.now, i.now, i.now + i.ttl * interval '1 microsecond', i.tenant
 	FROM input i
-	WHERE NOT EXISTS (SELECT FROM {schema}idem_records x WHERE x.scope = i.scope AND x.key = i.key)
+	WHERE NOT EXISTS (SELECT FROM cur WHERE cur.ord = i.ord)
 	ORDER BY i.scope, i.key
 	ON CONFLICT (scope, key) DO NOTHING
 	RETURNING ` + recordColumns + `
@@ -457,18 +477,17 @@ ins AS (
 SELECT i.ord, 'created', ` + recordColumnsR + `
 FROM input i JOIN ins r ON r.scope = i.scope AND r.key = i.key
 UNION ALL
-SELECT i.ord,
+SELECT r.ord,
 	CASE
 		WHEN r.state = 'expired'
-			OR (r.state IN ('completed', 'failed_retryable') AND r.expires_at <= i.now)
+			OR (r.state IN ('completed', 'failed_retryable') AND r.expires_at <= r.in_now)
 			THEN 'retry'
-		WHEN r.fingerprint <> i.fingerprint THEN 'existing'
+		WHEN r.fingerprint <> r.in_fingerprint THEN 'existing'
 		WHEN r.state = 'failed_retryable' THEN 'retry'
-		WHEN r.state = 'in_progress' AND r.locked_until <= i.now THEN 'retry'
+		WHEN r.state = 'in_progress' AND r.locked_until <= r.in_now THEN 'retry'
 		ELSE 'existing'
 	END, ` + recordColumnsR + `
-FROM input i JOIN {schema}idem_records r ON r.scope = i.scope AND r.key = i.key
-WHERE NOT EXISTS (SELECT FROM ins WHERE ins.scope = i.scope AND ins.key = i.key)`
+FROM cur r`
 
 // sqlCompleteMany is sqlComplete for several records; it returns the
 // position of each input row whose record it completed. Its arrays are read

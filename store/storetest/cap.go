@@ -18,6 +18,7 @@ func runCap(t *testing.T, h Harness) {
 	}
 	t.Run("TenantCap", func(t *testing.T) { testTenantCap(t, h) })
 	t.Run("TenantCapConcurrent", func(t *testing.T) { testTenantCapConcurrent(t, h) })
+	t.Run("TenantCapCountsUncapped", func(t *testing.T) { testTenantCapCountsUncapped(t, h) })
 	t.Run("TenantCapPending", func(t *testing.T) { testTenantCapPending(t, h) })
 	t.Run("TenantCapPendingConcurrent", func(t *testing.T) { testTenantCapPendingConcurrent(t, h, false) })
 	if h.Shared {
@@ -170,6 +171,28 @@ func testTenantCapConcurrent(t *testing.T, h Harness) {
 		if c := countOutcomes(res, store.Created); c != max || over != n-max {
 			t.Fatalf("round %d: %d created and %d over the cap of %d racers, want %d and %d", round, c, over, n, max, n-max)
 		}
+	}
+}
+
+// testTenantCapCountsUncapped: records reserved without a cap, by racers
+// (so a store that gathers concurrent calls into batches batches them),
+// still belong to their tenant: a later capped reserve counts them.
+func testTenantCapCountsUncapped(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	const n = 24
+	res := race(t, n, func(i int) (store.ReserveResult, error) {
+		p := e.capP("u", fmt.Sprint("k", i), "fp", 0)
+		return e.s.Reserve(e.ctx, p)
+	})
+	if c := countOutcomes(res, store.Created); c != n {
+		t.Fatalf("%d of %d uncapped racers created their key", c, n)
+	}
+	e.overCap(e.capP("u", "one-more", "fp", n), nil)
+	if _, err := e.s.Reserve(e.ctx, e.capP("other", "one-more", "fp", 1)); err != nil {
+		t.Fatalf("another tenant under its own cap: %v", err)
+	}
+	if r, err := e.s.Reserve(e.ctx, e.capP("u", "one-more", "fp", n+1)); err != nil || r.Outcome != store.Created {
+		t.Fatalf("under a cap one above the %d uncapped records: %v %v", n, r.Outcome, err)
 	}
 }
 
