@@ -7,6 +7,12 @@
 // queued by then leaves together as one batch, in the slot just released,
 // as in a database's own group commit: the batch is only what piled up
 // while the database was busy with the previous one.
+//
+// Few slots make large batches, and so the fewest commits, but a slot whose
+// work hangs (a statement waiting for a lock another transaction holds)
+// holds up every call queued behind it. With Unstall, a queue that has not
+// moved for a while gets extra slots, one batch at a time, so that a hung
+// slot delays the calls behind it by that while at most.
 package groupcommit
 
 import (
@@ -24,11 +30,18 @@ type Group[T any] struct {
 	batch func(ctx context.Context, ops []T)
 	max   int
 
-	mu      sync.Mutex
-	free    int
-	pending []*call[T]
-	flights sync.WaitGroup
-	batched atomic.Int64
+	stall    time.Duration // Unstall's while; 0: never
+	maxExtra int           // extra slots at most
+
+	mu       sync.Mutex
+	free     int
+	pending  []*call[T]
+	moves    uint64 // work started or finished in the regular slots
+	watching bool   // a stall check is armed
+	extra    int    // extra slots in use
+	flights  sync.WaitGroup
+	batched  atomic.Int64
+	stalls   atomic.Int64
 }
 
 type call[T any] struct {
@@ -48,6 +61,17 @@ func New[T any](slots, maxBatch int, one func(context.Context, T), batch func(co
 	return &Group[T]{one: one, batch: batch, max: max(2, maxBatch), free: max(1, slots)}
 }
 
+// Unstall lets the group open up to extra more slots when calls are
+// queued and no regular slot has started or finished any work for the
+// while after: each extra slot takes what is queued as one batch, then
+// closes. Calls that find a regular slot free are not affected, nor is the
+// batching of a queue that moves. Unstall(0, 0) turns this off again.
+func (g *Group[T]) Unstall(after time.Duration, extra int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.stall, g.maxExtra = after, extra
+}
+
 // Do runs op, alone or in a batch, and returns once op's results are
 // recorded. It returns ctx's error instead when ctx ends while op waits:
 // before op was taken into a batch, op never runs; after, op's outcome is
@@ -57,6 +81,7 @@ func (g *Group[T]) Do(ctx context.Context, op T) error {
 	g.mu.Lock()
 	if g.free > 0 {
 		g.free--
+		g.moves++
 		g.mu.Unlock()
 		g.one(ctx, op)
 		g.release()
@@ -64,6 +89,10 @@ func (g *Group[T]) Do(ctx context.Context, op T) error {
 	}
 	c := &call[T]{ctx: ctx, op: op, done: make(chan struct{})}
 	g.pending = append(g.pending, c)
+	if g.stall > 0 && !g.watching {
+		g.watching = true
+		g.watchAfter(g.moves)
+	}
 	g.mu.Unlock()
 	select {
 	case <-c.done:
@@ -82,6 +111,44 @@ func (g *Group[T]) Do(ctx context.Context, op T) error {
 
 // Wait waits for the batches in flight.
 func (g *Group[T]) Wait() { g.flights.Wait() }
+
+// watchAfter checks the queue once the stall while has passed, against the
+// regular slots' moves seen now.
+func (g *Group[T]) watchAfter(seen uint64) {
+	time.AfterFunc(g.stall, func() { g.watch(seen) })
+}
+
+// watch opens an extra slot for the queued calls when the regular slots
+// have not moved since seen, and keeps watching while calls are queued.
+func (g *Group[T]) watch(seen uint64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.pending) == 0 {
+		g.watching = false
+		return
+	}
+	if g.stall <= 0 {
+		g.watching = false
+		return
+	}
+	if g.moves == seen && g.extra < g.maxExtra {
+		g.extra++
+		g.stalls.Add(1)
+		calls := g.take()
+		g.flights.Add(1)
+		go func() {
+			defer g.flights.Done()
+			g.run(calls)
+			g.mu.Lock()
+			g.extra--
+			g.mu.Unlock()
+		}()
+	}
+	g.watchAfter(g.moves)
+}
+
+// Stalls reports how many times an extra slot was opened (see Unstall).
+func (g *Group[T]) Stalls() int64 { return g.stalls.Load() }
 
 // Batched reports how many operations ran in batches of two or more.
 func (g *Group[T]) Batched() int64 { return g.batched.Load() }
@@ -112,10 +179,17 @@ func (g *Group[T]) release() {
 func (g *Group[T]) next() []*call[T] {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.moves++
 	if len(g.pending) == 0 {
 		g.free++
 		return nil
 	}
+	return g.take()
+}
+
+// take removes the first calls queued, up to a batch, from the queue.
+// g.mu is held.
+func (g *Group[T]) take() []*call[T] {
 	n := min(len(g.pending), g.max)
 	calls := slices.Clone(g.pending[:n])
 	g.pending = slices.Delete(g.pending, 0, n)

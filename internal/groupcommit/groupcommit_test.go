@@ -155,3 +155,61 @@ func TestNoDeadlineMeansNone(t *testing.T) {
 		t.Errorf("batch deadlines: %v, want one batch without a deadline", hasDeadline)
 	}
 }
+
+// With Unstall, calls queued behind a slot whose work hangs run in an
+// extra slot once the queue has not moved for the while; without it they
+// wait for the hung slot (TestGroup).
+func TestUnstall(t *testing.T) {
+	gate := make(chan struct{})
+	var mu sync.Mutex
+	var batches [][]int
+	g := groupcommit.New(1, 8,
+		func(ctx context.Context, o *op) {
+			if o.n == 0 {
+				<-gate // hangs until the end of the test
+			}
+			o.alone = true
+		},
+		func(ctx context.Context, ops []*op) {
+			mu.Lock()
+			defer mu.Unlock()
+			var ns []int
+			for _, o := range ops {
+				o.batch = len(ops)
+				ns = append(ns, o.n)
+			}
+			batches = append(batches, ns)
+		})
+	g.Unstall(20*time.Millisecond, 1)
+
+	var hung sync.WaitGroup
+	hung.Go(func() { _ = g.Do(context.Background(), &op{n: 0}) })
+	waitQueue(t, g, 0, 0)
+
+	ops := []*op{{n: 1}, {n: 2}, {n: 3}}
+	var wg sync.WaitGroup
+	for i, o := range ops {
+		wg.Go(func() { _ = g.Do(context.Background(), o) })
+		waitQueue(t, g, 0, i+1)
+	}
+	wg.Wait() // returns although the only regular slot still hangs
+	if got := g.Stalls(); got != 1 {
+		t.Fatalf("%d extra slots opened, want 1", got)
+	}
+	if len(batches) != 1 || !slices.Equal(batches[0], []int{1, 2, 3}) {
+		t.Fatalf("batches %v, want the three queued calls as one", batches)
+	}
+
+	// A lone call behind the hung slot runs alone in the next extra slot.
+	late := &op{n: 4}
+	if err := g.Do(context.Background(), late); err != nil || !late.alone {
+		t.Fatalf("call queued behind the hung slot: %+v %v", late, err)
+	}
+	close(gate)
+	hung.Wait()
+	g.Wait()
+	// The regular slot is free again: a call runs at once, no stall.
+	if err := g.Do(context.Background(), &op{n: 5}); err != nil || g.Stalls() != 2 {
+		t.Fatalf("after the hang: %v, %d stalls", err, g.Stalls())
+	}
+}

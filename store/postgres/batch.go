@@ -44,12 +44,26 @@ import (
 // database at once when Config.MaxBatches is 0. The statements of one batch
 // run one after the other on one server backend, so the slots bound how
 // many backends work on batched calls at once: fewer slots make larger
-// batches and fewer commits (the least CPU per request), more slots let a
-// server with many cores run them in parallel. Measured on two cores
-// shared by client and server, 2 spent the least CPU per request and 4 kept
-// most of that saving while matching the throughput of no batching when
-// other processes competed for the cores.
-const DefaultMaxBatches = 4
+// batches, fewer commits and the least CPU per request; more slots let a
+// server with many cores run them in parallel. Through the proxy on two
+// cores shared by client and server, one slot served 1.35x the new keys
+// and 1.25x the replays of four (BENCHMARKS.md).
+//
+// A slot whose statement hangs (it waits for a row lock that a caller's
+// open transaction holds through the Tx forms) would hold up every call
+// queued behind it. Two things bound that: a batch runs with lock_timeout
+// batchLockTimeout, so a batch that waits for a lock rolls back and its
+// calls run alone, outside the slots (only the call that needs the lock
+// waits for it); and a queue that has not moved for stallAfter gets up to
+// maxExtraSlots extra slots, one batch each, for the case where the slot
+// is held by a lone call, which runs as it would without the group.
+const DefaultMaxBatches = 1
+
+const (
+	batchLockTimeout = "100ms"
+	stallAfter       = 50 * time.Millisecond
+	maxExtraSlots    = 8
+)
 
 // maxBatchOps bounds one pipeline; what is left waits for the next slot.
 const maxBatchOps = 128
@@ -77,6 +91,7 @@ func newBatcher(s *Store, slots int) *batcher {
 	b := &batcher{s: s}
 	b.group = groupcommit.New(slots, maxBatchOps,
 		func(ctx context.Context, op *batchOp) { s.runOne(ctx, s.pool, op) }, b.flush)
+	b.group.Unstall(stallAfter, maxExtraSlots)
 	return b
 }
 
@@ -105,6 +120,9 @@ func (b *batcher) flush(ctx context.Context, batch []*batchOp) {
 		}
 	}
 	var pb pgx.Batch
+	// Local to the batch's implicit transaction: a lock wait ends the
+	// batch instead of holding up its other calls (see DefaultMaxBatches).
+	pb.Queue(sqlBatchLockTimeout, batchLockTimeout)
 	var steps [][]*batchOp // what each queued statement answers for
 	for _, group := range [][]*batchOp{reserves, completes} {
 		switch {
@@ -121,7 +139,9 @@ func (b *batcher) flush(ctx context.Context, batch []*batchOp) {
 		steps = append(steps, []*batchOp{op})
 	}
 	br := b.s.pool.SendBatch(ctx, &pb)
-	rolledBack := false
+	_, err := br.Exec()
+	var pgErr *pgconn.PgError
+	rolledBack := errors.As(err, &pgErr)
 	for _, ops := range steps {
 		var err error
 		switch {
@@ -134,13 +154,11 @@ func (b *batcher) flush(ctx context.Context, batch []*batchOp) {
 			ops[0].tag, ops[0].err = br.Exec()
 			err = ops[0].err
 		}
-		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) {
 			rolledBack = true
 		}
 	}
-	err := br.Close()
-	var pgErr *pgconn.PgError
+	err = br.Close()
 	switch {
 	case rolledBack || errors.As(err, &pgErr) || (err != nil && pgconn.SafeToRetry(err)):
 		// Nothing of the batch committed: every call runs alone.

@@ -43,6 +43,7 @@ func TestConformanceBatched(t *testing.T) {
 // Complete.
 func holdSlot(t *testing.T, s *postgres.Store, schema, key string) (release func()) {
 	t.Helper()
+	s.HoldQueue()
 	ctx := context.Background()
 	res, err := s.Reserve(ctx, reserveParams(key))
 	if err != nil {
@@ -239,4 +240,128 @@ func TestOpenPoolSize(t *testing.T) {
 	if _, err := postgres.Open(ctx, testURL(t), postgres.Config{Schema: schema, MaxConns: -1}); !errors.Is(err, store.ErrInvalidParams) {
 		t.Errorf("negative MaxConns: %v", err)
 	}
+}
+
+// lockKey reserves key inside an open transaction of another connection,
+// whose uncommitted row makes any other insert of key wait. The returned
+// function commits it.
+func lockKey(t *testing.T, s *postgres.Store, key string) (commit func()) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := adminConn(t).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// On a failed test, end the transaction before the store closes
+	// (cleanups run last first), so no call waits for it forever.
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	if _, err := s.ReserveTx(ctx, tx, reserveParams(key)); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		t.Helper()
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// awaitAll waits for the calls' results, failing when they are held up
+// (a liveness bound, far above any batch's latency).
+func awaitAll(t *testing.T, what string, done <-chan error, n int) {
+	t.Helper()
+	for range n {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: still waiting after 30s, held up by a lock on another key", what)
+		}
+	}
+}
+
+// A batch that waits for a row lock gives up (lock_timeout) and its calls
+// run alone: the others are not held up by the one whose key a caller's
+// open transaction holds.
+func TestBatchLockWaitRunsAlone(t *testing.T) {
+	schema := newSchema(t)
+	ctx := context.Background()
+	s, err := postgres.Open(ctx, testURL(t), postgres.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	commit := lockKey(t, s, "locked")
+	_, rolledBack := s.BatchStats()
+
+	release := holdSlot(t, s, schema, "blocker")
+	locked := make(chan store.ReserveResult, 1)
+	go func() {
+		res, err := s.Reserve(ctx, reserveParams("locked"))
+		if err != nil {
+			t.Errorf("reserve locked: %v", err)
+		}
+		locked <- res
+	}()
+	waitQueue(t, s, 0, 1)
+	others := make(chan error, 2)
+	for i, k := range []string{"a", "b"} {
+		go func() {
+			res, err := s.Reserve(ctx, reserveParams(k))
+			if err == nil && res.Outcome != store.Created {
+				err = fmt.Errorf("outcome %v", res.Outcome)
+			}
+			others <- err
+		}()
+		waitQueue(t, s, 0, i+2)
+	}
+	release()
+	awaitAll(t, "reserves batched with a locked key", others, 2)
+	if _, rb := s.BatchStats(); rb == rolledBack {
+		t.Fatal("the batch that waited for the lock did not roll back")
+	}
+	select {
+	case res := <-locked:
+		t.Fatalf("the locked key's reserve returned %v while its row is uncommitted", res.Outcome)
+	default:
+	}
+	commit()
+	if res := <-locked; res.Outcome != store.Existing || res.Record.State != store.StateInProgress {
+		t.Fatalf("locked key after the commit: %v %s, want the transaction's record in progress", res.Outcome, res.Record.State)
+	}
+}
+
+// A lone call that waits for a row lock keeps the only slot; the calls
+// queued behind it get an extra slot once the queue has not moved for a
+// while.
+func TestBatchStalledSlot(t *testing.T) {
+	schema := newSchema(t)
+	ctx := context.Background()
+	s, err := postgres.Open(ctx, testURL(t), postgres.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	commit := lockKey(t, s, "locked")
+	locked := make(chan error, 1)
+	go func() {
+		_, err := s.Reserve(ctx, reserveParams("locked"))
+		locked <- err
+	}()
+	waitQueue(t, s, 0, 0) // the lone call holds the slot, waiting for the lock
+	others := make(chan error, 3)
+	for _, k := range []string{"a", "b", "c"} {
+		go func() {
+			_, err := s.Reserve(ctx, reserveParams(k))
+			others <- err
+		}()
+	}
+	awaitAll(t, "reserves queued behind a call waiting for a lock", others, 3)
+	if s.BatchStalls() == 0 {
+		t.Fatal("no extra slot was opened")
+	}
+	commit()
+	awaitAll(t, "the locked key's reserve", locked, 1)
 }

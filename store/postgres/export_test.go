@@ -31,3 +31,11 @@ const (
 	SQLReserveMany  = sqlReserveMany
 	SQLCompleteMany = sqlCompleteMany
 )
+
+// BatchStalls reports the extra batch slots opened for a queue that did
+// not move.
+func (s *Store) BatchStalls() int64 { return s.batch.group.Stalls() }
+
+// HoldQueue turns the extra slots off, for tests that hold the only slot
+// on purpose and queue calls behind it.
+func (s *Store) HoldQueue() { s.batch.group.Unstall(0, 0) }

@@ -20,7 +20,7 @@
 // # Group commit and pool size
 //
 // Reserve and the lease-holder updates share commits under load. A call that
-// finds one of Config.MaxBatches slots free (DefaultMaxBatches, 4) runs its
+// finds one of Config.MaxBatches slots free (DefaultMaxBatches, 1) runs its
 // statement alone, at once. Calls that arrive while every slot is busy
 // queue, and leave together when a slot returns, as one pipeline in one
 // implicit transaction: one round trip per call still, but one commit and
@@ -37,9 +37,12 @@
 // The statements of a batch commit or roll back together: a statement error
 // rolls the batch back and each of its calls then runs alone, so only the
 // faulty call sees the error. Calls on the Tx forms never join a batch.
-// The calls of a batch wait for one another: a statement that waits for a
+// The calls of a batch wait for one another, so a batch that waits for a
 // row lock (a key that a caller's open transaction holds through the Tx
-// forms) holds up its batch while the other slots keep serving.
+// forms) gives up after 100 ms (lock_timeout, set for the batch alone) and
+// its calls run alone; a lone call that waits for a lock keeps its slot,
+// and calls queued behind it for 50 ms get extra slots (see
+// [DefaultMaxBatches]).
 //
 // [Open] sizes the pool to Config.MaxConns, or to the URL's pool_max_conns,
 // or to [DefaultMaxConns] (32), not to pgxpool's max(4, CPUs): with 16

@@ -180,6 +180,10 @@ UPDATE {schema}idem_records SET
 	updated_at = coalesce($4::timestamptz, statement_timestamp())
 WHERE scope = $1 AND key = $2 AND state = 'in_progress' AND fence = $3`
 
+// sqlBatchLockTimeout opens every batch: lock_timeout for the rest of the
+// batch's implicit transaction only. $1 the timeout.
+const sqlBatchLockTimeout = `SELECT set_config('lock_timeout', $1, true)`
+
 const sqlGet = `
 SELECT ` + recordColumns + `
 FROM {schema}idem_records
