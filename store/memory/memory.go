@@ -39,7 +39,9 @@ type Store struct {
 	mu    sync.Mutex
 	recs  map[id]*entry
 	// tenants indexes the records by tenant, for the cap on active
-	// records (ReserveParams.MaxActive).
+	// records (ReserveParams.MaxActive). It is built at the first capped
+	// call and kept from then on; nil until then, so a store that never
+	// sees a cap does not pay for it.
 	tenants map[string]map[id]*entry
 }
 
@@ -49,7 +51,7 @@ func New(cfg Config) *Store {
 	if c == nil {
 		c = time.Now
 	}
-	return &Store{clock: c, recs: make(map[id]*entry), tenants: make(map[string]map[id]*entry)}
+	return &Store{clock: c, recs: make(map[id]*entry)}
 }
 
 // now reads the clock at the resolution every store keeps, so that the
@@ -115,13 +117,20 @@ func (s *Store) put(k id, tenant string, r store.Record) *entry {
 	s.forget(k)
 	n := &entry{tenant: tenant, Record: r}
 	s.recs[k] = n
-	t := s.tenants[tenant]
+	if s.tenants != nil {
+		s.index(k, n)
+	}
+	return n
+}
+
+// index adds the record e, stored under k, to the tenant index.
+func (s *Store) index(k id, e *entry) {
+	t := s.tenants[e.tenant]
 	if t == nil {
 		t = make(map[id]*entry)
-		s.tenants[tenant] = t
+		s.tenants[e.tenant] = t
 	}
-	t[k] = n
-	return n
+	t[k] = e
 }
 
 // counter counts the tenant's active records, for ReserveParams.CheckCap.
@@ -129,6 +138,12 @@ func (s *Store) put(k id, tenant string, r store.Record) *entry {
 // records is fine.
 func (s *Store) counter(tenant string) func() (int, error) {
 	return func() (int, error) {
+		if s.tenants == nil {
+			s.tenants = make(map[string]map[id]*entry)
+			for k, e := range s.recs {
+				s.index(k, e)
+			}
+		}
 		n := 0
 		for _, e := range s.tenants[tenant] {
 			if e.State.Active() {

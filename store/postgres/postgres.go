@@ -63,6 +63,22 @@
 // Config.Schema, or in the first schema of the connection's search_path.
 // Migrations are embedded and applied by [Open] and [New] unless
 // Config.SkipMigrate is set; see [Store.Migrate].
+//
+// # Plans and autovacuum
+//
+// pgx prepares each statement once per connection, and PostgreSQL settles
+// on one generic plan for it after a few runs, made with the table's
+// statistics of that moment; the plan is made again only when the
+// statistics change (ANALYZE, which autovacuum runs as the table grows).
+// The statements find records by primary key, which every plan probes for
+// a table that was never analyzed, as a new one is. The multi-row forms
+// read each record through a LATERAL subquery that allows nothing but that
+// probe. A table analyzed while empty, though, can make even a single
+// statement's plan a sequential scan, which is cheaper on an empty table;
+// keep autovacuum on (the default) so that the growing table is analyzed
+// again, or run ANALYZE idem_records after loading it. Connections live at
+// most an hour (pgxpool's MaxConnLifetime), so every plan is made anew at
+// least that often.
 package postgres
 
 import (
