@@ -36,32 +36,41 @@ func waitQueue(t *testing.T, g *groupcommit.Group[*op], free, pending int) {
 	}
 }
 
-func TestGroup(t *testing.T) {
-	gate := make(chan struct{})
-	var (
-		mu        sync.Mutex
-		batches   [][]int
-		deadlines []time.Time
-	)
-	g := groupcommit.New(1, 4,
+// runLog records the batches a group ran and their deadlines.
+type runLog struct {
+	mu        sync.Mutex
+	batches   [][]int
+	deadlines []time.Time
+}
+
+// gatedGroup is a group of one slot and batches of maxBatch, whose call
+// n == 0 holds the slot until gate closes; its batches go to l.
+func gatedGroup(maxBatch int, gate <-chan struct{}, l *runLog) *groupcommit.Group[*op] {
+	return groupcommit.New(1, maxBatch,
 		func(ctx context.Context, o *op) {
 			if o.n == 0 {
-				<-gate // hold the only slot
+				<-gate
 			}
 			o.alone = true
 		},
 		func(ctx context.Context, ops []*op) {
-			mu.Lock()
-			defer mu.Unlock()
+			l.mu.Lock()
+			defer l.mu.Unlock()
 			var ns []int
 			for _, o := range ops {
 				o.batch = len(ops)
 				ns = append(ns, o.n)
 			}
-			batches = append(batches, ns)
+			l.batches = append(l.batches, ns)
 			d, _ := ctx.Deadline()
-			deadlines = append(deadlines, d)
+			l.deadlines = append(l.deadlines, d)
 		})
+}
+
+func TestGroup(t *testing.T) {
+	gate := make(chan struct{})
+	var l runLog
+	g := gatedGroup(4, gate, &l)
 
 	// A lone call runs alone at once.
 	lone := &op{n: -1}
@@ -112,11 +121,11 @@ func TestGroup(t *testing.T) {
 		}
 	}
 	// Six queued calls, at most four a batch: the first four, then two.
-	if want := [][]int{{1, 2, 3, 4}, {5, 6}}; !slices.EqualFunc(batches, want, slices.Equal) {
-		t.Errorf("batches %v, want %v", batches, want)
+	if want := [][]int{{1, 2, 3, 4}, {5, 6}}; !slices.EqualFunc(l.batches, want, slices.Equal) {
+		t.Errorf("batches %v, want %v", l.batches, want)
 	}
-	if !deadlines[0].Equal(later) || !deadlines[1].Equal(soon) {
-		t.Errorf("batch deadlines %v, want the latest of their calls (%v, %v)", deadlines, later, soon)
+	if !l.deadlines[0].Equal(later) || !l.deadlines[1].Equal(soon) {
+		t.Errorf("batch deadlines %v, want the latest of their calls (%v, %v)", l.deadlines, later, soon)
 	}
 	if abandoned.alone || abandoned.batch != 0 {
 		t.Errorf("the abandoned call ran: %+v", abandoned)
@@ -161,25 +170,8 @@ func TestNoDeadlineMeansNone(t *testing.T) {
 // wait for the hung slot (TestGroup).
 func TestUnstall(t *testing.T) {
 	gate := make(chan struct{})
-	var mu sync.Mutex
-	var batches [][]int
-	g := groupcommit.New(1, 8,
-		func(ctx context.Context, o *op) {
-			if o.n == 0 {
-				<-gate // hangs until the end of the test
-			}
-			o.alone = true
-		},
-		func(ctx context.Context, ops []*op) {
-			mu.Lock()
-			defer mu.Unlock()
-			var ns []int
-			for _, o := range ops {
-				o.batch = len(ops)
-				ns = append(ns, o.n)
-			}
-			batches = append(batches, ns)
-		})
+	var l runLog
+	g := gatedGroup(8, gate, &l)
 	g.Unstall(20*time.Millisecond, 1)
 
 	var hung sync.WaitGroup
@@ -196,8 +188,8 @@ func TestUnstall(t *testing.T) {
 	if got := g.Stalls(); got != 1 {
 		t.Fatalf("%d extra slots opened, want 1", got)
 	}
-	if len(batches) != 1 || !slices.Equal(batches[0], []int{1, 2, 3}) {
-		t.Fatalf("batches %v, want the three queued calls as one", batches)
+	if len(l.batches) != 1 || !slices.Equal(l.batches[0], []int{1, 2, 3}) {
+		t.Fatalf("batches %v, want the three queued calls as one", l.batches)
 	}
 
 	// A lone call behind the hung slot runs alone in the next extra slot.

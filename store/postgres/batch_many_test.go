@@ -20,13 +20,8 @@ import (
 // new row (in progress), a completed record is replayed from the batch, and
 // a record that needs a rewrite (a released one, reclaimed) runs alone.
 func TestBatchMultiRowReserve(t *testing.T) {
-	schema := newSchema(t)
+	s, schema := openSchema(t, postgres.Config{MaxBatches: 1})
 	ctx := context.Background()
-	s, err := postgres.Open(ctx, testURL(t), postgres.Config{Schema: schema, MaxBatches: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
 
 	reserve := func(key string) store.ReserveResult {
 		t.Helper()
@@ -129,13 +124,8 @@ func TestBatchMultiRowReserve(t *testing.T) {
 // acquired exactly once, and every other call finds that execution's
 // record, in progress or completed with its answer.
 func TestBatchMultiRowConcurrent(t *testing.T) {
-	schema := newSchema(t)
+	s, _ := openSchema(t, postgres.Config{MaxBatches: 1})
 	ctx := context.Background()
-	s, err := postgres.Open(ctx, testURL(t), postgres.Config{Schema: schema, MaxBatches: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
 	const (
 		goroutines = 48
 		keys       = 6
@@ -200,13 +190,8 @@ func TestBatchMultiRowConcurrent(t *testing.T) {
 // The multi-row reserve stores each call's tenant, as the single
 // statement does: records reserved in a batch count against a later cap.
 func TestBatchMultiRowReserveKeepsTenant(t *testing.T) {
-	schema := newSchema(t)
+	s, schema := openSchema(t, postgres.Config{MaxBatches: 1})
 	ctx := context.Background()
-	s, err := postgres.Open(ctx, testURL(t), postgres.Config{Schema: schema, MaxBatches: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
 	tenant := func(key string, max int) store.ReserveParams {
 		p := reserveParams(key)
 		p.Tenant, p.MaxActive = "acme", max
@@ -241,13 +226,8 @@ func TestBatchMultiRowReserveKeepsTenant(t *testing.T) {
 // planned for a table of a few pages would scan the whole table at every
 // batch once it has grown.
 func TestMultiRowPlansProbeTheKey(t *testing.T) {
-	schema := newSchema(t)
+	_, schema := openSchema(t, postgres.Config{}) // migrates the new schema
 	ctx := context.Background()
-	s, err := postgres.Open(ctx, testURL(t), postgres.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Close()
 	conn := adminConn(t)
 	if _, err := conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan"); err != nil {
 		t.Fatal(err)

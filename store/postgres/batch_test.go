@@ -37,6 +37,19 @@ func TestConformanceBatched(t *testing.T) {
 	})
 }
 
+// openSchema opens a store with cfg on a new schema, closed at the end of
+// the test.
+func openSchema(t *testing.T, cfg postgres.Config) (*postgres.Store, string) {
+	t.Helper()
+	cfg.Schema = newSchema(t)
+	s, err := postgres.Open(context.Background(), testURL(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s, cfg.Schema
+}
+
 // holdSlot makes the store's only batch slot wait on a row lock: it locks
 // the record of key from an outside transaction and starts a Complete of
 // it. Calling the returned function releases the lock and waits for that
@@ -97,13 +110,8 @@ func completeParams(key string, fence int64) store.CompleteParams {
 }
 
 func TestBatchGroupCommit(t *testing.T) {
-	schema := newSchema(t)
+	s, schema := openSchema(t, postgres.Config{MaxBatches: 1})
 	ctx := context.Background()
-	s, err := postgres.Open(ctx, testURL(t), postgres.Config{Schema: schema, MaxBatches: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
 	admin := adminConn(t)
 	// A trigger that fails one key's insert: its statement error rolls back
 	// the whole pipeline it rides in.
@@ -192,13 +200,8 @@ func TestBatchGroupCommit(t *testing.T) {
 }
 
 func TestBatchingOff(t *testing.T) {
-	schema := newSchema(t)
+	s, _ := openSchema(t, postgres.Config{MaxBatches: -1})
 	ctx := context.Background()
-	s, err := postgres.Open(ctx, testURL(t), postgres.Config{Schema: schema, MaxBatches: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
 	var wg sync.WaitGroup
 	for i := range 20 {
 		wg.Go(func() {
@@ -286,13 +289,8 @@ func awaitAll(t *testing.T, what string, done <-chan error, n int) {
 // run alone: the others are not held up by the one whose key a caller's
 // open transaction holds.
 func TestBatchLockWaitRunsAlone(t *testing.T) {
-	schema := newSchema(t)
+	s, schema := openSchema(t, postgres.Config{})
 	ctx := context.Background()
-	s, err := postgres.Open(ctx, testURL(t), postgres.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
 	commit := lockKey(t, s, "locked")
 	_, rolledBack := s.BatchStats()
 
@@ -337,13 +335,8 @@ func TestBatchLockWaitRunsAlone(t *testing.T) {
 // queued behind it get an extra slot once the queue has not moved for a
 // while.
 func TestBatchStalledSlot(t *testing.T) {
-	schema := newSchema(t)
+	s, _ := openSchema(t, postgres.Config{})
 	ctx := context.Background()
-	s, err := postgres.Open(ctx, testURL(t), postgres.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
 	commit := lockKey(t, s, "locked")
 	locked := make(chan error, 1)
 	go func() {
