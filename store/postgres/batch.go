@@ -82,13 +82,14 @@ type batchOp struct {
 
 type batcher struct {
 	s          *Store
+	slots      int
 	group      *groupcommit.Group[*batchOp]
 	rolledBack atomic.Int64 // pipelines rolled back by a statement error
 	many       atomic.Int64 // multi-row statements sent
 }
 
 func newBatcher(s *Store, slots int) *batcher {
-	b := &batcher{s: s}
+	b := &batcher{s: s, slots: slots}
 	b.group = groupcommit.New(slots, maxBatchOps,
 		func(ctx context.Context, op *batchOp) { s.runOne(ctx, s.pool, op) }, b.flush)
 	b.group.Unstall(stallAfter, maxExtraSlots)

@@ -250,6 +250,15 @@ func (s *Store) Migrate(ctx context.Context) error {
 // passed to the Tx forms.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
+// MaxBatches reports how many group commits the store may have in flight
+// (Config.MaxBatches, or its default); 0 when batching is off.
+func (s *Store) MaxBatches() int {
+	if s.batch == nil {
+		return 0
+	}
+	return s.batch.slots
+}
+
 // now is the clock parameter of every statement: NULL selects the database
 // clock.
 func (s *Store) now() any {

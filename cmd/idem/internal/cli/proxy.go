@@ -48,6 +48,10 @@ type ProxyConfig struct {
 	// StoreConns sizes the server store's connection pool (see
 	// storeurl.Options.Conns). Zero keeps the store's default.
 	StoreConns int
+	// StoreBatches is the number of group commits a PostgreSQL store may
+	// have in flight (see storeurl.Options.Batches). Zero keeps the
+	// store's default; -1 turns batching off.
+	StoreBatches int
 	// StoreClock replaces the store's clock (tests).
 	StoreClock store.Clock
 
@@ -604,7 +608,7 @@ func (cfg ProxyConfig) engineConfig(obs idem.Observer) idem.Config {
 func (p *Proxy) openStore(ctx context.Context) (store.Store, error) {
 	return storeurl.Open(ctx, p.cfg.Store, storeurl.Options{
 		Migrate: p.cfg.Migrate, Clock: p.cfg.StoreClock, Cache: p.cfg.Cache, Logger: p.cfg.Logger,
-		Conns: p.cfg.StoreConns,
+		Conns: p.cfg.StoreConns, Batches: p.cfg.StoreBatches,
 	})
 }
 
@@ -1133,6 +1137,7 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	storeDSN := storeFlag(fs)
 	fs.BoolVar(&cfg.Migrate, "migrate", true, "apply the store's pending migrations at start")
 	fs.IntVar(&cfg.StoreConns, "store-conns", 0, "connection pool `size` of a PostgreSQL or MySQL store; 0: the store's default (PostgreSQL 32 unless the URL sets pool_max_conns, MySQL no cap)")
+	fs.IntVar(&cfg.StoreBatches, "store-batches", 0, "group commits a PostgreSQL store may have in flight (`slots`); 0: the store's default (1), -1: no batching; more suit a database server with many cores")
 	fs.StringVar(&cfg.Profile, "profile", string(idem.ProfileIETF), "HTTP dialect: ietf (key required, 422 on reuse, problem+json) or stripe")
 	configFile := fs.String("config", "", "JSON `file` of settings and per-route settings (see above)")
 	fs.DurationVar(&cfg.TTL, "ttl", idem.DefaultTTL, "how long a completed response is replayed")
@@ -1233,6 +1238,8 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 		return cfg, "", "", usageErr(fs, "--upstream is required")
 	}
 	switch {
+	case cfg.StoreBatches < -1:
+		return cfg, "", "", usageErr(fs, "--store-batches must be -1 (no batching), 0 (the store's default) or a number of store batches")
 	case cfg.TenantRate < 0 || cfg.TenantBurst < 0 || cfg.TenantMaxActive < 0:
 		return cfg, "", "", usageErr(fs, "--tenant-rate, --tenant-burst and --tenant-max-active must not be negative")
 	case *breakerFailures < 0:

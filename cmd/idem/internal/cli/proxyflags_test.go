@@ -17,6 +17,7 @@ import (
 	"github.com/idem-go/idem/internal/testdb/pgdb"
 	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/postgres"
 )
 
 // proxyFromFlags parses args as idem proxy's command line (with
@@ -256,8 +257,9 @@ func TestProxyFlagDefaultsAreTheEngines(t *testing.T) {
 // With the store's table locked, a keyed request waits for the store no
 // longer than --store-timeout: it is answered 503 before the upstream is
 // called, while the lock is still held (released only after the answer).
-func TestProxyStoreTimeoutFlagOnALockedStore(t *testing.T) {
-	t.Parallel()
+// pgStore is the DSN of a PostgreSQL store in a new schema, and the schema.
+func pgStore(t *testing.T) (*url.URL, string) {
+	t.Helper()
 	u, err := url.Parse(testenv.PostgresURL(t))
 	if err != nil {
 		t.Fatal(err)
@@ -266,6 +268,40 @@ func TestProxyStoreTimeoutFlagOnALockedStore(t *testing.T) {
 	q := u.Query()
 	q.Set("search_path", schema)
 	u.RawQuery = q.Encode()
+	return u, schema
+}
+
+func TestProxyStoreBatchesFlag(t *testing.T) {
+	t.Parallel()
+	u, _ := pgStore(t)
+	api := &chargeAPI{}
+	for _, c := range []struct {
+		flag string
+		want int
+	}{{"0", postgres.DefaultMaxBatches}, {"4", 4}, {"-1", 0}} {
+		p, base := proxyFromFlags(t, newUpstream(t, api).URL, "--store", u.String(), "--store-batches", c.flag,
+			"--maintenance=false")
+		s, ok := p.Store().(*postgres.Store)
+		if !ok {
+			t.Fatalf("the proxy's store is a %T", p.Store())
+		}
+		if got := s.MaxBatches(); got != c.want {
+			t.Errorf("--store-batches %s: %d slots, want %d", c.flag, got, c.want)
+		}
+		if r := send(t, client(t), "POST", base+"/v1/charges", "batches-"+c.flag, `{}`); r.status != http.StatusCreated {
+			t.Errorf("--store-batches %s: POST answered %d", c.flag, r.status)
+		}
+	}
+	_, _, _, err := parseProxyFlags([]string{"--upstream", "http://x", "--store", u.String(), "--single-tenant",
+		"--store-batches", "-2"}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "--store-batches") {
+		t.Errorf("--store-batches -2: %v, want an error naming the store batches", err)
+	}
+}
+
+func TestProxyStoreTimeoutFlagOnALockedStore(t *testing.T) {
+	t.Parallel()
+	u, schema := pgStore(t)
 	api := &chargeAPI{}
 	p, base := proxyFromFlags(t, newUpstream(t, api).URL, "--store", u.String(), "--store-timeout", "300ms",
 		"--maintenance=false")

@@ -89,7 +89,16 @@ type Options struct {
 	// PostgreSQL (unless the URL says) and no cap for MySQL. Other stores
 	// ignore it.
 	Conns int
+	// Batches is the number of group commits a PostgreSQL store may have
+	// in flight (postgres.Config.MaxBatches): 0 keeps the store's default
+	// (postgres.DefaultMaxBatches), -1 turns batching off. Other stores
+	// ignore it.
+	Batches int
 }
+
+// maxBatches bounds Options.Batches: each batch in flight holds a
+// connection of the pool.
+const maxBatches = 1024
 
 // ErrUnsupported is returned (wrapped) for a DSN whose scheme names no store.
 var ErrUnsupported = errors.New("storeurl: unsupported store DSN")
@@ -186,6 +195,9 @@ func Open(ctx context.Context, dsn string, opts Options) (store.Store, error) {
 	if opts.Conns < 0 || opts.Conns > math.MaxInt32 {
 		return nil, fmt.Errorf("storeurl: %d store connections: want 0 (the store's default) or a positive number", opts.Conns)
 	}
+	if opts.Batches < -1 || opts.Batches > maxBatches {
+		return nil, fmt.Errorf("storeurl: %d store batches: want 0 (the store's default), -1 (no batching) or 1 to %d", opts.Batches, maxBatches)
+	}
 	var s store.Store
 	switch d.Kind {
 	case Memory:
@@ -194,7 +206,7 @@ func Open(ctx context.Context, dsn string, opts Options) (store.Store, error) {
 		s, err = sqlite.Open(ctx, d.Target, sqlite.Config{Clock: opts.Clock, SkipMigrate: !opts.Migrate})
 	case Postgres:
 		s, err = postgres.Open(ctx, d.Target, postgres.Config{Clock: opts.Clock, SkipMigrate: !opts.Migrate,
-			MaxConns: int32(opts.Conns)})
+			MaxConns: int32(opts.Conns), MaxBatches: opts.Batches})
 	case MySQL:
 		s, err = mysql.Open(ctx, d.Target, mysql.Config{Clock: opts.Clock, SkipMigrate: !opts.Migrate,
 			MaxConns: opts.Conns})

@@ -234,6 +234,31 @@ func TestOpenPostgres(t *testing.T) {
 	if got := s.(*postgres.Store).Pool().Config().MaxConns; got != 9 {
 		t.Errorf("pool of %d connections, want 9", got)
 	}
+	if got := s.(*postgres.Store).MaxBatches(); got != postgres.DefaultMaxBatches {
+		t.Errorf("%d batch slots by default, want %d", got, postgres.DefaultMaxBatches)
+	}
+
+	// Batches sets the group commit's slots; -1 turns it off.
+	for _, c := range []struct{ batches, want int }{{3, 3}, {-1, 0}} {
+		s, err := storeurl.Open(context.Background(), u, storeurl.Options{Batches: c.batches})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.(*postgres.Store).MaxBatches(); got != c.want {
+			t.Errorf("Batches %d: %d slots, want %d", c.batches, got, c.want)
+		}
+		s.Close()
+	}
+}
+
+func TestOpenBatchesInvalid(t *testing.T) {
+	t.Parallel()
+	for _, n := range []int{-2, 1 << 20} {
+		if _, err := storeurl.Open(context.Background(), "memory:", storeurl.Options{Batches: n}); err == nil ||
+			!strings.Contains(err.Error(), "store batches") {
+			t.Errorf("Batches %d: %v", n, err)
+		}
+	}
 }
 
 func TestOpenConnsInvalid(t *testing.T) {
