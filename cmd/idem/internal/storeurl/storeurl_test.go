@@ -261,12 +261,19 @@ func TestOpenBatchesInvalid(t *testing.T) {
 	}
 }
 
-func TestOpenConnsInvalid(t *testing.T) {
+func TestOpenOptionsInvalid(t *testing.T) {
 	t.Parallel()
-	for _, n := range []int{-1, 1 << 40} {
-		if _, err := storeurl.Open(context.Background(), "memory:", storeurl.Options{Conns: n}); err == nil ||
-			!strings.Contains(err.Error(), "store connections") {
-			t.Errorf("Conns %d: %v", n, err)
+	for _, c := range []struct {
+		opts storeurl.Options
+		want string
+	}{
+		{storeurl.Options{Conns: -1}, "store connections"},
+		{storeurl.Options{Conns: 1 << 40}, "store connections"},
+		{storeurl.Options{Batches: -2}, "store batches"},
+		{storeurl.Options{Batches: 1 << 20}, "store batches"},
+	} {
+		if _, err := storeurl.Open(context.Background(), "memory:", c.opts); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: %v, want an error about %s", c.opts, err, c.want)
 		}
 	}
 }
