@@ -45,9 +45,10 @@ import (
 // run one after the other on one server backend, so the slots bound how
 // many backends work on batched calls at once: fewer slots make larger
 // batches, fewer commits and the least CPU per request; more slots let a
-// server with many cores run them in parallel. Through the proxy on two
-// cores shared by client and server, one slot served 1.35x the new keys
-// and 1.25x the replays of four (BENCHMARKS.md).
+// server with many cores run them in parallel (the proxy's
+// --store-batches). Through the proxy on two cores shared by client and
+// server, one slot served 1.2x to 1.35x the new keys and 1.25x the replays
+// of four, in two runs (BENCHMARKS.md).
 //
 // A slot whose statement hangs (it waits for a row lock that a caller's
 // open transaction holds through the Tx forms) would hold up every call

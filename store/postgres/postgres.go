@@ -70,10 +70,11 @@
 // on one generic plan for it after a few runs, made with the table's
 // statistics of that moment; the plan is made again only when the
 // statistics change (ANALYZE, which autovacuum runs as the table grows).
-// The statements find records by primary key, which every plan probes for
-// a table that was never analyzed, as a new one is. The multi-row forms
-// read each record through a LATERAL subquery that allows nothing but that
-// probe. A table analyzed while empty, though, can make even a single
+// The statements find records by key, which every plan does through an
+// index for a table that was never analyzed, as a new one is. The
+// multi-row reserve reads each record through a LATERAL subquery that
+// allows nothing but that probe (a join there was planned as a scan of the
+// whole table). A table analyzed while empty, though, can make even a single
 // statement's plan a sequential scan, which is cheaper on an empty table;
 // keep autovacuum on (the default) so that the growing table is analyzed
 // again, or run ANALYZE idem_records after loading it. Connections live at
