@@ -103,20 +103,7 @@ func scanPending(sc scanner) (store.Record, error) {
 }
 
 func queryPending(ctx context.Context, q querier, query string, args ...any) ([]store.Record, error) {
-	rows, err := q.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []store.Record
-	for rows.Next() {
-		rec, err := scanPending(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, rec)
-	}
-	return out, rows.Err()
+	return queryWith(ctx, q, scanPending, query, args...)
 }
 
 // ReservePending implements [store.Queue] in one immediate transaction,

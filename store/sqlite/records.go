@@ -509,6 +509,11 @@ func scanRecord(sc scanner) (store.Record, error) {
 }
 
 func queryRecords(ctx context.Context, q querier, query string, args ...any) ([]store.Record, error) {
+	return queryWith(ctx, q, scanRecord, query, args...)
+}
+
+// queryWith runs query and reads every row with scan.
+func queryWith(ctx context.Context, q querier, scan func(scanner) (store.Record, error), query string, args ...any) ([]store.Record, error) {
 	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
@@ -516,7 +521,7 @@ func queryRecords(ctx context.Context, q querier, query string, args ...any) ([]
 	defer rows.Close()
 	var out []store.Record
 	for rows.Next() {
-		rec, err := scanRecord(rows)
+		rec, err := scan(rows)
 		if err != nil {
 			return nil, err
 		}
