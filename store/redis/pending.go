@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idem-go/idem/store"
 )
@@ -87,25 +86,6 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 		return store.ReserveResult{}, fmt.Errorf("idem/redis: reserve pending: %w", err)
 	}
 	return store.ReserveResult{Outcome: store.ReserveOutcome(outcome), Record: rec}, nil
-}
-
-// shardCalls builds one phase-2 call per shard holding candidates: KEYS
-// are the shard's index keys, then extra(shard), then its records.
-func (s *Store) shardCalls(cands []candidate, sc *goredis.Script, extra func(shard int) []string, args func(shard int) []any) []call {
-	byShard := map[int][]string{}
-	var order []int
-	for _, c := range cands {
-		if _, ok := byShard[c.shard]; !ok {
-			order = append(order, c.shard)
-		}
-		byShard[c.shard] = append(byShard[c.shard], c.member)
-	}
-	calls := make([]call, 0, len(order))
-	for _, sh := range order {
-		keys := append(append(s.indexKeys(sh), extra(sh)...), byShard[sh]...)
-		calls = append(calls, call{sc, keys, args(sh)})
-	}
-	return calls
 }
 
 // decodeBatch decodes the records returned by the phase-2 scripts.

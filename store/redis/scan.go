@@ -219,9 +219,9 @@ func sortCandidates(c []candidate) {
 	})
 }
 
-// perShard builds one phase-2 call per shard holding candidates: KEYS are the
-// shard's index keys followed by its records.
-func (s *Store) perShard(cands []candidate, sc *goredis.Script, args []any) []call {
+// shardCalls builds one phase-2 call per shard holding candidates: KEYS
+// are the shard's index keys, then extra(shard), then its records.
+func (s *Store) shardCalls(cands []candidate, sc *goredis.Script, extra func(shard int) []string, args func(shard int) []any) []call {
 	byShard := map[int][]string{}
 	var order []int
 	for _, c := range cands {
@@ -232,9 +232,16 @@ func (s *Store) perShard(cands []candidate, sc *goredis.Script, args []any) []ca
 	}
 	calls := make([]call, 0, len(order))
 	for _, sh := range order {
-		calls = append(calls, call{sc, append(s.indexKeys(sh), byShard[sh]...), args})
+		keys := append(append(s.indexKeys(sh), extra(sh)...), byShard[sh]...)
+		calls = append(calls, call{sc, keys, args(sh)})
 	}
 	return calls
+}
+
+// perShard builds one phase-2 call per shard holding candidates: KEYS are the
+// shard's index keys followed by its records; every call takes args.
+func (s *Store) perShard(cands []candidate, sc *goredis.Script, args []any) []call {
+	return s.shardCalls(cands, sc, func(int) []string { return nil }, func(int) []any { return args })
 }
 
 // SweepExpiredLeases implements store.Store. Only records under policy
