@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/listpage"
 	"github.com/idem-go/idem/store"
 )
 
@@ -226,30 +227,7 @@ func (k *keyFlags) filter(fs *flag.FlagSet) (keysFilter, error) {
 // pass the exact-scope check, or the store has no more. The next cursor
 // is that of the last record read, so no record is skipped or repeated.
 func listKeys(ctx context.Context, s store.Store, f keysFilter) ([]store.Record, *store.Cursor, error) {
-	want := f.params.Limit
-	var out []store.Record
-	p := f.params
-	for {
-		recs, next, err := s.List(ctx, p)
-		if err != nil {
-			return nil, nil, err
-		}
-		for i := range recs {
-			if f.scope != "" && recs[i].Scope != f.scope {
-				continue
-			}
-			out = append(out, recs[i])
-			if len(out) == want {
-				if i == len(recs)-1 && next == nil {
-					return out, nil, nil
-				}
-				c := store.CursorOf(&recs[i])
-				return out, &c, nil
-			}
-		}
-		if next == nil {
-			return out, nil, nil
-		}
-		p.After = next
-	}
+	return listpage.Filtered(ctx, s, f.params, 0, 0, func(r *store.Record) bool {
+		return f.scope == "" || r.Scope == f.scope
+	})
 }

@@ -24,6 +24,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/listpage"
 	"github.com/idem-go/idem/internal/header"
 	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
@@ -324,33 +325,7 @@ func (h *Handler) filtered(ctx context.Context, p store.ListParams, keep func(*s
 	if keep == nil {
 		return h.cfg.Store().List(ctx, p)
 	}
-	want := p.Limit
-	p.Limit = min(store.MaxListLimit, max(want, 200))
-	var out []store.Record
-	for scanned := 0; ; {
-		recs, next, err := h.cfg.Store().List(ctx, p)
-		if err != nil {
-			return nil, nil, err
-		}
-		for i := range recs {
-			if !keep(&recs[i]) {
-				continue
-			}
-			out = append(out, recs[i])
-			if len(out) == want {
-				if i == len(recs)-1 && next == nil {
-					return out, nil, nil
-				}
-				c := store.CursorOf(&recs[i])
-				return out, &c, nil
-			}
-		}
-		scanned += len(recs)
-		if next == nil || scanned >= maxScan {
-			return out, next, nil
-		}
-		p.After = next
-	}
+	return listpage.Filtered(ctx, h.cfg.Store(), p, min(store.MaxListLimit, max(p.Limit, 200)), maxScan, keep)
 }
 
 func (h *Handler) search(w http.ResponseWriter, r *http.Request) {
