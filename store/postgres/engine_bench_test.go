@@ -224,13 +224,11 @@ type variant struct {
 //   - new: a fresh key per request (reserve + complete, two round trips);
 //   - replay: one completed key replayed (one round trip, no write).
 //
-// Each group has the leaves engine and ceiling, and prototypes that batch
-// concurrent reserves (batch_bench_test.go): all of them in new, the one
-// that batches completions too in replay, to show what it costs there
-// (a replay runs the batch's INSERT, then the one-key statement). Every
+// Each group has the leaves engine and ceiling; the store batches as
+// configured (IDEM_BENCH_MAX_BATCHES=-1 turns its group commit off). Every
 // leaf runs its own variant for b.N requests in slices of about 100ms that
-// alternate with slices of its companion (the ceiling for engine and the
-// batches, engine for the ceiling), so that both see the same machine at
+// alternate with slices of its companion (the ceiling for engine, engine
+// for the ceiling), so that both see the same machine at
 // the same time. ns/op is the wall time per request of the leaf's own
 // slices (1/throughput with 16 in flight); ops/s is the same figure as a
 // rate, pair-ops/s the companion's, and ratio the non-ceiling variant's
@@ -272,49 +270,27 @@ func BenchmarkEnginePostgres(b *testing.B) {
 		}},
 	}
 	for _, g := range groups {
-		// setup opens a fresh schema and returns the group's variants, the
-		// engine over the store or over wrap(store) when wrap is set.
-		setup := func(b *testing.B, wrap func(*postgres.Store, string) store.Store) (pool *pgxpool.Pool, engine, ceil variant) {
+		// setup opens a fresh schema and returns the group's variants.
+		setup := func(b *testing.B) (pool *pgxpool.Pool, engine, ceil variant) {
 			pool, schema := enginePool(b)
 			s, err := postgres.New(context.Background(), pool, postgres.Config{Schema: schema, SkipMigrate: true,
 				MaxBatches: benchMaxBatches(b)})
 			if err != nil {
 				b.Fatal(err)
 			}
-			var st store.Store = s
-			if wrap != nil {
-				st = wrap(s, schema)
-			}
-			e := newEngine(b, st)
+			e := newEngine(b, s)
 			engine, ceil = g.variants(b, e.Middleware(http.HandlerFunc(engineHandler)), newCeiling(b, pool, schema, e))
 			return pool, engine, ceil
 		}
 		b.Run(g.name, func(b *testing.B) {
 			b.Run("engine", func(b *testing.B) {
-				pool, engine, ceil := setup(b, nil)
+				pool, engine, ceil := setup(b)
 				runPaired(b, pool, engine, ceil)
 			})
 			b.Run("ceiling", func(b *testing.B) {
-				pool, engine, ceil := setup(b, nil)
+				pool, engine, ceil := setup(b)
 				runPaired(b, pool, ceil, engine)
 			})
-			for _, bv := range batchVariants {
-				if g.name == "replay" && !bv.replay {
-					continue
-				}
-				b.Run(bv.name, func(b *testing.B) {
-					var bs *batchStore
-					pool, engine, ceil := setup(b, func(s *postgres.Store, schema string) store.Store {
-						bs = newBatchStore(s, schema, bv.cfg)
-						b.Cleanup(bs.stop)
-						return bs
-					})
-					engine.name = bv.name
-					runPaired(b, pool, engine, ceil)
-					// Over the whole run, warm-up and companion slices aside.
-					b.ReportMetric(bs.reserves.meanBatch(), "reserves/batch")
-				})
-			}
 		})
 	}
 }
@@ -600,9 +576,7 @@ func (l latencies) String() string {
 // TestPostgresLatency measures latency at low load: one request at a time,
 // 2000 new keys then 2000 replays (each key replayed once), through the
 // engine's middleware and, alternating with it request by request, through
-// the ceiling (the same statements straight through pgx). New keys also go
-// through the engine over two batching prototypes, to show what gathering
-// costs a lone request.
+// the ceiling (the same statements straight through pgx).
 //
 //	IDEM_BENCH=1 go test -run TestPostgresLatency -v -count 1 ./store/postgres/
 func TestPostgresLatency(t *testing.T) {
@@ -617,18 +591,6 @@ func TestPostgresLatency(t *testing.T) {
 	e := newEngine(t, s)
 	h := e.Middleware(http.HandlerFunc(engineHandler))
 	c := newCeiling(t, pool, schema, e)
-	batched := func(name string) http.Handler {
-		for _, bv := range batchVariants {
-			if bv.name == name {
-				bs := newBatchStore(s, schema, bv.cfg)
-				t.Cleanup(bs.stop)
-				return newEngine(t, bs).Middleware(http.HandlerFunc(engineHandler))
-			}
-		}
-		t.Fatalf("no batch variant %s", name)
-		return nil
-	}
-	hw, hq := batched("batch-100us-both"), batched("batch-queue-both")
 
 	type way struct {
 		name string
@@ -665,20 +627,12 @@ func TestPostgresLatency(t *testing.T) {
 		if err := serveEngine(h, key("we", i), false); err != nil {
 			t.Fatal(err)
 		}
-		if err := serveEngine(hw, key("ww", i), false); err != nil {
-			t.Fatal(err)
-		}
-		if err := serveEngine(hq, key("wq", i), false); err != nil {
-			t.Fatal(err)
-		}
 		if err := c.newKey(ctx, key("wc", i)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	measure("new",
 		way{"engine", func(i int) error { return serveEngine(h, key("e", i), false) }},
-		way{"batch-100us-both", func(i int) error { return serveEngine(hw, key("w", i), false) }},
-		way{"batch-queue-both", func(i int) error { return serveEngine(hq, key("q", i), false) }},
 		way{"ceiling", func(i int) error { return c.newKey(ctx, key("c", i)) }})
 	measure("replay",
 		way{"engine", func(i int) error { return serveEngine(h, key("e", i), true) }},
