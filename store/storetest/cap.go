@@ -153,24 +153,34 @@ func testTenantCapConcurrent(t *testing.T, h Harness) {
 	const n, max = 32, 5
 	for round := range 3 {
 		tenant := fmt.Sprint("t", round)
-		errs := make([]error, n)
-		res := race(t, n, func(i int) (store.ReserveResult, error) {
-			r, err := e.s.Reserve(e.ctx, e.capP(tenant, fmt.Sprint("k", i), "fp", max))
-			errs[i] = err
-			if errors.Is(err, store.ErrOverCap) {
-				err = nil
-			}
-			return r, err
+		raceAtCap(t, fmt.Sprint("round ", round), n, max, func(i int) (store.ReserveResult, error) {
+			return e.s.Reserve(e.ctx, e.capP(tenant, fmt.Sprint("k", i), "fp", max))
 		})
-		over := 0
-		for _, err := range errs {
-			if errors.Is(err, store.ErrOverCap) {
-				over++
-			}
+	}
+}
+
+// raceAtCap runs n racers through reserve, all under a cap of max, and
+// checks that exactly max of them created a record and the others were
+// refused with ErrOverCap.
+func raceAtCap(t *testing.T, what string, n, max int, reserve func(i int) (store.ReserveResult, error)) {
+	t.Helper()
+	errs := make([]error, n)
+	res := race(t, n, func(i int) (store.ReserveResult, error) {
+		r, err := reserve(i)
+		errs[i] = err
+		if errors.Is(err, store.ErrOverCap) {
+			err = nil
 		}
-		if c := countOutcomes(res, store.Created); c != max || over != n-max {
-			t.Fatalf("round %d: %d created and %d over the cap of %d racers, want %d and %d", round, c, over, n, max, n-max)
+		return r, err
+	})
+	over := 0
+	for _, err := range errs {
+		if errors.Is(err, store.ErrOverCap) {
+			over++
 		}
+	}
+	if c := countOutcomes(res, store.Created); c != max || over != n-max {
+		t.Fatalf("%s: %d created and %d over the cap of %d racers, want %d and %d", what, c, over, n, max, n-max)
 	}
 }
 
@@ -202,22 +212,13 @@ func testTenantCapTwoHandles(t *testing.T, h Harness) {
 	e := newEnv(t, h)
 	other := e.open(t, e.clock.Now)
 	const n, max = 16, 4
-	errs := make([]error, n)
-	res := race(t, n, func(i int) (store.ReserveResult, error) {
+	raceAtCap(t, "two handles", n, max, func(i int) (store.ReserveResult, error) {
 		s := e.s
 		if i%2 == 1 {
 			s = other
 		}
-		r, err := s.Reserve(e.ctx, e.capP("t", fmt.Sprint("k", i), "fp", max))
-		errs[i] = err
-		if errors.Is(err, store.ErrOverCap) {
-			err = nil
-		}
-		return r, err
+		return s.Reserve(e.ctx, e.capP("t", fmt.Sprint("k", i), "fp", max))
 	})
-	if c := countOutcomes(res, store.Created); c != max {
-		t.Fatalf("%d created across two handles, want %d", c, max)
-	}
 }
 
 // capPending is a pending reservation of key for tenant under a cap of max.
@@ -347,34 +348,16 @@ func testTenantCapPendingConcurrent(t *testing.T, h Harness, shared bool) {
 	for round := range 3 {
 		tenant := fmt.Sprint("t", round)
 		mixed := round > 0 // the first round is pending only
-		errs := make([]error, n)
-		res := race(t, n, func(i int) (store.ReserveResult, error) {
+		raceAtCap(t, fmt.Sprint("round ", round), n, max, func(i int) (store.ReserveResult, error) {
 			s := e.s
 			if i%2 == 1 {
 				s = other
 			}
-			var r store.ReserveResult
-			var err error
 			if mixed && i%4 >= 2 {
-				r, err = s.Reserve(e.ctx, e.capP(tenant, fmt.Sprint("k", i), "fp", max))
-			} else {
-				r, err = s.(store.Queue).ReservePending(e.ctx, e.capPending(tenant, fmt.Sprint("k", i), "fp", max))
+				return s.Reserve(e.ctx, e.capP(tenant, fmt.Sprint("k", i), "fp", max))
 			}
-			errs[i] = err
-			if errors.Is(err, store.ErrOverCap) {
-				err = nil
-			}
-			return r, err
+			return s.(store.Queue).ReservePending(e.ctx, e.capPending(tenant, fmt.Sprint("k", i), "fp", max))
 		})
-		over := 0
-		for _, err := range errs {
-			if errors.Is(err, store.ErrOverCap) {
-				over++
-			}
-		}
-		if c := countOutcomes(res, store.Created); c != max || over != n-max {
-			t.Fatalf("round %d: %d created and %d over the cap of %d racers, want %d and %d", round, c, over, n, max, n-max)
-		}
 	}
 }
 
