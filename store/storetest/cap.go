@@ -284,7 +284,7 @@ func testTenantCapPending(t *testing.T, h Harness) {
 		}
 	}
 	if len(claimed) != 4 || c0.Fence == 0 || c1.Fence == 0 {
-		t.Fatalf("claimed %v, want a's p0, p1 and uncapped, and b's p0", keysOf(claimed))
+		t.Fatalf("claimed %v, want a's p0, p1 and uncapped, and b's p0", keys(claimed))
 	}
 	e.overCapPending(e.capPending("a", "p-over", "fp", max), nil)
 	e.complete(c0, sampleResponse())

@@ -187,16 +187,8 @@ func testPendingClaimOnce(t *testing.T, h Harness) {
 	}
 	first := e.claim(e.queue(), "order", 2)
 	if len(first) != 2 || first[0].Key != "order2" || first[1].Key != "order1" {
-		t.Fatalf("claim order: %v", keysOf(first))
+		t.Fatalf("claim order: %v", keys(first))
 	}
-}
-
-func keysOf(rs []store.Record) []string {
-	out := make([]string, len(rs))
-	for i, r := range rs {
-		out[i] = r.Key
-	}
-	return out
 }
 
 func testPendingComplete(t *testing.T, h Harness) {
@@ -213,7 +205,7 @@ func testPendingComplete(t *testing.T, h Harness) {
 		t.Fatalf("claimed record fence %d (pending %d), request %+v", c.Fence, pending.Fence, c.Request)
 	}
 	if again := e.claim(e.queue(), "q", 10); len(again) != 0 {
-		t.Fatalf("an in-progress record was claimed again: %v", keysOf(again))
+		t.Fatalf("an in-progress record was claimed again: %v", keys(again))
 	}
 	// While in progress, duplicates see it; the pending fence is stale.
 	if dup := e.reservePending(p); dup.Outcome != store.Existing || dup.Record.State != store.StateInProgress {
@@ -250,11 +242,11 @@ func testPendingExpire(t *testing.T, h Harness) {
 	}
 	e.clock.Advance(wait - time.Second) // "late" is at its deadline, "fresh" a second before
 	if rs := e.claim(q, "q", 10); len(rs) != 1 || rs[0].Key != "fresh" {
-		t.Fatalf("claim at the deadline of one: %v, want [fresh]", keysOf(rs))
+		t.Fatalf("claim at the deadline of one: %v, want [fresh]", keys(rs))
 	}
 	rs, err := q.ExpirePending(e.ctx, exp)
 	if err != nil || len(rs) != 1 || rs[0].Key != "late" {
-		t.Fatalf("ExpirePending: %v, %v, want [late]", keysOf(rs), err)
+		t.Fatalf("ExpirePending: %v, %v, want [late]", keys(rs), err)
 	}
 	got := e.get("s", "late")
 	if got.State != store.StateCompleted || got.LastError != store.ExpiredPendingError || !sameResponse(got.Response, &timeout) || got.Attempts != 0 {
@@ -262,7 +254,7 @@ func testPendingExpire(t *testing.T, h Harness) {
 	}
 	wantTime(t, "ExpiresAt of the expired request", got.ExpiresAt, e.clock.Now().Add(time.Hour))
 	if rs, err := q.ExpirePending(e.ctx, exp); err != nil || len(rs) != 0 {
-		t.Fatalf("second ExpirePending: %v, %v", keysOf(rs), err)
+		t.Fatalf("second ExpirePending: %v, %v", keys(rs), err)
 	}
 	// Bounded, and never an in-progress record.
 	for i := range 3 {
@@ -337,7 +329,7 @@ func testPendingRequeue(t *testing.T, h Harness) {
 		t.Fatalf("Delete of a pending record: %v", err)
 	}
 	if rs := e.claim(q, "q-old", 10); len(rs) != 0 {
-		t.Fatalf("a deleted pending record was claimed: %v", keysOf(rs))
+		t.Fatalf("a deleted pending record was claimed: %v", keys(rs))
 	}
 }
 
