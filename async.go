@@ -123,14 +123,10 @@ func (e *Engine) accept(ctx context.Context, c *Call, scope, key, fp string) (de
 		},
 	}
 	q := e.store.(store.Queue) // checked by New and With
-	sctx, end := e.obs.Step(ctx, Step{Name: StepReserve, Store: e.sname, Scope: scope, Route: c.Route})
-	var res store.ReserveResult
-	_, err := e.callAt(new(callCtx), sctx, opReserve, false, func(ctx context.Context) (err error) {
-		res, err = q.ReservePending(ctx, p)
-		return err
+	res, _, end, err := e.reserveStep(ctx, new(callCtx), scope, c.Route, func(ctx context.Context) (store.ReserveResult, error) {
+		return q.ReservePending(ctx, p)
 	})
 	if err != nil {
-		e.reserveFailed(ctx, end, err)
 		return decision{}, err
 	}
 	d := decide(fp, res)
@@ -144,9 +140,7 @@ func (e *Engine) accept(ctx context.Context, c *Call, scope, key, fp string) (de
 	case d.verdict == InProgress:
 		d.verdict = Accepted // pending or being run by a worker
 	}
-	e.obs.Reserve(ctx, outcome)
-	e.tenantObs(ctx, c.Tenant, outcome)
-	end(StepEnd{Outcome: outcome, Fence: res.Record.Fence, Attempts: 1})
+	e.reserveDone(ctx, end, c.Tenant, outcome, res.Record.Fence)
 	return d, nil
 }
 

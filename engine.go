@@ -540,14 +540,10 @@ func (e *Engine) begin(ctx context.Context, sc *scratch, tenant, scope, route, k
 		Lease: e.cfg.Lease, TTL: e.cfg.TTL, LeasePolicy: e.cfg.LeasePolicy,
 		Tenant: tenant, MaxActive: e.cfg.TenantMaxActive,
 	}
-	sctx, end := e.obs.Step(ctx, Step{Name: StepReserve, Store: e.sname, Scope: scope, Route: route})
-	var res store.ReserveResult
-	start, err := e.callAt(cctx, sctx, opReserve, false, func(ctx context.Context) (err error) {
-		res, err = e.store.Reserve(ctx, p)
-		return err
+	res, start, end, err := e.reserveStep(ctx, cctx, scope, route, func(ctx context.Context) (store.ReserveResult, error) {
+		return e.store.Reserve(ctx, p)
 	})
 	if err != nil {
-		e.reserveFailed(ctx, end, err)
 		return decision{}, err
 	}
 	d := decide(fp, res)
@@ -566,9 +562,7 @@ func (e *Engine) begin(ctx context.Context, sc *scratch, tenant, scope, route, k
 			d.created = true
 		}
 	}
-	e.obs.Reserve(ctx, outcome)
-	e.tenantObs(ctx, tenant, outcome)
-	end(StepEnd{Outcome: outcome, Fence: res.Record.Fence, Attempts: 1})
+	e.reserveDone(ctx, end, tenant, outcome, res.Record.Fence)
 	if d.verdict == Executed {
 		return d, nil
 	}
@@ -576,6 +570,30 @@ func (e *Engine) begin(ctx context.Context, sc *scratch, tenant, scope, route, k
 		e.log.Info("idem: record outcome unknown", "scope", scope, "key", key, "reason", res.Record.LastError)
 	}
 	return d, nil
+}
+
+// reserveStep runs call, the reservation of begin or accept, as the
+// engine's reserve step: its span, the store call's timeout and timing, and
+// its failure, counted and ended here. On success the caller names the
+// outcome and ends the step with reserveDone.
+func (e *Engine) reserveStep(ctx context.Context, cctx *callCtx, scope, route string,
+	call func(context.Context) (store.ReserveResult, error)) (res store.ReserveResult, start time.Time, end func(StepEnd), err error) {
+	sctx, end := e.obs.Step(ctx, Step{Name: StepReserve, Store: e.sname, Scope: scope, Route: route})
+	start, err = e.callAt(cctx, sctx, opReserve, false, func(ctx context.Context) (err error) {
+		res, err = call(ctx)
+		return err
+	})
+	if err != nil {
+		e.reserveFailed(ctx, end, err)
+	}
+	return res, start, end, err
+}
+
+// reserveDone counts a reservation's outcome and ends its step.
+func (e *Engine) reserveDone(ctx context.Context, end func(StepEnd), tenant, outcome string, fence int64) {
+	e.obs.Reserve(ctx, outcome)
+	e.tenantObs(ctx, tenant, outcome)
+	end(StepEnd{Outcome: outcome, Fence: fence, Attempts: 1})
 }
 
 // reserveFailed ends the reserve step of begin or accept that failed with
