@@ -190,16 +190,11 @@ page do not shift later pages.
 // filter builds the listing the flags ask for.
 func (k *keyFlags) filter(fs *flag.FlagSet) (keysFilter, error) {
 	var f keysFilter
-	if err := k.store.resolve(fs); err != nil {
+	set, named, err := k.settle(fs)
+	if err != nil {
 		return f, err
 	}
-	k.dsn = k.store.value
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	named := k.tenantFlags(set)
 	switch {
-	case k.scope != "" && (named > 0 || set["method"] || set["route"]):
-		return f, usageErr(fs, "give either --scope or --tenant/--authorization/--tenant-credential/--method/--route, not both")
 	case k.scope != "":
 		f.scope, f.params.ScopePrefix = k.scope, k.scope
 		return f, nil

@@ -149,16 +149,11 @@ func (k *keyFlags) resolve(fs *flag.FlagSet, pos []string) (scope, key string, e
 	if err != nil {
 		return "", "", usageErr(fs, "%v", err)
 	}
-	if err := k.store.resolve(fs); err != nil {
+	set, named, err := k.settle(fs)
+	if err != nil {
 		return "", "", err
 	}
-	k.dsn = k.store.value
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	named := k.tenantFlags(set)
 	switch {
-	case k.scope != "" && (named > 0 || set["method"] || set["route"]):
-		return "", "", usageErr(fs, "give either --scope or --tenant/--authorization/--tenant-credential/--method/--route, not both")
 	case k.scope != "":
 		return k.scope, key, nil
 	case k.route == "":
@@ -172,6 +167,23 @@ func (k *keyFlags) resolve(fs *flag.FlagSet, pos []string) (scope, key string, e
 	}
 	req := idem.Request{Tenant: tenant, Method: strings.ToUpper(k.method), Route: k.route}
 	return req.Scope(), key, nil
+}
+
+// settle resolves the store flags and reads which flags were set and how
+// many of them name a tenant, refusing --scope together with the flags
+// that build a scope.
+func (k *keyFlags) settle(fs *flag.FlagSet) (set map[string]bool, named int, err error) {
+	if err := k.store.resolve(fs); err != nil {
+		return nil, 0, err
+	}
+	k.dsn = k.store.value
+	set = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	named = k.tenantFlags(set)
+	if k.scope != "" && (named > 0 || set["method"] || set["route"]) {
+		return nil, 0, usageErr(fs, "give either --scope or --tenant/--authorization/--tenant-credential/--method/--route, not both")
+	}
+	return set, named, nil
 }
 
 // tenantFlags counts the flags among set that name a tenant.
