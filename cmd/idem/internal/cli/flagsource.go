@@ -31,12 +31,19 @@ func applyEnv(fs *flag.FlagSet) error {
 	})
 }
 
+// setOn reports the flags of fs set on the command line (or by an earlier
+// source), by name.
+func setOn(fs *flag.FlagSet) map[string]bool {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	return set
+}
+
 // setFrom sets every flag of fs not set yet (on the command line or by an
 // earlier layer) for which lookup has a value, and records its origin. A
 // value the flag refuses is an error naming its origin and the flag.
 func setFrom(fs *flag.FlagSet, lookup func(name string) (value, origin string, ok bool)) error {
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	set := setOn(fs)
 	var errs []error
 	fs.VisitAll(func(f *flag.Flag) {
 		if set[f.Name] {

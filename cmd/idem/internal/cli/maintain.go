@@ -287,8 +287,7 @@ once their lease expires (idem sweep).
 	if err != nil {
 		return err
 	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	set := setOn(fs)
 	var res maintenance.Resolution
 	switch {
 	case *completed == *retryable:

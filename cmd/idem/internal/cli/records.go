@@ -177,8 +177,7 @@ func (k *keyFlags) settle(fs *flag.FlagSet) (set map[string]bool, named int, err
 		return nil, 0, err
 	}
 	k.dsn = k.store.value
-	set = map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	set = setOn(fs)
 	named = k.tenantFlags(set)
 	if k.scope != "" && (named > 0 || set["method"] || set["route"]) {
 		return nil, 0, usageErr(fs, "give either --scope or --tenant/--authorization/--tenant-credential/--method/--route, not both")
