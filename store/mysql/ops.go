@@ -474,15 +474,7 @@ func (s *Store) reapOnce(ctx context.Context, p store.ReapParams, abandon args) 
 		}
 	}()
 	run := func(qq *query, a args) (int, error) {
-		bound, err := qq.bind(a)
-		if err != nil {
-			return 0, err
-		}
-		res, err := tx.ExecContext(ctx, qq.sql, bound...)
-		if err != nil {
-			return 0, err
-		}
-		n, err := res.RowsAffected()
+		n, err := runIn(ctx, tx, qq, a)
 		return int(n), err
 	}
 	// Terminal records first: an abandoned record given a zero TTL must not

@@ -120,7 +120,7 @@ func scanPending(sc scanner, trail ...any) (store.Record, error) {
 	return r, err
 }
 
-// run binds a and executes qq on tx.
+// runIn binds a and executes qq on tx, answering the rows it changed.
 func runIn(ctx context.Context, tx *sql.Tx, qq *query, a args) (int64, error) {
 	bound, err := qq.bind(a)
 	if err != nil {
