@@ -59,35 +59,6 @@ func (a *reportAPI) count(key string) int {
 	return a.runs[key]
 }
 
-// startStoppable is startProxy with a stop function (idempotent) that
-// shuts the proxy down and waits for it.
-func startStoppable(t *testing.T, cfg ProxyConfig) (*Proxy, string, func()) {
-	t.Helper()
-	cfg.Listen = "127.0.0.1:0"
-	cfg.Migrate = true
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
-	}
-	p, err := NewProxy(context.Background(), cfg)
-	if err != nil {
-		t.Fatalf("NewProxy: %v", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- p.Serve(ctx) }()
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("Serve: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return p, "http://" + p.Addr().String(), stop
-}
-
 // asyncProxyConfig is a proxy with one asynchronous route, callers told
 // apart by X-Tenant.
 func asyncProxyConfig(upstream, dsn string, workers int) ProxyConfig {

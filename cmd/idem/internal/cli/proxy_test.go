@@ -47,6 +47,15 @@ func eachStore(t *testing.T, f func(t *testing.T, dsn string)) {
 // It returns the proxy and its base URL.
 func startProxy(t *testing.T, cfg ProxyConfig) (*Proxy, string) {
 	t.Helper()
+	p, base, _ := startStoppable(t, cfg)
+	return p, base
+}
+
+// startStoppable is startProxy with a stop function (idempotent) that
+// shuts the proxy down and waits for it. A config with no tenant source
+// serves one trusted caller.
+func startStoppable(t *testing.T, cfg ProxyConfig) (*Proxy, string, func()) {
+	t.Helper()
 	cfg.Listen = "127.0.0.1:0"
 	cfg.Migrate = true
 	if len(cfg.TenantFrom) == 0 && cfg.TenantHeader == "" {
@@ -62,13 +71,17 @@ func startProxy(t *testing.T, cfg ProxyConfig) (*Proxy, string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- p.Serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	return p, "http://" + p.Addr().String()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Serve: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return p, "http://" + p.Addr().String(), stop
 }
 
 // client returns an HTTP client whose connections close with the test.
