@@ -198,16 +198,7 @@ type extraScan struct {
 func (e extraScan) Scan(dest ...any) error { return e.row.Scan(append(dest, e.extra...)...) }
 
 func collectPending(rows pgx.Rows) ([]store.Record, error) {
-	defer rows.Close()
-	var out []store.Record
-	for rows.Next() {
-		var rec store.Record
-		if err := scanPending(rows, &rec); err != nil {
-			return nil, err
-		}
-		out = append(out, rec)
-	}
-	return out, rows.Err()
+	return collectWith(rows, func(row pgx.Row, rec *store.Record) error { return scanPending(row, rec) })
 }
 
 // ReservePending implements store.Queue: the common case (a new key) is

@@ -726,11 +726,16 @@ func scanRecord(row pgx.Row, rec *store.Record, action *string) error {
 }
 
 func collectRecords(rows pgx.Rows) ([]store.Record, error) {
+	return collectWith(rows, func(row pgx.Row, rec *store.Record) error { return scanRecord(row, rec, nil) })
+}
+
+// collectWith reads every row with scan and closes rows.
+func collectWith(rows pgx.Rows, scan func(pgx.Row, *store.Record) error) ([]store.Record, error) {
 	defer rows.Close()
 	var out []store.Record
 	for rows.Next() {
 		var rec store.Record
-		if err := scanRecord(rows, &rec, nil); err != nil {
+		if err := scan(rows, &rec); err != nil {
 			return nil, err
 		}
 		out = append(out, rec)
