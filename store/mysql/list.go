@@ -2,7 +2,6 @@ package mysql
 
 import (
 	"context"
-	"errors"
 
 	"github.com/idem-go/idem/internal/listsql"
 	"github.com/idem-go/idem/store"
@@ -30,16 +29,8 @@ func (s *Store) List(ctx context.Context, p store.ListParams) ([]store.Record, *
 	if err != nil {
 		return nil, nil, wrap("list", err)
 	}
-	var out []store.Record
-	for rows.Next() {
-		rec, err := scanRecord(rows, nil)
-		if err != nil {
-			_ = rows.Close()
-			return nil, nil, wrap("list", err)
-		}
-		out = append(out, rec)
-	}
-	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+	out, err := collect(rows, scanPlain)
+	if err != nil {
 		return nil, nil, wrap("list", err)
 	}
 	out, next := store.Page(out, p.Limit)

@@ -404,17 +404,9 @@ func (s *Store) sweepOnce(ctx context.Context, p store.SweepParams) (_ []store.R
 	if err != nil {
 		return nil, err
 	}
-	var recs []store.Record
 	var now dbTime
-	for rows.Next() {
-		rec, err := scanRecord(rows, nil, &now)
-		if err != nil {
-			_ = rows.Close()
-			return nil, err
-		}
-		recs = append(recs, rec)
-	}
-	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+	recs, err := collect(rows, func(sc scanner) (store.Record, error) { return scanRecord(sc, nil, &now) })
+	if err != nil {
 		return nil, err
 	}
 	for i := range recs {
@@ -512,16 +504,8 @@ func (s *Store) ListUnknown(ctx context.Context, p store.ListUnknownParams) ([]s
 	if err != nil {
 		return nil, wrap("list unknown", err)
 	}
-	var out []store.Record
-	for rows.Next() {
-		rec, err := scanRecord(rows, nil)
-		if err != nil {
-			_ = rows.Close()
-			return nil, wrap("list unknown", err)
-		}
-		out = append(out, rec)
-	}
-	return out, wrap("list unknown", errors.Join(rows.Err(), rows.Close()))
+	out, err := collect(rows, scanPlain)
+	return out, wrap("list unknown", err)
 }
 
 // Resolve implements [store.Store.Resolve].

@@ -249,15 +249,7 @@ func (s *Store) lockBatch(ctx context.Context, sel *query, a args, f func(r *sto
 			return err
 		}
 		var now dbTime
-		for rows.Next() {
-			rec, err := scanPending(rows, &now)
-			if err != nil {
-				_ = rows.Close()
-				return err
-			}
-			out = append(out, rec)
-		}
-		if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		if out, err = collect(rows, func(sc scanner) (store.Record, error) { return scanPending(sc, &now) }); err != nil {
 			return err
 		}
 		for i := range out {

@@ -3,6 +3,7 @@ package mysql
 import (
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -127,3 +128,20 @@ func responseArgs(a args, resp *store.Response) error {
 	a["body_omitted"] = resp.BodyOmitted
 	return nil
 }
+
+// collect reads every row with scan and closes rows.
+func collect(rows *sql.Rows, scan func(scanner) (store.Record, error)) ([]store.Record, error) {
+	var out []store.Record
+	for rows.Next() {
+		rec, err := scan(rows)
+		if err != nil {
+			_ = rows.Close()
+			return nil, err
+		}
+		out = append(out, rec)
+	}
+	return out, errors.Join(rows.Err(), rows.Close())
+}
+
+// scanPlain is scanRecord with no columns around the record's.
+func scanPlain(sc scanner) (store.Record, error) { return scanRecord(sc, nil) }
