@@ -6,8 +6,10 @@
 //	IDEM_TEST_POSTGRES_URL  postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 //	IDEM_TEST_MYSQL_DSN     root@tcp(127.0.0.1:3306)/test
 //	IDEM_TEST_REDIS_ADDR    127.0.0.1:6379
+//	IDEM_TEST_PGBOUNCER_URL postgres://postgres@127.0.0.1:6432/idem_tx?sslmode=disable
 //
-// .ci/run sets all three.
+// .ci/run sets all four; .ci/pgbouncer starts the pgbouncer the last one
+// names.
 package testenv
 
 import (
@@ -15,6 +17,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net/url"
 	"os"
 	"sync"
 	"testing"
@@ -22,9 +25,10 @@ import (
 
 // Environment variables naming the test servers.
 const (
-	PostgresEnv = "IDEM_TEST_POSTGRES_URL"
-	MySQLEnv    = "IDEM_TEST_MYSQL_DSN"
-	RedisEnv    = "IDEM_TEST_REDIS_ADDR"
+	PostgresEnv  = "IDEM_TEST_POSTGRES_URL"
+	MySQLEnv     = "IDEM_TEST_MYSQL_DSN"
+	RedisEnv     = "IDEM_TEST_REDIS_ADDR"
+	PgbouncerEnv = "IDEM_TEST_PGBOUNCER_URL"
 )
 
 // Name returns prefix followed by 12 random hex digits: a name no other
@@ -72,6 +76,42 @@ func Without(tb testing.TB, why string) {
 func PostgresURL(tb testing.TB) string {
 	tb.Helper()
 	return need(tb, PostgresEnv, "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+}
+
+// Pooled databases of the pgbouncer that .ci/pgbouncer starts: a
+// transaction pool, a transaction pool of one server connection (a client
+// that connects again meets the server connection of the one before it),
+// and a session pool.
+const (
+	PgbouncerTx      = "idem_tx"
+	PgbouncerTxOne   = "idem_tx1"
+	PgbouncerSession = "idem_session"
+)
+
+// PgbouncerURL returns the URL of one of the pgbouncer's pooled databases
+// (PgbouncerTx, PgbouncerTxOne or PgbouncerSession), or skips the test.
+func PgbouncerURL(tb testing.TB, database string) string {
+	tb.Helper()
+	v := need(tb, PgbouncerEnv, "postgres://postgres@127.0.0.1:6432/idem_tx?sslmode=disable")
+	u, err := url.Parse(v)
+	if err != nil {
+		tb.Fatalf("%s: %v", PgbouncerEnv, err)
+	}
+	u.Path = "/" + database
+	return u.String()
+}
+
+// WithParam returns the URL u with its query parameter k set to v.
+func WithParam(tb testing.TB, u, k, v string) string {
+	tb.Helper()
+	parsed, err := url.Parse(u)
+	if err != nil {
+		tb.Fatalf("parse %s: %v", u, err)
+	}
+	q := parsed.Query()
+	q.Set(k, v)
+	parsed.RawQuery = q.Encode()
+	return parsed.String()
 }
 
 // MySQLDSN returns the MySQL/MariaDB DSN or skips the test.

@@ -209,9 +209,7 @@ func queueMany(pb *pgx.Batch, q *queries, ops []*batchOp) {
 	for i, op := range ops {
 		fences[i], nows[i] = op.args[2].(int64), timestamptz(op.args[3])
 		statuses[i] = int32(op.args[4].(int))
-		if h := op.args[5].([]byte); h != nil {
-			headers[i] = pgtype.Text{String: string(h), Valid: true}
-		}
+		headers[i] = op.args[5].(pgtype.Text)
 		bodies[i], omitted[i], ttls[i] = op.args[6].([]byte), op.args[7].(bool), op.args[8].(int64)
 	}
 	pb.Queue(q.completeMany, scopes, keys, fences, nows, statuses, headers, bodies, omitted, ttls)

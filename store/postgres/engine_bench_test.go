@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem"
@@ -131,7 +132,8 @@ type ceiling struct {
 	scope, fp         string
 	lease, ttl        int64 // microseconds, as the store sends them
 	policy            string
-	headers, body     []byte
+	headers           pgtype.Text
+	body              []byte
 }
 
 func newCeiling(tb testing.TB, pool *pgxpool.Pool, schema string, e *idem.Engine) *ceiling {
@@ -155,7 +157,7 @@ func newCeiling(tb testing.TB, pool *pgxpool.Pool, schema string, e *idem.Engine
 		lease:    (30 * time.Second).Microseconds(),
 		ttl:      (24 * time.Hour).Microseconds(),
 		policy:   string(store.LeaseUnknown),
-		headers:  headers,
+		headers:  pgtype.Text{String: string(headers), Valid: true},
 		body:     []byte(engineRespBody),
 	}
 }

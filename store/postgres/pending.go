@@ -133,7 +133,7 @@ due AS (
 UPDATE {schema}idem_records AS r SET
 	state = 'completed',
 	response_status = $3,
-	response_headers = $4,
+	response_headers = $4::text::jsonb,
 	response_body = $5,
 	response_body_omitted = $6,
 	last_error = '` + store.ExpiredPendingError + `',

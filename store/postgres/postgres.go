@@ -98,6 +98,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem/internal/migrate"
@@ -187,6 +188,9 @@ func Open(ctx context.Context, url string, cfg Config) (*Store, error) {
 	case !strings.Contains(url, "pool_max_conns"):
 		pcfg.MaxConns = DefaultMaxConns
 	}
+	if err := choosePoolMode(ctx, url, pcfg); err != nil {
+		return nil, wrap("open", err)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("idem/postgres: open: %w", err)
@@ -205,6 +209,9 @@ func Open(ctx context.Context, url string, cfg Config) (*Store, error) {
 func New(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	if pool == nil {
 		return nil, errors.Join(store.ErrInvalidParams, errors.New("idem/postgres: nil pool"))
+	}
+	if err := checkPoolMode(ctx, pool, cfg.SkipMigrate); err != nil {
+		return nil, err
 	}
 	s := &Store{pool: pool, cfg: cfg, q: newQueries(cfg.Schema)}
 	if cfg.MaxBatches >= 0 {
@@ -540,7 +547,7 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 	}
 	var (
 		status   *int
-		headers  []byte
+		headers  pgtype.Text
 		body     []byte
 		omitted  bool
 		err      error
@@ -630,6 +637,8 @@ func wrap(op string, err error) error {
 		case "23502", "23514", "22001", "22P02", "22021":
 			// not null, check, string too long, bad text, bad UTF-8
 			return fmt.Errorf("idem/postgres: %s: %w: %w", op, store.ErrInvalidParams, err)
+		case "26000", "42P05":
+			return fmt.Errorf("idem/postgres: %s: %w%s", op, err, poolerHint(pgErr))
 		}
 	}
 	if transient(err) {
@@ -663,16 +672,20 @@ func transient(err error) bool {
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
-// encodeHeader stores a nil header as NULL so it reads back nil.
-func encodeHeader(h http.Header) ([]byte, error) {
+// encodeHeader stores a nil header as NULL so it reads back nil. The JSON
+// goes as text, cast to jsonb by the statement ($n::text::jsonb): a []byte
+// would be sent as bytea in the exec and simple_protocol query modes, which
+// do not ask the server for the parameter's type, and the cast would then
+// read "\x7b..." as JSON.
+func encodeHeader(h http.Header) (pgtype.Text, error) {
 	if h == nil {
-		return nil, nil
+		return pgtype.Text{}, nil
 	}
 	b, err := json.Marshal(h)
 	if err != nil {
-		return nil, fmt.Errorf("idem/postgres: encode header: %w", err)
+		return pgtype.Text{}, fmt.Errorf("idem/postgres: encode header: %w", err)
 	}
-	return b, nil
+	return pgtype.Text{String: string(b), Valid: true}, nil
 }
 
 // scanRecord reads recordColumns, preceded by the action column when action

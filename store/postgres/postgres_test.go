@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -50,14 +49,7 @@ func newSchema(tb testing.TB) string {
 // does.
 func withSearchPath(tb testing.TB, schema string) string {
 	tb.Helper()
-	u, err := url.Parse(testURL(tb))
-	if err != nil {
-		tb.Fatalf("parse %s: %v", urlEnv, err)
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	return u.String()
+	return testenv.WithParam(tb, testURL(tb), "search_path", schema)
 }
 
 func openStore(tb testing.TB, schema string, clock store.Clock) *postgres.Store {

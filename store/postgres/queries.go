@@ -142,7 +142,7 @@ const sqlComplete = `
 UPDATE {schema}idem_records SET
 	state = 'completed',
 	response_status = $5,
-	response_headers = $6,
+	response_headers = $6::text::jsonb,
 	response_body = $7,
 	response_body_omitted = $8,
 	last_error = '',
@@ -274,7 +274,7 @@ batch AS (
 UPDATE {schema}idem_records AS r SET
 	state = 'completed',
 	response_status = $3,
-	response_headers = $4,
+	response_headers = $4::text::jsonb,
 	response_body = $5,
 	response_body_omitted = $6,
 	last_error = 'abandoned',
@@ -305,7 +305,7 @@ WITH upd AS (
 	UPDATE {schema}idem_records SET
 		state = $4,
 		response_status = $5,
-		response_headers = $6,
+		response_headers = $6::text::jsonb,
 		response_body = $7,
 		response_body_omitted = $8,
 		last_error = CASE WHEN $4 = 'completed' THEN '' ELSE last_error END,

@@ -21,7 +21,8 @@ import (
 )
 
 // All returns memory, SQLite, PostgreSQL when IDEM_TEST_POSTGRES_URL is
-// set and, with mariadb, MariaDB when IDEM_TEST_MYSQL_DSN is set. A
+// set (directly in each of pgx's query modes, and through pgbouncer in
+// transaction mode when IDEM_TEST_PGBOUNCER_URL is set) and, with mariadb, MariaDB when IDEM_TEST_MYSQL_DSN is set. A
 // missing server is noted (and fails the test under CI=true).
 func All(t *testing.T, mariadb bool) []enginetest.Store {
 	stores := []enginetest.Store{
@@ -32,12 +33,19 @@ func All(t *testing.T, mariadb bool) []enginetest.Store {
 		}},
 	}
 	if url := os.Getenv(testenv.PostgresEnv); url != "" {
-		stores = append(stores, enginetest.Store{Name: "postgres", Open: func(t *testing.T, clock store.Clock) store.Store {
-			s, err := postgres.Open(context.Background(), url, postgres.Config{Clock: clock, Schema: pgdb.Schema(t, url)})
-			return opened(t, s, err)
-		}})
+		stores = append(stores, pgStore("postgres", url))
+		// The query modes that a pooler's guide recommends, and the
+		// others pgx has, named in the URL as a user would.
+		for _, mode := range []string{"cache_describe", "describe_exec", "exec", "simple_protocol"} {
+			stores = append(stores, pgStore("postgres-"+mode, testenv.WithParam(t, url, "default_query_exec_mode", mode)))
+		}
 	} else {
 		testenv.Without(t, testenv.PostgresEnv+" is not set: tested without PostgreSQL")
+	}
+	if os.Getenv(testenv.PgbouncerEnv) != "" {
+		stores = append(stores, pgStore("postgres-pgbouncer-tx", testenv.PgbouncerURL(t, testenv.PgbouncerTx)))
+	} else {
+		testenv.Without(t, testenv.PgbouncerEnv+" is not set: tested without pgbouncer")
 	}
 	if !mariadb {
 		return stores
@@ -51,6 +59,14 @@ func All(t *testing.T, mariadb bool) []enginetest.Store {
 		testenv.Without(t, testenv.MySQLEnv+" is not set: tested without MariaDB")
 	}
 	return stores
+}
+
+// pgStore is the PostgreSQL store on url, in a schema of its own.
+func pgStore(name, url string) enginetest.Store {
+	return enginetest.Store{Name: name, Open: func(t *testing.T, clock store.Clock) store.Store {
+		s, err := postgres.Open(context.Background(), url, postgres.Config{Clock: clock, Schema: pgdb.Schema(t, url)})
+		return opened(t, s, err)
+	}}
 }
 
 // opened closes s when the test ends, or fails the test on err.
