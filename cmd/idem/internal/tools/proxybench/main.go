@@ -67,6 +67,7 @@ type options struct {
 	tenantFlags string
 	storeConns  int
 	only        string
+	pgModes     string
 }
 
 func main() {
@@ -84,6 +85,7 @@ func main() {
 	flag.StringVar(&o.tenantFlags, "tenant-flags", "--tenant-from trusted-header:X-Tenant", "idem proxy flags that say where the tenant comes from (the load sends X-Tenant: bench)")
 	flag.IntVar(&o.storeConns, "store-conns", 0, "idem proxy --store-conns for the PostgreSQL variants (0: its default)")
 	flag.StringVar(&o.only, "only", "", "comma-separated variant names to run (default all)")
+	flag.StringVar(&o.pgModes, "postgres-modes", "", "pgx query `modes` (comma-separated, e.g. cache_describe) to run as more PostgreSQL variants of this binary, named postgres-MODE, with default_query_exec_mode in the store URL")
 	flag.Parse()
 
 	var err error
@@ -260,10 +262,16 @@ func run(o options) error {
 		if pg, err = pgx.Connect(ctx, o.pgURL); err != nil {
 			return fmt.Errorf("postgres: %w", err)
 		}
-		var pgVariants []struct{ name, bin string }
+		type pgVariant struct{ name, bin, mode string }
+		var pgVariants []pgVariant
 		for _, b := range bins {
 			if wanted("postgres" + b.suffix) {
-				pgVariants = append(pgVariants, struct{ name, bin string }{"postgres" + b.suffix, b.path})
+				pgVariants = append(pgVariants, pgVariant{"postgres" + b.suffix, b.path, ""})
+			}
+		}
+		for mode := range strings.SplitSeq(o.pgModes, ",") {
+			if name := "postgres-" + mode; mode != "" && wanted(name) {
+				pgVariants = append(pgVariants, pgVariant{name, o.idemBin, mode})
 			}
 		}
 		for _, pv := range pgVariants {
@@ -272,7 +280,11 @@ func run(o options) error {
 				return err
 			}
 			schemas = append(schemas, schema)
-			u, err := idemProxy(pv.bin, withSearchPath(o.pgURL, schema))
+			dsn := withSearchPath(o.pgURL, schema)
+			if pv.mode != "" {
+				dsn = withParam(dsn, "default_query_exec_mode", pv.mode)
+			}
+			u, err := idemProxy(pv.bin, dsn)
 			if err != nil {
 				return err
 			}
@@ -375,13 +387,16 @@ func parseBaselines(v string) ([]binary, error) {
 	return bins, nil
 }
 
-func withSearchPath(raw, schema string) string {
+func withSearchPath(raw, schema string) string { return withParam(raw, "search_path", schema) }
+
+// withParam returns the URL raw with its query parameter k set to v.
+func withParam(raw, k, v string) string {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return raw
 	}
 	q := u.Query()
-	q.Set("search_path", schema)
+	q.Set(k, v)
 	u.RawQuery = q.Encode()
 	return u.String()
 }
