@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/http"
 	"time"
+
+	"github.com/idem-go/idem"
 )
 
 // readyTimeout bounds the readiness check: a store slower than this is
@@ -15,6 +17,11 @@ const readyTimeout = time.Second
 //
 //	/healthz  200 "ok" while the process runs (liveness)
 //	/readyz   200 "ready" when ready succeeds within 1s, else 503 (readiness)
+//
+// The body of a 503 says only why in general terms (idem.PublicReason):
+// the admin server may be reachable by callers that must not learn the
+// store's host, port, user or database, which a driver's error names.
+// ready logs the detail.
 //
 // extra mounts more handlers by ServeMux pattern; the metrics endpoint is
 // added this way (extra["/metrics"]), so the admin server stays one place.
@@ -27,7 +34,7 @@ func AdminMux(ready func(context.Context) error, extra map[string]http.Handler) 
 		ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
 		defer cancel()
 		if err := ready(ctx); err != nil {
-			plain(w, http.StatusServiceUnavailable, fmt.Sprintf("not ready: %v", err))
+			plain(w, http.StatusServiceUnavailable, "not ready: "+idem.PublicReason(err))
 			return
 		}
 		plain(w, http.StatusOK, "ready")

@@ -254,9 +254,9 @@ type Proxy struct {
 	worker      *idem.Worker            // nil without asynchronous routes
 	maint       *maintenance.Maintainer // nil with NoMaintenance
 	guarded     atomic.Pointer[guarded]
-	openErr     error         // why the store is not open yet
-	opening     chan struct{} // closed when the background opener returns; nil without one
-	storeUp     atomic.Bool   // last readiness seen, to log each change once
+	openErr     error                  // why the store is not open yet
+	opening     chan struct{}          // closed when the background opener returns; nil without one
+	readyReason atomic.Pointer[string] // last readiness failure seen ("" when ready), to log each change once
 
 	ln       net.Listener
 	server   *http.Server
@@ -646,7 +646,6 @@ func (p *Proxy) attach(s store.Store) error {
 		}
 	}
 	p.guarded.Store(g)
-	p.storeUp.Store(true)
 	return nil
 }
 
@@ -877,24 +876,33 @@ func (p *Proxy) closeAll() {
 }
 
 // ready is the readiness check: not while draining, and only when the
-// store is open and answers. Each change of the store's state is logged
-// once.
+// store is open and the engine would serve (idem.Engine.Ready: the
+// circuit breaker closed, a real read of the store answered). Each change
+// of readiness, and of its reason, is logged once with the detail that
+// /readyz does not show.
 func (p *Proxy) ready(ctx context.Context) error {
 	if p.draining.Load() {
-		return errors.New("shutting down")
+		return &idem.NotReady{Reason: idem.ReasonShuttingDown}
 	}
 	p.mu.Lock()
-	s, openErr := p.store, p.openErr
+	e, openErr := p.engine, p.openErr
 	p.mu.Unlock()
-	if s == nil {
-		return fmt.Errorf("the store is not open yet: %w", openErr)
+	var err error
+	if e == nil {
+		err = &idem.NotReady{Reason: idem.ReasonStoreNotOpen, Err: openErr}
+	} else {
+		err = e.Ready(ctx)
 	}
-	err := s.Ping(ctx)
-	if up := err == nil; p.storeUp.Swap(up) != up {
-		if up {
-			p.log.Info("idem proxy: the store answers again")
-		} else {
-			p.log.Warn("idem proxy: the store does not answer; protected requests get 503", "err", err)
+	reason := ""
+	if err != nil {
+		reason = idem.PublicReason(err)
+	}
+	if prev := p.readyReason.Swap(&reason); prev == nil || *prev != reason {
+		switch {
+		case err == nil && prev != nil:
+			p.log.Info("idem proxy: ready again; the store answers")
+		case err != nil && e != nil:
+			p.log.Warn("idem proxy: not ready; protected requests may get 503", "reason", reason, "err", err)
 		}
 	}
 	return err

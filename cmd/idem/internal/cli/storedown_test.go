@@ -157,8 +157,9 @@ func TestProxyStartsWhileTheStoreIsDown(t *testing.T) {
 			problemType(t, r) != idem.ProblemBase+"store-unavailable" {
 			t.Fatalf("store down: %d %v %s, want 503 store-unavailable with Retry-After", r.status, r.header, r.body)
 		}
-		if r := send(t, c, "GET", ready, "", ""); r.status != http.StatusServiceUnavailable {
-			t.Fatalf("readyz with the store down: %d %s", r.status, r.body)
+		if r := send(t, c, "GET", ready, "", ""); r.status != http.StatusServiceUnavailable ||
+			strings.Contains(string(r.body), strconv.Itoa(pg.port)) || strings.Contains(string(r.body), "postgres") {
+			t.Fatalf("readyz with the store down: %d %s, want 503 naming neither the port nor the user", r.status, r.body)
 		}
 	}
 	// Unprotected requests do not need the store.
