@@ -18,16 +18,20 @@ import (
 // programs (such as the idem proxy) that show or compare them.
 const (
 	DefaultInProgressStatus = http.StatusConflict
-	DefaultTTL              = 24 * time.Hour
-	DefaultLease            = 30 * time.Second
-	DefaultRetryAfter       = time.Second
-	DefaultStoreTimeout     = 5 * time.Second
-	DefaultMaxBodyBytes     = 1 << 20
-	DefaultMaxResponseBytes = 1 << 20
-	DefaultKeyHeader        = "Idempotency-Key"
-	DefaultBreakerFailures  = 5
-	DefaultBreakerOpen      = time.Second
-	DefaultBreakerMaxOpen   = 30 * time.Second
+	// DefaultStripeInProgressStatus is InProgressStatus's default under
+	// ProfileStripe: 429 lock_timeout, which every official Stripe SDK
+	// retries.
+	DefaultStripeInProgressStatus = http.StatusTooManyRequests
+	DefaultTTL                    = 24 * time.Hour
+	DefaultLease                  = 30 * time.Second
+	DefaultRetryAfter             = time.Second
+	DefaultStoreTimeout           = 5 * time.Second
+	DefaultMaxBodyBytes           = 1 << 20
+	DefaultMaxResponseBytes       = 1 << 20
+	DefaultKeyHeader              = "Idempotency-Key"
+	DefaultBreakerFailures        = 5
+	DefaultBreakerOpen            = time.Second
+	DefaultBreakerMaxOpen         = 30 * time.Second
 )
 
 // Profile selects the HTTP dialect of the engine's own responses.
@@ -67,8 +71,15 @@ type Config struct {
 	KeyReusedStatus int
 
 	// InProgressStatus is the status for a request whose key another
-	// execution holds: 409 Conflict or 202 Accepted, both with Retry-After.
-	// Defaults to 409.
+	// execution holds (and that Wait did not settle), always with
+	// Retry-After. Under ProfileIETF: 409 Conflict or 202 Accepted (202
+	// suits only clients that read the problem type of a 2xx; see
+	// README.md). Under ProfileStripe: 429 with the error code lock_timeout
+	// and Stripe-Should-Retry: true, the one refusal every official Stripe
+	// SDK retries, or 409 with idempotency_key_in_use, Stripe's own answer,
+	// which stripe-go does not retry; 202 is refused, since Stripe's SDKs
+	// take any 2xx for the result. Defaults to 409 under ProfileIETF and
+	// 429 under ProfileStripe.
 	InProgressStatus int
 
 	// TTL is how long a completed response is replayed. Defaults to 24h.
@@ -283,9 +294,18 @@ func (c Config) withDefaults() (settings, error) {
 	}
 	if c.InProgressStatus == 0 {
 		c.InProgressStatus = DefaultInProgressStatus
+		if c.Profile == ProfileStripe {
+			c.InProgressStatus = DefaultStripeInProgressStatus
+		}
 	}
-	if c.InProgressStatus != http.StatusConflict && c.InProgressStatus != http.StatusAccepted {
-		errs = append(errs, fmt.Errorf("idem: InProgressStatus %d is neither 409 nor 202", c.InProgressStatus))
+	switch {
+	case c.Profile == ProfileStripe && c.InProgressStatus == http.StatusAccepted:
+		errs = append(errs, errors.New("idem: an in-progress status of 202 cannot be used with the stripe profile: "+
+			"Stripe's SDKs take any 2xx for the call's result; use 429 (the stripe default) or 409"))
+	case c.Profile == ProfileStripe && c.InProgressStatus != http.StatusConflict && c.InProgressStatus != http.StatusTooManyRequests:
+		errs = append(errs, fmt.Errorf("idem: InProgressStatus %d is neither 429 nor 409 (the stripe profile's choices)", c.InProgressStatus))
+	case c.Profile != ProfileStripe && c.InProgressStatus != http.StatusConflict && c.InProgressStatus != http.StatusAccepted:
+		errs = append(errs, fmt.Errorf("idem: InProgressStatus %d is neither 409 nor 202 (429 is for the stripe profile only)", c.InProgressStatus))
 	}
 	def := func(d *time.Duration, v time.Duration, name string) {
 		if *d == 0 {

@@ -25,8 +25,9 @@
 // replayed byte for byte, with Idempotent-Replayed: true, to every retry
 // with the same request; 5xx and the transient 4xx release the key so that a
 // retry runs again. A retry while the first is running gets 409 with
-// Retry-After (202 with Config.InProgressStatus, or it waits and replays,
-// with Config.Wait). The same key with a different request (another method,
+// Retry-After (202 with Config.InProgressStatus; under ProfileStripe 429
+// lock_timeout, the answer Stripe's SDKs retry), or it waits and replays,
+// with Config.Wait. The same key with a different request (another method,
 // route, path, query or body) gets 422 (400 under ProfileStripe). If the
 // store cannot be reached the handler does not run: 503 with Retry-After.
 // Every refusal is a problem document whose type is documented in

@@ -93,7 +93,7 @@ func (e *Engine) handle(w http.ResponseWriter, r *http.Request, route string, co
 		h.rec.send()
 	case Passed:
 	case Replayed:
-		replay(w, a.Response, a.Expires)
+		replay(w, a.Response, a.Expires, e.cfg.Profile == ProfileStripe)
 	case Accepted:
 		w.Header().Set("Location", a.Location)
 		e.WriteProblem(w, a.Problem)
@@ -244,8 +244,10 @@ var (
 
 // replay writes a stored answer, byte for byte, naming the record's
 // expiry (ExpiresHeader). Its headers pass the filter of
-// store.ReplayableHeader again, whoever stored them.
-func replay(w http.ResponseWriter, resp *store.Response, expires time.Time) {
+// store.ReplayableHeader again, whoever stored them. Under the stripe
+// profile a stored Request-Id is also sent as Original-Request, the header
+// in which Stripe names the request whose answer a replay carries.
+func replay(w http.ResponseWriter, resp *store.Response, expires time.Time, stripe bool) {
 	src := resp.Header
 	if _, ok := src["Connection"]; ok {
 		src = store.ReplayableHeader(src) // drops the headers it names too
@@ -260,6 +262,9 @@ func replay(w http.ResponseWriter, resp *store.Response, expires time.Time) {
 		h[k] = v[:len(v):len(v)]
 	}
 	h["Idempotent-Replayed"] = replayedTrue
+	if id := h.Get("Request-Id"); stripe && id != "" {
+		h.Set("Original-Request", id)
+	}
 	setExpires(h, expires) // over a stored header of that name
 	if resp.BodyOmitted {
 		h["Idempotent-Body-Omitted"] = omittedTrue

@@ -219,6 +219,82 @@ func TestStripeProfileErrors(t *testing.T) {
 	}
 }
 
+// Under the stripe profile a duplicate in flight gets the one refusal every
+// official Stripe SDK retries (429 lock_timeout, Stripe-Should-Retry: true,
+// Retry-After); 409 is Stripe's own idempotency_key_in_use; 202 is refused;
+// final refusals say Stripe-Should-Retry: false; a replay names the
+// original request.
+func TestStripeProfileInFlightAndRetryHeaders(t *testing.T) {
+	t.Parallel()
+	stripeDoc := func(t *testing.T, w *httptest.ResponseRecorder) (typ, code string) {
+		t.Helper()
+		var doc struct{ Error struct{ Type, Code string } }
+		if err := json.Unmarshal(w.Body.Bytes(), &doc); err != nil {
+			t.Fatalf("stripe error body %q: %v", w.Body, err)
+		}
+		return doc.Error.Type, doc.Error.Code
+	}
+	for _, tc := range []struct {
+		status int
+		code   string
+	}{{0, "lock_timeout"}, {409, "idempotency_key_in_use"}} {
+		h, started, release := blocking()
+		f := newFixture(t, idem.Config{Profile: idem.ProfileStripe, InProgressStatus: tc.status}, h)
+		done := make(chan *httptest.ResponseRecorder)
+		go func() { done <- f.do(post(uuid, `{"a":1}`)) }()
+		<-started
+		w := f.do(post(uuid, `{"a":1}`))
+		want := tc.status
+		if want == 0 {
+			want = 429
+		}
+		if typ, code := stripeDoc(t, w); w.Code != want || typ != "idempotency_error" || code != tc.code ||
+			w.Header().Get("Stripe-Should-Retry") != "true" || w.Header().Get("Retry-After") != "1" {
+			t.Fatalf("stripe in flight (status %d): %d %s %s %v", tc.status, w.Code, typ, code, w.Header())
+		}
+		close(release)
+		<-done
+	}
+
+	h := func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Request-Id", "req_first")
+		w.WriteHeader(200)
+		io.WriteString(w, `{"id":"cus_1"}`)
+	}
+	f := newFixture(t, idem.Config{Profile: idem.ProfileStripe}, h)
+	if w := f.do(post(uuid, `{"a":1}`)); w.Header().Get("Original-Request") != "" {
+		t.Fatalf("first answer names an original request: %v", w.Header())
+	}
+	w := f.do(post(uuid, `{"a":1}`))
+	if w.Header().Get("Idempotent-Replayed") != "true" || w.Header().Get("Original-Request") != "req_first" ||
+		w.Header().Get("Request-Id") != "req_first" {
+		t.Fatalf("stripe replay headers: %v", w.Header())
+	}
+	w = f.do(post(uuid, `{"a":2}`))
+	if _, code := stripeDoc(t, w); w.Code != 400 || code != "key-reused" || w.Header().Get("Stripe-Should-Retry") != "false" {
+		t.Fatalf("stripe key reused: %d %s %v", w.Code, code, w.Header())
+	}
+	// The IETF profile sends neither header.
+	i := newFixture(t, idem.Config{}, h)
+	i.do(post(uuid, `{"a":1}`))
+	if w := i.do(post(uuid, `{"a":1}`)); w.Header().Get("Original-Request") != "" {
+		t.Fatalf("ietf replay names an original request: %v", w.Header())
+	}
+	if w := i.do(post(uuid, `{"a":2}`)); w.Header().Get("Stripe-Should-Retry") != "" {
+		t.Fatalf("ietf problem carries Stripe-Should-Retry: %v", w.Header())
+	}
+
+	for _, bad := range []idem.Config{
+		{Profile: idem.ProfileStripe, InProgressStatus: 202},
+		{Profile: idem.ProfileStripe, InProgressStatus: 503},
+		{InProgressStatus: 429},
+	} {
+		if _, err := idem.New(memory.New(memory.Config{}), bad); err == nil {
+			t.Fatalf("%s profile with in-progress status %d accepted", bad.Profile, bad.InProgressStatus)
+		}
+	}
+}
+
 // blocking returns a handler that signals when it starts and waits for
 // release before answering 201.
 func blocking() (http.HandlerFunc, chan struct{}, chan struct{}) {

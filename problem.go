@@ -63,43 +63,47 @@ type problemType struct {
 	stripe string
 	// retry marks answers that come with Retry-After.
 	retry bool
+	// shouldRetry is the Stripe-profile Stripe-Should-Retry header: "true"
+	// for answers a retry resolves, "false" for answers a retry only
+	// repeats, "" to leave the SDK's own rule (no retry of a 4xx).
+	shouldRetry string
 }
 
 var (
-	probKeyMissing = &problemType{slug: SlugKeyMissing, status: 400,
+	probKeyMissing = &problemType{slug: SlugKeyMissing, status: 400, shouldRetry: "false",
 		title:  "Idempotency-Key header is required for this request",
 		stripe: "This request requires an Idempotency-Key header."}
-	probKeyMalformed = &problemType{slug: SlugKeyMalformed, status: 400,
+	probKeyMalformed = &problemType{slug: SlugKeyMalformed, status: 400, shouldRetry: "false",
 		title:  "Idempotency-Key must be a structured-field string (or a bare token) of 1 to 255 visible ASCII characters",
 		stripe: "The Idempotency-Key header is malformed."}
-	probKeyRepeated = &problemType{slug: SlugKeyRepeated, status: 400,
+	probKeyRepeated = &problemType{slug: SlugKeyRepeated, status: 400, shouldRetry: "false",
 		title:  "Idempotency-Key must appear once",
 		stripe: "The Idempotency-Key header was sent more than once."}
-	probBodyTooLarge = &problemType{slug: SlugBodyTooLarge, status: 413,
+	probBodyTooLarge = &problemType{slug: SlugBodyTooLarge, status: 413, shouldRetry: "false",
 		title:  "Request body is larger than the idempotency fingerprint limit",
 		stripe: "The request body is too large for an idempotent request."}
-	probBodyUnreadable = &problemType{slug: SlugBodyUnreadable, status: 400,
+	probBodyUnreadable = &problemType{slug: SlugBodyUnreadable, status: 400, shouldRetry: "false",
 		title:  "Request body could not be read",
 		stripe: "The request body could not be read."}
-	probInvalidBody = &problemType{slug: SlugInvalidBody, status: 400,
+	probInvalidBody = &problemType{slug: SlugInvalidBody, status: 400, shouldRetry: "false",
 		title:  "Request body is not valid for its content type",
 		stripe: "The request body is not valid for its content type."}
-	probScopeTooLong = &problemType{slug: SlugScopeTooLong, status: 414,
+	probScopeTooLong = &problemType{slug: SlugScopeTooLong, status: 414, shouldRetry: "false",
 		title:  "Request route is too long to keep an idempotency record for",
 		stripe: "The request path is too long for an idempotent request."}
-	probScopeInvalid = &problemType{slug: SlugScopeInvalid, status: 400,
+	probScopeInvalid = &problemType{slug: SlugScopeInvalid, status: 400, shouldRetry: "false",
 		title:  "Request route is not valid UTF-8 (or holds NUL) and cannot name an idempotency record",
 		stripe: "The request path is not valid for an idempotent request."}
-	probKeyReused = &problemType{slug: SlugKeyReused, status: 422,
+	probKeyReused = &problemType{slug: SlugKeyReused, status: 422, shouldRetry: "false",
 		title:  "Idempotency-Key was already used with a different request",
 		stripe: "Keys for idempotent requests can only be used with the same parameters they were first used with. Try using a key other than the one used on the original request."}
-	probInProgress = &problemType{slug: SlugInProgress, status: 409, retry: true,
+	probInProgress = &problemType{slug: SlugInProgress, status: 409, retry: true, shouldRetry: "true",
 		title:  "A request with this Idempotency-Key is still being processed",
 		stripe: "There is currently another in-progress request using this Idempotent Key (that probably means you submitted twice, and the other request is still going through): please try again later."}
-	probUnknown = &problemType{slug: SlugOutcomeUnknown, status: 409, retry: true,
+	probUnknown = &problemType{slug: SlugOutcomeUnknown, status: 409, retry: true, shouldRetry: "false",
 		title:  "The outcome of the request with this Idempotency-Key is not known yet; it is being reconciled and will not be executed again",
 		stripe: "The outcome of the original request with this Idempotent Key is being verified; please try again later."}
-	probStore = &problemType{slug: SlugStoreUnavailable, status: 503, retry: true,
+	probStore = &problemType{slug: SlugStoreUnavailable, status: 503, retry: true, shouldRetry: "true",
 		title:  "Idempotency store is unavailable; the request was not processed",
 		stripe: "The request could not be processed safely right now and was not executed; please retry."}
 	probRateLimited = &problemType{slug: SlugRateLimited, status: 429, retry: true,
@@ -110,14 +114,15 @@ var (
 		stripe: "Too many idempotent requests of this account are still in progress; the request was not executed, please retry later."}
 )
 
-// stripeMessages are the Stripe-profile messages of the engine's slugs.
-var stripeMessages = map[string]string{}
+// stripeTypes are the engine's problems by slug, for the Stripe-profile
+// message and Stripe-Should-Retry.
+var stripeTypes = map[string]*problemType{}
 
 func init() {
 	for _, p := range []*problemType{probKeyMissing, probKeyMalformed, probKeyRepeated, probBodyTooLarge,
 		probBodyUnreadable, probInvalidBody, probScopeTooLong, probScopeInvalid, probKeyReused,
 		probInProgress, probUnknown, probStore, probAccepted, probRequestNotFound, probRequestFailed, probRateLimited, probOverCap} {
-		stripeMessages[p.slug] = p.stripe
+		stripeTypes[p.slug] = p
 	}
 }
 
@@ -133,11 +138,35 @@ func (e *Engine) problem(p *problemType, status int) Problem {
 	return pr
 }
 
+// Stripe's error codes for a key in use: with 429, the code Stripe's SDKs
+// retry (stripe-go retries no other Stripe-shaped error); with 409,
+// Stripe's own code for a duplicate in flight.
+const (
+	stripeLockTimeout = "lock_timeout"
+	stripeKeyInUse    = "idempotency_key_in_use"
+)
+
+// stripeCode is the code of p's Stripe error object: the slug, except for
+// a key in use, which gets Stripe's code for its status.
+func stripeCode(p Problem) string {
+	if p.Slug != SlugInProgress {
+		return p.Slug
+	}
+	if p.Status == http.StatusTooManyRequests {
+		return stripeLockTimeout
+	}
+	return stripeKeyInUse
+}
+
 // WriteProblem answers with p in the engine's profile: an RFC 9457 problem
 // document (application/problem+json, type ProblemBase+Slug) under
 // ProfileIETF, Stripe's error object ({"error":{"type":"idempotency_error",
-// "code":Slug,"message":...}}) under ProfileStripe; with Retry-After when
-// p.RetryAfter is positive.
+// "code":...,"message":...}}) under ProfileStripe; with Retry-After when
+// p.RetryAfter is positive. Under ProfileStripe the code is the slug, but
+// for a key in use (lock_timeout with 429, idempotency_key_in_use with
+// 409), and the engine's own problems carry Stripe-Should-Retry: true
+// where a retry resolves them (a key in use, the store unavailable), false
+// where it cannot (the SDKs would otherwise retry a 409 outcome-unknown).
 func (e *Engine) WriteProblem(w http.ResponseWriter, p Problem) {
 	h := w.Header()
 	if p.RetryAfter > 0 {
@@ -147,15 +176,18 @@ func (e *Engine) WriteProblem(w http.ResponseWriter, p Problem) {
 	var body []byte
 	if e.cfg.Profile == ProfileStripe {
 		h.Set("Content-Type", "application/json")
-		msg, ok := stripeMessages[p.Slug]
-		if !ok {
-			msg = p.Title
+		msg := p.Title
+		if t, ok := stripeTypes[p.Slug]; ok {
+			msg = t.stripe
+			if t.shouldRetry != "" {
+				h.Set("Stripe-Should-Retry", t.shouldRetry)
+			}
 		}
 		if p.Detail != "" {
 			msg += " " + p.Detail
 		}
 		body, _ = json.Marshal(map[string]any{"error": map[string]string{
-			"type": "idempotency_error", "code": p.Slug, "message": msg,
+			"type": "idempotency_error", "code": stripeCode(p), "message": msg,
 		}})
 	} else {
 		h.Set("Content-Type", "application/problem+json")

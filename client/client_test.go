@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -215,8 +216,20 @@ func TestInProgressAfterCut(t *testing.T) {
 // for the first and gets its answer, in either error dialect.
 func TestInProgressConcurrentCallers(t *testing.T) {
 	t.Parallel()
-	for _, profile := range []idem.Profile{idem.ProfileIETF, idem.ProfileStripe} {
-		t.Run(string(profile), func(t *testing.T) {
+	// Every answer mode of a duplicate in flight: ietf 409, ietf 202,
+	// stripe 429 lock_timeout (its default), stripe 409
+	// idempotency_key_in_use.
+	for _, tc := range []struct {
+		name   string
+		cfg    idem.Config
+		status int
+	}{
+		{"ietf 409", idem.Config{}, http.StatusConflict},
+		{"ietf 202", idem.Config{InProgressStatus: http.StatusAccepted}, http.StatusAccepted},
+		{"stripe 429", idem.Config{Profile: idem.ProfileStripe}, http.StatusTooManyRequests},
+		{"stripe 409", idem.Config{Profile: idem.ProfileStripe, InProgressStatus: http.StatusConflict}, http.StatusConflict},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			a := &api{}
 			started, release := make(chan struct{}), make(chan struct{})
@@ -226,7 +239,7 @@ func TestInProgressConcurrentCallers(t *testing.T) {
 					<-release
 				}
 			}
-			srv, _ := server(t, a, idem.Config{Profile: profile}, nil)
+			srv, _ := server(t, a, tc.cfg, nil)
 			var once sync.Once
 			free := func() { once.Do(func() { close(release) }) }
 			t.Cleanup(free) // a failing test must not leave the handler blocked
@@ -258,6 +271,9 @@ func TestInProgressConcurrentCallers(t *testing.T) {
 			var reasons []client.Reason
 			tr.OnRetry = func(x client.Retry) {
 				reasons = append(reasons, x.Reason)
+				if x.Status != tc.status {
+					t.Errorf("retried status %d, want %d", x.Status, tc.status)
+				}
 				free()
 			}
 			var got1 answer
@@ -286,6 +302,112 @@ func TestInProgressConcurrentCallers(t *testing.T) {
 				t.Errorf("Key %q, want the caller's %q", client.Key(resp), key)
 			}
 		})
+	}
+}
+
+// The 502 of a request the proxy never sent is retried; other 502s and
+// every 504 are returned: the key was released, and a retry would run
+// again a request that may have acted behind the gateway. A 202 that is
+// not a deferral (an asynchronous acceptance, the application's) is an
+// answer.
+func TestGatewayErrorsAnd202(t *testing.T) {
+	t.Parallel()
+	problem := func(status int, slug string) func(http.Handler) http.Handler {
+		return func(next http.Handler) http.Handler {
+			var seen atomic.Int32
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if seen.Add(1) > 1 {
+					next.ServeHTTP(w, r)
+					return
+				}
+				w.Header().Set("Content-Type", "application/problem+json")
+				w.WriteHeader(status)
+				fmt.Fprintf(w, `{"type":%q,"status":%d}`, idem.ProblemBase+slug, status)
+			})
+		}
+	}
+	for _, tc := range []struct {
+		name    string
+		front   func(http.Handler) http.Handler
+		retried bool
+	}{
+		{"502 upstream-unreachable", problem(502, "upstream-unreachable"), true},
+		{"502 upstream-failed", problem(502, "upstream-failed"), false},
+		{"502 of the application", failFirst(1, 502, "Retry-After", "1"), false},
+		{"504", failFirst(1, 504, "Retry-After", "1"), false},
+		{"202 request-accepted", problem(202, "request-accepted"), false},
+		{"202 of the application", failFirst(1, 202), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			a := &api{}
+			srv, _ := server(t, a, idem.Config{}, tc.front)
+			tr, tracker := clienttest.NewTransport(t, clienttest.NewClock())
+			resp, _, err := clienttest.Post(t, context.Background(), tr, srv.URL+"/v1/charges", `{"amount":1}`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, attempts := resp.StatusCode, 1
+			if tc.retried {
+				want, attempts = http.StatusCreated, 2
+			}
+			if resp.StatusCode != want || client.Attempts(resp) != attempts {
+				t.Errorf("got %d after %d attempts, want %d after %d", resp.StatusCode, client.Attempts(resp), want, attempts)
+			}
+			clienttest.CheckAllClosed(t, tracker)
+		})
+	}
+}
+
+// AttemptTimeout abandons a slow attempt and retries under the same key;
+// the server (here waiting for the first execution) answers the retry with
+// the first execution's answer, and nothing runs twice.
+func TestAttemptTimeout(t *testing.T) {
+	t.Parallel()
+	a := &api{}
+	release := make(chan struct{})
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free)
+	a.during = func(n int32) {
+		if n == 1 {
+			<-release
+		}
+	}
+	srv, _ := server(t, a, idem.Config{Wait: 10 * time.Second}, nil)
+	tr, tracker := clienttest.NewTransport(t, clienttest.NewClock())
+	tr.AttemptTimeout = 50 * time.Millisecond
+	var retries []client.Retry
+	tr.OnRetry = func(x client.Retry) {
+		retries = append(retries, x)
+		free() // the first execution ends while the retry waits for it
+	}
+	resp, body, err := clienttest.Post(t, context.Background(), tr, srv.URL+"/v1/charges", `{"amount":1}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusCreated || string(body) != `{"id":"ch_1"}` || !client.Replayed(resp) || client.Attempts(resp) != 2 {
+		t.Fatalf("got %d %s replayed=%v after %d attempts", resp.StatusCode, body, client.Replayed(resp), client.Attempts(resp))
+	}
+	if len(retries) != 1 || retries[0].Reason != client.ReasonNetwork || !errors.Is(retries[0].Err, client.ErrAttemptTimeout) {
+		t.Errorf("retries %+v, want one network retry after ErrAttemptTimeout", retries)
+	}
+	if n := a.executions.Load(); n != 1 {
+		t.Errorf("%d executions, want 1", n)
+	}
+	clienttest.CheckAllClosed(t, tracker)
+
+	// Every attempt too slow: the call ends with the timeout, key kept.
+	block := make(chan struct{})
+	defer close(block)
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-block }))
+	t.Cleanup(slow.Close)
+	tr2, _ := clienttest.NewTransport(t, clienttest.NewClock())
+	tr2.AttemptTimeout, tr2.MaxAttempts = 20*time.Millisecond, 2
+	_, _, err = clienttest.Post(t, context.Background(), tr2, slow.URL, `{}`)
+	var ce *client.Error
+	if !errors.As(err, &ce) || ce.Attempts != 2 || !errors.Is(err, client.ErrAttemptTimeout) || ce.Key == "" {
+		t.Errorf("all attempts slow: %v", err)
 	}
 }
 

@@ -31,13 +31,26 @@
 //     after the request was sent (with the key that is exactly the case a
 //     retry makes safe: if the server ran it, the retry gets the replay).
 //     Certificate and TLS errors and unknown hosts are not retried;
-//   - 409 whose problem type ends in #request-in-progress (the key's first
-//     request is still running), and any other 409 carrying Retry-After,
-//     except 409 #outcome-unknown (see below);
-//   - 429 and 503.
+//   - the key's first request still running, in every form the idem
+//     middleware and proxy answer it: 409 or 202 whose problem type ends in
+//     #request-in-progress (202 is InProgressStatus's other choice: it is
+//     a deferral, not the answer), and, under the Stripe profile, 429 with
+//     the code lock_timeout or 409 idempotency_key_in_use;
+//   - any other 409 carrying Retry-After, except 409 #outcome-unknown (see
+//     below);
+//   - 429 and 503;
+//   - 502 whose problem type ends in #upstream-unreachable: the idem proxy
+//     could not send the request to its upstream, nothing ran and the key
+//     was released.
 //
 // Nothing else is: not 422 (the key was used with another request), not
-// 400 or any other 4xx, not 2xx, 3xx or other 5xx. A 409 #outcome-unknown
+// 400 or any other 4xx, not other 2xx or 3xx, not other 5xx. Other 502s
+// and every 504 are returned: a gateway error says the gateway lost touch
+// with what is behind it, not that nothing happened there. The server
+// releases a key on a 5xx, so a retry would run the request again; after
+// the proxy's own 502 #upstream-failed the record is unknown instead (a
+// retry gets 409 #outcome-unknown), and an application's 502 or 504 may
+// follow a side effect only the application knows about. A 409 #outcome-unknown
 // means the server cannot tell whether the first request ran and will not
 // run it again until it has found out (reconciliation, minutes or more);
 // retrying at the usual pace only burns attempts, so it is returned to the
@@ -53,6 +66,19 @@
 // made, when the next wait would take the waits' sum past MaxDelay, or
 // when it would end after the request context's deadline. A context that
 // ends during a wait ends the call with its error.
+//
+// # Timeouts
+//
+// http.Client.Timeout, like a deadline on the request's context, bounds the
+// whole call: every attempt and every wait. A 1s client timeout in front of
+// an answer that takes 1s leaves no time for a retry; no wait is begun that
+// would end after the deadline. To bound each attempt instead, set
+// Transport.AttemptTimeout: an attempt without response headers by then is
+// abandoned and retried under the same key (a server that still runs the
+// first attempt answers the retry 409, or holds it until the answer is
+// stored and replays it), so the call as a whole can outlive a slow
+// attempt. Keep a context deadline or a client timeout, longer than
+// AttemptTimeout times MaxAttempts plus MaxDelay, as the call's own bound.
 //
 // # Bodies
 //

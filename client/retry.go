@@ -30,9 +30,29 @@ func (s *settings) classify(ctx context.Context, resp *http.Response, err error)
 	after, hasAfter := retryAfter(resp.Header, s.Now())
 	switch resp.StatusCode {
 	case http.StatusTooManyRequests:
+		if problemSlug(resp) == "lock_timeout" {
+			// The Stripe profile's answer to a key in use.
+			return ReasonInProgress, after, true
+		}
 		return ReasonRateLimited, after, true
 	case http.StatusServiceUnavailable:
 		return ReasonUnavailable, after, true
+	case http.StatusAccepted:
+		// InProgressStatus 202: a deferral, not the answer. Other 202s
+		// (an asynchronous route's acceptance, the application's own)
+		// are answers.
+		if problemSlug(resp) == "request-in-progress" {
+			return ReasonInProgress, after, true
+		}
+	case http.StatusBadGateway:
+		// Only the proxy's own 502 for a request it never sent: the key
+		// was released and nothing ran. Any other 502 (the proxy's
+		// upstream-failed, or one the application answered and the server
+		// released) may follow an effect behind the gateway, and a retry
+		// would run the request again.
+		if problemSlug(resp) == "upstream-unreachable" {
+			return ReasonUnreachable, after, true
+		}
 	case http.StatusConflict:
 		switch problemSlug(resp) {
 		case "request-in-progress", "idempotency_key_in_use":
@@ -67,10 +87,10 @@ func retryableError(err error) bool {
 	return true
 }
 
-// maxProblemBytes bounds what is read of a 409's body to learn its type.
+// maxProblemBytes bounds what is read of an answer's body to learn its type.
 const maxProblemBytes = 64 << 10
 
-// problemSlug returns the case a 409 names: the fragment of an RFC 9457
+// problemSlug returns the case an answer names: the fragment of an RFC 9457
 // problem type (idem's "…/problems.md#request-in-progress"), or the code of
 // a Stripe-style error object. It reads the start of the body and puts it
 // back, so a response that is returned to the caller is whole.

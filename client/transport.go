@@ -63,6 +63,16 @@ type Transport struct {
 	// server is still honoured, within MaxDelay). Defaults to 8s.
 	MaxBackoff time.Duration
 
+	// AttemptTimeout, when positive, bounds each attempt until its
+	// response headers arrive: an attempt that takes longer is abandoned,
+	// as a network failure wrapping ErrAttemptTimeout, and retried under
+	// the same key (if it ran, the retry gets its answer, or waits for it:
+	// the server still holds the key). http.Client.Timeout and a context
+	// deadline bound the whole call instead, every attempt and wait
+	// included: a client timeout shorter than a slow answer leaves no time
+	// for a retry. Defaults to 0 (attempts are bounded only by those).
+	AttemptTimeout time.Duration
+
 	// RetryUnknown, when positive, retries 409 #outcome-unknown: the first
 	// wait is RetryUnknown, doubled after each such answer (not capped by
 	// MaxBackoff), so a caller willing to wait for reconciliation gets the
@@ -100,8 +110,9 @@ type Reason string
 const (
 	// ReasonNetwork: no response, the connection failed or was cut.
 	ReasonNetwork Reason = "network"
-	// ReasonInProgress: 409 #request-in-progress, the key's first request
-	// is still running.
+	// ReasonInProgress: the key's first request is still running: 409 or
+	// 202 #request-in-progress, 409 idempotency_key_in_use or 429
+	// lock_timeout (the Stripe profile).
 	ReasonInProgress Reason = "request-in-progress"
 	// ReasonOutcomeUnknown: 409 #outcome-unknown, retried only under
 	// Transport.RetryUnknown.
@@ -112,6 +123,9 @@ const (
 	ReasonRateLimited Reason = "rate-limited"
 	// ReasonUnavailable: 503.
 	ReasonUnavailable Reason = "unavailable"
+	// ReasonUnreachable: 502 #upstream-unreachable, the idem proxy could
+	// not send the request to its upstream (nothing ran).
+	ReasonUnreachable Reason = "upstream-unreachable"
 )
 
 // Retry describes an attempt that failed and the wait before the next.
@@ -233,6 +247,9 @@ func (t *Transport) settings() (settings, error) {
 	def(&s.MaxDelay, DefaultMaxDelay, "MaxDelay")
 	def(&s.BaseDelay, DefaultBaseDelay, "BaseDelay")
 	def(&s.MaxBackoff, DefaultMaxBackoff, "MaxBackoff")
+	if s.AttemptTimeout < 0 {
+		errs = append(errs, errors.New("client: AttemptTimeout must not be negative"))
+	}
 	if s.RetryUnknown < 0 {
 		errs = append(errs, errors.New("client: RetryUnknown must not be negative"))
 	}
@@ -336,7 +353,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if err := body.attach(areq, attempt); err != nil {
 			return nil, &Error{Key: info.key, Attempts: attempt - 1, Err: err}
 		}
-		resp, err := s.Base.RoundTrip(areq)
+		resp, err := s.send(areq)
 		if resp != nil && (resp.Request == nil || resp.Request.Context().Value(resultKey{}) != info) {
 			resp.Request = areq
 		}
@@ -364,6 +381,48 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, &Error{Key: info.key, Attempts: attempt, Err: err}
 		}
 	}
+}
+
+// ErrAttemptTimeout is the error of an attempt that took longer than
+// Transport.AttemptTimeout.
+var ErrAttemptTimeout = errors.New("client: the attempt took longer than AttemptTimeout")
+
+// send makes one attempt, within AttemptTimeout when it is set. The bound
+// ends with the response headers: the body is the caller's to read, so
+// the attempt's context is released when the body is closed.
+func (s *settings) send(areq *http.Request) (*http.Response, error) {
+	if s.AttemptTimeout <= 0 {
+		return s.Base.RoundTrip(areq)
+	}
+	ctx, cancel := context.WithCancelCause(areq.Context())
+	timer := time.AfterFunc(s.AttemptTimeout, func() { cancel(ErrAttemptTimeout) })
+	resp, err := s.Base.RoundTrip(areq.WithContext(ctx))
+	if !timer.Stop() {
+		// It fired: even a response that made it has a dead body.
+		if err == nil {
+			resp.Body.Close()
+			err = context.Cause(ctx)
+		}
+		err = fmt.Errorf("%w (%v): %w", ErrAttemptTimeout, s.AttemptTimeout, err)
+	}
+	if err != nil {
+		cancel(nil)
+		return nil, err
+	}
+	resp.Body = cancelOnClose{resp.Body, cancel}
+	return resp, nil
+}
+
+// cancelOnClose releases an attempt's context when its body is closed.
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelCauseFunc
+}
+
+func (b cancelOnClose) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel(nil)
+	return err
 }
 
 func finish(info *result, resp *http.Response, err error) (*http.Response, error) {

@@ -150,6 +150,25 @@ func (a answer) String() string {
 	return s
 }
 
+// inFlight reports whether a is a deferral of a request still running:
+// 409 (request-in-progress, or any 409 a client would wait out), 202
+// request-in-progress (an InProgressStatus of 202), or Stripe's 429
+// lock_timeout.
+func (a answer) inFlight() bool {
+	if a.err != nil {
+		return false
+	}
+	switch a.status {
+	case http.StatusConflict:
+		return true
+	case http.StatusAccepted:
+		return problemName(a.body) == idem.SlugInProgress
+	case http.StatusTooManyRequests:
+		return problemName(a.body) == "lock_timeout"
+	}
+	return false
+}
+
 // problemName returns the stable name of an error answer: the last
 // segment of an RFC 9457 type URI, or the code of a Stripe-style error.
 func problemName(body []byte) string {
@@ -268,7 +287,7 @@ func (c *checker) retry(ctx context.Context, keys []string, body []byte, extra h
 	wait := 20 * time.Millisecond
 	for n := 0; ; n++ {
 		a := c.post(ctx, keys, body, extra)
-		if a.err != nil || a.status != http.StatusConflict || time.Now().After(deadline) {
+		if !a.inFlight() || time.Now().After(deadline) {
 			return a, n
 		}
 		if ra, ok := retryAfter(a.header); ok && ra < wait {
@@ -328,8 +347,8 @@ func rerun(first, again answer, waited int) string {
 	switch {
 	case again.err != nil:
 		return fmt.Sprintf("the retry failed: %v", again.err)
-	case again.status == http.StatusConflict:
-		return fmt.Sprintf("the retry still got %s after %d 409 answers (the first request finished long ago)", again, waited)
+	case again.inFlight():
+		return fmt.Sprintf("the retry still got %s after %d in-flight answers (the first request finished long ago)", again, waited)
 	case again.replayed():
 		return fmt.Sprintf("the replay differs from the first answer (%s, then %s)", first, again)
 	case again.status == first.status:
@@ -418,7 +437,7 @@ func (c *checker) checkConcurrent(ctx context.Context) checkResult {
 		case a.status >= 500:
 			fives++
 			odd = append(odd, a.String())
-		case a.status == http.StatusConflict:
+		case a.inFlight():
 			c.conflicts = append(c.conflicts, a)
 		default:
 			served++
@@ -447,7 +466,7 @@ func (c *checker) checkConcurrent(ctx context.Context) checkResult {
 		return failed("the API refused the request (%s), so there is nothing to check: give a --method, --body and --header it accepts", ref)
 	}
 	for _, a := range answers {
-		if a.status != http.StatusConflict && !a.same(*ref) {
+		if !a.inFlight() && !a.same(*ref) {
 			return failed("two different answers to duplicates of one request, %s and %s: it ran more than once (or its replay differs)", *ref, a)
 		}
 	}
@@ -474,7 +493,7 @@ func (c *checker) checkRetryAfter(ctx context.Context) checkResult {
 	bursts := 1
 	for ; len(conflicts) == 0 && bursts <= extraBursts; bursts++ {
 		for _, a := range c.burst(ctx, c.cfg.Concurrency, c.spell(newKey())) {
-			if a.err == nil && a.status == http.StatusConflict {
+			if a.inFlight() {
 				conflicts = append(conflicts, a)
 			}
 		}

@@ -40,6 +40,10 @@ var (
 		title: "Too many request bodies are held at once; the request was not processed"}
 	probStoreDown = proxyProblem{slug: "store-unavailable", status: http.StatusServiceUnavailable, retry: true,
 		title: "Idempotency store is unavailable; the request was not processed"}
+	probUpstreamUnreachable = proxyProblem{slug: "upstream-unreachable", status: http.StatusBadGateway, retry: true,
+		title: "The upstream could not be reached; the request was not sent to it and can be retried"}
+	probUpstreamFailed = proxyProblem{slug: "upstream-failed", status: http.StatusBadGateway,
+		title: "The upstream failed after the request was sent; its outcome is unknown"}
 )
 
 // writeProxyProblem answers p in the profile's error shape, with
@@ -63,6 +67,10 @@ func writeProxyProblem(w http.ResponseWriter, profile idem.Profile, retryAfter t
 		errType := "idempotency_error"
 		if p.slug == "" {
 			errType = "api_error"
+		} else {
+			// Stripe's SDKs follow it before their own rules (which
+			// retry every 409 and 5xx).
+			w.Header().Set("Stripe-Should-Retry", strconv.FormatBool(p.retry))
 		}
 		body, _ = json.Marshal(map[string]any{"error": map[string]string{"type": errType, "code": p.slug, "message": msg}})
 	} else {

@@ -995,14 +995,16 @@ func hideKeyFromTransport(h http.Header) {
 func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
 	x := idem.FromContext(r.Context())
 	sent, _ := r.Context().Value(sentKey{}).(*atomic.Bool)
-	var detail string
+	prob, detail := proxyProblem{status: http.StatusBadGateway, title: "Bad Gateway"}, ""
 	switch {
 	case x != nil && sent != nil && sent.Load():
+		prob = probUpstreamFailed
 		x.Uncertain("upstream failed after the request was sent: " + err.Error())
 		p.log.Warn("idem proxy: upstream failed after the request was sent; outcome unknown",
 			"method", r.Method, "path", r.URL.Path, "key", x.Key(), "fence", x.Fence(), "err", err)
 		detail = "The upstream failed after the request was sent; its outcome is unknown, so it will not be executed again until it is reconciled."
 	case x != nil:
+		prob = probUpstreamUnreachable
 		p.log.Warn("idem proxy: upstream unreachable; the key is released for a retry",
 			"method", r.Method, "path", r.URL.Path, "key", x.Key(), "err", err)
 		detail = "The request could not be sent to the upstream and was not executed; it can be retried."
@@ -1010,12 +1012,7 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error)
 		p.log.Warn("idem proxy: upstream request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 		detail = "The upstream did not answer."
 	}
-	writeBadGateway(w, idem.Profile(p.cfg.Profile), detail)
-}
-
-// writeBadGateway answers 502 in the profile's error shape.
-func writeBadGateway(w http.ResponseWriter, profile idem.Profile, detail string) {
-	writeProxyProblem(w, profile, 0, proxyProblem{status: http.StatusBadGateway, title: "Bad Gateway"}, detail)
+	writeProxyProblem(w, idem.Profile(p.cfg.Profile), p.cfg.RetryAfter, prob, detail)
 }
 
 // proxyRoute is the route of a proxied request: its path as sent, plus the
@@ -1162,13 +1159,13 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 		return nil
 	}}
 	fs.Var(&keyReused, "key-reused-status", "`status` of a key reused with another request: a 4xx, or profile (422 under ietf, 400 under stripe)")
-	inProgress := statusFlag{n: idem.DefaultInProgressStatus, check: func(n int) error {
-		if n != http.StatusConflict && n != http.StatusAccepted {
-			return errors.New("want 409 or 202")
+	inProgress := statusFlag{zero: "profile", check: func(n int) error {
+		if n != http.StatusConflict && n != http.StatusAccepted && n != http.StatusTooManyRequests {
+			return errors.New("want 409, 202 (ietf only) or 429 (stripe only)")
 		}
 		return nil
 	}}
-	fs.Var(&inProgress, "in-progress-status", "`status` of a duplicate of an in-flight request: 409 or 202, both with Retry-After")
+	fs.Var(&inProgress, "in-progress-status", "`status` of a duplicate of an in-flight request that --wait did not settle, with Retry-After: 409 or 202 under ietf; 429 (lock_timeout) or 409 under stripe; or profile (409 under ietf, 429 under stripe)")
 	fs.DurationVar(&cfg.RetryAfter, "retry-after", idem.DefaultRetryAfter, "Retry-After of the in-flight, unknown-outcome and 503 answers (whole seconds)")
 	fs.DurationVar(&cfg.StoreTimeout, "store-timeout", idem.DefaultStoreTimeout, "bound on every store call; over it the request is answered 503 before the upstream is called")
 	fs.BoolVar(&cfg.StoreServerErrors, "store-server-errors", false, "keep 5xx and 408/425/429 answers as final and replay them (Stripe v1), instead of letting a retry run again")
@@ -1321,6 +1318,13 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	cfg.KeyRequired = keyRequired.v
 	cfg.KeyReusedStatus = keyReused.n
 	cfg.InProgressStatus = inProgress.n
+	switch stripe := cfg.Profile == string(idem.ProfileStripe); {
+	case stripe && cfg.InProgressStatus == http.StatusAccepted:
+		return cfg, "", "", usageErr(fs, "--in-progress-status 202 cannot be used with --profile stripe: Stripe's SDKs "+
+			"take any 2xx for the result of the call; use 429 (the stripe default, retried by every Stripe SDK) or 409")
+	case !stripe && cfg.InProgressStatus == http.StatusTooManyRequests:
+		return cfg, "", "", usageErr(fs, "--in-progress-status 429 is for --profile stripe (Stripe's lock_timeout); under ietf use 409 or 202")
+	}
 	cfg.MaxResponseBytes = int(min(maxResponse, 1<<31-1))
 	cfg.Fields = fields
 	cfg.AsyncKeepHeaders = asyncKeep

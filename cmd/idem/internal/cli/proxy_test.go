@@ -308,6 +308,9 @@ func TestProxyUpstreamRefusedReleasesTheKey(t *testing.T) {
 		if ct := r.header.Get("Content-Type"); ct != "application/problem+json" {
 			t.Errorf("502 Content-Type %q", ct)
 		}
+		if typ := problemType(t, r); typ != idem.ProblemBase+"upstream-unreachable" || r.header.Get("Retry-After") == "" {
+			t.Errorf("refused upstream: problem %q, Retry-After %q; want upstream-unreachable with Retry-After", typ, r.header.Get("Retry-After"))
+		}
 		rec, err := p.Store().Get(context.Background(), scopeOf("", "POST", "/v1/charges"), "k")
 		if err != nil || rec.State != store.StateFailedRetryable {
 			t.Fatalf("record after a refused upstream: %+v, %v; want failed_retryable", rec, err)
@@ -382,8 +385,8 @@ func TestProxyUpstreamFailsAfterSend(t *testing.T) {
 		c := client(t)
 
 		r := send(t, c, "POST", base+"/v1/charges", "k", `{"amount":7}`)
-		if r.status != http.StatusBadGateway {
-			t.Fatalf("upstream hung up: %d %s, want 502", r.status, r.body)
+		if r.status != http.StatusBadGateway || problemType(t, r) != idem.ProblemBase+"upstream-failed" {
+			t.Fatalf("upstream hung up: %d %s, want 502 upstream-failed", r.status, r.body)
 		}
 		for range 2 {
 			r = send(t, c, "POST", base+"/v1/charges", "k", `{"amount":7}`)

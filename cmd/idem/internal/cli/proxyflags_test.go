@@ -169,11 +169,15 @@ func TestProxyInProgressStatusAndRetryAfterFlags(t *testing.T) {
 			t.Errorf("%q: first answer %d", tt.args, first.status)
 		}
 	}
-	for _, bad := range []string{"200", "x"} {
-		_, errOut, err := run("proxy", "--upstream", "http://x", "--in-progress-status", bad)
+	for _, bad := range [][]string{{"200"}, {"x"}, {"429"}, {"202", "--profile", "stripe"}, {"503", "--profile", "stripe"}} {
+		_, errOut, err := run(append([]string{"proxy", "--upstream", "http://x", "--in-progress-status"}, bad...)...)
 		if !errors.Is(err, ErrUsage) || !strings.Contains(errOut, "in-progress-status") {
 			t.Errorf("--in-progress-status %s: %v\n%s", bad, err, errOut)
 		}
+	}
+	_, errOut, _ := run("proxy", "--upstream", "http://x", "--profile", "stripe", "--in-progress-status", "202")
+	if !strings.Contains(errOut, "Stripe's SDKs take any 2xx") {
+		t.Errorf("202 with the stripe profile refused without saying why:\n%s", errOut)
 	}
 }
 
@@ -247,7 +251,7 @@ func TestProxyFlagDefaultsAreTheEngines(t *testing.T) {
 	}
 	if cfg.TTL != idem.DefaultTTL || cfg.Lease != idem.DefaultLease || cfg.RetryAfter != idem.DefaultRetryAfter ||
 		cfg.StoreTimeout != idem.DefaultStoreTimeout || cfg.MaxBody != idem.DefaultMaxBodyBytes ||
-		cfg.MaxResponseBytes != idem.DefaultMaxResponseBytes || cfg.InProgressStatus != idem.DefaultInProgressStatus ||
+		cfg.MaxResponseBytes != idem.DefaultMaxResponseBytes || cfg.InProgressStatus != 0 ||
 		cfg.KeyRequired != nil || cfg.KeyReusedStatus != 0 || cfg.LeasePolicy != string(store.LeaseUnknown) ||
 		cfg.Fields != nil || cfg.StoreServerErrors || cfg.KeyHeader != idem.DefaultKeyHeader {
 		t.Errorf("defaults %+v", cfg)
