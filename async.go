@@ -62,21 +62,27 @@ func (c *Config) asyncDefaults(errs *[]error) {
 	case c.AsyncWait > c.TTL:
 		*errs = append(*errs, fmt.Errorf("idem: AsyncWait (%v) is longer than TTL (%v): the record would expire before its deadline", c.AsyncWait, c.TTL))
 	}
-	keep := make([]string, 0, len(c.AsyncKeepHeaders))
-	for _, h := range c.AsyncKeepHeaders {
-		if !store.ValidHeader(h, nil) {
-			*errs = append(*errs, fmt.Errorf("idem: AsyncKeepHeaders: %q is not a valid header name", h))
-			continue
-		}
-		keep = append(keep, textproto.CanonicalMIMEHeaderKey(h))
-	}
-	c.AsyncKeepHeaders = keep
+	c.AsyncKeepHeaders = headerNames("AsyncKeepHeaders", c.AsyncKeepHeaders, errs)
+	c.AsyncDropHeaders = headerNames("AsyncDropHeaders", c.AsyncDropHeaders, errs)
 	if c.StatusPath == "" {
 		c.StatusPath = DefaultStatusPath
 	}
 	if !strings.HasPrefix(c.StatusPath, "/") || !strings.HasSuffix(c.StatusPath, "/") || strings.ContainsAny(c.StatusPath, "?#{} ") {
 		*errs = append(*errs, fmt.Errorf("idem: StatusPath %q must be a path that starts and ends with /", c.StatusPath))
 	}
+}
+
+// headerNames checks a list of header names and returns them canonical.
+func headerNames(option string, names []string, errs *[]error) []string {
+	out := make([]string, 0, len(names))
+	for _, h := range names {
+		if !store.ValidHeader(h, nil) {
+			*errs = append(*errs, fmt.Errorf("idem: %s: %q is not a valid header name", option, h))
+			continue
+		}
+		out = append(out, textproto.CanonicalMIMEHeaderKey(h))
+	}
+	return out
 }
 
 // checkAsync refuses an asynchronous engine over a store that keeps no
@@ -90,10 +96,13 @@ func checkAsync(s store.Store, set *settings) error {
 
 // pendingHeader is what an asynchronous request keeps of its header: what
 // a stored answer may keep (no hop-by-hop headers), less the credentials
-// Config.AsyncKeepHeaders does not name.
+// (and Config.AsyncDropHeaders) Config.AsyncKeepHeaders does not name.
 func (e *Engine) pendingHeader(h http.Header) http.Header {
 	out := store.ReplayableHeader(h)
 	for _, k := range sensitiveRequest {
+		delete(out, k)
+	}
+	for _, k := range e.cfg.AsyncDropHeaders {
 		delete(out, k)
 	}
 	for _, k := range e.cfg.AsyncKeepHeaders {
@@ -153,8 +162,11 @@ func (e *Engine) StatusLocation(method, route, key string) string {
 	return e.cfg.StatusPath + base64.RawURLEncoding.EncodeToString([]byte(method+" "+route+"\x00"+key))
 }
 
-// parseStatusID reads what StatusLocation wrote after the prefix.
-func parseStatusID(id string) (method, route, key string, ok bool) {
+// ParseStatusID reads what StatusLocation wrote after the status path:
+// the request's method, route and key. A server that serves the status
+// resources of some routes only (the proxy's asynchronous ones) checks
+// the route before answering.
+func ParseStatusID(id string) (method, route, key string, ok bool) {
 	b, err := base64.RawURLEncoding.DecodeString(id)
 	if err != nil {
 		return "", "", "", false
@@ -190,7 +202,7 @@ func (e *Engine) StatusHandler() http.Handler {
 			return
 		}
 		id, ok := strings.CutPrefix(r.URL.Path, e.cfg.StatusPath)
-		method, route, key, valid := parseStatusID(id)
+		method, route, key, valid := ParseStatusID(id)
 		req := Request{Tenant: e.cfg.Tenant(r), Method: method, Route: route}
 		scope := req.Scope()
 		if !ok || !valid || store.CheckID(scope, key) != nil {

@@ -229,6 +229,11 @@ type Config struct {
 	// hop-by-hop headers. Defaults to none.
 	AsyncKeepHeaders []string
 
+	// AsyncDropHeaders names more request headers an asynchronous request
+	// never keeps unless AsyncKeepHeaders names them: the credentials a
+	// tenant is taken from (an API key header). Defaults to none.
+	AsyncDropHeaders []string
+
 	// StatusPath is the path prefix of the status resources of
 	// asynchronous requests: Location is StatusPath followed by the
 	// request's id. Its leading segment starts with a dot, which no route

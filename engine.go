@@ -63,6 +63,7 @@ func (e *Engine) With(modify func(*Config)) (*Engine, error) {
 	cfg.Methods = append([]string(nil), cfg.Methods...)
 	cfg.Fields = append([]string(nil), cfg.Fields...)
 	cfg.AsyncKeepHeaders = append([]string(nil), cfg.AsyncKeepHeaders...)
+	cfg.AsyncDropHeaders = append([]string(nil), cfg.AsyncDropHeaders...)
 	if e.cfg.Config.KeyRequired == nil {
 		cfg.KeyRequired = Bool(e.cfg.keyRequired)
 	}

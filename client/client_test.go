@@ -496,7 +496,7 @@ func TestRetryUnknown(t *testing.T) {
 			t.Errorf("ListUnknown: %v %v", recs, err)
 			return err
 		}
-		return st.Resolve(ctx, store.ResolveParams{Scope: recs[0].Scope, Key: recs[0].Key, To: store.StateCompleted,
+		return st.Resolve(ctx, store.ResolveParams{FenceParams: store.FenceParams{Scope: recs[0].Scope, Key: recs[0].Key, Fence: recs[0].Fence}, To: store.StateCompleted,
 			Response: &store.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"ch_found"}`)}})
 	}
 	resp, body, err := clienttest.Post(t, context.Background(), tr, url, bodyUncertain, "Idempotency-Key", key)

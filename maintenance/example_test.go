@@ -63,9 +63,12 @@ func ExampleMaintainer_Settle() {
 	engine.Run(ctx, call, charge)
 	fmt.Println("retry:", engine.Run(ctx, call, charge).Verdict)
 
-	// The provider's webhook: the charge went through.
+	// The provider's webhook: the charge went through. It is about the
+	// execution with this fence, and settles nothing once the record ran
+	// again.
 	scope := (&idem.Request{Method: call.Method, Route: call.Route}).Scope()
-	err := m.Settle(ctx, scope, "order-7", maintenance.Resolution{
+	rec, _ := st.Get(ctx, scope, "order-7")
+	err := m.Settle(ctx, scope, "order-7", rec.Fence, maintenance.Resolution{
 		Outcome: maintenance.Happened,
 		Response: &store.Response{Status: http.StatusCreated,
 			Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"ch_7"}`)},

@@ -334,13 +334,13 @@ func (m *Maintainer) reconcileBatch(ctx context.Context, out *ReconcileResult) (
 	for _, r := range recs {
 		res, rerr := m.cfg.Resolver.Resolve(ctx, r)
 		if rerr == nil && res.Outcome != StillUnknown {
-			err := m.Settle(ctx, r.Scope, r.Key, res)
+			err := m.Settle(ctx, r.Scope, r.Key, r.Fence, res)
 			switch {
 			case err == nil:
 				out.Resolved++
 				continue
-			case errors.Is(err, store.ErrStateConflict) || errors.Is(err, store.ErrNotFound):
-				continue // settled by someone else meanwhile
+			case errors.Is(err, store.ErrStateConflict) || errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrLeaseLost):
+				continue // settled by someone else, or run again, meanwhile
 			case errors.Is(err, idem.ErrStore):
 				return len(recs), err
 			}
@@ -398,10 +398,17 @@ func (m *Maintainer) backoff(attempts int) time.Duration {
 // it, and so do a webhook from the provider and an operator's decision.
 // Happened stores res.Response (without the headers a replay must not
 // carry) for every retry during Config.TTL; DidNotHappen and RunAgain
-// release the key. A record that is not unknown fails with
-// store.ErrStateConflict, a missing one with store.ErrNotFound.
-func (m *Maintainer) Settle(ctx context.Context, scope, key string, res Resolution) error {
-	p := store.ResolveParams{Scope: scope, Key: key, To: store.StateFailedRetryable}
+// release the key.
+//
+// A settlement is about one execution of the request: fence is the
+// record's fence when it was decided (store.Record.Fence, as listed or
+// shown). A record that ran again since has another fence, and Settle
+// fails with store.ErrLeaseLost, changing nothing: a late or replayed
+// settlement never releases the next execution. A record that is not
+// unknown fails with store.ErrStateConflict, a missing one with
+// store.ErrNotFound.
+func (m *Maintainer) Settle(ctx context.Context, scope, key string, fence int64, res Resolution) error {
+	p := store.ResolveParams{FenceParams: store.FenceParams{Scope: scope, Key: key, Fence: fence}, To: store.StateFailedRetryable}
 	switch res.Outcome {
 	case Happened:
 		if res.Response == nil {
@@ -419,7 +426,7 @@ func (m *Maintainer) Settle(ctx context.Context, scope, key string, res Resoluti
 	})
 	if err == nil {
 		m.obs.count(ctx, "reconcile_resolved", 1)
-		m.cfg.Logger.Info("idem: unknown outcome resolved", "scope", scope, "key", key, "to", p.To)
+		m.cfg.Logger.Info("idem: unknown outcome resolved", "scope", scope, "key", key, "fence", fence, "to", p.To)
 	}
 	return err
 }

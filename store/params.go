@@ -125,7 +125,7 @@ func (p *ListUnknownParams) Validate() error { return checkLimit(p.Limit) }
 
 // Validate checks a resolution.
 func (p *ResolveParams) Validate() error {
-	if err := CheckID(p.Scope, p.Key); err != nil {
+	if err := p.FenceParams.Validate(); err != nil {
 		return err
 	}
 	switch {

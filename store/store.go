@@ -326,10 +326,12 @@ type ListUnknownParams struct {
 	Limit int
 }
 
-// ResolveParams settles an unknown record.
+// ResolveParams settles an unknown record about one execution: Fence is
+// the record's fence when the settlement was decided (what ListUnknown, Get
+// or the resolver was shown). A record whose fence has moved on since ran
+// again, and a settlement about the older execution must not touch it.
 type ResolveParams struct {
-	Scope string
-	Key   string
+	FenceParams
 	// To is StateCompleted (Response required) or StateFailedRetryable.
 	To       State
 	Response *Response
@@ -428,8 +430,11 @@ type Store interface {
 	// without changing anything. ErrInvalidParams when p.Validate fails.
 	List(ctx context.Context, p ListParams) ([]Record, *Cursor, error)
 
-	// Resolve moves an unknown record to completed or failed_retryable.
-	// ErrNotFound when absent, ErrStateConflict when not unknown.
+	// Resolve moves an unknown record whose fence is p.Fence to completed
+	// or failed_retryable. ErrNotFound when absent; ErrLeaseLost, changing
+	// nothing, when its fence is not p.Fence (the settlement is about
+	// another execution, whatever the record's state); ErrStateConflict
+	// when it has that fence but is not unknown.
 	Resolve(ctx context.Context, p ResolveParams) error
 
 	// Defer reschedules an unknown record's reconciliation, or dead-letters
@@ -447,7 +452,8 @@ var (
 	// ErrNotFound: no record for (scope, key).
 	ErrNotFound = errors.New("idem/store: record not found")
 	// ErrLeaseLost: the caller's fence is no longer current or the record
-	// left in_progress; nothing was changed.
+	// left in_progress (for Resolve: the record's fence is not the
+	// settlement's); nothing was changed.
 	ErrLeaseLost = errors.New("idem/store: lease lost")
 	// ErrStateConflict: the record is not in the state the operation needs.
 	ErrStateConflict = errors.New("idem/store: record is not in the required state")

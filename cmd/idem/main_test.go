@@ -373,7 +373,15 @@ func TestCrashThenOperatorResolves(t *testing.T) {
 	if err != nil || !strings.Contains(out, `"`+chargeKey+`"`) || !strings.Contains(out, "lease_expired") {
 		t.Fatalf("reconcile list: %v\n%s%s", err, out, errOut)
 	}
-	out, errOut, err = runIdem(t, "reconcile", "resolve", chargeKey, "--store", dsn, "--route", chargePath,
+	// The operator settles the execution the list showed: its fence.
+	out, errOut, err = runIdem(t, "reconcile", "list", "--json", "--store", dsn)
+	var listed struct {
+		Fence int64 `json:"fence"`
+	}
+	if err != nil || json.Unmarshal([]byte(out), &listed) != nil || listed.Fence <= 0 {
+		t.Fatalf("reconcile list --json: %v\n%s%s", err, out, errOut)
+	}
+	out, errOut, err = runIdem(t, "reconcile", "resolve", chargeKey, "--store", dsn, "--route", chargePath, "--fence", fmt.Sprint(listed.Fence),
 		"--completed", "--status", "201", "--header", "Content-Type: application/json", "--body", `{"id":"x"}`)
 	if err != nil || !strings.Contains(out, "completed") {
 		t.Fatalf("reconcile resolve: %v\n%s%s", err, out, errOut)

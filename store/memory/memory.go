@@ -382,8 +382,9 @@ func (s *Store) ListUnknown(ctx context.Context, p store.ListUnknownParams) ([]s
 	return out, err
 }
 
-// unknown runs f on an unknown record.
-func (s *Store) unknown(ctx context.Context, scope, key string, f func(r *entry, now time.Time)) error {
+// unknown runs f on an unknown record; a positive fence must be the
+// record's (Resolve), zero takes any (Defer).
+func (s *Store) unknown(ctx context.Context, scope, key string, fence int64, f func(r *entry, now time.Time)) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -394,6 +395,8 @@ func (s *Store) unknown(ctx context.Context, scope, key string, f func(r *entry,
 	switch {
 	case r == nil:
 		return store.ErrNotFound
+	case fence > 0 && r.Fence != fence:
+		return store.ErrLeaseLost
 	case r.State != store.StateUnknown:
 		return store.ErrStateConflict
 	}
@@ -407,7 +410,7 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	return s.unknown(ctx, p.Scope, p.Key, func(r *entry, now time.Time) {
+	return s.unknown(ctx, p.Scope, p.Key, p.Fence, func(r *entry, now time.Time) {
 		r.ReconcileAfter = time.Time{}
 		r.DeadLetteredAt = time.Time{}
 		if p.To == store.StateCompleted {
@@ -427,7 +430,7 @@ func (s *Store) Defer(ctx context.Context, p store.DeferParams) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	return s.unknown(ctx, p.Scope, p.Key, func(r *entry, now time.Time) {
+	return s.unknown(ctx, p.Scope, p.Key, 0, func(r *entry, now time.Time) {
 		r.ReconcileAttempts++
 		r.LastError = p.Error
 		if p.DeadLetter {

@@ -435,17 +435,17 @@ func TestMaintenance(t *testing.T) {
 		t.Fatalf("all unknown: %+v", all)
 	}
 	resp := okResponse("settled")
-	if err := s.Resolve(ctx, store.ResolveParams{Scope: due[0].Scope, Key: due[0].Key, To: store.StateCompleted, Response: &resp, TTL: time.Hour}); err != nil {
+	if err := s.Resolve(ctx, store.ResolveParams{FenceParams: store.FenceParams{Scope: due[0].Scope, Key: due[0].Key, Fence: due[0].Fence}, To: store.StateCompleted, Response: &resp, TTL: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Resolve(ctx, store.ResolveParams{Scope: due[1].Scope, Key: due[1].Key, To: store.StateFailedRetryable}); err != nil {
+	if err := s.Resolve(ctx, store.ResolveParams{FenceParams: store.FenceParams{Scope: due[1].Scope, Key: due[1].Key, Fence: due[1].Fence}, To: store.StateFailedRetryable}); err != nil {
 		t.Fatal(err)
 	}
 	got, _ := s.Get(ctx, due[0].Scope, due[0].Key)
 	if got.State != store.StateCompleted || string(got.Response.Body) != "settled" || !got.ReconcileAfter.IsZero() {
 		t.Fatalf("resolved %+v", got)
 	}
-	if err := s.Resolve(ctx, store.ResolveParams{Scope: due[0].Scope, Key: due[0].Key, To: store.StateFailedRetryable}); !errors.Is(err, store.ErrStateConflict) {
+	if err := s.Resolve(ctx, store.ResolveParams{FenceParams: store.FenceParams{Scope: due[0].Scope, Key: due[0].Key, Fence: due[0].Fence}, To: store.StateFailedRetryable}); !errors.Is(err, store.ErrStateConflict) {
 		t.Fatalf("resolve completed: %v", err)
 	}
 	if err := s.Defer(ctx, store.DeferParams{Scope: "nope", Key: "nope"}); !errors.Is(err, store.ErrNotFound) {

@@ -516,6 +516,7 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 	a := s.idArgs(p.Scope, p.Key)
 	a["to"] = string(p.To)
 	a["ttl_us"] = store.Micros(p.TTL)
+	a["fence"] = p.Fence
 	var resp *store.Response
 	if p.To == store.StateCompleted {
 		resp = p.Response
@@ -523,7 +524,7 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 	if err := responseArgs(a, resp); err != nil {
 		return err
 	}
-	return s.unknownOnly(ctx, "resolve", qResolve, a)
+	return s.unknownOnly(ctx, "resolve", qResolve, a, p.Fence)
 }
 
 // Defer implements [store.Store.Defer].
@@ -534,16 +535,16 @@ func (s *Store) Defer(ctx context.Context, p store.DeferParams) error {
 	a := s.idArgs(p.Scope, p.Key)
 	a["error"] = p.Error
 	if p.DeadLetter {
-		return s.unknownOnly(ctx, "dead letter", qDeadLetter, a)
+		return s.unknownOnly(ctx, "dead letter", qDeadLetter, a, 0)
 	}
 	a["delay_us"] = store.Micros(p.Delay)
-	return s.unknownOnly(ctx, "defer", qDefer, a)
+	return s.unknownOnly(ctx, "defer", qDefer, a, 0)
 }
 
-// unknownOnly runs an UPDATE guarded by state = 'unknown'. Only when it
-// matches nothing does a second read tell ErrNotFound from
-// ErrStateConflict.
-func (s *Store) unknownOnly(ctx context.Context, op string, qq *query, a args) error {
+// unknownOnly runs an UPDATE guarded by state = 'unknown' (and, for a
+// positive fence, by the record's fence). Only when it matches nothing does
+// a second read tell ErrNotFound from ErrLeaseLost and ErrStateConflict.
+func (s *Store) unknownOnly(ctx context.Context, op string, qq *query, a args, fence int64) error {
 	n, err := s.exec(ctx, qq, a)
 	if err != nil {
 		return wrap(op, err)
@@ -556,11 +557,14 @@ func (s *Store) unknownOnly(ctx context.Context, op string, qq *query, a args) e
 		return wrap(op, err)
 	}
 	var state string
-	switch err := s.q.QueryRowContext(ctx, qState.sql, sa...).Scan(&state); {
+	var got int64
+	switch err := s.q.QueryRowContext(ctx, qState.sql, sa...).Scan(&state, &got); {
 	case errors.Is(err, sql.ErrNoRows):
 		return store.ErrNotFound
 	case err != nil:
 		return wrap(op, err)
+	case fence > 0 && got != fence:
+		return fmt.Errorf("%w: %s: the record's fence is %d, not %d", store.ErrLeaseLost, op, got, fence)
 	}
 	return fmt.Errorf("%w: %s: record is %s, not unknown", store.ErrStateConflict, op, state)
 }

@@ -200,7 +200,7 @@ FROM idem_records
 WHERE scope = :scope AND `key` = :key
 
 -- name: state
-SELECT state FROM idem_records WHERE scope = :scope AND `key` = :key
+SELECT state, fence FROM idem_records WHERE scope = :scope AND `key` = :key
 
 -- name: delete
 DELETE FROM idem_records WHERE scope = :scope AND `key` = :key AND state <> 'in_progress'
@@ -298,7 +298,7 @@ UPDATE idem_records SET
     reconcile_after = NULL,
     dead_lettered_at = NULL,
     row_version = row_version + 1
-WHERE scope = :scope AND `key` = :key AND state = 'unknown'
+WHERE scope = :scope AND `key` = :key AND state = 'unknown' AND fence = :fence
 
 -- name: defer
 UPDATE idem_records SET

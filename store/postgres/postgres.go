@@ -553,6 +553,7 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 		err      error
 		resolved bool
 		state    *string
+		fence    *int64
 	)
 	if p.To == store.StateCompleted {
 		status = &p.Response.Status
@@ -565,9 +566,12 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 		}
 	}
 	err = s.pool.QueryRow(ctx, s.q.resolve, p.Scope, p.Key, s.now(),
-		string(p.To), status, headers, body, omitted, store.Micros(p.TTL)).Scan(&resolved, &state)
+		string(p.To), status, headers, body, omitted, store.Micros(p.TTL), p.Fence).Scan(&resolved, &state, &fence)
 	if err != nil {
 		return wrap("resolve", err)
+	}
+	if !resolved && fence != nil && *fence != p.Fence {
+		return fmt.Errorf("idem/postgres: resolve: the record's fence is %d, not %d: %w", *fence, p.Fence, store.ErrLeaseLost)
 	}
 	return unknownOutcome("resolve", resolved, state)
 }

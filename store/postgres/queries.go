@@ -298,7 +298,8 @@ LIMIT $2`
 
 // sqlResolve and sqlDefer also report the row's state from the snapshot so
 // that a miss can be told apart: absent (ErrNotFound) or not unknown
-// (ErrStateConflict), in the same round trip.
+// (ErrStateConflict), in the same round trip; sqlResolve, guarded by the
+// fence ($10) too, reports the row's fence for ErrLeaseLost.
 // $1 scope, $2 key, $3 now, then the operation's own.
 const sqlResolve = `
 WITH upd AS (
@@ -317,11 +318,12 @@ WITH upd AS (
 			ELSE expires_at END,
 		reconcile_after = NULL,
 		dead_lettered_at = NULL
-	WHERE scope = $1 AND key = $2 AND state = 'unknown'
+	WHERE scope = $1 AND key = $2 AND state = 'unknown' AND fence = $10::bigint
 	RETURNING 1
 )
 SELECT EXISTS (SELECT FROM upd),
-	(SELECT state FROM {schema}idem_records WHERE scope = $1 AND key = $2)`
+	(SELECT state FROM {schema}idem_records WHERE scope = $1 AND key = $2),
+	(SELECT fence FROM {schema}idem_records WHERE scope = $1 AND key = $2)`
 
 const sqlDefer = `
 WITH upd AS (

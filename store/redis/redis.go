@@ -382,6 +382,8 @@ func (s *Store) unknownOnly(ctx context.Context, op string, sc *goredis.Script, 
 		return nil
 	case codeAbsent:
 		return fmt.Errorf("idem/redis: %s: %w", op, store.ErrNotFound)
+	case codeFence:
+		return fmt.Errorf("idem/redis: %s: the record's fence is not the settlement's: %w", op, store.ErrLeaseLost)
 	default:
 		return fmt.Errorf("idem/redis: %s: %w", op, store.ErrStateConflict)
 	}
@@ -401,6 +403,7 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 		return err
 	}
 	args := append([]any{s.now(), s.graceMS(), string(p.To), store.Micros(p.TTL)}, rargs...)
+	args = append(args, p.Fence)
 	return s.unknownOnly(ctx, "resolve", scriptResolve, p.Scope, p.Key, args...)
 }
 

@@ -542,7 +542,7 @@ func testSweepReapList(t *testing.T, open storetest.Opener) {
 	}
 	// Resolve: a quarter completed, a quarter failed.
 	for i := range n / 2 {
-		p := store.ResolveParams{Scope: recs[i].Scope, Key: recs[i].Key, To: store.StateFailedRetryable}
+		p := store.ResolveParams{FenceParams: store.FenceParams{Scope: recs[i].Scope, Key: recs[i].Key, Fence: recs[i].Fence}, To: store.StateFailedRetryable}
 		if i%2 == 0 {
 			p.To, p.Response = store.StateCompleted, &store.Response{Status: 200, Body: []byte("ok")}
 		}
@@ -553,7 +553,7 @@ func testSweepReapList(t *testing.T, open storetest.Opener) {
 			t.Fatalf("second resolve: %v", err)
 		}
 	}
-	if err := s.Resolve(ctx, store.ResolveParams{Scope: "x", Key: "absent", To: store.StateFailedRetryable}); !errors.Is(err, store.ErrNotFound) {
+	if err := s.Resolve(ctx, store.ResolveParams{FenceParams: store.FenceParams{Scope: "x", Key: "absent", Fence: 1}, To: store.StateFailedRetryable}); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("resolve absent: %v", err)
 	}
 
@@ -665,7 +665,7 @@ func testInvalidParams(t *testing.T, open storetest.Opener) {
 		"reap":     func() error { _, err := s.Reap(ctx, store.ReapParams{Limit: 1}); return err }(),
 		"list":     func() error { _, err := s.ListUnknown(ctx, store.ListUnknownParams{}); return err }(),
 		"get":      func() error { _, err := s.Get(ctx, "", "k"); return err }(),
-		"resolve":  s.Resolve(ctx, store.ResolveParams{Scope: "s", Key: "k", To: store.StateCompleted}),
+		"resolve":  s.Resolve(ctx, store.ResolveParams{FenceParams: store.FenceParams{Scope: "s", Key: "k", Fence: 1}, To: store.StateCompleted}),
 	} {
 		if !errors.Is(err, store.ErrInvalidParams) {
 			t.Errorf("%s: %v", name, err)

@@ -145,7 +145,7 @@ WHERE scope = ?1 AND key = ?2 AND state = 'in_progress' AND fence = ?3`
 
 const qDelete = `DELETE FROM idem_records WHERE scope = ?1 AND key = ?2 AND state <> 'in_progress'`
 
-const qState = `SELECT state FROM idem_records WHERE scope = ?1 AND key = ?2`
+const qState = `SELECT state, fence FROM idem_records WHERE scope = ?1 AND key = ?2`
 
 // qSweep moves up to ?2 expired leases under policy unknown to unknown.
 // ?1 now, ?3 the latest lease end swept (now minus the sweeper's grace).
@@ -217,8 +217,9 @@ LIMIT ?1`
 // qResolve settles an unknown record. ?1 scope, ?2 key, ?3 target state,
 // ?4 status, ?5 headers, ?6 body, ?7 body omitted (the response columns are
 // NULL/0 for failed_retryable), ?8 completed_at or NULL, ?9 now, ?10 new
-// expires_at or NULL to keep it. A completed record carries no last_error;
-// a failed_retryable one keeps the reason it became unknown.
+// expires_at or NULL to keep it, ?11 the fence the settlement is about. A
+// completed record carries no last_error; a failed_retryable one keeps the
+// reason it became unknown.
 const qResolve = `UPDATE idem_records SET
 	state = ?3,
 	response_status = ?4,
@@ -231,7 +232,7 @@ const qResolve = `UPDATE idem_records SET
 	dead_lettered_at = NULL,
 	updated_at = ?9,
 	expires_at = coalesce(?10, expires_at)
-WHERE scope = ?1 AND key = ?2 AND state = 'unknown'`
+WHERE scope = ?1 AND key = ?2 AND state = 'unknown' AND fence = ?11`
 
 // qDefer: ?3 reconcile_after, ?4 error, ?5 now.
 const qDefer = `UPDATE idem_records SET

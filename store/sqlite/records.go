@@ -371,8 +371,8 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 	if p.TTL > 0 {
 		expiresAt = sql.NullInt64{Int64: after(now, p.TTL), Valid: true}
 	}
-	return s.settle(ctx, "resolve", p.Scope, p.Key, qResolve, p.Scope, p.Key, string(p.To),
-		resp.status, resp.headers, resp.body, resp.omitted, completedAt, now.UnixMicro(), expiresAt)
+	return s.settle(ctx, "resolve", p.Scope, p.Key, p.Fence, qResolve, p.Scope, p.Key, string(p.To),
+		resp.status, resp.headers, resp.body, resp.omitted, completedAt, now.UnixMicro(), expiresAt, p.Fence)
 }
 
 // Defer implements [store.Store].
@@ -382,28 +382,32 @@ func (s *Store) Defer(ctx context.Context, p store.DeferParams) error {
 	}
 	now := s.now()
 	if p.DeadLetter {
-		return s.settle(ctx, "dead letter", p.Scope, p.Key, qDeadLetter, p.Scope, p.Key,
+		return s.settle(ctx, "dead letter", p.Scope, p.Key, 0, qDeadLetter, p.Scope, p.Key,
 			now.UnixMicro(), p.Error)
 	}
-	return s.settle(ctx, "defer", p.Scope, p.Key, qDefer, p.Scope, p.Key,
+	return s.settle(ctx, "defer", p.Scope, p.Key, 0, qDefer, p.Scope, p.Key,
 		after(now, p.Delay), p.Error, now.UnixMicro())
 }
 
-// settle runs an update guarded by state = 'unknown' and, when it changes
-// nothing, tells ErrNotFound from ErrStateConflict within the same
+// settle runs an update guarded by state = 'unknown' (and, for a positive
+// fence, by the record's fence) and, when it changes nothing, tells
+// ErrNotFound from ErrLeaseLost and ErrStateConflict within the same
 // transaction.
-func (s *Store) settle(ctx context.Context, op, scope, key, query string, args ...any) error {
+func (s *Store) settle(ctx context.Context, op, scope, key string, fence int64, query string, args ...any) error {
 	err := s.inTx(ctx, func(tx querier) error {
 		n, err := execCount(ctx, tx, query, args...)
 		if err != nil || n > 0 {
 			return err
 		}
 		var state string
-		switch err := tx.QueryRowContext(ctx, qState, scope, key).Scan(&state); {
+		var got int64
+		switch err := tx.QueryRowContext(ctx, qState, scope, key).Scan(&state, &got); {
 		case errors.Is(err, sql.ErrNoRows):
 			return store.ErrNotFound
 		case err != nil:
 			return err
+		case fence > 0 && got != fence:
+			return fmt.Errorf("%w: the record's fence is %d, not %d", store.ErrLeaseLost, got, fence)
 		}
 		return fmt.Errorf("%w: state is %s", store.ErrStateConflict, state)
 	})

@@ -132,7 +132,7 @@ func testTenantCap(t *testing.T, h Harness) {
 
 	// Settling the unknown record frees its place: the released key can
 	// be taken back.
-	if err := e.s.Resolve(e.ctx, store.ResolveParams{Scope: "scope-a", Key: "k1", To: store.StateFailedRetryable}); err != nil {
+	if err := e.s.Resolve(e.ctx, store.ResolveParams{FenceParams: e.fenceNow("scope-a", "k1"), To: store.StateFailedRetryable}); err != nil {
 		t.Fatal(err)
 	}
 	if res := e.reserve(e.s, e.capP("a", "k2", "fp", max)); res.Outcome != store.Reclaimed {

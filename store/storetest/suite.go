@@ -70,6 +70,12 @@ func (e *env) create(scope, key, fp string, policy store.LeasePolicy) store.Reco
 	return res.Record
 }
 
+// fenceNow names the record with the fence it holds now.
+func (e *env) fenceNow(scope, key string) store.FenceParams {
+	e.t.Helper()
+	return fenceOf(e.get(scope, key))
+}
+
 func (e *env) complete(rec store.Record, resp store.Response) {
 	e.t.Helper()
 	err := e.s.Complete(e.ctx, store.CompleteParams{FenceParams: fenceOf(rec), Response: resp})
@@ -179,6 +185,7 @@ func run(t *testing.T, h Harness) {
 	t.Run("Sweep", func(t *testing.T) { testSweep(t, h) })
 	t.Run("SweepersRaceEachRecordOnce", func(t *testing.T) { testSweepRace(t, h) })
 	t.Run("Reconciliation", func(t *testing.T) { testReconcile(t, h) })
+	t.Run("ResolveIsBoundToItsFence", func(t *testing.T) { testResolveFence(t, h) })
 	t.Run("GetDelete", func(t *testing.T) { testGetDelete(t, h) })
 	t.Run("SurvivesReopen", func(t *testing.T) { testDurable(t, h) })
 	t.Run("InvalidParams", func(t *testing.T) { testInvalid(t, h) })
@@ -923,7 +930,7 @@ func testReconcile(t *testing.T, h Harness) {
 	}
 	// Resolve to completed: the retry replays the resolved response.
 	resp := sampleResponse()
-	if err := e.s.Resolve(e.ctx, store.ResolveParams{Scope: "s", Key: "u1", To: store.StateCompleted, Response: &resp}); err != nil {
+	if err := e.s.Resolve(e.ctx, store.ResolveParams{FenceParams: e.fenceNow("s", "u1"), To: store.StateCompleted, Response: &resp}); err != nil {
 		t.Fatal(err)
 	}
 	res := e.reserve(e.s, e.reserveP("s", "u1", "fp", store.LeaseUnknown))
@@ -934,7 +941,7 @@ func testReconcile(t *testing.T, h Harness) {
 		t.Fatalf("resolved record: CompletedAt %v, LastError %q", res.Record.CompletedAt, res.Record.LastError)
 	}
 	// Resolve to retryable: the retry executes again.
-	if err := e.s.Resolve(e.ctx, store.ResolveParams{Scope: "s", Key: "u2", To: store.StateFailedRetryable}); err != nil {
+	if err := e.s.Resolve(e.ctx, store.ResolveParams{FenceParams: e.fenceNow("s", "u2"), To: store.StateFailedRetryable}); err != nil {
 		t.Fatal(err)
 	}
 	res = e.reserve(e.s, e.reserveP("s", "u2", "fp", store.LeaseUnknown))
@@ -942,17 +949,71 @@ func testReconcile(t *testing.T, h Harness) {
 		t.Fatalf("after Resolve retryable: %v fence %d", res.Outcome, res.Record.Fence)
 	}
 	// Only unknown records resolve.
-	if err := e.s.Resolve(e.ctx, store.ResolveParams{Scope: "s", Key: "busy", To: store.StateFailedRetryable}); !errors.Is(err, store.ErrStateConflict) {
+	if err := e.s.Resolve(e.ctx, store.ResolveParams{FenceParams: e.fenceNow("s", "busy"), To: store.StateFailedRetryable}); !errors.Is(err, store.ErrStateConflict) {
 		t.Fatalf("Resolve of an in_progress record: %v, want ErrStateConflict", err)
 	}
-	if err := e.s.Resolve(e.ctx, store.ResolveParams{Scope: "s", Key: "nope", To: store.StateFailedRetryable}); !errors.Is(err, store.ErrNotFound) {
+	if err := e.s.Resolve(e.ctx, store.ResolveParams{FenceParams: store.FenceParams{Scope: "s", Key: "nope", Fence: 1}, To: store.StateFailedRetryable}); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("Resolve of a missing record: %v, want ErrNotFound", err)
 	}
 	if err := e.s.Defer(e.ctx, store.DeferParams{Scope: "s", Key: "busy", Delay: time.Minute}); !errors.Is(err, store.ErrStateConflict) {
 		t.Fatalf("Defer of an in_progress record: %v, want ErrStateConflict", err)
 	}
-	if err := e.s.Resolve(e.ctx, store.ResolveParams{Scope: "s", Key: "u0", To: store.StateCompleted}); !errors.Is(err, store.ErrInvalidParams) {
+	if err := e.s.Resolve(e.ctx, store.ResolveParams{FenceParams: e.fenceNow("s", "u0"), To: store.StateCompleted}); !errors.Is(err, store.ErrInvalidParams) {
 		t.Fatalf("Resolve to completed without a response: %v, want ErrInvalidParams", err)
+	}
+}
+
+// testResolveFence: a settlement is about one execution. Once the record
+// ran again (released, reclaimed with a new fence, unknown again), a
+// settlement naming the older fence changes nothing, whatever it says.
+func testResolveFence(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	first := e.create("s", "k", "fp", store.LeaseUnknown)
+	if err := e.s.MarkUnknown(e.ctx, store.ReleaseParams{FenceParams: fenceOf(first), Error: "timeout"}); err != nil {
+		t.Fatal(err)
+	}
+	ahead := fenceOf(first)
+	ahead.Fence++
+	if err := e.s.Resolve(e.ctx, store.ResolveParams{FenceParams: ahead, To: store.StateFailedRetryable}); !errors.Is(err, store.ErrLeaseLost) {
+		t.Fatalf("Resolve naming a fence the record never had: %v, want ErrLeaseLost", err)
+	}
+	if got := e.get("s", "k"); got.State != store.StateUnknown {
+		t.Fatalf("a refused Resolve moved the record to %s", got.State)
+	}
+	if err := e.s.Resolve(e.ctx, store.ResolveParams{FenceParams: fenceOf(first), To: store.StateFailedRetryable}); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(time.Second)
+	second := e.reserve(e.s, e.reserveP("s", "k", "fp", store.LeaseUnknown))
+	if second.Outcome != store.Reclaimed || second.Record.Fence <= first.Fence {
+		t.Fatalf("retry after the release: %v fence %d (first %d)", second.Outcome, second.Record.Fence, first.Fence)
+	}
+	if err := e.s.MarkUnknown(e.ctx, store.ReleaseParams{FenceParams: fenceOf(second.Record), Error: "timeout"}); err != nil {
+		t.Fatal(err)
+	}
+	before := e.get("s", "k")
+	resp := sampleResponse()
+	for name, p := range map[string]store.ResolveParams{
+		"released again": {FenceParams: fenceOf(first), To: store.StateFailedRetryable},
+		"completed":      {FenceParams: fenceOf(first), To: store.StateCompleted, Response: &resp},
+	} {
+		if err := e.s.Resolve(e.ctx, p); !errors.Is(err, store.ErrLeaseLost) {
+			t.Fatalf("Resolve (%s) about the first execution of a record that ran again: %v, want ErrLeaseLost", name, err)
+		}
+		if diff := diffRecords(before, e.get("s", "k")); diff != nil {
+			t.Fatalf("Resolve (%s) about the first execution changed the record: %v", name, diff)
+		}
+	}
+	if err := e.s.Resolve(e.ctx, store.ResolveParams{FenceParams: fenceOf(second.Record), To: store.StateCompleted, Response: &resp}); err != nil {
+		t.Fatalf("Resolve about the current execution: %v", err)
+	}
+	// Once settled: the same fence is a state conflict, an older one still
+	// lost.
+	if err := e.s.Resolve(e.ctx, store.ResolveParams{FenceParams: fenceOf(second.Record), To: store.StateFailedRetryable}); !errors.Is(err, store.ErrStateConflict) {
+		t.Fatalf("Resolve of a settled record: %v, want ErrStateConflict", err)
+	}
+	if err := e.s.Resolve(e.ctx, store.ResolveParams{FenceParams: fenceOf(first), To: store.StateFailedRetryable}); !errors.Is(err, store.ErrLeaseLost) {
+		t.Fatalf("Resolve of a settled record about an older execution: %v, want ErrLeaseLost", err)
 	}
 }
 
@@ -1153,7 +1214,7 @@ func (e *env) identityOps(scope, key string) map[string]error {
 		"MarkUnknown": e.s.MarkUnknown(e.ctx, store.ReleaseParams{FenceParams: fp}),
 		"Checkpoint":  e.s.Checkpoint(e.ctx, store.CheckpointParams{FenceParams: fp, RecoveryPoint: "p"}),
 		"Extend":      e.s.Extend(e.ctx, store.ExtendParams{FenceParams: fp, Lease: lease}),
-		"Resolve":     e.s.Resolve(e.ctx, store.ResolveParams{Scope: scope, Key: key, To: store.StateFailedRetryable}),
+		"Resolve":     e.s.Resolve(e.ctx, store.ResolveParams{FenceParams: fp, To: store.StateFailedRetryable}),
 		"Defer":       e.s.Defer(e.ctx, store.DeferParams{Scope: scope, Key: key, Delay: time.Minute}),
 	}
 }
@@ -1234,9 +1295,10 @@ func testInvalidEveryOp(t *testing.T, h Harness) {
 		"MarkUnknown fence 0":      e.s.MarkUnknown(e.ctx, store.ReleaseParams{FenceParams: zero}),
 		"Checkpoint fence 0":       e.s.Checkpoint(e.ctx, store.CheckpointParams{FenceParams: zero}),
 		"Extend zero lease":        e.s.Extend(e.ctx, store.ExtendParams{FenceParams: fp}),
-		"Resolve negative ttl":     e.s.Resolve(e.ctx, store.ResolveParams{Scope: "s", Key: "k", To: store.StateFailedRetryable, TTL: -1}),
-		"Resolve status 42":        e.s.Resolve(e.ctx, store.ResolveParams{Scope: "s", Key: "k", To: store.StateCompleted, Response: &bad}),
-		"Resolve to in_progress":   e.s.Resolve(e.ctx, store.ResolveParams{Scope: "s", Key: "k", To: store.StateInProgress}),
+		"Resolve fence 0":          e.s.Resolve(e.ctx, store.ResolveParams{FenceParams: zero, To: store.StateFailedRetryable}),
+		"Resolve negative ttl":     e.s.Resolve(e.ctx, store.ResolveParams{FenceParams: fp, To: store.StateFailedRetryable, TTL: -1}),
+		"Resolve status 42":        e.s.Resolve(e.ctx, store.ResolveParams{FenceParams: fp, To: store.StateCompleted, Response: &bad}),
+		"Resolve to in_progress":   e.s.Resolve(e.ctx, store.ResolveParams{FenceParams: fp, To: store.StateInProgress}),
 		"Defer negative delay":     e.s.Defer(e.ctx, store.DeferParams{Scope: "s", Key: "k", Delay: -time.Second}),
 		"Reap status 42":           second(e.s.Reap(e.ctx, store.ReapParams{Limit: 1, Abandoned: bad})),
 		"Reap negative ttl":        second(e.s.Reap(e.ctx, store.ReapParams{Limit: 1, Abandoned: abandoned, AbandonedTTL: -1})),
@@ -1360,7 +1422,7 @@ func testDeadLetter(t *testing.T, h Harness) {
 		t.Fatalf("retry of a dead-lettered record: %v %s", res.Outcome, res.Record.State)
 	}
 	resp := sampleResponse()
-	if err := e.s.Resolve(e.ctx, store.ResolveParams{Scope: "s", Key: "dead", To: store.StateCompleted, Response: &resp}); err != nil {
+	if err := e.s.Resolve(e.ctx, store.ResolveParams{FenceParams: e.fenceNow("s", "dead"), To: store.StateCompleted, Response: &resp}); err != nil {
 		t.Fatalf("Resolve of a dead-lettered record: %v", err)
 	}
 	if got := e.get("s", "dead"); got.State != store.StateCompleted || got.DeadLettered() {

@@ -204,7 +204,7 @@ func TestReconciler(t *testing.T) {
 			}
 			// A webhook settles "broken": never replay a cookie or a
 			// hop-by-hop header, whatever the caller passes.
-			if err := m.M.Settle(context.Background(), enginetest.Scope, "broken", maintenance.Resolution{Outcome: maintenance.Happened, Response: &store.Response{
+			if err := m.M.Settle(context.Background(), enginetest.Scope, "broken", fenceOf(t, m, "broken"), maintenance.Resolution{Outcome: maintenance.Happened, Response: &store.Response{
 				Status: 201, Header: http.Header{"Set-Cookie": {"s=1"}, "Connection": {"close"}, "X-Id": {"7"}}, Body: []byte("{}")}}); err != nil {
 				t.Fatal(err)
 			}
@@ -212,13 +212,13 @@ func TestReconciler(t *testing.T) {
 				t.Fatalf("replay of a settled record: %d %v", w.Code, w.Header())
 			}
 			// An operator settles a dead letter.
-			if err := m.M.Settle(context.Background(), enginetest.Scope, "pending", maintenance.Resolution{Outcome: maintenance.DidNotHappen}); err != nil {
+			if err := m.M.Settle(context.Background(), enginetest.Scope, "pending", fenceOf(t, m, "pending"), maintenance.Resolution{Outcome: maintenance.DidNotHappen}); err != nil {
 				t.Fatal(err)
 			}
 			if w := m.Send("pending", false); w.Code != 201 {
 				t.Fatalf("retry after the operator released it: %d", w.Code)
 			}
-			if err := m.M.Settle(context.Background(), enginetest.Scope, "pending", maintenance.Resolution{Outcome: maintenance.DidNotHappen}); !errors.Is(err, store.ErrStateConflict) {
+			if err := m.M.Settle(context.Background(), enginetest.Scope, "pending", fenceOf(t, m, "pending"), maintenance.Resolution{Outcome: maintenance.DidNotHappen}); !errors.Is(err, store.ErrStateConflict) {
 				t.Fatalf("settling a completed record: %v", err)
 			}
 		})
@@ -236,7 +236,7 @@ func TestSettleRefusesIncompleteVerdicts(t *testing.T) {
 		{Outcome: maintenance.Outcome(7)},
 		{Outcome: maintenance.Happened}, // without the response to replay
 	} {
-		if err := m.M.Settle(context.Background(), enginetest.Scope, "k", res); err == nil || !strings.HasPrefix(err.Error(), "maintenance: ") {
+		if err := m.M.Settle(context.Background(), enginetest.Scope, "k", fenceOf(t, m, "k"), res); err == nil || !strings.HasPrefix(err.Error(), "maintenance: ") {
 			t.Errorf("Settle(%v) = %v, want a clear error", res.Outcome, err)
 		}
 	}
@@ -258,4 +258,15 @@ func TestOutcomeString(t *testing.T) {
 			t.Errorf("%d: %q, want %q", int(o), got, want)
 		}
 	}
+}
+
+// fenceOf is the fence key's record holds now: the execution a settlement
+// decided now is about.
+func fenceOf(t *testing.T, m *enginetest.Maint, key string) int64 {
+	t.Helper()
+	rec, err := m.Record(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec.Fence
 }

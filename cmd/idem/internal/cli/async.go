@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 
 	"github.com/idem-go/idem"
@@ -136,6 +137,12 @@ func (cfg ProxyConfig) asyncEngineConfig(obs idem.Observer) idem.Config {
 	c.Async = true
 	c.AsyncWait = cfg.AsyncWait
 	c.AsyncKeepHeaders = cfg.AsyncKeepHeaders
+	// The credentials a tenant is taken from are not stored either
+	// (Authorization and Cookie never are), unless named to be kept.
+	// Sources that do not parse are refused by proxyTenants.
+	if sources, err := parseTenantSources(cfg.TenantFrom); err == nil {
+		c.AsyncDropHeaders = (&tenants{sources: sources}).credentialHeaders()
+	}
 	c.AsyncQueue = asyncQueue
 	return c
 }
@@ -193,8 +200,31 @@ func (p *Proxy) serveStatus(w http.ResponseWriter, r *http.Request) bool {
 		return true
 	}
 	r = r.WithContext(context.WithValue(r.Context(), tenantKey{}, tenant))
+	if !p.asyncStatusID(strings.TrimPrefix(r.URL.Path, idem.DefaultStatusPath)) {
+		// A synchronous route's record is no one's status resource: its
+		// answer is replayed only to a retry whose body matches. Answered
+		// as an id that names no request.
+		u := *r.URL
+		u.Path, u.RawPath = idem.DefaultStatusPath, ""
+		r.URL = &u
+	}
 	ae.StatusHandler().ServeHTTP(w, r)
 	return true
+}
+
+// asyncStatusID reports whether a status resource's id names a request of
+// an asynchronous route.
+func (p *Proxy) asyncStatusID(id string) bool {
+	method, route, _, ok := idem.ParseStatusID(id)
+	if !ok || !strings.HasPrefix(route, "/") {
+		return false
+	}
+	u, err := url.ParseRequestURI(route)
+	if err != nil {
+		return false
+	}
+	_, async := p.async.match(&http.Request{Method: method, URL: u, Host: "idem.invalid"})
+	return async
 }
 
 // startWorker starts the worker of the asynchronous routes, if any.

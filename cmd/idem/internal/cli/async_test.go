@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -406,5 +407,32 @@ func TestProxyConfigFileAsyncList(t *testing.T) {
 	cfg, _, _, err := parseProxyFlags([]string{"--upstream", "http://x", "--config", path}, io.Discard)
 	if err != nil || !slices.Equal(cfg.Async, []string{"POST /v1/reports", "POST /v1/exports/{kind}"}) {
 		t.Fatalf("async from the config file: %q %v", cfg.Async, err)
+	}
+}
+
+// The status resources serve asynchronous requests only: a synchronous
+// route's stored answer is replayed to a retry whose body matches, never
+// to a read of its status resource (which checks no body).
+func TestProxyStatusServesAsyncOnly(t *testing.T) {
+	t.Parallel()
+	_, up := newReportAPI(t)
+	_, base, _ := startStoppable(t, asyncProxyConfig(up, "sqlite:"+filepath.Join(t.TempDir(), "idem.db"), 2))
+	c := client(t)
+	if r := send(t, c, "POST", base+"/v1/charges", "k1", `{"amount":1}`, "X-Tenant", "acme"); r.status != http.StatusCreated {
+		t.Fatalf("synchronous request: %d %s", r.status, r.body)
+	}
+	id := base64.RawURLEncoding.EncodeToString([]byte("POST /v1/charges\x00k1"))
+	r := send(t, c, "GET", base+idem.DefaultStatusPath+id, "", "", "X-Tenant", "acme")
+	if r.status != http.StatusNotFound || strings.Contains(string(r.body), `"report"`) {
+		t.Fatalf("status read of a synchronous request: %d %s, want 404", r.status, r.body)
+	}
+	// An asynchronous request's is served.
+	loc := wantProxyAccepted(t, send(t, c, "POST", base+"/v1/reports", "k1", `{}`, "X-Tenant", "acme"), "async")
+	eventually(t, "the request to complete", func() bool {
+		r = send(t, c, "GET", base+loc, "", "", "X-Tenant", "acme")
+		return r.status != http.StatusAccepted
+	})
+	if r.status != http.StatusCreated {
+		t.Fatalf("status read of an asynchronous request: %d %s", r.status, r.body)
 	}
 }

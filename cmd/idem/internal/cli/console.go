@@ -18,7 +18,7 @@ func (p *Proxy) consoleTenant(credential string) (string, error) {
 
 // consoleSettle settles an unknown record through package maintenance, as
 // `idem reconcile resolve` does, with the proxy's TTL.
-func (p *Proxy) consoleSettle(ctx context.Context, scope, key string, res maintenance.Resolution) error {
+func (p *Proxy) consoleSettle(ctx context.Context, scope, key string, fence int64, res maintenance.Resolution) error {
 	s := p.Store()
 	if s == nil {
 		return store.ErrNotFound
@@ -27,7 +27,7 @@ func (p *Proxy) consoleSettle(ctx context.Context, scope, key string, res mainte
 	if err != nil {
 		return err
 	}
-	return m.Settle(ctx, scope, key, res)
+	return m.Settle(ctx, scope, key, fence, res)
 }
 
 // mountConsole adds the operations console to the admin handlers.

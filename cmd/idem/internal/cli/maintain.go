@@ -260,7 +260,7 @@ func (f *headerFlag) Set(s string) error {
 
 // runReconcileResolve is `idem reconcile resolve`.
 func runReconcileResolve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("reconcile resolve", `KEY (--scope S | [--tenant T] [--method M] --route R) [--store DSN]
+	fs := newFlags("reconcile resolve", `KEY (--scope S | [--tenant T] [--method M] --route R) [--store DSN] --fence N
        (--completed --status CODE [--header 'Name: value']... [--body TEXT | --body @FILE] | --retryable)
 
 Settles one unknown record. --completed: the request took effect, and every
@@ -268,6 +268,11 @@ retry replays the given status, headers and body (with Idempotent-Replayed:
 true). --retryable: it certainly had no effect, and the next retry runs it.
 Only unknown records can be settled; in-progress ones are swept to unknown
 once their lease expires (idem sweep).
+
+--fence names the execution the decision is about: the record's fence as
+idem reconcile list, idem inspect or the console showed it. A record that
+ran again since has another fence, and the settlement is refused: a
+decision about one execution never settles the next.
 
 `+scopeHelp, stderr)
 	var k keyFlags
@@ -279,6 +284,7 @@ once their lease expires (idem sweep).
 	fs.Var(&hdr, "header", "response header `'Name: value'` replayed (repeatable; with --completed)")
 	body := fs.String("body", "", "response body replayed: `TEXT`, or @FILE to read it from a file (with --completed)")
 	ttl := fs.Duration("ttl", maintenance.DefaultTTL, "how long the settled record is kept (completed: replayed)")
+	fence := fs.Int64("fence", 0, "the record's fence `N` the decision is about (idem reconcile list shows it)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -315,15 +321,33 @@ once their lease expires (idem sweep).
 	if *ttl <= 0 {
 		return usageErr(fs, "--ttl must be positive")
 	}
+	if set["fence"] && *fence <= 0 {
+		return usageErr(fs, "--fence must be positive")
+	}
 	m, s, err := maintainer(ctx, k.dsn, maintenance.Config{TTL: *ttl}, stderr)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	err = m.Settle(ctx, scope, key, res)
+	if !set["fence"] {
+		// Said with the record's fence when there is one, so the operator
+		// checks it is the execution the decision is about.
+		now := ""
+		if rec, gerr := s.Get(ctx, scope, key); gerr == nil {
+			now = fmt.Sprintf(" (key %q is %s with fence %d)", key, rec.State, rec.Fence)
+		}
+		return usageErr(fs, "--fence is required: the fence of the execution the decision is about, as idem reconcile list shows it%s", now)
+	}
+	err = m.Settle(ctx, scope, key, *fence, res)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return fmt.Errorf("no record for key %q in scope %q", key, scope)
+	case errors.Is(err, store.ErrLeaseLost):
+		now := ""
+		if rec, gerr := s.Get(ctx, scope, key); gerr == nil {
+			now = fmt.Sprintf(": it is %s with fence %d", rec.State, rec.Fence)
+		}
+		return fmt.Errorf("key %q in scope %q ran again since fence %d%s; nothing was settled (look at it again)", key, scope, *fence, now)
 	case errors.Is(err, store.ErrStateConflict):
 		state := "not unknown"
 		if rec, gerr := s.Get(ctx, scope, key); gerr == nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -218,6 +219,32 @@ func TestReconcileList(t *testing.T) {
 	}
 }
 
+// A decision about one execution never settles the next: the record of
+// "again" was released, run again and became unknown again; resolving it
+// with the first execution's fence changes nothing and says why.
+func TestReconcileResolveBoundToFence(t *testing.T) {
+	t.Parallel()
+	dsn := tempDSN(t)
+	s := seeded(t, dsn, time.Now())
+	unknownRecord(t, s, "again")
+	first, _ := s.Get(context.Background(), testScope, "again")
+	if _, _, err := run("reconcile", "resolve", "again", "--store", dsn, "--scope", testScope, "--fence", fmt.Sprint(first.Fence), "--retryable"); err != nil {
+		t.Fatal(err)
+	}
+	unknownRecord(t, s, "again") // the retry runs, and its outcome is unknown again
+	second, _ := s.Get(context.Background(), testScope, "again")
+	if second.Fence == first.Fence {
+		t.Fatal("the retry kept the fence")
+	}
+	_, _, err := run("reconcile", "resolve", "again", "--store", dsn, "--scope", testScope, "--fence", fmt.Sprint(first.Fence), "--retryable")
+	if err == nil || !strings.Contains(err.Error(), "ran again") || !strings.Contains(err.Error(), fmt.Sprint(second.Fence)) {
+		t.Fatalf("resolve with the first execution's fence: %v", err)
+	}
+	if rec, _ := s.Get(context.Background(), testScope, "again"); rec.State != store.StateUnknown || rec.Fence != second.Fence {
+		t.Fatalf("after the refused resolve: %s fence %d", rec.State, rec.Fence)
+	}
+}
+
 func TestReconcileResolve(t *testing.T) {
 	t.Parallel()
 	dsn := tempDSN(t)
@@ -230,7 +257,22 @@ func TestReconcileResolve(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	out, errOut, err := run("reconcile", "resolve", "paid", "--store", dsn, "--route", "/v1/charges",
+	fenceOf := func(key string) string {
+		rec, err := s.Get(context.Background(), testScope, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprint(rec.Fence)
+	}
+	// Without --fence: refused, naming the record's fence.
+	if _, errOut, err := run("reconcile", "resolve", "paid", "--store", dsn, "--route", "/v1/charges", "--retryable"); !errors.Is(err, ErrUsage) ||
+		!strings.Contains(errOut, "--fence is required") || !strings.Contains(errOut, "fence "+fenceOf("paid")) {
+		t.Fatalf("resolve without --fence: %v\n%s", err, errOut)
+	}
+	if got := stateOf(t, s, "paid"); got != store.StateUnknown {
+		t.Fatalf("a refused resolve settled the record: %s", got)
+	}
+	out, errOut, err := run("reconcile", "resolve", "paid", "--store", dsn, "--route", "/v1/charges", "--fence", fenceOf("paid"),
 		"--completed", "--status", "201", "--header", "Content-Type: application/json",
 		"--header", "X-Charge: ch_9", "--header", "Set-Cookie: s=1", "--body", "@"+bodyFile)
 	if err != nil || !strings.Contains(out, "completed") {
@@ -243,7 +285,7 @@ func TestReconcileResolve(t *testing.T) {
 		t.Fatalf("settled record: %+v %+v %v", rec, rec.Response, err)
 	}
 
-	if out, _, err := run("reconcile", "resolve", "--store", dsn, "--scope", testScope, "--retryable", "not-paid"); err != nil ||
+	if out, _, err := run("reconcile", "resolve", "--store", dsn, "--scope", testScope, "--fence", fenceOf("not-paid"), "--retryable", "not-paid"); err != nil ||
 		!strings.Contains(out, "failed_retryable") {
 		t.Fatalf("resolve --retryable: %q %v", out, err)
 	}
@@ -252,15 +294,15 @@ func TestReconcileResolve(t *testing.T) {
 	}
 
 	// A literal body, and the answers for records that cannot be settled.
-	if _, _, err := run("reconcile", "resolve", "done", "--store", dsn, "--scope", testScope, "--completed",
+	if _, _, err := run("reconcile", "resolve", "done", "--store", dsn, "--scope", testScope, "--fence", fenceOf("done"), "--completed",
 		"--status", "200", "--body", "ok"); err == nil || !strings.Contains(err.Error(), "is completed: only unknown records") {
 		t.Errorf("resolve a completed record: %v", err)
 	}
-	if _, _, err := run("reconcile", "resolve", "nope", "--store", dsn, "--scope", testScope, "--retryable"); err == nil ||
+	if _, _, err := run("reconcile", "resolve", "nope", "--store", dsn, "--scope", testScope, "--fence", "1", "--retryable"); err == nil ||
 		!strings.Contains(err.Error(), "no record") {
 		t.Errorf("resolve a missing record: %v", err)
 	}
-	if _, _, err := run("reconcile", "resolve", "paid", "--store", dsn, "--scope", testScope, "--completed",
+	if _, _, err := run("reconcile", "resolve", "paid", "--store", dsn, "--scope", testScope, "--fence", "1", "--completed",
 		"--status", "201", "--body", "@"+filepath.Join(t.TempDir(), "missing")); err == nil || !strings.Contains(err.Error(), "--body") {
 		t.Errorf("resolve with a missing body file: %v", err)
 	}
@@ -279,6 +321,8 @@ func TestReconcileResolve(t *testing.T) {
 		{"--scope", testScope, "--retryable"},                       // no key
 		{"k", "--retryable"},                                        // no scope
 		{"k", "--scope", testScope, "--route", "/x", "--retryable"}, // both
+		{"k", "--scope", testScope, "--retryable", "--fence", "0"},
+		{"k", "--scope", testScope, "--retryable", "--fence", "-3"},
 	} {
 		args = append([]string{"reconcile", "resolve", "--store", dsn}, args...)
 		if _, _, err := run(args...); !errors.Is(err, ErrUsage) {

@@ -527,6 +527,11 @@ func proxyTenants(cfg ProxyConfig, log *slog.Logger) (*tenants, error) {
 		}
 		t.secret = secret
 	}
+	if t.mixed() {
+		log.Warn("idem proxy: a trusted tenant header is a source beside credentials: a request without a credential is filed under the header's value, "+
+			"so the gateway in front must strip that header from what clients send (trusted values that look like a credential's tenant id are refused)",
+			"tenant_from", t.String())
+	}
 	return t, nil
 }
 

@@ -30,15 +30,25 @@ import (
 //	                      what clients send
 //
 // The sources are tried in order; the first one the request carries names
-// the tenant. The tenant id says which source named it, so a value can
-// never stand for the same caller in two sources.
+// the tenant. Each source has a namespace of its own: a hashed id starts
+// with its source's label (auth:, header:NAME:, cookie:NAME:), and a
+// trusted value that starts with one of these labels is refused, so no
+// source can produce an id of another: a trusted header can never borrow
+// a credential's tenant.
 const tenantSourcesHelp = `Tenant sources (--tenant-from, repeatable or comma-separated; the first
 one a request carries names its tenant):
   authorization         HMAC-SHA-256 of the Authorization header
   header:NAME           HMAC-SHA-256 of a request header holding a credential (header:X-Api-Key)
   cookie:NAME           HMAC-SHA-256 of a cookie holding a credential (cookie:session)
   trusted-header:NAME   the header's value as is: a tenant id a gateway in front sets
-                        (and strips from what clients send)
+                        (and strips from what clients send); a value that starts
+                        with auth:, header: or cookie: (a hashed source's
+                        namespace) is refused with 400
+Each source names tenants in a namespace of its own: no source can produce
+another's tenant id. Mixing a trusted header with credential sources is
+allowed (a warning says so at start): a caller that sends no credential
+but a trusted header gets the header's tenant, so the gateway must strip
+the header from what clients send.
 The proxy refuses to start without a source unless --single-tenant says one
 trusted caller uses it. A keyed request on a protected method that carries
 none of the sources is refused with 401: nothing is reserved or forwarded.
@@ -197,11 +207,51 @@ func (t *tenants) tenant(r *http.Request) (string, error) {
 			if len(v) > maxTrustedTenant || !utf8.ValidString(v) || strings.ContainsFunc(v, isControl) {
 				return "", fmt.Errorf("the %s header is not a tenant id (at most %d bytes of UTF-8 text)", s.name, maxTrustedTenant)
 			}
+			if hashedNamespace(v) {
+				return "", fmt.Errorf("the %s header starts with %q, the namespace of a credential source's tenant ids: a trusted tenant id must not", s.name, v[:strings.IndexByte(v, ':')+1])
+			}
 			return v, nil
 		}
 		return t.hash(s, values), nil
 	}
 	return "", errNoTenant
+}
+
+// hashedLabels are the prefixes of the hashed sources' tenant ids (see
+// hash): the namespaces a trusted value may not enter.
+var hashedLabels = []string{"auth:", srcHeader + ":", srcCookie + ":"}
+
+// hashedNamespace reports whether a trusted value starts like a hashed
+// tenant id, whatever its case.
+func hashedNamespace(v string) bool {
+	for _, l := range hashedLabels {
+		if len(v) >= len(l) && strings.EqualFold(v[:len(l)], l) {
+			return true
+		}
+	}
+	return false
+}
+
+// mixed reports whether a trusted header is a source beside credentials.
+func (t *tenants) mixed() bool {
+	trusted := false
+	for _, s := range t.sources {
+		trusted = trusted || !s.hashed()
+	}
+	return trusted && t.needsSecret()
+}
+
+// credentialHeaders are the request headers the hashed sources read
+// besides Authorization and Cookie (never kept with an asynchronous
+// request anyway): the header:NAME sources.
+func (t *tenants) credentialHeaders() []string {
+	var out []string
+	for _, s := range t.sources {
+		if s.kind == srcHeader {
+			out = append(out, s.name)
+		}
+	}
+	return out
 }
 
 // hash is the tenant id of a credential: the source, then the first 128

@@ -24,6 +24,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
+	"golang.org/x/sync/semaphore"
 )
 
 // WebhookPath is where the admin server takes settlement webhooks.
@@ -59,8 +60,11 @@ signed: header ` + WebhookSignatureHeader + `: t=<unix seconds>,v1=<hex>, where 
 is HMAC-SHA-256 under the secret of t + "." + the body. Several v1 values may
 be sent, and the secret file may hold two secrets (one a line) while a
 secret is rotated. A timestamp further than --webhook-tolerance from the
-proxy's clock is refused. The body names the record and says what became of it:
-  {"key":"order-1","method":"POST","route":"/v1/charges",
+proxy's clock is refused, and so is a signature already received (a
+replay): sign every delivery anew. The body names the record, the
+execution it is about (the record's fence, as the resolve URL, idem
+reconcile list and the console show it) and says what became of it:
+  {"key":"order-1","fence":1732500000000000,"method":"POST","route":"/v1/charges",
    "caller_headers":{"Authorization":"Bearer sk_1"},
    "outcome":"happened","status":201,"headers":{"Content-Type":"application/json"},
    "body":"{\"id\":\"ch_1\"}"}
@@ -69,11 +73,14 @@ the proxy derives the tenant from them as it did from the request. Or give
 "tenant" (the tenant as stored, e.g. a trusted header's value), or the raw
 "scope" instead of tenant, method and route. outcome is "happened" (status,
 headers, "body" or "body_base64"), "not_happened" or "run_again" (both
-release the key: the next retry runs the request). Answers (problem+json on
-failure): 200 settled, or already settled the same way; 400 bad body; 401
-bad or missing signature, or stale timestamp; 404 no such record; 409 the
-record is not unknown and not settled as asked; 413 body over 16 MiB; 503
-store unavailable.`
+release the key: the next retry runs the request). A settlement is about
+that execution only: once the record ran again (a new fence), it is refused.
+Answers (problem+json on failure): 200 settled, or already settled the same
+way; 400 bad body; 401 bad or missing signature, or stale timestamp; 404
+no such record; 409 the record is not unknown and not settled as asked, the
+record ran again since (another fence), or the signature was already
+received; 413 body over 16 MiB; 503 store unavailable, or too many
+deliveries being checked at once.`
 
 // WebhookConfig turns on the settlement webhook of the proxy's admin server.
 type WebhookConfig struct {
@@ -92,6 +99,11 @@ type WebhookConfig struct {
 type webhook struct {
 	p   *Proxy
 	cfg WebhookConfig
+
+	// unverified bounds the bytes held of bodies whose signature is not
+	// checked yet, across every connection.
+	unverified *semaphore.Weighted
+	replays    replayCache
 
 	mu      sync.Mutex
 	settler *maintenance.Maintainer // built once the store is open
@@ -114,7 +126,7 @@ func (p *Proxy) mountWebhook(handlers map[string]http.Handler) (map[string]http.
 	if out == nil {
 		out = map[string]http.Handler{}
 	}
-	out["POST "+WebhookPath] = &webhook{p: p, cfg: cfg}
+	out["POST "+WebhookPath] = &webhook{p: p, cfg: cfg, unverified: semaphore.NewWeighted(maxUnverifiedBytes)}
 	return out, nil
 }
 
@@ -128,7 +140,7 @@ func (p *Proxy) callerTenant(r *http.Request) (string, error) {
 // settle settles through the proxy's Maintainer, the one settling path. A
 // proxy without background services settles through one it never starts.
 // Before the store opened there is nothing to settle in: idem.ErrStore.
-func (h *webhook) settle(ctx context.Context, scope, key string, res maintenance.Resolution) (store.Store, error) {
+func (h *webhook) settle(ctx context.Context, scope, key string, fence int64, res maintenance.Resolution) (store.Store, error) {
 	h.p.mu.Lock()
 	s, m := h.p.store, h.p.maint
 	h.p.mu.Unlock()
@@ -147,7 +159,7 @@ func (h *webhook) settle(ctx context.Context, scope, key string, res maintenance
 		m = h.settler
 		h.mu.Unlock()
 	}
-	return s, m.Settle(ctx, scope, key, res)
+	return s, m.Settle(ctx, scope, key, fence, res)
 }
 
 // checkWebhook refuses a webhook configuration no default can mend.
@@ -217,7 +229,10 @@ var (
 	probWebhookTooLarge     = webhookProblem{"webhook-too-large", http.StatusRequestEntityTooLarge, "The webhook's body is too large"}
 	probRecordNotFound      = webhookProblem{"record-not-found", http.StatusNotFound, "No record has this key in this scope"}
 	probStateConflict       = webhookProblem{"state-conflict", http.StatusConflict, "The record's outcome is not unknown, and it is not settled as the webhook says"}
+	probSettlementStale     = webhookProblem{"settlement-stale", http.StatusConflict, "The settlement is about another execution of the request than the record's"}
+	probWebhookReplayed     = webhookProblem{"webhook-replayed", http.StatusConflict, "This signed delivery was already received"}
 	probWebhookStore        = webhookProblem{"store-unavailable", http.StatusServiceUnavailable, "Idempotency store is unavailable; nothing was settled"}
+	probWebhookBusy         = webhookProblem{"webhook-busy", http.StatusServiceUnavailable, "Too many deliveries are being checked at once; nothing was read"}
 )
 
 type webhookProblem struct {
@@ -243,10 +258,16 @@ func (p webhookProblem) write(w http.ResponseWriter, detail string) {
 // maxWebhookBody bounds a delivery, as the resolve URL's answer is bounded.
 const maxWebhookBody = maxResolveAnswer
 
+// maxUnverifiedBytes bounds what the webhook holds, across connections, of
+// bodies whose signature is not checked yet: two deliveries of the
+// largest size, or many small ones.
+const maxUnverifiedBytes = 2 * maxWebhookBody
+
 // settleDelivery is the body of a delivery: the record, then its outcome
 // in the resolve URL protocol's words (plus run_again).
 type settleDelivery struct {
 	Key           string                  `json:"key"`
+	Fence         int64                   `json:"fence"`
 	Scope         *string                 `json:"scope"`
 	Tenant        *string                 `json:"tenant"`
 	CallerHeaders map[string]headerValues `json:"caller_headers"`
@@ -265,27 +286,84 @@ type settledAnswer struct {
 }
 
 func (h *webhook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// Nothing of the body is read before the signature header is well
+	// formed and its timestamp fresh: a post without one costs nothing.
+	sig, err := h.signature(r.Header.Values(WebhookSignatureHeader))
+	if err != nil {
+		h.refuse(w, r, probWebhookUnauthorized, err)
+		return
+	}
+	if r.ContentLength > maxWebhookBody {
+		h.refuse(w, r, probWebhookTooLarge, fmt.Errorf("the limit is %d bytes", maxWebhookBody))
+		return
+	}
+	// The body must be read to check its signature. What is held of
+	// bodies not checked yet is bounded for the whole process, whatever
+	// the number of connections.
+	weight := r.ContentLength
+	if weight < 0 {
+		weight = maxWebhookBody
+	}
+	if !h.unverified.TryAcquire(weight) {
+		h.refuse(w, r, probWebhookBusy, nil)
+		return
+	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxWebhookBody+1))
+	h.unverified.Release(weight)
 	if err != nil {
 		probWebhookInvalid.write(w, "reading the body: "+err.Error())
 		return
 	}
-	// Nothing of an unsigned body is read: it might be anyone's.
-	if err := h.verify(r.Header.Values(WebhookSignatureHeader), body); err != nil {
-		h.p.log.Warn("idem webhook: delivery refused", "remote", r.RemoteAddr, "err", err)
-		probWebhookUnauthorized.write(w, err.Error())
-		return
-	}
 	if len(body) > maxWebhookBody {
-		probWebhookTooLarge.write(w, fmt.Sprintf("the limit is %d bytes", maxWebhookBody))
+		h.refuse(w, r, probWebhookTooLarge, fmt.Errorf("the limit is %d bytes", maxWebhookBody))
 		return
 	}
-	scope, key, res, err := h.parse(body)
+	// Nothing of an unsigned body is read: it might be anyone's.
+	mac, err := h.verify(sig, body)
+	if err != nil {
+		h.refuse(w, r, probWebhookUnauthorized, err)
+		return
+	}
+	// A signature is taken once: a captured delivery sent again within the
+	// tolerance is refused (past it, its timestamp is). Forgotten again
+	// when nothing was decided, so the sender's retry of the same delivery
+	// is taken.
+	seen := sig.ts + "." + mac
+	if !h.replays.add(seen, time.Unix(sig.sec, 0).Add(h.cfg.Tolerance), h.cfg.Now()) {
+		h.p.log.Warn("idem webhook: delivery replayed; refused", "remote", r.RemoteAddr, "t", sig.ts)
+		probWebhookReplayed.write(w, "sign every delivery anew (a new timestamp)")
+		return
+	}
+	if !h.serveSigned(w, r, body) {
+		h.replays.forget(seen)
+	}
+}
+
+// refuse answers prob before the body was read (or without reading what is
+// left of it): the connection is closed, so net/http does not wait on a
+// body the sender may never finish.
+func (h *webhook) refuse(w http.ResponseWriter, r *http.Request, prob webhookProblem, err error) {
+	if prob == probWebhookUnauthorized {
+		h.p.log.Warn("idem webhook: delivery refused", "remote", r.RemoteAddr, "err", err)
+	}
+	w.Header().Set("Connection", "close")
+	detail := ""
+	if err != nil {
+		detail = err.Error()
+	}
+	prob.write(w, detail)
+}
+
+// serveSigned settles an authenticated delivery and reports whether the
+// answer decided it (false: nothing was settled for a reason of the
+// proxy's own, the store or a fault, and the same delivery may come again).
+func (h *webhook) serveSigned(w http.ResponseWriter, r *http.Request, body []byte) bool {
+	scope, key, fence, res, err := h.parse(body)
 	if err != nil {
 		probWebhookInvalid.write(w, err.Error())
-		return
+		return true
 	}
-	st, err := h.settle(r.Context(), scope, key, res)
+	st, err := h.settle(r.Context(), scope, key, fence, res)
 	repeated := false
 	if errors.Is(err, store.ErrStateConflict) {
 		repeated, err = alreadySettled(r.Context(), st, scope, key, res)
@@ -293,78 +371,149 @@ func (h *webhook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		probRecordNotFound.write(w, fmt.Sprintf("no record for key %q in scope %q", key, scope))
-		return
+		return true
+	case errors.Is(err, store.ErrLeaseLost):
+		h.p.log.Warn("idem webhook: settlement about another execution refused", "scope", scope, "key", key, "fence", fence)
+		probSettlementStale.write(w, staleDetail(r.Context(), st, scope, key, fence))
+		return true
 	case errors.Is(err, errSettledOtherwise):
 		probStateConflict.write(w, err.Error())
-		return
+		return true
 	case errors.Is(err, idem.ErrStore):
 		h.p.log.Error("idem webhook: store failed; nothing settled", "scope", scope, "key", key, "err", err)
 		probWebhookStore.write(w, "")
-		return
+		return false
 	case err != nil:
 		// Settle refused the settlement itself: parse lets none through,
 		// so this is a fault of the proxy, not of the sender.
 		h.p.log.Error("idem webhook: settlement failed", "scope", scope, "key", key, "err", err)
 		http.Error(w, "settlement failed", http.StatusInternalServerError)
-		return
+		return false
 	}
 	state := store.StateFailedRetryable
 	if res.Outcome == maintenance.Happened {
 		state = store.StateCompleted
 	}
-	h.p.log.Info("idem webhook: unknown outcome settled", "scope", scope, "key", key, "outcome", res.Outcome, "repeated", repeated)
+	h.p.log.Info("idem webhook: unknown outcome settled", "scope", scope, "key", key, "fence", fence, "outcome", res.Outcome, "repeated", repeated)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	json.NewEncoder(w).Encode(settledAnswer{Scope: scope, Key: key, State: state, Repeated: repeated})
+	return true
 }
 
-// verify checks the delivery's signature header against the secrets.
-func (h *webhook) verify(headers []string, body []byte) error {
+// staleDetail says which execution the record is at, when the store tells.
+func staleDetail(ctx context.Context, s store.Store, scope, key string, fence int64) string {
+	d := fmt.Sprintf("the settlement is about fence %d", fence)
+	if s == nil {
+		return d
+	}
+	if rec, err := s.Get(ctx, scope, key); err == nil {
+		d += fmt.Sprintf("; the record ran again since and is %s with fence %d", rec.State, rec.Fence)
+	}
+	return d
+}
+
+// webhookSig is a signature header, read.
+type webhookSig struct {
+	ts   string // as signed
+	sec  int64
+	sigs [][]byte
+}
+
+// signature reads the delivery's signature header and checks its
+// timestamp, before the body is read.
+func (h *webhook) signature(headers []string) (webhookSig, error) {
+	var sig webhookSig
 	if len(headers) == 0 {
-		return fmt.Errorf("no %s header", WebhookSignatureHeader)
+		return sig, fmt.Errorf("no %s header", WebhookSignatureHeader)
 	}
 	if len(headers) > 1 {
-		return fmt.Errorf("%s header sent more than once", WebhookSignatureHeader)
+		return sig, fmt.Errorf("%s header sent more than once", WebhookSignatureHeader)
 	}
-	var ts string
-	var sigs [][]byte
+	if len(headers[0]) > maxSignatureHeader {
+		return sig, fmt.Errorf("%s header longer than %d bytes", WebhookSignatureHeader, maxSignatureHeader)
+	}
 	for part := range strings.SplitSeq(headers[0], ",") {
 		name, value, _ := strings.Cut(strings.TrimSpace(part), "=")
 		switch name {
 		case "t":
-			if ts != "" {
-				return errors.New("the signature has more than one timestamp")
+			if sig.ts != "" {
+				return sig, errors.New("the signature has more than one timestamp")
 			}
-			ts = value
+			sig.ts = value
 		case "v1":
-			if sig, err := hex.DecodeString(value); err == nil && len(sig) == sha256.Size {
-				sigs = append(sigs, sig)
+			if b, err := hex.DecodeString(value); err == nil && len(b) == sha256.Size {
+				sig.sigs = append(sig.sigs, b)
 			}
 		}
 		// Other schemes are skipped, so a sender may add a newer one
 		// beside v1.
 	}
-	sec, err := strconv.ParseInt(ts, 10, 64)
-	if err != nil {
-		return errors.New("the signature has no timestamp t=<unix seconds>")
+	var err error
+	if sig.sec, err = strconv.ParseInt(sig.ts, 10, 64); err != nil {
+		return sig, errors.New("the signature has no timestamp t=<unix seconds>")
 	}
-	if len(sigs) == 0 {
-		return errors.New("the signature has no v1=<64 hex digits>")
+	if len(sig.sigs) == 0 {
+		return sig, errors.New("the signature has no v1=<64 hex digits>")
 	}
 	// Compared in seconds: a duration of far-off seconds would overflow.
 	now := h.cfg.Now().Unix()
-	if diff := now - sec; diff > int64(h.cfg.Tolerance/time.Second) || -diff > int64(h.cfg.Tolerance/time.Second) {
-		return fmt.Errorf("the timestamp is %ds from now, beyond the tolerance of %v", diff, h.cfg.Tolerance)
+	if diff := now - sig.sec; diff > int64(h.cfg.Tolerance/time.Second) || -diff > int64(h.cfg.Tolerance/time.Second) {
+		return sig, fmt.Errorf("the timestamp is %ds from now, beyond the tolerance of %v", diff, h.cfg.Tolerance)
 	}
+	return sig, nil
+}
+
+// verify checks the body against the signature under the secrets and
+// returns the signature that matched, in hex.
+func (h *webhook) verify(sig webhookSig, body []byte) (string, error) {
 	for _, secret := range h.cfg.Secrets {
-		want := webhookSignature(secret, ts, body)
-		for _, sig := range sigs {
-			if hmac.Equal(sig, want) {
-				return nil
+		want := webhookSignature(secret, sig.ts, body)
+		for _, v := range sig.sigs {
+			if hmac.Equal(v, want) {
+				return hex.EncodeToString(v), nil
 			}
 		}
 	}
-	return errors.New("no v1 signature matches")
+	return "", errors.New("no v1 signature matches")
+}
+
+// maxSignatureHeader bounds the signature header: a timestamp and a few
+// signatures.
+const maxSignatureHeader = 1024
+
+// replayCache remembers the signatures taken, each until its timestamp
+// leaves the tolerance (from then on the timestamp check refuses it).
+// Only authenticated deliveries enter it, so it grows with the sender's
+// traffic, not with an attacker's.
+type replayCache struct {
+	mu    sync.Mutex
+	until map[string]time.Time
+	prune int // size at which expired entries are dropped next
+}
+
+// add records sig until the given time and reports whether it is new.
+func (c *replayCache) add(sig string, until, now time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.until == nil {
+		c.until = map[string]time.Time{}
+	}
+	if t, ok := c.until[sig]; ok && now.Before(t) {
+		return false
+	}
+	if len(c.until) >= c.prune {
+		maps.DeleteFunc(c.until, func(_ string, t time.Time) bool { return !now.Before(t) })
+		c.prune = max(64, 2*len(c.until))
+	}
+	c.until[sig] = until
+	return true
+}
+
+func (c *replayCache) forget(sig string) {
+	c.mu.Lock()
+	delete(c.until, sig)
+	c.mu.Unlock()
 }
 
 // webhookSignature is HMAC-SHA-256 under secret of ts "." body.
@@ -380,40 +529,43 @@ func webhookSignature(secret []byte, ts string, body []byte) []byte {
 // settlement, whose answer keeps what a live answer would (the headers
 // store.ReplayableHeader lets through, and a body of at most the engine's
 // MaxResponseBytes: a larger one is left out and replays say so).
-func (h *webhook) parse(body []byte) (scope, key string, res maintenance.Resolution, err error) {
+func (h *webhook) parse(body []byte) (scope, key string, fence int64, res maintenance.Resolution, err error) {
 	var d settleDelivery
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&d); err != nil {
-		return "", "", res, fmt.Errorf("unreadable body: %w", err)
+		return "", "", 0, res, fmt.Errorf("unreadable body: %w", err)
 	}
 	if dec.More() {
-		return "", "", res, errors.New("unreadable body: more than one JSON value")
+		return "", "", 0, res, errors.New("unreadable body: more than one JSON value")
 	}
 	if scope, err = h.scope(&d); err != nil {
-		return "", "", res, err
+		return "", "", 0, res, err
+	}
+	if d.Fence <= 0 {
+		return "", "", 0, res, errors.New(`"fence" is required: the record's fence, which names the execution the settlement is about`)
 	}
 	switch d.Outcome {
 	case "happened":
 		if res, err = d.resolution(h.p.cfg.maxResponseBytes()); err != nil {
-			return "", "", res, err
+			return "", "", 0, res, err
 		}
 	case "not_happened", "run_again":
 		if d.Status != 0 || d.Headers != nil || d.Body != nil || d.BodyBase64 != nil {
-			return "", "", res, errors.New(`status, headers and body go with "happened"`)
+			return "", "", 0, res, errors.New(`status, headers and body go with "happened"`)
 		}
 		res.Outcome = maintenance.DidNotHappen
 		if d.Outcome == "run_again" {
 			res.Outcome = maintenance.RunAgain
 		}
-		return scope, d.Key, res, nil
+		return scope, d.Key, d.Fence, res, nil
 	default:
-		return "", "", res, fmt.Errorf(`outcome %q: want "happened", "not_happened" or "run_again"`, d.Outcome)
+		return "", "", 0, res, fmt.Errorf(`outcome %q: want "happened", "not_happened" or "run_again"`, d.Outcome)
 	}
 	if resp := res.Response; resp.Body == nil && !resp.BodyOmitted {
 		resp.Body = []byte{} // an empty answer, as the engine stores one
 	}
-	return scope, d.Key, res, nil
+	return scope, d.Key, d.Fence, res, nil
 }
 
 // scope names the delivery's record as the proxy named the request: the

@@ -45,14 +45,18 @@ func webhookStores(t *testing.T, f func(t *testing.T, dsn string)) {
 	})
 }
 
-// flakyAPI hangs up on the first call after reading it (the outcome is
-// unknown) and answers 201 with a numbered charge on the later ones.
-type flakyAPI struct{ calls atomic.Int64 }
+// flakyAPI hangs up on the first call (the first hangUps calls, when
+// set) after reading it (the outcome is unknown) and answers 201 with a
+// numbered charge on the later ones.
+type flakyAPI struct {
+	calls   atomic.Int64
+	hangUps int64
+}
 
 func (a *flakyAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	io.Copy(io.Discard, r.Body)
 	n := a.calls.Add(1)
-	if n == 1 {
+	if n <= max(1, a.hangUps) {
 		conn, _, err := http.NewResponseController(w).Hijack()
 		if err != nil {
 			panic(err)
@@ -104,7 +108,11 @@ func deliver(t *testing.T, c *http.Client, admin, sig, body string) reply {
 // Authorization; without, it serves a single tenant.
 func unknownProxyRecord(t *testing.T, dsn string, key string, hdr ...string) (*Proxy, string, string, *flakyAPI) {
 	t.Helper()
-	api := &flakyAPI{}
+	return unknownAgainstAPI(t, &flakyAPI{}, dsn, key, hdr...)
+}
+
+func unknownAgainstAPI(t *testing.T, api *flakyAPI, dsn string, key string, hdr ...string) (*Proxy, string, string, *flakyAPI) {
+	t.Helper()
 	up := newUpstream(t, api)
 	cfg := ProxyConfig{Upstream: up.URL, Store: dsn, Admin: "127.0.0.1:0", NoMaintenance: true,
 		Webhook: WebhookConfig{Secrets: [][]byte{[]byte(testWebhookSecret), []byte(testWebhookNext)}}}
@@ -123,6 +131,17 @@ func unknownProxyRecord(t *testing.T, dsn string, key string, hdr ...string) (*P
 	return p, base, "http://" + p.AdminAddr().String(), api
 }
 
+// fenced adds the fence the record of (scope, key) holds now to a
+// delivery's JSON object: the execution the delivery is about.
+func fenced(t *testing.T, p *Proxy, scope, key, body string) string {
+	t.Helper()
+	rec, err := p.Store().Get(context.Background(), scope, key)
+	if err != nil {
+		t.Fatalf("fence of %q: %v", key, err)
+	}
+	return fmt.Sprintf(`{"fence":%d,`, rec.Fence) + strings.TrimPrefix(body, "{")
+}
+
 // A signed "happened" settles the unknown record: the retry replays the
 // settled answer without calling the upstream; the same delivery again is
 // 200 (repeated), a different one 409.
@@ -131,10 +150,11 @@ func TestWebhookSettlesHappened(t *testing.T) {
 	webhookStores(t, func(t *testing.T, dsn string) {
 		p, base, admin, api := unknownProxyRecord(t, dsn, "order-1", "Authorization", "Bearer sk_1")
 		c := client(t)
-		body := `{"key":"order-1","method":"POST","route":"/v1/charges?mode=fast",` +
-			`"caller_headers":{"Authorization":"Bearer sk_1"},` +
-			`"outcome":"happened","status":201,"headers":{"Content-Type":"application/json","Set-Cookie":"s=1","X-Charge":["ch_9"]},` +
-			`"body":"{\"id\":\"ch_9\"}"}`
+		scope := scopeOf(tenantOf(p, "Bearer sk_1"), "POST", "/v1/charges?mode=fast")
+		body := fenced(t, p, scope, "order-1", `{"key":"order-1","method":"POST","route":"/v1/charges?mode=fast",`+
+			`"caller_headers":{"Authorization":"Bearer sk_1"},`+
+			`"outcome":"happened","status":201,"headers":{"Content-Type":"application/json","Set-Cookie":"s=1","X-Charge":["ch_9"]},`+
+			`"body":"{\"id\":\"ch_9\"}"}`)
 		r := deliver(t, c, admin, sign(time.Now(), body, testWebhookSecret), body)
 		if r.status != http.StatusOK || !strings.Contains(string(r.body), `"state":"completed"`) || !strings.Contains(string(r.body), `"repeated":false`) {
 			t.Fatalf("webhook: %d %s, want 200 completed", r.status, r.body)
@@ -161,7 +181,7 @@ func TestWebhookSettlesHappened(t *testing.T) {
 		if r.status != http.StatusConflict || problemType(t, r) != idem.ProblemBase+"state-conflict" {
 			t.Fatalf("conflicting delivery: %d %s, want 409 state-conflict", r.status, r.body)
 		}
-		notHappened := `{"key":"order-1","route":"/v1/charges?mode=fast","caller_headers":{"Authorization":"Bearer sk_1"},"outcome":"not_happened"}`
+		notHappened := fenced(t, p, scope, "order-1", `{"key":"order-1","route":"/v1/charges?mode=fast","caller_headers":{"Authorization":"Bearer sk_1"},"outcome":"not_happened"}`)
 		r = deliver(t, c, admin, sign(time.Now(), notHappened, testWebhookSecret), notHappened)
 		if r.status != http.StatusConflict {
 			t.Fatalf("not_happened on a completed record: %d %s, want 409", r.status, r.body)
@@ -178,7 +198,7 @@ func TestWebhookSettlesHappened(t *testing.T) {
 		if r.status != http.StatusNotFound || problemType(t, r) != idem.ProblemBase+"record-not-found" {
 			t.Fatalf("another caller: %d %s, want 404", r.status, r.body)
 		}
-		rec, err := p.Store().Get(context.Background(), scopeOf(tenantOf(p, "Bearer sk_1"), "POST", "/v1/charges?mode=fast"), "order-1")
+		rec, err := p.Store().Get(context.Background(), scope, "order-1")
 		if err != nil || rec.State != store.StateCompleted || rec.Response.Header.Get("Set-Cookie") != "" {
 			t.Fatalf("record: %+v %v", rec, err)
 		}
@@ -195,15 +215,16 @@ func tenantOf(p *Proxy, auth string) string {
 func TestWebhookNotHappenedRunsOnce(t *testing.T) {
 	t.Parallel()
 	webhookStores(t, func(t *testing.T, dsn string) {
-		_, base, admin, api := unknownProxyRecord(t, dsn, "order-2")
+		p, base, admin, api := unknownProxyRecord(t, dsn, "order-2")
 		c := client(t)
-		body := `{"key":"order-2","route":"/v1/charges?mode=fast","outcome":"not_happened"}`
+		body := fenced(t, p, scopeOf("", "POST", "/v1/charges?mode=fast"), "order-2", `{"key":"order-2","route":"/v1/charges?mode=fast","outcome":"not_happened"}`)
 		r := deliver(t, c, admin, sign(time.Now(), body, testWebhookSecret), body)
 		if r.status != http.StatusOK || !strings.Contains(string(r.body), `"state":"failed_retryable"`) {
 			t.Fatalf("webhook: %d %s", r.status, r.body)
 		}
-		// Repeated before the retry: the record still says so.
-		r = deliver(t, c, admin, sign(time.Now(), body, testWebhookSecret), body)
+		// Sent again, signed anew, before the retry: the record still says
+		// so.
+		r = deliver(t, c, admin, sign(time.Now().Add(-time.Minute), body, testWebhookSecret), body)
 		if r.status != http.StatusOK || !strings.Contains(string(r.body), `"repeated":true`) {
 			t.Fatalf("repeated: %d %s", r.status, r.body)
 		}
@@ -223,9 +244,9 @@ func TestWebhookNotHappenedRunsOnce(t *testing.T) {
 func TestWebhookRefusesBadSignatures(t *testing.T) {
 	t.Parallel()
 	webhookStores(t, func(t *testing.T, dsn string) {
-		_, base, admin, api := unknownProxyRecord(t, dsn, "order-3")
+		p, base, admin, api := unknownProxyRecord(t, dsn, "order-3")
 		c := client(t)
-		body := `{"key":"order-3","route":"/v1/charges?mode=fast","outcome":"happened","status":201,"body":"ok"}`
+		body := fenced(t, p, scopeOf("", "POST", "/v1/charges?mode=fast"), "order-3", `{"key":"order-3","route":"/v1/charges?mode=fast","outcome":"happened","status":201,"body":"ok"}`)
 		now := time.Now()
 		for name, sig := range map[string]string{
 			"none":          "",
@@ -267,7 +288,11 @@ func TestWebhookBadBodies(t *testing.T) {
 	t.Parallel()
 	p, _, admin, _ := unknownProxyRecord(t, "sqlite:"+filepath.Join(t.TempDir(), "idem.db"), "order-4")
 	c := client(t)
+	scope := scopeOf("", "POST", "/v1/charges?mode=fast")
+	fence := fenced(t, p, scope, "order-4", "{")
 	for _, tt := range []struct{ body, detail string }{
+		{`{"key":"order-4","fence":0,"route":"/v1/charges?mode=fast","outcome":"not_happened"}`, `fence\" is required`},
+		{`{"key":"order-4","fence":-1,"route":"/v1/charges?mode=fast","outcome":"not_happened"}`, `fence\" is required`},
 		{`not json`, "unreadable"},
 		{`{"key":"order-4","route":"/v1/charges?mode=fast","outcome":"happened","status":201} {}`, "more than one"},
 		{`{"route":"/v1/charges?mode=fast","outcome":"not_happened"}`, `key\" is required`},
@@ -288,12 +313,16 @@ func TestWebhookBadBodies(t *testing.T) {
 		{`{"key":"order-4","route":"/v1/charges?mode=fast","outcome":"run_again","body":"x"}`, "go with"},
 		{`{"key":"order-4","route":"/v1/charges?mode=fast","outcome":"not_happened","provider_id":"ch_1"}`, "unknown field"},
 	} {
-		r := deliver(t, c, admin, sign(time.Now(), tt.body, testWebhookSecret), tt.body)
+		body := tt.body
+		if !strings.Contains(body, `"fence"`) {
+			body = fence + strings.TrimPrefix(body, "{")
+		}
+		r := deliver(t, c, admin, sign(time.Now(), body, testWebhookSecret), body)
 		if r.status != http.StatusBadRequest || problemType(t, r) != idem.ProblemBase+"webhook-invalid" || !strings.Contains(string(r.body), tt.detail) {
 			t.Errorf("%s: %d %s, want 400 webhook-invalid mentioning %q", tt.body, r.status, r.body, tt.detail)
 		}
 	}
-	missing := `{"key":"order-404","route":"/v1/charges?mode=fast","outcome":"not_happened"}`
+	missing := fence + `"key":"order-404","route":"/v1/charges?mode=fast","outcome":"not_happened"}`
 	if r := deliver(t, c, admin, sign(time.Now(), missing, testWebhookSecret), missing); r.status != http.StatusNotFound {
 		t.Errorf("missing record: %d %s, want 404", r.status, r.body)
 	}
@@ -304,8 +333,7 @@ func TestWebhookBadBodies(t *testing.T) {
 	// A body over the engine's MaxResponseBytes is left out, as the
 	// engine leaves out a live one; the raw scope names the record.
 	answer := strings.Repeat("y", idem.DefaultMaxResponseBytes+1)
-	scope := scopeOf("", "POST", "/v1/charges?mode=fast")
-	body := fmt.Sprintf(`{"key":"order-4","scope":%q,"outcome":"happened","status":200,"body":%q}`, scope, answer)
+	body := fence + fmt.Sprintf(`"key":"order-4","scope":%q,"outcome":"happened","status":200,"body":%q}`, scope, answer)
 	if r := deliver(t, c, admin, sign(time.Now(), body, testWebhookSecret), body); r.status != http.StatusOK {
 		t.Fatalf("oversized answer: %d %s", r.status, r.body)
 	}
@@ -314,7 +342,7 @@ func TestWebhookBadBodies(t *testing.T) {
 		t.Fatalf("record after an oversized answer: %+v %v", rec.Response, err)
 	}
 	// The same oversized answer again is the same settlement.
-	if r := deliver(t, c, admin, sign(time.Now(), body, testWebhookSecret), body); r.status != http.StatusOK || !strings.Contains(string(r.body), `"repeated":true`) {
+	if r := deliver(t, c, admin, sign(time.Now().Add(-time.Minute), body, testWebhookSecret), body); r.status != http.StatusOK || !strings.Contains(string(r.body), `"repeated":true`) {
 		t.Fatalf("oversized answer repeated: %d %s", r.status, r.body)
 	}
 }
@@ -343,8 +371,8 @@ func TestWebhookStoreDown(t *testing.T) {
 	// Closing the store under the running proxy is what an outage looks
 	// like to the handler; Serve's own Close at the end reports nothing
 	// new for SQLite.
+	body := fenced(t, p, scopeOf("", "POST", "/v1/charges?mode=fast"), "order-5", `{"key":"order-5","route":"/v1/charges?mode=fast","outcome":"not_happened"}`)
 	p.Store().Close()
-	body := `{"key":"order-5","route":"/v1/charges?mode=fast","outcome":"not_happened"}`
 	r := deliver(t, c, admin, sign(time.Now(), body, testWebhookSecret), body)
 	if r.status != http.StatusServiceUnavailable || problemType(t, r) != idem.ProblemBase+"store-unavailable" || r.header.Get("Retry-After") == "" {
 		t.Fatalf("store down: %d %v %s, want 503", r.status, r.header, r.body)
@@ -388,5 +416,81 @@ func TestParseWebhookFlags(t *testing.T) {
 		if _, _, _, err := parseProxyFlags(args, io.Discard); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
+	}
+}
+
+// A captured delivery releases one execution only. The request times out
+// upstream (unknown); a signed not_happened releases it; the retry runs it
+// and it times out again (unknown, a new fence); the same captured
+// delivery sent again, and the same body signed anew, release nothing: the
+// retry is still refused, and the upstream ran twice, not three times.
+func TestWebhookReplayDoesNotReleaseTheNextExecution(t *testing.T) {
+	t.Parallel()
+	webhookStores(t, func(t *testing.T, dsn string) {
+		api := &flakyAPI{hangUps: 2}
+		p, base, admin, _ := unknownAgainstAPI(t, api, dsn, "order-r")
+		c := client(t)
+		scope := scopeOf("", "POST", "/v1/charges?mode=fast")
+		body := fenced(t, p, scope, "order-r", `{"key":"order-r","route":"/v1/charges?mode=fast","outcome":"not_happened"}`)
+		captured := sign(time.Now(), body, testWebhookSecret)
+		if r := deliver(t, c, admin, captured, body); r.status != http.StatusOK || !strings.Contains(string(r.body), `"repeated":false`) {
+			t.Fatalf("first delivery: %d %s", r.status, r.body)
+		}
+		if r := send(t, c, "POST", base+"/v1/charges?mode=fast", "order-r", `{"amount":7}`); r.status != http.StatusBadGateway {
+			t.Fatalf("retry after the release: %d %s, want 502 (the upstream hung up again)", r.status, r.body)
+		}
+		second, err := p.Store().Get(context.Background(), scope, "order-r")
+		if err != nil || second.State != store.StateUnknown {
+			t.Fatalf("after the second run: %+v %v", second, err)
+		}
+		r := deliver(t, c, admin, captured, body)
+		if r.status != http.StatusConflict || problemType(t, r) != idem.ProblemBase+"webhook-replayed" {
+			t.Fatalf("the captured delivery again: %d %s, want 409 webhook-replayed", r.status, r.body)
+		}
+		r = deliver(t, c, admin, sign(time.Now().Add(-time.Minute), body, testWebhookSecret), body)
+		if r.status != http.StatusConflict || problemType(t, r) != idem.ProblemBase+"settlement-stale" ||
+			!strings.Contains(string(r.body), fmt.Sprint(second.Fence)) {
+			t.Fatalf("the first execution's settlement signed anew: %d %s, want 409 settlement-stale naming the new fence", r.status, r.body)
+		}
+		if rec, _ := p.Store().Get(context.Background(), scope, "order-r"); rec.State != store.StateUnknown || rec.Fence != second.Fence {
+			t.Fatalf("after the refused deliveries: %s fence %d, want unknown fence %d", rec.State, rec.Fence, second.Fence)
+		}
+		if r := send(t, c, "POST", base+"/v1/charges?mode=fast", "order-r", `{"amount":7}`); r.status != http.StatusConflict ||
+			problemType(t, r) != idem.ProblemBase+"outcome-unknown" {
+			t.Fatalf("retry after the refused deliveries: %d %s, want 409 outcome-unknown", r.status, r.body)
+		}
+		if n := api.calls.Load(); n != 2 {
+			t.Fatalf("upstream called %d times, want 2", n)
+		}
+		// A settlement about the second execution is taken.
+		now := fenced(t, p, scope, "order-r", `{"key":"order-r","route":"/v1/charges?mode=fast","outcome":"not_happened"}`)
+		if r := deliver(t, c, admin, sign(time.Now(), now, testWebhookSecret), now); r.status != http.StatusOK {
+			t.Fatalf("settling the second execution: %d %s", r.status, r.body)
+		}
+		if r := send(t, c, "POST", base+"/v1/charges?mode=fast", "order-r", `{"amount":7}`); r.status != http.StatusCreated {
+			t.Fatalf("retry after settling the second execution: %d %s", r.status, r.body)
+		}
+	})
+}
+
+// A delivery refused because nothing was decided (the store is down) may
+// come again as it was: its signature is not kept.
+func TestWebhookReplayCacheForgetsUndecided(t *testing.T) {
+	t.Parallel()
+	var c replayCache
+	now := time.Unix(1_000_000, 0)
+	if !c.add("a", now.Add(time.Minute), now) || c.add("a", now.Add(time.Minute), now.Add(59*time.Second)) {
+		t.Fatal("a signature was taken twice within its tolerance")
+	}
+	c.forget("a")
+	if !c.add("a", now.Add(time.Minute), now) {
+		t.Fatal("a forgotten signature was refused")
+	}
+	// Past its time the entry goes at the next pruning.
+	for i := range 200 {
+		c.add(fmt.Sprint(i), now.Add(time.Minute), now.Add(2*time.Minute))
+	}
+	if _, ok := c.until["a"]; ok {
+		t.Fatal("an expired signature was kept")
 	}
 }

@@ -60,8 +60,9 @@ type Config struct {
 	// Store returns the store, nil while it is not open yet (the console
 	// answers 503 then).
 	Store func() store.Store
-	// Settle settles an unknown record as `idem reconcile resolve` does.
-	Settle func(ctx context.Context, scope, key string, res maintenance.Resolution) error
+	// Settle settles an unknown record as `idem reconcile resolve` does,
+	// about the execution of the given fence (the one the page showed).
+	Settle func(ctx context.Context, scope, key string, fence int64, res maintenance.Resolution) error
 	// Tenant turns a client's credential (its Authorization header value)
 	// into the tenant the proxy files its records under; nil when the proxy
 	// takes no tenant from Authorization.
@@ -378,6 +379,11 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request) {
 	}
 	f := r.PostForm
 	scope, key, action := f.Get("scope"), f.Get("key"), f.Get("action")
+	fence, _ := strconv.ParseInt(f.Get("fence"), 10, 64)
+	if action != "delete" && fence <= 0 {
+		h.fail(w, r, http.StatusBadRequest, errors.New("the form names no fence: settle from the record's page"))
+		return
+	}
 	var res maintenance.Resolution
 	switch action {
 	case "completed":
@@ -408,11 +414,14 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request) {
 	if action == "delete" {
 		err = h.cfg.Store().Delete(r.Context(), scope, key)
 	} else {
-		err = h.cfg.Settle(r.Context(), scope, key, res)
+		err = h.cfg.Settle(r.Context(), scope, key, fence, res)
 	}
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		h.fail(w, r, http.StatusNotFound, fmt.Errorf("no record for key %q in scope %q", key, scope))
+		return
+	case errors.Is(err, store.ErrLeaseLost):
+		h.fail(w, r, http.StatusConflict, fmt.Errorf("key %q in scope %q ran again since the page showed fence %d: nothing was settled; open the record again", key, scope, fence))
 		return
 	case errors.Is(err, store.ErrStateConflict):
 		h.fail(w, r, http.StatusConflict, fmt.Errorf("key %q in scope %q is not in a state this action takes", key, scope))

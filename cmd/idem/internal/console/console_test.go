@@ -49,8 +49,8 @@ func newFixture(t *testing.T) *fixture {
 	return &fixture{t: t, s: s, srv: srv, c: c}
 }
 
-// unknown makes a record whose outcome is unknown.
-func (f *fixture) unknown(tenant, route, key string) {
+// unknown makes a record whose outcome is unknown and returns its fence.
+func (f *fixture) unknown(tenant, route, key string) int64 {
 	scope := (&idem.Request{Tenant: tenant, Method: "POST", Route: route}).Scope()
 	res, err := f.s.Reserve(context.Background(), store.ReserveParams{Scope: scope, Key: key, Fingerprint: "fp",
 		Lease: time.Minute, TTL: time.Hour, LeasePolicy: store.LeaseUnknown})
@@ -61,6 +61,7 @@ func (f *fixture) unknown(tenant, route, key string) {
 		Scope: scope, Key: key, Fence: res.Record.Fence}, Error: "upstream hung up"}); err != nil {
 		f.t.Fatal(err)
 	}
+	return res.Record.Fence
 }
 
 func (f *fixture) do(method, path string, form url.Values, hdr map[string]string) (int, string) {
@@ -93,7 +94,7 @@ var csrfRe = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
 func TestConsole(t *testing.T) {
 	f := newFixture(t)
 	f.unknown("auth:abc", "/v1/charges", `k-<script>alert(1)</script>`)
-	f.unknown("auth:other", "/v1/charges", "k2")
+	fence := f.unknown("auth:other", "/v1/charges", "k2")
 
 	if code, _ := f.do("GET", "/console/", nil, nil); code != http.StatusSeeOther {
 		t.Fatalf("without credentials: %d, want a redirect to the login page", code)
@@ -133,7 +134,10 @@ func TestConsole(t *testing.T) {
 	if m == nil {
 		t.Fatal("no CSRF token on the record page")
 	}
-	act := url.Values{"scope": {scope}, "key": {"k2"}, "action": {"completed"}, "status": {"201"},
+	if !strings.Contains(body, fmt.Sprintf(`name="fence" value="%d"`, fence)) {
+		t.Fatal("the record page's forms do not name the record's fence")
+	}
+	act := url.Values{"scope": {scope}, "key": {"k2"}, "fence": {fmt.Sprint(fence)}, "action": {"completed"}, "status": {"201"},
 		"content_type": {"application/json"}, "body": {`{"id":1}`}, "confirm": {"yes"}}
 	if code, _ := f.do("POST", "/console/act", act, nil); code != http.StatusForbidden {
 		t.Fatalf("POST without the CSRF token: %d, want 403", code)
@@ -171,7 +175,7 @@ func TestConsole(t *testing.T) {
 
 func TestConsoleRefusesWithoutCredentials(t *testing.T) {
 	s := memory.New(memory.Config{})
-	settle := func(context.Context, string, string, maintenance.Resolution) error { return nil }
+	settle := func(context.Context, string, string, int64, maintenance.Resolution) error { return nil }
 	st := func() store.Store { return s }
 	if _, err := console.New(console.Config{Store: st, Settle: settle, Addr: "0.0.0.0:9090"}); err == nil {
 		t.Fatal("a console without credentials on a public address")
@@ -223,7 +227,7 @@ func TestConsoleDeadLetters(t *testing.T) {
 	if code != 200 || m == nil {
 		t.Fatalf("record page: %d", code)
 	}
-	act := url.Values{"csrf": {m[1]}, "scope": {scope}, "key": {"given-up"}, "action": {"run_again"}}
+	act := url.Values{"csrf": {m[1]}, "scope": {scope}, "key": {"given-up"}, "fence": {fmt.Sprint(f.get(scope, "given-up").Fence)}, "action": {"run_again"}}
 	if code, body := f.do("POST", "/console/act", act, auth); code != 200 || !strings.Contains(body, "run again") {
 		t.Fatalf("run again, unconfirmed: %d\n%s", code, body)
 	}
@@ -278,5 +282,53 @@ func TestConsoleDeadLettersPaging(t *testing.T) {
 	code, body = f.do("GET", "/console/dead-letters?"+q.Encode(), nil, auth)
 	if code != 200 || strings.Count(body, ">dead-") != 10 || next.MatchString(body) {
 		t.Fatalf("second page: %d, %d dead letters, next link %v", code, strings.Count(body, ">dead-"), next.MatchString(body))
+	}
+}
+
+func (f *fixture) get(scope, key string) store.Record {
+	f.t.Helper()
+	rec, err := f.s.Get(context.Background(), scope, key)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return rec
+}
+
+// A settlement from a page that showed one execution is refused once the
+// record ran again (released, run, unknown again): 409, nothing changed.
+func TestConsoleSettlementBoundToFence(t *testing.T) {
+	f := newFixture(t)
+	auth := map[string]string{"Authorization": "Bearer s3cret"}
+	first := f.unknown("t", "/v1/charges", "k")
+	scope := (&idem.Request{Tenant: "t", Method: "POST", Route: "/v1/charges"}).Scope()
+	_, body := f.do("GET", "/console/record?"+url.Values{"scope": {scope}, "key": {"k"}}.Encode(), nil, auth)
+	m := csrfRe.FindStringSubmatch(body)
+	if m == nil {
+		t.Fatal("no CSRF token on the record page")
+	}
+	act := url.Values{"csrf": {m[1]}, "scope": {scope}, "key": {"k"}, "fence": {fmt.Sprint(first)}, "action": {"not_happened"}, "confirm": {"yes"}}
+	if code, _ := f.do("POST", "/console/act", act, auth); code != http.StatusSeeOther {
+		t.Fatalf("not happened: %d", code)
+	}
+	// The retry runs and its outcome is unknown again.
+	ctx := context.Background()
+	res, err := f.s.Reserve(ctx, store.ReserveParams{Scope: scope, Key: "k", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, LeasePolicy: store.LeaseUnknown})
+	if err != nil || res.Outcome != store.Reclaimed {
+		t.Fatalf("retry: %v %v", res.Outcome, err)
+	}
+	if err := f.s.MarkUnknown(ctx, store.ReleaseParams{FenceParams: store.FenceParams{Scope: scope, Key: "k", Fence: res.Record.Fence}}); err != nil {
+		t.Fatal(err)
+	}
+	// The same form again (a second tab, a resubmitted form).
+	code, body := f.do("POST", "/console/act", act, auth)
+	if code != http.StatusConflict || !strings.Contains(body, "ran again") {
+		t.Fatalf("the first execution's settlement on the second: %d\n%s", code, body)
+	}
+	if rec := f.get(scope, "k"); rec.State != store.StateUnknown || rec.Fence != res.Record.Fence {
+		t.Fatalf("after the refused settlement: %s fence %d", rec.State, rec.Fence)
+	}
+	act.Del("fence")
+	if code, _ := f.do("POST", "/console/act", act, auth); code != http.StatusBadRequest {
+		t.Fatalf("a settlement without a fence: %d, want 400", code)
 	}
 }
