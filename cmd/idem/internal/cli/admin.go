@@ -3,11 +3,44 @@ package cli
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"time"
 
 	"github.com/idem-go/idem"
 )
+
+// limitedServer is an HTTP server with the proxy's limits on slow and
+// large clients: the main listener and the admin server share them.
+// Bodies are bounded by each server's handler (guard, adminLimits).
+func (cfg ProxyConfig) limitedServer(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    cfg.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
+	}
+}
+
+// maxAdminBody bounds a request body on the admin server: the largest
+// it takes is a webhook delivery.
+const maxAdminBody = maxWebhookBody + 1
+
+// adminLimits gives an admin request's body bodyTimeout to arrive (none
+// when not positive) and at most maxAdminBody bytes, as guard bounds the
+// main listener's.
+func adminLimits(h http.Handler, bodyTimeout time.Duration) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if bodyTimeout > 0 {
+			r = limitBodyTime(w, r, bodyTimeout)
+		}
+		if r.Body != nil && r.Body != http.NoBody {
+			r.Body = http.MaxBytesReader(w, r.Body, maxAdminBody)
+		}
+		h.ServeHTTP(w, r)
+	})
+}
 
 // readyTimeout bounds the readiness check: a store slower than this is
 // treated as unavailable.

@@ -180,6 +180,16 @@ func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
+// refusedUsage prints why a command refused its configuration when err is
+// an ErrUsage no flag parser printed (a check made once the flags were
+// read), so exit status 2 never comes without a reason; err is returned.
+func refusedUsage(w io.Writer, err error) error {
+	if errors.Is(err, ErrUsage) {
+		fmt.Fprintf(w, "idem proxy: %s\n", strings.TrimPrefix(err.Error(), ErrUsage.Error()+": "))
+	}
+	return err
+}
+
 // usageErr prints msg and the command's usage and returns ErrUsage.
 func usageErr(fs *flag.FlagSet, format string, a ...any) error {
 	msg := fmt.Sprintf(format, a...)

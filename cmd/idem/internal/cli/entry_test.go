@@ -2,9 +2,16 @@ package cli
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -88,5 +95,206 @@ func TestAsyncStoresNoTenantCredential(t *testing.T) {
 				t.Errorf("keep %v: the stored request's X-Api-Key is %q", keep, got)
 			}
 		}
+	}
+}
+
+// countingBody is a request body of n bytes that counts what was read.
+type countingBody struct {
+	left, read int64
+}
+
+func (b *countingBody) Read(p []byte) (int, error) {
+	if b.left == 0 {
+		return 0, io.EOF
+	}
+	n := int64(len(p))
+	n = min(n, b.left)
+	b.left -= n
+	b.read += n
+	return int(n), nil
+}
+
+func (b *countingBody) Close() error { return nil }
+
+// blockingBody says when it is first read, and delivers no byte until
+// released.
+type blockingBody struct {
+	started chan<- struct{}
+	release <-chan struct{}
+	once    sync.Once
+}
+
+func (b *blockingBody) Read(p []byte) (int, error) {
+	b.once.Do(func() { b.started <- struct{}{} })
+	<-b.release
+	return 0, io.EOF
+}
+
+func (b *blockingBody) Close() error { return nil }
+
+// A webhook post without a well-formed, fresh signature header costs no
+// body byte: 12 unsigned 16 MiB posts read nothing. Bodies whose signature
+// is still to be checked are bounded for the whole process: while two of
+// the largest are being read, a third is refused (503) before reading.
+func TestWebhookReadsNothingBeforeTheSignatureHeader(t *testing.T) {
+	t.Parallel()
+	p := &Proxy{log: discardLogger()}
+	handlers, err := p.mountWebhook(nil)
+	if err != nil || len(handlers) != 0 {
+		t.Fatalf("no secret: %v %v", handlers, err)
+	}
+	p.cfg.Webhook = WebhookConfig{Secrets: [][]byte{[]byte(testWebhookSecret)}}
+	handlers, err = p.mountWebhook(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := handlers["POST "+WebhookPath]
+	now := time.Now()
+	for name, sig := range map[string]string{
+		"none":      "",
+		"malformed": "v1=" + strings.Repeat("0", 64),
+		"stale":     sign(now.Add(-time.Hour), "x", testWebhookSecret),
+		"huge":      "t=" + strconv.FormatInt(now.Unix(), 10) + strings.Repeat(",v1="+strings.Repeat("0", 64), 40),
+	} {
+		var wg sync.WaitGroup
+		bodies := make([]*countingBody, 12)
+		for i := range bodies {
+			bodies[i] = &countingBody{left: maxWebhookBody}
+			wg.Go(func() {
+				req := httptest.NewRequest(http.MethodPost, WebhookPath, nil)
+				req.Body, req.ContentLength = bodies[i], maxWebhookBody
+				if sig != "" {
+					req.Header.Set(WebhookSignatureHeader, sig)
+				}
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, req)
+				if w.Code != http.StatusUnauthorized || w.Header().Get("Connection") != "close" {
+					t.Errorf("%s: %d %v, want 401 closing the connection", name, w.Code, w.Header())
+				}
+			})
+		}
+		wg.Wait()
+		for _, b := range bodies {
+			if b.read != 0 {
+				t.Fatalf("%s: %d body bytes read before the signature header was checked", name, b.read)
+			}
+		}
+	}
+	// Two of the largest bodies being read (stalled) hold the budget: a
+	// third is refused without a byte read; once they end, it is taken.
+	fresh := sign(now, "{}", "whsec_wrong_secret_00000")
+	started, release := make(chan struct{}, 2), make(chan struct{})
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			req := httptest.NewRequest(http.MethodPost, WebhookPath, nil)
+			req.Body, req.ContentLength = &blockingBody{started: started, release: release}, maxWebhookBody
+			req.Header.Set(WebhookSignatureHeader, fresh)
+			h.ServeHTTP(httptest.NewRecorder(), req)
+		})
+	}
+	<-started
+	<-started
+	third := &countingBody{left: maxWebhookBody}
+	req := httptest.NewRequest(http.MethodPost, WebhookPath, nil)
+	req.Body, req.ContentLength = third, maxWebhookBody
+	req.Header.Set(WebhookSignatureHeader, fresh)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	if w.Code != http.StatusServiceUnavailable || third.read != 0 || w.Header().Get("Retry-After") == "" {
+		t.Fatalf("a third large body while two are read: %d after reading %d bytes, Retry-After %q; want 503 before reading", w.Code, third.read, w.Header().Get("Retry-After"))
+	}
+	close(release)
+	wg.Wait()
+	req = httptest.NewRequest(http.MethodPost, WebhookPath, nil)
+	req.Body, req.ContentLength = &countingBody{left: maxWebhookBody}, maxWebhookBody
+	req.Header.Set(WebhookSignatureHeader, fresh)
+	w = httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	if w.Code != http.StatusUnauthorized {
+		t.Fatalf("after the stalled bodies ended: %d, want 401 (read and checked)", w.Code)
+	}
+}
+
+// The admin server has the main listener's limits: a connection stalled
+// in its body is cut off after --body-timeout, and headers over
+// --max-header-bytes are refused.
+func TestAdminServerLimits(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, &chargeAPI{})
+	p, _ := startProxy(t, ProxyConfig{Upstream: up.URL, Store: "memory:", Admin: "127.0.0.1:0", BodyTimeout: 300 * time.Millisecond,
+		MaxHeaderBytes: 4 << 10, Webhook: WebhookConfig{Secrets: [][]byte{[]byte(testWebhookSecret)}}})
+	admin := p.AdminAddr().String()
+	conn, err := net.Dial("tcp", admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n%s: %s\r\n\r\n{\"key\":",
+		WebhookPath, admin, WebhookSignatureHeader, sign(time.Now(), "whatever", testWebhookSecret))
+	start := time.Now()
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	io.Copy(io.Discard, conn) // returns when the server closes the connection
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("a connection stalled in its body stayed open %v", d)
+	}
+	c := client(t)
+	req, _ := http.NewRequest(http.MethodGet, "http://"+admin+"/healthz", nil)
+	req.Header.Set("X-Big", strings.Repeat("a", 8<<10))
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+		t.Fatalf("admin request with 8 KiB of headers: %d, want 431", resp.StatusCode)
+	}
+}
+
+// A refusal always says why: every configuration idem proxy refuses
+// prints its reason, exit status 2.
+func TestProxyRefusalsSayWhy(t *testing.T) {
+	t.Setenv(tenantSecretEnv, "tenant-secret-0123456789")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--store", "redis://127.0.0.1:6379/0", "--tenant-from", "authorization", "--tenant-max-active", "5"}, "--tenant-max-active needs a store that counts"},
+		{[]string{"--store", "memory:", "--single-tenant", "--store-conns", "-5"}, "--store-conns must be 0"},
+		{[]string{"--store", "memory:", "--single-tenant", "--log-format", "xml"}, "xml"},
+	} {
+		args := append([]string{"proxy", "--upstream", "http://127.0.0.1:1", "--listen", "127.0.0.1:0"}, tc.args...)
+		_, errOut, err := run(args...)
+		if !errors.Is(err, ErrUsage) || !strings.Contains(errOut, tc.want) {
+			t.Errorf("%q: %v, stderr %q; want a usage error saying %q", tc.args, err, errOut, tc.want)
+		}
+	}
+	// A library user gets the same refusal from NewProxy: the store would
+	// never open.
+	_, err := NewProxy(context.Background(), ProxyConfig{Upstream: "http://127.0.0.1:1", Listen: "127.0.0.1:0", Store: "memory:", SingleTenant: true, StoreConns: -5})
+	if !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), "--store-conns -5") {
+		t.Fatalf("NewProxy with StoreConns -5: %v", err)
+	}
+}
+
+// A webhook names the key as the client sent it: quoted ("w1", the IETF
+// header's form) or bare, like the console and the commands.
+func TestWebhookQuotedKey(t *testing.T) {
+	t.Parallel()
+	p, base, admin, api := unknownProxyRecord(t, "sqlite:"+filepath.Join(t.TempDir(), "idem.db"), "w1")
+	c := client(t)
+	body := fenced(t, p, scopeOf("", "POST", "/v1/charges?mode=fast"), "w1", `{"key":"\"w1\"","route":"/v1/charges?mode=fast","outcome":"happened","status":201,"body":"settled"}`)
+	if r := deliver(t, c, admin, sign(time.Now(), body, testWebhookSecret), body); r.status != http.StatusOK || !strings.Contains(string(r.body), `"key":"w1"`) {
+		t.Fatalf("quoted key: %d %s", r.status, r.body)
+	}
+	if r := send(t, c, "POST", base+"/v1/charges?mode=fast", "w1", `{"amount":7}`); r.status != http.StatusCreated || string(r.body) != "settled" {
+		t.Fatalf("retry: %d %s", r.status, r.body)
+	}
+	if n := api.calls.Load(); n != 1 {
+		t.Fatalf("upstream called %d times", n)
+	}
+	bad := fenced(t, p, scopeOf("", "POST", "/v1/charges?mode=fast"), "w1", `{"key":"\"w1","route":"/v1/charges?mode=fast","outcome":"not_happened"}`)
+	if r := deliver(t, c, admin, sign(time.Now(), bad, testWebhookSecret), bad); r.status != http.StatusBadRequest {
+		t.Fatalf("unterminated quoted key: %d %s, want 400", r.status, r.body)
 	}
 }

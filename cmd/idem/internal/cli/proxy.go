@@ -336,6 +336,10 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.StoreConns < 0 {
+		// The store would never open: refused at start, not retried.
+		return nil, fmt.Errorf("%w: --store-conns %d: want 0 (the store's default) or a positive pool size", ErrUsage, cfg.StoreConns)
+	}
 	if dsn.Kind == storeurl.Redis && cfg.TenantMaxActive > 0 {
 		// Known before the store is reached: refused at once rather than
 		// when it opens.
@@ -460,16 +464,10 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 	if p.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return nil, fmt.Errorf("proxy: listen: %w", err)
 	}
-	p.server = &http.Server{
-		Handler: p.handler,
-		// Slow clients are bounded while sending headers here, while
-		// sending a body by BodyTimeout (see guard), and while idle
-		// between requests; upstream calls by UpstreamTimeout.
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       120 * time.Second,
-		MaxHeaderBytes:    cfg.MaxHeaderBytes,
-		ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
-	}
+	// Slow clients are bounded while sending headers here, while sending
+	// a body by BodyTimeout (see guard), and while idle between requests;
+	// upstream calls by UpstreamTimeout.
+	p.server = cfg.limitedServer(p.handler)
 	if cfg.AdminHandlers, err = p.mountWebhook(cfg.AdminHandlers); err != nil {
 		return nil, err
 	}
@@ -483,11 +481,7 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 		if p.adminLn, err = net.Listen("tcp", cfg.Admin); err != nil {
 			return nil, fmt.Errorf("proxy: admin listen: %w", err)
 		}
-		p.admin = &http.Server{
-			Handler:           AdminMux(p.ready, cfg.AdminHandlers),
-			ReadHeaderTimeout: 5 * time.Second,
-			ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
-		}
+		p.admin = cfg.limitedServer(adminLimits(AdminMux(p.ready, cfg.AdminHandlers), cfg.BodyTimeout))
 	}
 	p.log.Info("idem proxy listening", "listen", p.ln.Addr().String(), "upstream", up.Redacted(),
 		"store", string(dsn.Kind), "cache", cfg.Cache != "", "admin", adminString(p.adminLn),
@@ -1062,11 +1056,11 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	if cfg.Logger, err = newLogger(stderr, logFormat, logLevel); err != nil {
-		return fmt.Errorf("%w: %w", ErrUsage, err)
+		return refusedUsage(stderr, fmt.Errorf("%w: %w", ErrUsage, err))
 	}
 	p, err := NewProxy(ctx, cfg)
 	if err != nil {
-		return err
+		return refusedUsage(stderr, err)
 	}
 	return p.Serve(ctx)
 }
@@ -1248,6 +1242,8 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 		return cfg, "", "", usageErr(fs, "--upstream is required")
 	}
 	switch {
+	case cfg.StoreConns < 0:
+		return cfg, "", "", usageErr(fs, "--store-conns must be 0 (the store's default) or a positive pool size")
 	case cfg.StoreBatches < -1:
 		return cfg, "", "", usageErr(fs, "--store-batches must be -1 (no batching), 0 (the store's default) or a number of store batches")
 	case cfg.TenantRate < 0 || cfg.TenantBurst < 0 || cfg.TenantMaxActive < 0:

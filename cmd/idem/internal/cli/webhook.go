@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/header"
 	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 	"golang.org/x/sync/semaphore"
@@ -544,6 +545,11 @@ func (h *webhook) parse(body []byte) (scope, key string, fence int64, res mainte
 	}
 	if d.Fence <= 0 {
 		return "", "", 0, res, errors.New(`"fence" is required: the record's fence, which names the execution the settlement is about`)
+	}
+	// As the client sent it: quoted ("w1", the IETF header's form) or
+	// bare; both name the same record, as everywhere else.
+	if d.Key, err = header.Parse([]string{d.Key}); err != nil {
+		return "", "", 0, res, fmt.Errorf("key: %w", err)
 	}
 	switch d.Outcome {
 	case "happened":
