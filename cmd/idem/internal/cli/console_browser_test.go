@@ -105,7 +105,7 @@ func TestConsoleBrowser(t *testing.T) {
 		}
 	}))
 	p, base := startProxy(t, ProxyConfig{Upstream: up.URL, Store: "memory:", Admin: "127.0.0.1:0", Console: true,
-		ConsoleCredentials: console.Credentials{Token: "console-token"}})
+		ConsoleCredentials: console.Credentials{Token: "console-token-0123456789abcdef0123456789"}})
 	admin := "http://" + p.AdminAddr().String()
 	c := client(t)
 
@@ -171,7 +171,7 @@ func TestConsoleBrowser(t *testing.T) {
 		t.Fatalf("wrong token: %q", text)
 	}
 	must("sign in and search by key",
-		chromedp.SendKeys(chromedp.CSS(`input[name=token]`), "console-token"),
+		chromedp.SendKeys(chromedp.CSS(`input[name=token]`), "console-token-0123456789abcdef0123456789"),
 		chromedp.Submit(chromedp.CSS(`input[name=token]`)),
 		chromedp.WaitVisible(chromedp.CSS(`input[name=key]`)),
 		chromedp.SendKeys(chromedp.CSS(`input[name=key]`), `"order-42"`),
@@ -250,7 +250,7 @@ func TestConsoleBrowser(t *testing.T) {
 	form := url.Values{"scope": {"x"}, "key": {"y"}, "action": {"delete"}, "confirm": {"yes"}}
 	req, _ := http.NewRequest(http.MethodPost, admin+"/console/act", strings.NewReader(form.Encode()))
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	req.Header.Set("Authorization", "Bearer console-token")
+	req.Header.Set("Authorization", "Bearer console-token-0123456789abcdef0123456789")
 	resp, err := c.Do(req)
 	if err != nil {
 		t.Fatal(err)

@@ -21,6 +21,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 	"unicode/utf8"
 
 	"github.com/idem-go/idem"
@@ -78,6 +80,36 @@ type Handler struct {
 	cfg Config
 	key []byte // signs sessions and CSRF tokens; new at every start
 	mux *http.ServeMux
+	now func() time.Time
+
+	mu       sync.Mutex
+	sessions map[string]time.Time // session id -> expiry
+	fails    map[string]*failures // failed sign-ins by client address
+}
+
+// SessionTTL is how long a session lasts after sign-in (or, without
+// credentials on loopback, after the first page).
+const SessionTTL = 12 * time.Hour
+
+// maxSessions bounds the sessions kept; past it, arbitrary ones end.
+const maxSessions = 10000
+
+// MinTokenBytes is the shortest console token accepted: a token is the
+// whole of an operator's authentication.
+const MinTokenBytes = 32
+
+// Sign-in throttling: after freeFailures failed attempts in a row from one
+// address, each attempt waits, starting at one second and doubling up to
+// maxLockout; a success clears the count.
+const (
+	freeFailures = 5
+	maxLockout   = 5 * time.Minute
+)
+
+// failures counts a client's failed sign-ins.
+type failures struct {
+	n     int
+	until time.Time // no attempt is checked before
 }
 
 // New checks cfg and returns the console. It refuses to serve without
@@ -92,11 +124,17 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.empty() && !loopback(cfg.Addr) {
 		return nil, fmt.Errorf("console: set IDEM_CONSOLE_TOKEN or IDEM_CONSOLE_USER/IDEM_CONSOLE_PASSWORD to serve the console on the non-loopback address %q", cfg.Addr)
 	}
-	h := &Handler{cfg: cfg, key: make([]byte, 32), mux: http.NewServeMux()}
+	if cfg.Token != "" && len(cfg.Token) < MinTokenBytes {
+		return nil, fmt.Errorf("console: IDEM_CONSOLE_TOKEN is %d bytes, want at least %d (e.g. openssl rand -hex 24)", len(cfg.Token), MinTokenBytes)
+	}
+	h := &Handler{cfg: cfg, key: make([]byte, 32), mux: http.NewServeMux(), now: time.Now,
+		sessions: map[string]time.Time{}, fails: map[string]*failures{}}
 	if _, err := rand.Read(h.key); err != nil {
 		return nil, err
 	}
 	h.mux.HandleFunc("GET /console/{$}", h.search)
+	h.mux.HandleFunc("POST /console/{$}", h.searchCredential)
+	h.mux.HandleFunc("POST /console/logout", h.logout)
 	h.mux.HandleFunc("GET /console/record", h.record)
 	h.mux.HandleFunc("GET /console/unknown", h.unknown)
 	h.mux.HandleFunc("GET /console/dead-letters", h.deadLetters)
@@ -132,13 +170,32 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// "Origin: null" with a form POST, which the Origin check refuses.
 	w.Header().Set("Referrer-Policy", "same-origin")
 	w.Header().Set("Cache-Control", "no-store")
+	if h.cfg.empty() && !h.localHost(r.Host) {
+		// Without credentials the console trusts the loopback address; a
+		// page of another site whose name resolves to 127.0.0.1 (DNS
+		// rebinding) sends its own name as Host.
+		http.Error(w, "this console has no credentials and answers only to a loopback host name (localhost, 127.0.0.1, [::1])", http.StatusMisdirectedRequest)
+		return
+	}
 	if r.Method == http.MethodPost && !h.sameOrigin(r) {
 		http.Error(w, "cross-origin request refused", http.StatusForbidden)
 		return
 	}
 	open := r.URL.Path == "/console/login" || r.URL.Path == "/console/style.css"
-	if !open && h.session(r) == "" {
+	if r.Header.Get("Authorization") != "" || (r.Method == http.MethodPost && r.URL.Path == "/console/login") {
+		if wait, locked := h.locked(r); locked {
+			w.Header().Set("Retry-After", strconv.Itoa(max(1, int(wait.Round(time.Second)/time.Second))))
+			http.Error(w, "too many failed sign-ins from this address; try again later", http.StatusTooManyRequests)
+			return
+		}
+	}
+	id := h.session(r)
+	if id == "" && h.cfg.empty() {
+		id = h.newSession(w, r) // loopback without credentials: a session per browser
+	}
+	if !open && id == "" {
 		if r.Header.Get("Authorization") != "" {
+			h.failed(r)
 			w.Header().Set("WWW-Authenticate", `Basic realm="idem console"`)
 			http.Error(w, "wrong credentials", http.StatusUnauthorized)
 			return
@@ -146,6 +203,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/console/login", http.StatusSeeOther)
 		return
 	}
+	r = r.WithContext(context.WithValue(r.Context(), sessionKey{}, id))
 	if !open && h.cfg.Store() == nil {
 		http.Error(w, "the store is not open yet", http.StatusServiceUnavailable)
 		return
@@ -167,15 +225,103 @@ func (h *Handler) sameOrigin(r *http.Request) bool {
 	return err == nil && u.Host == r.Host
 }
 
+// localHost reports whether a Host header names the console on loopback:
+// localhost, a loopback address, or the configured admin address.
+func (h *Handler) localHost(host string) bool {
+	if host == h.cfg.Addr {
+		return true
+	}
+	name, _, err := net.SplitHostPort(host)
+	if err != nil {
+		name = host
+	}
+	return loopback(strings.TrimSuffix(strings.TrimPrefix(name, "["), "]"))
+}
+
+type sessionKey struct{}
+
+// sessionOf is the session ServeHTTP found for r.
+func sessionOf(r *http.Request) string {
+	id, _ := r.Context().Value(sessionKey{}).(string)
+	return id
+}
+
+// client is the address failed sign-ins are counted by.
+func client(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+// locked reports whether r's address must wait before its next attempt.
+func (h *Handler) locked(r *http.Request) (time.Duration, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	f := h.fails[client(r)]
+	if f == nil {
+		return 0, false
+	}
+	wait := f.until.Sub(h.now())
+	return wait, wait > 0
+}
+
+// failed counts a failed sign-in of r's address.
+func (h *Handler) failed(r *http.Request) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := h.now()
+	if len(h.fails) > 10000 {
+		for k, f := range h.fails {
+			if now.Sub(f.until) > maxLockout {
+				delete(h.fails, k)
+			}
+		}
+	}
+	f := h.fails[client(r)]
+	if f == nil {
+		f = &failures{}
+		h.fails[client(r)] = f
+	}
+	f.n++
+	if f.n > freeFailures {
+		f.until = now.Add(min(maxLockout, time.Second<<min(f.n-freeFailures-1, 16)))
+	}
+}
+
+// succeeded clears the failures of r's address.
+func (h *Handler) succeeded(r *http.Request) {
+	h.mu.Lock()
+	delete(h.fails, client(r))
+	h.mu.Unlock()
+}
+
+// newSession starts a session and sets its cookie.
+func (h *Handler) newSession(w http.ResponseWriter, r *http.Request) string {
+	idb := make([]byte, 16)
+	_, _ = rand.Read(idb)
+	id := base64.RawURLEncoding.EncodeToString(idb)
+	now := h.now()
+	h.mu.Lock()
+	for k, exp := range h.sessions {
+		if !now.Before(exp) || len(h.sessions) >= maxSessions {
+			delete(h.sessions, k)
+		}
+	}
+	h.sessions[id] = now.Add(SessionTTL)
+	h.mu.Unlock()
+	http.SetCookie(w, &http.Cookie{Name: "idem_console", Value: id + "." + h.sign("session", id),
+		Path: Prefix, MaxAge: int(SessionTTL / time.Second), HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+	return id
+}
+
 // session names the authenticated caller ("" when not authenticated): an
-// Authorization header with the credentials, or the signed cookie the login
-// form set.
+// Authorization header with the credentials, or the cookie of a session
+// that has not expired nor been ended.
 func (h *Handler) session(r *http.Request) string {
 	c := h.cfg.Credentials
-	if c.empty() {
-		return "local"
-	}
-	if a := r.Header.Get("Authorization"); a != "" {
+	if a := r.Header.Get("Authorization"); a != "" && !c.empty() {
 		if tok, ok := strings.CutPrefix(a, "Bearer "); ok && c.Token != "" && equal(tok, c.Token) {
 			return "bearer"
 		}
@@ -190,6 +336,12 @@ func (h *Handler) session(r *http.Request) string {
 	}
 	id, mac, ok := strings.Cut(ck.Value, ".")
 	if !ok || !equal(mac, h.sign("session", id)) {
+		return ""
+	}
+	h.mu.Lock()
+	exp, live := h.sessions[id]
+	h.mu.Unlock()
+	if !live || !h.now().Before(exp) {
 		return ""
 	}
 	return id
@@ -210,8 +362,26 @@ func (h *Handler) sign(purpose, v string) string {
 	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 }
 
-// csrf is the form token of a session: checked on every POST.
-func (h *Handler) csrf(r *http.Request) string { return h.sign("csrf", h.session(r)) }
+// csrf is the form token of the request's session: checked on every
+// POST. Each session has its own; without one (the login page) it is
+// empty and no POST but the sign-in is taken.
+func (h *Handler) csrf(r *http.Request) string {
+	id := sessionOf(r)
+	if id == "" {
+		return ""
+	}
+	return h.sign("csrf", id)
+}
+
+// checkCSRF refuses a form without its session's token.
+func (h *Handler) checkCSRF(w http.ResponseWriter, r *http.Request) bool {
+	want := h.csrf(r)
+	if want == "" || !equal(r.PostFormValue("csrf"), want) {
+		http.Error(w, "missing or wrong CSRF token", http.StatusForbidden)
+		return false
+	}
+	return true
+}
 
 func (h *Handler) loginPage(w http.ResponseWriter, r *http.Request) {
 	h.render(w, r, http.StatusOK, "login.html", map[string]any{"User": h.cfg.User != ""})
@@ -223,15 +393,25 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 		user, pass = "", tok
 	}
 	if h.cfg.empty() || !h.check(user, pass) {
+		h.failed(r)
 		h.render(w, r, http.StatusUnauthorized, "login.html", map[string]any{"User": h.cfg.User != "", "Error": "wrong credentials"})
 		return
 	}
-	idb := make([]byte, 16)
-	_, _ = rand.Read(idb)
-	id := base64.RawURLEncoding.EncodeToString(idb)
-	http.SetCookie(w, &http.Cookie{Name: "idem_console", Value: id + "." + h.sign("session", id),
-		Path: Prefix, HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+	h.succeeded(r)
+	h.newSession(w, r)
 	http.Redirect(w, r, Prefix, http.StatusSeeOther)
+}
+
+// logout ends the session: its cookie no longer signs anyone in.
+func (h *Handler) logout(w http.ResponseWriter, r *http.Request) {
+	if !h.checkCSRF(w, r) {
+		return
+	}
+	h.mu.Lock()
+	delete(h.sessions, sessionOf(r))
+	h.mu.Unlock()
+	http.SetCookie(w, &http.Cookie{Name: "idem_console", Value: "", Path: Prefix, MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+	http.Redirect(w, r, "/console/login", http.StatusSeeOther)
 }
 
 func (h *Handler) render(w http.ResponseWriter, r *http.Request, status int, page string, data map[string]any) {
@@ -252,14 +432,10 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, status int, err e
 func (h *Handler) query(q url.Values) (store.ListParams, error) {
 	p := store.ListParams{Limit: 50, State: store.State(q.Get("state"))}
 	tenant := q.Get("tenant")
-	if cred := q.Get("credential"); cred != "" {
-		if h.cfg.Tenant == nil {
-			return p, errors.New("this proxy does not take tenants from the Authorization header")
-		}
-		var err error
-		if tenant, err = h.cfg.Tenant(cred); err != nil {
-			return p, fmt.Errorf("credential: %w", err)
-		}
+	if q.Has("credential") {
+		// A customer's token must not land in a URL (history, logs,
+		// the next-page link): it is searched for by POST only.
+		return p, errors.New("a credential is searched for with the credential form (POST), never in the address")
 	}
 	if tenant != "" || q.Get("route") != "" {
 		p.ScopePrefix = strconv.Itoa(len(tenant)) + ":" + tenant
@@ -334,6 +510,37 @@ func (h *Handler) search(w http.ResponseWriter, r *http.Request) {
 	h.list(w, r, "search.html", p, err, nil)
 }
 
+// searchCredential turns a client's credential, posted, into the tenant
+// the proxy files it under and shows that tenant's records: the address,
+// and the next-page link, hold the tenant id, never the credential.
+func (h *Handler) searchCredential(w http.ResponseWriter, r *http.Request) {
+	if !h.checkCSRF(w, r) {
+		return
+	}
+	q := url.Values{}
+	for _, name := range []string{"method", "route", "key", "state"} {
+		if v := r.PostFormValue(name); v != "" {
+			q.Set(name, v)
+		}
+	}
+	var err error
+	switch cred := r.PostFormValue("credential"); {
+	case h.cfg.Tenant == nil:
+		err = errors.New("this proxy does not take tenants from the Authorization header")
+	case cred == "":
+		err = errors.New("give the credential (the Authorization value the client sends)")
+	default:
+		var tenant string
+		if tenant, err = h.cfg.Tenant(cred); err == nil {
+			q.Set("tenant", tenant)
+			http.Redirect(w, r, Prefix+"?"+q.Encode(), http.StatusSeeOther)
+			return
+		}
+		err = fmt.Errorf("credential: %w", err)
+	}
+	h.list(w, r, "search.html", store.ListParams{}, err, nil)
+}
+
 // unknown is the unknown queue: unknown records the reconciler (or an
 // operator) has yet to settle; the dead letters have their own page.
 func (h *Handler) unknown(w http.ResponseWriter, r *http.Request) {
@@ -373,8 +580,7 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusBadRequest, err)
 		return
 	}
-	if !equal(r.PostForm.Get("csrf"), h.csrf(r)) {
-		http.Error(w, "missing or wrong CSRF token", http.StatusForbidden)
+	if !h.checkCSRF(w, r) {
 		return
 	}
 	f := r.PostForm

@@ -24,11 +24,19 @@ import (
 type fixture struct {
 	t   *testing.T
 	s   store.Store
+	h   *console.Handler
 	srv *httptest.Server
 	c   *http.Client
 }
 
+// token is the fixture's console token.
+const token = "s3cret-console-token-0123456789abcdef"
+
 func newFixture(t *testing.T) *fixture {
+	return newFixtureWith(t, console.Credentials{Token: token}, "0.0.0.0:9090")
+}
+
+func newFixtureWith(t *testing.T, creds console.Credentials, addr string) *fixture {
 	s := memory.New(memory.Config{})
 	m, err := maintenance.New(s, maintenance.Config{})
 	if err != nil {
@@ -36,7 +44,7 @@ func newFixture(t *testing.T) *fixture {
 	}
 	h, err := console.New(console.Config{Store: func() store.Store { return s }, Settle: m.Settle,
 		Tenant:      func(c string) (string, error) { return "auth:" + c, nil },
-		Credentials: console.Credentials{Token: "s3cret"}, Addr: "0.0.0.0:9090"})
+		Credentials: creds, Addr: addr})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +54,7 @@ func newFixture(t *testing.T) *fixture {
 	t.Cleanup(srv.Close)
 	jar, _ := cookiejar.New(nil)
 	c := &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	return &fixture{t: t, s: s, srv: srv, c: c}
+	return &fixture{t: t, s: s, h: h, srv: srv, c: c}
 }
 
 // unknown makes a record whose outcome is unknown and returns its fence.
@@ -105,16 +113,15 @@ func TestConsole(t *testing.T) {
 	if code, _ := f.do("POST", "/console/login", url.Values{"token": {"wrong"}}, nil); code != http.StatusUnauthorized {
 		t.Fatalf("login with a wrong token: %d, want 401", code)
 	}
-	if code, body := f.do("GET", "/console/unknown", nil, map[string]string{"Authorization": "Bearer s3cret"}); code != 200 || !strings.Contains(body, "k2") {
+	if code, body := f.do("GET", "/console/unknown", nil, map[string]string{"Authorization": "Bearer "+token}); code != 200 || !strings.Contains(body, "k2") {
 		t.Fatalf("bearer token: %d", code)
 	}
-	if code, _ := f.do("POST", "/console/login", url.Values{"token": {"s3cret"}}, nil); code != http.StatusSeeOther {
+	if code, _ := f.do("POST", "/console/login", url.Values{"token": {token}}, nil); code != http.StatusSeeOther {
 		t.Fatalf("login: %d", code)
 	}
 
-	// Search by credential (hashed by the proxy's function) and by the key
-	// as the client sent it, quoted.
-	code, body := f.do("GET", "/console/?"+url.Values{"credential": {"abc"}, "key": {`"k-<script>alert(1)</script>"`}}.Encode(), nil, nil)
+	// Search by tenant and by the key as the client sent it, quoted.
+	code, body := f.do("GET", "/console/?"+url.Values{"tenant": {"auth:abc"}, "key": {`"k-<script>alert(1)</script>"`}}.Encode(), nil, nil)
 	if code != 200 || strings.Contains(body, "<script>alert") || !strings.Contains(body, "k-&lt;script&gt;") || strings.Contains(body, "k2") {
 		t.Fatalf("search: %d\n%s", code, body)
 	}
@@ -201,7 +208,7 @@ func (f *fixture) deadLetter(tenant, route, key string) string {
 
 func TestConsoleDeadLetters(t *testing.T) {
 	f := newFixture(t)
-	auth := map[string]string{"Authorization": "Bearer s3cret"}
+	auth := map[string]string{"Authorization": "Bearer "+token}
 	f.unknown("t", "/v1/charges", "still-unknown")
 	scope := f.deadLetter("t", "/v1/charges", "given-up")
 	f.deadLetter("t", "/v1/charges", "given-up-2")
@@ -246,7 +253,7 @@ func TestConsoleDeadLetters(t *testing.T) {
 	act = url.Values{"csrf": {m[1]}, "scope": {scope}, "key": {"given-up-2"}, "action": {"delete"}, "from": {"dead-letters"}, "confirm": {"yes"}}
 	req, _ := http.NewRequest("POST", f.srv.URL+"/console/act", strings.NewReader(act.Encode()))
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	req.Header.Set("Authorization", "Bearer s3cret")
+	req.Header.Set("Authorization", "Bearer "+token)
 	resp, err := f.c.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -264,7 +271,7 @@ func TestConsoleDeadLetters(t *testing.T) {
 // letters among unknown records fill a page of 50 and a second of 10.
 func TestConsoleDeadLettersPaging(t *testing.T) {
 	f := newFixture(t)
-	auth := map[string]string{"Authorization": "Bearer s3cret"}
+	auth := map[string]string{"Authorization": "Bearer "+token}
 	for i := range 60 {
 		f.deadLetter("t", "/v1/charges", fmt.Sprintf("dead-%02d", i))
 		f.unknown("t", "/v1/charges", fmt.Sprintf("live-%02d", i))
@@ -298,7 +305,7 @@ func (f *fixture) get(scope, key string) store.Record {
 // record ran again (released, run, unknown again): 409, nothing changed.
 func TestConsoleSettlementBoundToFence(t *testing.T) {
 	f := newFixture(t)
-	auth := map[string]string{"Authorization": "Bearer s3cret"}
+	auth := map[string]string{"Authorization": "Bearer "+token}
 	first := f.unknown("t", "/v1/charges", "k")
 	scope := (&idem.Request{Tenant: "t", Method: "POST", Route: "/v1/charges"}).Scope()
 	_, body := f.do("GET", "/console/record?"+url.Values{"scope": {scope}, "key": {"k"}}.Encode(), nil, auth)
@@ -330,5 +337,181 @@ func TestConsoleSettlementBoundToFence(t *testing.T) {
 	act.Del("fence")
 	if code, _ := f.do("POST", "/console/act", act, auth); code != http.StatusBadRequest {
 		t.Fatalf("a settlement without a fence: %d, want 400", code)
+	}
+}
+
+// doHost is do with another Host header.
+func (f *fixture) doHost(host, path string) int {
+	f.t.Helper()
+	req, _ := http.NewRequest("GET", f.srv.URL+path, nil)
+	req.Host = host
+	resp, err := f.c.Do(req)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// Without credentials the console answers loopback host names only: a
+// page of evil.example that rebinds its name to 127.0.0.1 sends Host:
+// evil.example and gets nothing.
+func TestConsoleWithoutCredentialsAnswersLoopbackHostsOnly(t *testing.T) {
+	f := newFixtureWith(t, console.Credentials{}, "127.0.0.1:9090")
+	f.unknown("t", "/v1/charges", "k1")
+	port := strings.TrimPrefix(f.srv.URL, "http://127.0.0.1:")
+	for _, host := range []string{"evil.example:" + port, "evil.example", "127.0.0.1.evil.example:" + port, "10.0.0.1:" + port} {
+		if code := f.doHost(host, "/console/unknown"); code != http.StatusMisdirectedRequest {
+			t.Errorf("Host %s: %d, want 421", host, code)
+		}
+	}
+	for _, host := range []string{"127.0.0.1:" + port, "localhost:" + port, "[::1]:" + port, "127.0.0.1:9090"} {
+		if code := f.doHost(host, "/console/unknown"); code != http.StatusOK {
+			t.Errorf("Host %s: %d, want 200", host, code)
+		}
+	}
+}
+
+// Each session has its own CSRF token, also without credentials: the
+// token of one browser does not let another post.
+func TestConsoleCSRFPerSession(t *testing.T) {
+	f := newFixtureWith(t, console.Credentials{}, "127.0.0.1:9090")
+	f.unknown("t", "/v1/charges", "k1")
+	scope := (&idem.Request{Tenant: "t", Method: "POST", Route: "/v1/charges"}).Scope()
+	page := "/console/record?" + url.Values{"scope": {scope}, "key": {"k1"}}.Encode()
+	_, a := f.do("GET", page, nil, nil)
+	other := newFixtureWith(t, console.Credentials{}, "127.0.0.1:9090")
+	other.srv, other.s = f.srv, f.s // the same console, another browser
+	_, b := other.do("GET", page, nil, nil)
+	ta, tb := csrfRe.FindStringSubmatch(a), csrfRe.FindStringSubmatch(b)
+	if ta == nil || tb == nil || ta[1] == tb[1] {
+		t.Fatalf("two browsers' CSRF tokens: %v %v, want two different ones", ta, tb)
+	}
+	act := url.Values{"csrf": {ta[1]}, "scope": {scope}, "key": {"k1"}, "action": {"delete"}, "confirm": {"yes"}}
+	if code, _ := other.do("POST", "/console/act", act, nil); code != http.StatusForbidden {
+		t.Fatalf("a POST with another session's token: %d, want 403", code)
+	}
+	if code, _ := f.do("POST", "/console/act", act, nil); code != http.StatusSeeOther {
+		t.Fatalf("a POST with its own session's token: %d", code)
+	}
+}
+
+// Failed sign-ins are throttled by address: after 5 in a row, each
+// attempt waits (429 with Retry-After), the right token included, and the
+// wait grows; once it passed, the right token signs in.
+func TestConsoleThrottlesFailedSignIns(t *testing.T) {
+	f := newFixture(t)
+	now := time.Now()
+	console.SetNow(f.h, func() time.Time { return now })
+	var throttled int
+	for i := range 30 {
+		code, _ := f.do("POST", "/console/login", url.Values{"token": {fmt.Sprint("wrong-", i)}}, nil)
+		switch {
+		case i < 5 && code != http.StatusUnauthorized:
+			t.Fatalf("attempt %d: %d, want 401", i, code)
+		case code == http.StatusTooManyRequests:
+			throttled++
+		}
+	}
+	if throttled < 24 {
+		t.Fatalf("%d of 30 wrong tokens were throttled, want all but the first 6", throttled)
+	}
+	if code, _ := f.do("POST", "/console/login", url.Values{"token": {token}}, nil); code != http.StatusTooManyRequests {
+		t.Fatalf("the right token while locked out: %d, want 429", code)
+	}
+	if code, _ := f.do("GET", "/console/unknown", nil, map[string]string{"Authorization": "Bearer " + token}); code != http.StatusTooManyRequests {
+		t.Fatalf("the right bearer token while locked out: %d, want 429", code)
+	}
+	now = now.Add(6 * time.Minute)
+	if code, _ := f.do("POST", "/console/login", url.Values{"token": {token}}, nil); code != http.StatusSeeOther {
+		t.Fatalf("the right token after the wait: %d, want a sign-in", code)
+	}
+}
+
+// A session ends at logout or SessionTTL after sign-in.
+func TestConsoleSessionsExpireAndLogOut(t *testing.T) {
+	f := newFixture(t)
+	now := time.Now()
+	console.SetNow(f.h, func() time.Time { return now })
+	if code, _ := f.do("POST", "/console/login", url.Values{"token": {token}}, nil); code != http.StatusSeeOther {
+		t.Fatalf("login: %d", code)
+	}
+	if code, _ := f.do("GET", "/console/unknown", nil, nil); code != 200 {
+		t.Fatalf("signed in: %d", code)
+	}
+	now = now.Add(console.SessionTTL + time.Second)
+	if code, _ := f.do("GET", "/console/unknown", nil, nil); code != http.StatusSeeOther {
+		t.Fatalf("an expired session: %d, want a redirect to sign in", code)
+	}
+	if code, _ := f.do("POST", "/console/login", url.Values{"token": {token}}, nil); code != http.StatusSeeOther {
+		t.Fatalf("login: %d", code)
+	}
+	u, _ := url.Parse(f.srv.URL + "/console/")
+	cookies := f.c.Jar.Cookies(u)
+	_, body := f.do("GET", "/console/unknown", nil, nil)
+	m := csrfRe.FindStringSubmatch(body)
+	if m == nil || !strings.Contains(body, `id="logout"`) {
+		t.Fatal("no sign-out form")
+	}
+	if code, _ := f.do("POST", "/console/logout", url.Values{"csrf": {m[1]}}, nil); code != http.StatusSeeOther {
+		t.Fatalf("logout: %d", code)
+	}
+	// The old cookie, sent again, no longer signs anyone in.
+	req, _ := http.NewRequest("GET", f.srv.URL+"/console/unknown", nil)
+	for _, c := range cookies {
+		req.AddCookie(c)
+	}
+	resp, err := http.DefaultTransport.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("the cookie of a session that logged out: %d, want a redirect to sign in", resp.StatusCode)
+	}
+}
+
+func TestConsoleRefusesShortTokens(t *testing.T) {
+	s := memory.New(memory.Config{})
+	settle := func(context.Context, string, string, int64, maintenance.Resolution) error { return nil }
+	_, err := console.New(console.Config{Store: func() store.Store { return s }, Settle: settle, Addr: "0.0.0.0:9090",
+		Credentials: console.Credentials{Token: strings.Repeat("x", console.MinTokenBytes-1)}})
+	if err == nil || !strings.Contains(err.Error(), "at least 32") {
+		t.Fatalf("a 31-byte token: %v", err)
+	}
+}
+
+// A customer's credential never lands in a URL: searching by it is a
+// POST that leads to the tenant's records by tenant id, and a credential
+// in the address is refused.
+func TestConsoleCredentialSearchIsAPost(t *testing.T) {
+	f := newFixture(t)
+	auth := map[string]string{"Authorization": "Bearer " + token}
+	for i := range 60 {
+		f.unknown("auth:sk_live_secret", "/v1/charges", fmt.Sprintf("k%02d", i))
+	}
+	if code, body := f.do("GET", "/console/?credential=sk_live_secret", nil, auth); code != http.StatusBadRequest || !strings.Contains(body, "POST") {
+		t.Fatalf("credential in the address: %d", code)
+	}
+	code, body := f.do("GET", "/console/", nil, auth)
+	m := csrfRe.FindStringSubmatch(body)
+	if code != 200 || m == nil || !strings.Contains(body, `<form method="post" action="/console/"`) {
+		t.Fatalf("search page: %d", code)
+	}
+	req, _ := http.NewRequest("POST", f.srv.URL+"/console/", strings.NewReader(url.Values{"csrf": {m[1]}, "credential": {"sk_live_secret"}, "state": {"unknown"}}.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := f.c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	loc := resp.Header.Get("Location")
+	if resp.StatusCode != http.StatusSeeOther || strings.Contains(loc, "sk_live") && !strings.Contains(loc, "auth%3Ask_live") || strings.Contains(loc, "credential") {
+		t.Fatalf("credential search: %d to %q, want a redirect naming the tenant", resp.StatusCode, loc)
+	}
+	code, body = f.do("GET", loc, nil, auth)
+	if code != 200 || strings.Count(body, ">k") != 50 || strings.Contains(body, "credential=") {
+		t.Fatalf("the tenant's records: %d, %d keys\n%s", code, strings.Count(body, ">k"), body)
 	}
 }
