@@ -113,7 +113,7 @@ func TestConsole(t *testing.T) {
 	if code, _ := f.do("POST", "/console/login", url.Values{"token": {"wrong"}}, nil); code != http.StatusUnauthorized {
 		t.Fatalf("login with a wrong token: %d, want 401", code)
 	}
-	if code, body := f.do("GET", "/console/unknown", nil, map[string]string{"Authorization": "Bearer "+token}); code != 200 || !strings.Contains(body, "k2") {
+	if code, body := f.do("GET", "/console/unknown", nil, map[string]string{"Authorization": "Bearer " + token}); code != 200 || !strings.Contains(body, "k2") {
 		t.Fatalf("bearer token: %d", code)
 	}
 	if code, _ := f.do("POST", "/console/login", url.Values{"token": {token}}, nil); code != http.StatusSeeOther {
@@ -208,7 +208,7 @@ func (f *fixture) deadLetter(tenant, route, key string) string {
 
 func TestConsoleDeadLetters(t *testing.T) {
 	f := newFixture(t)
-	auth := map[string]string{"Authorization": "Bearer "+token}
+	auth := map[string]string{"Authorization": "Bearer " + token}
 	f.unknown("t", "/v1/charges", "still-unknown")
 	scope := f.deadLetter("t", "/v1/charges", "given-up")
 	f.deadLetter("t", "/v1/charges", "given-up-2")
@@ -271,7 +271,7 @@ func TestConsoleDeadLetters(t *testing.T) {
 // letters among unknown records fill a page of 50 and a second of 10.
 func TestConsoleDeadLettersPaging(t *testing.T) {
 	f := newFixture(t)
-	auth := map[string]string{"Authorization": "Bearer "+token}
+	auth := map[string]string{"Authorization": "Bearer " + token}
 	for i := range 60 {
 		f.deadLetter("t", "/v1/charges", fmt.Sprintf("dead-%02d", i))
 		f.unknown("t", "/v1/charges", fmt.Sprintf("live-%02d", i))
@@ -305,7 +305,7 @@ func (f *fixture) get(scope, key string) store.Record {
 // record ran again (released, run, unknown again): 409, nothing changed.
 func TestConsoleSettlementBoundToFence(t *testing.T) {
 	f := newFixture(t)
-	auth := map[string]string{"Authorization": "Bearer "+token}
+	auth := map[string]string{"Authorization": "Bearer " + token}
 	first := f.unknown("t", "/v1/charges", "k")
 	scope := (&idem.Request{Tenant: "t", Method: "POST", Route: "/v1/charges"}).Scope()
 	_, body := f.do("GET", "/console/record?"+url.Values{"scope": {scope}, "key": {"k"}}.Encode(), nil, auth)
