@@ -1071,6 +1071,19 @@ const proxySynopsis = `--upstream URL [flags]
 Puts the idempotency engine in front of the API at --upstream: a request
 under an Idempotency-Key runs once, and its retries get the first answer.
 
+Duplicates in flight (a retry that arrives while its first attempt still
+runs, as Go's transport and most SDKs send them): the duplicate waits up to
+--wait (5s) for the first answer to be stored and gets it replayed. After
+the wait, or at once with --wait 0, it gets --in-progress-status with
+Retry-After: under --profile ietf 409 (every retrying client retries it) or
+202 (only for clients that read the problem type of a 2xx: Stripe's SDKs,
+Python requests and anything that takes 2xx for done would take it for the
+result); under --profile stripe 429 with the code lock_timeout and
+Stripe-Should-Retry: true (the one refusal stripe-go retries, unlike
+Stripe's own 409 idempotency_key_in_use, which --in-progress-status 409
+gives). 202 is refused with --profile stripe. Each waiting duplicate holds
+its connection and reads the store about four times a second.
+
 While it serves, the proxy runs the background services, unless
 --maintenance=false: the sweeper moves in-progress records whose lease
 expired (their holder crashed) to unknown every --sweep-interval, the
@@ -1134,6 +1147,13 @@ until the store opens (retried in the background, migrated with --migrate).
 
 ` + resolveProtocol + "\n\n" + webhookHelp
 
+// defaultWait is --wait's default: most clients (Go's own transport,
+// Stripe's SDKs) resend sooner than a slow upstream answers, and a
+// duplicate that waits gets the answer instead of a refusal it must retry.
+// It bounds what a duplicate storm holds: a connection and a store read
+// every 250ms per waiting duplicate (README.md, "Duplicates in flight").
+const defaultWait = 5 * time.Second
+
 func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logFormat, logLevel string, err error) {
 	fs := newFlags("proxy", proxySynopsis, stderr)
 	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:8080", "`address` the proxy listens on")
@@ -1174,7 +1194,7 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	fs.Var(&fields, "fields", "comma-separated JSON `members` that identify a request (payment.amount names a nested one); none: the whole body")
 	fs.StringVar(&cfg.KeyHeader, "key-header", idem.DefaultKeyHeader, "`name` of the request header that carries the idempotency key")
 	fs.BoolVar(&cfg.EchoKey, "echo-key", false, "send the key back, as sent, in --key-header on every answer to a keyed request (replays and problems too)")
-	fs.DurationVar(&cfg.Wait, "wait", 0, "let a duplicate of an in-flight request wait this long and replay, instead of 409 at once")
+	fs.DurationVar(&cfg.Wait, "wait", defaultWait, "how long a duplicate of an in-flight request waits for the first to finish and gets its answer replayed; after it (or with 0, at once) it gets --in-progress-status")
 	fs.Float64Var(&cfg.TenantRate, "tenant-rate", 0, "new keys a `second` each tenant may send, per proxy (over it: 429 tenant-rate-limited; replays and duplicates are free); 0: no limit")
 	fs.IntVar(&cfg.TenantBurst, "tenant-burst", 0, "new keys a tenant may send at once under --tenant-rate; 0: one second's worth")
 	fs.IntVar(&cfg.TenantMaxActive, "tenant-max-active", 0, "`records` a tenant may hold waiting for a worker (--async), in progress or awaiting reconciliation, across every proxy on the store (over it: 429 tenant-over-cap); 0: no cap")

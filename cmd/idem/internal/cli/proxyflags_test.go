@@ -147,7 +147,7 @@ func TestProxyInProgressStatusAndRetryAfterFlags(t *testing.T) {
 		{[]string{"--in-progress-status", "202", "--retry-after", "7s"}, http.StatusAccepted, "7", idem.SlugInProgress},
 	} {
 		api := newBlockingAPI()
-		_, base := proxyFromFlags(t, newUpstream(t, api).URL, tt.args...)
+		_, base := proxyFromFlags(t, newUpstream(t, api).URL, append([]string{"--wait", "0"}, tt.args...)...)
 		c := client(t)
 		done := make(chan reply, 1)
 		go func() {
@@ -178,6 +178,36 @@ func TestProxyInProgressStatusAndRetryAfterFlags(t *testing.T) {
 	_, errOut, _ := run("proxy", "--upstream", "http://x", "--profile", "stripe", "--in-progress-status", "202")
 	if !strings.Contains(errOut, "Stripe's SDKs take any 2xx") {
 		t.Errorf("202 with the stripe profile refused without saying why:\n%s", errOut)
+	}
+}
+
+// By default a duplicate of a request in flight waits for it and gets its
+// answer replayed, instead of a refusal to retry.
+func TestProxyWaitsByDefault(t *testing.T) {
+	t.Parallel()
+	api := newBlockingAPI()
+	_, base := proxyFromFlags(t, newUpstream(t, api).URL)
+	c := client(t)
+	first := make(chan reply, 1)
+	go func() {
+		r, _ := trySend(context.Background(), c, "POST", base+"/v1/charges", "slow", `{}`)
+		first <- r
+	}()
+	<-api.arrived
+	dup := make(chan reply, 1)
+	go func() {
+		r, _ := trySend(context.Background(), c, "POST", base+"/v1/charges", "slow", `{}`)
+		dup <- r
+	}()
+	select {
+	case r := <-dup:
+		t.Fatalf("the duplicate was answered %d while the first was running", r.status)
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(api.release)
+	f, d := <-first, <-dup
+	if f.status != http.StatusCreated || d.status != http.StatusCreated || d.header.Get("Idempotent-Replayed") != "true" || string(d.body) != string(f.body) {
+		t.Errorf("first %d %s, duplicate %d %s (replayed %q); want the first's answer replayed", f.status, f.body, d.status, d.body, d.header.Get("Idempotent-Replayed"))
 	}
 }
 
@@ -251,7 +281,7 @@ func TestProxyFlagDefaultsAreTheEngines(t *testing.T) {
 	}
 	if cfg.TTL != idem.DefaultTTL || cfg.Lease != idem.DefaultLease || cfg.RetryAfter != idem.DefaultRetryAfter ||
 		cfg.StoreTimeout != idem.DefaultStoreTimeout || cfg.MaxBody != idem.DefaultMaxBodyBytes ||
-		cfg.MaxResponseBytes != idem.DefaultMaxResponseBytes || cfg.InProgressStatus != 0 ||
+		cfg.MaxResponseBytes != idem.DefaultMaxResponseBytes || cfg.InProgressStatus != 0 || cfg.Wait != defaultWait ||
 		cfg.KeyRequired != nil || cfg.KeyReusedStatus != 0 || cfg.LeasePolicy != string(store.LeaseUnknown) ||
 		cfg.Fields != nil || cfg.StoreServerErrors || cfg.KeyHeader != idem.DefaultKeyHeader {
 		t.Errorf("defaults %+v", cfg)

@@ -1,0 +1,63 @@
+package compat
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stripe/stripe-go/v85"
+)
+
+// stripe-go through the relay that loses answers, on the profiles it
+// meets: stripe (its own dialect: a key in use is 429 lock_timeout, the
+// one Stripe-shaped error it retries) and ietf (problem+json bodies, which
+// it does not parse as Stripe errors and so retries). The proxy runs with
+// its default flags but the profile, and with --wait 0, where every
+// duplicate in flight is refused and must be retried.
+func TestStripeGo(t *testing.T) {
+	mock := stripeMock(t)
+	for _, profile := range []string{"stripe", "ietf"} {
+		for _, wait := range []string{"default", "0"} {
+			t.Run(profile+"/wait="+wait, func(t *testing.T) {
+				args := []string{"--profile", profile}
+				if wait != "default" {
+					args = append(args, "--wait", wait)
+				}
+				stores(t, func(t *testing.T, dsn string) {
+					s := newStack(t, mock, dsn, 20*time.Millisecond, args...)
+					s.verify(t, stripeGoCalls(t, s.relayURL, calls(t, 80)))
+				})
+			})
+		}
+	}
+}
+
+// stripeGoCalls makes n customer creations with stripe-go on 16
+// goroutines, each call under the key stripe-go makes for it.
+func stripeGoCalls(t *testing.T, base string, n int) []outcome {
+	t.Helper()
+	sc := stripe.NewClient("sk_test_compat", stripe.WithBackends(stripe.NewBackendsWithConfig(&stripe.BackendConfig{
+		URL:               stripe.String(base),
+		MaxNetworkRetries: stripe.Int64(5),
+		HTTPClient:        &http.Client{Timeout: time.Minute},
+		LeveledLogger:     &stripe.LeveledLogger{Level: stripe.LevelNull},
+	})))
+	return run(n, func(i int) outcome {
+		call := fmt.Sprintf("call-%d", i)
+		c, err := sc.V1Customers.Create(context.Background(), &stripe.CustomerCreateParams{Description: stripe.String(call)})
+		switch {
+		case err != nil:
+			var se *stripe.Error
+			if errors.As(err, &se) {
+				return outcome{call: call, err: fmt.Sprintf("%d %s %s: %s", se.HTTPStatusCode, se.Type, se.Code, se.Msg)}
+			}
+			return outcome{call: call, err: err.Error()}
+		case c.ID == "":
+			return outcome{call: call, err: "an answer without an id: " + string(c.LastResponse.RawJSON)}
+		}
+		return outcome{call: call, id: c.ID}
+	})
+}
