@@ -703,14 +703,20 @@ func (c *checker) checkTenants(ctx context.Context) checkResult {
 }
 
 // runChecks runs the checklist and prints a line per check and a summary.
-func runChecks(ctx context.Context, cfg checkConfig, out io.Writer) error {
+// newChecker returns a checker of the API cfg names; close releases its
+// connections.
+func newChecker(cfg checkConfig) (c *checker, close func()) {
 	tr := newLoadTransport(cfg.Concurrency)
-	defer tr.CloseIdleConnections()
-	c := &checker{cfg: cfg, client: &http.Client{
+	return &checker{cfg: cfg, client: &http.Client{
 		Transport: tr,
 		// A redirect is an answer like any other: replays must repeat it.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}}
+	}}, tr.CloseIdleConnections
+}
+
+func runChecks(ctx context.Context, cfg checkConfig, out io.Writer) error {
+	c, closeChecker := newChecker(cfg)
+	defer closeChecker()
 	fmt.Fprintf(out, "idem check: %s %s (profile %s, %d concurrent duplicates)\n\n", cfg.Method, cfg.URL, cfg.Profile, cfg.Concurrency)
 	counts := map[verdict]int{}
 	var failedNames []string
@@ -873,6 +879,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	otherAuth := fs.String("other-auth", "", "Authorization `VALUE` of a second tenant, for the tenant check")
 	conc := fs.Int("concurrency", 8, "simultaneous duplicates in the concurrent check")
 	timeout := fs.Duration("timeout", 10*time.Second, "bound on each request, and on waiting out 409s")
+	vectors := fs.Bool("ietf-vectors", false, "run the conformance vectors of the IETF Idempotency-Key draft (-07), each MUST and SHOULD with where idem differs, instead of the checklist")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -917,6 +924,10 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if cfg.Header.Get("Content-Type") == "" && json.Valid(cfg.Body) {
 		cfg.Header.Set("Content-Type", "application/json")
+	}
+	if *vectors {
+		_, err := runVectors(ctx, cfg, stdout)
+		return err
 	}
 	return runChecks(ctx, cfg, stdout)
 }
