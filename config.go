@@ -32,6 +32,8 @@ const (
 	DefaultBreakerFailures        = 5
 	DefaultBreakerOpen            = time.Second
 	DefaultBreakerMaxOpen         = 30 * time.Second
+	// DefaultDurabilityInterval is Config.DurabilityInterval's default.
+	DefaultDurabilityInterval = time.Minute
 )
 
 // Profile selects the HTTP dialect of the engine's own responses.
@@ -180,6 +182,22 @@ type Config struct {
 	// BreakerMaxOpen bounds the interval as it doubles. Defaults to 30s.
 	BreakerMaxOpen time.Duration
 
+	// RequireDurable refuses protected requests (503 store-not-durable,
+	// with Retry-After; the handler does not run) while the store's
+	// durability check (store.DurabilityChecker) says acknowledged answers
+	// could be lost by a restart or a failover (PostgreSQL: standbys
+	// attached but commits do not wait for them), or cannot tell. New
+	// fails when the store has no such check. Defaults to false: the
+	// engine only logs what the check finds (at New, and when it changes).
+	RequireDurable bool
+
+	// DurabilityInterval is how often the engine checks the store's
+	// durability again (when the store implements
+	// store.DurabilityChecker); the check runs in the background of a
+	// request or a readiness check that finds the last one older.
+	// Defaults to 1m.
+	DurabilityInterval time.Duration
+
 	// Secret keys the fingerprint (HMAC-SHA-256) so stored fingerprints do
 	// not reveal request contents. Defaults to plain SHA-256.
 	Secret []byte
@@ -326,6 +344,7 @@ func (c Config) withDefaults() (settings, error) {
 	def(&c.StoreTimeout, DefaultStoreTimeout, "StoreTimeout")
 	def(&c.BreakerOpen, DefaultBreakerOpen, "BreakerOpen")
 	def(&c.BreakerMaxOpen, DefaultBreakerMaxOpen, "BreakerMaxOpen")
+	def(&c.DurabilityInterval, DefaultDurabilityInterval, "DurabilityInterval")
 	if c.BreakerMaxOpen < c.BreakerOpen {
 		errs = append(errs, errors.New("idem: BreakerMaxOpen must not be shorter than BreakerOpen"))
 	}

@@ -32,6 +32,8 @@ type Engine struct {
 	limiter *tenantLimiter
 	// breaker is the store's circuit breaker, nil when disabled.
 	breaker *breaker
+	// dur watches the store's durability, nil when the store has no check.
+	dur *durability
 }
 
 // New returns an engine over s.
@@ -49,10 +51,14 @@ func New(s store.Store, cfg Config) (*Engine, error) {
 	if err := checkCap(s, &set); err != nil {
 		return nil, err
 	}
+	dur, err := newDurability(s, &set)
+	if err != nil {
+		return nil, err
+	}
 	obs := observerOr(set.Observer)
 	return &Engine{store: s, cfg: set, hasher: fingerprint.New(set.Secret), log: set.Logger,
 		obs: obs, sname: StoreName(s), clk: wallClock{},
-		limiter: newTenantLimiter(set.TenantRate, set.TenantBurst), breaker: newBreaker(&set, obs)}, nil
+		limiter: newTenantLimiter(set.TenantRate, set.TenantBurst), breaker: newBreaker(&set, obs), dur: dur}, nil
 }
 
 // With returns an engine for a route that needs other settings (an optional
@@ -77,6 +83,9 @@ func (e *Engine) With(modify func(*Config)) (*Engine, error) {
 	}
 	if err := checkAsync(e.store, &set); err != nil {
 		return nil, err
+	}
+	if set.RequireDurable && e.dur == nil {
+		return nil, errNoDurabilityCheck(e.sname)
 	}
 	d := *e
 	d.cfg = set
@@ -418,6 +427,10 @@ func (e *Engine) run(ctx context.Context, c *Call, op operation) Answer {
 		return e.refuse(ctx, probInvalidBody, err.Error())
 	}
 
+	if err := e.refusesUndurable(); err != nil {
+		e.log.Debug("idem: refused while the store's durability is not confirmed", "scope", scope, "key", key)
+		return Answer{Verdict: Unavailable, Problem: e.problem(probNotDurable, 0), Err: err}
+	}
 	charged, refused := e.admit(ctx, c.Tenant, scope, key)
 	if refused != nil {
 		return *refused

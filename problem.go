@@ -46,6 +46,7 @@ const (
 	SlugInProgress       = "request-in-progress"
 	SlugOutcomeUnknown   = "outcome-unknown"
 	SlugStoreUnavailable = "store-unavailable"
+	SlugStoreNotDurable  = "store-not-durable"
 	SlugAccepted         = "request-accepted"
 	SlugRequestNotFound  = "request-not-found"
 	SlugRequestFailed    = "request-failed"
@@ -106,6 +107,9 @@ var (
 	probStore = &problemType{slug: SlugStoreUnavailable, status: 503, retry: true, shouldRetry: "true",
 		title:  "Idempotency store is unavailable; the request was not processed",
 		stripe: "The request could not be processed safely right now and was not executed; please retry."}
+	probNotDurable = &problemType{slug: SlugStoreNotDurable, status: 503, retry: true, shouldRetry: "true",
+		title:  "Idempotency store cannot confirm that answers survive a failover; the request was not processed",
+		stripe: "The request could not be processed safely right now and was not executed; please retry."}
 	probRateLimited = &problemType{slug: SlugRateLimited, status: 429, retry: true,
 		title:  "Too many new Idempotency-Keys from this tenant; the request was not processed",
 		stripe: "Too many new idempotent requests from this account; the request was not executed, please retry later."}
@@ -121,7 +125,7 @@ var stripeTypes = map[string]*problemType{}
 func init() {
 	for _, p := range []*problemType{probKeyMissing, probKeyMalformed, probKeyRepeated, probBodyTooLarge,
 		probBodyUnreadable, probInvalidBody, probScopeTooLong, probScopeInvalid, probKeyReused,
-		probInProgress, probUnknown, probStore, probAccepted, probRequestNotFound, probRequestFailed, probRateLimited, probOverCap} {
+		probInProgress, probUnknown, probStore, probNotDurable, probAccepted, probRequestNotFound, probRequestFailed, probRateLimited, probOverCap} {
 		stripeTypes[p.slug] = p
 	}
 }

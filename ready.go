@@ -39,6 +39,7 @@ func (e *NotReady) Unwrap() error { return e.Err }
 const (
 	ReasonBreakerOpen   = "the store's circuit breaker is open"
 	ReasonStoreFails    = "the store fails its operations"
+	ReasonNotDurable    = "the store's durability is not confirmed (required by configuration)"
 	ReasonStoreNotOpen  = "the store is not open yet"
 	ReasonShuttingDown  = "shutting down"
 	readyReasonFallback = "the store is unavailable"
@@ -59,7 +60,8 @@ func PublicReason(err error) string {
 // it fails (with a *NotReady) while the store's circuit breaker is open,
 // while the store cannot answer a read of a record (a real statement, not
 // only a connection check: a dropped table, revoked rights or a read-only
-// server answer a ping but fail every operation).
+// server answer a ping but fail every operation), and, with
+// Config.RequireDurable, while the store's durability is not confirmed.
 // A readiness endpoint calls it; its error's Reason (PublicReason) is safe
 // to show to anyone, its detail belongs in the log.
 func (e *Engine) Ready(ctx context.Context) error {
@@ -67,6 +69,9 @@ func (e *Engine) Ready(ctx context.Context) error {
 		if wait, open := b.openFor(e.clk.Now()); open {
 			return &NotReady{Reason: ReasonBreakerOpen, Err: fmt.Errorf("%w for another %v", ErrBreakerOpen, wait.Round(time.Millisecond))}
 		}
+	}
+	if err := e.refusesUndurable(); err != nil {
+		return &NotReady{Reason: ReasonNotDurable, Err: err}
 	}
 	if ctx.Err() == nil {
 		var cancel context.CancelFunc

@@ -70,3 +70,23 @@ func TestPublicReason(t *testing.T) {
 		}
 	}
 }
+
+// RequireDurable needs a store that checks its durability: a store without
+// one is refused at New and at With, not silently served.
+func TestRequireDurableNeedsACheckingStore(t *testing.T) {
+	t.Parallel()
+	s := memory.New(memory.Config{})
+	if _, err := idem.New(s, idem.Config{RequireDurable: true}); err == nil || !strings.Contains(err.Error(), "RequireDurable") {
+		t.Errorf("New with RequireDurable on the memory store: %v", err)
+	}
+	e, err := idem.New(s, idem.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.With(func(c *idem.Config) { c.RequireDurable = true }); err == nil {
+		t.Error("With(RequireDurable) on the memory store was accepted")
+	}
+	if _, ok := e.Durability(); ok {
+		t.Error("Durability reports a check the memory store does not have")
+	}
+}

@@ -69,7 +69,7 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 	}
 	sh := shardOf(p.Scope, p.Key)
 	keys := append(s.scriptKeys(p.Scope, p.Key), s.queueKey(sh, p.Request.Queue), s.deadlineKey(sh))
-	v, err := scriptPendingReserve.Run(ctx, s.client, keys,
+	v, err := s.eval(ctx, scriptPendingReserve, keys,
 		s.now(), p.Scope, p.Key, p.Fingerprint, store.Micros(p.Lease), store.Micros(p.TTL),
 		string(p.LeasePolicy), s.graceMS(), p.Request.Queue, req).Result()
 	if err != nil {

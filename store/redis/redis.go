@@ -38,6 +38,18 @@ type Config struct {
 	// the reaper never runs. In-progress and unknown records never get a
 	// TTL. Defaults to 1h.
 	ExpiryGrace time.Duration
+
+	// WaitReplicas, when positive, makes every write of a record wait
+	// until this many replicas acknowledged it (Redis WAIT, sent in the
+	// same round trip), so that a failover to a replica does not lose an
+	// answer already acknowledged; a write fewer replicas acknowledged
+	// within WaitTimeout fails (retryable). WAIT narrows the window but
+	// Redis replication stays asynchronous: see the README's Redis
+	// durability notes. Defaults to 0: writes do not wait.
+	WaitReplicas int
+
+	// WaitTimeout bounds the wait of WaitReplicas. Defaults to 1s.
+	WaitTimeout time.Duration
 }
 
 // WithDefaults returns c with its zero fields set to their defaults.
@@ -48,6 +60,9 @@ func (c Config) WithDefaults() Config {
 	if c.ExpiryGrace == 0 {
 		c.ExpiryGrace = time.Hour
 	}
+	if c.WaitTimeout == 0 {
+		c.WaitTimeout = DefaultWaitTimeout
+	}
 	return c
 }
 
@@ -57,6 +72,10 @@ func (c Config) validate() error {
 	}
 	if c.ExpiryGrace < time.Millisecond {
 		return fmt.Errorf("idem/redis: expiry grace %v must be at least 1ms", c.ExpiryGrace)
+	}
+	if c.WaitReplicas < 0 || c.WaitTimeout < time.Millisecond {
+		return fmt.Errorf("idem/redis: wait for %d replicas within %v: want a number of replicas not negative and a timeout of at least 1ms",
+			c.WaitReplicas, c.WaitTimeout)
 	}
 	return nil
 }
@@ -266,7 +285,7 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 	if err := s.refuseCap(&p, "reserve"); err != nil {
 		return store.ReserveResult{}, err
 	}
-	v, err := scriptReserve.Run(ctx, s.client, s.scriptKeys(p.Scope, p.Key),
+	v, err := s.eval(ctx, scriptReserve, s.scriptKeys(p.Scope, p.Key),
 		s.now(), p.Scope, p.Key, p.Fingerprint, store.Micros(p.Lease), store.Micros(p.TTL),
 		string(p.LeasePolicy), s.graceMS()).Result()
 	if err != nil {
@@ -290,7 +309,7 @@ func (s *Store) fenced(ctx context.Context, op string, valid error, sc *goredis.
 	if valid != nil {
 		return fmt.Errorf("idem/redis: %s: %w", op, valid)
 	}
-	code, err := sc.Run(ctx, s.client, s.scriptKeys(fp.Scope, fp.Key), args...).Int64()
+	code, err := s.eval(ctx, sc, s.scriptKeys(fp.Scope, fp.Key), args...).Int64()
 	if err != nil {
 		return wrap(op, err)
 	}
@@ -373,7 +392,7 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 
 // unknownOnly runs Resolve and Defer, which need an unknown record.
 func (s *Store) unknownOnly(ctx context.Context, op string, sc *goredis.Script, scope, key string, args ...any) error {
-	code, err := sc.Run(ctx, s.client, s.scriptKeys(scope, key), args...).Int64()
+	code, err := s.eval(ctx, sc, s.scriptKeys(scope, key), args...).Int64()
 	if err != nil {
 		return wrap(op, err)
 	}

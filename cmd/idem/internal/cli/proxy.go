@@ -219,6 +219,16 @@ type ProxyConfig struct {
 	// AsyncPoll is how long an idle worker waits before it looks for new
 	// requests again. Zero: idem.DefaultWorkerPoll.
 	AsyncPoll time.Duration
+
+	// RequireSynchronousReplication refuses protected requests (503
+	// store-not-durable) while the store's durability check says answers
+	// it acknowledged could be lost by a failover or a restart
+	// (idem.Config.RequireDurable): PostgreSQL standbys that commits do
+	// not wait for, Redis without the append-only file or with replicas
+	// that writes do not wait for, MySQL replicas without
+	// semi-synchronous replication. Only with a PostgreSQL, MySQL or
+	// Redis store.
+	RequireSynchronousReplication bool
 }
 
 // Proxy is the idempotency reverse proxy: the engine's middleware in front
@@ -234,14 +244,16 @@ type Proxy struct {
 	handler   http.Handler // the guard in front of everything
 	metrics   *metrics     // nil when the caller brought its own provider
 	refusals  metric.Int64Counter
-	tracing   *tracing      // nil when the caller brought its own provider
-	spansOff  bool          // no span is recorded: the proxy neither starts nor injects one
-	obs       idem.Observer // the engine's and the services' metrics and spans
-	tenants   *tenants
-	protected map[string]bool
-	routes    *routeTable // nil without Routes
-	buffers   *semaphore.Weighted
-	buffered  atomic.Int64 // bytes held under buffers, for tests
+	// durabilityGauges observes the store's durability for the metrics.
+	durabilityGauges metric.Registration
+	tracing          *tracing      // nil when the caller brought its own provider
+	spansOff         bool          // no span is recorded: the proxy neither starts nor injects one
+	obs              idem.Observer // the engine's and the services' metrics and spans
+	tenants          *tenants
+	protected        map[string]bool
+	routes           *routeTable // nil without Routes
+	buffers          *semaphore.Weighted
+	buffered         atomic.Int64 // bytes held under buffers, for tests
 
 	async *asyncRoutes // nil without asynchronous routes
 
@@ -345,6 +357,9 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 		// when it opens.
 		return nil, fmt.Errorf("%w: --tenant-max-active needs a store that counts a tenant's records (SQLite, PostgreSQL, MySQL or memory), not Redis", ErrUsage)
 	}
+	if cfg.RequireSynchronousReplication && dsn.Kind != storeurl.Postgres && dsn.Kind != storeurl.MySQL && dsn.Kind != storeurl.Redis {
+		return nil, fmt.Errorf("%w: --require-synchronous-replication needs a store that checks its replication (PostgreSQL, MySQL or Redis), not %s", ErrUsage, dsn.Kind)
+	}
 	tn, err := proxyTenants(cfg, cfg.Logger)
 	if err != nil {
 		return nil, err
@@ -394,6 +409,9 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 	}
 	if p.refusals, err = mp.Meter("github.com/idem-go/idem/cmd/idem/internal/cli").Int64Counter("idem.proxy.refused",
 		metric.WithDescription("requests the proxy refused before the engine, by reason")); err != nil {
+		return nil, fmt.Errorf("proxy: metrics: %w", err)
+	}
+	if p.durabilityGauges, err = p.durabilityMetrics(mp.Meter("github.com/idem-go/idem/cmd/idem/internal/cli")); err != nil {
 		return nil, fmt.Errorf("proxy: metrics: %w", err)
 	}
 	tp := cfg.TracerProvider
@@ -541,6 +559,9 @@ func (cfg ProxyConfig) checkSettings() (*routeTable, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The memory store has no durability check; the real store's is
+	// required when it opens.
+	cfg.RequireSynchronousReplication = false
 	s := memory.New(memory.Config{})
 	e, err := idem.New(s, cfg.engineConfig(nil))
 	if err != nil {
@@ -600,6 +621,7 @@ func (cfg ProxyConfig) engineConfig(obs idem.Observer) idem.Config {
 		BreakerFailures: cfg.BreakerFailures,
 		BreakerOpen:     cfg.BreakerOpen,
 		BreakerMaxOpen:  cfg.BreakerMaxOpen,
+		RequireDurable:  cfg.RequireSynchronousReplication,
 	}
 }
 
@@ -833,6 +855,9 @@ func (p *Proxy) Serve(ctx context.Context) error {
 		if err := maint.Stop(sctx); err != nil {
 			errs = append(errs, fmt.Errorf("proxy: background services: %w", err))
 		}
+	}
+	if p.durabilityGauges != nil {
+		p.durabilityGauges.Unregister()
 	}
 	if p.metrics != nil {
 		if err := p.metrics.shutdown(sctx); err != nil {
@@ -1244,6 +1269,7 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	fs.DurationVar(&cfg.AsyncPoll, "async-poll", idem.DefaultWorkerPoll, "how long an idle worker waits before it looks for new asynchronous requests again")
 	var asyncKeep listFlag
 	fs.Var(&asyncKeep, "async-keep-headers", "comma-separated sensitive `headers` (Authorization, Cookie) kept with asynchronous requests for the upstream; never stored otherwise")
+	fs.BoolVar(&cfg.RequireSynchronousReplication, "require-synchronous-replication", false, "refuse protected requests (503 store-not-durable) while the store's check says acknowledged answers could be lost by a failover or restart: PostgreSQL standbys that commits do not wait for, Redis without appendonly or with replicas writes do not wait for, MySQL replicas without semi-sync")
 	fs.StringVar(&logFormat, "log-format", "text", "log format on stderr: text or json")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	pos, err := parse(fs, args)

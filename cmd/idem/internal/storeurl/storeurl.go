@@ -25,7 +25,9 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
+	"time"
 
 	mysqldrv "github.com/go-sql-driver/mysql"
 
@@ -138,6 +140,9 @@ func Parse(dsn string) (DSN, error) {
 		if !strings.HasPrefix(rest, "//") {
 			return DSN{}, errors.New("storeurl: redis DSN must be a URL: redis://host:port/db")
 		}
+		if _, _, err := redisWait(dsn); err != nil {
+			return DSN{}, err
+		}
 		return DSN{Kind: Redis, Target: dsn}, nil
 	}
 	return DSN{}, fmt.Errorf("%w: scheme %q; want one of %s", ErrUnsupported, scheme, Supported)
@@ -211,7 +216,12 @@ func Open(ctx context.Context, dsn string, opts Options) (store.Store, error) {
 		s, err = mysql.Open(ctx, d.Target, mysql.Config{Clock: opts.Clock, SkipMigrate: !opts.Migrate,
 			MaxConns: opts.Conns})
 	case Redis:
-		s, err = redis.Open(ctx, d.Target, redis.Config{Clock: opts.Clock})
+		target, rcfg, werr := redisWait(d.Target)
+		if werr != nil {
+			return nil, werr
+		}
+		rcfg.Clock = opts.Clock
+		s, err = redis.Open(ctx, target, rcfg)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("storeurl: open %s store: %w", d.Kind, err)
@@ -262,4 +272,41 @@ func ReadFile(path string) (string, error) {
 		return "", fmt.Errorf("storeurl: %s: the first line is empty, want a DSN", path)
 	}
 	return line, nil
+}
+
+// redisWait takes the store's own parameters out of a Redis URL, which
+// go-redis would refuse: wait_replicas=N makes every write of a record wait
+// for N replicas (redis.Config.WaitReplicas, Redis WAIT), wait_timeout=D
+// bounds that wait (redis.Config.WaitTimeout). It returns the URL without
+// them.
+func redisWait(raw string) (string, redis.Config, error) {
+	var cfg redis.Config
+	base, query, ok := strings.Cut(raw, "?")
+	if !ok || !strings.Contains(query, "wait_") {
+		return raw, cfg, nil
+	}
+	q, err := url.ParseQuery(query)
+	if err != nil {
+		return "", cfg, errors.New("storeurl: invalid redis URL parameters")
+	}
+	if v, ok := q["wait_replicas"]; ok {
+		n, err := strconv.Atoi(v[0])
+		if err != nil || n < 0 || len(v) > 1 {
+			return "", cfg, fmt.Errorf("storeurl: redis wait_replicas %q: want one number of replicas, 0 or more", strings.Join(v, ","))
+		}
+		cfg.WaitReplicas = n
+		q.Del("wait_replicas")
+	}
+	if v, ok := q["wait_timeout"]; ok {
+		d, err := time.ParseDuration(v[0])
+		if err != nil || d < time.Millisecond || len(v) > 1 {
+			return "", cfg, fmt.Errorf("storeurl: redis wait_timeout %q: want one duration of at least 1ms, e.g. 500ms", strings.Join(v, ","))
+		}
+		cfg.WaitTimeout = d
+		q.Del("wait_timeout")
+	}
+	if len(q) > 0 {
+		base += "?" + q.Encode()
+	}
+	return base, cfg, nil
 }

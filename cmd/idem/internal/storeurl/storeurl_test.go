@@ -341,3 +341,30 @@ func TestReadFile(t *testing.T) {
 		}
 	}
 }
+
+// wait_replicas and wait_timeout are the Redis store's own URL parameters:
+// taken out before go-redis reads the URL, checked at Parse.
+func TestRedisWaitParameters(t *testing.T) {
+	t.Parallel()
+	for _, bad := range []string{"wait_replicas=-1", "wait_replicas=two", "wait_timeout=0s", "wait_timeout=soon"} {
+		if _, err := storeurl.Parse("redis://127.0.0.1:6379/0?" + bad); err == nil || !strings.Contains(err.Error(), strings.Split(bad, "=")[0]) {
+			t.Errorf("Parse with %s: %v, want an error naming the parameter", bad, err)
+		}
+	}
+	if os.Getenv("IDEM_TEST_REDIS_ADDR") == "" {
+		return
+	}
+	// Opened for real: go-redis takes the rest of the URL, and the
+	// parameter reaches the store (the test server has no replica, so a
+	// write waiting for one fails).
+	s, err := storeurl.Open(context.Background(), "redis://"+os.Getenv("IDEM_TEST_REDIS_ADDR")+"/0?dial_timeout=3s&wait_replicas=1&wait_timeout=20ms", storeurl.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	_, err = s.Reserve(context.Background(), store.ReserveParams{Scope: "storeurl-wait", Key: fmt.Sprint(time.Now().UnixNano()),
+		Fingerprint: "f", Lease: time.Second, TTL: time.Minute, LeasePolicy: store.LeaseUnknown})
+	if err == nil || !strings.Contains(err.Error(), "0 of 1 replica(s)") {
+		t.Errorf("Reserve through wait_replicas=1 without a replica: %v", err)
+	}
+}

@@ -1,0 +1,21 @@
+package cache
+
+import (
+	"context"
+
+	"github.com/idem-go/idem/store"
+)
+
+var _ store.DurabilityChecker = (*Store)(nil)
+
+// CheckDurability reports the backing store's durability: the cache only
+// holds copies of what the backing store keeps, so an answer is as durable
+// as the backing store's write of it. A backing store without a check is
+// reported unknown.
+func (s *Store) CheckDurability(ctx context.Context) (store.Durability, error) {
+	if c, ok := s.Store.(store.DurabilityChecker); ok {
+		return c.CheckDurability(ctx)
+	}
+	return store.Durability{State: store.DurabilityUnknown, Replicas: -1,
+		Warnings: []string{"the store behind the replay cache does not check its durability"}}, nil
+}
