@@ -26,6 +26,11 @@ func TestAsyncExpiresUnclaimed(t *testing.T) {
 
 func TestAsyncTenantCap(t *testing.T) { enginetest.AsyncCap(t, memory.New(memory.Config{})) }
 
+func TestAsyncTenantRateRefund(t *testing.T) {
+	clock := storetest.NewClock()
+	enginetest.AsyncRefund(t, memory.New(memory.Config{Clock: clock.Now}), clock)
+}
+
 func TestAsyncKeepHeaders(t *testing.T) {
 	a := enginetest.NewAsyncApp(t, memory.New(memory.Config{}), idem.Config{AsyncKeepHeaders: []string{"authorization"}})
 	a.Post("acme", "k", `{}`, "Authorization", "Bearer worker", "Cookie", "s=1", "Connection", "X-Hop", "X-Hop", "1")

@@ -308,6 +308,65 @@ func TestReleaseIsRetried(t *testing.T) {
 	}
 }
 
+// A completion that outlasts the engine's own per-call timeout
+// (Config.StoreTimeout) is a slow store, not an answer about the record: it
+// is tried again while the lease lasts, and the answer is recorded.
+func TestCompletionPastTheStoreTimeoutIsRetried(t *testing.T) {
+	t.Parallel()
+	s := &enginetest.Flaky{Store: memory.New(memory.Config{})}
+	s.StallCompletes.Store(1)
+	e, err := idem.New(s, idem.Config{Logger: slog.New(slog.DiscardHandler), StoreTimeout: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "made")
+	}))
+	if w := sendKeyed(h, "k"); w.Code != http.StatusCreated {
+		t.Fatalf("first: %d", w.Code)
+	}
+	if n := s.Completes.Load(); n != 2 {
+		t.Fatalf("%d completion attempts, want 2 (the timed-out one, then its retry)", n)
+	}
+	if w := sendKeyed(h, "k"); w.Header().Get("Idempotent-Replayed") != "true" || w.Body.String() != "made" {
+		t.Fatalf("retry: %d %q, want the recorded answer replayed", w.Code, w.Body)
+	}
+}
+
+// A duplicate that waits (Config.Wait) for a holder that has died (its
+// lease ran out: here its renewals fail) does not wait out its whole
+// Wait: it notices the lapsed lease and lets the lease policy decide; with
+// LeaseRetry it takes the request over and answers it.
+func TestWaitingDuplicateNoticesALapsedLease(t *testing.T) {
+	t.Parallel()
+	s := &enginetest.Flaky{Store: memory.New(memory.Config{})}
+	s.ExtendsAlways.Store(true)
+	e, err := idem.New(s, idem.Config{Lease: 300 * time.Millisecond, LeasePolicy: store.LeaseRetry,
+		Wait: 10 * time.Second, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int64
+	started, release := make(chan struct{}), make(chan struct{})
+	h := e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			close(started)
+			<-release // the first holder hangs, and its lease lapses
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	first := make(chan struct{})
+	go func() { sendKeyed(h, "k"); close(first) }()
+	defer func() { close(release); <-first }()
+	<-started
+	// Had it waited out its Wait, it would get 409: the record is still
+	// in progress, under a lease nobody renews.
+	if w := sendKeyed(h, "k"); w.Code != http.StatusCreated || calls.Load() != 2 {
+		t.Fatalf("duplicate of a dead holder: %d after %d calls, want 201 from a takeover", w.Code, calls.Load())
+	}
+}
+
 // A completion applied by the store whose answer was lost (the connection
 // broke after the commit) is recognised when the retry finds the record
 // completed under this execution's fence: recorded, not lost.

@@ -274,3 +274,37 @@ func AsyncCap(t *testing.T, s store.Store) {
 	}
 	WantAccepted(t, a.Post("acme", "r2", `{}`), "")
 }
+
+// AsyncRefund checks that the tenant rate counts new keys only: a retry
+// that reclaims a released asynchronous request, or takes over one whose
+// worker's lease ran out, takes a token and gets it back, so new keys after
+// them are still admitted. Three tokens and no refill to speak of; s runs
+// on clock.
+func AsyncRefund(t *testing.T, s store.Store, clock interface{ Advance(time.Duration) }) {
+	a := NewAsyncApp(t, s, idem.Config{TenantRate: 0.0001, TenantBurst: 3, LeasePolicy: store.LeaseRetry})
+	ctx := context.Background()
+	claim := func() store.Record {
+		t.Helper()
+		recs, err := s.(store.Queue).Claim(ctx, store.ClaimParams{Queue: idem.DefaultAsyncQueue, Limit: 1, Lease: time.Minute})
+		if err != nil || len(recs) != 1 {
+			t.Fatalf("claim: %v %v", recs, err)
+		}
+		return recs[0]
+	}
+	WantAccepted(t, a.Post("acme", "k1", `{}`), "") // a token
+	r := claim()
+	if err := s.Release(ctx, store.ReleaseParams{FenceParams: store.FenceParams{Scope: r.Scope, Key: r.Key,
+		Fence: r.Fence}, Error: "upstream refused"}); err != nil {
+		t.Fatal(err)
+	}
+	WantAccepted(t, a.Post("acme", "k1", `{}`), "") // reclaimed: given back
+	claim()                                         // k1 again, left to run
+	WantAccepted(t, a.Post("acme", "k2", `{}`), "") // a token
+	claim()
+	clock.Advance(2 * time.Minute)                  // the worker on k2 is gone
+	WantAccepted(t, a.Post("acme", "k2", `{}`), "") // taken over: given back
+	WantAccepted(t, a.Post("acme", "k3", `{}`), "") // the last token
+	if got := a.Post("acme", "k4", `{}`); got.Status != http.StatusTooManyRequests {
+		t.Fatalf("a new key with the three tokens spent on new keys: %d %s, want 429", got.Status, got.Body)
+	}
+}

@@ -42,18 +42,19 @@ var ErrOutage = store.Retryable(errors.New("connection refused"))
 // while Down is set (an outage).
 type Flaky struct {
 	store.Store
-	Down          atomic.Bool   // Reserve and Get fail while set
-	Gate          chan struct{} // when not nil, Reserve waits until it is closed (a slow store)
-	Reserves      atomic.Int64  // calls seen
-	Gets          atomic.Int64
-	FailCompletes atomic.Int64 // calls left to fail
-	FailExtends   atomic.Int64
-	ExtendsAlways atomic.Bool
-	FailReleases  atomic.Int64
-	LoseAnswers   atomic.Int64 // Completes applied whose answer is then lost
-	Completes     atomic.Int64 // calls seen
-	Extends       atomic.Int64
-	Releases      atomic.Int64
+	Down           atomic.Bool   // Reserve and Get fail while set
+	Gate           chan struct{} // when not nil, Reserve waits until it is closed (a slow store)
+	Reserves       atomic.Int64  // calls seen
+	Gets           atomic.Int64
+	FailCompletes  atomic.Int64 // calls left to fail
+	FailExtends    atomic.Int64
+	ExtendsAlways  atomic.Bool
+	FailReleases   atomic.Int64
+	LoseAnswers    atomic.Int64 // Completes applied whose answer is then lost
+	StallCompletes atomic.Int64 // Completes left that hang until their context ends (a store slower than the caller's timeout)
+	Completes      atomic.Int64 // calls seen
+	Extends        atomic.Int64
+	Releases       atomic.Int64
 }
 
 // Reserve waits for Gate, then fails while Down is set.
@@ -86,10 +87,15 @@ func (f *Flaky) Release(ctx context.Context, p store.ReleaseParams) error {
 	return f.Store.Release(ctx, p)
 }
 
-// Complete fails while FailCompletes lasts, then applies the completion
-// but reports a failure while LoseAnswers lasts.
+// Complete hangs until its context ends while StallCompletes lasts, fails
+// while FailCompletes lasts, then applies the completion but reports a
+// failure while LoseAnswers lasts.
 func (f *Flaky) Complete(ctx context.Context, p store.CompleteParams) error {
 	f.Completes.Add(1)
+	if takeFailure(&f.StallCompletes) {
+		<-ctx.Done()
+		return ctx.Err()
+	}
 	if takeFailure(&f.FailCompletes) {
 		return ErrOutage
 	}

@@ -84,15 +84,19 @@ type batchOp struct {
 type batcher struct {
 	s          *Store
 	slots      int
+	force      bool // Config.ForceBatches
 	group      *groupcommit.Group[*batchOp]
 	rolledBack atomic.Int64 // pipelines rolled back by a statement error
 	many       atomic.Int64 // multi-row statements sent
 }
 
-func newBatcher(s *Store, slots int) *batcher {
-	b := &batcher{s: s, slots: slots}
-	b.group = groupcommit.New(slots, maxBatchOps,
-		func(ctx context.Context, op *batchOp) { s.runOne(ctx, s.pool, op) }, b.flush)
+func newBatcher(s *Store, slots int, force bool) *batcher {
+	b := &batcher{s: s, slots: slots, force: force}
+	alone := func(ctx context.Context, op *batchOp) { s.runOne(ctx, s.pool, op) }
+	if force {
+		alone = func(ctx context.Context, op *batchOp) { b.flush(ctx, []*batchOp{op}) }
+	}
+	b.group = groupcommit.New(slots, maxBatchOps, alone, b.flush)
 	b.group.Unstall(stallAfter, maxExtraSlots)
 	return b
 }
@@ -125,29 +129,36 @@ func (b *batcher) flush(ctx context.Context, batch []*batchOp) {
 	// Local to the batch's implicit transaction: a lock wait ends the
 	// batch instead of holding up its other calls (see DefaultMaxBatches).
 	pb.Queue(sqlBatchLockTimeout, batchLockTimeout)
-	var steps [][]*batchOp // what each queued statement answers for
+	// What each queued statement answers for: the calls of a multi-row
+	// statement, or one call's single statement.
+	type step struct {
+		ops  []*batchOp
+		many bool
+	}
+	var steps []step
 	for _, group := range [][]*batchOp{reserves, completes} {
 		switch {
-		case len(group) > 1:
+		case len(group) > 1 || (b.force && len(group) == 1):
 			queueMany(&pb, q, group)
 			b.many.Add(1)
-			steps = append(steps, group)
+			steps = append(steps, step{group, true})
 		case len(group) == 1:
 			singles = append([]*batchOp{group[0]}, singles...)
 		}
 	}
 	for _, op := range singles {
 		pb.Queue(op.sql, op.args...)
-		steps = append(steps, []*batchOp{op})
+		steps = append(steps, step{[]*batchOp{op}, false})
 	}
 	br := b.s.pool.SendBatch(ctx, &pb)
 	_, err := br.Exec()
 	var pgErr *pgconn.PgError
 	rolledBack := errors.As(err, &pgErr)
-	for _, ops := range steps {
+	for _, st := range steps {
 		var err error
+		ops := st.ops
 		switch {
-		case len(ops) > 1:
+		case st.many:
 			err = readMany(br, ops[0].sql == q.reserve, ops)
 		case ops[0].returns:
 			ops[0].err = scanRecord(br.QueryRow(), &ops[0].rec, &ops[0].action)

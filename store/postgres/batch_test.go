@@ -13,28 +13,36 @@ import (
 
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/postgres"
-	"github.com/idem-go/idem/store/storetest"
 )
 
-// TestConformanceBatched runs the suite with a single batch slot, so that
-// every call made while another is in flight rides in a pipeline.
+// TestConformanceBatched runs the store suite with every call on the
+// batched path, alone or not, through the multi-row statements: they must
+// keep every rule the single statements keep.
 func TestConformanceBatched(t *testing.T) {
-	testURL(t)
-	storetest.Run(t, storetest.Harness{
-		NewDatabase: func(t *testing.T) storetest.Opener {
-			u := withSearchPath(t, newSchema(t))
-			return func(t *testing.T, clock store.Clock) store.Store {
-				s, err := postgres.Open(context.Background(), u, postgres.Config{Clock: clock, MaxBatches: 1})
-				if err != nil {
-					t.Fatalf("open: %v", err)
-				}
-				t.Cleanup(func() { s.Close() })
-				return s
-			}
-		},
-		Durable: true,
-		Shared:  true,
-	})
+	conformance(t, testURL(t), postgres.Config{ForceBatches: true})
+}
+
+// TestForceBatchesUsesTheMultiRowStatements checks that the forced path is
+// the one the batched suite means to test: a lone Reserve and Complete each
+// go as a multi-row statement.
+func TestForceBatchesUsesTheMultiRowStatements(t *testing.T) {
+	s, err := postgres.Open(t.Context(), testURL(t), postgres.Config{Schema: newSchema(t), ForceBatches: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	p := reserveParams("forced")
+	res, err := s.Reserve(t.Context(), p)
+	if err != nil || res.Outcome != store.Created {
+		t.Fatalf("reserve: %+v %v", res, err)
+	}
+	if err := s.Complete(t.Context(), store.CompleteParams{FenceParams: store.FenceParams{Scope: p.Scope, Key: p.Key,
+		Fence: res.Record.Fence}, Response: okResponse()}); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.BatchMany(); n != 2 {
+		t.Fatalf("%d multi-row statements for a lone Reserve and Complete, want 2", n)
+	}
 }
 
 // openSchema opens a store with cfg on a new schema, closed at the end of

@@ -22,8 +22,13 @@ var queryModes = []string{"cache_describe", "describe_exec", "exec", "simple_pro
 
 // conformance runs the store suite on stores opened on u with cfg, each
 // test in a schema of its own named by Config.Schema (a pooler refuses
-// search_path as a startup parameter).
+// search_path as a startup parameter). Its pools are small (4 connections
+// unless cfg says), as these suites run beside TestConformance and the
+// server's connections are shared with every other test.
 func conformance(t *testing.T, u string, cfg postgres.Config) {
+	if cfg.MaxConns == 0 {
+		cfg.MaxConns = 4
+	}
 	storetest.Run(t, storetest.Harness{
 		NewDatabase: func(t *testing.T) storetest.Opener {
 			schema := pgdb.Schema(t, u)
@@ -65,9 +70,9 @@ func TestConformancePgbouncer(t *testing.T) {
 			t.Parallel()
 			u := testenv.PgbouncerURL(t, db)
 			// A session pool holds a server connection per client
-			// connection: a small pool per store keeps the suite within
-			// the pooler's server connections.
-			conformance(t, u, postgres.Config{MaxConns: 4})
+			// connection: the suite's small pools keep it within the
+			// pooler's server connections.
+			conformance(t, u, postgres.Config{})
 		})
 	}
 }

@@ -145,6 +145,14 @@ type Config struct {
 	// DefaultMaxBatches. Negative turns batching off: every call runs its
 	// own statement on its own connection.
 	MaxBatches int
+	// ForceBatches sends every Reserve and lease-holder update through the
+	// batched path, even a call that finds a slot free and rides alone,
+	// and sends a batch's Reserves and Completes as the multi-row
+	// statements even when there is one of them. It is slower and exists
+	// for tests: the store suite runs once with it, so that the batched
+	// statements meet every rule that the single ones meet. Defaults to
+	// false. Ignored when MaxBatches is negative.
+	ForceBatches bool
 }
 
 // DefaultMaxConns is the pool size Open uses when neither Config.MaxConns
@@ -215,7 +223,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	}
 	s := &Store{pool: pool, cfg: cfg, q: newQueries(cfg.Schema)}
 	if cfg.MaxBatches >= 0 {
-		s.batch = newBatcher(s, cmp.Or(cfg.MaxBatches, DefaultMaxBatches))
+		s.batch = newBatcher(s, cmp.Or(cfg.MaxBatches, DefaultMaxBatches), cfg.ForceBatches)
 	}
 	if !cfg.SkipMigrate {
 		if err := s.Migrate(ctx); err != nil {

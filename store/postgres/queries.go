@@ -60,23 +60,14 @@ const recordColumnsR = `r.scope, r.key, r.fingerprint, r.state, r.fence, r.lease
 //
 // The last two only happen under a true race on one key; Reserve then runs
 // the statement again with a fresh snapshot.
-const sqlReserve = `
+var sqlReserve = `
 WITH clock AS (
 	SELECT now, greatest((extract(epoch FROM now) * 1000000)::bigint, 1) AS new_fence
 	FROM (SELECT coalesce($7::timestamptz, statement_timestamp()) AS now) t
 ),
 cur AS (
 	SELECT ` + recordColumns + `,
-		CASE
-			WHEN r.state = 'expired'
-				OR (r.state IN ('completed', 'failed_retryable') AND r.expires_at <= c.now)
-				THEN 'replace'
-			WHEN r.fingerprint <> $3 THEN 'none'
-			WHEN r.state = 'failed_retryable' THEN 'reclaim'
-			WHEN r.state = 'in_progress' AND r.locked_until <= c.now THEN
-				CASE WHEN r.lease_policy = 'unknown' THEN 'to_unknown' ELSE 'takeover' END
-			ELSE 'none'
-		END AS action
+		` + reserveActionSingle + ` AS action
 	FROM {schema}idem_records r, clock c
 	WHERE r.scope = $1 AND r.key = $2
 ),
@@ -133,6 +124,38 @@ UNION ALL
 SELECT CASE WHEN action = 'none' THEN 'existing' ELSE 'stale' END, ` + recordColumns + `
 FROM cur
 WHERE NOT EXISTS (SELECT FROM ins) AND NOT EXISTS (SELECT FROM upd)`
+
+// reserveAction is the rule of Reserve for a record r that exists: what it
+// does to it, given the request's fingerprint ({fingerprint}) and the
+// instant ({now}).
+//   - 'replace': the record is expired (soft, or terminal and past its
+//     expiry): the key starts over as new;
+//   - 'reclaim': released (failed_retryable): the same request runs again;
+//   - 'takeover' or 'to_unknown': in progress with its lease run out: the
+//     record's lease policy decides;
+//   - 'none': the record stands as it is (answered, in flight, unknown, or
+//     another request's).
+//
+// sqlReserve performs the action; sqlReserveMany settles only 'none' and
+// sends every other action to sqlReserve, so the rule is written once.
+const reserveAction = `CASE
+			WHEN r.state = 'expired'
+				OR (r.state IN ('completed', 'failed_retryable') AND r.expires_at <= {now})
+				THEN 'replace'
+			WHEN r.fingerprint <> {fingerprint} THEN 'none'
+			WHEN r.state = 'failed_retryable' THEN 'reclaim'
+			WHEN r.state = 'in_progress' AND r.locked_until <= {now} THEN
+				CASE WHEN r.lease_policy = 'unknown' THEN 'to_unknown' ELSE 'takeover' END
+			ELSE 'none'
+		END`
+
+// reserveActionSingle and reserveActionMany are reserveAction in
+// sqlReserve (the clock CTE, parameter $3) and in sqlReserveMany (the
+// input row's columns).
+var (
+	reserveActionSingle = strings.NewReplacer("{now}", "c.now", "{fingerprint}", "$3").Replace(reserveAction)
+	reserveActionMany   = strings.NewReplacer("{now}", "r.in_now", "{fingerprint}", "r.in_fingerprint").Replace(reserveAction)
+)
 
 // The lease-holder transitions: one UPDATE each, guarded by state and
 // fence. Zero rows affected means the lease was lost.
@@ -424,9 +447,9 @@ func newQueries(schema string) queries {
 // in one order), and reports each input row's outcome:
 //   - 'created' with the new row;
 //   - 'existing' with the row read from the statement's snapshot when
-//     sqlReserve would leave it as it is (its action is 'none');
-//   - 'retry' when sqlReserve would rewrite the row (replace, reclaim,
-//     takeover, to_unknown): the call runs sqlReserve alone;
+//     reserveAction is 'none' (sqlReserve would leave it as it is);
+//   - 'retry' for every other action (replace, reclaim, takeover,
+//     to_unknown): the call runs sqlReserve alone, which performs it;
 //   - no row when the insert conflicted with a row committed after the
 //     snapshot: the call runs sqlReserve alone too.
 //
@@ -449,7 +472,7 @@ func newQueries(schema string) queries {
 // $1 scopes, $2 keys, $3 fingerprints, $4 leases and $5 TTLs in
 // microseconds, $6 lease policies, $7 nows (NULL: the database clock),
 // $8 tenants.
-const sqlReserveMany = `
+var sqlReserveMany = `
 WITH input AS (
 	SELECT i.scope, i.key, i.fingerprint, i.lease, i.ttl, i.policy, i.tenant, i.ord,
 		coalesce(i.now_in, statement_timestamp()) AS now
@@ -484,15 +507,8 @@ SELECT i.ord, 'created', ` + recordColumnsR + `
 FROM input i JOIN ins r ON r.scope = i.scope AND r.key = i.key
 UNION ALL
 SELECT r.ord,
-	CASE
-		WHEN r.state = 'expired'
-			OR (r.state IN ('completed', 'failed_retryable') AND r.expires_at <= r.in_now)
-			THEN 'retry'
-		WHEN r.fingerprint <> r.in_fingerprint THEN 'existing'
-		WHEN r.state = 'failed_retryable' THEN 'retry'
-		WHEN r.state = 'in_progress' AND r.locked_until <= r.in_now THEN 'retry'
-		ELSE 'existing'
-	END, ` + recordColumnsR + `
+	CASE WHEN ` + reserveActionMany + ` = 'none' THEN 'existing' ELSE 'retry' END,
+	` + recordColumnsR + `
 FROM cur r`
 
 // sqlCompleteMany is sqlComplete for several records; it returns the

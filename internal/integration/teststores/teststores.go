@@ -33,17 +33,20 @@ func All(t *testing.T, mariadb bool) []enginetest.Store {
 		}},
 	}
 	if url := os.Getenv(testenv.PostgresEnv); url != "" {
-		stores = append(stores, pgStore("postgres", url))
+		stores = append(stores, pgStore("postgres", url, postgres.Config{}),
+			// Every call on the batched path, through the multi-row
+			// statements even alone.
+			pgStore("postgres-batched", url, postgres.Config{ForceBatches: true, MaxConns: variantConns}))
 		// The query modes that a pooler's guide recommends, and the
 		// others pgx has, named in the URL as a user would.
 		for _, mode := range []string{"cache_describe", "describe_exec", "exec", "simple_protocol"} {
-			stores = append(stores, pgStore("postgres-"+mode, testenv.WithParam(t, url, "default_query_exec_mode", mode)))
+			stores = append(stores, pgStore("postgres-"+mode, testenv.WithParam(t, url, "default_query_exec_mode", mode), postgres.Config{MaxConns: variantConns}))
 		}
 	} else {
 		testenv.Without(t, testenv.PostgresEnv+" is not set: tested without PostgreSQL")
 	}
 	if os.Getenv(testenv.PgbouncerEnv) != "" {
-		stores = append(stores, pgStore("postgres-pgbouncer-tx", testenv.PgbouncerURL(t, testenv.PgbouncerTx)))
+		stores = append(stores, pgStore("postgres-pgbouncer-tx", testenv.PgbouncerURL(t, testenv.PgbouncerTx), postgres.Config{MaxConns: variantConns}))
 	} else {
 		testenv.Without(t, testenv.PgbouncerEnv+" is not set: tested without pgbouncer")
 	}
@@ -61,10 +64,17 @@ func All(t *testing.T, mariadb bool) []enginetest.Store {
 	return stores
 }
 
-// pgStore is the PostgreSQL store on url, in a schema of its own.
-func pgStore(name, url string) enginetest.Store {
+// variantConns sizes the pools of the PostgreSQL variants beyond the
+// first: they run beside it, and the server's connections are shared with
+// every other test.
+const variantConns = 4
+
+// pgStore is the PostgreSQL store on url with cfg, in a schema of its own.
+func pgStore(name, url string, cfg postgres.Config) enginetest.Store {
 	return enginetest.Store{Name: name, Open: func(t *testing.T, clock store.Clock) store.Store {
-		s, err := postgres.Open(context.Background(), url, postgres.Config{Clock: clock, Schema: pgdb.Schema(t, url)})
+		c := cfg
+		c.Clock, c.Schema = clock, pgdb.Schema(t, url)
+		s, err := postgres.Open(context.Background(), url, c)
 		return opened(t, s, err)
 	}}
 }
