@@ -308,6 +308,20 @@ func TestReleaseIsRetried(t *testing.T) {
 	}
 }
 
+// maker is the engine on s with cfg around a handler that answers 201
+// "made".
+func maker(t *testing.T, s store.Store, cfg idem.Config) http.Handler {
+	t.Helper()
+	e, err := idem.New(s, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "made")
+	}))
+}
+
 // A completion that outlasts the engine's own per-call timeout
 // (Config.StoreTimeout) is a slow store, not an answer about the record: it
 // is tried again while the lease lasts, and the answer is recorded.
@@ -315,14 +329,7 @@ func TestCompletionPastTheStoreTimeoutIsRetried(t *testing.T) {
 	t.Parallel()
 	s := &enginetest.Flaky{Store: memory.New(memory.Config{})}
 	s.StallCompletes.Store(1)
-	e, err := idem.New(s, idem.Config{Logger: slog.New(slog.DiscardHandler), StoreTimeout: 20 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.WriteHeader(http.StatusCreated)
-		io.WriteString(w, "made")
-	}))
+	h := maker(t, s, idem.Config{Logger: slog.New(slog.DiscardHandler), StoreTimeout: 20 * time.Millisecond})
 	if w := sendKeyed(h, "k"); w.Code != http.StatusCreated {
 		t.Fatalf("first: %d", w.Code)
 	}
@@ -375,14 +382,7 @@ func TestCompletionWhoseAnswerWasLost(t *testing.T) {
 	s := &enginetest.Flaky{Store: memory.New(memory.Config{})}
 	s.LoseAnswers.Store(1)
 	var logs bytes.Buffer
-	e, err := idem.New(s, idem.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.WriteHeader(http.StatusCreated)
-		io.WriteString(w, "made")
-	}))
+	h := maker(t, s, idem.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if w := sendKeyed(h, "k"); w.Code != http.StatusCreated {
 		t.Fatalf("first: %d", w.Code)
 	}

@@ -20,22 +20,28 @@ import (
 // TestConformance runs the fifth, cache_statement, pgx's default.
 var queryModes = []string{"cache_describe", "describe_exec", "exec", "simple_protocol"}
 
+// smallPool sizes the pools of the suites that run beside TestConformance:
+// the server's connections are shared with every other test.
+const smallPool = 4
+
 // conformance runs the store suite on stores opened on u with cfg, each
-// test in a schema of its own named by Config.Schema (a pooler refuses
-// search_path as a startup parameter). Its pools are small (4 connections
-// unless cfg says), as these suites run beside TestConformance and the
-// server's connections are shared with every other test.
-func conformance(t *testing.T, u string, cfg postgres.Config) {
-	if cfg.MaxConns == 0 {
-		cfg.MaxConns = 4
-	}
+// test in a schema of its own: named in the URL's search_path as a
+// deployment without Config.Schema does, or with searchPath false in
+// Config.Schema (a pooler refuses search_path as a startup parameter).
+func conformance(t *testing.T, u string, cfg postgres.Config, searchPath bool) {
 	storetest.Run(t, storetest.Harness{
 		NewDatabase: func(t *testing.T) storetest.Opener {
-			schema := pgdb.Schema(t, u)
+			schema, url := pgdb.Schema(t, u), u
+			if searchPath {
+				url = testenv.WithParam(t, u, "search_path", schema)
+			}
 			return func(t *testing.T, clock store.Clock) store.Store {
 				c := cfg
-				c.Schema, c.Clock = schema, clock
-				s, err := postgres.Open(context.Background(), u, c)
+				if !searchPath {
+					c.Schema = schema
+				}
+				c.Clock = clock
+				s, err := postgres.Open(context.Background(), url, c)
 				if err != nil {
 					t.Fatalf("open: %v", err)
 				}
@@ -57,7 +63,7 @@ func TestConformanceQueryModes(t *testing.T) {
 	for _, mode := range queryModes {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
-			conformance(t, testenv.WithParam(t, base, "default_query_exec_mode", mode), postgres.Config{})
+			conformance(t, testenv.WithParam(t, base, "default_query_exec_mode", mode), postgres.Config{MaxConns: smallPool}, false)
 		})
 	}
 }
@@ -72,7 +78,7 @@ func TestConformancePgbouncer(t *testing.T) {
 			// A session pool holds a server connection per client
 			// connection: the suite's small pools keep it within the
 			// pooler's server connections.
-			conformance(t, u, postgres.Config{})
+			conformance(t, u, postgres.Config{MaxConns: smallPool}, false)
 		})
 	}
 }

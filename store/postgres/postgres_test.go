@@ -93,22 +93,7 @@ func okResponse() store.Response {
 }
 
 func TestConformance(t *testing.T) {
-	testURL(t)
-	storetest.Run(t, storetest.Harness{
-		NewDatabase: func(t *testing.T) storetest.Opener {
-			u := withSearchPath(t, newSchema(t))
-			return func(t *testing.T, clock store.Clock) store.Store {
-				s, err := postgres.Open(context.Background(), u, postgres.Config{Clock: clock})
-				if err != nil {
-					t.Fatalf("open: %v", err)
-				}
-				t.Cleanup(func() { s.Close() })
-				return s
-			}
-		},
-		Durable: true,
-		Shared:  true,
-	})
+	conformance(t, testURL(t), postgres.Config{}, true)
 }
 
 // roundTrips counts what one connection sends: statements (tracer),

@@ -94,7 +94,7 @@ func TestProxyOnPostgresTopologies(t *testing.T) {
 
 			// The upstream is down: the request is refused before it was
 			// sent, so its key is released and the retry runs it, once.
-			down := closedAddr(t)
+			down := freeAddr(t)
 			cfg.Upstream = "http://" + down
 			_, base, stop = startStoppable(t, cfg)
 			key = testenv.Name("down-")
@@ -117,18 +117,6 @@ func TestProxyOnPostgresTopologies(t *testing.T) {
 			stop()
 		})
 	}
-}
-
-// closedAddr returns a loopback address nothing listens on (until serveOn).
-func closedAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
 }
 
 // serveOn serves h on addr.
