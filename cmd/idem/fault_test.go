@@ -12,6 +12,11 @@ package main
 //     is byte-identical (never 409 outcome-unknown, never another body);
 //   - a 2xx answer names its key and an execution the upstream recorded.
 //
+// The failover topology (TestFaultPostgresFailover) replaces the crash of
+// PostgreSQL by a failover: a private primary with a synchronous streaming
+// standby, the primary killed mid-run and the standby promoted, the
+// proxies on a multi-host URL finding the new primary by themselves.
+//
 // A key whose proxy died mid-request may end as 409 outcome-unknown (the
 // default lease policy never runs it again); that is counted, not an error,
 // unless a client had received a 2xx for it.
@@ -78,6 +83,7 @@ type faultPlan struct {
 	largeEvery  int // every n-th key answers ~900 KB
 	clientLimit time.Duration
 	settleLimit time.Duration
+	proxyArgs   []string // more flags of every proxy
 }
 
 func faultPlanFor(pg bool) faultPlan {
@@ -107,8 +113,84 @@ func TestFaultSQLite(t *testing.T) {
 
 func TestFaultPostgres(t *testing.T) {
 	skipShort(t)
-	pg := startPGCluster(t)
-	runFault(t, "postgres", pg.dsn(), faultPlanFor(true), pg)
+	pg := startPGCluster(t, "")
+	runFault(t, "postgres", pg.dsn(), faultPlanFor(true), func(r *faultRun) { r.crashPG(pg) })
+}
+
+// The failover topology: a private primary and its synchronous streaming
+// standby, proxies on a multi-host URL with target_session_attrs=read-write
+// and --require-synchronous-replication. Mid-run the primary is killed
+// (pg_ctl stop -m immediate) while executions are held, and the standby is
+// promoted: the proxies that were not killed find the new primary without
+// a restart, and no key runs twice, no answer a client got is lost.
+func TestFaultPostgresFailover(t *testing.T) {
+	skipShort(t)
+	pair := startPGPair(t, true)
+	plan := faultPlan{
+		proxies: 2, keys: 120, dups: 3, kills: 1, pgRestarts: 1, inFlight: 12, largeEvery: 10,
+		clientLimit: 2 * time.Minute, settleLimit: 2 * time.Minute,
+	}
+	if *faultFull || os.Getenv("IDEM_FAULT_FULL") == "1" {
+		plan = faultPlan{
+			proxies: 3, keys: 1500, dups: 4, kills: 10, pgRestarts: 1, inFlight: 24, largeEvery: 8,
+			clientLimit: 5 * time.Minute, settleLimit: 5 * time.Minute,
+		}
+	}
+	plan.proxyArgs = []string{"--require-synchronous-replication"}
+	var run *faultRun
+	runFault(t, "postgres-failover-sync", pair.dsn(), plan, func(r *faultRun) { run = r; r.failover(pair) })
+	if run == nil || !run.failedOver.Load() {
+		t.Fatal("the failover did not happen")
+	}
+	if out, err := pair.standby.psql("SELECT pg_is_in_recovery()"); err != nil || out != "f" {
+		t.Fatalf("the standby is not the primary after the run: %q %v", out, err)
+	}
+}
+
+// With an asynchronous standby attached, a proxy warns at start that
+// acknowledged answers can be lost in a failover (and how to fix it), and
+// a proxy with --require-synchronous-replication refuses protected
+// requests with 503 store-not-durable, calling nothing upstream.
+func TestFaultPostgresAsyncStandby(t *testing.T) {
+	skipShort(t)
+	pair := startPGPair(t, false)
+	dsn := pair.dsn()
+	if _, errOut, err := runIdem(t, "migrate", "--store", dsn); err != nil {
+		t.Fatalf("idem migrate: %v\n%s", err, errOut)
+	}
+	up := &countingUpstream{execs: map[string][]int64{}, large: func(string) bool { return false }}
+	upSrv := httptest.NewServer(up)
+	t.Cleanup(upSrv.Close)
+	c := &http.Client{Timeout: 30 * time.Second}
+	r := &faultRun{t: t, client: c}
+
+	lax := startProxy(t, faultProxyArgs(dsn, upSrv.URL)...)
+	if a, err := r.send(context.Background(), lax.base, "lax"); err != nil || a.status != http.StatusCreated {
+		t.Fatalf("through the proxy without the strict flag: %+v %v", a, err)
+	}
+	var warning string
+	for deadline := time.Now().Add(10 * time.Second); warning == "" && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		b, _ := os.ReadFile(lax.log)
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.Contains(line, `"level":"WARN"`) && strings.Contains(line, "can be lost") {
+				warning = line
+			}
+		}
+	}
+	if warning == "" || !strings.Contains(warning, "commits do not wait") || !strings.Contains(warning, "synchronous_standby_names") {
+		b, _ := os.ReadFile(lax.log)
+		t.Fatalf("no warning at start naming the asynchronous standby and the fix:\n%s", b)
+	}
+	t.Logf("the warning: %s", warning)
+
+	strict := startProxy(t, append(faultProxyArgs(dsn, upSrv.URL), "--require-synchronous-replication")...)
+	a, err := r.send(context.Background(), strict.base, "strict")
+	if err != nil || a.status != http.StatusServiceUnavailable || problemType(a.body) != idem.ProblemBase+idem.SlugStoreNotDurable {
+		t.Fatalf("through the strict proxy: %+v %v, want 503 store-not-durable", a, err)
+	}
+	if ex := up.executions("strict"); len(ex) != 0 {
+		t.Fatalf("the strict proxy let the request reach the upstream: %v", ex)
+	}
 }
 
 func skipShort(t *testing.T) {
@@ -246,9 +328,14 @@ type faultRun struct {
 	large    chan int     // slot of a proxy that just delivered a fresh large answer
 	finals   [][][]answer // per key, per client: the final answers (at most one)
 	timeouts atomic.Int64 // clients that reached their deadline without a final answer
+	// failedOver is set once a failover promoted the standby.
+	failedOver atomic.Bool
 }
 
-func runFault(t *testing.T, name, dsn string, plan faultPlan, pg *pgCluster) {
+// runFault runs the load and the faults: plan.kills SIGKILLs of proxies
+// and plan.pgRestarts calls of dbFault (a crash and restart of PostgreSQL,
+// or a failover), spread over the run.
+func runFault(t *testing.T, name, dsn string, plan faultPlan, dbFault func(r *faultRun)) {
 	bin := idemBinary(t)
 	up := &countingUpstream{execs: map[string][]int64{}, large: func(key string) bool {
 		n, _ := strconv.Atoi(strings.TrimPrefix(key, "k"))
@@ -261,7 +348,7 @@ func runFault(t *testing.T, name, dsn string, plan faultPlan, pg *pgCluster) {
 	if _, errOut, err := runIdem(t, "migrate", "--store", dsn); err != nil {
 		t.Fatalf("idem migrate: %v\n%s", err, errOut)
 	}
-	fleet := &proxyFleet{bin: bin, logDir: t.TempDir(), args: faultProxyArgs(dsn, upSrv.URL),
+	fleet := &proxyFleet{bin: bin, logDir: t.TempDir(), args: append(faultProxyArgs(dsn, upSrv.URL), plan.proxyArgs...),
 		procs: make([]*proxyProc, plan.proxies)}
 	t.Cleanup(func() {
 		for _, p := range fleet.procs {
@@ -301,7 +388,7 @@ func runFault(t *testing.T, name, dsn string, plan faultPlan, pg *pgCluster) {
 		defer clients.Done()
 		r.load(ctx)
 	}()
-	kills, restarts := r.chaos(pg)
+	kills, restarts := r.chaos(dbFault)
 	clients.Wait()
 
 	// Settle: every key is asked once more, through the restarted fleet,
@@ -418,7 +505,7 @@ func (r *faultRun) send(ctx context.Context, base, key string) (answer, error) {
 // Two kills in three aim at the moment right after a proxy delivered a
 // fresh large answer, when its completion may not be stored yet; the
 // others hit a random proxy.
-func (r *faultRun) chaos(pg *pgCluster) (kills, restarts int) {
+func (r *faultRun) chaos(dbFault func(r *faultRun)) (kills, restarts int) {
 	t := r.t
 	events := r.plan.kills + r.plan.pgRestarts
 	for e := range events {
@@ -430,7 +517,7 @@ func (r *faultRun) chaos(pg *pgCluster) (kills, restarts int) {
 		isPG := r.plan.pgRestarts > 0 &&
 			(2*(e+1)*r.plan.pgRestarts+events)/(2*events) > (2*e*r.plan.pgRestarts+events)/(2*events)
 		if isPG {
-			r.crashPG(pg)
+			dbFault(r)
 			restarts++
 			continue
 		}
@@ -455,31 +542,75 @@ func (r *faultRun) chaos(pg *pgCluster) (kills, restarts int) {
 	return kills, restarts
 }
 
-// faultHeld is how many executions a PostgreSQL crash waits for.
-const faultHeld = 4
-
-// crashPG crashes PostgreSQL and starts it again after a moment. The next
-// faultHeld executions the upstream starts are held until the server is
-// down, so that their proxies store their outcomes while it is down: the
-// crash lands between an execution and the storing of its answer.
+// crashPG crashes PostgreSQL and starts it again after a moment, the
+// crash landing between executions and the storing of their answers (see
+// whileHeld).
 func (r *faultRun) crashPG(pg *pgCluster) {
 	t := r.t
-	gate := make(chan struct{})
-	held := r.up.holdNext(faultHeld, gate)
-	func() {
-		defer close(gate) // also when Fatalf ends the test
-		deadline := time.Now().Add(5 * time.Second)
-		for held.Load() < faultHeld && time.Now().Before(deadline) && r.finished.Load() < int64(r.plan.keys) {
-			time.Sleep(5 * time.Millisecond)
-		}
+	r.whileHeld(func() {
 		if err := pg.crash(); err != nil {
 			t.Fatalf("crashing PostgreSQL: %v", err)
 		}
-	}()
+	})
 	time.Sleep(time.Duration(200+rand.IntN(300)) * time.Millisecond)
 	if err := pg.start(); err != nil {
 		t.Fatalf("restarting PostgreSQL: %v", err)
 	}
+}
+
+// failover kills the primary (as a crash would: every backend at once, no
+// checkpoint), lands between executions and the storing of their answers
+// (see whileHeld), and promotes the standby after a moment. The proxies
+// are not told: their multi-host URL finds the new primary.
+func (r *faultRun) failover(pair *pgPair) {
+	t := r.t
+	var killed time.Time
+	r.whileHeld(func() {
+		if err := pair.primary.crash(); err != nil {
+			t.Fatalf("killing the primary: %v", err)
+		}
+		killed = time.Now()
+	})
+	time.Sleep(time.Duration(200+rand.IntN(300)) * time.Millisecond)
+	if err := pair.standby.pgctl("promote", "-w", "-t", "60"); err != nil {
+		t.Fatalf("promoting the standby: %v", err)
+	}
+	promoted := time.Since(killed)
+	r.failedOver.Store(true)
+	// Every proxy serves a new key again, by itself: neither its pool nor
+	// its circuit breaker is stuck on the dead primary.
+	for slot := range r.plan.proxies {
+		_, base := r.fleet.at(slot)
+		for n := 0; ; n++ {
+			a, err := r.send(context.Background(), base, fmt.Sprintf("failover-probe-%d-%d", slot, n))
+			if err == nil && a.status == http.StatusCreated {
+				break
+			}
+			if time.Since(killed) > time.Minute {
+				t.Fatalf("proxy %d does not serve a new key a minute after the failover: %+v %v", slot, a, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	t.Logf("failover: promoted %v after the kill; every proxy served a new key %v after it",
+		promoted.Round(time.Millisecond), time.Since(killed).Round(time.Millisecond))
+}
+
+// faultHeld is how many executions a database fault waits for.
+const faultHeld = 4
+
+// whileHeld runs fault while the next faultHeld executions the upstream
+// starts are held (up to 5s), then lets them go: their proxies then store
+// their outcomes while the database is down.
+func (r *faultRun) whileHeld(fault func()) {
+	gate := make(chan struct{})
+	held := r.up.holdNext(faultHeld, gate)
+	defer close(gate) // also when fault ends the test
+	deadline := time.Now().Add(5 * time.Second)
+	for held.Load() < faultHeld && time.Now().Before(deadline) && r.finished.Load() < int64(r.plan.keys) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	fault()
 }
 
 // settle asks every key once more, once all proxies run, and returns the
@@ -737,12 +868,27 @@ type pgCluster struct {
 	port int
 	// asPostgres prefixes every command: `runuser -u postgres --` as root.
 	asPostgres []string
+	// opts are more server options, in pg_ctl -o form.
+	opts string
 }
 
 // startPGCluster creates and starts a private cluster, removed when the
-// test ends. The test is skipped when PostgreSQL's server binaries are not
-// installed.
-func startPGCluster(t *testing.T) *pgCluster {
+// test ends, with opts added to the server's options. The test is skipped
+// when PostgreSQL's server binaries are not installed.
+func startPGCluster(t *testing.T, opts string) *pgCluster {
+	t.Helper()
+	c := newPGCluster(t, opts)
+	if out, err := c.command("initdb", "-D", filepath.Join(c.dir, "data"), "-U", "postgres",
+		"--auth=trust", "-N", "-E", "UTF8", "--locale=C").CombinedOutput(); err != nil {
+		t.Fatalf("initdb: %v\n%s", err, out)
+	}
+	c.startOnFreePort(t)
+	return c
+}
+
+// newPGCluster makes the directory of a cluster, removed (with the server
+// stopped) when the test ends; nothing is created or started yet.
+func newPGCluster(t *testing.T, opts string) *pgCluster {
 	t.Helper()
 	bin := pgBinDir()
 	if bin == "" {
@@ -752,7 +898,7 @@ func startPGCluster(t *testing.T) *pgCluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &pgCluster{bin: bin, dir: dir}
+	c := &pgCluster{bin: bin, dir: dir, opts: opts}
 	t.Cleanup(func() {
 		c.pgctl("stop", "-m", "immediate")
 		os.RemoveAll(dir)
@@ -770,24 +916,78 @@ func startPGCluster(t *testing.T) *pgCluster {
 		}
 		c.asPostgres = []string{"runuser", "-u", "postgres", "--"}
 	}
-	if out, err := c.command("initdb", "-D", filepath.Join(dir, "data"), "-U", "postgres",
-		"--auth=trust", "-N", "-E", "UTF8", "--locale=C").CombinedOutput(); err != nil {
-		t.Fatalf("initdb: %v\n%s", err, out)
-	}
-	// A free port, probed; another process may take it before the
-	// server binds, so a failed start tries another.
+	return c
+}
+
+// startOnFreePort starts the server on a free port, probed; another
+// process may take it before the server binds, so a failed start tries
+// another.
+func (c *pgCluster) startOnFreePort(t *testing.T) {
+	t.Helper()
 	for attempt := 0; ; attempt++ {
+		var err error
 		if c.port, err = freePort(); err != nil {
 			t.Fatal(err)
 		}
 		if err = c.start(); err == nil {
-			return c
+			return
 		}
 		if attempt == 2 {
-			log, _ := os.ReadFile(filepath.Join(dir, "log"))
+			log, _ := os.ReadFile(filepath.Join(c.dir, "log"))
 			t.Fatalf("starting the private PostgreSQL: %v\n%s", err, log)
 		}
 	}
+}
+
+// pgPair is a private primary and its streaming standby.
+type pgPair struct{ primary, standby *pgCluster }
+
+// startPGPair starts a primary and a standby cloned from it with
+// pg_basebackup -R, streaming from it. With synchronous, the primary's
+// commits wait for the standby (synchronous_standby_names '*',
+// synchronous_commit on); the standby does not inherit the setting (it is
+// a server option of the primary only), so once promoted, alone, it does
+// not wait for a standby it no longer has.
+func startPGPair(t *testing.T, synchronous bool) *pgPair {
+	t.Helper()
+	opts := ""
+	if synchronous {
+		opts = "-c synchronous_standby_names='*' -c synchronous_commit=on"
+	}
+	p := &pgPair{primary: startPGCluster(t, opts)}
+	p.standby = newPGCluster(t, "")
+	if out, err := p.standby.command("pg_basebackup", "-D", filepath.Join(p.standby.dir, "data"), "-R", "-X", "stream",
+		"-h", "127.0.0.1", "-p", strconv.Itoa(p.primary.port), "-U", "postgres", "--no-sync").CombinedOutput(); err != nil {
+		t.Fatalf("pg_basebackup: %v\n%s", err, out)
+	}
+	p.standby.startOnFreePort(t)
+	want := "streaming"
+	if synchronous {
+		want = "streaming sync"
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		out, err := p.primary.psql("SELECT state || CASE WHEN sync_state = 'sync' THEN ' sync' ELSE '' END FROM pg_stat_replication")
+		if err == nil && out == want {
+			return p
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the standby is not %q after 60s: %q %v", want, out, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// dsn is the multi-host URL of the pair: whichever accepts writes.
+func (p *pgPair) dsn() string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write&connect_timeout=2",
+		p.primary.port, p.standby.port)
+}
+
+// psql runs one query and returns its output, unaligned, without headers.
+func (c *pgCluster) psql(query string) (string, error) {
+	out, err := c.command("psql", "-h", c.dir, "-p", strconv.Itoa(c.port), "-U", "postgres", "-d", "postgres", "-Atc", query).CombinedOutput()
+	return strings.TrimSpace(string(out)), err
 }
 
 func pgBinDir() string {
@@ -838,7 +1038,7 @@ func (c *pgCluster) pgctl(args ...string) error {
 // cache survives a process crash.
 func (c *pgCluster) start() error {
 	return c.pgctl("start", "-w", "-t", "120", "-l", filepath.Join(c.dir, "log"), "-o",
-		fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200", c.port, c.dir))
+		fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200 %s", c.port, c.dir, c.opts))
 }
 
 // crash stops the server as a crash would: immediate mode kills every
