@@ -237,7 +237,7 @@ func (l *ledger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		doc["id"] = x.id
 		answer, _ = json.Marshal(doc)
-		w.Header().Set("Request-Id", fmt.Sprintf("req_exec%06d", n))
+		w.Header().Set("Request-Id", x.requestID())
 		time.Sleep(l.delay)
 	}
 	for k, v := range resp.Header {
@@ -248,6 +248,9 @@ func (l *ledger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(resp.StatusCode)
 	w.Write(answer)
 }
+
+// requestID is the Request-Id the ledger gave x's answer.
+func (x execution) requestID() string { return fmt.Sprintf("req_exec%06d", x.n) }
 
 func (l *ledger) executions() []execution {
 	l.mu.Lock()
@@ -265,7 +268,9 @@ type relay struct {
 	tr     *http.Transport
 	posts  atomic.Int64
 	drops  atomic.Int64
-	wg     sync.WaitGroup
+	// refusals counts the in-flight refusals (409, 429) passed back.
+	refusals atomic.Int64
+	wg       sync.WaitGroup
 }
 
 func (rl *relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -308,6 +313,9 @@ func (rl *relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusConflict || resp.StatusCode == http.StatusTooManyRequests {
+		rl.refusals.Add(1)
+	}
 	for k, v := range resp.Header {
 		w.Header()[k] = v
 	}
@@ -381,6 +389,10 @@ type outcome struct {
 	call string
 	id   string // the object's id in the answer; "" when the call failed
 	err  string // why the call failed
+	// requestID is the answer's Request-Id, when the client reports it;
+	// replayed and original its Idempotent-Replayed and Original-Request.
+	requestID, original string
+	replayed            bool
 }
 
 // verify checks the variant's outcomes against the ledger: every call ran
@@ -412,10 +424,13 @@ func (s *stack) verify(t *testing.T, outcomes []outcome) {
 			if wrong <= 5 {
 				t.Errorf("%s got %q, but its execution created %q", o.call, o.id, xs[0].id)
 			}
+		case len(xs) > 0 && o.requestID != "" && o.requestID != xs[0].requestID():
+			wrong++
+			t.Errorf("%s got Request-Id %q, but its execution's was %q", o.call, o.requestID, xs[0].requestID())
 		}
 	}
-	t.Logf("%d calls, %d executions, %d answers lost by the relay: %d failed, %d duplicates, %d wrong answers, %d never ran",
-		len(outcomes), len(s.ledger.executions()), s.relay.drops.Load(), failed, duplicates, wrong, missing)
+	t.Logf("%d calls, %d executions, %d answers lost by the relay, %d in-flight refusals (409, 429) retried: %d failed, %d duplicates, %d wrong answers, %d never ran",
+		len(outcomes), len(s.ledger.executions()), s.relay.drops.Load(), s.relay.refusals.Load(), failed, duplicates, wrong, missing)
 	if duplicates+missing > 0 {
 		t.Errorf("%d calls ran more than once (%d extra executions), %d never ran", len(outcomes)-len(byCall)+duplicates, duplicates, missing)
 	}

@@ -28,7 +28,21 @@ func TestStripeGo(t *testing.T) {
 				}
 				stores(t, func(t *testing.T, dsn string) {
 					s := newStack(t, mock, dsn, 20*time.Millisecond, args...)
-					s.verify(t, stripeGoCalls(t, s.relayURL, calls(t, 80)))
+					outcomes := stripeGoCalls(t, s.relayURL, calls(t, 80))
+					s.verify(t, outcomes)
+					// A replay names its original request, on the
+					// stripe profile, as Stripe's API does.
+					var replays int
+					for _, o := range outcomes {
+						if !o.replayed {
+							continue
+						}
+						replays++
+						if want := map[string]string{"stripe": o.requestID}[profile]; o.original != want {
+							t.Errorf("%s: a replay with Original-Request %q, want %q", o.call, o.original, want)
+						}
+					}
+					t.Logf("%d calls ended with a replay", replays)
 				})
 			})
 		}
@@ -58,6 +72,8 @@ func stripeGoCalls(t *testing.T, base string, n int) []outcome {
 		case c.ID == "":
 			return outcome{call: call, err: "an answer without an id: " + string(c.LastResponse.RawJSON)}
 		}
-		return outcome{call: call, id: c.ID}
+		h := c.LastResponse.Header
+		return outcome{call: call, id: c.ID, requestID: c.LastResponse.RequestID, original: h.Get("Original-Request"),
+			replayed: h.Get("Idempotent-Replayed") == "true"}
 	})
 }

@@ -828,3 +828,38 @@ func TestParseProxyFlags(t *testing.T) {
 		t.Error("an unknown profile was accepted")
 	}
 }
+
+// Under the stripe profile the proxy's own answers say whether Stripe's
+// SDKs should retry them: an upstream it could not reach (nothing ran)
+// yes, an upstream that failed after the request was sent (outcome
+// unknown) and a refused request no.
+func TestProxyStripeShouldRetry(t *testing.T) {
+	t.Parallel()
+	c := client(t)
+	stripeCode := func(t *testing.T, r reply) string {
+		t.Helper()
+		var doc struct{ Error struct{ Code string } }
+		if err := json.Unmarshal(r.body, &doc); err != nil {
+			t.Fatalf("%d %s: %v", r.status, r.body, err)
+		}
+		return doc.Error.Code
+	}
+	_, refused := startProxy(t, ProxyConfig{Upstream: "http://" + freeAddr(t), Store: "memory:", Profile: "stripe"})
+	r := send(t, c, "POST", refused+"/v1/charges", "k", `{}`)
+	if r.status != http.StatusBadGateway || stripeCode(t, r) != "upstream-unreachable" || r.header.Get("Stripe-Should-Retry") != "true" {
+		t.Errorf("unreachable upstream: %d %s, Stripe-Should-Retry %q", r.status, r.body, r.header.Get("Stripe-Should-Retry"))
+	}
+	if r := send(t, c, "post", refused+"/v1/charges", "k2", `{}`); r.status != http.StatusBadRequest || r.header.Get("Stripe-Should-Retry") != "false" {
+		t.Errorf("lower-case method: %d %s, Stripe-Should-Retry %q", r.status, r.body, r.header.Get("Stripe-Should-Retry"))
+	}
+	_, hung := startProxy(t, ProxyConfig{Upstream: (&hangUp{}).start(t).URL, Store: "memory:", Profile: "stripe"})
+	r = send(t, c, "POST", hung+"/v1/charges", "k", `{}`)
+	if r.status != http.StatusBadGateway || stripeCode(t, r) != "upstream-failed" || r.header.Get("Stripe-Should-Retry") != "false" {
+		t.Errorf("upstream hung up: %d %s, Stripe-Should-Retry %q", r.status, r.body, r.header.Get("Stripe-Should-Retry"))
+	}
+	// Its retry gets the engine's outcome-unknown, final too.
+	r = send(t, c, "POST", hung+"/v1/charges", "k", `{}`)
+	if r.status != http.StatusConflict || stripeCode(t, r) != "outcome-unknown" || r.header.Get("Stripe-Should-Retry") != "false" {
+		t.Errorf("retry after the hang-up: %d %s, Stripe-Should-Retry %q", r.status, r.body, r.header.Get("Stripe-Should-Retry"))
+	}
+}
