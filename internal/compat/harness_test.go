@@ -393,6 +393,9 @@ type outcome struct {
 	// replayed and original its Idempotent-Replayed and Original-Request.
 	requestID, original string
 	replayed            bool
+	// key is the Idempotency-Key the answer echoed, when the client
+	// reports it.
+	key string
 }
 
 // verify checks the variant's outcomes against the ledger: every call ran
@@ -427,6 +430,9 @@ func (s *stack) verify(t *testing.T, outcomes []outcome) {
 		case len(xs) > 0 && o.requestID != "" && o.requestID != xs[0].requestID():
 			wrong++
 			t.Errorf("%s got Request-Id %q, but its execution's was %q", o.call, o.requestID, xs[0].requestID())
+		case len(xs) > 0 && o.key != "" && o.key != xs[0].key:
+			wrong++
+			t.Errorf("%s got the key %q echoed, but its execution ran under %q", o.call, o.key, xs[0].key)
 		}
 	}
 	t.Logf("%d calls, %d executions, %d answers lost by the relay, %d in-flight refusals (409, 429) retried: %d failed, %d duplicates, %d wrong answers, %d never ran",

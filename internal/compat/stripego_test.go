@@ -42,6 +42,14 @@ func TestStripeGo(t *testing.T) {
 							t.Errorf("%s: a replay with Original-Request %q, want %q", o.call, o.original, want)
 						}
 					}
+					// The stripe profile echoes the key, which stripe-go
+					// hands its caller (verify compared it with the
+					// execution's).
+					for _, o := range outcomes {
+						if profile == "stripe" && o.err == "" && o.key == "" {
+							t.Errorf("%s: no Idempotency-Key in stripe-go's LastResponse", o.call)
+						}
+					}
 					t.Logf("%d calls ended with a replay", replays)
 				})
 			})
@@ -74,6 +82,6 @@ func stripeGoCalls(t *testing.T, base string, n int) []outcome {
 		}
 		h := c.LastResponse.Header
 		return outcome{call: call, id: c.ID, requestID: c.LastResponse.RequestID, original: h.Get("Original-Request"),
-			replayed: h.Get("Idempotent-Replayed") == "true"}
+			replayed: h.Get("Idempotent-Replayed") == "true", key: c.LastResponse.IdempotencyKey}
 	})
 }

@@ -92,7 +92,7 @@ type conformanceCheck struct {
 var checklist = []conformanceCheck{
 	{name: "replay", proves: "a retry with the same key and body gets the first answer again, and says it is a replay", run: (*checker).checkReplay},
 	{name: "mismatch", proves: "a key reused with a different body is refused, and the first request's answer is untouched", run: (*checker).checkMismatch},
-	{name: "concurrent", proves: "simultaneous duplicates of a new key run it at most once: the others get its answer or 409, never a 5xx", run: (*checker).checkConcurrent},
+	{name: "concurrent", proves: "simultaneous duplicates of a new key run it at most once: the others get its answer or an in-flight refusal (409; 429 lock_timeout under stripe), never a 5xx", run: (*checker).checkConcurrent},
 	{name: "retry-after", proves: "a 409 for a request still in flight tells the client when to retry", run: (*checker).checkRetryAfter},
 	{name: "missing-key", proves: "a protected request without a key is refused, so a client that forgets it gets no silent duplicate (stripe: passes through)", run: (*checker).checkMissingKey},
 	{name: "malformed-key", proves: "keys that are empty, over 255 characters or hold a control character are refused with 400", run: (*checker).checkMalformed},

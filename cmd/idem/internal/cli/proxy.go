@@ -1218,7 +1218,8 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	var fields listFlag
 	fs.Var(&fields, "fields", "comma-separated JSON `members` that identify a request (payment.amount names a nested one); none: the whole body")
 	fs.StringVar(&cfg.KeyHeader, "key-header", idem.DefaultKeyHeader, "`name` of the request header that carries the idempotency key")
-	fs.BoolVar(&cfg.EchoKey, "echo-key", false, "send the key back, as sent, in --key-header on every answer to a keyed request (replays and problems too)")
+	echoKey := optionalBool{}
+	fs.Var(&echoKey, "echo-key", "send the key back, as sent, in --key-header on every answer to a keyed request (replays and problems too): true, false, or profile (true under stripe, where Stripe's SDKs read it, false under ietf)")
 	fs.DurationVar(&cfg.Wait, "wait", defaultWait, "how long a duplicate of an in-flight request waits for the first to finish and gets its answer replayed; after it (or with 0, at once) it gets --in-progress-status")
 	fs.Float64Var(&cfg.TenantRate, "tenant-rate", 0, "new keys a `second` each tenant may send, per proxy (over it: 429 tenant-rate-limited; replays and duplicates are free); 0: no limit")
 	fs.IntVar(&cfg.TenantBurst, "tenant-burst", 0, "new keys a tenant may send at once under --tenant-rate; 0: one second's worth")
@@ -1363,6 +1364,10 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	cfg.MaxBody = int64(maxBody)
 	cfg.LeasePolicy = leasePolicy.value
 	cfg.KeyRequired = keyRequired.v
+	cfg.EchoKey = cfg.Profile == string(idem.ProfileStripe)
+	if echoKey.v != nil {
+		cfg.EchoKey = *echoKey.v
+	}
 	cfg.KeyReusedStatus = keyReused.n
 	cfg.InProgressStatus = inProgress.n
 	switch stripe := cfg.Profile == string(idem.ProfileStripe); {

@@ -48,3 +48,25 @@ func TestProxyKeyHeaderAndEcho(t *testing.T) {
 		t.Error("an invalid --key-header was accepted")
 	}
 }
+
+// --echo-key follows the profile unless set: on under stripe (Stripe echoes
+// the key, and its SDKs read it into the response they return), off under
+// ietf.
+func TestProxyEchoKeyFollowsProfile(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		want bool
+	}{
+		{nil, false},
+		{[]string{"--profile", "stripe"}, true},
+		{[]string{"--profile", "stripe", "--echo-key=false"}, false},
+		{[]string{"--echo-key=profile"}, false},
+		{[]string{"--echo-key"}, true},
+	} {
+		cfg, _, _, err := parseProxyFlags(append([]string{"--upstream", "http://x"}, tc.args...), io.Discard)
+		if err != nil || cfg.EchoKey != tc.want {
+			t.Errorf("%q: EchoKey %v (%v), want %v", tc.args, cfg.EchoKey, err, tc.want)
+		}
+	}
+}
