@@ -183,13 +183,40 @@ func TestFaultPostgresAsyncStandby(t *testing.T) {
 	}
 	t.Logf("the warning: %s", warning)
 
-	strict := startProxy(t, append(faultProxyArgs(dsn, upSrv.URL), "--require-synchronous-replication")...)
+	strict := startProxy(t, append(faultProxyArgs(dsn, upSrv.URL), "--require-synchronous-replication",
+		"--durability-check-interval", "200ms")...)
 	a, err := r.send(context.Background(), strict.base, "strict")
 	if err != nil || a.status != http.StatusServiceUnavailable || problemType(a.body) != idem.ProblemBase+idem.SlugStoreNotDurable {
 		t.Fatalf("through the strict proxy: %+v %v, want 503 store-not-durable", a, err)
 	}
 	if ex := up.executions("strict"); len(ex) != 0 {
 		t.Fatalf("the strict proxy let the request reach the upstream: %v", ex)
+	}
+
+	// The operator makes commits wait for the standby: the strict proxy
+	// sees it at its next check and serves, without a restart, and logs
+	// the change.
+	for _, q := range []string{"ALTER SYSTEM SET synchronous_standby_names = '*'", "SELECT pg_reload_conf()"} {
+		if out, err := pair.primary.psql(q); err != nil {
+			t.Fatalf("%s: %v %s", q, err, out)
+		}
+	}
+	changed := time.Now()
+	deadline := changed.Add(20 * time.Second)
+	for {
+		a, err = r.send(context.Background(), strict.base, "strict")
+		if err == nil && a.status == http.StatusCreated {
+			t.Logf("the strict proxy serves %v after the change", time.Since(changed).Round(time.Millisecond))
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the strict proxy still refuses 20s after commits wait for the standby: %+v %v", a, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if b, _ := os.ReadFile(strict.log); !strings.Contains(string(b), "store durability checked") ||
+		!strings.Contains(string(b), "synchronous=true") {
+		t.Errorf("the strict proxy did not log the new finding:\n%s", b)
 	}
 }
 

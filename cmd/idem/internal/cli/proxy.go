@@ -229,6 +229,9 @@ type ProxyConfig struct {
 	// semi-synchronous replication. Only with a PostgreSQL, MySQL or
 	// Redis store.
 	RequireSynchronousReplication bool
+	// DurabilityInterval is how often the store's durability is checked
+	// again (idem.Config.DurabilityInterval). Zero: 1m.
+	DurabilityInterval time.Duration
 }
 
 // Proxy is the idempotency reverse proxy: the engine's middleware in front
@@ -615,13 +618,14 @@ func (cfg ProxyConfig) engineConfig(obs idem.Observer) idem.Config {
 		Logger:            cfg.Logger,
 		Observer:          obs,
 
-		TenantRate:      cfg.TenantRate,
-		TenantBurst:     cfg.TenantBurst,
-		TenantMaxActive: cfg.TenantMaxActive,
-		BreakerFailures: cfg.BreakerFailures,
-		BreakerOpen:     cfg.BreakerOpen,
-		BreakerMaxOpen:  cfg.BreakerMaxOpen,
-		RequireDurable:  cfg.RequireSynchronousReplication,
+		TenantRate:         cfg.TenantRate,
+		TenantBurst:        cfg.TenantBurst,
+		TenantMaxActive:    cfg.TenantMaxActive,
+		BreakerFailures:    cfg.BreakerFailures,
+		BreakerOpen:        cfg.BreakerOpen,
+		BreakerMaxOpen:     cfg.BreakerMaxOpen,
+		RequireDurable:     cfg.RequireSynchronousReplication,
+		DurabilityInterval: cfg.DurabilityInterval,
 	}
 }
 
@@ -1271,6 +1275,7 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	var asyncKeep listFlag
 	fs.Var(&asyncKeep, "async-keep-headers", "comma-separated sensitive `headers` (Authorization, Cookie) kept with asynchronous requests for the upstream; never stored otherwise")
 	fs.BoolVar(&cfg.RequireSynchronousReplication, "require-synchronous-replication", false, "refuse protected requests (503 store-not-durable) while the store's check says acknowledged answers could be lost by a failover or restart: PostgreSQL standbys that commits do not wait for, Redis without appendonly or with replicas writes do not wait for, MySQL replicas without semi-sync")
+	fs.DurationVar(&cfg.DurabilityInterval, "durability-check-interval", idem.DefaultDurabilityInterval, "how often the store's durability (replication, persistence settings) is checked again; a change is logged, and --require-synchronous-replication follows it")
 	fs.StringVar(&logFormat, "log-format", "text", "log format on stderr: text or json")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	pos, err := parse(fs, args)
@@ -1385,6 +1390,9 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	}
 	if cfg.AsyncPoll <= 0 {
 		return cfg, "", "", usageErr(fs, "--async-poll must be positive")
+	}
+	if cfg.DurabilityInterval <= 0 {
+		return cfg, "", "", usageErr(fs, "--durability-check-interval must be positive")
 	}
 	if _, err := cfg.checkSettings(); err != nil {
 		return cfg, "", "", usageErr(fs, "%v", err)
