@@ -26,8 +26,6 @@ import (
 	"github.com/idem-go/idem/store/storetest"
 )
 
-const urlEnv = "IDEM_TEST_POSTGRES_URL"
-
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
