@@ -117,3 +117,37 @@ func ExampleTransport_onRetry() {
 	// attempt 1: 503 unavailable, retrying in 1s
 	// 201 after 2 attempts
 }
+
+// AttemptTimeout bounds each attempt, where http.Client.Timeout bounds the
+// whole call: the first attempt here outlasts it, is abandoned and retried
+// under the same key, and the server, which waits for the first execution
+// (Config.Wait), answers the retry with its result. The charge is made
+// once.
+func ExampleTransport_attemptTimeout() {
+	var charges atomic.Int32
+	engine, err := idem.New(memory.New(memory.Config{}), idem.Config{Wait: 5 * time.Second})
+	if err != nil {
+		panic(err)
+	}
+	api := httptest.NewServer(engine.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := charges.Add(1)
+		time.Sleep(300 * time.Millisecond) // a slow payment provider
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":"ch_%d"}`, n)
+	})))
+	defer api.Close()
+
+	c := &http.Client{
+		Transport: &client.Transport{AttemptTimeout: 100 * time.Millisecond, BaseDelay: 10 * time.Millisecond},
+		Timeout:   10 * time.Second, // the whole call, every attempt and wait
+	}
+	resp, err := c.Post(api.URL+"/v1/charges", "application/json", strings.NewReader(`{"amount":100}`))
+	if err != nil {
+		panic(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	fmt.Println(resp.StatusCode, string(body), "replayed:", client.Replayed(resp), "charges:", charges.Load())
+	// Output:
+	// 201 {"id":"ch_1"} replayed: true charges: 1
+}

@@ -70,7 +70,12 @@ type Transport struct {
 	// the server still holds the key). http.Client.Timeout and a context
 	// deadline bound the whole call instead, every attempt and wait
 	// included: a client timeout shorter than a slow answer leaves no time
-	// for a retry. Defaults to 0 (attempts are bounded only by those).
+	// for a retry. The abandoned attempt's connection is closed: the idem
+	// proxy finishes the upstream call all the same, but a handler behind
+	// the middleware that stops when its client leaves, before it
+	// answered, leaves the outcome unknown (the retry gets 409
+	// #outcome-unknown), so keep AttemptTimeout above such a handler's
+	// usual time. Defaults to 0 (attempts are bounded only by those).
 	AttemptTimeout time.Duration
 
 	// RetryUnknown, when positive, retries 409 #outcome-unknown: the first
