@@ -113,7 +113,12 @@ type Config struct {
 
 	// Wait, when positive, makes a duplicate of an in-flight request wait up
 	// to Wait for the original to finish and then replay its response,
-	// instead of answering 409 at once. Defaults to 0 (answer at once).
+	// instead of answering InProgressStatus at once: clients (Go's
+	// transport among them) often resend sooner than a slow handler
+	// answers. A waiting duplicate holds its request and reads the store
+	// every 5ms, doubling to 250ms. Defaults to 0 (answer at once); the
+	// idem proxy's --wait defaults to 5s (README.md, "Duplicates in
+	// flight").
 	Wait time.Duration
 
 	// RetryAfter is the Retry-After sent with the in-flight and unknown
