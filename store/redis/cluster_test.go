@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -48,6 +49,42 @@ func TestCluster(t *testing.T) {
 		t.Parallel()
 		testClusterConcurrent(t, cl, newDatabase)
 	})
+	t.Run("Durability", func(t *testing.T) {
+		t.Parallel()
+		testClusterDurability(t, cl)
+	})
+}
+
+// The durability check asks every master (the test cluster keeps nothing
+// across a restart: at risk), and a write waiting for a replica is sent
+// with its WAIT to the master of its keys (none has a replica here: the
+// write fails, saying so).
+func testClusterDurability(t *testing.T, cl *testCluster) {
+	prefix := freshPrefix(t, cl.client(t))
+	s, err := Open(context.Background(), cl.url(), Config{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	d, err := s.CheckDurability(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.State != store.DurabilityAtRisk || d.Replicas != 0 || len(d.Warnings) != 3 {
+		t.Errorf("cluster of 3 masters without persistence: %v %q, want at risk with one warning per master", d, d.Warnings)
+	}
+	w, err := Open(context.Background(), cl.url(), Config{Prefix: prefix, WaitReplicas: 1, WaitTimeout: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	for i := range 5 { // keys on several masters
+		_, err := w.Reserve(ctx, store.ReserveParams{Scope: "s", Key: fmt.Sprint("wait-", i), Fingerprint: "f",
+			Lease: time.Second, TTL: time.Minute, LeasePolicy: store.LeaseUnknown})
+		if err == nil || !strings.Contains(err.Error(), "0 of 1 replica(s)") {
+			t.Fatalf("Reserve waiting for a replica on a cluster without replicas: %v", err)
+		}
+	}
 }
 
 // The server's own hashing puts all keys of a record in one slot.
