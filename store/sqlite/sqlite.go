@@ -52,7 +52,9 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
+	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -133,6 +135,14 @@ func Open(ctx context.Context, path string, cfg Config) (*Store, error) {
 	}
 	busy := strconv.FormatInt(cfg.BusyTimeout.Milliseconds(), 10)
 	memory := path == ":memory:"
+	if !memory && !strings.HasPrefix(path, "file:") {
+		// Created by the owner for the owner: the records hold tenants'
+		// answers. SQLite gives its -wal and -shm files the database's
+		// permissions.
+		if err := createPrivate(path); err != nil {
+			return nil, fmt.Errorf("idem/sqlite: create %s: %w", path, err)
+		}
+	}
 
 	// Pragmas go in the DSN so that every connection the pool opens gets
 	// them, including one reopened after an error. busy_timeout comes first
@@ -189,6 +199,19 @@ func Open(ctx context.Context, path string, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("idem/sqlite: open: %w", err)
 	}
 	return s, nil
+}
+
+// createPrivate creates an empty database file readable by its owner
+// only, unless one exists.
+func createPrivate(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, fs.ErrExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return f.Close()
 }
 
 func (s *Store) prepare(ctx context.Context) error {

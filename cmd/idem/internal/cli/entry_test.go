@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -296,5 +297,55 @@ func TestWebhookQuotedKey(t *testing.T) {
 	bad := fenced(t, p, scopeOf("", "POST", "/v1/charges?mode=fast"), "w1", `{"key":"\"w1","route":"/v1/charges?mode=fast","outcome":"not_happened"}`)
 	if r := deliver(t, c, admin, sign(time.Now(), bad, testWebhookSecret), bad); r.status != http.StatusBadRequest {
 		t.Fatalf("unterminated quoted key: %d %s, want 400", r.status, r.body)
+	}
+}
+
+// The SQLite store's generated tenant secret is never made anew for a
+// database that holds records (their tenants were hashed under the lost
+// one: a new secret would run every stored request again); a secret file
+// others can read is warned about; the database is the owner's only.
+func TestTenantSecretNotRemadeForRecords(t *testing.T) {
+	t.Parallel()
+	db := filepath.Join(t.TempDir(), "idem.db")
+	api := &chargeAPI{}
+	cfg := ProxyConfig{Upstream: newUpstream(t, api).URL, Store: "sqlite:" + db, TenantFrom: []string{"authorization"}}
+	_, base, stop := startStoppable(t, cfg)
+	c := client(t)
+	if r := send(t, c, "POST", base+"/v1/charges", "k", `{}`, "Authorization", "Bearer alice"); r.status != http.StatusCreated {
+		t.Fatalf("first run: %d", r.status)
+	}
+	stop()
+	c.CloseIdleConnections()
+	for _, name := range []string{db, db + "-wal", db + "-shm", db + ".tenant-secret"} {
+		if fi, err := os.Stat(name); err == nil && fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s: mode %v, want 0600", name, fi.Mode().Perm())
+		}
+	}
+	secret := db + ".tenant-secret"
+	// Readable by others: started, with a warning.
+	if err := os.Chmod(secret, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var logs safeBuffer
+	cfg.Logger = logs.logger()
+	_, _, stop = startStoppable(t, cfg)
+	stop()
+	if !strings.Contains(logs.String(), "readable by other users") {
+		t.Errorf("no warning for a secret file readable by others:\n%s", logs.String())
+	}
+	// Lost: refused, saying how to restore it, and no new secret is made.
+	if err := os.Remove(secret); err != nil {
+		t.Fatal(err)
+	}
+	_, err := NewProxy(context.Background(), ProxyConfig{Listen: "127.0.0.1:0", Upstream: cfg.Upstream, Store: cfg.Store,
+		TenantFrom: cfg.TenantFrom, Logger: discardLogger()})
+	if err == nil || !strings.Contains(err.Error(), "restore "+secret) || !strings.Contains(err.Error(), "--tenant-secret-file") {
+		t.Fatalf("restart without the secret: %v", err)
+	}
+	if _, err := os.Stat(secret); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a new secret was made: %v", err)
+	}
+	if api.calls.Load() != 1 {
+		t.Fatalf("upstream calls %d", api.calls.Load())
 	}
 }

@@ -539,6 +539,9 @@ func proxyTenants(cfg ProxyConfig, log *slog.Logger) (*tenants, error) {
 		}
 		if path != "" {
 			log.Info("idem proxy: tenant secret from the file beside the database", "path", path)
+			if secretReadableByOthers(path) {
+				log.Warn("idem proxy: the tenant secret file is readable by other users: chmod 600 it", "path", path)
+			}
 		}
 		t.secret = secret
 	}

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -12,9 +13,11 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/idem-go/idem/cmd/idem/internal/storeurl"
+	"github.com/idem-go/idem/store"
 )
 
 // Tenant sources, as --tenant-from names them. A tenant keeps the records
@@ -337,6 +340,47 @@ func sqliteSecretPath(dsn string) string {
 const noSecretHelp = "give --tenant-secret-file PATH or set " + tenantSecretEnv +
 	" (at least 16 bytes, e.g. head -c 32 /dev/urandom | base64 > tenant.secret)"
 
+// refuseNewSecret refuses to make a tenant secret for a SQLite database
+// that already holds records: their tenant ids were hashed under the
+// secret that is missing, and a new one would file every caller under a
+// new tenant, so the retries of their stored requests would run again.
+func refuseNewSecret(dsn, db, path string) error {
+	fi, err := os.Stat(db)
+	switch {
+	case errors.Is(err, fs.ErrNotExist) || (err == nil && fi.Size() == 0):
+		return nil // a new database: nothing was hashed yet
+	case err != nil:
+		return fmt.Errorf("tenant secret: %w", err)
+	}
+	restore := fmt.Sprintf("restore %s (from a backup of the database's directory; mode 0600), or give the secret the records were filed under with --tenant-secret-file or %s", path, tenantSecretEnv)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := storeurl.Open(ctx, dsn, storeurl.Options{})
+	var recs []store.Record
+	if err == nil {
+		recs, _, err = s.List(ctx, store.ListParams{Limit: 1})
+		s.Close()
+	}
+	switch {
+	case err != nil && errors.Is(err, store.ErrInvalidParams):
+		return fmt.Errorf("tenant secret: %w", err)
+	case err != nil:
+		// No schema yet (a database idem never used) tells nothing
+		// either way: the operator decides.
+		return fmt.Errorf("the tenant secret %s is missing and it cannot be told whether %s holds records (%v): %s", path, db, err, restore)
+	case len(recs) > 0:
+		return fmt.Errorf("the tenant secret %s is missing, but %s holds records whose tenants were hashed under it: a new secret would put every caller in a new tenant and their retries would run again. %s", path, db, restore)
+	}
+	return nil
+}
+
+// secretReadableByOthers reports whether a secret file may be read by
+// other users than its owner.
+func secretReadableByOthers(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode().Perm()&0o077 != 0
+}
+
 // defaultTenantSecret is the proxy's tenant secret when none was given.
 // A SQLite file store keeps one next to the database, created once, so a
 // restart keeps every tenant id; the memory store lives as long as the
@@ -358,6 +402,9 @@ func defaultTenantSecret(dsn string) ([]byte, string, error) {
 	}
 	if b, err := readSecret(path, "", "tenant"); err == nil || !errors.Is(err, fs.ErrNotExist) {
 		return b, path, err
+	}
+	if err := refuseNewSecret(dsn, d.Target, path); err != nil {
+		return nil, "", err
 	}
 	raw := make([]byte, 32)
 	rand.Read(raw)
