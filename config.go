@@ -161,6 +161,21 @@ type Config struct {
 	// TenantRate. Defaults to one second's worth (TenantRate rounded up).
 	TenantBurst int
 
+	// NewKeyRate, when positive, limits the whole Engine, whatever the
+	// tenant, to NewKeyRate new keys a second, a token bucket holding
+	// NewKeyBurst: a bound that needs no tenant, so callers that mint
+	// tenants for free (a fresh credential each time) cannot spray records
+	// past it. A call whose key has no record yet and finds the bucket
+	// empty gets 429 (new-keys-limited) with Retry-After, nothing reserved;
+	// replays, duplicates in flight and retries of a released key are not
+	// charged. Per Engine: N instances admit up to N times the rate.
+	// Defaults to 0 (no limit).
+	NewKeyRate float64
+
+	// NewKeyBurst is how many new keys the Engine admits at once under
+	// NewKeyRate. Defaults to one second's worth (NewKeyRate rounded up).
+	NewKeyBurst int
+
 	// TenantMaxActive, when positive, caps the records a tenant holds in
 	// progress or awaiting reconciliation: a call that would start one more
 	// gets 429 (tenant-over-cap) with Retry-After, nothing reserved. The
@@ -361,6 +376,12 @@ func (c Config) withDefaults() (settings, error) {
 	}
 	if c.TenantBurst == 0 && c.TenantRate > 0 {
 		c.TenantBurst = burstFor(c.TenantRate)
+	}
+	if c.NewKeyRate < 0 || c.NewKeyRate != c.NewKeyRate || c.NewKeyBurst < 0 {
+		errs = append(errs, errors.New("idem: NewKeyRate and NewKeyBurst must not be negative"))
+	}
+	if c.NewKeyBurst == 0 && c.NewKeyRate > 0 {
+		c.NewKeyBurst = burstFor(c.NewKeyRate)
 	}
 	if c.Wait < 0 {
 		errs = append(errs, errors.New("idem: Wait must not be negative"))

@@ -30,6 +30,9 @@ type Engine struct {
 	clk    clock
 	// limiter is the tenants' rate of new keys, nil without one.
 	limiter *tenantLimiter
+	// global is the Engine's rate of new keys, whatever the tenant (one
+	// bucket, tenant ""), nil without one.
+	global *tenantLimiter
 	// breaker is the store's circuit breaker, nil when disabled.
 	breaker *breaker
 	// dur watches the store's durability, nil when the store has no check.
@@ -58,7 +61,8 @@ func New(s store.Store, cfg Config) (*Engine, error) {
 	obs := observerOr(set.Observer)
 	return &Engine{store: s, cfg: set, hasher: fingerprint.New(set.Secret), log: set.Logger,
 		obs: obs, sname: StoreName(s), clk: wallClock{},
-		limiter: newTenantLimiter(set.TenantRate, set.TenantBurst), breaker: newBreaker(&set, obs), dur: dur}, nil
+		limiter: newTenantLimiter(set.TenantRate, set.TenantBurst), global: newTenantLimiter(set.NewKeyRate, set.NewKeyBurst),
+		breaker: newBreaker(&set, obs), dur: dur}, nil
 }
 
 // With returns an engine for a route that needs other settings (an optional
@@ -94,6 +98,9 @@ func (e *Engine) With(modify func(*Config)) (*Engine, error) {
 	d.obs = observerOr(set.Observer)
 	if set.TenantRate != e.cfg.TenantRate || set.TenantBurst != e.cfg.TenantBurst {
 		d.limiter = newTenantLimiter(set.TenantRate, set.TenantBurst)
+	}
+	if set.NewKeyRate != e.cfg.NewKeyRate || set.NewKeyBurst != e.cfg.NewKeyBurst {
+		d.global = newTenantLimiter(set.NewKeyRate, set.NewKeyBurst)
 	}
 	return &d, nil
 }
@@ -445,7 +452,7 @@ func (e *Engine) run(ctx context.Context, c *Call, op operation) Answer {
 		}
 	}
 	if charged && (err != nil || !d.created) {
-		e.limiter.refund(c.Tenant)
+		e.refund(c.Tenant)
 	}
 	switch {
 	case errors.Is(err, store.ErrOverCap):

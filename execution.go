@@ -219,8 +219,10 @@ func (x *Execution) complete(ctx context.Context, resp store.Response, streamed 
 	})
 	if err != nil {
 		x.expires.Store(0)
+		return err
 	}
-	return err
+	x.e.tenantSucceeded(ctx, x.scope, resp.Status)
+	return nil
 }
 
 // release frees the key for another attempt.

@@ -53,6 +53,7 @@ const (
 	SlugPendingExpired   = "request-not-run-in-time"
 	SlugRateLimited      = "tenant-rate-limited"
 	SlugOverCap          = "tenant-over-cap"
+	SlugNewKeysLimited   = "new-keys-limited"
 )
 
 // problemType is one of the engine's problems with its fixed texts.
@@ -113,6 +114,9 @@ var (
 	probRateLimited = &problemType{slug: SlugRateLimited, status: 429, retry: true,
 		title:  "Too many new Idempotency-Keys from this tenant; the request was not processed",
 		stripe: "Too many new idempotent requests from this account; the request was not executed, please retry later."}
+	probNewKeysLimited = &problemType{slug: SlugNewKeysLimited, status: 429, retry: true,
+		title:  "Too many new Idempotency-Keys on this server; the request was not processed",
+		stripe: "Too many new idempotent requests right now; the request was not executed, please retry later."}
 	probOverCap = &problemType{slug: SlugOverCap, status: 429, retry: true,
 		title:  "This tenant has too many requests waiting, in progress or awaiting reconciliation; the request was not processed",
 		stripe: "Too many idempotent requests of this account are still in progress; the request was not executed, please retry later."}
@@ -125,7 +129,7 @@ var stripeTypes = map[string]*problemType{}
 func init() {
 	for _, p := range []*problemType{probKeyMissing, probKeyMalformed, probKeyRepeated, probBodyTooLarge,
 		probBodyUnreadable, probInvalidBody, probScopeTooLong, probScopeInvalid, probKeyReused,
-		probInProgress, probUnknown, probStore, probNotDurable, probAccepted, probRequestNotFound, probRequestFailed, probRateLimited, probOverCap} {
+		probInProgress, probUnknown, probStore, probNotDurable, probAccepted, probRequestNotFound, probRequestFailed, probRateLimited, probOverCap, probNewKeysLimited} {
 		stripeTypes[p.slug] = p
 	}
 }

@@ -27,6 +27,27 @@ type TenantObserver interface {
 	TenantReserve(ctx context.Context, tenant, outcome string)
 }
 
+// TenantSuccessObserver is implemented by a TenantObserver that gives a
+// tenant a place of its own (a metric series) only once one of its
+// requests was answered with a 2xx: tenants minted for free (a fresh
+// credential for every request) never take the places of real ones. The
+// engine calls it when it stored a 2xx answer of the tenant.
+type TenantSuccessObserver interface {
+	TenantSucceeded(ctx context.Context, tenant string)
+}
+
+// tenantSucceeded reports a tenant's stored 2xx answer to a
+// TenantSuccessObserver.
+func (e *Engine) tenantSucceeded(ctx context.Context, scope string, status int) {
+	t, ok := e.obs.(TenantSuccessObserver)
+	if !ok || status < 200 || status > 299 {
+		return
+	}
+	if tenant, _, _, ok := ParseScope(scope); ok {
+		t.TenantSucceeded(ctx, tenant)
+	}
+}
+
 // The outcomes of the tenant limits, in Observer.Reserve and
 // TenantObserver.TenantReserve.
 const (
@@ -120,17 +141,30 @@ func (l *tenantLimiter) size() int {
 	return len(l.b)
 }
 
-// admit applies the tenant's rate of new keys before the reservation: it
-// takes a token, or, when there is none, lets the call through only if
-// its key already has a record (a replay, a duplicate in flight, a retry
-// of a released key are not new keys). charged reports a token was taken:
-// the caller refunds it unless the reservation created a record.
+// admit applies the rates of new keys before the reservation, the
+// tenant's and the Engine's: it takes a token of each, or, when one has
+// none, lets the call through only if its key already has a record (a
+// replay, a duplicate in flight, a retry of a released key are not new
+// keys). charged reports tokens were taken: the caller refunds them
+// (refund) unless the reservation created a record.
 func (e *Engine) admit(ctx context.Context, tenant, scope, key string) (charged bool, refused *Answer) {
-	l := e.limiter
-	if l == nil {
+	if e.limiter == nil && e.global == nil {
 		return false, nil
 	}
-	ok, wait := l.take(tenant, e.clk.Now())
+	now := e.clk.Now()
+	l, p, what := e.limiter, probRateLimited, "the tenant's"
+	ok, wait := true, time.Duration(0)
+	if l != nil {
+		ok, wait = l.take(tenant, now)
+	}
+	if ok && e.global != nil {
+		if ok, wait = e.global.take("", now); !ok {
+			if l != nil {
+				l.refund(tenant)
+			}
+			l, p, what = e.global, probNewKeysLimited, "this server's"
+		}
+	}
 	if ok {
 		return true, nil
 	}
@@ -142,12 +176,23 @@ func (e *Engine) admit(ctx context.Context, tenant, scope, key string) (charged 
 	case err == nil:
 		return false, nil
 	case errors.Is(err, store.ErrNotFound):
-		a := e.limited(ctx, tenant, outcomeRateLimited, probRateLimited, wait,
-			"the tenant's rate of new keys is "+strconv.FormatFloat(l.rate, 'g', -1, 64)+" a second")
+		a := e.limited(ctx, tenant, outcomeRateLimited, p, wait,
+			what+" rate of new keys is "+strconv.FormatFloat(l.rate, 'g', -1, 64)+" a second")
 		return false, &a
 	}
 	// The store failed: the reservation meets the same store and answers.
 	return false, nil
+}
+
+// refund gives back the tokens admit took for a call that created no
+// record.
+func (e *Engine) refund(tenant string) {
+	if e.limiter != nil {
+		e.limiter.refund(tenant)
+	}
+	if e.global != nil {
+		e.global.refund("")
+	}
 }
 
 // limited answers a call refused by a tenant limit, and counts it.

@@ -287,3 +287,76 @@ func TestTenantMaxActiveNeedsAStoreThatCounts(t *testing.T) {
 		t.Fatal("With: a cap over a store that cannot count was accepted")
 	}
 }
+
+// NewKeyRate bounds the new keys of the whole Engine, whatever the
+// tenant: a client that mints a fresh tenant for every request (a new
+// credential each time) is refused past it (429 new-keys-limited, nothing
+// reserved), while replays pass and the per-tenant rate would see nothing.
+func TestNewKeyRateNeedsNoTenant(t *testing.T) {
+	t.Parallel()
+	te := newTenantEnv(t, idem.Config{NewKeyRate: 1, NewKeyBurst: 3, TenantRate: 100})
+	for i := range 3 {
+		te.want(fmt.Sprint("fresh-", i), fmt.Sprint("k", i), http.StatusCreated)
+	}
+	te.wantLimited("fresh-3", "k3", idem.SlugNewKeysLimited, "1")
+	te.wantLimited("fresh-4", "k4", idem.SlugNewKeysLimited, "1")
+	// A replay is not a new key.
+	if w := te.want("fresh-0", "k0", http.StatusCreated); w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("replay under the bound: %v", w.Header())
+	}
+	te.clk.Advance(time.Second)
+	te.want("fresh-5", "k5", http.StatusCreated)
+	te.wantLimited("fresh-6", "k6", idem.SlugNewKeysLimited, "1")
+	if n := te.ran(); n != 4 {
+		t.Fatalf("handler ran %d times, want 4", n)
+	}
+	if _, err := idem.New(memory.New(memory.Config{}), idem.Config{NewKeyRate: -1}); err == nil {
+		t.Fatal("a negative NewKeyRate was accepted")
+	}
+}
+
+// successRecorder records the tenants the engine reports a 2xx for.
+type successRecorder struct {
+	obstest.Recorder
+	mu sync.Mutex
+	ok []string
+}
+
+func (r *successRecorder) TenantReserve(context.Context, string, string) {}
+
+func (r *successRecorder) TenantSucceeded(_ context.Context, tenant string) {
+	r.mu.Lock()
+	r.ok = append(r.ok, tenant)
+	r.mu.Unlock()
+}
+
+// The engine reports a tenant to a TenantSuccessObserver only when it
+// stored a 2xx answer of it: a tenant whose credential the API refused
+// (401) never gets a metric series of its own.
+func TestTenantSucceededOnlyOn2xx(t *testing.T) {
+	t.Parallel()
+	rec := &successRecorder{}
+	e, err := idem.New(memory.New(memory.Config{}), idem.Config{Observer: rec, Logger: slog.New(slog.DiscardHandler),
+		Tenant: func(r *http.Request) string { return r.Header.Get("X-Tenant") }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Tenant") != "real" {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	for _, tenant := range []string{"junk-1", "real", "junk-2", "real"} {
+		r := httptest.NewRequest("POST", "/v1/charges", strings.NewReader(`{}`))
+		r.Header.Set("Idempotency-Key", "k-"+tenant)
+		r.Header.Set("X-Tenant", tenant)
+		h.ServeHTTP(httptest.NewRecorder(), r)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.ok) != 1 || rec.ok[0] != "real" {
+		t.Fatalf("tenants reported answered 2xx: %v, want [real] (the second is a replay)", rec.ok)
+	}
+}

@@ -10,10 +10,12 @@
 //
 //   - idem.reserve.outcomes{outcome}: reservations by outcome
 //   - idem.tenant.outcomes{tenant, outcome}: the same per tenant, for the
-//     first Config.MaxTenants tenants seen by the process, every other
-//     tenant counted under tenant "other" (the number of series stays
-//     bounded however many tenants call): replays, duplicates in flight,
-//     key reuse and the tenant limits' refusals per tenant
+//     first Config.MaxTenants tenants of the process that had a request
+//     answered with a 2xx, every other tenant counted under tenant
+//     "other" (the number of series stays bounded however many tenants
+//     call, and tenants minted for free, which never get a 2xx, cannot
+//     take the places of real ones): replays, duplicates in flight, key
+//     reuse and the tenant limits' refusals per tenant
 //   - idem.store.errors{op}, idem.store.duration{op} (seconds): store
 //     operations of the engine and of the services
 //   - idem.finish.failures{op}: outcomes the engine could not record
@@ -183,6 +185,14 @@ func (o *observer) Reserve(ctx context.Context, outcome string) {
 func (o *observer) TenantReserve(ctx context.Context, tenant, outcome string) {
 	if o.tenants != nil {
 		o.tenants.add(ctx, tenant, outcome)
+	}
+}
+
+// TenantSucceeded implements idem.TenantSuccessObserver: the tenant may
+// get a series of its own.
+func (o *observer) TenantSucceeded(ctx context.Context, tenant string) {
+	if o.tenants != nil {
+		o.tenants.admit(tenant)
 	}
 }
 

@@ -228,8 +228,10 @@ func TestNoopTracerStartsNoSpan(t *testing.T) {
 	}
 }
 
-// Per-tenant outcomes keep a bounded number of series: tenants beyond
-// MaxTenants are counted under "other", however many call.
+// Per-tenant outcomes keep a bounded number of series: a tenant gets a
+// series of its own only once it had a 2xx answer, up to MaxTenants; the
+// others (junk tenants first among them) are counted under "other",
+// however many call.
 func TestTenantOutcomesAreBounded(t *testing.T) {
 	tel := &telemetry{reader: sdkmetric.NewManualReader()}
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(tel.reader))
@@ -243,6 +245,16 @@ func TestTenantOutcomesAreBounded(t *testing.T) {
 		t.Fatal("the observer does not count per tenant")
 	}
 	ctx := context.Background()
+	ts := obs.(idem.TenantSuccessObserver)
+	// 100 junk tenants, none ever answered 2xx, come first: they take no
+	// place.
+	for i := range 100 {
+		to.TenantReserve(ctx, fmt.Sprint("junk-", i), "created")
+	}
+	ts.TenantSucceeded(ctx, "acme")
+	ts.TenantSucceeded(ctx, "globex")
+	ts.TenantSucceeded(ctx, "initech") // no room left
+	to.TenantReserve(ctx, "initech", "replay")
 	to.TenantReserve(ctx, "acme", "replay")
 	to.TenantReserve(ctx, "acme", "replay")
 	to.TenantReserve(ctx, "globex", "in_progress")
@@ -269,7 +281,8 @@ func TestTenantOutcomesAreBounded(t *testing.T) {
 		"outcome=key_reused,tenant=acme}":    1,
 		"outcome=in_progress,tenant=globex}": 1,
 		"outcome=rate_limited,tenant=other}": 1000,
-		"outcome=replay,tenant=other}":       1,
+		"outcome=created,tenant=other}":      100,
+		"outcome=replay,tenant=other}":       2,
 	}
 	for k, v := range want {
 		if got[k] != v {

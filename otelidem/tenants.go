@@ -9,8 +9,8 @@ import (
 )
 
 // tenantSeries counts outcomes per tenant with a bounded number of series:
-// the first max tenants seen get their own tenant attribute, the others
-// share OtherTenant. A series, once exported, lives as long as the meter
+// the first max tenants admitted (after a 2xx answer) get their own tenant
+// attribute, the others share OtherTenant. A series, once exported, lives as long as the meter
 // provider, so the set of named tenants only grows, up to max: the bound
 // is on what a metrics backend stores, whatever the number of tenants (or
 // of made-up tenant names) calling.
@@ -40,30 +40,35 @@ func (t *tenantSeries) optionsFor(tenant string) map[string][]metric.AddOption {
 	return m
 }
 
-// series returns the options of tenant's series: its own while there is
-// room, else OtherTenant's.
+// series returns the options of tenant's series: its own once admitted,
+// else OtherTenant's.
 func (t *tenantSeries) series(tenant string) map[string][]metric.AddOption {
 	t.mu.RLock()
 	m, ok := t.opts[tenant]
-	full := len(t.opts) >= t.max
 	t.mu.RUnlock()
 	if ok {
 		return m
 	}
-	if full || tenant == OtherTenant {
-		return t.other
+	return t.other
+}
+
+// admit gives tenant a series of its own while there is room.
+func (t *tenantSeries) admit(tenant string) {
+	if tenant == OtherTenant {
+		return
+	}
+	t.mu.RLock()
+	_, ok := t.opts[tenant]
+	full := len(t.opts) >= t.max
+	t.mu.RUnlock()
+	if ok || full {
+		return
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if m, ok := t.opts[tenant]; ok {
-		return m
+	if _, ok := t.opts[tenant]; !ok && len(t.opts) < t.max {
+		t.opts[tenant] = t.optionsFor(tenant)
 	}
-	if len(t.opts) >= t.max {
-		return t.other
-	}
-	m = t.optionsFor(tenant)
-	t.opts[tenant] = m
-	return m
 }
 
 func (t *tenantSeries) add(ctx context.Context, tenant, outcome string) {

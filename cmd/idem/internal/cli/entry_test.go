@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -347,5 +348,50 @@ func TestTenantSecretNotRemadeForRecords(t *testing.T) {
 	}
 	if api.calls.Load() != 1 {
 		t.Fatalf("upstream calls %d", api.calls.Load())
+	}
+}
+
+// Spraying fresh credentials: 40 requests, each with a new X-Api-Key (a
+// new tenant each) and a new key. The per-tenant rate sees one key per
+// tenant; --new-key-rate bounds them all: past its burst they get 429
+// new-keys-limited with Retry-After and nothing is stored or forwarded.
+// The upstream's 401 for an unknown credential is stored like any 4xx
+// answer (a retry replays it), also under a tenant that never had a 2xx:
+// what bounds a sprayer's records is the rate, not a special case.
+func TestNewKeyRateBoundsCredentialSpraying(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int64
+	up := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusUnauthorized)
+	}))
+	p, base := startProxy(t, ProxyConfig{Upstream: up.URL, Store: "sqlite:" + filepath.Join(t.TempDir(), "idem.db"),
+		TenantFrom: []string{"header:X-Api-Key"}, TenantSecret: []byte("tenant-secret-0123456789"),
+		TenantRate: 5, NewKeyRate: 1, NewKeyBurst: 10})
+	c := client(t)
+	var stored, limited int
+	for i := range 40 {
+		r := send(t, c, "POST", base+"/v1/charges", fmt.Sprint("spray-", i), `{}`, "X-Api-Key", fmt.Sprint("junk-", i))
+		switch {
+		case r.status == http.StatusUnauthorized:
+			stored++
+		case r.status == http.StatusTooManyRequests && problemType(t, r) == idem.ProblemBase+idem.SlugNewKeysLimited && r.header.Get("Retry-After") != "":
+			limited++
+		default:
+			t.Fatalf("spray %d: %d %v %s", i, r.status, r.header, r.body)
+		}
+	}
+	if stored > 12 || limited < 28 || int64(stored) != calls.Load() {
+		t.Fatalf("40 sprayed credentials: %d answered (%d upstream calls), %d refused; want at most the burst (10, plus refill) through", stored, calls.Load(), limited)
+	}
+	// The stored 401 replays.
+	r := send(t, c, "POST", base+"/v1/charges", "spray-0", `{}`, "X-Api-Key", "junk-0")
+	if r.status != http.StatusUnauthorized || r.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry of a sprayed request: %d %v", r.status, r.header)
+	}
+	recs, _, err := p.Store().List(context.Background(), store.ListParams{Limit: 100})
+	if err != nil || len(recs) != stored {
+		t.Fatalf("records: %d %v, want %d", len(recs), err, stored)
 	}
 }

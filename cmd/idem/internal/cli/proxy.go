@@ -97,6 +97,11 @@ type ProxyConfig struct {
 	TenantRate      float64
 	TenantBurst     int
 	TenantMaxActive int
+	// NewKeyRate limits the proxy, whatever the tenant, to this many new
+	// keys a second (idem.Config.NewKeyRate, a bucket of NewKeyBurst):
+	// tenants minted for free do not escape it. Zero: off.
+	NewKeyRate  float64
+	NewKeyBurst int
 
 	// BreakerFailures, BreakerOpen and BreakerMaxOpen tune the store's
 	// circuit breaker (idem.Config fields of the same names); zero keeps
@@ -624,6 +629,8 @@ func (cfg ProxyConfig) engineConfig(obs idem.Observer) idem.Config {
 		TenantRate:         cfg.TenantRate,
 		TenantBurst:        cfg.TenantBurst,
 		TenantMaxActive:    cfg.TenantMaxActive,
+		NewKeyRate:         cfg.NewKeyRate,
+		NewKeyBurst:        cfg.NewKeyBurst,
 		BreakerFailures:    cfg.BreakerFailures,
 		BreakerOpen:        cfg.BreakerOpen,
 		BreakerMaxOpen:     cfg.BreakerMaxOpen,
@@ -1151,8 +1158,12 @@ request to defeat deduplication, or filling the store), per proxy;
 awaiting reconciliation, counted by the store across every proxy on it
 (a client holding many keys in flight, or probing for keys). Over either:
 429 with Retry-After, nothing reserved, nothing forwarded. Replays and
-duplicates in flight are never charged. Not with a Redis store, which
-cannot count a tenant's records atomically (the proxy refuses to start).
+duplicates in flight are never charged. --tenant-max-active is not for a
+Redis store, which cannot count a tenant's records atomically (the proxy
+refuses to start). --new-key-rate bounds the new keys the proxy takes from
+all tenants together, a second: a client minting a fresh credential for
+every request makes a new tenant each time, which the per-tenant limits
+cannot see.
 
 Store circuit breaker: after --breaker-failures failed reservations in a
 row, requests get 503 with Retry-After at once, without waiting for the
@@ -1230,6 +1241,8 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 	fs.DurationVar(&cfg.Wait, "wait", defaultWait, "how long a duplicate of an in-flight request waits for the first to finish and gets its answer replayed; after it (or with 0, at once) it gets --in-progress-status")
 	fs.Float64Var(&cfg.TenantRate, "tenant-rate", 0, "new keys a `second` each tenant may send, per proxy (over it: 429 tenant-rate-limited; replays and duplicates are free); 0: no limit")
 	fs.IntVar(&cfg.TenantBurst, "tenant-burst", 0, "new keys a tenant may send at once under --tenant-rate; 0: one second's worth")
+	fs.Float64Var(&cfg.NewKeyRate, "new-key-rate", 0, "new keys a `second` this proxy takes from all tenants together (over it: 429 new-keys-limited; replays and duplicates are free); 0: no limit")
+	fs.IntVar(&cfg.NewKeyBurst, "new-key-burst", 0, "new keys the proxy takes at once under --new-key-rate; 0: one second's worth")
 	fs.IntVar(&cfg.TenantMaxActive, "tenant-max-active", 0, "`records` a tenant may hold waiting for a worker (--async), in progress or awaiting reconciliation, across every proxy on the store (over it: 429 tenant-over-cap); 0: no cap")
 	breakerFailures := fs.Int("breaker-failures", idem.DefaultBreakerFailures, "store failures in a row that open the circuit breaker (503 at once, without waiting for the store); 0: no breaker")
 	fs.DurationVar(&cfg.BreakerOpen, "breaker-open", idem.DefaultBreakerOpen, "first interval the circuit breaker stays open before one request probes the store; it doubles while probes fail")
@@ -1303,6 +1316,8 @@ func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logForma
 		return cfg, "", "", usageErr(fs, "--store-batches must be -1 (no batching), 0 (the store's default) or a number of store batches")
 	case cfg.TenantRate < 0 || cfg.TenantBurst < 0 || cfg.TenantMaxActive < 0:
 		return cfg, "", "", usageErr(fs, "--tenant-rate, --tenant-burst and --tenant-max-active must not be negative")
+	case cfg.NewKeyRate < 0 || cfg.NewKeyBurst < 0:
+		return cfg, "", "", usageErr(fs, "--new-key-rate and --new-key-burst must not be negative")
 	case *breakerFailures < 0:
 		return cfg, "", "", usageErr(fs, "--breaker-failures must not be negative (0 turns the breaker off)")
 	case cfg.BreakerOpen <= 0 || cfg.BreakerMaxOpen < cfg.BreakerOpen:
