@@ -62,6 +62,10 @@ func idemBinary(t *testing.T) string {
 	return bin
 }
 
+// full reports the full run (make compat, IDEM_COMPAT_CALLS set): it adds
+// the variants with --wait 0 to the proxy's defaults, and more calls.
+func full() bool { return os.Getenv("IDEM_COMPAT_CALLS") != "" }
+
 // calls is the number of logical calls of one variant: a few hundred in
 // all by default, IDEM_COMPAT_CALLS for the full run (make compat).
 func calls(t *testing.T, reduced int) int {
@@ -351,9 +355,11 @@ type stack struct {
 // IDEM_TEST_POSTGRES_URL, failed under CI=true).
 func stores(t *testing.T, f func(t *testing.T, dsn string)) {
 	t.Run("sqlite", func(t *testing.T) {
+		t.Parallel()
 		f(t, "sqlite:"+filepath.Join(t.TempDir(), "idem.db"))
 	})
 	t.Run("postgres", func(t *testing.T) {
+		t.Parallel()
 		u := testenv.PostgresURL(t)
 		f(t, testenv.WithParam(t, u, "search_path", pgdb.Schema(t, u)))
 	})
