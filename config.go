@@ -116,7 +116,8 @@ type Config struct {
 	// instead of answering InProgressStatus at once: clients (Go's
 	// transport among them) often resend sooner than a slow handler
 	// answers. A waiting duplicate holds its request and reads the store
-	// every 5ms, doubling to 250ms. Defaults to 0 (answer at once); the
+	// every 5ms, doubling to 250ms; duplicates of one key waiting in one
+	// engine share the read under way. Defaults to 0 (answer at once); the
 	// idem proxy's --wait defaults to 5s (README.md, "Duplicates in
 	// flight").
 	Wait time.Duration

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/idem-go/idem/internal/fingerprint"
@@ -37,6 +38,9 @@ type Engine struct {
 	breaker *breaker
 	// dur watches the store's durability, nil when the store has no check.
 	dur *durability
+	// reads shares the store reads of duplicates waiting for one record
+	// (see await); engines made by With share it.
+	reads *sharedReads
 }
 
 // New returns an engine over s.
@@ -62,7 +66,7 @@ func New(s store.Store, cfg Config) (*Engine, error) {
 	return &Engine{store: s, cfg: set, hasher: fingerprint.New(set.Secret), log: set.Logger,
 		obs: obs, sname: StoreName(s), clk: wallClock{},
 		limiter: newTenantLimiter(set.TenantRate, set.TenantBurst), global: newTenantLimiter(set.NewKeyRate, set.NewKeyBurst),
-		breaker: newBreaker(&set, obs), dur: dur}, nil
+		breaker: newBreaker(&set, obs), dur: dur, reads: &sharedReads{m: map[string]*sharedRead{}}}, nil
 }
 
 // With returns an engine for a route that needs other settings (an optional
@@ -676,11 +680,13 @@ func (e *Engine) await(ctx context.Context, tenant, scope, route, key, fp string
 	deadline := e.clk.Now().Add(wait)
 	pause := 5 * time.Millisecond
 	for {
-		var r store.Record
 		attempts++
-		err := e.call(ctx, opGet, false, func(ctx context.Context) (err error) {
-			r, err = e.store.Get(ctx, scope, key)
-			return err
+		r, err := e.reads.get(ctx, scope, key, func(ctx context.Context) (rec store.Record, err error) {
+			err = e.call(ctx, opGet, false, func(ctx context.Context) (err error) {
+				rec, err = e.store.Get(ctx, scope, key)
+				return err
+			})
+			return rec, err
 		})
 		switch {
 		case errors.Is(err, store.ErrNotFound):
@@ -702,6 +708,48 @@ func (e *Engine) await(ctx context.Context, tenant, scope, route, key, fp string
 			return decision{}, err
 		}
 		pause = min(pause*2, 250*time.Millisecond)
+	}
+}
+
+// sharedReads lets the duplicates of one key that wait in this process
+// share each store read: a storm of duplicates costs the store one read per
+// poll, not one per duplicate.
+type sharedReads struct {
+	mu sync.Mutex
+	m  map[string]*sharedRead // by scope and key: the read under way
+}
+
+type sharedRead struct {
+	done chan struct{}
+	rec  store.Record // read only once done is closed
+	err  error
+}
+
+// get joins the read of (scope, key) under way, or starts one with read.
+// A read runs detached from its starter's cancellation (the others wait
+// for it; the engine's store timeout still bounds it); a waiter that
+// leaves stops waiting for it.
+func (s *sharedReads) get(ctx context.Context, scope, key string, read func(context.Context) (store.Record, error)) (store.Record, error) {
+	id := scope + "\x00" + key
+	s.mu.Lock()
+	r, joined := s.m[id]
+	if !joined {
+		r = &sharedRead{done: make(chan struct{})}
+		s.m[id] = r
+	}
+	s.mu.Unlock()
+	if !joined {
+		r.rec, r.err = read(context.WithoutCancel(ctx))
+		s.mu.Lock()
+		delete(s.m, id)
+		s.mu.Unlock()
+		close(r.done)
+	}
+	select {
+	case <-r.done:
+		return r.rec, r.err
+	case <-ctx.Done():
+		return store.Record{}, ctx.Err()
 	}
 }
 

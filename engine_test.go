@@ -374,6 +374,60 @@ func TestWaitingDuplicateNoticesALapsedLease(t *testing.T) {
 	}
 }
 
+// Duplicates of one key waiting in one process share each store read: with
+// the store's reads held up, eight waiting duplicates have one read under
+// way, not eight. Once the holder answers, every one of them gets its
+// answer, replayed.
+func TestWaitingDuplicatesShareReads(t *testing.T) {
+	t.Parallel()
+	s := &enginetest.Flaky{Store: memory.New(memory.Config{}), GetGate: make(chan struct{})}
+	e, err := idem.New(s, idem.Config{Wait: 30 * time.Second, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int64
+	started, release := make(chan struct{}), make(chan struct{})
+	h := e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		close(started)
+		<-release
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "made")
+	}))
+	first := make(chan *httptest.ResponseRecorder, 1)
+	go func() { first <- sendKeyed(h, "k") }()
+	<-started
+	const n = 8
+	answers := make(chan *httptest.ResponseRecorder, n)
+	for range n {
+		go func() { answers <- sendKeyed(h, "k") }()
+	}
+	for deadline := time.Now().Add(time.Minute); s.Reserves.Load() < n+1 || s.Gets.Load() < 1; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d reservations and %d reads after a minute", s.Reserves.Load(), s.Gets.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // time for any other read to reach the store
+	if got := s.Gets.Load(); got != 1 {
+		t.Fatalf("%d store reads under way for %d waiting duplicates, want 1", got, n)
+	}
+	close(s.GetGate)
+	close(release)
+	if w := <-first; w.Code != http.StatusCreated {
+		t.Fatalf("first: %d", w.Code)
+	}
+	for range n {
+		if w := <-answers; w.Code != http.StatusCreated || w.Body.String() != "made" ||
+			w.Header().Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("a waiting duplicate: %d %q %v, want the answer replayed", w.Code, w.Body, w.Header())
+		}
+	}
+	if calls.Load() != 1 {
+		t.Fatalf("the handler ran %d times", calls.Load())
+	}
+}
+
 // A completion applied by the store whose answer was lost (the connection
 // broke after the commit) is recognised when the retry finds the record
 // completed under this execution's fence: recorded, not lost.

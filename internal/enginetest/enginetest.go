@@ -44,6 +44,7 @@ type Flaky struct {
 	store.Store
 	Down           atomic.Bool   // Reserve and Get fail while set
 	Gate           chan struct{} // when not nil, Reserve waits until it is closed (a slow store)
+	GetGate        chan struct{} // when not nil, Get waits until it is closed
 	Reserves       atomic.Int64  // calls seen
 	Gets           atomic.Int64
 	FailCompletes  atomic.Int64 // calls left to fail
@@ -69,9 +70,12 @@ func (f *Flaky) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 	return f.Store.Reserve(ctx, p)
 }
 
-// Get fails while Down is set.
+// Get waits for GetGate, then fails while Down is set.
 func (f *Flaky) Get(ctx context.Context, scope, key string) (store.Record, error) {
 	f.Gets.Add(1)
+	if f.GetGate != nil {
+		<-f.GetGate
+	}
 	if f.Down.Load() {
 		return store.Record{}, ErrOutage
 	}
