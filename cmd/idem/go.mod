@@ -7,6 +7,7 @@ toolchain go1.26.8
 require github.com/idem-go/idem v0.0.0-00010101000000-000000000000
 
 require (
+	github.com/agnivade/levenshtein v1.2.2
 	github.com/chromedp/chromedp v0.23.0
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/idem-go/idem/internal/testdb v0.0.0-00010101000000-000000000000

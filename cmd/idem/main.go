@@ -5,8 +5,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
@@ -22,14 +20,7 @@ func main() {
 		<-ctx.Done()
 		stop()
 	}()
-	err := cli.Run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	code := cli.Main(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
-	switch {
-	case err == nil:
-	case errors.Is(err, cli.ErrUsage):
-		os.Exit(2)
-	default:
-		fmt.Fprintf(os.Stderr, "idem: %v\n", err)
-		os.Exit(1)
-	}
+	os.Exit(code)
 }

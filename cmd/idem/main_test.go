@@ -460,7 +460,8 @@ func TestBinaryProxyRefusesASharedTenant(t *testing.T) {
 	t.Parallel()
 	_, errOut, err := runIdem(t, "proxy", "--upstream", "http://127.0.0.1:1", "--store", "memory:", "--listen", "127.0.0.1:0")
 	var exit *exec.ExitError
-	if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(errOut, "--tenant-from") || !strings.Contains(errOut, "--single-tenant") {
+	// A missing tenant source is a usage error: status 2.
+	if !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(errOut, "--tenant-from") || !strings.Contains(errOut, "--single-tenant") {
 		t.Errorf("proxy without a tenant source: %v\n%s", err, errOut)
 	}
 	_, errOut, err = runIdem(t, "proxy", "--upstream", "http://127.0.0.1:1", "--store", "postgres://u@127.0.0.1:1/db",

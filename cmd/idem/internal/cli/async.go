@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 
 	"github.com/idem-go/idem"
@@ -107,12 +108,17 @@ func splitPatterns(v string) []string {
 // spacing are found to be the same.
 func canonPattern(pattern string) string { return strings.Join(strings.Fields(pattern), " ") }
 
+// registeredAt matches where http.ServeMux says a pattern was registered.
+var registeredAt = regexp.MustCompile(` \(registered at [^)]*\)`)
+
 // register adds pattern to mux with h, turning the mux's panic on a bad
 // or conflicting pattern into an error.
 func register(mux *http.ServeMux, pattern string, h http.Handler) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = fmt.Errorf("%v", p)
+			// The mux names the source line of each pattern; the user
+			// wrote them in flags or a config file, not at that line.
+			err = errors.New(registeredAt.ReplaceAllString(fmt.Sprint(p), ""))
 		}
 	}()
 	mux.Handle(pattern, h)

@@ -382,7 +382,7 @@ func TestProxyConfigFileAsyncErrors(t *testing.T) {
 		{`{"routes": [{"route": "/a", "async": true}]}`, nil, `route "/a": want METHOD /path`},
 		{`{"routes": [{"route": "POST example.com/a", "async": true}]}`, nil, `route "POST example.com/a": want METHOD /path`},
 		{`{"routes": [{"route": "POST /.idem/requests/a", "async": true}]}`, nil, `status resources`},
-		{`{"routes": [{"route": "POST /a", "async": "yes"}]}`, nil, `routes:`},
+		{`{"routes": [{"route": "POST /a", "async": "yes"}]}`, nil, `routes[0]: "async": got a JSON string, want true or false`},
 		{`{"ttl": "1m", "async-wait": "1h", "routes": [{"route": "POST /a", "async": true}]}`, nil, `AsyncWait`},
 	} {
 		path := writeConfig(t, tt.file)

@@ -87,6 +87,49 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return err
 }
 
+// Main runs the binary: it runs args as Run does, prints a failure on
+// stderr as "idem <command>: reason" (a usage error has been printed
+// already, with the command's usage) and returns the exit status: 0 on
+// success, 2 for a usage error (a malformed command line or configuration),
+// 1 for any other failure.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	err := Run(ctx, args, stdout, stderr)
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, ErrUsage):
+		return 2
+	}
+	name := ""
+	if len(args) > 0 {
+		if _, ok := lookup(args[0]); ok {
+			name = args[0]
+		}
+	}
+	fmt.Fprintf(stderr, "%s%s\n", prefix(name), reason(name, err))
+	return 1
+}
+
+// prefix is the start of every error line of the command name: "idem
+// proxy: ", or "idem: " before a command is known.
+func prefix(name string) string {
+	if name == "" {
+		return "idem: "
+	}
+	return "idem " + name + ": "
+}
+
+// reason is the text of err after the prefix of the command name: without
+// the ErrUsage marker, and without the command's name when the error already
+// starts with it (the prefix says it).
+func reason(name string, err error) string {
+	msg := strings.TrimPrefix(err.Error(), ErrUsage.Error()+": ")
+	if name != "" {
+		msg = strings.TrimPrefix(msg, name+": ")
+	}
+	return msg
+}
+
 func usage(w io.Writer) {
 	fmt.Fprint(w, `idem puts idempotency keys in front of HTTP APIs. New here? Run: idem demo
 
@@ -156,15 +199,20 @@ func parseFlags(fs *flag.FlagSet, args []string, dsns ...*dsnFlag) error {
 
 func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
+	// flag prints its own errors to the output; flagError says them in
+	// the words of every other error instead.
+	out := fs.Output()
+	defer fs.SetOutput(out)
 	for {
-		if err := fs.Parse(args); err != nil {
+		fs.SetOutput(io.Discard)
+		err := fs.Parse(args)
+		fs.SetOutput(out)
+		if err != nil {
 			if errors.Is(err, flag.ErrHelp) {
 				printHelp(fs.Output(), fs)
 				return nil, err
 			}
-			// flag has printed the error.
-			printShortUsage(fs.Output(), fs)
-			return nil, fmt.Errorf("%w: %w", ErrUsage, err)
+			return nil, usageErr(fs, "%s", flagError(fs, err))
 		}
 		rest := fs.Args()
 		if len(rest) == 0 {
@@ -185,15 +233,22 @@ func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 // read), so exit status 2 never comes without a reason; err is returned.
 func refusedUsage(w io.Writer, err error) error {
 	if errors.Is(err, ErrUsage) {
-		fmt.Fprintf(w, "idem proxy: %s\n", strings.TrimPrefix(err.Error(), ErrUsage.Error()+": "))
+		fmt.Fprintf(w, "%s%s\n", prefix("proxy"), reason("proxy", err))
 	}
 	return err
+}
+
+// configErr is an error of a configuration the command refuses once its
+// flags are read (flags that exclude each other, a value out of range): a
+// usage error, exit status 2, like a malformed command line.
+func configErr(format string, a ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrUsage}, a...)...)
 }
 
 // usageErr prints msg and the command's usage and returns ErrUsage.
 func usageErr(fs *flag.FlagSet, format string, a ...any) error {
 	msg := fmt.Sprintf(format, a...)
-	fmt.Fprintf(fs.Output(), "idem %s: %s\n", fs.Name(), msg)
+	fmt.Fprintf(fs.Output(), "%s%s\n", prefix(fs.Name()), msg)
 	printShortUsage(fs.Output(), fs)
 	return fmt.Errorf("%w: %s", ErrUsage, msg)
 }

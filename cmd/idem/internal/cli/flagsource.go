@@ -5,8 +5,12 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"regexp"
 	"strings"
+	"time"
 	"weak"
+
+	"github.com/agnivade/levenshtein"
 )
 
 // A flag's value comes from, in order of precedence: the command line,
@@ -54,7 +58,7 @@ func setFrom(fs *flag.FlagSet, lookup func(name string) (value, origin string, o
 			return
 		}
 		if err := fs.Set(f.Name, v); err != nil {
-			errs = append(errs, fmt.Errorf("invalid value %q in %s (--%s): %v", v, origin, f.Name, err))
+			errs = append(errs, fmt.Errorf("invalid value %q in %s (--%s): %s", v, origin, f.Name, wanted(f, err)))
 			return
 		}
 		flagSetsMu.Lock()
@@ -87,4 +91,85 @@ func onCommandLine(fs *flag.FlagSet) map[string]bool {
 		}
 	})
 	return set
+}
+
+// Errors of the flag package, matched to say them as every other error
+// of the binary says them.
+var (
+	reUndefined = regexp.MustCompile(`^flag provided but not defined: -+(.*)$`)
+	reNeedsArg  = regexp.MustCompile(`^flag needs an argument: -+(.*)$`)
+	reBadValue  = regexp.MustCompile(`^invalid (?:boolean )?value "(.*)" for (?:flag )?-+([^:]*): (.*)$`)
+)
+
+// flagError rewrites an error of fs.Parse: a mistyped flag gets the
+// closest known flag as a hint, a refused value says what is wanted.
+func flagError(fs *flag.FlagSet, err error) string {
+	msg := err.Error()
+	if m := reUndefined.FindStringSubmatch(msg); m != nil {
+		s := fmt.Sprintf("unknown flag --%s", m[1])
+		if near := closestFlag(fs, m[1]); near != "" {
+			s += fmt.Sprintf("; did you mean --%s?", near)
+		}
+		return s
+	}
+	if m := reNeedsArg.FindStringSubmatch(msg); m != nil {
+		s := fmt.Sprintf("--%s needs a value", m[1])
+		if f := fs.Lookup(m[1]); f != nil {
+			s += ": " + wanted(f, errors.New(""))
+		}
+		return s
+	}
+	if m := reBadValue.FindStringSubmatch(msg); m != nil {
+		f := fs.Lookup(m[2])
+		if f == nil {
+			return msg
+		}
+		return fmt.Sprintf("invalid value %q for --%s: %s", m[1], f.Name, wanted(f, errors.New(m[3])))
+	}
+	return msg
+}
+
+// closestFlag returns the flag of fs nearest to name by edit distance, or
+// "" when none is close enough to be what was meant.
+func closestFlag(fs *flag.FlagSet, name string) string {
+	best, bestD := "", 0
+	fs.VisitAll(func(f *flag.Flag) {
+		d := levenshtein.ComputeDistance(name, f.Name)
+		if best == "" || d < bestD {
+			best, bestD = f.Name, d
+		}
+	})
+	// A third of the name, at least 1 and at most 3 edits: --upstrem is
+	// --upstream, --x is nothing.
+	limit := min(max(len(name)/3, 1), 3)
+	if best == "" || bestD > limit {
+		return ""
+	}
+	return best
+}
+
+// wanted says what the flag f accepts, for a value it refused with err:
+// the flag package's own types refuse with "parse error", which says
+// nothing to a user; other values already say what they want.
+func wanted(f *flag.Flag, err error) string {
+	g, ok := f.Value.(flag.Getter)
+	if !ok {
+		return err.Error()
+	}
+	switch g.Get().(type) {
+	case time.Duration:
+		return "want a duration such as 24h, 90s or 500ms"
+	case bool:
+		return "want true or false"
+	case int, int64:
+		return "want a whole number"
+	case uint, uint64:
+		return "want a whole number, 0 or more"
+	case float64:
+		return "want a number"
+	}
+	if err.Error() == "" {
+		return "want a value"
+	}
+	return err.Error()
 }

@@ -32,7 +32,9 @@ type helpDoc struct {
 // more.
 const exitDefault = `  0  success
   1  the command failed; the reason is on stderr
-  2  the command line is wrong (usage error)`
+  2  usage error: the command line, its environment or config file is
+     refused before anything runs (an unknown flag, a value of the wrong
+     type, settings that exclude each other or are missing)`
 
 // helpDocs holds the examples and exit status of every command and
 // subcommand, keyed by its path ("reconcile resolve"). TestHelpIsComplete

@@ -125,7 +125,7 @@ func TestHelpErrors(t *testing.T) {
 		t.Errorf("sweep -h: %v\n%s", err, errOut)
 	}
 	_, errOut, err = run("sweep", "--bogus")
-	if err == nil || !strings.Contains(errOut, "not defined: -bogus") || !strings.Contains(errOut, "Usage: idem sweep") ||
+	if err == nil || !strings.Contains(errOut, "idem sweep: unknown flag --bogus\n") || !strings.Contains(errOut, "Usage: idem sweep") ||
 		!strings.Contains(errOut, "idem help sweep") {
 		t.Errorf("sweep --bogus: %v\n%s", err, errOut)
 	}

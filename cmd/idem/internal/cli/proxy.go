@@ -335,7 +335,7 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 		cfg.KeyHeader = idem.DefaultKeyHeader
 	}
 	if !store.ValidHeader(cfg.KeyHeader, nil) {
-		return nil, fmt.Errorf("proxy: --key-header %q is not a valid header name", cfg.KeyHeader)
+		return nil, configErr("proxy: --key-header %q is not a valid header name", cfg.KeyHeader)
 	}
 	// The guard looks the key up by the engine's (canonical) spelling.
 	cfg.KeyHeader = textproto.CanonicalMIMEHeaderKey(cfg.KeyHeader)
@@ -343,7 +343,7 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 		cfg.MaxBufferedBytes = defaultMaxBufferedBytes
 	}
 	if cfg.MaxBufferedBytes < cfg.MaxBody {
-		return nil, fmt.Errorf("proxy: --max-buffered-bytes (%d) is smaller than --max-body (%d): no body would fit", cfg.MaxBufferedBytes, cfg.MaxBody)
+		return nil, configErr("proxy: --max-buffered-bytes (%d) is smaller than --max-body (%d): no body would fit", cfg.MaxBufferedBytes, cfg.MaxBody)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -380,7 +380,7 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 		return nil, fmt.Errorf("proxy: %w", err)
 	}
 	if cfg.NoMaintenance && cfg.ResolveURL != "" {
-		return nil, errors.New("proxy: --resolve-url needs the background services (drop --maintenance=false)")
+		return nil, configErr("proxy: --resolve-url needs the background services (drop --maintenance=false)")
 	}
 	if cfg.ResolveURL != "" && cfg.Maintenance.Resolver == nil {
 		r, err := newHTTPResolver(cfg.ResolveURL)
@@ -455,7 +455,7 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 	}
 	if p.async != nil {
 		if cfg.AsyncWorkers < 0 || cfg.AsyncPoll < 0 {
-			return nil, errors.New("proxy: --async-workers and --async-poll must not be negative")
+			return nil, configErr("proxy: --async-workers and --async-poll must not be negative")
 		}
 	}
 	p.transport = newTransport(cfg.UpstreamTimeout)
@@ -524,15 +524,15 @@ func proxyTenants(cfg ProxyConfig, log *slog.Logger) (*tenants, error) {
 	}
 	sources, err := parseTenantSources(specs)
 	if err != nil {
-		return nil, fmt.Errorf("proxy: %w", err)
+		return nil, configErr("proxy: %w", err)
 	}
 	switch {
 	case cfg.SingleTenant && len(sources) > 0:
-		return nil, errors.New("proxy: --single-tenant and --tenant-from exclude each other")
+		return nil, configErr("proxy: --single-tenant and --tenant-from exclude each other")
 	case cfg.SingleTenant:
 		return &tenants{single: true}, nil
 	case len(sources) == 0:
-		return nil, errors.New("proxy: no tenant source: callers would share each other's records. " +
+		return nil, configErr("proxy: no tenant source: callers would share each other's records. " +
 			"Name how callers are told apart with --tenant-from (authorization, header:NAME, cookie:NAME " +
 			"or trusted-header:NAME, e.g. --tenant-from authorization), or declare one trusted caller with --single-tenant")
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"reflect"
 	"strings"
 	"time"
 
@@ -245,11 +246,11 @@ type duration time.Duration
 func (d *duration) UnmarshalJSON(b []byte) error {
 	var s string
 	if err := json.Unmarshal(b, &s); err != nil {
-		return errors.New(`want a duration string such as "90s" or "24h"`)
+		return fmt.Errorf(`%s: want a duration string such as "90s" or "24h"`, b)
 	}
 	v, err := time.ParseDuration(s)
 	if err != nil {
-		return err
+		return fmt.Errorf(`%q: want a duration such as "90s" or "24h"`, s)
 	}
 	if v <= 0 {
 		return fmt.Errorf("duration %q must be positive", s)
@@ -301,14 +302,18 @@ func loadConfig(fs *flag.FlagSet, path string) ([]RouteConfig, error) {
 	if !ok {
 		return nil, nil
 	}
-	var routes []routeJSON
-	rdec := json.NewDecoder(bytes.NewReader(raw))
-	rdec.DisallowUnknownFields()
-	if err := rdec.Decode(&routes); err != nil {
-		return nil, fmt.Errorf("%s: routes: %w", path, err)
+	var list []json.RawMessage
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return nil, fmt.Errorf("%s: routes: %s", path, jsonReason(err, "a list of route objects"))
 	}
-	out := make([]RouteConfig, 0, len(routes))
-	for i, r := range routes {
+	out := make([]RouteConfig, 0, len(list))
+	for i, raw := range list {
+		var r routeJSON
+		rdec := json.NewDecoder(bytes.NewReader(raw))
+		rdec.DisallowUnknownFields()
+		if err := rdec.Decode(&r); err != nil {
+			return nil, fmt.Errorf("%s: routes[%d]: %s", path, i, jsonReason(err, "an object"))
+		}
 		if r.Route == "" {
 			return nil, fmt.Errorf("%s: routes[%d]: no \"route\" pattern", path, i)
 		}
@@ -323,6 +328,40 @@ func loadConfig(fs *flag.FlagSet, path string) ([]RouteConfig, error) {
 		out = append(out, rc)
 	}
 	return out, nil
+}
+
+// jsonReason says why a config file member was refused without the Go
+// types encoding/json names: what was found, in which member, and want
+// (what the member holds) when the error does not say it.
+func jsonReason(err error, want string) string {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		if te.Field != "" {
+			return fmt.Sprintf("%q: got a JSON %s, want %s", te.Field, te.Value, jsonKind(te.Type))
+		}
+		return fmt.Sprintf("got a JSON %s, want %s", te.Value, want)
+	}
+	return strings.TrimPrefix(err.Error(), "json: ")
+}
+
+// jsonKind says what a JSON member of Go type t holds, in JSON's words.
+func jsonKind(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Bool:
+		return "true or false"
+	case reflect.String:
+		return "a string"
+	case reflect.Slice, reflect.Array:
+		return "a list"
+	case reflect.Struct, reflect.Map:
+		return "an object"
+	case reflect.Int, reflect.Int64, reflect.Float64:
+		return "a number"
+	}
+	return "another JSON type"
 }
 
 // flagValue turns a config file member into a flag's text: a string as

@@ -36,18 +36,18 @@ type CacheDSN struct {
 func ParseCache(dsn string) (CacheDSN, error) {
 	scheme, _, _ := strings.Cut(dsn, "://")
 	if scheme != "redis" && scheme != "rediss" {
-		return CacheDSN{}, fmt.Errorf("storeurl: the cache must be a Redis URL: %s", CacheSupported)
+		return CacheDSN{}, fmt.Errorf("the cache must be a Redis URL: %s", CacheSupported)
 	}
 	u, err := url.Parse(dsn)
 	if err != nil {
-		return CacheDSN{}, fmt.Errorf("storeurl: invalid cache URL: %w", redactURLError(err))
+		return CacheDSN{}, fmt.Errorf("invalid cache URL: %w", redactURLError(err))
 	}
 	var c CacheDSN
 	q := u.Query()
 	c.Prefix = q.Get("prefix")
 	if v := q.Get("max_ttl"); v != "" {
 		if c.MaxTTL, err = time.ParseDuration(v); err != nil || c.MaxTTL <= 0 {
-			return CacheDSN{}, fmt.Errorf("storeurl: cache option max_ttl=%q: want a positive duration such as 5m", v)
+			return CacheDSN{}, fmt.Errorf("cache option max_ttl=%q: want a positive duration such as 5m", v)
 		}
 	}
 	// go-redis refuses options it does not know: hand it only its own.
@@ -55,7 +55,7 @@ func ParseCache(dsn string) (CacheDSN, error) {
 	q.Del("max_ttl")
 	u.RawQuery = q.Encode()
 	if c.Options, err = goredis.ParseURL(u.String()); err != nil {
-		return CacheDSN{}, fmt.Errorf("storeurl: cache URL: %w", redactURLError(err))
+		return CacheDSN{}, fmt.Errorf("cache URL: %w", redactURLError(err))
 	}
 	return c, nil
 }

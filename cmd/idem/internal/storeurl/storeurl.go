@@ -103,7 +103,7 @@ type Options struct {
 const maxBatches = 1024
 
 // ErrUnsupported is returned (wrapped) for a DSN whose scheme names no store.
-var ErrUnsupported = errors.New("storeurl: unsupported store DSN")
+var ErrUnsupported = errors.New("unsupported store DSN")
 
 // Parse reads a DSN without opening anything.
 func Parse(dsn string) (DSN, error) {
@@ -117,7 +117,7 @@ func Parse(dsn string) (DSN, error) {
 		// the "//" introduces an empty authority, not part of the path.
 		path := strings.TrimPrefix(rest, "//")
 		if path == "" {
-			return DSN{}, errors.New("storeurl: sqlite DSN needs a file path (sqlite:PATH, e.g. sqlite:idem.db)")
+			return DSN{}, errors.New("sqlite DSN needs a file path (sqlite:PATH, e.g. sqlite:idem.db)")
 		}
 		return DSN{Kind: SQLite, Target: path}, nil
 	case "memory", "mem":
@@ -127,7 +127,7 @@ func Parse(dsn string) (DSN, error) {
 		return DSN{Kind: Memory}, nil
 	case "postgres", "postgresql":
 		if !strings.HasPrefix(rest, "//") {
-			return DSN{}, errors.New("storeurl: postgres DSN must be a URL: postgres://user:pass@host:port/db")
+			return DSN{}, errors.New("postgres DSN must be a URL: postgres://user:pass@host:port/db")
 		}
 		return DSN{Kind: Postgres, Target: dsn}, nil
 	case "mysql":
@@ -138,7 +138,7 @@ func Parse(dsn string) (DSN, error) {
 		return DSN{Kind: MySQL, Target: target}, nil
 	case "redis", "rediss", "redis+cluster", "rediss+cluster":
 		if !strings.HasPrefix(rest, "//") {
-			return DSN{}, errors.New("storeurl: redis DSN must be a URL: redis://host:port/db")
+			return DSN{}, errors.New("redis DSN must be a URL: redis://host:port/db")
 		}
 		if _, _, err := redisWait(dsn); err != nil {
 			return DSN{}, err
@@ -159,25 +159,25 @@ func mysqlDSN(raw string) (string, error) {
 		if errors.As(err, &ue) {
 			err = ue.Err
 		}
-		return "", fmt.Errorf("storeurl: invalid mysql URL: %w", err)
+		return "", fmt.Errorf("invalid mysql URL: %w", err)
 	}
 	if u.Opaque != "" || u.Hostname() == "" {
-		return "", errors.New("storeurl: mysql DSN must be a URL: mysql://user:pass@host:port/db")
+		return "", errors.New("mysql DSN must be a URL: mysql://user:pass@host:port/db")
 	}
 	db := strings.TrimPrefix(u.Path, "/")
 	if db == "" || strings.Contains(db, "/") {
-		return "", errors.New("storeurl: mysql DSN needs a database name: mysql://user:pass@host:port/db")
+		return "", errors.New("mysql DSN needs a database name: mysql://user:pass@host:port/db")
 	}
 	cfg := mysqldrv.NewConfig()
 	if u.RawQuery != "" {
 		// Let the driver parse and validate its own parameters.
 		if cfg, err = mysqldrv.ParseDSN("/?" + u.RawQuery); err != nil {
-			return "", fmt.Errorf("storeurl: mysql DSN parameters: %w", err)
+			return "", fmt.Errorf("mysql DSN parameters: %w", err)
 		}
 	}
 	user := u.User.Username()
 	if strings.Contains(user, ":") {
-		return "", errors.New("storeurl: a mysql user name cannot contain ':'")
+		return "", errors.New("a mysql user name cannot contain ':'")
 	}
 	cfg.User = user
 	cfg.Passwd, _ = u.User.Password()
@@ -198,10 +198,10 @@ func Open(ctx context.Context, dsn string, opts Options) (store.Store, error) {
 		return nil, err
 	}
 	if opts.Conns < 0 || opts.Conns > math.MaxInt32 {
-		return nil, fmt.Errorf("storeurl: %d store connections: want 0 (the store's default) or a positive number", opts.Conns)
+		return nil, fmt.Errorf("%d store connections: want 0 (the store's default) or a positive number", opts.Conns)
 	}
 	if opts.Batches < -1 || opts.Batches > maxBatches {
-		return nil, fmt.Errorf("storeurl: %d store batches: want 0 (the store's default), -1 (no batching) or 1 to %d", opts.Batches, maxBatches)
+		return nil, fmt.Errorf("%d store batches: want 0 (the store's default), -1 (no batching) or 1 to %d", opts.Batches, maxBatches)
 	}
 	var s store.Store
 	switch d.Kind {
@@ -224,7 +224,7 @@ func Open(ctx context.Context, dsn string, opts Options) (store.Store, error) {
 		s, err = redis.Open(ctx, target, rcfg)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("storeurl: open %s store: %w", d.Kind, err)
+		return nil, fmt.Errorf("open %s store: %w", d.Kind, err)
 	}
 	if opts.Cache != "" {
 		c, err := withCache(s, opts.Cache, opts)
@@ -265,11 +265,11 @@ const (
 func ReadFile(path string) (string, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return "", fmt.Errorf("storeurl: %w", err)
+		return "", err
 	}
 	line, _, _ := strings.Cut(string(b), "\n")
 	if line = strings.TrimSpace(line); line == "" {
-		return "", fmt.Errorf("storeurl: %s: the first line is empty, want a DSN", path)
+		return "", fmt.Errorf("%s: the first line is empty, want a DSN", path)
 	}
 	return line, nil
 }
@@ -287,12 +287,12 @@ func redisWait(raw string) (string, redis.Config, error) {
 	}
 	q, err := url.ParseQuery(query)
 	if err != nil {
-		return "", cfg, errors.New("storeurl: invalid redis URL parameters")
+		return "", cfg, errors.New("invalid redis URL parameters")
 	}
 	if v, ok := q["wait_replicas"]; ok {
 		n, err := strconv.Atoi(v[0])
 		if err != nil || n < 0 || len(v) > 1 {
-			return "", cfg, fmt.Errorf("storeurl: redis wait_replicas %q: want one number of replicas, 0 or more", strings.Join(v, ","))
+			return "", cfg, fmt.Errorf("redis wait_replicas %q: want one number of replicas, 0 or more", strings.Join(v, ","))
 		}
 		cfg.WaitReplicas = n
 		q.Del("wait_replicas")
@@ -300,7 +300,7 @@ func redisWait(raw string) (string, redis.Config, error) {
 	if v, ok := q["wait_timeout"]; ok {
 		d, err := time.ParseDuration(v[0])
 		if err != nil || d < time.Millisecond || len(v) > 1 {
-			return "", cfg, fmt.Errorf("storeurl: redis wait_timeout %q: want one duration of at least 1ms, e.g. 500ms", strings.Join(v, ","))
+			return "", cfg, fmt.Errorf("redis wait_timeout %q: want one duration of at least 1ms, e.g. 500ms", strings.Join(v, ","))
 		}
 		cfg.WaitTimeout = d
 		q.Del("wait_timeout")
