@@ -6,9 +6,10 @@ func (s *Store) ReserveReruns() int64 { return s.reserveRe.Load() }
 
 // Exported so the ceiling benchmark can run the store's own statements
 // with no store code around them.
-var SQLReserve = sqlReserve
-
-const SQLComplete = sqlComplete
+var (
+	SQLReserve  = sqlReserve
+	SQLComplete = sqlComplete
+)
 
 // BatchStats reports the calls that rode in pipelines of two or more and
 // the pipelines a statement error rolled back.
@@ -26,9 +27,10 @@ func (s *Store) BatchMany() int64 { return s.batch.many.Load() }
 
 // The multi-row statements, for the benchmark that compares them with the
 // single ones.
-var SQLReserveMany = sqlReserveMany
-
-const SQLCompleteMany = sqlCompleteMany
+var (
+	SQLReserveMany  = sqlReserveMany
+	SQLCompleteMany = sqlCompleteMany
+)
 
 // BatchStalls reports the extra batch slots opened for a queue that did
 // not move.

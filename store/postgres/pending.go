@@ -120,7 +120,7 @@ RETURNING ` + pendingColumnsR
 
 // sqlExpirePending: $1 now (nullable), $2 limit, $3 status, $4 headers,
 // $5 body, $6 body omitted, $7 ttl µs or 0 to keep expires_at.
-const sqlExpirePending = `
+var sqlExpirePending = `
 WITH clock AS (SELECT coalesce($1::timestamptz, statement_timestamp()) AS now),
 due AS (
 	SELECT r.scope, r.key
@@ -131,16 +131,7 @@ due AS (
 	FOR UPDATE OF r SKIP LOCKED
 )
 UPDATE {schema}idem_records AS r SET
-	state = 'completed',
-	response_status = $3,
-	response_headers = $4::text::jsonb,
-	response_body = $5,
-	response_body_omitted = $6,
-	last_error = '` + store.ExpiredPendingError + `',
-	completed_at = c.now,
-	updated_at = c.now,
-	expires_at = CASE WHEN $7::bigint > 0 THEN c.now + $7::bigint * interval '1 microsecond'
-		ELSE r.expires_at END
+	` + completing("$3", "$4", "$5", "$6", "'"+store.ExpiredPendingError+"'", "c.now", renewedExpiry("c.now", "$7::bigint")) + `
 FROM due, clock c
 WHERE r.scope = due.scope AND r.key = due.key AND r.state = 'pending'
 RETURNING ` + pendingColumnsR

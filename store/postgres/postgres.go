@@ -599,7 +599,7 @@ func (s *Store) Defer(ctx context.Context, p store.DeferParams) error {
 	} else {
 		row = s.pool.QueryRow(ctx, s.q.deferQ, p.Scope, p.Key, s.now(), store.Micros(p.Delay), p.Error)
 	}
-	if err := row.Scan(&deferred, &state); err != nil {
+	if err := row.Scan(&deferred, &state, nil); err != nil {
 		return wrap("defer", err)
 	}
 	return unknownOutcome("defer", deferred, state)

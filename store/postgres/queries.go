@@ -161,20 +161,35 @@ var (
 // fence. Zero rows affected means the lease was lost.
 // $1 scope, $2 key, $3 fence, $4 now (nullable), then the operation's own.
 
-const sqlComplete = `
-UPDATE {schema}idem_records SET
-	state = 'completed',
-	response_status = $5,
-	response_headers = $6::text::jsonb,
-	response_body = $7,
-	response_body_omitted = $8,
-	last_error = '',
-	completed_at = coalesce($4::timestamptz, statement_timestamp()),
-	updated_at = coalesce($4::timestamptz, statement_timestamp()),
-	expires_at = CASE WHEN $9::bigint > 0
-		THEN coalesce($4::timestamptz, statement_timestamp()) + $9::bigint * interval '1 microsecond'
-		ELSE expires_at END
+var sqlComplete = `
+UPDATE {schema}idem_records AS r SET
+	` + completing("$5", "$6", "$7", "$8", "''", "coalesce($4::timestamptz, statement_timestamp())",
+	renewedExpiry("coalesce($4::timestamptz, statement_timestamp())", "$9::bigint")) + `
 WHERE scope = $1 AND key = $2 AND state = 'in_progress' AND fence = $3`
+
+// completing is the SET list that completes a record with an answer, in
+// every statement that does (Complete, its multi-row form, the reaper's
+// abandoned records, expired pending requests); its arguments are the
+// statement's own expressions for the answer's status, headers (JSON
+// text), body and body-omitted flag, last_error, the instant and the new
+// expiry.
+func completing(status, headers, body, omitted, lastError, now, expires string) string {
+	return `state = 'completed',
+	response_status = ` + status + `,
+	response_headers = ` + headers + `::text::jsonb,
+	response_body = ` + body + `,
+	response_body_omitted = ` + omitted + `,
+	last_error = ` + lastError + `,
+	completed_at = ` + now + `,
+	updated_at = ` + now + `,
+	expires_at = ` + expires
+}
+
+// renewedExpiry is a completion's expiry: now + ttl microseconds, or the
+// record's own expiry when ttl is not positive.
+func renewedExpiry(now, ttl string) string {
+	return `CASE WHEN ` + ttl + ` > 0 THEN ` + now + ` + ` + ttl + ` * interval '1 microsecond' ELSE r.expires_at END`
+}
 
 const sqlRelease = `
 UPDATE {schema}idem_records SET
@@ -281,7 +296,7 @@ WHERE r.scope = batch.scope AND r.key = batch.key`
 // completed records with the operator's response. An in_progress record
 // whose holder still renews its lease is not abandoned: its holder is alive.
 // $1 limit, $2 now, $3 status, $4 headers, $5 body, $6 body omitted, $7 ttl.
-const sqlReapAbandon = `
+var sqlReapAbandon = `
 WITH clock AS (
 	SELECT coalesce($2::timestamptz, statement_timestamp()) AS now
 ),
@@ -295,15 +310,7 @@ batch AS (
 	FOR UPDATE OF r SKIP LOCKED
 )
 UPDATE {schema}idem_records AS r SET
-	state = 'completed',
-	response_status = $3,
-	response_headers = $4::text::jsonb,
-	response_body = $5,
-	response_body_omitted = $6,
-	last_error = 'abandoned',
-	completed_at = c.now,
-	updated_at = c.now,
-	expires_at = c.now + $7::bigint * interval '1 microsecond',
+	` + completing("$3", "$4", "$5", "$6", "'abandoned'", "c.now", "c.now + $7::bigint * interval '1 microsecond'") + `,
 	reconcile_after = NULL,
 	dead_lettered_at = NULL
 FROM batch, clock c
@@ -324,10 +331,7 @@ LIMIT $2`
 // (ErrStateConflict), in the same round trip; sqlResolve, guarded by the
 // fence ($10) too, reports the row's fence for ErrLeaseLost.
 // $1 scope, $2 key, $3 now, then the operation's own.
-const sqlResolve = `
-WITH upd AS (
-	UPDATE {schema}idem_records SET
-		state = $4,
+var sqlResolve = onUnknown(`state = $4,
 		response_status = $5,
 		response_headers = $6::text::jsonb,
 		response_body = $7,
@@ -340,39 +344,37 @@ WITH upd AS (
 			THEN coalesce($3::timestamptz, statement_timestamp()) + $9::bigint * interval '1 microsecond'
 			ELSE expires_at END,
 		reconcile_after = NULL,
-		dead_lettered_at = NULL
-	WHERE scope = $1 AND key = $2 AND state = 'unknown' AND fence = $10::bigint
+		dead_lettered_at = NULL`, ` AND fence = $10::bigint`)
+
+var sqlDefer = onUnknown(`reconcile_attempts = reconcile_attempts + 1,
+		reconcile_after = coalesce($3::timestamptz, statement_timestamp()) + $4::bigint * interval '1 microsecond',
+		last_error = $5,
+		updated_at = coalesce($3::timestamptz, statement_timestamp())`, "")
+
+var sqlDeadLetter = onUnknown(`reconcile_attempts = reconcile_attempts + 1,
+		dead_lettered_at = coalesce($3::timestamptz, statement_timestamp()),
+		last_error = $4,
+		updated_at = coalesce($3::timestamptz, statement_timestamp())`, "")
+
+// onUnknown is an UPDATE of an unknown record (the SET list set, and the
+// further conditions where) that also reports, from the statement's
+// snapshot, the record's state and fence: so that a miss can be told
+// apart (absent: ErrNotFound; not unknown: ErrStateConflict; another
+// execution's: ErrLeaseLost) in the same round trip. It returns whether
+// the update matched, the state and the fence. $1 scope, $2 key, $3 now,
+// then the operation's own.
+func onUnknown(set, where string) string {
+	return `
+WITH upd AS (
+	UPDATE {schema}idem_records SET
+		` + set + `
+	WHERE scope = $1 AND key = $2 AND state = 'unknown'` + where + `
 	RETURNING 1
 )
 SELECT EXISTS (SELECT FROM upd),
 	(SELECT state FROM {schema}idem_records WHERE scope = $1 AND key = $2),
 	(SELECT fence FROM {schema}idem_records WHERE scope = $1 AND key = $2)`
-
-const sqlDefer = `
-WITH upd AS (
-	UPDATE {schema}idem_records SET
-		reconcile_attempts = reconcile_attempts + 1,
-		reconcile_after = coalesce($3::timestamptz, statement_timestamp()) + $4::bigint * interval '1 microsecond',
-		last_error = $5,
-		updated_at = coalesce($3::timestamptz, statement_timestamp())
-	WHERE scope = $1 AND key = $2 AND state = 'unknown'
-	RETURNING 1
-)
-SELECT EXISTS (SELECT FROM upd),
-	(SELECT state FROM {schema}idem_records WHERE scope = $1 AND key = $2)`
-
-const sqlDeadLetter = `
-WITH upd AS (
-	UPDATE {schema}idem_records SET
-		reconcile_attempts = reconcile_attempts + 1,
-		dead_lettered_at = coalesce($3::timestamptz, statement_timestamp()),
-		last_error = $4,
-		updated_at = coalesce($3::timestamptz, statement_timestamp())
-	WHERE scope = $1 AND key = $2 AND state = 'unknown'
-	RETURNING 1
-)
-SELECT EXISTS (SELECT FROM upd),
-	(SELECT state FROM {schema}idem_records WHERE scope = $1 AND key = $2)`
+}
 
 // Migrations. The runner sets search_path to Config.Schema (when given) for
 // its own transaction only, so the migration files stay unqualified.
@@ -517,19 +519,10 @@ FROM cur r`
 // $1 scopes, $2 keys, $3 fences, $4 nows (NULL: the database clock),
 // $5 statuses, $6 headers (JSON text), $7 bodies, $8 body omitted, $9 TTLs
 // in microseconds.
-const sqlCompleteMany = `
+var sqlCompleteMany = `
 UPDATE {schema}idem_records AS r SET
-	state = 'completed',
-	response_status = u.status,
-	response_headers = u.headers::jsonb,
-	response_body = u.body,
-	response_body_omitted = u.omitted,
-	last_error = '',
-	completed_at = coalesce(u.now_in, statement_timestamp()),
-	updated_at = coalesce(u.now_in, statement_timestamp()),
-	expires_at = CASE WHEN u.ttl > 0
-		THEN coalesce(u.now_in, statement_timestamp()) + u.ttl * interval '1 microsecond'
-		ELSE r.expires_at END
+	` + completing("u.status", "u.headers", "u.body", "u.omitted", "''", "coalesce(u.now_in, statement_timestamp())",
+	renewedExpiry("coalesce(u.now_in, statement_timestamp())", "u.ttl")) + `
 FROM unnest((SELECT $1::text[]), (SELECT $2::text[]), (SELECT $3::bigint[]), (SELECT $4::timestamptz[]),
 	(SELECT $5::integer[]), (SELECT $6::text[]), (SELECT $7::bytea[]), (SELECT $8::boolean[]),
 	(SELECT $9::bigint[]))
