@@ -76,6 +76,8 @@ func viewKey(r store.Record) keyView {
 type keysFilter struct {
 	params store.ListParams
 	scope  string // exact scope to keep; "" keeps every scope under the prefix
+	// anyTenant keeps the operation of scope under any tenant.
+	anyTenant bool
 }
 
 // runKeysList is `idem keys list`.
@@ -88,7 +90,8 @@ state, attempts, the stored answer's status, method and route, tenant and
 key (--json adds fence, times and last error). Filters combine: --tenant
 keeps one tenant's records (or --authorization / --tenant-credential: the
 caller's credential, hashed as the proxy does), --route (with --method)
-one operation's, --scope one raw scope, --state
+one operation's, of every tenant unless one is named (--tenant "" for
+records without a tenant), --scope one raw scope, --state
 one state (in_progress, completed, failed_retryable, unknown, expired),
 --key one key (quoted or bare, as the client sent it). When there are
 more, the command ends with the --after CURSOR of the next page (on stderr,
@@ -208,6 +211,11 @@ func (k *keyFlags) filter(fs *flag.FlagSet) (keysFilter, error) {
 		return f, err
 	}
 	switch {
+	case k.route != "" && named == 0:
+		// No tenant named: the route under every tenant. The store cannot
+		// filter by the end of a scope; every record is read and checked.
+		f.anyTenant = true
+		f.scope = (&idem.Request{Method: strings.ToUpper(k.method), Route: k.route}).Scope()
 	case k.route != "":
 		f.scope = (&idem.Request{Tenant: tenant, Method: strings.ToUpper(k.method), Route: k.route}).Scope()
 		f.params.ScopePrefix = f.scope
@@ -223,6 +231,17 @@ func (k *keyFlags) filter(fs *flag.FlagSet) (keysFilter, error) {
 // is that of the last record read, so no record is skipped or repeated.
 func listKeys(ctx context.Context, s store.Store, f keysFilter) ([]store.Record, *store.Cursor, error) {
 	return listpage.Filtered(ctx, s, f.params, 0, 0, func(r *store.Record) bool {
+		if f.anyTenant {
+			return sameOperation(r.Scope, f.scope)
+		}
 		return f.scope == "" || r.Scope == f.scope
 	})
+}
+
+// sameOperation reports whether scopes a and b name the same method and
+// route, whatever their tenants.
+func sameOperation(a, b string) bool {
+	_, am, ar, aok := idem.ParseScope(a)
+	_, bm, br, bok := idem.ParseScope(b)
+	return aok && bok && am == bm && ar == br
 }

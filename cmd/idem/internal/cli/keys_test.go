@@ -122,12 +122,14 @@ func TestKeysList(t *testing.T) {
 		want []string
 	}{
 		{"all", nil, every},
-		{"route", []string{"--route", "/v1/charges"}, newest(func(tn, rt, _ string, _ store.State) bool { return tn == "" && rt == "/v1/charges" })},
+		// No tenant named: the route under every tenant.
+		{"route", []string{"--route", "/v1/charges"}, newest(func(_, rt, _ string, _ store.State) bool { return rt == "/v1/charges" })},
+		{"route of no tenant", []string{"--route", "/v1/charges", "--tenant", ""}, newest(func(tn, rt, _ string, _ store.State) bool { return tn == "" && rt == "/v1/charges" })},
 		{"route of a tenant", []string{"--route", "/v1/charges", "--tenant", "acme"}, []string{"a2", "a1"}},
 		{"tenant", []string{"--tenant", "acme"}, []string{"a2", "a1"}},
 		{"scope", []string{"--scope", "0:POST /v1/refunds"}, []string{"r1"}},
 		{"state", []string{"--state", "unknown"}, []string{"a2", "r1"}},
-		{"state and route", []string{"--state", "completed", "--route", "/v1/charges"}, []string{"c5", "c4", "c2", "c1"}},
+		{"state and route", []string{"--state", "completed", "--route", "/v1/charges"}, []string{"c5", "c4", "c2", "a1", "c1"}},
 		{"quoted key", []string{"--key", `"c3"`}, []string{"c3"}},
 		{"bare key", []string{"--key", "q1"}, []string{"q1"}},
 		{"no match", []string{"--tenant", "nobody"}, nil},
