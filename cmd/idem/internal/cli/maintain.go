@@ -341,7 +341,7 @@ decision about one execution never settles the next.
 	err = m.Settle(ctx, scope, key, *fence, res)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		return fmt.Errorf("no record for key %q in scope %q", key, scope)
+		return notFound(ctx, s, scope, key)
 	case errors.Is(err, store.ErrLeaseLost):
 		now := ""
 		if rec, gerr := s.Get(ctx, scope, key); gerr == nil {

@@ -10,10 +10,13 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/listpage"
 	"github.com/idem-go/idem/cmd/idem/internal/storeurl"
 	"github.com/idem-go/idem/internal/header"
 	"github.com/idem-go/idem/store"
@@ -263,7 +266,7 @@ body exactly as stored. --json prints one JSON object instead (the body as
 	defer s.Close()
 	rec, err := s.Get(ctx, scope, key)
 	if errors.Is(err, store.ErrNotFound) {
-		return fmt.Errorf("no record for key %q in scope %q", key, scope)
+		return notFound(ctx, s, scope, key)
 	}
 	if err != nil {
 		return err
@@ -329,7 +332,7 @@ without it, a cached replay keeps answering until the entry's max_ttl.`, stderr)
 	defer s.Close()
 	err = s.Delete(ctx, scope, key)
 	if errors.Is(err, store.ErrNotFound) {
-		return fmt.Errorf("no record for key %q in scope %q", key, scope)
+		return notFound(ctx, s, scope, key)
 	}
 	if errors.Is(err, store.ErrStateConflict) {
 		return fmt.Errorf("key %q in scope %q is in progress and is not deleted: its request may still be running; "+
@@ -402,4 +405,24 @@ func timePtr(t time.Time) *time.Time {
 	}
 	t = t.UTC()
 	return &t
+}
+
+// notFound is the error for a key with no record in scope: it names the
+// tenants that have a record of that key for the same operation, since the
+// usual cause is a tenant not given (or another one).
+func notFound(ctx context.Context, s store.Store, scope, key string) error {
+	err := fmt.Errorf("no record for key %q in scope %q", key, scope)
+	recs, _, lerr := listpage.Filtered(ctx, s, store.ListParams{Key: key, Limit: store.MaxListLimit}, 0, 0,
+		func(r *store.Record) bool { return r.Scope != scope && sameOperation(r.Scope, scope) })
+	if lerr != nil || len(recs) == 0 {
+		return err
+	}
+	var tenants []string
+	for _, r := range recs {
+		t, _, _, _ := idem.ParseScope(r.Scope)
+		if q := strconv.Quote(t); !slices.Contains(tenants, q) {
+			tenants = append(tenants, q)
+		}
+	}
+	return fmt.Errorf("%w; the key has a record for this route under tenant %s: give it with --tenant", err, strings.Join(tenants, ", "))
 }

@@ -7,6 +7,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/idem-go/idem/store"
 )
 
 // runMain runs the binary as main does and returns its stderr and exit
@@ -167,6 +170,30 @@ func TestExitStatuses(t *testing.T) {
 		}
 		if !strings.Contains(out.String(), "\nExit status:\n  0  ") || !strings.Contains(out.String(), "\n  2  ") {
 			t.Errorf("idem help %s does not document exit statuses 0 and 2:\n%s", path, out.String())
+		}
+	}
+}
+
+// Without the tenant, inspect, delete and reconcile resolve name the
+// tenants that have a record of the key for the route.
+func TestNotFoundNamesTenants(t *testing.T) {
+	t.Parallel()
+	dsn := tempDSN(t)
+	s := seeded(t, dsn, time.Now())
+	record(t, s, "t1", "/v1/charges", "order-42", store.StateUnknown)
+	record(t, s, "t2", "/v1/refunds", "order-42", store.StateUnknown)
+	for _, args := range [][]string{
+		{"inspect", "--store", dsn, "--route", "/v1/charges", "order-42"},
+		{"delete", "--store", dsn, "--route", "/v1/charges", "order-42"},
+		{"reconcile", "resolve", "--store", dsn, "--route", "/v1/charges", "--retryable", "--fence", "1", "order-42"},
+	} {
+		stderr, code := runMain(args...)
+		if code != 1 {
+			t.Errorf("%q: exit %d, want 1", args, code)
+		}
+		if !strings.Contains(stderr, `no record for key "order-42"`) || !strings.Contains(stderr, `under tenant "t1": give it with --tenant`) ||
+			strings.Contains(stderr, `"t2"`) {
+			t.Errorf("%q: %s, want the tenant t1 (and not t2, another route) named", args, stderr)
 		}
 	}
 }
