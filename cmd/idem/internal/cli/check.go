@@ -406,15 +406,16 @@ func (c *checker) checkMismatch(ctx context.Context) checkResult {
 	return passed("the different body got %s; the original still replays (%d, same body)", alt, first.status)
 }
 
-// burst sends n copies of one request at the same moment.
-func (c *checker) burst(ctx context.Context, n int, keys []string) []answer {
+// burst sends n copies of one request (key fields keys, body) at the same
+// moment.
+func (c *checker) burst(ctx context.Context, n int, keys []string, body []byte) []answer {
 	out := make([]answer, n)
 	start := make(chan struct{})
 	var wg sync.WaitGroup
 	for i := range out {
 		wg.Go(func() {
 			<-start
-			out[i] = c.post(ctx, keys, c.cfg.Body, nil)
+			out[i] = c.post(ctx, keys, body, nil)
 		})
 	}
 	close(start)
@@ -425,7 +426,7 @@ func (c *checker) burst(ctx context.Context, n int, keys []string) []answer {
 func (c *checker) checkConcurrent(ctx context.Context) checkResult {
 	n := c.cfg.Concurrency
 	k := newKey()
-	answers := c.burst(ctx, n, c.spell(k))
+	answers := c.burst(ctx, n, c.spell(k), c.cfg.Body)
 	var ref *answer
 	var served, fresh, replays, errs, fives int
 	var odd []string
@@ -492,7 +493,7 @@ func (c *checker) checkRetryAfter(ctx context.Context) checkResult {
 	conflicts := c.conflicts
 	bursts := 1
 	for ; len(conflicts) == 0 && bursts <= extraBursts; bursts++ {
-		for _, a := range c.burst(ctx, c.cfg.Concurrency, c.spell(newKey())) {
+		for _, a := range c.burst(ctx, c.cfg.Concurrency, c.spell(newKey()), c.cfg.Body) {
 			if a.inFlight() {
 				conflicts = append(conflicts, a)
 			}

@@ -11,7 +11,6 @@ import (
 	"path"
 	"slices"
 	"strings"
-	"sync"
 
 	"github.com/idem-go/idem"
 )
@@ -159,17 +158,7 @@ func (c *checker) runVector(ctx context.Context, v vector) (checkResult, int) {
 // copy gets its answer replayed or an in-flight refusal with Retry-After.
 // It returns the executed copy's answer and a note of what the others got.
 func (c *checker) concurrentStep(ctx context.Context, n int, fields []string, body []byte) (answer, string, *checkResult) {
-	out := make([]answer, n)
-	start := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := range out {
-		wg.Go(func() {
-			<-start
-			out[i] = c.post(ctx, fields, body, nil)
-		})
-	}
-	close(start)
-	wg.Wait()
+	out := c.burst(ctx, n, fields, body)
 	var ran []answer
 	for _, a := range out {
 		if a.executed() {
