@@ -360,8 +360,7 @@ func stores(t *testing.T, f func(t *testing.T, dsn string)) {
 	})
 	t.Run("postgres", func(t *testing.T) {
 		t.Parallel()
-		u := testenv.PostgresURL(t)
-		f(t, testenv.WithParam(t, u, "search_path", pgdb.Schema(t, u)))
+		f(t, pgdb.URL(t, testenv.PostgresURL(t)))
 	})
 }
 

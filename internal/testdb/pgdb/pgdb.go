@@ -35,3 +35,11 @@ func Schema(tb testing.TB, url string) string {
 	})
 	return schema
 }
+
+// URL returns url with its search_path set to a fresh schema (see Schema):
+// a store opened on it finds its tables the way a deployment without a
+// configured schema does.
+func URL(tb testing.TB, url string) string {
+	tb.Helper()
+	return testenv.WithParam(tb, url, "search_path", Schema(tb, url))
+}

@@ -22,8 +22,7 @@ import (
 func pgTopologies(t *testing.T) map[string]func(t *testing.T) string {
 	direct := func(mode string) func(t *testing.T) string {
 		return func(t *testing.T) string {
-			u := testenv.PostgresURL(t)
-			u = testenv.WithParam(t, u, "search_path", pgdb.Schema(t, u))
+			u := pgdb.URL(t, testenv.PostgresURL(t))
 			if mode != "" {
 				u = testenv.WithParam(t, u, "default_query_exec_mode", mode)
 			}

@@ -36,12 +36,7 @@ func webhookStores(t *testing.T, f func(t *testing.T, dsn string)) {
 	})
 	t.Run("postgres", func(t *testing.T) {
 		t.Parallel()
-		url := testenv.PostgresURL(t)
-		sep := "?"
-		if strings.Contains(url, "?") {
-			sep = "&"
-		}
-		f(t, url+sep+"search_path="+pgdb.Schema(t, url))
+		f(t, pgdb.URL(t, testenv.PostgresURL(t)))
 	})
 }
 
