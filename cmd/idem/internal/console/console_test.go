@@ -74,6 +74,13 @@ func (f *fixture) unknown(tenant, route, key string) int64 {
 
 func (f *fixture) do(method, path string, form url.Values, hdr map[string]string) (int, string) {
 	f.t.Helper()
+	resp, body := f.send(method, path, form, hdr)
+	return resp.StatusCode, body
+}
+
+// send is do, returning the whole response (its body already read).
+func (f *fixture) send(method, path string, form url.Values, hdr map[string]string) (*http.Response, string) {
+	f.t.Helper()
 	var body io.Reader
 	if form != nil {
 		body = strings.NewReader(form.Encode())
@@ -94,7 +101,7 @@ func (f *fixture) do(method, path string, form url.Values, hdr map[string]string
 	if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "default-src 'none'") {
 		f.t.Fatalf("%s %s: CSP %q", method, path, csp)
 	}
-	return resp.StatusCode, string(b)
+	return resp, string(b)
 }
 
 var csrfRe = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
@@ -251,14 +258,7 @@ func TestConsoleDeadLetters(t *testing.T) {
 	}
 	// Deleting a dead letter leads back to the dead letters.
 	act = url.Values{"csrf": {m[1]}, "scope": {scope}, "key": {"given-up-2"}, "action": {"delete"}, "from": {"dead-letters"}, "confirm": {"yes"}}
-	req, _ := http.NewRequest("POST", f.srv.URL+"/console/act", strings.NewReader(act.Encode()))
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := f.c.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
+	resp, _ := f.send("POST", "/console/act", act, map[string]string{"Authorization": "Bearer " + token})
 	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/console/dead-letters" {
 		t.Fatalf("delete: %d to %q", resp.StatusCode, resp.Header.Get("Location"))
 	}
@@ -498,14 +498,8 @@ func TestConsoleCredentialSearchIsAPost(t *testing.T) {
 	if code != 200 || m == nil || !strings.Contains(body, `<form method="post" action="/console/"`) {
 		t.Fatalf("search page: %d", code)
 	}
-	req, _ := http.NewRequest("POST", f.srv.URL+"/console/", strings.NewReader(url.Values{"csrf": {m[1]}, "credential": {"sk_live_secret"}, "state": {"unknown"}}.Encode()))
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := f.c.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
+	resp, _ := f.send("POST", "/console/", url.Values{"csrf": {m[1]}, "credential": {"sk_live_secret"}, "state": {"unknown"}},
+		map[string]string{"Authorization": "Bearer " + token})
 	loc := resp.Header.Get("Location")
 	if resp.StatusCode != http.StatusSeeOther || strings.Contains(loc, "sk_live") && !strings.Contains(loc, "auth%3Ask_live") || strings.Contains(loc, "credential") {
 		t.Fatalf("credential search: %d to %q, want a redirect naming the tenant", resp.StatusCode, loc)
