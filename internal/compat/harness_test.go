@@ -84,18 +84,6 @@ func calls(t *testing.T, reduced int) int {
 // callers is the number of concurrent callers of every variant.
 const callers = 16
 
-// freeAddr returns a loopback address nobody listens on right now.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
-}
-
 // waitListening waits until addr accepts connections or the process ends.
 func waitListening(t *testing.T, addr string, exited <-chan struct{}, log *testenv.Buffer) {
 	t.Helper()
@@ -162,7 +150,7 @@ func stripeMock(t *testing.T) string {
 		}
 	}
 	mockOnce.Do(func() {
-		addr := freeAddr(t)
+		addr := testenv.FreeAddr(t)
 		cmd := exec.Command(bin, "-http-addr", addr)
 		log := &testenv.Buffer{}
 		cmd.Stdout, cmd.Stderr = log, log
@@ -379,7 +367,7 @@ func newStack(t *testing.T, upstream, dsn string, delay time.Duration, args ...s
 	args = append(args, strings.Fields(os.Getenv("IDEM_COMPAT_PROXY_FLAGS"))...)
 	l := &ledger{upstream: upstream, delay: delay, client: &http.Client{Timeout: time.Minute}}
 	ledgerURL := serve(t, l)
-	addr := freeAddr(t)
+	addr := testenv.FreeAddr(t)
 	cmd := start(t, addr, []string{"IDEM_TENANT_SECRET=compat-test-secret"}, idemBinary(t),
 		append([]string{"proxy", "--listen", addr, "--upstream", ledgerURL, "--store", dsn,
 			"--tenant-from", "authorization", "--log-level", "warn"}, args...)...)

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/client"
+	"github.com/idem-go/idem/internal/testenv"
 )
 
 // A duplicate storm: many callers send one request under one key at once
@@ -37,7 +38,7 @@ func TestDuplicateStorm(t *testing.T) {
 	}
 	for _, wait := range []string{"0", "5s"} {
 		t.Run("wait="+wait, func(t *testing.T) {
-			admin := freeAddr(t)
+			admin := testenv.FreeAddr(t)
 			s := newStack(t, mock, "sqlite:"+t.TempDir()+"/idem.db", time.Second, "--wait", wait, "--admin", admin)
 			var attempts atomic.Int64
 			tr := &client.Transport{MaxAttempts: 100, MaxDelay: time.Minute, BaseDelay: 100 * time.Millisecond, MaxBackoff: time.Second}

@@ -17,6 +17,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"sync"
@@ -99,6 +100,19 @@ func PgbouncerURL(tb testing.TB, database string) string {
 	}
 	u.Path = "/" + database
 	return u.String()
+}
+
+// FreeAddr returns a loopback address nobody listens on right now (another
+// process may take it before the caller listens).
+func FreeAddr(tb testing.TB) string {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
 }
 
 // WithParam returns the URL u with its query parameter k set to v.

@@ -24,6 +24,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/storeurl"
+	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/store"
 )
 
@@ -283,21 +284,10 @@ func TestProxyConcurrentDuplicates(t *testing.T) {
 	})
 }
 
-// freeAddr returns a loopback address nobody listens on.
-func freeAddr(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
-}
-
 func TestProxyUpstreamRefusedReleasesTheKey(t *testing.T) {
 	t.Parallel()
 	eachStore(t, func(t *testing.T, dsn string) {
-		addr := freeAddr(t)
+		addr := testenv.FreeAddr(t)
 		p, base := startProxy(t, ProxyConfig{Upstream: "http://" + addr, Store: dsn})
 		c := client(t)
 
@@ -844,7 +834,7 @@ func TestProxyStripeShouldRetry(t *testing.T) {
 		}
 		return doc.Error.Code
 	}
-	_, refused := startProxy(t, ProxyConfig{Upstream: "http://" + freeAddr(t), Store: "memory:", Profile: "stripe"})
+	_, refused := startProxy(t, ProxyConfig{Upstream: "http://" + testenv.FreeAddr(t), Store: "memory:", Profile: "stripe"})
 	r := send(t, c, "POST", refused+"/v1/charges", "k", `{}`)
 	if r.status != http.StatusBadGateway || stripeCode(t, r) != "upstream-unreachable" || r.header.Get("Stripe-Should-Retry") != "true" {
 		t.Errorf("unreachable upstream: %d %s, Stripe-Should-Retry %q", r.status, r.body, r.header.Get("Stripe-Should-Retry"))

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 )
@@ -141,7 +142,7 @@ func TestHTTPResolverFailures(t *testing.T) {
 			t.Errorf("%s: %+v, want an error", name, res)
 		}
 	}
-	addr := freeAddr(t)
+	addr := testenv.FreeAddr(t)
 	r, _ := newHTTPResolver("http://user:secret@" + addr + "/resolve?token=secret")
 	_, err := r.Resolve(context.Background(), rec)
 	if err == nil || strings.Contains(err.Error(), "secret") {

@@ -93,7 +93,7 @@ func TestProxyOnPostgresTopologies(t *testing.T) {
 
 			// The upstream is down: the request is refused before it was
 			// sent, so its key is released and the retry runs it, once.
-			down := freeAddr(t)
+			down := testenv.FreeAddr(t)
 			cfg.Upstream = "http://" + down
 			_, base, stop = startStoppable(t, cfg)
 			key = testenv.Name("down-")
