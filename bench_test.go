@@ -3,7 +3,7 @@ package idem_test
 import (
 	"testing"
 
-	"github.com/idem-go/idem/internal/enginetest"
+	"github.com/idem-go/idem/internal/testkit/enginetest"
 )
 
 // BenchmarkMiddleware runs the middleware's benchmark on the memory store;

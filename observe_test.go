@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/internal/obstest"
+	"github.com/idem-go/idem/internal/testkit/obstest"
 	"github.com/idem-go/idem/store/memory"
 )
 

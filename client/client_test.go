@@ -18,7 +18,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/client"
-	"github.com/idem-go/idem/internal/clienttest"
+	"github.com/idem-go/idem/internal/testkit/clienttest"
 	"github.com/idem-go/idem/store"
 )
 

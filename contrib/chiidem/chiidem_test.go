@@ -10,7 +10,7 @@ import (
 	"github.com/go-chi/chi/v5/middleware"
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/contrib/chiidem"
-	"github.com/idem-go/idem/internal/adaptertest"
+	"github.com/idem-go/idem/internal/testkit/adaptertest"
 )
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -8,7 +8,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/contrib/echoidem"
-	"github.com/idem-go/idem/internal/adaptertest"
+	"github.com/idem-go/idem/internal/testkit/adaptertest"
 	"github.com/labstack/echo/v5"
 	"github.com/labstack/echo/v5/middleware"
 )

@@ -9,7 +9,7 @@ import (
 	"github.com/gin-gonic/gin"
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/contrib/ginidem"
-	"github.com/idem-go/idem/internal/adaptertest"
+	"github.com/idem-go/idem/internal/testkit/adaptertest"
 )
 
 func init() { gin.SetMode(gin.ReleaseMode) }

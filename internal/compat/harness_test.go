@@ -21,7 +21,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/internal/testdb/pgdb"
-	"github.com/idem-go/idem/internal/testenv"
+	"github.com/idem-go/idem/internal/testkit/testenv"
 )
 
 // binDir holds the idem binary built for this run.

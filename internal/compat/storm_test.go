@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/client"
-	"github.com/idem-go/idem/internal/testenv"
+	"github.com/idem-go/idem/internal/testkit/testenv"
 )
 
 // A duplicate storm: many callers send one request under one key at once

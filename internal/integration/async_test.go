@@ -3,7 +3,7 @@ package integration_test
 import (
 	"testing"
 
-	"github.com/idem-go/idem/internal/enginetest"
+	"github.com/idem-go/idem/internal/testkit/enginetest"
 	"github.com/idem-go/idem/store/storetest"
 )
 

@@ -15,8 +15,8 @@ import (
 	"testing"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/internal/enginetest"
-	"github.com/idem-go/idem/internal/obstest"
+	"github.com/idem-go/idem/internal/testkit/enginetest"
+	"github.com/idem-go/idem/internal/testkit/obstest"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/memory"
 )

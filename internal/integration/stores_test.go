@@ -3,8 +3,8 @@ package integration_test
 import (
 	"testing"
 
-	"github.com/idem-go/idem/internal/enginetest"
 	"github.com/idem-go/idem/internal/integration/teststores"
+	"github.com/idem-go/idem/internal/testkit/enginetest"
 )
 
 // engineStores are the stores the engine's request path is tested

@@ -3,8 +3,8 @@ package maintenance_test
 import (
 	"testing"
 
-	"github.com/idem-go/idem/internal/enginetest"
 	"github.com/idem-go/idem/internal/integration/teststores"
+	"github.com/idem-go/idem/internal/testkit/enginetest"
 )
 
 // realStores are the stores the services are tested against: memory,

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/internal/enginetest"
+	"github.com/idem-go/idem/internal/testkit/enginetest"
 	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 )

@@ -10,10 +10,10 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/idem-go/idem/internal/enginetest"
 	"github.com/idem-go/idem/internal/testdb/mysqldb"
 	"github.com/idem-go/idem/internal/testdb/pgdb"
-	"github.com/idem-go/idem/internal/testenv"
+	"github.com/idem-go/idem/internal/testkit/enginetest"
+	"github.com/idem-go/idem/internal/testkit/testenv"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/mysql"
 	"github.com/idem-go/idem/store/postgres"

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/go-sql-driver/mysql"
-	"github.com/idem-go/idem/internal/testenv"
+	"github.com/idem-go/idem/internal/testkit/testenv"
 )
 
 // Config returns the parsed MySQL/MariaDB DSN or skips the test.

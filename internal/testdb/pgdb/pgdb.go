@@ -5,7 +5,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/idem-go/idem/internal/testenv"
+	"github.com/idem-go/idem/internal/testkit/testenv"
 	"github.com/jackc/pgx/v5"
 )
 

@@ -11,7 +11,7 @@ import (
 
 	"github.com/idem-go/idem/client"
 	"github.com/idem-go/idem/cmd/idem/internal/cli"
-	"github.com/idem-go/idem/internal/clienttest"
+	"github.com/idem-go/idem/internal/testkit/clienttest"
 )
 
 // The client in front of the idem proxy, in front of an API that knows

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/internal/testdb/pgdb"
-	"github.com/idem-go/idem/internal/testenv"
+	"github.com/idem-go/idem/internal/testkit/testenv"
 )
 
 // pgTopologies are the ways a proxy reaches PostgreSQL in production, each

@@ -15,7 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idem-go/idem/cmd/idem/internal/storeurl"
-	"github.com/idem-go/idem/internal/testenv"
+	"github.com/idem-go/idem/internal/testkit/testenv"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/postgres"
 )
