@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -83,4 +85,62 @@ func plain(w http.ResponseWriter, status int, msg string) {
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
 	fmt.Fprintln(w, msg)
+}
+
+// mountsMetrics reports whether the caller brought its own /metrics.
+func mountsMetrics(handlers map[string]http.Handler) bool {
+	for pattern := range handlers {
+		if _, path, _ := strings.Cut(pattern, " "); pattern == "/metrics" || path == "/metrics" {
+			return true
+		}
+	}
+	return false
+}
+
+func adminString(ln net.Listener) string {
+	if ln == nil {
+		return ""
+	}
+	return ln.Addr().String()
+}
+
+// AdminAddr returns the admin server's bound address, or nil without one.
+func (p *Proxy) AdminAddr() net.Addr {
+	if p.adminLn == nil {
+		return nil
+	}
+	return p.adminLn.Addr()
+}
+
+// ready is the readiness check: not while draining, and only when the
+// store is open and the engine would serve (idem.Engine.Ready: the
+// circuit breaker closed, a real read of the store answered). Each change
+// of readiness, and of its reason, is logged once with the detail that
+// /readyz does not show.
+func (p *Proxy) ready(ctx context.Context) error {
+	if p.draining.Load() {
+		return &idem.NotReady{Reason: idem.ReasonShuttingDown}
+	}
+	p.mu.Lock()
+	e, openErr := p.engine, p.openErr
+	p.mu.Unlock()
+	var err error
+	if e == nil {
+		err = &idem.NotReady{Reason: idem.ReasonStoreNotOpen, Err: openErr}
+	} else {
+		err = e.Ready(ctx)
+	}
+	reason := ""
+	if err != nil {
+		reason = idem.PublicReason(err)
+	}
+	if prev := p.readyReason.Swap(&reason); prev == nil || *prev != reason {
+		switch {
+		case err == nil && prev != nil:
+			p.log.Info("idem proxy: ready again; the store answers")
+		case err != nil && e != nil:
+			p.log.Warn("idem proxy: not ready; protected requests may get 503", "reason", reason, "err", err)
+		}
+	}
+	return err
 }

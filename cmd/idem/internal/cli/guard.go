@@ -260,3 +260,38 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+// proxyRoute is the route of a proxied request: its path as sent, plus the
+// query when there is one. The engine fingerprints method, route and body;
+// an upstream may act on the query, so two requests that differ only there
+// must not share a record (the engine's default route drops the query).
+// The path is always ASCII (net/url escapes what was not); checkRoute
+// bounds the whole before it reaches a scope.
+func proxyRoute(r *http.Request) string {
+	route := r.URL.EscapedPath()
+	if r.URL.RawQuery != "" {
+		route += "?" + r.URL.RawQuery
+	}
+	return route
+}
+
+// maxRouteBytes bounds the route of a keyed request: with the method and
+// the longest tenant id (maxTrustedTenant, or a hashed source's label), its
+// scope stays within what every store accepts (store.MaxScopeBytes).
+const maxRouteBytes = 640
+
+// checkRoute refuses a route that must not become part of a scope: raw
+// bytes outside visible ASCII (RFC 3986 wants them percent-encoded; a
+// query may carry them through net/http as sent, even invalid UTF-8),
+// and routes longer than maxRouteBytes.
+func checkRoute(route string) (problem proxyProblem, bad bool) {
+	for i := 0; i < len(route); i++ {
+		if c := route[i]; c <= ' ' || c >= 0x7f {
+			return probTargetInvalid, true
+		}
+	}
+	if len(route) > maxRouteBytes {
+		return probTargetTooLong, true
+	}
+	return proxyProblem{}, false
+}

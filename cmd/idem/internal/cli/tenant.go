@@ -10,8 +10,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -424,4 +426,46 @@ func defaultTenantSecret(dsn string) ([]byte, string, error) {
 		return nil, "", fmt.Errorf("tenant secret: %w", err)
 	}
 	return secret, path, nil
+}
+
+// proxyTenants builds the tenant rule of the proxy's configuration.
+func proxyTenants(cfg ProxyConfig, log *slog.Logger) (*tenants, error) {
+	specs := cfg.TenantFrom
+	if cfg.TenantHeader != "" {
+		specs = append(slices.Clip(specs), srcTrusted+":"+cfg.TenantHeader)
+	}
+	sources, err := parseTenantSources(specs)
+	if err != nil {
+		return nil, configErr("proxy: %w", err)
+	}
+	switch {
+	case cfg.SingleTenant && len(sources) > 0:
+		return nil, configErr("proxy: --single-tenant and --tenant-from exclude each other")
+	case cfg.SingleTenant:
+		return &tenants{single: true}, nil
+	case len(sources) == 0:
+		return nil, configErr("proxy: no tenant source: callers would share each other's records. " +
+			"Name how callers are told apart with --tenant-from (authorization, header:NAME, cookie:NAME " +
+			"or trusted-header:NAME, e.g. --tenant-from authorization), or declare one trusted caller with --single-tenant")
+	}
+	t := &tenants{sources: sources, secret: cfg.TenantSecret}
+	if t.needsSecret() && len(t.secret) == 0 {
+		secret, path, err := defaultTenantSecret(cfg.Store)
+		if err != nil {
+			return nil, fmt.Errorf("proxy: %w", err)
+		}
+		if path != "" {
+			log.Info("idem proxy: tenant secret from the file beside the database", "path", path)
+			if secretReadableByOthers(path) {
+				log.Warn("idem proxy: the tenant secret file is readable by other users: chmod 600 it", "path", path)
+			}
+		}
+		t.secret = secret
+	}
+	if t.mixed() {
+		log.Warn("idem proxy: a trusted tenant header is a source beside credentials: a request without a credential is filed under the header's value, "+
+			"so the gateway in front must strip that header from what clients send (trusted values that look like a credential's tenant id are refused)",
+			"tenant_from", t.String())
+	}
+	return t, nil
 }

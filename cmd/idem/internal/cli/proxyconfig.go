@@ -1,0 +1,310 @@
+package cli
+
+import (
+	"log/slog"
+	"net/http"
+	"time"
+
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/console"
+	"github.com/idem-go/idem/maintenance"
+	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/memory"
+)
+
+// ProxyConfig configures a Proxy. Zero durations and sizes take the
+// defaults of the proxy command's flags.
+type ProxyConfig struct {
+	// Listen is the address of the proxy. Defaults to 127.0.0.1:8080.
+	Listen string
+	// Upstream is the base URL of the API behind the proxy. Required.
+	Upstream string
+	// Store is the store DSN (see package storeurl). Defaults to
+	// sqlite:idem.db.
+	Store string
+	// Migrate applies the store's pending migrations at start.
+	Migrate bool
+	// StoreConns sizes the server store's connection pool (see
+	// storeurl.Options.Conns). Zero keeps the store's default.
+	StoreConns int
+	// StoreBatches is the number of group commits a PostgreSQL store may
+	// have in flight (see storeurl.Options.Batches). Zero keeps the
+	// store's default; -1 turns batching off.
+	StoreBatches int
+	// StoreClock replaces the store's clock (tests).
+	StoreClock store.Clock
+
+	// Profile, TTL, Lease, Wait, Methods and MaxBody set the engine's
+	// Config fields of the same meaning; zero keeps the engine's default.
+	Profile string
+	TTL     time.Duration
+	Lease   time.Duration
+	Wait    time.Duration
+	Methods []string
+	MaxBody int64
+
+	// KeyRequired, KeyReusedStatus, InProgressStatus, LeasePolicy,
+	// MaxResponseBytes, StoreServerErrors, RetryAfter, StoreTimeout and
+	// Fields set the engine's Config fields of the same name; zero keeps
+	// the engine's default (the profile's for KeyRequired and
+	// KeyReusedStatus).
+	KeyRequired       *bool
+	KeyReusedStatus   int
+	InProgressStatus  int
+	LeasePolicy       string
+	MaxResponseBytes  int
+	StoreServerErrors bool
+	RetryAfter        time.Duration
+	StoreTimeout      time.Duration
+	Fields            []string
+
+	// Routes are per-route settings, matched in ServeMux fashion; a
+	// request no route matches takes the settings above.
+	Routes []RouteConfig
+
+	// KeyHeader names the header that carries the idempotency key
+	// (idem.Config.KeyHeader); empty: Idempotency-Key. EchoKey sends the
+	// key back on every answer to a keyed request (idem.Config.EchoKey).
+	KeyHeader string
+	EchoKey   bool
+
+	// TenantRate limits each tenant to this many new keys a second
+	// (idem.Config.TenantRate, a bucket of TenantBurst; per proxy);
+	// TenantMaxActive caps the records a tenant holds in progress or
+	// awaiting reconciliation (idem.Config.TenantMaxActive, across every
+	// proxy sharing the store). Zero: off.
+	TenantRate      float64
+	TenantBurst     int
+	TenantMaxActive int
+	// NewKeyRate limits the proxy, whatever the tenant, to this many new
+	// keys a second (idem.Config.NewKeyRate, a bucket of NewKeyBurst):
+	// tenants minted for free do not escape it. Zero: off.
+	NewKeyRate  float64
+	NewKeyBurst int
+
+	// BreakerFailures, BreakerOpen and BreakerMaxOpen tune the store's
+	// circuit breaker (idem.Config fields of the same names); zero keeps
+	// the engine's default, a negative BreakerFailures turns it off.
+	BreakerFailures int
+	BreakerOpen     time.Duration
+	BreakerMaxOpen  time.Duration
+
+	// TenantFrom lists the tenant sources, tried in order (see
+	// tenantSourcesHelp): "authorization", "header:NAME", "cookie:NAME",
+	// "trusted-header:NAME"; an entry may be a comma list. NewProxy fails
+	// without a source unless SingleTenant is set, so two callers never
+	// share records by accident.
+	TenantFrom []string
+	// TenantHeader is the deprecated spelling of TenantFrom
+	// "trusted-header:NAME", tried after the TenantFrom sources.
+	TenantHeader string
+	// SingleTenant declares one trusted caller: every request is the
+	// tenant "" and no source is read.
+	SingleTenant bool
+	// TenantSecret keys the hash (HMAC-SHA-256) of the credential sources,
+	// so a leaked store or log does not let anyone test guessed
+	// credentials. Nil: a SQLite file store keeps a generated one next to
+	// the database (DB.tenant-secret), the memory store makes one per
+	// process, and the shared stores refuse to start.
+	TenantSecret []byte
+	// FingerprintSecret keys the engine's request fingerprints
+	// (idem.Config.Secret). Nil: plain SHA-256.
+	FingerprintSecret []byte
+
+	// MaxHeaderBytes bounds the request line and headers (431 above it).
+	// Defaults to 64 KiB.
+	MaxHeaderBytes int
+	// BodyTimeout bounds the time to receive a request body; a client that
+	// stalls is cut off and its connection closed. Defaults to 30s;
+	// negative means no limit.
+	BodyTimeout time.Duration
+	// MaxBufferedBytes bounds the request bodies held in memory at once
+	// by keyed requests (each counts its Content-Length, or MaxBody when
+	// unknown, up to MaxBody). A request over the bound is answered 503
+	// with Retry-After at once. Defaults to 64 MiB; it must be at least
+	// MaxBody.
+	MaxBufferedBytes int64
+
+	// UpstreamTimeout bounds the wait for the upstream's response headers
+	// once the request was sent. Defaults to 60s; negative means no limit.
+	UpstreamTimeout time.Duration
+	// ShutdownTimeout bounds the graceful shutdown: in-flight requests
+	// get this long to finish. Defaults to 20s.
+	ShutdownTimeout time.Duration
+
+	// Admin is the address of the admin server (health, readiness and
+	// AdminHandlers). Empty: no admin server.
+	Admin string
+	// AdminHandlers are mounted on the admin server beside /healthz and
+	// /readyz, keyed by ServeMux pattern.
+	AdminHandlers map[string]http.Handler
+	// MeterProvider receives the engine's metrics. Nil with an admin
+	// server: the proxy installs an OpenTelemetry SDK provider and serves
+	// its metrics in the Prometheus format at /metrics on the admin
+	// server (unless AdminHandlers has "/metrics").
+	MeterProvider metric.MeterProvider
+	// Webhook turns on the settlement webhook on the admin server
+	// (WebhookPath); off without secrets.
+	Webhook WebhookConfig
+	// Console serves the operations console at /console/ on the admin
+	// server, authenticated by ConsoleCredentials (required unless Admin is
+	// a loopback address).
+	Console            bool
+	ConsoleCredentials console.Credentials
+	// TracerProvider receives the engine's spans and the proxy's own
+	// (idem.proxy, the server span of each request). Nil: an OpenTelemetry
+	// SDK provider exporting OTLP over HTTP when OTEL_EXPORTER_OTLP_ENDPOINT
+	// or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set, no spans otherwise.
+	// Either way the proxy continues the caller's trace (W3C traceparent)
+	// and passes it on to the upstream.
+	TracerProvider trace.TracerProvider
+
+	// NoMaintenance turns off the background services the proxy runs
+	// while it serves (sweeper, reaper, and the reconciler when there is a
+	// resolver). Another instance, or scheduled idem sweep / reap /
+	// reconcile run, must then do their work.
+	NoMaintenance bool
+	// Maintenance configures the background services; zero fields take
+	// the defaults of maintenance.Config. TTL, Logger and Observer
+	// default to the proxy's.
+	Maintenance maintenance.Config
+	// ResolveURL, when set and Maintenance.Resolver is nil, is the
+	// upstream operators' endpoint the reconciler asks about unknown
+	// outcomes (resolveProtocol).
+	ResolveURL string
+
+	// Cache, when set, is a Redis URL: replays are served from a cache in
+	// front of the store (package store/cache).
+	Cache string
+
+	// Logger receives the proxy's and the engine's events. Defaults to a
+	// text logger on stderr.
+	Logger *slog.Logger
+
+	// Async lists the asynchronous routes, as http.ServeMux patterns
+	// with a method ("POST /v1/reports"): a keyed request on one is
+	// recorded and answered 202 at once, and the proxy's worker forwards
+	// it to the upstream (see idem.Config.Async). Defaults to none. A
+	// route of Routes with Async is one more; a pattern in both is one
+	// route, with the settings of Routes.
+	Async []string
+	// AsyncWait bounds how long an accepted request waits for a worker
+	// before it ends with 408 (idem.Config.AsyncWait). Zero: 1h, or TTL
+	// when shorter.
+	AsyncWait time.Duration
+	// AsyncKeepHeaders names sensitive headers (Authorization, Cookie)
+	// kept with an asynchronous request for the upstream
+	// (idem.Config.AsyncKeepHeaders).
+	AsyncKeepHeaders []string
+	// AsyncWorkers is how many asynchronous requests this proxy forwards
+	// at once. Zero: this proxy runs no worker and only accepts requests
+	// (other proxies on the store forward them).
+	AsyncWorkers int
+	// AsyncPoll is how long an idle worker waits before it looks for new
+	// requests again. Zero: idem.DefaultWorkerPoll.
+	AsyncPoll time.Duration
+
+	// RequireSynchronousReplication refuses protected requests (503
+	// store-not-durable) while the store's durability check says answers
+	// it acknowledged could be lost by a failover or a restart
+	// (idem.Config.RequireDurable): PostgreSQL standbys that commits do
+	// not wait for, Redis without the append-only file or with replicas
+	// that writes do not wait for, MySQL replicas without
+	// semi-synchronous replication. Only with a PostgreSQL, MySQL or
+	// Redis store.
+	RequireSynchronousReplication bool
+	// DurabilityInterval is how often the store's durability is checked
+	// again (idem.Config.DurabilityInterval). Zero: 1m.
+	DurabilityInterval time.Duration
+}
+
+// Defaults of the proxy's resource limits.
+const (
+	defaultMaxHeaderBytes   = 64 << 10
+	defaultBodyTimeout      = 30 * time.Second
+	defaultMaxBufferedBytes = 64 << 20
+)
+
+// engineConfig is the engine's configuration; the tenant is the one the
+// guard put in the request's context.
+func (p *Proxy) engineConfig() idem.Config { return p.cfg.engineConfig(p.obs) }
+
+// checkSettings checks the engine's settings, the proxy's and each
+// route's, whether or not the store answers: a typo must fail at start,
+// not when the database comes up. It returns the routes' table.
+func (cfg ProxyConfig) checkSettings() (*routeTable, error) {
+	routes, err := newRouteTable(cfg.Routes, cfg.Async)
+	if err != nil {
+		return nil, err
+	}
+	// The memory store has no durability check; the real store's is
+	// required when it opens.
+	cfg.RequireSynchronousReplication = false
+	s := memory.New(memory.Config{})
+	e, err := idem.New(s, cfg.engineConfig(nil))
+	if err != nil {
+		return nil, err
+	}
+	var ae *idem.Engine
+	if len(cfg.Async) > 0 || routes.hasAsync() {
+		if ae, err = idem.New(s, cfg.asyncEngineConfig(nil)); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := routes.routeEngines(e, ae); err != nil {
+		return nil, err
+	}
+	return routes, nil
+}
+
+// maxResponseBytes is the engine's MaxResponseBytes, its default applied:
+// the bound on a body kept for replays, also of answers settled by the
+// reconciler and the webhook.
+func (cfg ProxyConfig) maxResponseBytes() int {
+	if cfg.MaxResponseBytes > 0 {
+		return cfg.MaxResponseBytes
+	}
+	return idem.DefaultMaxResponseBytes
+}
+
+// engineConfig is the engine's configuration of cfg, reporting to obs.
+func (cfg ProxyConfig) engineConfig(obs idem.Observer) idem.Config {
+	return idem.Config{
+		Profile:           idem.Profile(cfg.Profile),
+		Methods:           cfg.Methods,
+		KeyRequired:       cfg.KeyRequired,
+		KeyReusedStatus:   cfg.KeyReusedStatus,
+		InProgressStatus:  cfg.InProgressStatus,
+		TTL:               cfg.TTL,
+		Lease:             cfg.Lease,
+		LeasePolicy:       store.LeasePolicy(cfg.LeasePolicy),
+		Wait:              cfg.Wait,
+		MaxBodyBytes:      cfg.MaxBody,
+		MaxResponseBytes:  cfg.MaxResponseBytes,
+		StoreServerErrors: cfg.StoreServerErrors,
+		RetryAfter:        cfg.RetryAfter,
+		StoreTimeout:      cfg.StoreTimeout,
+		Fields:            cfg.Fields,
+		KeyHeader:         cfg.KeyHeader,
+		EchoKey:           cfg.EchoKey,
+		Secret:            cfg.FingerprintSecret,
+		Tenant:            tenantFromContext,
+		Route:             proxyRoute,
+		Logger:            cfg.Logger,
+		Observer:          obs,
+
+		TenantRate:         cfg.TenantRate,
+		TenantBurst:        cfg.TenantBurst,
+		TenantMaxActive:    cfg.TenantMaxActive,
+		NewKeyRate:         cfg.NewKeyRate,
+		NewKeyBurst:        cfg.NewKeyBurst,
+		BreakerFailures:    cfg.BreakerFailures,
+		BreakerOpen:        cfg.BreakerOpen,
+		BreakerMaxOpen:     cfg.BreakerMaxOpen,
+		RequireDurable:     cfg.RequireSynchronousReplication,
+		DurabilityInterval: cfg.DurabilityInterval,
+	}
+}
