@@ -48,13 +48,13 @@ fuzz:
 	go test -run '^$$' -fuzz FuzzFields -fuzztime 20s ./internal/fingerprint/
 	go test -run '^$$' -fuzz FuzzRetryAfter -fuzztime 20s ./client/
 
-# The full fault test of the proxy (see README.md, "Fault test"): several
+# The full fault test of the proxy (see docs/fault-test.md): several
 # proxies, SIGKILLs, PostgreSQL crashes, concurrent duplicates. Minutes long;
 # go test runs a reduced version of it.
 fault:
 	IDEM_FAULT_FULL=1 go test -count=1 -v -timeout 30m -run '^TestFault' ./cmd/idem/
 
-# The full client compatibility run (see README.md, "A client that retries
+# The full client compatibility run (see docs/library.md, "A client that retries
 # safely"): stripe-go and Python requests through a relay that loses 10% of
 # the answers, 2,000 calls per variant; go test runs a few hundred.
 compat:

@@ -76,7 +76,7 @@ type Config struct {
 	// execution holds (and that Wait did not settle), always with
 	// Retry-After. Under ProfileIETF: 409 Conflict or 202 Accepted (202
 	// suits only clients that read the problem type of a 2xx; see
-	// README.md). Under ProfileStripe: 429 with the error code lock_timeout
+	// docs/http-contract.md). Under ProfileStripe: 429 with the error code lock_timeout
 	// and Stripe-Should-Retry: true, the one refusal every official Stripe
 	// SDK retries, or 409 with idempotency_key_in_use, Stripe's own answer,
 	// which stripe-go does not retry; 202 is refused, since Stripe's SDKs
@@ -118,7 +118,7 @@ type Config struct {
 	// answers. A waiting duplicate holds its request and reads the store
 	// every 5ms, doubling to 250ms; duplicates of one key waiting in one
 	// engine share the read under way. Defaults to 0 (answer at once); the
-	// idem proxy's --wait defaults to 5s (README.md, "Duplicates in
+	// idem proxy's --wait defaults to 5s (docs/http-contract.md, "Duplicates in
 	// flight").
 	Wait time.Duration
 

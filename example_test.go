@@ -3,9 +3,11 @@ package idem_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"time"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/store"
@@ -82,4 +84,94 @@ func ExampleEngine_Run() {
 	// Output:
 	// processed
 	// duplicate, first result: done
+}
+
+// accountID stands for the application's authentication: the tenant is
+// whoever the credential says, never something the body claims.
+func accountID(r *http.Request) string { return r.Header.Get("Authorization") }
+
+func ExampleConfig_tenant() {
+	engine, err := idem.New(memory.New(memory.Config{}), idem.Config{
+		// The tenant comes from authentication, never from the body.
+		Tenant: func(r *http.Request) string { return accountID(r) },
+	})
+	if err != nil {
+		panic(err)
+	}
+	chargeHandler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, "charged for %s", accountID(r))
+	})
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/charges", engine.Middleware(chargeHandler))
+
+	// Two callers who picked the same key get their own records.
+	for _, caller := range []string{"Bearer sk_a", "Bearer sk_b"} {
+		r := httptest.NewRequest("POST", "/v1/charges", strings.NewReader(`{"amount":100}`))
+		r.Header.Set("Authorization", caller)
+		r.Header.Set("Idempotency-Key", "order-1")
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, r)
+		fmt.Println(w.Code, w.Body)
+	}
+	// Output:
+	// 201 charged for Bearer sk_a
+	// 201 charged for Bearer sk_b
+}
+
+func ExampleEngine_With() {
+	engine, err := idem.New(memory.New(memory.Config{}), idem.Config{})
+	if err != nil {
+		panic(err)
+	}
+	reports, err := engine.With(func(c *idem.Config) { c.TTL = 7 * 24 * time.Hour }) // answers kept a week
+	if err != nil {
+		panic(err)
+	}
+	h := reports.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+	}))
+	r := httptest.NewRequest("POST", "/v1/reports", strings.NewReader(`{}`))
+	r.Header.Set("Idempotency-Key", "report-1")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	expires, _ := http.ParseTime(w.Header().Get("Idempotency-Key-Expires"))
+	fmt.Println(w.Code, "kept for more than 6 days:", time.Until(expires) > 6*24*time.Hour)
+	// Output:
+	// 201 kept for more than 6 days: true
+}
+
+func ExampleEngine_NewWorker() {
+	ctx := context.Background()
+	eng, err := idem.New(memory.New(memory.Config{}), idem.Config{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		panic(err)
+	}
+	reportHandler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprint(w, "report ready")
+	})
+	mux := http.NewServeMux()
+
+	reports, _ := eng.With(func(c *idem.Config) { c.Async = true; c.AsyncQueue = "reports" })
+	mux.Handle("POST /v1/reports", reports.Middleware(reportHandler))
+	mux.Handle("GET "+idem.DefaultStatusPath, reports.StatusHandler())
+	worker, _ := reports.NewWorker(idem.WorkerConfig{Handler: reportHandler, Concurrency: 4})
+	// maintenance.Config{Services: []maintenance.Service{worker}} starts and stops it
+	// with the sweeper, which also ends requests no worker claimed in time.
+
+	r := httptest.NewRequest("POST", "/v1/reports", strings.NewReader(`{"month":"2030-11"}`))
+	r.Header.Set("Idempotency-Key", "report-2030-11")
+	w := httptest.NewRecorder()
+	mux.ServeHTTP(w, r)
+	fmt.Println(w.Code)
+	location := w.Header().Get("Location")
+
+	worker.RunOnce(ctx) // what a started worker does in the background
+	w = httptest.NewRecorder()
+	mux.ServeHTTP(w, httptest.NewRequest("GET", location, nil))
+	fmt.Println(w.Code, w.Body)
+	// Output:
+	// 202
+	// 201 report ready
 }

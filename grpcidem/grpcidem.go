@@ -158,7 +158,7 @@ func (o Outcome) String() string {
 	return "invalid"
 }
 
-// DefaultClassify mirrors the HTTP response policy (README, "HTTP contract": 4xx stored,
+// DefaultClassify mirrors the HTTP response policy (docs/http-contract.md: 4xx stored,
 // 5xx and the transient 4xx released) through the usual mapping of gRPC
 // codes to HTTP statuses:
 //

@@ -10,7 +10,7 @@ import (
 
 const meterName = "github.com/idem-go/idem/outbox"
 
-// Metric names (outbox delivered/retried/dead, as the README lists them). Each counter has
+// Metric names (outbox delivered/retried/dead). Each counter has
 // the attribute "kind", the message's Kind.
 const (
 	MetricDelivered = "idem.outbox.delivered"

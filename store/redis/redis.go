@@ -44,7 +44,7 @@ type Config struct {
 	// same round trip), so that a failover to a replica does not lose an
 	// answer already acknowledged; a write fewer replicas acknowledged
 	// within WaitTimeout fails (retryable). WAIT narrows the window but
-	// Redis replication stays asynchronous: see the README's Redis
+	// Redis replication stays asynchronous: see docs/stores.md on Redis
 	// durability notes. Defaults to 0: writes do not wait.
 	WaitReplicas int
 

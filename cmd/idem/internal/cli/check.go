@@ -86,7 +86,7 @@ type conformanceCheck struct {
 	run      func(c *checker, ctx context.Context) checkResult
 }
 
-// checklist is the idempotency checklist of the README's HTTP contract,
+// checklist is the idempotency checklist of the HTTP contract (docs/http-contract.md),
 // with the verification checks a careful reviewer of an idempotent API
 // runs, in the order it runs.
 var checklist = []conformanceCheck{

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -257,24 +258,38 @@ func TestHelpNamesTheEnvironmentVariables(t *testing.T) {
 	}
 }
 
-// The README's example config file is one the proxy accepts.
-func TestReadmeConfigExample(t *testing.T) {
+// The config files of the docs are ones the proxy accepts: the full
+// example of docs/proxy.md, and every other JSON snippet with routes.
+func TestDocsConfigExamples(t *testing.T) {
 	t.Parallel()
-	readme, err := os.ReadFile("../../../../README.md")
+	pages, err := filepath.Glob("../../../../docs/*.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, rest, ok := strings.Cut(string(readme), "**Config file.**")
-	_, rest, ok2 := strings.Cut(rest, "```json\n")
-	example, _, ok3 := strings.Cut(rest, "```")
-	if !ok || !ok2 || !ok3 {
-		t.Fatal("README has no example config file after **Config file.**")
+	n := 0
+	for _, page := range pages {
+		text, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range regexp.MustCompile("(?s)```json\n(.*?)```").FindAllStringSubmatch(string(text), -1) {
+			if !strings.Contains(m[1], `"routes"`) {
+				continue
+			}
+			n++
+			// A snippet of routes alone is read with the rest given on the
+			// command line, which wins over the file.
+			cfg, _, _, err := parseProxyFlags([]string{"--config", writeConfig(t, m[1]),
+				"--upstream", "http://127.0.0.1:3000", "--tenant-from", "authorization"}, io.Discard)
+			if err != nil {
+				t.Errorf("%s: the config file %s: %v", page, m[1], err)
+			}
+			if strings.Contains(m[1], `"echo-key": true`) && (len(cfg.Routes) < 5 || !cfg.EchoKey) {
+				t.Errorf("%s: the config file read as %+v", page, cfg)
+			}
+		}
 	}
-	cfg, _, _, err := parseProxyFlags([]string{"--config", writeConfig(t, example)}, io.Discard)
-	if err != nil {
-		t.Fatalf("the README's config file: %v", err)
-	}
-	if len(cfg.Routes) < 5 || cfg.Upstream == "" || !cfg.EchoKey || len(cfg.TenantFrom) != 1 {
-		t.Errorf("the README's config file read as %+v", cfg)
+	if n < 2 {
+		t.Errorf("%d config files with routes in docs/, want the proxy page's and the async page's", n)
 	}
 }

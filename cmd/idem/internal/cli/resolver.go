@@ -19,7 +19,7 @@ import (
 )
 
 // resolveProtocol documents --resolve-url for the help of the commands that
-// take it; README.md says the same.
+// take it; docs/operating.md says the same.
 const resolveProtocol = `Resolve URL protocol (--resolve-url): for each unknown record that is due,
 idem POSTs JSON to the URL, an endpoint of the upstream's operators:
   {"scope":"0:POST /v1/charges","key":"order-1","fence":1,

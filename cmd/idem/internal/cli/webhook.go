@@ -52,7 +52,7 @@ const minWebhookSecret = 16
 // one and, while a rotation is under way, the next (or the previous).
 const maxWebhookSecrets = 2
 
-// webhookHelp documents the endpoint in the proxy's help; README.md says
+// webhookHelp documents the endpoint in the proxy's help; docs/console-and-webhooks.md says
 // the same under "Webhook settlement".
 const webhookHelp = `Settlement webhook (--webhook-secret-file, or $` + webhookSecretEnv + `; needs --admin):
 the admin server takes POST ` + WebhookPath + `, through which a payment
@@ -223,7 +223,7 @@ func (f *webhookFlags) config(fs *flag.FlagSet, admin string) (WebhookConfig, er
 	return cfg, nil
 }
 
-// Problems of the webhook; README.md and docs/problems.md list them.
+// Problems of the webhook; docs/console-and-webhooks.md and docs/problems.md list them.
 var (
 	probWebhookUnauthorized = webhookProblem{"webhook-unauthorized", http.StatusUnauthorized, "The webhook's signature is missing, wrong or too old"}
 	probWebhookInvalid      = webhookProblem{"webhook-invalid", http.StatusBadRequest, "The webhook's body is not a valid settlement"}
