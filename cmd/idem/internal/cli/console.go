@@ -35,6 +35,7 @@ func (p *Proxy) mountConsole(cfg *ProxyConfig) error {
 	h, err := console.New(console.Config{
 		Store: p.Store, Settle: p.consoleSettle, Tenant: p.consoleTenant,
 		Credentials: cfg.ConsoleCredentials, Addr: cfg.Admin,
+		Logger: p.log, MeterProvider: cfg.MeterProvider,
 	})
 	if err != nil {
 		return err

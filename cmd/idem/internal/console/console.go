@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"html/template"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -30,6 +31,8 @@ import (
 	"github.com/idem-go/idem/internal/header"
 	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
 )
 
 //go:embed assets
@@ -73,6 +76,13 @@ type Config struct {
 	// Addr is the admin address: without credentials the console serves
 	// only on a loopback address.
 	Addr string
+	// Logger receives the audit trail: one line at info level per action
+	// (sign-in, failed sign-in, sign-out, settlement, delete). Defaults to
+	// slog.Default().
+	Logger *slog.Logger
+	// MeterProvider counts the actions (idem.console.actions, by action
+	// and result). Defaults to the global provider.
+	MeterProvider metric.MeterProvider
 }
 
 // Handler serves the console.
@@ -82,9 +92,18 @@ type Handler struct {
 	mux *http.ServeMux
 	now func() time.Time
 
+	log     *slog.Logger
+	actions metric.Int64Counter
+
 	mu       sync.Mutex
-	sessions map[string]time.Time // session id -> expiry
+	sessions map[string]session   // by session id
 	fails    map[string]*failures // failed sign-ins by client address
+}
+
+// session is a signed-in browser: until when, and who signed in.
+type session struct {
+	expires  time.Time
+	operator string
 }
 
 // SessionTTL is how long a session lasts after sign-in (or, without
@@ -128,7 +147,19 @@ func New(cfg Config) (*Handler, error) {
 		return nil, fmt.Errorf("console: IDEM_CONSOLE_TOKEN is %d bytes, want at least %d (e.g. openssl rand -hex 24)", len(cfg.Token), MinTokenBytes)
 	}
 	h := &Handler{cfg: cfg, key: make([]byte, 32), mux: http.NewServeMux(), now: time.Now,
-		sessions: map[string]time.Time{}, fails: map[string]*failures{}}
+		sessions: map[string]session{}, fails: map[string]*failures{}, log: cfg.Logger}
+	if h.log == nil {
+		h.log = slog.Default()
+	}
+	mp := cfg.MeterProvider
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	var err error
+	if h.actions, err = mp.Meter("github.com/idem-go/idem/cmd/idem/internal/console").Int64Counter("idem.console.actions",
+		metric.WithDescription("operator actions in the console (sign-in, sign-out, settlements, deletes), by action and result")); err != nil {
+		return nil, fmt.Errorf("console: metrics: %w", err)
+	}
 	if _, err := rand.Read(h.key); err != nil {
 		return nil, err
 	}
@@ -184,18 +215,24 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	open := r.URL.Path == "/console/login" || r.URL.Path == "/console/style.css"
 	if r.Header.Get("Authorization") != "" || (r.Method == http.MethodPost && r.URL.Path == "/console/login") {
 		if wait, locked := h.locked(r); locked {
+			// Counted, but logged at debug only: a client hammering a
+			// locked-out address must not flood the audit trail.
+			h.count("login", "throttled")
+			h.log.Debug("idem console: sign-in attempt refused while locked out", "remote", r.RemoteAddr)
 			w.Header().Set("Retry-After", strconv.Itoa(max(1, int(wait.Round(time.Second)/time.Second))))
 			http.Error(w, "too many failed sign-ins from this address; try again later", http.StatusTooManyRequests)
 			return
 		}
 	}
-	id := h.session(r)
-	if id == "" && h.cfg.empty() {
-		id = h.newSession(w, r) // loopback without credentials: a session per browser
+	who := h.session(r)
+	if who.id == "" && h.cfg.empty() {
+		who = h.newSession(w, r, "loopback") // loopback without credentials: a session per browser
+		h.audit(r, who, auditEntry{action: "login", result: "ok"})
 	}
-	if !open && id == "" {
+	if !open && who.id == "" {
 		if r.Header.Get("Authorization") != "" {
 			h.failed(r)
+			h.audit(r, who, auditEntry{action: "login", result: "wrong_credentials", via: authScheme(r)})
 			w.Header().Set("WWW-Authenticate", `Basic realm="idem console"`)
 			http.Error(w, "wrong credentials", http.StatusUnauthorized)
 			return
@@ -203,7 +240,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/console/login", http.StatusSeeOther)
 		return
 	}
-	r = r.WithContext(context.WithValue(r.Context(), sessionKey{}, id))
+	r = r.WithContext(context.WithValue(r.Context(), sessionKey{}, who))
 	if !open && h.cfg.Store() == nil {
 		http.Error(w, "the store is not open yet", http.StatusServiceUnavailable)
 		return
@@ -240,11 +277,21 @@ func (h *Handler) localHost(host string) bool {
 
 type sessionKey struct{}
 
-// sessionOf is the session ServeHTTP found for r.
-func sessionOf(r *http.Request) string {
-	id, _ := r.Context().Value(sessionKey{}).(string)
-	return id
+// caller is who sent a request: the session (a browser's, or "bearer" and
+// "basic:USER" for a request carrying credentials) and the operator who
+// signed it in ("token", "user NAME", or "loopback" without credentials).
+type caller struct {
+	id, operator string
 }
+
+// callerOf is the caller ServeHTTP found for r.
+func callerOf(r *http.Request) caller {
+	c, _ := r.Context().Value(sessionKey{}).(caller)
+	return c
+}
+
+// sessionOf is the session ServeHTTP found for r.
+func sessionOf(r *http.Request) string { return callerOf(r).id }
 
 // client is the address failed sign-ins are counted by.
 func client(r *http.Request) string {
@@ -297,61 +344,69 @@ func (h *Handler) succeeded(r *http.Request) {
 	h.mu.Unlock()
 }
 
-// newSession starts a session and sets its cookie.
-func (h *Handler) newSession(w http.ResponseWriter, r *http.Request) string {
+// newSession starts a session for operator and sets its cookie.
+func (h *Handler) newSession(w http.ResponseWriter, r *http.Request, operator string) caller {
 	idb := make([]byte, 16)
 	_, _ = rand.Read(idb)
 	id := base64.RawURLEncoding.EncodeToString(idb)
 	now := h.now()
 	h.mu.Lock()
-	for k, exp := range h.sessions {
-		if !now.Before(exp) || len(h.sessions) >= maxSessions {
+	for k, s := range h.sessions {
+		if !now.Before(s.expires) || len(h.sessions) >= maxSessions {
 			delete(h.sessions, k)
 		}
 	}
-	h.sessions[id] = now.Add(SessionTTL)
+	h.sessions[id] = session{expires: now.Add(SessionTTL), operator: operator}
 	h.mu.Unlock()
 	http.SetCookie(w, &http.Cookie{Name: "idem_console", Value: id + "." + h.sign("session", id),
 		Path: Prefix, MaxAge: int(SessionTTL / time.Second), HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
-	return id
+	return caller{id: id, operator: operator}
 }
 
-// session names the authenticated caller ("" when not authenticated): an
-// Authorization header with the credentials, or the cookie of a session
-// that has not expired nor been ended.
-func (h *Handler) session(r *http.Request) string {
+// session names the authenticated caller (a zero caller when not
+// authenticated): an Authorization header with the credentials, or the
+// cookie of a session that has not expired nor been ended.
+func (h *Handler) session(r *http.Request) caller {
 	c := h.cfg.Credentials
 	if a := r.Header.Get("Authorization"); a != "" && !c.empty() {
 		if tok, ok := strings.CutPrefix(a, "Bearer "); ok && c.Token != "" && equal(tok, c.Token) {
-			return "bearer"
+			return caller{id: "bearer", operator: "token"}
 		}
-		if u, p, ok := r.BasicAuth(); ok && h.check(u, p) {
-			return "basic:" + u
+		if u, p, ok := r.BasicAuth(); ok {
+			if op := h.check(u, p); op != "" {
+				return caller{id: "basic:" + u, operator: op}
+			}
 		}
-		return ""
+		return caller{}
 	}
 	ck, err := r.Cookie("idem_console")
 	if err != nil {
-		return ""
+		return caller{}
 	}
 	id, mac, ok := strings.Cut(ck.Value, ".")
 	if !ok || !equal(mac, h.sign("session", id)) {
-		return ""
+		return caller{}
 	}
 	h.mu.Lock()
-	exp, live := h.sessions[id]
+	s, live := h.sessions[id]
 	h.mu.Unlock()
-	if !live || !h.now().Before(exp) {
-		return ""
+	if !live || !h.now().Before(s.expires) {
+		return caller{}
 	}
-	return id
+	return caller{id: id, operator: s.operator}
 }
 
-// check accepts the token as a password (any user) or the user/password.
-func (h *Handler) check(user, password string) bool {
+// check accepts the token as a password (any user) or the user/password,
+// and names the operator they sign in ("" when refused).
+func (h *Handler) check(user, password string) string {
 	c := h.cfg.Credentials
-	return (c.Token != "" && equal(password, c.Token)) ||
-		(c.User != "" && c.Password != "" && equal(user, c.User) && equal(password, c.Password))
+	switch {
+	case c.Token != "" && equal(password, c.Token):
+		return "token"
+	case c.User != "" && c.Password != "" && equal(user, c.User) && equal(password, c.Password):
+		return "user " + c.User
+	}
+	return ""
 }
 
 func equal(a, b string) bool { return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1 }
@@ -392,13 +447,15 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 	if tok := r.PostFormValue("token"); tok != "" {
 		user, pass = "", tok
 	}
-	if h.cfg.empty() || !h.check(user, pass) {
+	operator := h.check(user, pass)
+	if h.cfg.empty() || operator == "" {
 		h.failed(r)
+		h.audit(r, caller{}, auditEntry{action: "login", result: "wrong_credentials", via: "form"})
 		h.render(w, r, http.StatusUnauthorized, "login.html", map[string]any{"User": h.cfg.User != "", "Error": "wrong credentials"})
 		return
 	}
 	h.succeeded(r)
-	h.newSession(w, r)
+	h.audit(r, h.newSession(w, r, operator), auditEntry{action: "login", result: "ok", via: "form"})
 	http.Redirect(w, r, Prefix, http.StatusSeeOther)
 }
 
@@ -410,6 +467,7 @@ func (h *Handler) logout(w http.ResponseWriter, r *http.Request) {
 	h.mu.Lock()
 	delete(h.sessions, sessionOf(r))
 	h.mu.Unlock()
+	h.audit(r, callerOf(r), auditEntry{action: "logout", result: "ok"})
 	http.SetCookie(w, &http.Cookie{Name: "idem_console", Value: "", Path: Prefix, MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
 	http.Redirect(w, r, "/console/login", http.StatusSeeOther)
 }
@@ -574,7 +632,10 @@ func (h *Handler) record(w http.ResponseWriter, r *http.Request) {
 }
 
 // act runs an action after its confirmation page: the first POST shows
-// what will happen, the second (confirm=yes) does it.
+// the record as it is now and what will happen, the second (confirm=yes)
+// does it and leaves a line in the audit trail. An action the record no
+// longer takes (settled meanwhile, run again, in progress) is refused on
+// the confirmation page already, with nothing to confirm.
 func (h *Handler) act(w http.ResponseWriter, r *http.Request) {
 	if err := r.ParseForm(); err != nil {
 		h.fail(w, r, http.StatusBadRequest, err)
@@ -584,59 +645,60 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	f := r.PostForm
-	scope, key, action := f.Get("scope"), f.Get("key"), f.Get("action")
-	fence, _ := strconv.ParseInt(f.Get("fence"), 10, 64)
-	if action != "delete" && fence <= 0 {
-		h.fail(w, r, http.StatusBadRequest, errors.New("the form names no fence: settle from the record's page"))
+	a, err := parseAction(f)
+	if err != nil {
+		h.fail(w, r, http.StatusBadRequest, err)
 		return
 	}
-	var res maintenance.Resolution
-	switch action {
-	case "completed":
-		status, err := strconv.Atoi(f.Get("status"))
-		if err != nil || status < 100 || status > 599 {
-			h.fail(w, r, http.StatusBadRequest, errors.New("status must be a number from 100 to 599"))
-			return
+	ctx := r.Context()
+	before, err := h.cfg.Store().Get(ctx, a.scope, a.key)
+	switch {
+	case errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrInvalidParams):
+		h.fail(w, r, http.StatusNotFound, fmt.Errorf("no record for key %q in scope %q", a.key, a.scope))
+		return
+	case err != nil:
+		h.fail(w, r, http.StatusBadGateway, err)
+		return
+	}
+	confirmed := f.Get("confirm") == "yes"
+	data := map[string]any{"F": f, "Action": a.name, "R": view(before), "Reason": a.reason}
+	if refused := a.refusal(&before); refused != "" {
+		if confirmed {
+			h.audit(r, callerOf(r), a.entry("conflict", &before, &before, nil))
 		}
-		hdr := http.Header{}
-		if ct := f.Get("content_type"); ct != "" {
-			hdr.Set("Content-Type", ct)
-		}
-		res = maintenance.Resolution{Outcome: maintenance.Happened, Response: &store.Response{Status: status, Header: hdr, Body: []byte(f.Get("body"))}}
-	case "not_happened":
-		res = maintenance.Resolution{Outcome: maintenance.DidNotHappen}
-	case "run_again":
-		res = maintenance.Resolution{Outcome: maintenance.RunAgain}
-	case "delete":
-	default:
-		h.fail(w, r, http.StatusBadRequest, fmt.Errorf("unknown action %q", action))
+		data["Refused"] = refused
+		h.render(w, r, http.StatusConflict, "confirm.html", data)
 		return
 	}
-	if f.Get("confirm") != "yes" {
-		h.render(w, r, http.StatusOK, "confirm.html", map[string]any{"F": f, "Action": action})
+	if !confirmed {
+		h.render(w, r, http.StatusOK, "confirm.html", data)
 		return
 	}
-	var err error
-	if action == "delete" {
-		err = h.cfg.Store().Delete(r.Context(), scope, key)
+	if a.name == "delete" {
+		err = h.cfg.Store().Delete(ctx, a.scope, a.key)
 	} else {
-		err = h.cfg.Settle(r.Context(), scope, key, fence, res)
+		err = h.cfg.Settle(ctx, a.scope, a.key, a.fence, a.res)
 	}
+	var after *store.Record
+	if rec, gerr := h.cfg.Store().Get(ctx, a.scope, a.key); gerr == nil {
+		after = &rec
+	}
+	h.audit(r, callerOf(r), a.entry(resultOf(err), &before, after, err))
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		h.fail(w, r, http.StatusNotFound, fmt.Errorf("no record for key %q in scope %q", key, scope))
+		h.fail(w, r, http.StatusNotFound, fmt.Errorf("no record for key %q in scope %q", a.key, a.scope))
 		return
 	case errors.Is(err, store.ErrLeaseLost):
-		h.fail(w, r, http.StatusConflict, fmt.Errorf("key %q in scope %q ran again since the page showed fence %d: nothing was settled; open the record again", key, scope, fence))
+		h.fail(w, r, http.StatusConflict, fmt.Errorf("key %q in scope %q ran again since the page showed fence %d: nothing was settled; open the record again", a.key, a.scope, a.fence))
 		return
 	case errors.Is(err, store.ErrStateConflict):
-		h.fail(w, r, http.StatusConflict, fmt.Errorf("key %q in scope %q is not in a state this action takes", key, scope))
+		h.fail(w, r, http.StatusConflict, fmt.Errorf("key %q in scope %q is not in a state this action takes", a.key, a.scope))
 		return
 	case err != nil:
 		h.fail(w, r, http.StatusBadRequest, err)
 		return
 	}
-	if action == "delete" {
+	if a.name == "delete" {
 		back := "unknown"
 		if f.Get("from") == "dead-letters" {
 			back = "dead-letters"
@@ -644,7 +706,7 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, Prefix+back, http.StatusSeeOther)
 		return
 	}
-	http.Redirect(w, r, Prefix+"record?"+url.Values{"scope": {scope}, "key": {key}}.Encode(), http.StatusSeeOther)
+	http.Redirect(w, r, Prefix+"record?"+url.Values{"scope": {a.scope}, "key": {a.key}}.Encode(), http.StatusSeeOther)
 }
 
 // recordView is a record as the pages show it.

@@ -1,18 +1,26 @@
 package console_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"html"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
 	"net/url"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/console"
@@ -22,11 +30,31 @@ import (
 )
 
 type fixture struct {
-	t   *testing.T
-	s   store.Store
-	h   *console.Handler
-	srv *httptest.Server
-	c   *http.Client
+	t       *testing.T
+	s       store.Store
+	h       *console.Handler
+	srv     *httptest.Server
+	c       *http.Client
+	log     *syncBuffer             // the console's log, as JSON lines
+	metrics *sdkmetric.ManualReader // the console's metrics
+}
+
+// syncBuffer is a bytes.Buffer safe for the handler's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
 
 // token is the fixture's console token.
@@ -42,9 +70,12 @@ func newFixtureWith(t *testing.T, creds console.Credentials, addr string) *fixtu
 	if err != nil {
 		t.Fatal(err)
 	}
+	logs, reader := &syncBuffer{}, sdkmetric.NewManualReader()
 	h, err := console.New(console.Config{Store: func() store.Store { return s }, Settle: m.Settle,
 		Tenant:      func(c string) (string, error) { return "auth:" + c, nil },
-		Credentials: creds, Addr: addr})
+		Credentials: creds, Addr: addr,
+		Logger:        slog.New(slog.NewJSONHandler(logs, nil)),
+		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +85,7 @@ func newFixtureWith(t *testing.T, creds console.Credentials, addr string) *fixtu
 	t.Cleanup(srv.Close)
 	jar, _ := cookiejar.New(nil)
 	c := &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	return &fixture{t: t, s: s, h: h, srv: srv, c: c}
+	return &fixture{t: t, s: s, h: h, srv: srv, c: c, log: logs, metrics: reader}
 }
 
 // unknown makes a record whose outcome is unknown and returns its fence.
@@ -507,5 +538,200 @@ func TestConsoleCredentialSearchIsAPost(t *testing.T) {
 	code, body = f.do("GET", loc, nil, auth)
 	if code != 200 || strings.Count(body, ">k") != 50 || strings.Contains(body, "credential=") {
 		t.Fatalf("the tenant's records: %d, %d keys\n%s", code, strings.Count(body, ">k"), body)
+	}
+}
+
+// audits returns the console's audit lines (JSON objects) of action.
+func (f *fixture) audits(action string) []map[string]any {
+	f.t.Helper()
+	var out []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(f.log.String()), "\n") {
+		if line == "" {
+			continue
+		}
+		var m map[string]any
+		d := json.NewDecoder(strings.NewReader(line))
+		d.UseNumber() // fences are beyond float64's integers
+		if err := d.Decode(&m); err != nil {
+			f.t.Fatalf("log line %q: %v", line, err)
+		}
+		if m["msg"] == "idem console: "+action {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// actions reads idem.console.actions: the count of (action, result).
+func (f *fixture) actions(action, result string) int64 {
+	f.t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := f.metrics.Collect(context.Background(), &rm); err != nil {
+		f.t.Fatal(err)
+	}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			sum, ok := m.Data.(metricdata.Sum[int64])
+			if m.Name != "idem.console.actions" || !ok {
+				continue
+			}
+			for _, dp := range sum.DataPoints {
+				a, _ := dp.Attributes.Value(attribute.Key("action"))
+				r, _ := dp.Attributes.Value(attribute.Key("result"))
+				if a.AsString() == action && r.AsString() == result {
+					return dp.Value
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// want checks the fields of an audit line.
+func want(t *testing.T, line map[string]any, fields map[string]any) {
+	t.Helper()
+	for k, v := range fields {
+		if fmt.Sprint(line[k]) != fmt.Sprint(v) {
+			t.Errorf("audit line %q: %s = %v, want %v (line %v)", line["msg"], k, line[k], v, line)
+		}
+	}
+}
+
+// Every action leaves one info line saying who (the session's tag, the
+// operator, the address), what (scope, key, status, reason) and the
+// record's state and fence before and after, and is counted by action
+// and result. Neither the token nor the session's cookie is logged.
+func TestConsoleAuditTrail(t *testing.T) {
+	f := newFixture(t)
+	fence := f.unknown("t", "/v1/charges", "k1")
+	scope := (&idem.Request{Tenant: "t", Method: "POST", Route: "/v1/charges"}).Scope()
+
+	if code, _ := f.do("POST", "/console/login", url.Values{"token": {"wrong-token"}}, nil); code != http.StatusUnauthorized {
+		t.Fatalf("wrong token: %d", code)
+	}
+	if code, _ := f.do("GET", "/console/unknown", nil, map[string]string{"Authorization": "Bearer wrong-bearer"}); code != http.StatusUnauthorized {
+		t.Fatalf("wrong bearer: %d", code)
+	}
+	if code, _ := f.do("POST", "/console/login", url.Values{"token": {token}}, nil); code != http.StatusSeeOther {
+		t.Fatalf("login: %d", code)
+	}
+	logins := f.audits("login")
+	if len(logins) != 3 {
+		t.Fatalf("%d sign-in lines, want 3:\n%s", len(logins), f.log.String())
+	}
+	want(t, logins[0], map[string]any{"level": "INFO", "result": "wrong_credentials", "via": "form", "session": ""})
+	want(t, logins[1], map[string]any{"result": "wrong_credentials", "via": "bearer"})
+	want(t, logins[2], map[string]any{"result": "ok", "via": "form", "operator": "token"})
+	session, _ := logins[2]["session"].(string)
+	if len(session) < 8 || !strings.HasPrefix(fmt.Sprint(logins[0]["remote"]), "127.0.0.1:") {
+		t.Fatalf("sign-in line without a session tag or remote address: %v", logins[2])
+	}
+
+	page := "/console/record?" + url.Values{"scope": {scope}, "key": {"k1"}}.Encode()
+	_, body := f.do("GET", page, nil, nil)
+	m := csrfRe.FindStringSubmatch(body)
+	if m == nil {
+		t.Fatal("no CSRF token on the record page")
+	}
+	act := url.Values{"csrf": {m[1]}, "scope": {scope}, "key": {"k1"}, "fence": {fmt.Sprint(fence)}, "action": {"completed"},
+		"status": {"201"}, "content_type": {"application/json"}, "body": {`{"id":1}`}}
+	if code, body := f.do("POST", "/console/act", act, nil); code != 200 || !strings.Contains(body, `name="reason"`) {
+		t.Fatalf("confirmation page: %d, want a reason field\n%s", code, body)
+	}
+	if n := len(f.audits("completed")); n != 0 {
+		t.Fatalf("the confirmation page left %d audit lines", n)
+	}
+	act.Set("confirm", "yes")
+	act.Set("reason", "provider dashboard shows ch_1\ncaptured")
+	if code, _ := f.do("POST", "/console/act", act, nil); code != http.StatusSeeOther {
+		t.Fatalf("settle: %d", code)
+	}
+	lines := f.audits("completed")
+	if len(lines) != 1 {
+		t.Fatalf("%d lines for one settlement:\n%s", len(lines), f.log.String())
+	}
+	want(t, lines[0], map[string]any{"level": "INFO", "result": "ok", "session": session, "operator": "token",
+		"scope": scope, "key": "k1", "fence": fence, "status": 201, "reason": "provider dashboard shows ch_1 captured",
+		"state_before": "unknown", "fence_before": fence, "state_after": "completed", "fence_after": fence})
+
+	// The same form again: the record is settled, refused before the store.
+	if code, _ := f.do("POST", "/console/act", act, nil); code != http.StatusConflict {
+		t.Fatalf("settling a settled record: %d", code)
+	}
+	lines = f.audits("completed")
+	if len(lines) != 2 {
+		t.Fatalf("%d lines after a refused settlement, want 2", len(lines))
+	}
+	want(t, lines[1], map[string]any{"result": "conflict", "state_before": "completed", "state_after": "completed"})
+
+	act = url.Values{"csrf": {m[1]}, "scope": {scope}, "key": {"k1"}, "action": {"delete"}, "confirm": {"yes"}, "reason": {"cache bust"}}
+	if code, _ := f.do("POST", "/console/act", act, nil); code != http.StatusSeeOther {
+		t.Fatalf("delete: %d", code)
+	}
+	want(t, f.audits("delete")[0], map[string]any{"result": "ok", "reason": "cache bust", "state_before": "completed", "state_after": "absent"})
+
+	if code, _ := f.do("POST", "/console/logout", url.Values{"csrf": {m[1]}}, nil); code != http.StatusSeeOther {
+		t.Fatalf("logout: %d", code)
+	}
+	want(t, f.audits("logout")[0], map[string]any{"result": "ok", "session": session})
+
+	for _, c := range []struct {
+		action, result string
+		n              int64
+	}{{"login", "wrong_credentials", 2}, {"login", "ok", 1}, {"completed", "ok", 1}, {"completed", "conflict", 1},
+		{"delete", "ok", 1}, {"logout", "ok", 1}} {
+		if n := f.actions(c.action, c.result); n != c.n {
+			t.Errorf("idem.console.actions{action=%s,result=%s} = %d, want %d", c.action, c.result, n, c.n)
+		}
+	}
+	u, _ := url.Parse(f.srv.URL)
+	for _, ck := range f.c.Jar.Cookies(u) {
+		id, _, _ := strings.Cut(ck.Value, ".")
+		if strings.Contains(f.log.String(), id) {
+			t.Errorf("the log holds the session cookie's id %q", id)
+		}
+	}
+	for _, secret := range []string{token, "wrong-token", "wrong-bearer"} {
+		if strings.Contains(f.log.String(), secret) {
+			t.Errorf("the log holds the credential %q", secret)
+		}
+	}
+}
+
+// The confirmation page shows the record as it is now; for a record that
+// is no longer unknown it offers no settlement at all. The completed form
+// has no default status, and the action refuses one left empty.
+func TestConsoleConfirmShowsCurrentState(t *testing.T) {
+	f := newFixture(t)
+	auth := map[string]string{"Authorization": "Bearer " + token}
+	fence := f.unknown("t", "/v1/charges", "k1")
+	scope := (&idem.Request{Tenant: "t", Method: "POST", Route: "/v1/charges"}).Scope()
+	_, body := f.do("GET", "/console/record?"+url.Values{"scope": {scope}, "key": {"k1"}}.Encode(), nil, auth)
+	if !strings.Contains(body, `name="status" value="" size="4" required`) {
+		t.Fatalf("the completed form's status is not empty and required:\n%s", body)
+	}
+	m := csrfRe.FindStringSubmatch(body)
+	act := url.Values{"csrf": {m[1]}, "scope": {scope}, "key": {"k1"}, "fence": {fmt.Sprint(fence)}, "action": {"completed"}, "status": {""}}
+	if code, body := f.do("POST", "/console/act", act, auth); code != http.StatusBadRequest || !strings.Contains(body, "no default") {
+		t.Fatalf("completed without a status: %d\n%s", code, body)
+	}
+	act.Set("action", "not_happened")
+	code, body := f.do("POST", "/console/act", act, auth)
+	if code != 200 || !regexp.MustCompile(`<dl id="current">\s*<dt>State</dt><dd><span class="state unknown">`).MatchString(body) ||
+		!strings.Contains(body, `id="confirm"`) || !strings.Contains(body, "upstream hung up") {
+		t.Fatalf("confirmation page of an unknown record: %d\n%s", code, body)
+	}
+	// Settled meanwhile (another tab, the reconciler): nothing to confirm.
+	if err := f.s.Resolve(context.Background(), store.ResolveParams{FenceParams: store.FenceParams{Scope: scope, Key: "k1", Fence: fence},
+		To: store.StateFailedRetryable}); err != nil {
+		t.Fatal(err)
+	}
+	code, body = f.do("POST", "/console/act", act, auth)
+	if code != http.StatusConflict || strings.Contains(body, `id="confirm"`) || strings.Contains(body, `name="confirm"`) ||
+		!strings.Contains(body, `class="state failed_retryable"`) || !strings.Contains(body, "nothing to settle") {
+		t.Fatalf("confirmation page of a settled record: %d\n%s", code, body)
+	}
+	if n := len(f.audits("not_happened")); n != 0 {
+		t.Fatalf("an unconfirmed page left %d audit lines", n)
 	}
 }
