@@ -236,7 +236,7 @@ func (o Outcome) String() string {
 // Result is what an operation run by Run returns.
 type Result struct {
 	// Response is the answer to store. Headers are filtered through
-	// store.ReplayableHeader before they are stored; a body longer than
+	// header.Replayable before they are stored; a body longer than
 	// Config.MaxResponseBytes is not kept (BodyOmitted).
 	Response store.Response
 	// Outcome decides what becomes of the record; ByStatus (the zero
@@ -801,7 +801,7 @@ func (e *Engine) settle(ctx context.Context, x *Execution, res *Result) {
 		x.markUnknown(ctx, reasonOr(reason, "declared unknown"))
 	default:
 		resp := res.Response
-		resp.Header = store.ReplayableHeader(resp.Header)
+		resp.Header = header.Replayable(resp.Header)
 		if !resp.BodyOmitted && len(resp.Body) > e.cfg.MaxResponseBytes {
 			resp.Body, resp.BodyOmitted = nil, true
 		}

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idem-go/idem/internal/header"
 	"github.com/idem-go/idem/store"
 )
 
@@ -244,17 +245,17 @@ var (
 
 // replay writes a stored answer, byte for byte, naming the record's
 // expiry (ExpiresHeader). Its headers pass the filter of
-// store.ReplayableHeader again, whoever stored them. Under the stripe
+// header.Replayable again, whoever stored them. Under the stripe
 // profile a stored Request-Id is also sent as Original-Request, the header
 // in which Stripe names the request whose answer a replay carries.
 func replay(w http.ResponseWriter, resp *store.Response, expires time.Time, stripe bool) {
 	src := resp.Header
 	if _, ok := src["Connection"]; ok {
-		src = store.ReplayableHeader(src) // drops the headers it names too
+		src = header.Replayable(src) // drops the headers it names too
 	}
 	h := w.Header()
 	for k, v := range src {
-		if !store.Replayable(k) || !store.ValidHeader(k, v) {
+		if !header.ReplayableName(k) || !header.Valid(k, v) {
 			continue
 		}
 		// A full slice expression: a later Add appends to a copy, never to
@@ -362,7 +363,7 @@ func isEventStream(h http.Header) bool {
 // buffered.
 func (rw *recorder) stream() {
 	rw.streaming = true
-	rw.header = store.ReplayableHeader(rw.w.Header())
+	rw.header = header.Replayable(rw.w.Header())
 	if rw.clk != nil {
 		// Sent before the answer is stored: the record will expire a
 		// TTL after its completion, later than this.

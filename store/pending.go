@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/idem-go/idem/internal/header"
 )
 
 // Asynchronous acceptance. A request on an asynchronous route is not run
@@ -136,14 +138,14 @@ func (p *PendingParams) Validate() error {
 	if err := checkQueue(r.Queue); err != nil {
 		return err
 	}
-	if r.Method == "" || !ValidHeader(r.Method, nil) {
+	if r.Method == "" || !header.Valid(r.Method, nil) {
 		return invalid(fmt.Sprintf("request method %q is not an HTTP token", r.Method))
 	}
-	if r.Target == "" || !utf8.ValidString(r.Target) || !ValidHeader("x", []string{r.Target}) {
+	if r.Target == "" || !utf8.ValidString(r.Target) || !header.Valid("x", []string{r.Target}) {
 		return invalid("request target must be non-empty UTF-8 without control characters")
 	}
 	for k, v := range r.Header {
-		if !ValidHeader(k, v) {
+		if !header.Valid(k, v) {
 			return invalid(fmt.Sprintf("request header %q is not valid", k))
 		}
 	}
@@ -170,7 +172,7 @@ func checkQueue(q string) error {
 		return invalid("queue is required")
 	case len(q) > MaxQueueBytes:
 		return errors.Join(ErrTooLong, fmt.Errorf("queue of %d bytes, the limit is %d", len(q), MaxQueueBytes))
-	case !ValidHeader("x", []string{q}) || !utf8.ValidString(q):
+	case !header.Valid("x", []string{q}) || !utf8.ValidString(q):
 		return invalid("queue must be UTF-8 without control characters")
 	}
 	return nil

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/header"
 	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 )
@@ -153,7 +154,7 @@ func redactedURLError(err error) error {
 }
 
 // parseResolveAnswer reads the resolve URL's answer. A settled response
-// keeps what a live one would: the headers store.ReplayableHeader lets
+// keeps what a live one would: the headers header.Replayable lets
 // through, and a body of at most maxBody bytes (a larger one is left out
 // and the replay says so, as the middleware does).
 func parseResolveAnswer(raw []byte, maxBody int) (maintenance.Resolution, error) {
@@ -220,7 +221,7 @@ func checkStatus(status int) error {
 
 // replayable keeps the headers a stored answer may carry; never nil.
 func replayable(h http.Header) http.Header {
-	if h = store.ReplayableHeader(h); h == nil {
+	if h = header.Replayable(h); h == nil {
 		h = http.Header{}
 	}
 	return h

@@ -1,4 +1,4 @@
-package store
+package header
 
 import (
 	"net/http"
@@ -16,11 +16,11 @@ var unreplayable = map[string]bool{
 	"Idempotent-Replayed": true, "Idempotent-Body-Omitted": true,
 }
 
-// Replayable reports whether a header of this canonical name may be kept
-// for replay (Connection-named headers aside; see ReplayableHeader).
-func Replayable(name string) bool { return !unreplayable[name] }
+// ReplayableName reports whether a header of this canonical name may be
+// kept for replay (Connection-named headers aside; see Replayable).
+func ReplayableName(name string) bool { return !unreplayable[name] }
 
-// ReplayableHeader returns the headers of h that a stored answer may keep:
+// Replayable returns the headers of h that a stored answer may keep:
 // it drops the unreplayable ones, those named by h's Connection header, and
 // any whose name is not an HTTP token or whose value holds a control
 // character other than horizontal tab. Every path that stores an answer
@@ -30,14 +30,14 @@ func Replayable(name string) bool { return !unreplayable[name] }
 // The value slices are shared with h, capped so that an Add on either side
 // copies instead of writing into the other; net/http treats header values as
 // immutable once set.
-func ReplayableHeader(h http.Header) http.Header {
+func Replayable(h http.Header) http.Header {
 	if len(h) == 0 {
 		return nil
 	}
 	named := h["Connection"]
 	out := make(http.Header, len(h))
 	for k, v := range h {
-		if unreplayable[k] || listed(named, k) || !ValidHeader(k, v) {
+		if unreplayable[k] || listed(named, k) || !Valid(k, v) {
 			continue
 		}
 		out[k] = v[:len(v):len(v)]
@@ -45,9 +45,10 @@ func ReplayableHeader(h http.Header) http.Header {
 	return out
 }
 
-// ValidHeader reports whether name is an RFC 9110 token and no value holds
-// a control character (other than horizontal tab) or DEL.
-func ValidHeader(name string, values []string) bool {
+// Valid reports whether name is an RFC 9110 token and no value holds a
+// control character (other than horizontal tab) or DEL: a field net/http
+// would send as it is.
+func Valid(name string, values []string) bool {
 	if name == "" {
 		return false
 	}

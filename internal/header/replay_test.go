@@ -1,0 +1,42 @@
+package header_test
+
+import (
+	"net/http"
+	"testing"
+
+	"github.com/idem-go/idem/internal/header"
+)
+
+func TestReplayable(t *testing.T) {
+	h := http.Header{
+		"Content-Type":   {"application/json"},
+		"X-Request-Id":   {"abc"},
+		"Set-Cookie":     {"s=1"},
+		"Date":           {"Mon"},
+		"Content-Length": {"3"},
+		"Connection":     {"close, X-Private"},
+		"X-Private":      {"secret"},
+		"X-Bell":         {"a\x07b"},
+		"X-Del":          {"a\x7f"},
+		"X-Tab":          {"a\tb"},
+		"Bad Name":       {"v"},
+	}
+	got := header.Replayable(h)
+	for _, k := range []string{"Content-Type", "X-Request-Id", "X-Tab"} {
+		if got.Get(k) == "" {
+			t.Errorf("%s dropped", k)
+		}
+	}
+	for _, k := range []string{"Set-Cookie", "Date", "Content-Length", "Connection", "X-Private", "X-Bell", "X-Del", "Bad Name"} {
+		if _, ok := got[k]; ok {
+			t.Errorf("%s kept", k)
+		}
+	}
+	got.Add("X-Request-Id", "more")
+	if len(h["X-Request-Id"]) != 1 {
+		t.Error("an Add on the copy wrote into the original")
+	}
+	if header.Replayable(nil) != nil {
+		t.Error("nil header: want nil")
+	}
+}
