@@ -19,13 +19,29 @@ type dsnFlag struct {
 // registerDSN adds --name and --name-file to fs; def is the default.
 func registerDSN(fs *flag.FlagSet, name, def, help string) *dsnFlag {
 	d := &dsnFlag{name: name}
-	fs.StringVar(&d.value, name, def, help+" (also --"+name+"-file, $"+envName(name)+")")
-	fs.StringVar(&d.file, name+"-file", "", "read the "+name+" `DSN` from the first line of this file (keeps a password out of the process list)")
+	fs.StringVar(&d.value, name, def, dsnHelp(name, help))
+	fs.StringVar(&d.file, name+"-file", "", dsnFileHelp(name))
 	return d
 }
 
+// dsnHelp is the help of the DSN flag name, whose own help is help.
+func dsnHelp(name, help string) string {
+	return help + " (also --" + name + "-file, $" + envName(name) + ")"
+}
+
+// dsnFileHelp is the help of the DSN flag name's --name-file.
+func dsnFileHelp(name string) string {
+	return "read the " + name + " `DSN` from the first line of this file (keeps a password out of the process list)"
+}
+
+// Help of the DSN flags.
+const (
+	storeHelp = "store `DSN`: " + storeurl.Supported
+	cacheHelp = "Redis `URL` of a replay cache in front of the store: " + storeurl.CacheSupported
+)
+
 func storeFlag(fs *flag.FlagSet) *dsnFlag {
-	return registerDSN(fs, "store", storeurl.Default, "store `DSN`: "+storeurl.Supported)
+	return registerDSN(fs, "store", storeurl.Default, storeHelp)
 }
 
 func cacheFlag(fs *flag.FlagSet, help string) *dsnFlag {

@@ -93,16 +93,16 @@ type guarded struct {
 // proxy answers protected requests 503 and /readyz reports not ready.
 func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 	if cfg.Listen == "" {
-		cfg.Listen = "127.0.0.1:8080"
+		cfg.Listen = defaultListen
 	}
 	if cfg.Store == "" {
 		cfg.Store = storeurl.Default
 	}
 	if cfg.UpstreamTimeout == 0 {
-		cfg.UpstreamTimeout = 60 * time.Second
+		cfg.UpstreamTimeout = defaultUpstreamTimeout
 	}
 	if cfg.ShutdownTimeout <= 0 {
-		cfg.ShutdownTimeout = 20 * time.Second
+		cfg.ShutdownTimeout = defaultShutdownTimeout
 	}
 	if cfg.MaxHeaderBytes <= 0 {
 		cfg.MaxHeaderBytes = defaultMaxHeaderBytes

@@ -221,8 +221,11 @@ type ProxyConfig struct {
 	DurabilityInterval time.Duration
 }
 
-// Defaults of the proxy's resource limits.
+// Defaults of the proxy's listener, upstream calls and resource limits.
 const (
+	defaultListen           = "127.0.0.1:8080"
+	defaultUpstreamTimeout  = 60 * time.Second
+	defaultShutdownTimeout  = 20 * time.Second
 	defaultMaxHeaderBytes   = 64 << 10
 	defaultBodyTimeout      = 30 * time.Second
 	defaultMaxBufferedBytes = 64 << 20

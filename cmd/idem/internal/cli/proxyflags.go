@@ -2,6 +2,8 @@ package cli
 
 import (
 	"errors"
+	"flag"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -107,223 +109,424 @@ until the store opens (retried in the background, migrated with --migrate).
 // every 250ms per waiting duplicate (README.md, "Duplicates in flight").
 const defaultWait = 5 * time.Second
 
-func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logFormat, logLevel string, err error) {
+// proxyFlag is one setting of idem proxy. Its name is the flag (--name),
+// and by the rules every command follows (flagsource.go) also its
+// environment variable (env) and its member in the config file (member):
+// one name for the three, so they cannot drift apart.
+type proxyFlag struct {
+	name string
+	// def is the default, of the type target points to (a string, []string
+	// or whole number for a flag.Value: its text); "" for none.
+	def any
+	// help is the flag's usage; a `word` in back quotes names its value.
+	help string
+	// target is the parser and where it puts the value: a *string, *bool,
+	// *int, *float64 or *time.Duration, parsed as the flag package parses
+	// them, or a flag.Value with a parser of its own.
+	target func(*proxyArgs) any
+}
+
+// env is the flag's environment variable.
+func (f proxyFlag) env() string { return envName(f.name) }
+
+// member is the flag's member in the config file.
+func (f proxyFlag) member() string { return f.name }
+
+// proxyArgs is what idem proxy's flags are parsed into: the
+// configuration, and the values that take a step (checks, a file to read)
+// before they become part of it.
+type proxyArgs struct {
+	cfg                                          ProxyConfig
+	configFile                                   string
+	store, cache                                 dsnFlag
+	leasePolicy                                  choiceFlag
+	keyRequired, echoKey                         optionalBool
+	keyReused, inProgress                        statusFlag
+	maxResponse, maxHeader, maxBuffered, maxBody byteSize
+	fields, methods, asyncKeep                   listFlag
+	breakerFailures                              int
+	tenantSecretFile, fpSecretFile               string
+	maintenance                                  bool
+	webhook                                      webhookFlags
+	logFormat, logLevel                          string
+}
+
+func newProxyArgs() *proxyArgs {
+	return &proxyArgs{
+		store: dsnFlag{name: "store"}, cache: dsnFlag{name: "cache"},
+		leasePolicy: choiceFlag{valid: func(v string) bool { return store.LeasePolicy(v).Valid() }, want: "unknown, retry or resume"},
+		keyReused: statusFlag{zero: "profile", check: func(n int) error {
+			if n < 400 || n > 499 {
+				return errors.New("want a 4xx status")
+			}
+			return nil
+		}},
+		inProgress: statusFlag{zero: "profile", check: func(n int) error {
+			if n != http.StatusConflict && n != http.StatusAccepted && n != http.StatusTooManyRequests {
+				return errors.New("want 409, 202 (ietf only) or 429 (stripe only)")
+			}
+			return nil
+		}},
+	}
+}
+
+// funcFlag is a flag that hands each value to a function, as fs.Func's.
+type funcFlag func(string) error
+
+func (funcFlag) String() string       { return "" }
+func (f funcFlag) Set(s string) error { return f(s) }
+
+// proxyFlags is idem proxy's flag set: the help, the environment and the
+// config file are all read from it.
+var proxyFlags = []proxyFlag{
+	{"listen", defaultListen, "`address` the proxy listens on", func(a *proxyArgs) any { return &a.cfg.Listen }},
+	{"upstream", "", "base `URL` of the API behind the proxy (required)", func(a *proxyArgs) any { return &a.cfg.Upstream }},
+	{"store", storeurl.Default, dsnHelp("store", storeHelp),
+		func(a *proxyArgs) any { return &a.store.value }},
+	{"store-file", "", dsnFileHelp("store"),
+		func(a *proxyArgs) any { return &a.store.file }},
+	{"migrate", true, "apply the store's pending migrations at start", func(a *proxyArgs) any { return &a.cfg.Migrate }},
+	{"store-conns", 0, "connection pool `size` of a PostgreSQL or MySQL store; 0: the store's default (PostgreSQL 32 unless the URL sets pool_max_conns, MySQL no cap)",
+		func(a *proxyArgs) any { return &a.cfg.StoreConns }},
+	{"store-batches", 0, "group commits a PostgreSQL store may have in flight (`slots`); 0: the store's default (1), -1: no batching; more suit a database server with many cores",
+		func(a *proxyArgs) any { return &a.cfg.StoreBatches }},
+	{"profile", string(idem.ProfileIETF), "HTTP dialect: ietf (key required, 422 on reuse, problem+json) or stripe",
+		func(a *proxyArgs) any { return &a.cfg.Profile }},
+	{"config", "", "JSON `file` of settings and per-route settings (see above)", func(a *proxyArgs) any { return &a.configFile }},
+	{"ttl", idem.DefaultTTL, "how long a completed response is replayed", func(a *proxyArgs) any { return &a.cfg.TTL }},
+	{"lease", idem.DefaultLease, "lease of an execution, renewed while the upstream works", func(a *proxyArgs) any { return &a.cfg.Lease }},
+	{"lease-policy", string(store.LeaseUnknown), "`policy` for a retry that finds the holder of the key died: unknown (settled by the reconciler or an operator), retry (runs again) or resume (runs again, told it resumes)",
+		func(a *proxyArgs) any { return &a.leasePolicy }},
+	{"key-required", "profile", "refuse a protected request without a key (400): true, false (it passes through), or profile (true under ietf, false under stripe)",
+		func(a *proxyArgs) any { return &a.keyRequired }},
+	{"key-reused-status", "profile", "`status` of a key reused with another request: a 4xx, or profile (422 under ietf, 400 under stripe)",
+		func(a *proxyArgs) any { return &a.keyReused }},
+	{"in-progress-status", "profile", "`status` of a duplicate of an in-flight request that --wait did not settle, with Retry-After: 409 or 202 under ietf; 429 (lock_timeout) or 409 under stripe; or profile (409 under ietf, 429 under stripe)",
+		func(a *proxyArgs) any { return &a.inProgress }},
+	{"retry-after", idem.DefaultRetryAfter, "Retry-After of the in-flight, unknown-outcome and 503 answers (whole seconds)",
+		func(a *proxyArgs) any { return &a.cfg.RetryAfter }},
+	{"store-timeout", idem.DefaultStoreTimeout, "bound on every store call; over it the request is answered 503 before the upstream is called",
+		func(a *proxyArgs) any { return &a.cfg.StoreTimeout }},
+	{"store-server-errors", false, "keep 5xx and 408/425/429 answers as final and replay them (Stripe v1), instead of letting a retry run again",
+		func(a *proxyArgs) any { return &a.cfg.StoreServerErrors }},
+	{"max-response-bytes", idem.DefaultMaxResponseBytes, "largest response body `size` kept for replays; a larger answer is passed on, and its replays say the body was not kept",
+		func(a *proxyArgs) any { return &a.maxResponse }},
+	{"fields", "", "comma-separated JSON `members` that identify a request (payment.amount names a nested one); none: the whole body",
+		func(a *proxyArgs) any { return &a.fields }},
+	{"key-header", idem.DefaultKeyHeader, "`name` of the request header that carries the idempotency key",
+		func(a *proxyArgs) any { return &a.cfg.KeyHeader }},
+	{"echo-key", "profile", "send the key back, as sent, in --key-header on every answer to a keyed request (replays and problems too): true, false, or profile (true under stripe, where Stripe's SDKs read it, false under ietf)",
+		func(a *proxyArgs) any { return &a.echoKey }},
+	{"wait", defaultWait, "how long a duplicate of an in-flight request waits for the first to finish and gets its answer replayed; after it (or with 0, at once) it gets --in-progress-status",
+		func(a *proxyArgs) any { return &a.cfg.Wait }},
+	{"tenant-rate", 0.0, "new keys a `second` each tenant may send, per proxy (over it: 429 tenant-rate-limited; replays and duplicates are free); 0: no limit",
+		func(a *proxyArgs) any { return &a.cfg.TenantRate }},
+	{"tenant-burst", 0, "new keys a tenant may send at once under --tenant-rate; 0: one second's worth",
+		func(a *proxyArgs) any { return &a.cfg.TenantBurst }},
+	{"new-key-rate", 0.0, "new keys a `second` this proxy takes from all tenants together (over it: 429 new-keys-limited; replays and duplicates are free); 0: no limit",
+		func(a *proxyArgs) any { return &a.cfg.NewKeyRate }},
+	{"new-key-burst", 0, "new keys the proxy takes at once under --new-key-rate; 0: one second's worth",
+		func(a *proxyArgs) any { return &a.cfg.NewKeyBurst }},
+	{"tenant-max-active", 0, "`records` a tenant may hold waiting for a worker (--async), in progress or awaiting reconciliation, across every proxy on the store (over it: 429 tenant-over-cap); 0: no cap",
+		func(a *proxyArgs) any { return &a.cfg.TenantMaxActive }},
+	{"breaker-failures", idem.DefaultBreakerFailures, "store failures in a row that open the circuit breaker (503 at once, without waiting for the store); 0: no breaker",
+		func(a *proxyArgs) any { return &a.breakerFailures }},
+	{"breaker-open", idem.DefaultBreakerOpen, "first interval the circuit breaker stays open before one request probes the store; it doubles while probes fail",
+		func(a *proxyArgs) any { return &a.cfg.BreakerOpen }},
+	{"breaker-max-open", idem.DefaultBreakerMaxOpen, "bound on the circuit breaker's interval as it doubles",
+		func(a *proxyArgs) any { return &a.cfg.BreakerMaxOpen }},
+	{"tenant-from", "", "tenant `source`: authorization, header:NAME, cookie:NAME or trusted-header:NAME (repeatable or comma-separated; the first present wins; see above)",
+		func(a *proxyArgs) any {
+			return funcFlag(func(v string) error {
+				if _, err := parseTenantSources([]string{v}); err != nil {
+					return err
+				}
+				a.cfg.TenantFrom = append(a.cfg.TenantFrom, v)
+				return nil
+			})
+		}},
+	{"tenant-header", "", "deprecated: --tenant-from trusted-header:`NAME`", func(a *proxyArgs) any { return &a.cfg.TenantHeader }},
+	{"single-tenant", false, "one trusted caller: every request shares one tenant (instead of --tenant-from)",
+		func(a *proxyArgs) any { return &a.cfg.SingleTenant }},
+	{"tenant-secret-file", "", "`file` holding the secret that keys the tenant hashes (else $" + tenantSecretEnv + ")",
+		func(a *proxyArgs) any { return &a.tenantSecretFile }},
+	{"fingerprint-secret-file", "", "`file` holding the secret that keys request fingerprints (else $" + fingerprintSecretEnv + "; none: plain SHA-256)",
+		func(a *proxyArgs) any { return &a.fpSecretFile }},
+	{"max-header-bytes", defaultMaxHeaderBytes, "largest request line and headers `size` (larger: 431)",
+		func(a *proxyArgs) any { return &a.maxHeader }},
+	{"body-timeout", defaultBodyTimeout, "time a client gets to send a request body; a stalled client is cut off (0: no limit)",
+		func(a *proxyArgs) any { return &a.cfg.BodyTimeout }},
+	{"max-buffered-bytes", defaultMaxBufferedBytes, "bound on the `size` of the request bodies held in memory at once (over it: 503 + Retry-After at once); at least --max-body",
+		func(a *proxyArgs) any { return &a.maxBuffered }},
+	{"methods", []string{http.MethodPost, http.MethodPatch}, "comma-separated `methods` under idempotency keys; others pass through",
+		func(a *proxyArgs) any { return &a.methods }},
+	{"max-body", idem.DefaultMaxBodyBytes, "largest request `size` fingerprinted (larger: 413), e.g. 1MiB",
+		func(a *proxyArgs) any { return &a.maxBody }},
+	{"upstream-timeout", defaultUpstreamTimeout, "wait for the upstream's response headers (after it, the outcome is unknown); 0 for no limit",
+		func(a *proxyArgs) any { return &a.cfg.UpstreamTimeout }},
+	{"shutdown-timeout", defaultShutdownTimeout, "time in-flight requests get to finish at shutdown",
+		func(a *proxyArgs) any { return &a.cfg.ShutdownTimeout }},
+	{"admin", "", "`address` of the admin server (/healthz, /readyz, /metrics); off when empty", func(a *proxyArgs) any { return &a.cfg.Admin }},
+	{"console", true, "serve the operations console at /console/ on --admin (credentials from $IDEM_CONSOLE_TOKEN or $IDEM_CONSOLE_USER/$IDEM_CONSOLE_PASSWORD; required unless --admin is loopback)",
+		func(a *proxyArgs) any { return &a.cfg.Console }},
+	{"cache", "", dsnHelp("cache", cacheHelp),
+		func(a *proxyArgs) any { return &a.cache.value }},
+	{"cache-file", "", dsnFileHelp("cache"),
+		func(a *proxyArgs) any { return &a.cache.file }},
+	{"maintenance", true, "run the background services: sweeper, reaper, and reconciler (with --resolve-url)",
+		func(a *proxyArgs) any { return &a.maintenance }},
+	{"sweep-interval", maintenance.DefaultSweepInterval, "how often expired leases are swept to unknown",
+		func(a *proxyArgs) any { return &a.cfg.Maintenance.SweepInterval }},
+	{"reap-interval", maintenance.DefaultReapInterval, "how often expired records are reaped",
+		func(a *proxyArgs) any { return &a.cfg.Maintenance.ReapInterval }},
+	{"reconcile-interval", maintenance.DefaultReconcileInterval, "how often due unknown records are sent to --resolve-url",
+		func(a *proxyArgs) any { return &a.cfg.Maintenance.ReconcileInterval }},
+	{"soft-expire", false, "keep expired records as state expired (audit) instead of deleting them",
+		func(a *proxyArgs) any { return &a.cfg.Maintenance.SoftExpire }},
+	{"resolve-url", "", "`URL` the reconciler asks about unknown outcomes (protocol above); no reconciler when empty",
+		func(a *proxyArgs) any { return &a.cfg.ResolveURL }},
+	{"webhook-secret-file", "", webhookSecretFileHelp, func(a *proxyArgs) any { return &a.webhook.secretFile }},
+	{"webhook-tolerance", DefaultWebhookTolerance, webhookToleranceHelp, func(a *proxyArgs) any { return &a.webhook.tolerance }},
+	{"async", "", "asynchronous `route`, as a method and a ServeMux path pattern, e.g. 'POST /v1/reports' (repeatable, or a comma list as from the environment or a config file's array): keyed requests get 202 + Location at once and the proxy's worker forwards them",
+		func(a *proxyArgs) any {
+			return funcFlag(func(v string) error {
+				a.cfg.Async = append(a.cfg.Async, splitPatterns(v)...)
+				return nil
+			})
+		}},
+	{"async-wait", time.Duration(0), "how long an asynchronous request waits for a worker before it ends with 408 (0: 1h, or --ttl when shorter)",
+		func(a *proxyArgs) any { return &a.cfg.AsyncWait }},
+	{"async-workers", idem.DefaultWorkerConcurrency, "asynchronous requests this proxy forwards at once; 0: none (this proxy only accepts them, others on the store forward them)",
+		func(a *proxyArgs) any { return &a.cfg.AsyncWorkers }},
+	{"async-poll", idem.DefaultWorkerPoll, "how long an idle worker waits before it looks for new asynchronous requests again",
+		func(a *proxyArgs) any { return &a.cfg.AsyncPoll }},
+	{"async-keep-headers", "", "comma-separated sensitive `headers` (Authorization, Cookie) kept with asynchronous requests for the upstream; never stored otherwise",
+		func(a *proxyArgs) any { return &a.asyncKeep }},
+	{"require-synchronous-replication", false, "refuse protected requests (503 store-not-durable) while the store's check says acknowledged answers could be lost by a failover or restart: PostgreSQL standbys that commits do not wait for, Redis without appendonly or with replicas writes do not wait for, MySQL replicas without semi-sync",
+		func(a *proxyArgs) any { return &a.cfg.RequireSynchronousReplication }},
+	{"durability-check-interval", idem.DefaultDurabilityInterval, "how often the store's durability (replication, persistence settings) is checked again; a change is logged, and --require-synchronous-replication follows it",
+		func(a *proxyArgs) any { return &a.cfg.DurabilityInterval }},
+	{"log-format", "text", "log format on stderr: text or json", func(a *proxyArgs) any { return &a.logFormat }},
+	{"log-level", "info", "log level: debug, info, warn or error", func(a *proxyArgs) any { return &a.logLevel }},
+}
+
+// register defines f on fs, parsed into a.
+func (f proxyFlag) register(fs *flag.FlagSet, a *proxyArgs) {
+	switch p := f.target(a).(type) {
+	case *string:
+		fs.StringVar(p, f.name, f.def.(string), f.help)
+	case *bool:
+		fs.BoolVar(p, f.name, f.def.(bool), f.help)
+	case *int:
+		fs.IntVar(p, f.name, f.def.(int), f.help)
+	case *float64:
+		fs.Float64Var(p, f.name, f.def.(float64), f.help)
+	case *time.Duration:
+		fs.DurationVar(p, f.name, f.def.(time.Duration), f.help)
+	case flag.Value:
+		if def := defText(f.def); def != "" {
+			if err := p.Set(def); err != nil {
+				panic(fmt.Sprintf("--%s: default %q: %v", f.name, def, err))
+			}
+		}
+		fs.Var(p, f.name, f.help)
+	default:
+		panic(fmt.Sprintf("--%s: no parser for %T", f.name, p))
+	}
+}
+
+// defText is a default given to a flag.Value, as the text it parses.
+func defText(def any) string {
+	switch d := def.(type) {
+	case []string:
+		return strings.Join(d, ",")
+	case string:
+		return d
+	}
+	return fmt.Sprint(def)
+}
+
+// proxyFlagSet is idem proxy's flag set, made of proxyFlags, and what it
+// parses into.
+func proxyFlagSet(stderr io.Writer) (*flag.FlagSet, *proxyArgs) {
 	fs := newFlags("proxy", proxySynopsis, stderr)
-	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:8080", "`address` the proxy listens on")
-	fs.StringVar(&cfg.Upstream, "upstream", "", "base `URL` of the API behind the proxy (required)")
-	storeDSN := storeFlag(fs)
-	fs.BoolVar(&cfg.Migrate, "migrate", true, "apply the store's pending migrations at start")
-	fs.IntVar(&cfg.StoreConns, "store-conns", 0, "connection pool `size` of a PostgreSQL or MySQL store; 0: the store's default (PostgreSQL 32 unless the URL sets pool_max_conns, MySQL no cap)")
-	fs.IntVar(&cfg.StoreBatches, "store-batches", 0, "group commits a PostgreSQL store may have in flight (`slots`); 0: the store's default (1), -1: no batching; more suit a database server with many cores")
-	fs.StringVar(&cfg.Profile, "profile", string(idem.ProfileIETF), "HTTP dialect: ietf (key required, 422 on reuse, problem+json) or stripe")
-	configFile := fs.String("config", "", "JSON `file` of settings and per-route settings (see above)")
-	fs.DurationVar(&cfg.TTL, "ttl", idem.DefaultTTL, "how long a completed response is replayed")
-	fs.DurationVar(&cfg.Lease, "lease", idem.DefaultLease, "lease of an execution, renewed while the upstream works")
-	leasePolicy := choiceFlag{value: string(store.LeaseUnknown), valid: func(v string) bool { return store.LeasePolicy(v).Valid() },
-		want: "unknown, retry or resume"}
-	fs.Var(&leasePolicy, "lease-policy", "`policy` for a retry that finds the holder of the key died: unknown (settled by the reconciler or an operator), retry (runs again) or resume (runs again, told it resumes)")
-	keyRequired := optionalBool{}
-	fs.Var(&keyRequired, "key-required", "refuse a protected request without a key (400): true, false (it passes through), or profile (true under ietf, false under stripe)")
-	keyReused := statusFlag{zero: "profile", check: func(n int) error {
-		if n < 400 || n > 499 {
-			return errors.New("want a 4xx status")
-		}
-		return nil
-	}}
-	fs.Var(&keyReused, "key-reused-status", "`status` of a key reused with another request: a 4xx, or profile (422 under ietf, 400 under stripe)")
-	inProgress := statusFlag{zero: "profile", check: func(n int) error {
-		if n != http.StatusConflict && n != http.StatusAccepted && n != http.StatusTooManyRequests {
-			return errors.New("want 409, 202 (ietf only) or 429 (stripe only)")
-		}
-		return nil
-	}}
-	fs.Var(&inProgress, "in-progress-status", "`status` of a duplicate of an in-flight request that --wait did not settle, with Retry-After: 409 or 202 under ietf; 429 (lock_timeout) or 409 under stripe; or profile (409 under ietf, 429 under stripe)")
-	fs.DurationVar(&cfg.RetryAfter, "retry-after", idem.DefaultRetryAfter, "Retry-After of the in-flight, unknown-outcome and 503 answers (whole seconds)")
-	fs.DurationVar(&cfg.StoreTimeout, "store-timeout", idem.DefaultStoreTimeout, "bound on every store call; over it the request is answered 503 before the upstream is called")
-	fs.BoolVar(&cfg.StoreServerErrors, "store-server-errors", false, "keep 5xx and 408/425/429 answers as final and replay them (Stripe v1), instead of letting a retry run again")
-	maxResponse := byteSize(idem.DefaultMaxResponseBytes)
-	fs.Var(&maxResponse, "max-response-bytes", "largest response body `size` kept for replays; a larger answer is passed on, and its replays say the body was not kept")
-	var fields listFlag
-	fs.Var(&fields, "fields", "comma-separated JSON `members` that identify a request (payment.amount names a nested one); none: the whole body")
-	fs.StringVar(&cfg.KeyHeader, "key-header", idem.DefaultKeyHeader, "`name` of the request header that carries the idempotency key")
-	echoKey := optionalBool{}
-	fs.Var(&echoKey, "echo-key", "send the key back, as sent, in --key-header on every answer to a keyed request (replays and problems too): true, false, or profile (true under stripe, where Stripe's SDKs read it, false under ietf)")
-	fs.DurationVar(&cfg.Wait, "wait", defaultWait, "how long a duplicate of an in-flight request waits for the first to finish and gets its answer replayed; after it (or with 0, at once) it gets --in-progress-status")
-	fs.Float64Var(&cfg.TenantRate, "tenant-rate", 0, "new keys a `second` each tenant may send, per proxy (over it: 429 tenant-rate-limited; replays and duplicates are free); 0: no limit")
-	fs.IntVar(&cfg.TenantBurst, "tenant-burst", 0, "new keys a tenant may send at once under --tenant-rate; 0: one second's worth")
-	fs.Float64Var(&cfg.NewKeyRate, "new-key-rate", 0, "new keys a `second` this proxy takes from all tenants together (over it: 429 new-keys-limited; replays and duplicates are free); 0: no limit")
-	fs.IntVar(&cfg.NewKeyBurst, "new-key-burst", 0, "new keys the proxy takes at once under --new-key-rate; 0: one second's worth")
-	fs.IntVar(&cfg.TenantMaxActive, "tenant-max-active", 0, "`records` a tenant may hold waiting for a worker (--async), in progress or awaiting reconciliation, across every proxy on the store (over it: 429 tenant-over-cap); 0: no cap")
-	breakerFailures := fs.Int("breaker-failures", idem.DefaultBreakerFailures, "store failures in a row that open the circuit breaker (503 at once, without waiting for the store); 0: no breaker")
-	fs.DurationVar(&cfg.BreakerOpen, "breaker-open", idem.DefaultBreakerOpen, "first interval the circuit breaker stays open before one request probes the store; it doubles while probes fail")
-	fs.DurationVar(&cfg.BreakerMaxOpen, "breaker-max-open", idem.DefaultBreakerMaxOpen, "bound on the circuit breaker's interval as it doubles")
-	var tenantFrom listFlag
-	fs.Func("tenant-from", "tenant `source`: authorization, header:NAME, cookie:NAME or trusted-header:NAME (repeatable or comma-separated; the first present wins; see above)", func(v string) error {
-		if _, err := parseTenantSources([]string{v}); err != nil {
+	a := newProxyArgs()
+	for _, f := range proxyFlags {
+		f.register(fs, a)
+	}
+	return fs, a
+}
+
+func parseProxyFlags(args []string, stderr io.Writer) (cfg ProxyConfig, logFormat, logLevel string, err error) {
+	fs, a := proxyFlagSet(stderr)
+	a.cfg.ConsoleCredentials = console.CredentialsFromEnv()
+	pos, err := parse(fs, args)
+	if err == nil && len(pos) > 0 {
+		err = usageErr(fs, "unexpected argument %q", pos[0])
+	}
+	if err == nil {
+		err = a.settle(fs)
+	}
+	return a.cfg, a.logFormat, a.logLevel, err
+}
+
+// settle checks what was parsed and completes the configuration, in the
+// order the settings depend on each other.
+func (a *proxyArgs) settle(fs *flag.FlagSet) error {
+	for _, step := range []func(*flag.FlagSet) error{
+		a.settleFile, a.settleStore, a.settleTenants, a.settleLimits, a.settleMaintenance, a.settleEngine, a.settleAsync,
+	} {
+		if err := step(fs); err != nil {
 			return err
 		}
-		tenantFrom = append(tenantFrom, v)
-		return nil
-	})
-	fs.StringVar(&cfg.TenantHeader, "tenant-header", "", "deprecated: --tenant-from trusted-header:`NAME`")
-	fs.BoolVar(&cfg.SingleTenant, "single-tenant", false, "one trusted caller: every request shares one tenant (instead of --tenant-from)")
-	tenantSecretFile := fs.String("tenant-secret-file", "", "`file` holding the secret that keys the tenant hashes (else $"+tenantSecretEnv+")")
-	fpSecretFile := fs.String("fingerprint-secret-file", "", "`file` holding the secret that keys request fingerprints (else $"+fingerprintSecretEnv+"; none: plain SHA-256)")
-	maxHeader := byteSize(defaultMaxHeaderBytes)
-	fs.Var(&maxHeader, "max-header-bytes", "largest request line and headers `size` (larger: 431)")
-	fs.DurationVar(&cfg.BodyTimeout, "body-timeout", defaultBodyTimeout, "time a client gets to send a request body; a stalled client is cut off (0: no limit)")
-	maxBuffered := byteSize(defaultMaxBufferedBytes)
-	fs.Var(&maxBuffered, "max-buffered-bytes", "bound on the `size` of the request bodies held in memory at once (over it: 503 + Retry-After at once); at least --max-body")
-	methods := listFlag{http.MethodPost, http.MethodPatch}
-	fs.Var(&methods, "methods", "comma-separated `methods` under idempotency keys; others pass through")
-	maxBody := byteSize(idem.DefaultMaxBodyBytes)
-	fs.Var(&maxBody, "max-body", "largest request `size` fingerprinted (larger: 413), e.g. 1MiB")
-	fs.DurationVar(&cfg.UpstreamTimeout, "upstream-timeout", 60*time.Second, "wait for the upstream's response headers (after it, the outcome is unknown); 0 for no limit")
-	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 20*time.Second, "time in-flight requests get to finish at shutdown")
-	fs.StringVar(&cfg.Admin, "admin", "", "`address` of the admin server (/healthz, /readyz, /metrics); off when empty")
-	fs.BoolVar(&cfg.Console, "console", true, "serve the operations console at /console/ on --admin (credentials from $IDEM_CONSOLE_TOKEN or $IDEM_CONSOLE_USER/$IDEM_CONSOLE_PASSWORD; required unless --admin is loopback)")
-	cfg.ConsoleCredentials = console.CredentialsFromEnv()
-	cacheDSN := cacheFlag(fs, "Redis `URL` of a replay cache in front of the store: "+storeurl.CacheSupported)
-	runMaintenance := fs.Bool("maintenance", true, "run the background services: sweeper, reaper, and reconciler (with --resolve-url)")
-	fs.DurationVar(&cfg.Maintenance.SweepInterval, "sweep-interval", maintenance.DefaultSweepInterval, "how often expired leases are swept to unknown")
-	fs.DurationVar(&cfg.Maintenance.ReapInterval, "reap-interval", maintenance.DefaultReapInterval, "how often expired records are reaped")
-	fs.DurationVar(&cfg.Maintenance.ReconcileInterval, "reconcile-interval", maintenance.DefaultReconcileInterval, "how often due unknown records are sent to --resolve-url")
-	fs.BoolVar(&cfg.Maintenance.SoftExpire, "soft-expire", false, "keep expired records as state expired (audit) instead of deleting them")
-	fs.StringVar(&cfg.ResolveURL, "resolve-url", "", "`URL` the reconciler asks about unknown outcomes (protocol above); no reconciler when empty")
-	webhook := registerWebhookFlags(fs)
-	fs.Func("async", "asynchronous `route`, as a method and a ServeMux path pattern, e.g. 'POST /v1/reports' (repeatable, or a comma list as from the environment or a config file's array): keyed requests get 202 + Location at once and the proxy's worker forwards them", func(v string) error {
-		cfg.Async = append(cfg.Async, splitPatterns(v)...)
-		return nil
-	})
-	fs.DurationVar(&cfg.AsyncWait, "async-wait", 0, "how long an asynchronous request waits for a worker before it ends with 408 (0: 1h, or --ttl when shorter)")
-	fs.IntVar(&cfg.AsyncWorkers, "async-workers", idem.DefaultWorkerConcurrency, "asynchronous requests this proxy forwards at once; 0: none (this proxy only accepts them, others on the store forward them)")
-	fs.DurationVar(&cfg.AsyncPoll, "async-poll", idem.DefaultWorkerPoll, "how long an idle worker waits before it looks for new asynchronous requests again")
-	var asyncKeep listFlag
-	fs.Var(&asyncKeep, "async-keep-headers", "comma-separated sensitive `headers` (Authorization, Cookie) kept with asynchronous requests for the upstream; never stored otherwise")
-	fs.BoolVar(&cfg.RequireSynchronousReplication, "require-synchronous-replication", false, "refuse protected requests (503 store-not-durable) while the store's check says acknowledged answers could be lost by a failover or restart: PostgreSQL standbys that commits do not wait for, Redis without appendonly or with replicas writes do not wait for, MySQL replicas without semi-sync")
-	fs.DurationVar(&cfg.DurabilityInterval, "durability-check-interval", idem.DefaultDurabilityInterval, "how often the store's durability (replication, persistence settings) is checked again; a change is logged, and --require-synchronous-replication follows it")
-	fs.StringVar(&logFormat, "log-format", "text", "log format on stderr: text or json")
-	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return cfg, "", "", err
 	}
-	if len(pos) > 0 {
-		return cfg, "", "", usageErr(fs, "unexpected argument %q", pos[0])
+	if _, err := a.cfg.checkSettings(); err != nil {
+		return usageErr(fs, "%v", err)
 	}
-	if *configFile != "" {
-		if cfg.Routes, err = loadConfig(fs, *configFile); err != nil {
-			return cfg, "", "", usageErr(fs, "--config: %v", err)
+	return nil
+}
+
+// settleFile reads the config file under the command line and the
+// environment, and requires the upstream wherever it came from.
+func (a *proxyArgs) settleFile(fs *flag.FlagSet) (err error) {
+	if a.configFile != "" {
+		if a.cfg.Routes, err = loadConfig(fs, a.configFile); err != nil {
+			return usageErr(fs, "--config: %v", err)
 		}
 	}
-	if cfg.Upstream == "" {
-		return cfg, "", "", usageErr(fs, "--upstream is required")
+	if a.cfg.Upstream == "" {
+		return usageErr(fs, "--upstream is required")
 	}
+	return nil
+}
+
+func (a *proxyArgs) settleStore(fs *flag.FlagSet) error {
+	cfg := &a.cfg
 	switch {
 	case cfg.StoreConns < 0:
-		return cfg, "", "", usageErr(fs, "--store-conns must be 0 (the store's default) or a positive pool size")
+		return usageErr(fs, "--store-conns must be 0 (the store's default) or a positive pool size")
 	case cfg.StoreBatches < -1:
-		return cfg, "", "", usageErr(fs, "--store-batches must be -1 (no batching), 0 (the store's default) or a number of store batches")
+		return usageErr(fs, "--store-batches must be -1 (no batching), 0 (the store's default) or a number of store batches")
 	case cfg.TenantRate < 0 || cfg.TenantBurst < 0 || cfg.TenantMaxActive < 0:
-		return cfg, "", "", usageErr(fs, "--tenant-rate, --tenant-burst and --tenant-max-active must not be negative")
+		return usageErr(fs, "--tenant-rate, --tenant-burst and --tenant-max-active must not be negative")
 	case cfg.NewKeyRate < 0 || cfg.NewKeyBurst < 0:
-		return cfg, "", "", usageErr(fs, "--new-key-rate and --new-key-burst must not be negative")
-	case *breakerFailures < 0:
-		return cfg, "", "", usageErr(fs, "--breaker-failures must not be negative (0 turns the breaker off)")
+		return usageErr(fs, "--new-key-rate and --new-key-burst must not be negative")
+	case a.breakerFailures < 0:
+		return usageErr(fs, "--breaker-failures must not be negative (0 turns the breaker off)")
 	case cfg.BreakerOpen <= 0 || cfg.BreakerMaxOpen < cfg.BreakerOpen:
-		return cfg, "", "", usageErr(fs, "--breaker-open must be positive and --breaker-max-open at least as long")
-	case *breakerFailures == 0:
+		return usageErr(fs, "--breaker-open must be positive and --breaker-max-open at least as long")
+	case a.breakerFailures == 0:
 		cfg.BreakerFailures = -1
 	default:
-		cfg.BreakerFailures = *breakerFailures
+		cfg.BreakerFailures = a.breakerFailures
 	}
-	if err := storeDSN.resolve(fs); err != nil {
-		return cfg, "", "", err
+	if err := a.store.resolve(fs); err != nil {
+		return err
 	}
-	if err := cacheDSN.resolve(fs); err != nil {
-		return cfg, "", "", err
+	if err := a.cache.resolve(fs); err != nil {
+		return err
 	}
-	cfg.Store, cfg.Cache = storeDSN.value, cacheDSN.value
-	cfg.TenantFrom = tenantFrom
-	if cfg.SingleTenant && (len(tenantFrom) > 0 || cfg.TenantHeader != "") {
-		return cfg, "", "", usageErr(fs, "--single-tenant and --tenant-from exclude each other")
+	cfg.Store, cfg.Cache = a.store.value, a.cache.value
+	return nil
+}
+
+func (a *proxyArgs) settleTenants(fs *flag.FlagSet) (err error) {
+	cfg := &a.cfg
+	if cfg.SingleTenant && (len(cfg.TenantFrom) > 0 || cfg.TenantHeader != "") {
+		return usageErr(fs, "--single-tenant and --tenant-from exclude each other")
 	}
-	if cfg.TenantSecret, err = readSecret(*tenantSecretFile, tenantSecretEnv, "tenant"); err != nil {
-		return cfg, "", "", usageErr(fs, "%v", err)
+	if cfg.TenantSecret, err = readSecret(a.tenantSecretFile, tenantSecretEnv, "tenant"); err != nil {
+		return usageErr(fs, "%v", err)
 	}
-	if cfg.FingerprintSecret, err = readSecret(*fpSecretFile, fingerprintSecretEnv, "fingerprint"); err != nil {
-		return cfg, "", "", usageErr(fs, "%v", err)
+	if cfg.FingerprintSecret, err = readSecret(a.fpSecretFile, fingerprintSecretEnv, "fingerprint"); err != nil {
+		return usageErr(fs, "%v", err)
 	}
-	cfg.MaxHeaderBytes = int(min(maxHeader, 1<<30))
-	cfg.MaxBufferedBytes = int64(maxBuffered)
+	return nil
+}
+
+func (a *proxyArgs) settleLimits(fs *flag.FlagSet) error {
+	cfg := &a.cfg
+	cfg.MaxHeaderBytes = int(min(a.maxHeader, 1<<30))
+	cfg.MaxBufferedBytes = int64(a.maxBuffered)
 	if cfg.BodyTimeout == 0 {
 		cfg.BodyTimeout = -1 // the flag's 0 means no limit
 	}
-	if cfg.MaxBufferedBytes < int64(maxBody) {
-		return cfg, "", "", usageErr(fs, "--max-buffered-bytes must be at least --max-body")
+	if cfg.MaxBufferedBytes < int64(a.maxBody) {
+		return usageErr(fs, "--max-buffered-bytes must be at least --max-body")
 	}
 	if cfg.UpstreamTimeout == 0 {
 		cfg.UpstreamTimeout = -1 // the flag's 0 means no limit
 	}
+	return nil
+}
+
+func (a *proxyArgs) settleMaintenance(fs *flag.FlagSet) (err error) {
+	cfg := &a.cfg
 	for name, d := range map[string]time.Duration{
 		"sweep-interval": cfg.Maintenance.SweepInterval, "reap-interval": cfg.Maintenance.ReapInterval,
 		"reconcile-interval": cfg.Maintenance.ReconcileInterval,
 	} {
 		if d <= 0 {
-			return cfg, "", "", usageErr(fs, "--%s must be positive", name)
+			return usageErr(fs, "--%s must be positive", name)
 		}
 	}
-	cfg.NoMaintenance = !*runMaintenance
-	if cfg.Webhook, err = webhook.config(fs, cfg.Admin); err != nil {
-		return cfg, "", "", err
+	cfg.NoMaintenance = !a.maintenance
+	if cfg.Webhook, err = a.webhook.config(fs, cfg.Admin); err != nil {
+		return err
 	}
 	if cfg.NoMaintenance && cfg.ResolveURL != "" {
-		return cfg, "", "", usageErr(fs, "--resolve-url needs the background services: drop --maintenance=false")
+		return usageErr(fs, "--resolve-url needs the background services: drop --maintenance=false")
 	}
 	if cfg.ResolveURL != "" {
 		if _, err := newHTTPResolver(cfg.ResolveURL); err != nil {
-			return cfg, "", "", usageErr(fs, "%v", err)
+			return usageErr(fs, "%v", err)
 		}
 	}
 	if cfg.Cache != "" {
 		if _, err := storeurl.ParseCache(cfg.Cache); err != nil {
-			return cfg, "", "", usageErr(fs, "--cache: %v", err)
+			return usageErr(fs, "--cache: %v", err)
 		}
 	}
-	for i, m := range methods {
-		methods[i] = strings.ToUpper(m)
+	return nil
+}
+
+func (a *proxyArgs) settleEngine(fs *flag.FlagSet) error {
+	cfg := &a.cfg
+	for i, m := range a.methods {
+		a.methods[i] = strings.ToUpper(m)
 	}
-	cfg.Methods = methods
-	cfg.MaxBody = int64(maxBody)
-	cfg.LeasePolicy = leasePolicy.value
-	cfg.KeyRequired = keyRequired.v
+	cfg.Methods = a.methods
+	cfg.MaxBody = int64(a.maxBody)
+	cfg.LeasePolicy = a.leasePolicy.value
+	cfg.KeyRequired = a.keyRequired.v
 	cfg.EchoKey = cfg.Profile == string(idem.ProfileStripe)
-	if echoKey.v != nil {
-		cfg.EchoKey = *echoKey.v
+	if a.echoKey.v != nil {
+		cfg.EchoKey = *a.echoKey.v
 	}
-	cfg.KeyReusedStatus = keyReused.n
-	cfg.InProgressStatus = inProgress.n
+	cfg.KeyReusedStatus = a.keyReused.n
+	cfg.InProgressStatus = a.inProgress.n
 	switch stripe := cfg.Profile == string(idem.ProfileStripe); {
 	case stripe && cfg.InProgressStatus == http.StatusAccepted:
-		return cfg, "", "", usageErr(fs, "--in-progress-status 202 cannot be used with --profile stripe: Stripe's SDKs "+
+		return usageErr(fs, "--in-progress-status 202 cannot be used with --profile stripe: Stripe's SDKs "+
 			"take any 2xx for the result of the call; use 429 (the stripe default, retried by every Stripe SDK) or 409")
 	case !stripe && cfg.InProgressStatus == http.StatusTooManyRequests:
-		return cfg, "", "", usageErr(fs, "--in-progress-status 429 is for --profile stripe (Stripe's lock_timeout); under ietf use 409 or 202")
+		return usageErr(fs, "--in-progress-status 429 is for --profile stripe (Stripe's lock_timeout); under ietf use 409 or 202")
 	}
-	cfg.MaxResponseBytes = int(min(maxResponse, 1<<31-1))
-	cfg.Fields = fields
-	cfg.AsyncKeepHeaders = asyncKeep
-	if cfg.AsyncWorkers < 0 {
-		return cfg, "", "", usageErr(fs, "--async-workers must not be negative")
+	cfg.MaxResponseBytes = int(min(a.maxResponse, 1<<31-1))
+	cfg.Fields = a.fields
+	return nil
+}
+
+func (a *proxyArgs) settleAsync(fs *flag.FlagSet) error {
+	cfg := &a.cfg
+	cfg.AsyncKeepHeaders = a.asyncKeep
+	switch {
+	case cfg.AsyncWorkers < 0:
+		return usageErr(fs, "--async-workers must not be negative")
+	case cfg.AsyncPoll <= 0:
+		return usageErr(fs, "--async-poll must be positive")
+	case cfg.DurabilityInterval <= 0:
+		return usageErr(fs, "--durability-check-interval must be positive")
 	}
-	if cfg.AsyncPoll <= 0 {
-		return cfg, "", "", usageErr(fs, "--async-poll must be positive")
-	}
-	if cfg.DurabilityInterval <= 0 {
-		return cfg, "", "", usageErr(fs, "--durability-check-interval must be positive")
-	}
-	if _, err := cfg.checkSettings(); err != nil {
-		return cfg, "", "", usageErr(fs, "%v", err)
-	}
-	return cfg, logFormat, logLevel, nil
+	return nil
 }

@@ -190,10 +190,16 @@ type webhookFlags struct {
 	tolerance  time.Duration
 }
 
+// Help of the webhook's flags.
+const (
+	webhookSecretFileHelp = "`file` holding the settlement webhook's secret (two lines while rotating; else $" + webhookSecretEnv + "); the webhook is off without one"
+	webhookToleranceHelp  = "how far a webhook's signed timestamp may be from now"
+)
+
 func registerWebhookFlags(fs *flag.FlagSet) *webhookFlags {
 	f := &webhookFlags{}
-	fs.StringVar(&f.secretFile, "webhook-secret-file", "", "`file` holding the settlement webhook's secret (two lines while rotating; else $"+webhookSecretEnv+"); the webhook is off without one")
-	fs.DurationVar(&f.tolerance, "webhook-tolerance", DefaultWebhookTolerance, "how far a webhook's signed timestamp may be from now")
+	fs.StringVar(&f.secretFile, "webhook-secret-file", "", webhookSecretFileHelp)
+	fs.DurationVar(&f.tolerance, "webhook-tolerance", DefaultWebhookTolerance, webhookToleranceHelp)
 	return f
 }
 
