@@ -190,18 +190,11 @@ type webhookFlags struct {
 	tolerance  time.Duration
 }
 
-// Help of the webhook's flags.
+// Help of the webhook's flags (--webhook-secret-file, --webhook-tolerance).
 const (
 	webhookSecretFileHelp = "`file` holding the settlement webhook's secret (two lines while rotating; else $" + webhookSecretEnv + "); the webhook is off without one"
 	webhookToleranceHelp  = "how far a webhook's signed timestamp may be from now"
 )
-
-func registerWebhookFlags(fs *flag.FlagSet) *webhookFlags {
-	f := &webhookFlags{}
-	fs.StringVar(&f.secretFile, "webhook-secret-file", "", webhookSecretFileHelp)
-	fs.DurationVar(&f.tolerance, "webhook-tolerance", DefaultWebhookTolerance, webhookToleranceHelp)
-	return f
-}
 
 // config reads the secrets of the file or, without one, of the
 // environment: one or two secrets separated by white space.
