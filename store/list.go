@@ -1,11 +1,9 @@
 package store
 
 import (
-	"cmp"
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -82,32 +80,6 @@ func (p *ListParams) Validate() error {
 
 func validText(s string) bool { return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 }
 
-// Match reports whether r passes the filters of p (not the cursor). Stores
-// that filter in Go (memory, Redis) use it.
-func (p *ListParams) Match(r *Record) bool {
-	return strings.HasPrefix(r.Scope, p.ScopePrefix) &&
-		(p.Key == "" || r.Key == p.Key) &&
-		(p.State == "" || r.State == p.State)
-}
-
-// Takes reports whether r belongs to the listing p asks for: it passes the
-// filters and lies after p.After.
-func (p *ListParams) Takes(r *Record) bool {
-	return p.Match(r) && (p.After == nil || CompareList(*p.After, CursorOf(r)) < 0)
-}
-
-// CompareList orders records as List returns them: negative when a comes
-// before b (newer, or the same instant and a greater scope, then key).
-func CompareList(a, b Cursor) int {
-	if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
-		return c
-	}
-	if c := cmp.Compare(b.Scope, a.Scope); c != 0 {
-		return c
-	}
-	return cmp.Compare(b.Key, a.Key)
-}
-
 // String encodes the cursor for a URL: microseconds, then the scope and the
 // key in unpadded base64url, separated by dots.
 func (c Cursor) String() string {
@@ -140,31 +112,4 @@ func ParseCursor(s string) (Cursor, error) {
 		return Cursor{}, errors.Join(err, errors.New("in the list cursor"))
 	}
 	return c, nil
-}
-
-// Page cuts a page out of rows read with a limit of p.Limit+1, in list
-// order: the extra row only says that there is a next page, whose cursor is
-// the last record kept.
-func Page(rows []Record, limit int) ([]Record, *Cursor) {
-	if len(rows) <= limit {
-		return rows, nil
-	}
-	rows = rows[:limit]
-	c := CursorOf(&rows[limit-1])
-	return rows, &c
-}
-
-// Select is List for stores that filter in Go (memory, Redis): it keeps the
-// records of all that match p and lie after p.After, sorts them in list
-// order and cuts the page. all is reordered.
-func Select(all []Record, p ListParams) ([]Record, *Cursor) {
-	out := all[:0]
-	for i := range all {
-		r := &all[i]
-		if p.Takes(r) {
-			out = append(out, *r)
-		}
-	}
-	slices.SortFunc(out, func(a, b Record) int { return CompareList(CursorOf(&a), CursorOf(&b)) })
-	return Page(out, p.Limit)
 }

@@ -153,25 +153,5 @@ func (p *DeferParams) Validate() error {
 }
 
 // Resolution is the finest time every store keeps: times and durations are
-// stored in whole microseconds.
+// stored in whole microseconds, durations rounded up (storekit.Micros).
 const Resolution = time.Microsecond
-
-// Micros converts a duration given to a store (a lease, a TTL, a delay, a
-// grace) to whole microseconds, rounding up: a lease of 1ns is a lease of
-// 1µs, never an empty one, and a lease is never cut short by the store's
-// precision. Every store converts durations through it (or rounds the same
-// way in its own language), so one duration means the same instant on every
-// store. Zero and negative durations give 0.
-func Micros(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	us := int64(d / Resolution)
-	if d%Resolution != 0 {
-		us++ // (d + Resolution - 1) would overflow near the largest duration
-	}
-	return us
-}
-
-// RoundUp is d rounded up to the store resolution, as Micros rounds it.
-func RoundUp(d time.Duration) time.Duration { return time.Duration(Micros(d)) * Resolution }

@@ -2,12 +2,9 @@ package store
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
-	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -99,7 +96,7 @@ type ExpirePendingParams struct {
 // store of this module implements it; the cache wrapper forwards it.
 type Queue interface {
 	// ReservePending is Reserve for an asynchronous request, applying the
-	// rules of Reserve ([Decide]) in one atomic step, except that the
+	// rules of [Store.Reserve] in one atomic step, except that the
 	// caller never holds a lease: where Reserve would create, reclaim or
 	// take over an in_progress record, ReservePending makes the record
 	// pending with p.Request (a new fence; outcome Created, Reclaimed or
@@ -203,104 +200,6 @@ func (p *ExpirePendingParams) Validate() error {
 	return p.Response.Validate()
 }
 
-// pendingJSON is the stored form of a PendingRequest (the queue is kept
-// in a column or field of its own, to claim by it).
-type pendingJSON struct {
-	Method string      `json:"method"`
-	Target string      `json:"target"`
-	Header http.Header `json:"header,omitempty"`
-	Body   []byte      `json:"body,omitempty"`
-}
-
-// EncodeRequest is the stored form of r without its queue, the same bytes
-// in every store.
-func EncodeRequest(r *PendingRequest) ([]byte, error) {
-	return json.Marshal(pendingJSON{Method: r.Method, Target: r.Target, Header: r.Header, Body: r.Body})
-}
-
-// DecodeRequest reads what EncodeRequest wrote, with the queue kept
-// beside it.
-func DecodeRequest(queue string, b []byte) (*PendingRequest, error) {
-	var j pendingJSON
-	if err := json.Unmarshal(b, &j); err != nil {
-		return nil, fmt.Errorf("idem/store: stored request: %w", err)
-	}
-	return &PendingRequest{Queue: queue, Method: j.Method, Target: j.Target, Header: j.Header, Body: j.Body}, nil
-}
-
 // ExpiredPendingError is the LastError of a pending record that no worker
 // claimed before its deadline.
 const ExpiredPendingError = "pending_expired"
-
-// SortRecords orders a batch by the time by returns, then by scope and
-// key: stores whose UPDATE ... RETURNING promises no order sort what
-// Claim (by CreatedAt) and ExpirePending (by LockedUntil) return.
-func SortRecords(rs []Record, by func(*Record) time.Time) {
-	slices.SortFunc(rs, func(a, b Record) int {
-		if c := by(&a).Compare(by(&b)); c != 0 {
-			return c
-		}
-		if c := strings.Compare(a.Scope, b.Scope); c != 0 {
-			return c
-		}
-		return strings.Compare(a.Key, b.Key)
-	})
-}
-
-// ByCreated orders claimed records by their acceptance.
-func ByCreated(r *Record) time.Time { return r.CreatedAt }
-
-// ByDeadline orders pending records by their claim deadline.
-func ByDeadline(r *Record) time.Time { return r.LockedUntil }
-
-// ApplyPending is ReservePending's transition computed in Go, for stores
-// that read the record, decide and write it back under a lock (the memory
-// and MySQL stores): given the existing record (nil when there is none)
-// and the instant now, it returns the outcome, the record as it must be
-// stored, and whether it must be written at all. It applies the tenant
-// cap as Reserve does (ReserveParams.CheckCap, counting with active, which
-// must see the tenant's records as of the write): ErrOverCap means nothing
-// may be written. Outcome Created is a new record, which belongs to
-// p.Tenant; any other write keeps the tenant of the record.
-func ApplyPending(prev *Record, p *PendingParams, now time.Time, active func() (int, error)) (out ReserveOutcome, r Record, write bool, err error) {
-	act := ActCreate
-	if prev != nil {
-		act = Decide(prev, &p.ReserveParams, now)
-		r = *prev
-	}
-	if err := p.CheckCap(act, active); err != nil {
-		return Existing, Record{}, false, err
-	}
-	req := p.Request
-	after := func(d time.Duration) time.Time { return now.Add(RoundUp(d)) }
-	switch act {
-	case ActExisting:
-		return Existing, r, false, nil
-	case ActLeaseExpired:
-		r.State, r.LastError, r.ReconcileAfter, r.UpdatedAt = StateUnknown, "lease_expired", now, now
-		return Existing, r, true, nil
-	case ActCreate:
-		var fence int64
-		if prev != nil {
-			fence = prev.Fence
-		}
-		return Created, Record{
-			Scope: p.Scope, Key: p.Key, Fingerprint: p.Fingerprint, State: StatePending,
-			Fence: NextFence(fence, now), LeasePolicy: p.LeasePolicy, LockedUntil: after(p.Lease),
-			CreatedAt: now, UpdatedAt: now, ExpiresAt: after(p.TTL), Request: &req,
-		}, true, nil
-	case ActReclaim:
-		out = Reclaimed
-		r.ExpiresAt = after(p.TTL)
-	default: // ActTakeOver
-		out = TakenOver
-	}
-	r.State = StatePending
-	r.Fence = NextFence(r.Fence, now)
-	r.LockedUntil = after(p.Lease)
-	r.LastError = ""
-	r.UpdatedAt = now
-	r.Response, r.CompletedAt = nil, time.Time{}
-	r.Request = &req
-	return out, r, true, nil
-}

@@ -1,32 +1,3 @@
-// Package store defines the contract between the idem engine and the durable
-// stores that keep idempotency records.
-//
-// Every store (memory, SQLite, PostgreSQL, MySQL, Redis) implements [Store]
-// and runs the one conformance suite in package storetest. The contract is the
-// state machine of the design document:
-//
-//	absent ──Reserve──▶ in_progress ──Complete──▶ completed
-//	                        │  ▲   └──Release───▶ failed_retryable ──Reserve──▶ in_progress
-//	                        │  └── lease expired + policy retry/resume (new fence)
-//	                        └──MarkUnknown / lease expired + policy unknown──▶ unknown
-//	unknown ──Resolve (reconciler or operator)──▶ completed | failed_retryable
-//
-// Every transition is one atomic operation in the store, guarded by the state
-// and by the fence (lease token). The fence grows at every takeover, so a
-// worker that lost its lease can never overwrite the work of the worker that
-// took it over; see [NextFence] for why it also grows across a delete.
-//
-// Errors: an operation either succeeds, gives a definite answer
-// (ErrLeaseLost, ErrNotFound, ErrStateConflict, ErrInvalidParams and
-// ErrTooLong, which say something about the record or the request), or
-// fails. [IsRetryable] tells the failures that are transient (a broken
-// connection, a server restarting, a lost deadlock, a busy lock) from the
-// others. Parameters are checked by their Validate methods before any store
-// touches its database.
-//
-// Time: all expiry decisions use the store's clock (the database's now(),
-// the Redis server's TIME) unless the store was given a [Clock], which tests
-// use to move time without sleeping.
 package store
 
 import (
@@ -123,10 +94,10 @@ type Record struct {
 	// Fingerprint identifies the request's content (method, route, body).
 	Fingerprint string
 	State       State
-	// Fence is the lease token, issued by [NextFence]: the store clock in
-	// microseconds since the Unix epoch when the record is created, and
-	// strictly greater than the previous fence at every takeover, reclaim
-	// or recreation over an expired row. Complete, Release, MarkUnknown,
+	// Fence is the lease token (see Fences in the package documentation):
+	// the store clock in microseconds since the Unix epoch when the record
+	// is created, and strictly greater than the previous fence at every
+	// takeover, reclaim or recreation over an expired row. Complete, Release, MarkUnknown,
 	// Checkpoint and Extend must present the current fence.
 	Fence int64
 	// LeasePolicy is fixed at reservation; the sweeper and takeovers use it.
@@ -360,8 +331,8 @@ type DeferParams struct {
 type Store interface {
 	// Reserve is the single atomic entry point of a request. In one step it:
 	//   - creates an in_progress record when none exists, or when the
-	//     existing one is expired or terminal past ExpiresAt (its fence from
-	//     NextFence either way);
+	//     existing one is expired or terminal past ExpiresAt (its fence by
+	//     the rule of Fences either way);
 	//   - returns the existing record untouched (Existing) when its
 	//     fingerprint differs, whatever its state;
 	//   - reclaims a failed_retryable record with the same fingerprint;
@@ -403,7 +374,7 @@ type Store interface {
 	// its holder may still be running. An in-progress record is swept to
 	// unknown once its lease expires, and can be deleted then. A record
 	// created after the delete gets a fence from the store clock, greater
-	// than every fence of the deleted one (see NextFence).
+	// than every fence of the deleted one (see Fences).
 	Delete(ctx context.Context, scope, key string) error
 
 	// SweepExpiredLeases moves up to p.Limit in_progress records whose lease
@@ -507,33 +478,6 @@ func CheckID(scope, key string) error {
 		return errors.Join(ErrInvalidParams, errors.New("key is not valid UTF-8 without NUL"))
 	}
 	return nil
-}
-
-// NextFence returns the fence a record gets when it is created, taken over,
-// reclaimed or recreated at now, given the fence of its existing row (0
-// when there is none): the store clock in microseconds since the Unix
-// epoch, and at least prev+1.
-//
-// A fence must never be handed out twice for one (scope, key), or a holder
-// cut off long enough could complete a record created after its own was
-// deleted. While a row exists, prev+1 alone guarantees it, whatever the
-// clock does. Across a delete there is no row to count from, and the clock
-// carries it: the new record's fence is the clock at its creation, greater
-// than every fence of the deleted record as long as the clock has moved
-// past the instants they were issued at (each fence is the clock at its
-// issue, or one more than the fence before it when several are issued in
-// one microsecond). The residual case is a store clock set back: a record
-// deleted and recreated before the clock catches up again may get a fence
-// an old holder still has. Stores issue the fence in the same statement as
-// the transition, from the clock the transition uses (the database's or
-// the injected [Clock]); SQL and Lua stores spell this rule in their own
-// language.
-func NextFence(prev int64, now time.Time) int64 {
-	f := max(now.UnixMicro(), 1)
-	if f <= prev {
-		f = prev + 1
-	}
-	return f
 }
 
 // Clock returns the current time. Stores use their own clock (the database

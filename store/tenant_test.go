@@ -20,14 +20,6 @@ func TestStateActive(t *testing.T) {
 			t.Errorf("%s.Active() = %v, want %v", st, got, want)
 		}
 	}
-	for a, want := range map[store.Action]bool{
-		store.ActCreate: true, store.ActReclaim: true,
-		store.ActExisting: false, store.ActTakeOver: false, store.ActLeaseExpired: false,
-	} {
-		if got := a.Activates(); got != want {
-			t.Errorf("Action %d Activates() = %v, want %v", a, got, want)
-		}
-	}
 }
 
 func TestReserveParamsTenant(t *testing.T) {
@@ -50,35 +42,6 @@ func TestReserveParamsTenant(t *testing.T) {
 		err := p.Validate()
 		if (c.want == nil) != (err == nil) || (c.want != nil && !errors.Is(err, c.want)) {
 			t.Errorf("%s: %v, want %v", name, err, c.want)
-		}
-	}
-}
-
-func TestCheckCap(t *testing.T) {
-	boom := errors.New("count failed")
-	for name, c := range map[string]struct {
-		max    int
-		act    store.Action
-		active int
-		err    error // of the count
-		want   error
-		counts bool
-	}{
-		"no cap":                  {0, store.ActCreate, 9, nil, nil, false},
-		"a duplicate at the cap":  {2, store.ActExisting, 2, nil, nil, false},
-		"a takeover at the cap":   {2, store.ActTakeOver, 2, nil, nil, false},
-		"an expiry at the cap":    {2, store.ActLeaseExpired, 2, nil, nil, false},
-		"a creation under it":     {2, store.ActCreate, 1, nil, nil, true},
-		"a creation at it":        {2, store.ActCreate, 2, nil, store.ErrOverCap, true},
-		"a reclaim over it":       {2, store.ActReclaim, 3, nil, store.ErrOverCap, true},
-		"a count that fails":      {2, store.ActCreate, 0, boom, boom, true},
-		"a reclaim under the cap": {2, store.ActReclaim, 0, nil, nil, true},
-	} {
-		p := store.ReserveParams{MaxActive: c.max}
-		counted := false
-		err := p.CheckCap(c.act, func() (int, error) { counted = true; return c.active, c.err })
-		if !errors.Is(err, c.want) || (c.want == nil && err != nil) || counted != c.counts {
-			t.Errorf("%s: %v (counted %v), want %v (counted %v)", name, err, counted, c.want, c.counts)
 		}
 	}
 }

@@ -27,7 +27,7 @@ type Dialect struct {
 }
 
 // Build returns the statement selecting columns from table for p (already
-// validated), Limit+1 rows for store.Page, and its arguments.
+// validated), Limit+1 rows for storekit.Page, and its arguments.
 func Build(d Dialect, table, columns string, p store.ListParams) (string, []any) {
 	var args []any
 	arg := func(v any) string {

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/storekit"
 )
 
 // List implements store.Store by a full scan under the lock: the memory
@@ -18,11 +19,11 @@ func (s *Store) List(ctx context.Context, p store.ListParams) ([]store.Record, *
 	s.mu.Lock()
 	all := make([]store.Record, 0, len(s.recs))
 	for _, r := range s.recs {
-		if p.Match(&r.Record) {
+		if storekit.Match(&p, &r.Record) {
 			all = append(all, r.Record)
 		}
 	}
 	s.mu.Unlock()
-	recs, next := store.Select(all, p)
+	recs, next := storekit.Select(all, p)
 	return recs, next, nil
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/storekit"
 )
 
 var _ store.Store = (*Store)(nil)
@@ -59,7 +60,7 @@ func New(cfg Config) *Store {
 func (s *Store) now() time.Time { return s.clock().UTC().Truncate(store.Resolution) }
 
 // after is now plus d rounded up as every store rounds durations.
-func after(now time.Time, d time.Duration) time.Time { return now.Add(store.RoundUp(d)) }
+func after(now time.Time, d time.Duration) time.Time { return now.Add(storekit.RoundUp(d)) }
 
 // Reserve implements store.Store.
 func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.ReserveResult, error) {
@@ -77,11 +78,11 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 	if e := s.recs[k]; e != nil {
 		r = &e.Record
 	}
-	act := store.ActCreate
+	act := storekit.ActCreate
 	if r != nil {
-		act = store.Decide(r, &p, now)
+		act = storekit.Decide(r, &p, now)
 	}
-	if err := p.CheckCap(act, s.counter(p.Tenant)); err != nil {
+	if err := storekit.CheckCap(&p, act, s.counter(p.Tenant)); err != nil {
 		return store.ReserveResult{}, err
 	}
 	fresh := func(fence int64) store.ReserveResult {
@@ -94,18 +95,18 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 		return store.ReserveResult{Outcome: store.Created, Record: n.Record}
 	}
 	if r == nil {
-		return fresh(store.NextFence(0, now)), nil
+		return fresh(storekit.NextFence(0, now)), nil
 	}
 	switch act {
-	case store.ActCreate:
-		return fresh(store.NextFence(r.Fence, now)), nil
-	case store.ActReclaim:
+	case storekit.ActCreate:
+		return fresh(storekit.NextFence(r.Fence, now)), nil
+	case storekit.ActReclaim:
 		s.take(r, now, p.Lease, p.TTL, true)
 		return store.ReserveResult{Outcome: store.Reclaimed, Record: *r}, nil
-	case store.ActTakeOver:
+	case storekit.ActTakeOver:
 		s.take(r, now, p.Lease, p.TTL, false)
 		return store.ReserveResult{Outcome: store.TakenOver, Record: *r}, nil
-	case store.ActLeaseExpired:
+	case storekit.ActLeaseExpired:
 		toUnknown(r, now, "lease_expired")
 	}
 	return store.ReserveResult{Outcome: store.Existing, Record: *r}, nil
@@ -133,7 +134,7 @@ func (s *Store) index(k id, e *entry) {
 	t[k] = e
 }
 
-// counter counts the tenant's active records, for ReserveParams.CheckCap.
+// counter counts the tenant's active records, for storekit.CheckCap.
 // The memory store is for tests and small services: counting the tenant's
 // records is fine.
 func (s *Store) counter(tenant string) func() (int, error) {
@@ -174,7 +175,7 @@ func (s *Store) take(r *store.Record, now time.Time, lease, ttl time.Duration, r
 		r.ExpiresAt = after(now, ttl)
 	}
 	r.State = store.StateInProgress
-	r.Fence = store.NextFence(r.Fence, now)
+	r.Fence = storekit.NextFence(r.Fence, now)
 	r.Attempts++
 	r.LockedUntil = after(now, lease)
 	r.LastError = ""
@@ -333,7 +334,7 @@ func (s *Store) scan(ctx context.Context, valid error, limit int, keep func(r *s
 func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]store.Record, error) {
 	var out []store.Record
 	err := s.scan(ctx, p.Validate(), p.Limit, func(r *store.Record, now time.Time) bool {
-		return r.LeaseExpired(now.Add(-store.RoundUp(p.Grace))) && r.LeasePolicy == store.LeaseUnknown
+		return r.LeaseExpired(now.Add(-storekit.RoundUp(p.Grace))) && r.LeasePolicy == store.LeaseUnknown
 	}, func(r *store.Record) time.Time { return r.LockedUntil }, func(r *entry, now time.Time) {
 		toUnknown(&r.Record, now, "lease_expired")
 		out = append(out, r.Record)

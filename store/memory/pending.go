@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/storekit"
 )
 
 var _ store.Queue = (*Store)(nil)
@@ -26,7 +27,7 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 	if e != nil {
 		prev = &e.Record
 	}
-	out, r, write, err := store.ApplyPending(prev, &p, now, s.counter(p.Tenant))
+	out, r, write, err := storekit.ApplyPending(prev, &p, now, s.counter(p.Tenant))
 	switch {
 	case err != nil:
 		return store.ReserveResult{}, err
@@ -45,7 +46,7 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) ([]store.Record,
 		return r.State == store.StatePending && now.Before(r.LockedUntil) && r.Request != nil && r.Request.Queue == p.Queue
 	}, func(r *store.Record) time.Time { return r.CreatedAt }, func(r *entry, now time.Time) {
 		r.State = store.StateInProgress
-		r.Fence = store.NextFence(r.Fence, now)
+		r.Fence = storekit.NextFence(r.Fence, now)
 		r.Attempts++
 		r.LockedUntil = after(now, p.Lease)
 		r.UpdatedAt = now

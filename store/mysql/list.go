@@ -5,6 +5,7 @@ import (
 
 	"github.com/idem-go/idem/internal/listsql"
 	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/storekit"
 )
 
 // scope and key are VARBINARY: they compare as bytes, the contract's order.
@@ -33,6 +34,6 @@ func (s *Store) List(ctx context.Context, p store.ListParams) ([]store.Record, *
 	if err != nil {
 		return nil, nil, wrap("list", err)
 	}
-	out, next := store.Page(out, p.Limit)
+	out, next := storekit.Page(out, p.Limit)
 	return out, next, nil
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/storekit"
 )
 
 // The columns of migrations/001_records.sql hold the contract's limits
@@ -74,8 +75,8 @@ func (s *Store) reserveArgs(p store.ReserveParams) args {
 	a := s.idArgs(p.Scope, p.Key)
 	a["fingerprint"] = p.Fingerprint
 	a["lease_policy"] = string(p.LeasePolicy)
-	a["lease_us"] = store.Micros(p.Lease)
-	a["ttl_us"] = store.Micros(p.TTL)
+	a["lease_us"] = storekit.Micros(p.Lease)
+	a["ttl_us"] = storekit.Micros(p.TTL)
 	a["tenant"] = p.Tenant
 	return a
 }
@@ -261,7 +262,7 @@ func (s *Store) complete(ctx context.Context, q querier, p store.CompleteParams)
 	if err := responseArgs(a, &p.Response); err != nil {
 		return err
 	}
-	a["ttl_us"] = store.Micros(p.TTL)
+	a["ttl_us"] = storekit.Micros(p.TTL)
 	return s.fenced(ctx, q, "complete", qComplete, a)
 }
 
@@ -311,7 +312,7 @@ func (s *Store) Extend(ctx context.Context, p store.ExtendParams) error {
 	if err != nil {
 		return err
 	}
-	a["lease_us"] = store.Micros(p.Lease)
+	a["lease_us"] = storekit.Micros(p.Lease)
 	return s.fenced(ctx, s.q, "extend", qExtend, a)
 }
 
@@ -396,7 +397,7 @@ func (s *Store) sweepOnce(ctx context.Context, p store.SweepParams) (_ []store.R
 			_ = tx.Rollback()
 		}
 	}()
-	sel, err := qSweepSelect.bind(args{"now": s.nowArg(), "limit": p.Limit, "grace_us": store.Micros(p.Grace)})
+	sel, err := qSweepSelect.bind(args{"now": s.nowArg(), "limit": p.Limit, "grace_us": storekit.Micros(p.Grace)})
 	if err != nil {
 		return nil, err
 	}
@@ -441,7 +442,7 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 	if err := p.Validate(); err != nil {
 		return store.ReapResult{}, err
 	}
-	abandon := args{"now": s.nowArg(), "ttl_us": store.Micros(p.AbandonedTTL)}
+	abandon := args{"now": s.nowArg(), "ttl_us": storekit.Micros(p.AbandonedTTL)}
 	if err := responseArgs(abandon, &p.Abandoned); err != nil {
 		return store.ReapResult{}, err
 	}
@@ -515,7 +516,7 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 	}
 	a := s.idArgs(p.Scope, p.Key)
 	a["to"] = string(p.To)
-	a["ttl_us"] = store.Micros(p.TTL)
+	a["ttl_us"] = storekit.Micros(p.TTL)
 	a["fence"] = p.Fence
 	var resp *store.Response
 	if p.To == store.StateCompleted {
@@ -537,7 +538,7 @@ func (s *Store) Defer(ctx context.Context, p store.DeferParams) error {
 	if p.DeadLetter {
 		return s.unknownOnly(ctx, "dead letter", qDeadLetter, a, 0)
 	}
-	a["delay_us"] = store.Micros(p.Delay)
+	a["delay_us"] = storekit.Micros(p.Delay)
 	return s.unknownOnly(ctx, "defer", qDefer, a, 0)
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/storekit"
 )
 
 var _ store.Queue = (*Store)(nil)
@@ -17,7 +18,7 @@ var _ store.Queue = (*Store)(nil)
 // expiry lock their batch with FOR UPDATE SKIP LOCKED in a READ COMMITTED
 // transaction, as the sweeper does, so workers of any number of instances
 // take disjoint batches and never wait for each other. Every transition is
-// computed in Go (store.ApplyPending, the claim and expiry rules) from the
+// computed in Go (storekit.ApplyPending, the claim and expiry rules) from the
 // row read under its lock and written back whole.
 
 // pendingQuery compiles a statement of this file, with {record_columns}.
@@ -100,7 +101,7 @@ func recordArgs(r *store.Record) (args, error) {
 		return nil, err
 	}
 	if r.Request != nil {
-		b, err := store.EncodeRequest(r.Request)
+		b, err := storekit.EncodeRequest(r.Request)
 		if err != nil {
 			return nil, err
 		}
@@ -116,7 +117,7 @@ func scanPending(sc scanner, trail ...any) (store.Record, error) {
 	if err != nil || queue == nil {
 		return r, err
 	}
-	r.Request, err = store.DecodeRequest(string(queue), request)
+	r.Request, err = storekit.DecodeRequest(string(queue), request)
 	return r, err
 }
 
@@ -172,7 +173,7 @@ func (s *Store) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 }
 
 // ReservePending implements [store.Queue]: the row is read under its lock
-// (or found absent), store.ApplyPending decides, and the result is written
+// (or found absent), storekit.ApplyPending decides, and the result is written
 // in the same transaction. Under a tenant cap the transaction first locks
 // the tenant's row of idem_tenants, as a capped Reserve does, and the
 // tenant's active records are counted under that lock when the decision
@@ -208,7 +209,7 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 		case !errors.Is(err, sql.ErrNoRows):
 			return err
 		}
-		out, r, write, err := store.ApplyPending(prev, &p, now.t.Truncate(store.Resolution), func() (int, error) {
+		out, r, write, err := storekit.ApplyPending(prev, &p, now.t.Truncate(store.Resolution), func() (int, error) {
 			n, _, err := tenantCheck(ctx, tx, capArgs)
 			return n, err
 		})
@@ -272,9 +273,9 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) ([]store.Record,
 	out, err := s.lockBatch(ctx, qClaimSelect, args{"now": s.nowArg(), "queue": []byte(p.Queue), "limit": p.Limit},
 		func(r *store.Record, now time.Time) {
 			r.State = store.StateInProgress
-			r.Fence = store.NextFence(r.Fence, now)
+			r.Fence = storekit.NextFence(r.Fence, now)
 			r.Attempts++
-			r.LockedUntil = now.Add(store.RoundUp(p.Lease))
+			r.LockedUntil = now.Add(storekit.RoundUp(p.Lease))
 			r.UpdatedAt = now
 		})
 	return out, wrap("claim", err)
@@ -293,7 +294,7 @@ func (s *Store) ExpirePending(ctx context.Context, p store.ExpirePendingParams) 
 			r.LastError = store.ExpiredPendingError
 			r.CompletedAt, r.UpdatedAt = now, now
 			if p.TTL > 0 {
-				r.ExpiresAt = now.Add(store.RoundUp(p.TTL))
+				r.ExpiresAt = now.Add(storekit.RoundUp(p.TTL))
 			}
 		})
 	return out, wrap("expire pending", err)

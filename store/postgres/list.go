@@ -8,6 +8,7 @@ import (
 
 	"github.com/idem-go/idem/internal/listsql"
 	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/storekit"
 )
 
 // scope and key compare under COLLATE "C" (bytes), the contract's order,
@@ -38,6 +39,6 @@ func (s *Store) List(ctx context.Context, p store.ListParams) ([]store.Record, *
 	if err != nil {
 		return nil, nil, wrap("list", err)
 	}
-	recs, next := store.Page(recs, p.Limit)
+	recs, next := storekit.Page(recs, p.Limit)
 	return recs, next, nil
 }

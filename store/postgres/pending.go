@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/storekit"
 )
 
 var _ store.Queue = (*Store)(nil)
@@ -25,7 +26,7 @@ const pendingColumns = recordColumns + `, queue, request`
 
 const pendingColumnsR = recordColumnsR + `, r.queue, r.request`
 
-// fenceAt is store.NextFence's clock part for the instant "now".
+// fenceAt is storekit.NextFence's clock part for the instant "now".
 const fenceAt = `greatest((extract(epoch FROM now) * 1000000)::bigint, 1)`
 
 // sqlPendingInsert: $1 scope, $2 key, $3 fingerprint, $4 claim wait µs,
@@ -171,7 +172,7 @@ func scanPending(row pgx.Row, rec *store.Record, extra ...any) error {
 	}
 	rec.Request = nil
 	if queue != nil {
-		r, err := store.DecodeRequest(*queue, request)
+		r, err := storekit.DecodeRequest(*queue, request)
 		if err != nil {
 			return err
 		}
@@ -193,7 +194,7 @@ func collectPending(rows pgx.Rows) ([]store.Record, error) {
 }
 
 // ReservePending implements store.Queue: the common case (a new key) is
-// one INSERT; otherwise the row is locked and store.Decide applied to it
+// one INSERT; otherwise the row is locked and storekit.Decide applied to it
 // inside one transaction. A duplicate that changes nothing (a retry of a
 // pending or completed request) is answered from a plain read after the
 // INSERT, without a lock.
@@ -201,14 +202,14 @@ func collectPending(rows pgx.Rows) ([]store.Record, error) {
 // Under a tenant cap the INSERT is not tried first: the transaction takes
 // the tenant's advisory lock, as a capped Reserve does, then locks the row
 // (or finds none), decides, and counts the tenant's active records when
-// the decision would make one more active (store.ReserveParams.CheckCap);
+// the decision would make one more active (storekit.CheckCap);
 // the count runs after the lock is held, so it sees what the lock's
 // previous holder committed.
 func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (store.ReserveResult, error) {
 	if err := p.Validate(); err != nil {
 		return store.ReserveResult{}, err
 	}
-	req, err := store.EncodeRequest(&p.Request)
+	req, err := storekit.EncodeRequest(&p.Request)
 	if err != nil {
 		return store.ReserveResult{}, err
 	}
@@ -218,8 +219,8 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 		if !capped {
 			// A new key, the common case, is one autocommitted INSERT.
 			var res store.ReserveResult
-			err := scanPending(s.pool.QueryRow(ctx, q.insert, p.Scope, p.Key, p.Fingerprint, store.Micros(p.Lease),
-				store.Micros(p.TTL), string(p.LeasePolicy), s.now(), p.Request.Queue, req, p.Tenant), &res.Record)
+			err := scanPending(s.pool.QueryRow(ctx, q.insert, p.Scope, p.Key, p.Fingerprint, storekit.Micros(p.Lease),
+				storekit.Micros(p.TTL), string(p.LeasePolicy), s.now(), p.Request.Queue, req, p.Tenant), &res.Record)
 			if err == nil {
 				res.Outcome = store.Created
 				return res, nil
@@ -234,7 +235,7 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 		var now time.Time
 		err = scanRecord(extraScan{s.pool.QueryRow(ctx, q.peek, p.Scope, p.Key, s.now()), []any{&now}}, &rec, nil)
 		switch {
-		case err == nil && store.Decide(&rec, &p.ReserveParams, now) == store.ActExisting:
+		case err == nil && storekit.Decide(&rec, &p.ReserveParams, now) == storekit.ActExisting:
 			return store.ReserveResult{Outcome: store.Existing, Record: rec}, nil
 		case err != nil && !errors.Is(err, pgx.ErrNoRows):
 			return store.ReserveResult{}, wrap("reserve pending", err)
@@ -269,45 +270,45 @@ func (s *Store) pendingIn(ctx context.Context, tx pgx.Tx, q *pendingQueries, p *
 	}
 	var rec store.Record
 	var now time.Time
-	act := store.ActCreate
+	act := storekit.ActCreate
 	err = scanRecord(extraScan{tx.QueryRow(ctx, q.lock, p.Scope, p.Key, s.now()), []any{&now}}, &rec, nil)
 	absent := errors.Is(err, pgx.ErrNoRows)
 	switch {
 	case err == nil:
-		act = store.Decide(&rec, &p.ReserveParams, now)
+		act = storekit.Decide(&rec, &p.ReserveParams, now)
 	case !errors.Is(err, pgx.ErrNoRows):
 		return res, false, err
 	case !capped:
 		return res, true, nil // deleted since the insert conflicted: insert again
 	}
-	if err := p.CheckCap(act, func() (int, error) { return s.active(ctx, tx, p.Tenant) }); err != nil {
+	if err := storekit.CheckCap(&p.ReserveParams, act, func() (int, error) { return s.active(ctx, tx, p.Tenant) }); err != nil {
 		return res, false, err
 	}
 	var ttl int64
 	recreate := false
 	switch act {
-	case store.ActExisting:
+	case storekit.ActExisting:
 		return store.ReserveResult{Outcome: store.Existing, Record: rec}, false, nil
-	case store.ActLeaseExpired:
+	case storekit.ActLeaseExpired:
 		res.Outcome = store.Existing
 		return res, false, scanRecord(tx.QueryRow(ctx, q.toUnknown, p.Scope, p.Key, now), &res.Record, nil)
-	case store.ActCreate:
+	case storekit.ActCreate:
 		if absent { // capped: the INSERT, inside the tenant's lock
 			res.Outcome = store.Created
-			err := scanPending(tx.QueryRow(ctx, q.insert, p.Scope, p.Key, p.Fingerprint, store.Micros(p.Lease),
-				store.Micros(p.TTL), string(p.LeasePolicy), s.now(), p.Request.Queue, req, p.Tenant), &res.Record)
+			err := scanPending(tx.QueryRow(ctx, q.insert, p.Scope, p.Key, p.Fingerprint, storekit.Micros(p.Lease),
+				storekit.Micros(p.TTL), string(p.LeasePolicy), s.now(), p.Request.Queue, req, p.Tenant), &res.Record)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return res, true, nil // inserted meanwhile by an uncapped or other tenant's call
 			}
 			return res, false, err
 		}
-		res.Outcome, ttl, recreate = store.Created, store.Micros(p.TTL), true
-	case store.ActReclaim:
-		res.Outcome, ttl = store.Reclaimed, store.Micros(p.TTL)
+		res.Outcome, ttl, recreate = store.Created, storekit.Micros(p.TTL), true
+	case storekit.ActReclaim:
+		res.Outcome, ttl = store.Reclaimed, storekit.Micros(p.TTL)
 	default:
 		res.Outcome = store.TakenOver
 	}
-	return res, false, scanPending(tx.QueryRow(ctx, q.set, p.Scope, p.Key, now, store.Micros(p.Lease), ttl,
+	return res, false, scanPending(tx.QueryRow(ctx, q.set, p.Scope, p.Key, now, storekit.Micros(p.Lease), ttl,
 		p.Fingerprint, string(p.LeasePolicy), p.Request.Queue, req, recreate, p.Tenant), &res.Record)
 }
 
@@ -316,7 +317,7 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) ([]store.Record,
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	rows, err := s.pool.Query(ctx, s.pq().claim, p.Queue, s.now(), p.Limit, store.Micros(p.Lease))
+	rows, err := s.pool.Query(ctx, s.pq().claim, p.Queue, s.now(), p.Limit, storekit.Micros(p.Lease))
 	if err != nil {
 		return nil, wrap("claim", err)
 	}
@@ -324,7 +325,7 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) ([]store.Record,
 	if err != nil {
 		return nil, wrap("claim", err)
 	}
-	store.SortRecords(out, store.ByCreated)
+	storekit.SortRecords(out, storekit.ByCreated)
 	return out, nil
 }
 
@@ -342,7 +343,7 @@ func (s *Store) ExpirePending(ctx context.Context, p store.ExpirePendingParams) 
 		body = nil
 	}
 	rows, err := s.pool.Query(ctx, s.pq().expire, s.now(), p.Limit, p.Response.Status, headers, body,
-		p.Response.BodyOmitted, store.Micros(p.TTL))
+		p.Response.BodyOmitted, storekit.Micros(p.TTL))
 	if err != nil {
 		return nil, wrap("expire pending", err)
 	}
@@ -350,6 +351,6 @@ func (s *Store) ExpirePending(ctx context.Context, p store.ExpirePendingParams) 
 	if err != nil {
 		return nil, wrap("expire pending", err)
 	}
-	store.SortRecords(out, store.ByDeadline)
+	storekit.SortRecords(out, storekit.ByDeadline)
 	return out, nil
 }

@@ -104,6 +104,7 @@ import (
 	"github.com/idem-go/idem/internal/migrate"
 	"github.com/idem-go/idem/internal/pgmigrate"
 	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/storekit"
 )
 
 var (
@@ -312,7 +313,7 @@ func (s *Store) reserve(ctx context.Context, q querier, p store.ReserveParams) (
 		if run > 0 {
 			s.reserveRe.Add(1)
 		}
-		args := []any{p.Scope, p.Key, p.Fingerprint, store.Micros(p.Lease), store.Micros(p.TTL), string(p.LeasePolicy), s.now(), p.Tenant}
+		args := []any{p.Scope, p.Key, p.Fingerprint, storekit.Micros(p.Lease), storekit.Micros(p.TTL), string(p.LeasePolicy), s.now(), p.Tenant}
 		var op *batchOp
 		if p.MaxActive > 0 {
 			var refused bool
@@ -383,7 +384,7 @@ func (s *Store) complete(ctx context.Context, q querier, p store.CompleteParams)
 		body = nil
 	}
 	return s.fenced(ctx, q, "complete", s.q.complete, p.FenceParams,
-		p.Response.Status, headers, body, p.Response.BodyOmitted, store.Micros(p.TTL))
+		p.Response.Status, headers, body, p.Response.BodyOmitted, storekit.Micros(p.TTL))
 }
 
 // Release implements store.Store.
@@ -425,7 +426,7 @@ func (s *Store) Extend(ctx context.Context, p store.ExtendParams) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	return s.fenced(ctx, s.pool, "extend", s.q.extend, p.FenceParams, store.Micros(p.Lease))
+	return s.fenced(ctx, s.pool, "extend", s.q.extend, p.FenceParams, storekit.Micros(p.Lease))
 }
 
 // fenced runs one of the lease-holder UPDATEs ($1 scope, $2 key, $3 fence,
@@ -482,7 +483,7 @@ func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	rows, err := s.pool.Query(ctx, s.q.sweep, p.Limit, s.now(), store.Micros(p.Grace))
+	rows, err := s.pool.Query(ctx, s.q.sweep, p.Limit, s.now(), storekit.Micros(p.Grace))
 	if err != nil {
 		return nil, wrap("sweep", err)
 	}
@@ -524,7 +525,7 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 		body = nil
 	}
 	tag, err = s.pool.Exec(ctx, s.q.reapAbandon, left, now,
-		p.Abandoned.Status, headers, body, p.Abandoned.BodyOmitted, store.Micros(p.AbandonedTTL))
+		p.Abandoned.Status, headers, body, p.Abandoned.BodyOmitted, storekit.Micros(p.AbandonedTTL))
 	if err != nil {
 		return res, wrap("reap", err)
 	}
@@ -574,7 +575,7 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 		}
 	}
 	err = s.pool.QueryRow(ctx, s.q.resolve, p.Scope, p.Key, s.now(),
-		string(p.To), status, headers, body, omitted, store.Micros(p.TTL), p.Fence).Scan(&resolved, &state, &fence)
+		string(p.To), status, headers, body, omitted, storekit.Micros(p.TTL), p.Fence).Scan(&resolved, &state, &fence)
 	if err != nil {
 		return wrap("resolve", err)
 	}
@@ -597,7 +598,7 @@ func (s *Store) Defer(ctx context.Context, p store.DeferParams) error {
 	if p.DeadLetter {
 		row = s.pool.QueryRow(ctx, s.q.deadLetter, p.Scope, p.Key, s.now(), p.Error)
 	} else {
-		row = s.pool.QueryRow(ctx, s.q.deferQ, p.Scope, p.Key, s.now(), store.Micros(p.Delay), p.Error)
+		row = s.pool.QueryRow(ctx, s.q.deferQ, p.Scope, p.Key, s.now(), storekit.Micros(p.Delay), p.Error)
 	}
 	if err := row.Scan(&deferred, &state, nil); err != nil {
 		return wrap("defer", err)

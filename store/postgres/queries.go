@@ -39,7 +39,7 @@ const recordColumnsR = `r.scope, r.key, r.fingerprint, r.state, r.fence, r.lease
 //     committed after the snapshot: it neither writes nor locks, and the
 //     insert is not even attempted when cur saw the row (a replay costs an
 //     index probe, not a speculative insertion).
-//   - clock.new_fence is the fence of store.NextFence for a new row: the
+//   - clock.new_fence is the fence of storekit.NextFence for a new row: the
 //     statement's instant in microseconds (upd raises it above the row's).
 //   - upd performs that action when it needs a write. Its guard is checked
 //     again on the latest row version (READ COMMITTED re-evaluates the WHERE

@@ -12,6 +12,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/storekit"
 )
 
 // listScanCount is the COUNT hint of each SCAN step.
@@ -80,12 +81,12 @@ func (s *Store) List(ctx context.Context, p store.ListParams) ([]store.Record, *
 		if err != nil {
 			return nil, nil, fmt.Errorf("idem/redis: list: %w", err)
 		}
-		if p.Takes(&rec) {
+		if storekit.Takes(&p, &rec) {
 			out = append(out, rec)
 		}
 	}
-	slices.SortFunc(out, func(a, b store.Record) int { return store.CompareList(store.CursorOf(&a), store.CursorOf(&b)) })
-	out, next := store.Page(out, p.Limit)
+	slices.SortFunc(out, func(a, b store.Record) int { return storekit.CompareList(store.CursorOf(&a), store.CursorOf(&b)) })
+	out, next := storekit.Page(out, p.Limit)
 	return out, next, nil
 }
 
@@ -95,7 +96,7 @@ type listCand struct {
 }
 
 func sortCands(c []listCand) {
-	slices.SortFunc(c, func(a, b listCand) int { return store.CompareList(a.pos, b.pos) })
+	slices.SortFunc(c, func(a, b listCand) int { return storekit.CompareList(a.pos, b.pos) })
 }
 
 // scanRecords walks the record keys of one node and hands keep the ones
@@ -131,7 +132,7 @@ func (s *Store) scanRecords(ctx context.Context, c goredis.UniversalClient, p *s
 					continue
 				}
 				r := store.Record{Scope: scope, Key: key, State: store.State(st), CreatedAt: time.UnixMicro(us).UTC()}
-				if p.Takes(&r) {
+				if storekit.Takes(p, &r) {
 					found = append(found, listCand{pos: store.CursorOf(&r), member: keys[i]})
 				}
 			}

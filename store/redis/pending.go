@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/storekit"
 )
 
 var _ store.Queue = (*Store)(nil)
@@ -49,7 +50,7 @@ func decodePending(v any) (store.Record, error) {
 		}
 	}
 	if has {
-		r.Request, err = store.DecodeRequest(queue, []byte(request))
+		r.Request, err = storekit.DecodeRequest(queue, []byte(request))
 	}
 	return r, err
 }
@@ -63,14 +64,14 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 	if err := s.refuseCap(&p.ReserveParams, "reserve pending"); err != nil {
 		return store.ReserveResult{}, err
 	}
-	req, err := store.EncodeRequest(&p.Request)
+	req, err := storekit.EncodeRequest(&p.Request)
 	if err != nil {
 		return store.ReserveResult{}, err
 	}
 	sh := shardOf(p.Scope, p.Key)
 	keys := append(s.scriptKeys(p.Scope, p.Key), s.queueKey(sh, p.Request.Queue), s.deadlineKey(sh))
 	v, err := s.eval(ctx, scriptPendingReserve, keys,
-		s.now(), p.Scope, p.Key, p.Fingerprint, store.Micros(p.Lease), store.Micros(p.TTL),
+		s.now(), p.Scope, p.Key, p.Fingerprint, storekit.Micros(p.Lease), storekit.Micros(p.TTL),
 		string(p.LeasePolicy), s.graceMS(), p.Request.Queue, req).Result()
 	if err != nil {
 		return store.ReserveResult{}, wrap("reserve pending", err)
@@ -114,7 +115,7 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) ([]store.Record,
 	if err != nil {
 		return nil, wrap("claim", err)
 	}
-	args := []any{s.now(), s.graceMS(), store.Micros(p.Lease), p.Queue}
+	args := []any{s.now(), s.graceMS(), storekit.Micros(p.Lease), p.Queue}
 	replies, err := s.batch(ctx, s.shardCalls(cands, scriptClaim,
 		func(sh int) []string { return []string{s.queueKey(sh, p.Queue), s.deadlineKey(sh)} },
 		func(int) []any { return args }))
@@ -122,7 +123,7 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) ([]store.Record,
 		return nil, wrap("claim", err)
 	}
 	out, err := decodeBatch("claim", replies)
-	store.SortRecords(out, store.ByCreated)
+	storekit.SortRecords(out, storekit.ByCreated)
 	return out, err
 }
 
@@ -143,12 +144,12 @@ func (s *Store) ExpirePending(ctx context.Context, p store.ExpirePendingParams) 
 	replies, err := s.batch(ctx, s.shardCalls(cands, scriptExpirePending,
 		func(sh int) []string { return []string{s.deadlineKey(sh)} },
 		func(sh int) []any {
-			return append([]any{now, s.graceMS(), store.Micros(p.TTL), s.tag(sh)}, resp...)
+			return append([]any{now, s.graceMS(), storekit.Micros(p.TTL), s.tag(sh)}, resp...)
 		}))
 	if err != nil {
 		return nil, wrap("expire pending", err)
 	}
 	out, err := decodeBatch("expire pending", replies)
-	store.SortRecords(out, store.ByDeadline)
+	storekit.SortRecords(out, storekit.ByDeadline)
 	return out, err
 }

@@ -15,6 +15,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/storekit"
 )
 
 var _ store.Store = (*Store)(nil)
@@ -286,7 +287,7 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 		return store.ReserveResult{}, err
 	}
 	v, err := s.eval(ctx, scriptReserve, s.scriptKeys(p.Scope, p.Key),
-		s.now(), p.Scope, p.Key, p.Fingerprint, store.Micros(p.Lease), store.Micros(p.TTL),
+		s.now(), p.Scope, p.Key, p.Fingerprint, storekit.Micros(p.Lease), storekit.Micros(p.TTL),
 		string(p.LeasePolicy), s.graceMS()).Result()
 	if err != nil {
 		return store.ReserveResult{}, wrap("reserve", err)
@@ -328,7 +329,7 @@ func (s *Store) Complete(ctx context.Context, p store.CompleteParams) error {
 	if err != nil {
 		return err
 	}
-	args := append([]any{s.now(), s.graceMS(), p.Fence, store.Micros(p.TTL)}, resp...)
+	args := append([]any{s.now(), s.graceMS(), p.Fence, storekit.Micros(p.TTL)}, resp...)
 	return s.fenced(ctx, "complete", nil, scriptComplete, p.FenceParams, args...)
 }
 
@@ -353,7 +354,7 @@ func (s *Store) Checkpoint(ctx context.Context, p store.CheckpointParams) error 
 // Extend implements store.Store.
 func (s *Store) Extend(ctx context.Context, p store.ExtendParams) error {
 	return s.fenced(ctx, "extend", p.Validate(), scriptExtend, p.FenceParams,
-		s.now(), s.graceMS(), p.Fence, store.Micros(p.Lease))
+		s.now(), s.graceMS(), p.Fence, storekit.Micros(p.Lease))
 }
 
 // Get implements store.Store.
@@ -421,7 +422,7 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 	if err != nil {
 		return err
 	}
-	args := append([]any{s.now(), s.graceMS(), string(p.To), store.Micros(p.TTL)}, rargs...)
+	args := append([]any{s.now(), s.graceMS(), string(p.To), storekit.Micros(p.TTL)}, rargs...)
 	args = append(args, p.Fence)
 	return s.unknownOnly(ctx, "resolve", scriptResolve, p.Scope, p.Key, args...)
 }
@@ -432,5 +433,5 @@ func (s *Store) Defer(ctx context.Context, p store.DeferParams) error {
 		return fmt.Errorf("idem/redis: defer: %w", err)
 	}
 	return s.unknownOnly(ctx, "defer", scriptDefer, p.Scope, p.Key,
-		s.now(), s.graceMS(), store.Micros(p.Delay), p.Error, flag(p.DeadLetter))
+		s.now(), s.graceMS(), storekit.Micros(p.Delay), p.Error, flag(p.DeadLetter))
 }

@@ -11,6 +11,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/storekit"
 )
 
 // The background operations (sweep, reap, list) work in two phases because a
@@ -251,7 +252,7 @@ func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	lag := strconv.FormatInt(store.Micros(p.Grace), 10)
+	lag := strconv.FormatInt(storekit.Micros(p.Grace), 10)
 	cands, err := s.candidates(ctx, lag, p.Limit, idxLease)
 	if err != nil {
 		return nil, wrap("sweep", err)
@@ -290,7 +291,7 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 	if err != nil {
 		return store.ReapResult{}, wrap("reap", err)
 	}
-	args := append([]any{s.now(), s.graceMS(), flag(p.Soft), store.Micros(p.AbandonedTTL)}, resp...)
+	args := append([]any{s.now(), s.graceMS(), flag(p.Soft), storekit.Micros(p.AbandonedTTL)}, resp...)
 	replies, err := s.batch(ctx, s.perShard(cands, scriptReap, args))
 	if err != nil {
 		return store.ReapResult{}, wrap("reap", err)

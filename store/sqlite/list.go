@@ -7,6 +7,7 @@ import (
 
 	"github.com/idem-go/idem/internal/listsql"
 	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/storekit"
 )
 
 // TEXT compares with the BINARY collation (memcmp of UTF-8), the byte order
@@ -30,6 +31,6 @@ func (s *Store) List(ctx context.Context, p store.ListParams) ([]store.Record, *
 	if err != nil {
 		return nil, nil, fmt.Errorf("idem/sqlite: list: %w", err)
 	}
-	recs, next := store.Page(recs, p.Limit)
+	recs, next := storekit.Page(recs, p.Limit)
 	return recs, next, nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 
 	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/storekit"
 )
 
 var _ store.Queue = (*Store)(nil)
@@ -98,7 +99,7 @@ func scanPending(sc scanner) (store.Record, error) {
 	if err != nil || !w.queue.Valid {
 		return r, err
 	}
-	r.Request, err = store.DecodeRequest(w.queue.String, w.request)
+	r.Request, err = storekit.DecodeRequest(w.queue.String, w.request)
 	return r, err
 }
 
@@ -113,7 +114,7 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 	if err := p.Validate(); err != nil {
 		return store.ReserveResult{}, err
 	}
-	req, err := store.EncodeRequest(&p.Request)
+	req, err := storekit.EncodeRequest(&p.Request)
 	if err != nil {
 		return store.ReserveResult{}, err
 	}
@@ -122,31 +123,31 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 		now := s.now()
 		deadline := after(now, p.Lease)
 		rec, err := getRecord(ctx, q, p.Scope, p.Key)
-		act := store.ActCreate
+		act := storekit.ActCreate
 		switch {
 		case err == nil:
-			act = store.Decide(&rec, &p.ReserveParams, now)
+			act = storekit.Decide(&rec, &p.ReserveParams, now)
 		case !errors.Is(err, store.ErrNotFound):
 			return err
 		}
-		if err := p.CheckCap(act, activeOf(ctx, q, p.Tenant)); err != nil {
+		if err := storekit.CheckCap(&p.ReserveParams, act, activeOf(ctx, q, p.Tenant)); err != nil {
 			return err
 		}
 		var expires sql.NullInt64
 		switch act {
-		case store.ActExisting:
+		case storekit.ActExisting:
 			res = store.ReserveResult{Outcome: store.Existing, Record: rec}
 			return nil
-		case store.ActLeaseExpired:
+		case storekit.ActLeaseExpired:
 			rec, err = scanRecord(q.QueryRowContext(ctx, qLeaseExpired, p.Scope, p.Key, now.UnixMicro()))
 			res = store.ReserveResult{Outcome: store.Existing, Record: rec}
 			return err
-		case store.ActCreate:
+		case storekit.ActCreate:
 			rec, err = scanPending(q.QueryRowContext(ctx, qPendingCreate, p.Scope, p.Key, p.Fingerprint,
 				string(p.LeasePolicy), deadline, now.UnixMicro(), after(now, p.TTL), p.Request.Queue, req, p.Tenant))
 			res = store.ReserveResult{Outcome: store.Created, Record: rec}
 			return err
-		case store.ActReclaim:
+		case storekit.ActReclaim:
 			res.Outcome = store.Reclaimed
 			expires = sql.NullInt64{Int64: after(now, p.TTL), Valid: true}
 		default: // ActTakeOver
@@ -177,7 +178,7 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) ([]store.Record,
 	if err != nil {
 		return nil, wrap("claim", err)
 	}
-	store.SortRecords(out, store.ByCreated)
+	storekit.SortRecords(out, storekit.ByCreated)
 	return out, nil
 }
 
@@ -205,6 +206,6 @@ func (s *Store) ExpirePending(ctx context.Context, p store.ExpirePendingParams) 
 	if err != nil {
 		return nil, wrap("expire pending", err)
 	}
-	store.SortRecords(out, store.ByDeadline)
+	storekit.SortRecords(out, storekit.ByDeadline)
 	return out, nil
 }

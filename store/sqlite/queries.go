@@ -18,7 +18,7 @@ const qGet = `SELECT ` + recordColumns + ` FROM idem_records WHERE scope = ?1 AN
 
 // qCreate inserts a fresh record, or recreates one that is soft-expired or
 // terminal past its expiry (everything but the fence reset). Fences follow
-// store.NextFence: now in microseconds, and above the row's fence. Any other
+// storekit.NextFence: now in microseconds, and above the row's fence. Any other
 // existing record is left alone and no row is returned.
 //
 // ?1 scope, ?2 key, ?3 fingerprint, ?4 lease policy, ?5 locked_until,

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/storekit"
 
 	msqlite "modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
@@ -27,7 +28,7 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 		// instant.
 		rec, err := getRecord(ctx, s.read(), p.Scope, p.Key)
 		switch {
-		case err == nil && store.Decide(&rec, &p, s.now()) == store.ActExisting:
+		case err == nil && storekit.Decide(&rec, &p, s.now()) == storekit.ActExisting:
 			return store.ReserveResult{Outcome: store.Existing, Record: rec}, nil
 		case err != nil && !errors.Is(err, store.ErrNotFound):
 			return store.ReserveResult{}, wrap("reserve", err)
@@ -89,16 +90,16 @@ func (s *Store) reserve(ctx context.Context, q querier, p *store.ReserveParams) 
 		query   string
 		args    []any
 	)
-	switch store.Decide(&rec, p, now) {
-	case store.ActExisting:
+	switch storekit.Decide(&rec, p, now) {
+	case storekit.ActExisting:
 		return store.ReserveResult{Outcome: store.Existing, Record: rec}, nil
-	case store.ActReclaim:
+	case storekit.ActReclaim:
 		outcome, query = store.Reclaimed, qReclaim
 		args = []any{p.Scope, p.Key, p.Fingerprint, lockedUntil, now.UnixMicro(), expiresAt}
-	case store.ActTakeOver:
+	case storekit.ActTakeOver:
 		outcome, query = store.TakenOver, qTakeOver
 		args = []any{p.Scope, p.Key, p.Fingerprint, lockedUntil, now.UnixMicro()}
-	case store.ActLeaseExpired:
+	case storekit.ActLeaseExpired:
 		query = qLeaseExpired
 		args = []any{p.Scope, p.Key, now.UnixMicro()}
 	default: // ActCreate: qCreate would have taken it
@@ -115,19 +116,19 @@ func (s *Store) reserve(ctx context.Context, q querier, p *store.ReserveParams) 
 // tenant active while it holds p.MaxActive. The immediate transaction
 // makes the count and the write one step: no other writer runs between.
 func overCap(ctx context.Context, q querier, p *store.ReserveParams, now time.Time) error {
-	act := store.ActCreate
+	act := storekit.ActCreate
 	rec, err := getRecord(ctx, q, p.Scope, p.Key)
 	switch {
 	case err == nil:
-		act = store.Decide(&rec, p, now)
+		act = storekit.Decide(&rec, p, now)
 	case !errors.Is(err, store.ErrNotFound):
 		return err
 	}
-	return p.CheckCap(act, activeOf(ctx, q, p.Tenant))
+	return storekit.CheckCap(p, act, activeOf(ctx, q, p.Tenant))
 }
 
 // activeOf counts the tenant's active records, for
-// store.ReserveParams.CheckCap.
+// storekit.CheckCap.
 func activeOf(ctx context.Context, q querier, tenant string) func() (int, error) {
 	return func() (n int, err error) {
 		err = q.QueryRowContext(ctx, qActive, tenant).Scan(&n)
@@ -280,7 +281,7 @@ func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]
 	}
 	now := s.now()
 	recs, err := queryRecords(ctx, s.writer(), qSweep, now.UnixMicro(), p.Limit,
-		now.UnixMicro()-store.Micros(p.Grace))
+		now.UnixMicro()-storekit.Micros(p.Grace))
 	if err != nil {
 		return nil, wrap("sweep", err)
 	}
@@ -435,7 +436,7 @@ func wrap(op string, err error) error {
 
 // after is now plus d in unix microseconds, d rounded up as every store
 // rounds durations.
-func after(now time.Time, d time.Duration) int64 { return now.UnixMicro() + store.Micros(d) }
+func after(now time.Time, d time.Duration) int64 { return now.UnixMicro() + storekit.Micros(d) }
 
 // encodedResponse is a store.Response as bound to the response_* columns.
 type encodedResponse struct {

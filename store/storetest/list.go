@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/storekit"
 )
 
 // listFixture creates records in several scopes, keys and states, some at
@@ -53,7 +54,7 @@ func listFixture(e *env) []store.Record {
 	for _, sp := range specs {
 		out = append(out, e.get(sp.scope, sp.key))
 	}
-	slices.SortFunc(out, func(a, b store.Record) int { return store.CompareList(store.CursorOf(&a), store.CursorOf(&b)) })
+	slices.SortFunc(out, func(a, b store.Record) int { return storekit.CompareList(store.CursorOf(&a), store.CursorOf(&b)) })
 	return out
 }
 

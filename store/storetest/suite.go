@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/storekit"
 )
 
 const (
@@ -1318,7 +1319,7 @@ func testInvalidEveryOp(t *testing.T, h Harness) {
 func second[T any](_ T, err error) error { return err }
 
 // testRounding: every store rounds the durations it is given up to whole
-// microseconds (store.Micros), so a lease is never cut short and one
+// microseconds (storekit.Micros), so a lease is never cut short and one
 // duration means one instant on every store.
 func testRounding(t *testing.T, h Harness) {
 	e := newEnv(t, h)
@@ -1340,8 +1341,8 @@ func testRounding(t *testing.T, h Harness) {
 		t.Fatal(err)
 	}
 	wantTime(t, "ReconcileAfter after a Defer of 1s+1ns", e.get("s", "k").ReconcileAfter, now.Add(time.Second+time.Microsecond))
-	if got := store.RoundUp(time.Second + time.Nanosecond); got != time.Second+time.Microsecond {
-		t.Fatalf("store.RoundUp(1s+1ns) = %v", got)
+	if got := storekit.RoundUp(time.Second + time.Nanosecond); got != time.Second+time.Microsecond {
+		t.Fatalf("storekit.RoundUp(1s+1ns) = %v", got)
 	}
 }
 
