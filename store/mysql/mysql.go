@@ -54,6 +54,7 @@ import (
 
 	mysqldrv "github.com/go-sql-driver/mysql"
 
+	"github.com/idem-go/idem/internal/sqltx"
 	"github.com/idem-go/idem/store"
 )
 
@@ -210,9 +211,18 @@ func probeBatch(ctx context.Context, db *sql.DB) (bool, error) {
 	return true, nil
 }
 
+var _ store.TxStore[*sql.Tx] = (*Store)(nil)
+
 // DB returns the pool for callers that begin their own transaction and pass
 // it to ReserveTx, CompleteTx or CheckpointTx.
 func (s *Store) DB() *sql.DB { return s.db }
+
+// InTx runs fn in a transaction on the pool DB returns and commits it when
+// fn returns nil (rolls back otherwise). With CheckpointTx it makes the
+// store a phase.Store[*sql.Tx] for atomic phases.
+func (s *Store) InTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	return sqltx.Run(ctx, s.db, fn)
+}
 
 // Ping checks that the database answers.
 func (s *Store) Ping(ctx context.Context) error {

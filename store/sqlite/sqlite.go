@@ -62,6 +62,7 @@ import (
 
 	"github.com/idem-go/idem/internal/groupcommit"
 	"github.com/idem-go/idem/internal/migrate"
+	"github.com/idem-go/idem/internal/sqltx"
 	"github.com/idem-go/idem/store"
 
 	msqlite "modernc.org/sqlite" // registers the "sqlite" driver
@@ -268,9 +269,18 @@ func dsn(path string, params url.Values) string {
 
 var uriPathEscaper = strings.NewReplacer("%", "%25", "?", "%3F", "#", "%23")
 
+var _ store.TxStore[*sql.Tx] = (*Store)(nil)
+
 // DB returns the writer pool (one connection, immediate transactions), for
 // callers that begin their own transaction and use the Tx methods.
 func (s *Store) DB() *sql.DB { return s.db }
+
+// InTx runs fn in an immediate transaction on the writer and commits it
+// when fn returns nil (rolls back otherwise). With CheckpointTx it makes
+// the store a phase.Store[*sql.Tx] for atomic phases.
+func (s *Store) InTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	return sqltx.Run(ctx, s.db, fn)
+}
 
 // Migrate applies the pending embedded migrations in one immediate
 // transaction, so concurrent Opens of one file apply each migration once.
