@@ -59,6 +59,13 @@ func TestEchoKey(t *testing.T) {
 		reused.Code != http.StatusUnprocessableEntity {
 		t.Fatalf("codes %d %d %d, want 201, a replay, 422", executed.Code, replayed.Code, reused.Code)
 	}
+	// A retry that spells the key bare is the same key, replayed, and is
+	// told the key as it sent it, not as the first request did.
+	bare := f.do(post(`echo-1`, `{"amount":100}`))
+	if got := bare.Header()["Idempotency-Key"]; bare.Header().Get("Idempotent-Replayed") != "true" || len(got) != 1 || got[0] != "echo-1" {
+		t.Errorf("bare retry: replayed %q, Idempotency-Key = %q, want a replay with [echo-1]",
+			bare.Header().Get("Idempotent-Replayed"), got)
+	}
 	// Two keys are answered with a problem that still names both.
 	two := post(`"a"`, `{}`)
 	two.header.Add("Idempotency-Key", `"b"`)

@@ -94,7 +94,13 @@ func (e *Engine) handle(w http.ResponseWriter, r *http.Request, route string, co
 		h.rec.send()
 	case Passed:
 	case Replayed:
-		replay(w, a.Response, a.Expires, e.cfg.Profile == ProfileStripe)
+		var echo http.Header
+		if e.cfg.EchoKey && len(keys) > 0 {
+			// The stored answer holds the key as the first request spelled
+			// it ("k" or k); this client is told its own spelling.
+			echo = http.Header{e.cfg.KeyHeader: slices.Clone(keys)}
+		}
+		replay(w, a.Response, a.Expires, e.cfg.Profile == ProfileStripe, echo)
 	case Accepted:
 		w.Header().Set("Location", a.Location)
 		e.WriteProblem(w, a.Problem)
@@ -247,8 +253,9 @@ var (
 // expiry (ExpiresHeader). Its headers pass the filter of
 // header.Replayable again, whoever stored them. Under the stripe
 // profile a stored Request-Id is also sent as Original-Request, the header
-// in which Stripe names the request whose answer a replay carries.
-func replay(w http.ResponseWriter, resp *store.Response, expires time.Time, stripe bool) {
+// in which Stripe names the request whose answer a replay carries. over
+// replaces stored headers that belong to this request, not the first.
+func replay(w http.ResponseWriter, resp *store.Response, expires time.Time, stripe bool, over http.Header) {
 	src := resp.Header
 	if _, ok := src["Connection"]; ok {
 		src = header.Replayable(src) // drops the headers it names too
@@ -267,6 +274,9 @@ func replay(w http.ResponseWriter, resp *store.Response, expires time.Time, stri
 		h.Set("Original-Request", id)
 	}
 	setExpires(h, expires) // over a stored header of that name
+	for k, v := range over {
+		h[k] = v
+	}
 	if resp.BodyOmitted {
 		h["Idempotent-Body-Omitted"] = omittedTrue
 	}

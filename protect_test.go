@@ -360,3 +360,19 @@ func TestTenantSucceededOnlyOn2xx(t *testing.T) {
 		t.Fatalf("tenants reported answered 2xx: %v, want [real] (the second is a replay)", rec.ok)
 	}
 }
+
+// The cap's answer says how many requests the tenant holds in words that
+// agree with the number.
+func TestTenantMaxActiveDetail(t *testing.T) {
+	t.Parallel()
+	for max, want := range map[int]string{1: "the tenant holds 1 request waiting", 2: "the tenant holds 2 requests waiting"} {
+		te := newTenantEnv(t, idem.Config{Async: true, TenantMaxActive: max})
+		for i := range max {
+			te.want("a", fmt.Sprint("pending-", i), 202)
+		}
+		w := te.send("a", "one-more")
+		if w.Code != http.StatusTooManyRequests || !strings.Contains(w.Body.String(), want) {
+			t.Errorf("cap %d: %d %s, want 429 saying %q", max, w.Code, w.Body, want)
+		}
+	}
+}

@@ -235,6 +235,10 @@ func TestMetrics(t *testing.T) {
 	if _, err := mt.ReconcileOnce(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	// The dead letter says why, in words that agree with the count.
+	if r, err := m.Record("z"); err != nil || !strings.HasPrefix(r.LastError, "dead-lettered after 1 attempt: ") {
+		t.Errorf("dead letter: %q, %v", r.LastError, err)
+	}
 	if _, err := mt.ReapOnce(context.Background()); err != nil {
 		t.Fatal(err)
 	}

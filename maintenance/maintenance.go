@@ -354,7 +354,11 @@ func (m *Maintainer) reconcileBatch(ctx context.Context, out *ReconcileResult) (
 		}
 		attempt := r.ReconcileAttempts + 1
 		if attempt >= m.cfg.MaxReconcileAttempts {
-			why = fmt.Sprintf("dead-lettered after %d attempts: %s", attempt, why)
+			attempts := "attempts"
+			if attempt == 1 {
+				attempts = "attempt"
+			}
+			why = fmt.Sprintf("dead-lettered after %d %s: %s", attempt, attempts, why)
 			err = m.deadLetter(ctx, r, why)
 			if err == nil {
 				out.DeadLettered++

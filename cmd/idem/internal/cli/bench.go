@@ -154,7 +154,7 @@ func bench(ctx context.Context, cfg benchConfig, out io.Writer, prog *progress) 
 		rand.Shuffle(len(jobs), func(i, j int) { jobs[i], jobs[j] = jobs[j], jobs[i] })
 		return jobs
 	}
-	mode := fmt.Sprintf("%d keys x %d duplicates, shuffled", cfg.Keys, cfg.Dups)
+	mode := count(cfg.Keys, "key", "keys") + " x " + count(cfg.Dups, "duplicate", "duplicates") + ", shuffled"
 	if cfg.ReplayOnly {
 		key := "idem-bench-" + prefix + "-replay"
 		first, err := benchWarmup(reqCtx, c, cfg, key)
@@ -162,7 +162,7 @@ func bench(ctx context.Context, cfg benchConfig, out io.Writer, prog *progress) 
 			return err
 		}
 		newRound = func(int) []string { return slices.Repeat([]string{key}, cfg.Keys*cfg.Dups) }
-		mode = fmt.Sprintf("replay only: one completed key (first answer %d), %d requests a round", first, cfg.Keys*cfg.Dups)
+		mode = fmt.Sprintf("replay only: one completed key (first answer %d), %s a round", first, count(cfg.Keys*cfg.Dups, "request", "requests"))
 	}
 	work := &benchWork{ctx: ctx, newRound: newRound, jobs: newRound(0)}
 	if cfg.Duration > 0 {
@@ -182,7 +182,7 @@ func bench(ctx context.Context, cfg benchConfig, out io.Writer, prog *progress) 
 		if cfg.Duration > 0 {
 			total = fmt.Sprintf("%d a round, %s of %s", cfg.Keys*cfg.Dups, elapsed.Round(time.Second), cfg.Duration)
 		}
-		return fmt.Sprintf("bench: %d/%s requests, %s, %d errors", n, total, rate(n, elapsed), failed.Load())
+		return fmt.Sprintf("bench: %d/%s requests, %s, %s", n, total, rate(n, elapsed), count(failed.Load(), "error", "errors"))
 	})
 	for i := range parts {
 		s := newBenchStats()
@@ -305,8 +305,8 @@ func benchReport(out io.Writer, cfg benchConfig, s *benchStats, elapsed time.Dur
 		answered += n
 	}
 	sent := answered + s.errors
-	fmt.Fprintf(out, "%d requests in %s: %.1f requests/s, %d errors\n\n",
-		sent, elapsed.Round(time.Millisecond), float64(sent)/elapsed.Seconds(), s.errors)
+	fmt.Fprintf(out, "%s in %s: %.1f requests/s, %s\n\n", count(sent, "request", "requests"),
+		elapsed.Round(time.Millisecond), float64(sent)/elapsed.Seconds(), count(s.errors, "error", "errors"))
 
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "                \tcount\tp50\tp90\tp99\tmax\t")
@@ -347,16 +347,21 @@ func benchReport(out io.Writer, cfg benchConfig, s *benchStats, elapsed time.Dur
 	}
 	switch {
 	case twice > 0:
-		fmt.Fprintf(out, "DUPLICATES: %d keys were answered as new executions more than once (%d executions for %d keys)\n", twice, executions, keys)
+		were := " were"
+		if twice == 1 {
+			were = " was"
+		}
+		fmt.Fprintf(out, "DUPLICATES: %s answered as new executions more than once (%s for %s)\n",
+			count(twice, "key", "keys")+were, count(executions, "execution", "executions"), count(keys, "key", "keys"))
 	case cfg.ReplayOnly:
-		fmt.Fprintf(out, "no request ran again: %d new executions under the completed key\n", executions)
+		fmt.Fprintf(out, "no request ran again: %s under the completed key\n", count(executions, "new execution", "new executions"))
 	default:
-		fmt.Fprintf(out, "no key ran twice: %d executions for %d keys\n", executions, keys)
+		fmt.Fprintf(out, "no key ran twice: %s for %s\n", count(executions, "execution", "executions"), count(keys, "key", "keys"))
 	}
 
 	var errs []error
 	if s.errors > 0 {
-		errs = append(errs, fmt.Errorf("%d requests failed", s.errors))
+		errs = append(errs, fmt.Errorf("%s failed", count(s.errors, "request", "requests")))
 	}
 	if twice > 0 || cfg.ReplayOnly && executions > 0 {
 		errs = append(errs, errors.New("duplicates of a key ran more than once"))
@@ -367,7 +372,7 @@ func benchReport(out io.Writer, cfg benchConfig, s *benchStats, elapsed time.Dur
 	return nil
 }
 
-const benchSynopsis = `--url URL [flags]
+const benchSynopsis = `URL [flags]
 
 Sends --keys keys x --dups duplicates of a request (shuffled, so the
 duplicates of a key meet at random) from --concurrency clients and prints
@@ -384,7 +389,7 @@ of the total, the rate and the errors so far.
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("bench", benchSynopsis, stderr)
 	var cfg benchConfig
-	fs.StringVar(&cfg.URL, "url", "", "`URL` to send the requests to (required)")
+	fs.StringVar(&cfg.URL, "url", "", "`URL` to send the requests to: the older spelling of the URL argument, still accepted")
 	fs.StringVar(&cfg.Method, "method", http.MethodPost, "request `method`")
 	body := fs.String("body", defaultBody, "request body: `TEXT`, or @FILE")
 	var hdr requestHeaders
@@ -401,16 +406,20 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	if len(pos) == 1 && cfg.URL == "" {
+	// The URL is an argument, as for idem check; --url is kept for the
+	// command lines written before.
+	switch {
+	case len(pos) == 1 && cfg.URL == "":
 		cfg.URL = pos[0]
-	} else if len(pos) > 0 {
-		return usageErr(fs, "unexpected argument %q", pos[0])
-	}
-	if cfg.URL == "" {
-		return usageErr(fs, "--url is required")
+	case len(pos) > 0 && cfg.URL != "":
+		return usageErr(fs, "the URL is given twice, as %q and with --url", pos[0])
+	case len(pos) > 1:
+		return usageErr(fs, "unexpected argument %q", pos[1])
+	case cfg.URL == "":
+		return usageErr(fs, "the URL to load is required: idem bench URL")
 	}
 	if err := targetURL(cfg.URL); err != nil {
-		return usageErr(fs, "--url %v", err)
+		return usageErr(fs, "URL %v", err)
 	}
 	for name, v := range map[string]int{"keys": cfg.Keys, "dups": cfg.Dups, "concurrency": cfg.Concurrency} {
 		if err := positive(fs, name, v); err != nil {

@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"context"
 	"errors"
+	"io"
 	"regexp"
 	"strings"
 	"testing"
@@ -25,7 +27,7 @@ func TestBenchThroughTheProxy(t *testing.T) {
 
 	t.Run("duplicates", func(t *testing.T) {
 		t.Parallel()
-		out, _, err := run("bench", "--url", base+"/v1/charges", "--keys", "20", "--dups", "3", "--concurrency", "8")
+		out, _, err := run("bench", "--keys", "20", "--dups", "3", "--concurrency", "8", base+"/v1/charges")
 		t.Log("\n" + out)
 		if err != nil {
 			t.Fatal(err)
@@ -73,7 +75,7 @@ func TestBenchThroughTheProxy(t *testing.T) {
 func TestBenchReportsDuplicateExecutions(t *testing.T) {
 	t.Parallel()
 	up := newUpstream(t, &chargeAPI{}) // no idempotency at all
-	out, _, err := run("bench", "--url", up.URL, "--keys", "5", "--dups", "3", "--concurrency", "3")
+	out, _, err := run("bench", "--keys", "5", "--dups", "3", "--concurrency", "3", up.URL)
 	t.Log("\n" + out)
 	if err == nil || !strings.Contains(err.Error(), "ran more than once") {
 		t.Fatalf("bench of a plain API: %v", err)
@@ -91,13 +93,58 @@ func TestBenchUsage(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{
 		{"bench"},
+		{"bench", "ftp://x"},
 		{"bench", "--url", "ftp://x"},
-		{"bench", "--url", "http://x", "--keys", "0"},
-		{"bench", "--url", "http://x", "--duration", "-1s"},
-		{"bench", "--url", "http://x", "extra"},
+		{"bench", "--keys", "0", "http://x"},
+		{"bench", "--duration", "-1s", "http://x"},
+		{"bench", "http://x", "extra"},
+		{"bench", "--url", "http://x", "http://y"},
 	} {
 		if _, _, err := run(args...); !errors.Is(err, ErrUsage) {
 			t.Errorf("%q: %v, want ErrUsage", args, err)
+		}
+	}
+}
+
+// idem check and idem bench take the URL the same way, as an argument;
+// bench still accepts the older --url.
+func TestCheckAndBenchTakeTheURLAlike(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"check", "bench"} {
+		var help strings.Builder
+		if err := Run(context.Background(), []string{"help", name}, &help, io.Discard); err != nil {
+			t.Fatal(err)
+		}
+		if want := "Usage: idem " + name + " URL [flags]"; !strings.HasPrefix(help.String(), want) {
+			t.Errorf("idem help %s starts %q, want %q", name, strings.SplitN(help.String(), "\n", 2)[0], want)
+		}
+	}
+	up := newUpstream(t, &chargeAPI{})
+	_, base := startProxy(t, ProxyConfig{Upstream: up.URL, Store: "memory:"})
+	for _, args := range [][]string{
+		{"bench", "--keys", "2", "--dups", "2", base + "/v1/charges"},
+		{"bench", "--keys", "2", "--dups", "2", "--url", base + "/v1/charges"},
+	} {
+		if out, _, err := run(args...); err != nil || benchRow(t, out, "first executions") != "2" {
+			t.Errorf("%q: %v\n%s", args, err, out)
+		}
+	}
+	if _, _, err := run("bench", "--keys", "2"); err == nil || !strings.Contains(err.Error(), "idem bench URL") {
+		t.Errorf("bench without a URL: %v", err)
+	}
+}
+
+// The report's counts agree with their nouns: one key, one duplicate.
+func TestBenchReportSingular(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, &chargeAPI{})
+	out, _, err := run("bench", "--keys", "1", "--dups", "1", "--concurrency", "1", up.URL)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, want := range []string{"1 key x 1 duplicate, shuffled", "1 request in ", "0 errors", "no key ran twice: 1 execution for 1 key"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
 		}
 	}
 }

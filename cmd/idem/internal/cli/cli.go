@@ -272,7 +272,28 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 // byteSize is a flag holding a size in bytes: 1048576, 512KiB, 1MiB, 2MB.
 type byteSize int64
 
-func (b *byteSize) String() string { return strconv.FormatInt(int64(*b), 10) }
+// count writes n with the noun that agrees with it: 1 request, 2 requests.
+func count[N int | int64](n N, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return strconv.FormatInt(int64(n), 10) + " " + many
+}
+
+// String writes a size as a person writes it (1MiB, 64KiB), so help shows
+// defaults that way; Set reads it back.
+func (b *byteSize) String() string {
+	n := int64(*b)
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n != 0 && n%u.mult == 0 {
+			return strconv.FormatInt(n/u.mult, 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(n, 10)
+}
 
 func (b *byteSize) Set(s string) error {
 	units := []struct {

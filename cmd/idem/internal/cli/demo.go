@@ -139,7 +139,7 @@ func (t *demoTour) charges(want int64) error {
 	n := t.api.charges.Load()
 	fmt.Fprintf(t.out, "   upstream charges made so far: %d\n", n)
 	if n != want {
-		return fmt.Errorf("demo: the upstream made %d charges, want %d", n, want)
+		return fmt.Errorf("demo: the upstream made %s, want %d", count(n, "charge", "charges"), want)
 	}
 	return nil
 }

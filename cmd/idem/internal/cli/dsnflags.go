@@ -65,5 +65,17 @@ func (d *dsnFlag) resolve(fs *flag.FlagSet) error {
 		}
 		d.value = v
 	}
+	// A DSN that names no store is a refused configuration, like any
+	// value of the wrong shape: exit status 2, before anything runs.
+	if d.value == "" {
+		return nil
+	}
+	parse := func(v string) error { _, err := storeurl.Parse(v); return err }
+	if d.name == "cache" {
+		parse = func(v string) error { _, err := storeurl.ParseCache(v); return err }
+	}
+	if err := parse(d.value); err != nil {
+		return usageErr(fs, "--%s: %v", d.name, err)
+	}
 	return nil
 }

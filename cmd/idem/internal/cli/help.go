@@ -110,9 +110,9 @@ var helpDocs = map[string]helpDoc{
   1  a required check failed, or the command failed
   2  the command line is wrong (usage error)`},
 	"bench": {examples: []string{
-		"idem bench --url http://127.0.0.1:8080/v1/charges",
-		"idem bench --url http://127.0.0.1:8080/v1/charges --keys 100 --dups 10 --concurrency 64 --duration 30s --progress",
-		"idem bench --url http://127.0.0.1:8080/v1/charges --replay-only",
+		"idem bench http://127.0.0.1:8080/v1/charges",
+		"idem bench --keys 100 --dups 10 --concurrency 64 --duration 30s --progress http://127.0.0.1:8080/v1/charges",
+		"idem bench --replay-only http://127.0.0.1:8080/v1/charges",
 	}, exit: `  0  every request was answered and no key ran twice
   1  requests failed, a key was answered as a new execution twice, or the
      command failed

@@ -156,3 +156,30 @@ func TestReadmeListsEveryCommand(t *testing.T) {
 		t.Error("README lacks the install line")
 	}
 }
+
+// Sizes in help read as people write them, and read back as the same size.
+func TestHelpSizesAsWritten(t *testing.T) {
+	t.Parallel()
+	var out strings.Builder
+	if err := Run(context.Background(), []string{"help", "proxy"}, &out, &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"(default: 1MiB)", "(default: 64MiB)", "(default: 64KiB)"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("idem help proxy lacks %q", want)
+		}
+	}
+	if strings.Contains(out.String(), "1048576)") {
+		t.Error("idem help proxy still prints a size in bytes")
+	}
+	for n, want := range map[int64]string{1 << 20: "1MiB", 3 << 10: "3KiB", 2 << 30: "2GiB", 1000: "1000", 1536: "1536", 1: "1"} {
+		b := byteSize(n)
+		if got := b.String(); got != want {
+			t.Errorf("byteSize(%d) = %q, want %q", n, got, want)
+		}
+		var back byteSize
+		if err := back.Set(b.String()); err != nil || back != b {
+			t.Errorf("Set(%q) = %d, %v; want %d", b.String(), back, err, n)
+		}
+	}
+}

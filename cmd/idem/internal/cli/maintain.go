@@ -149,8 +149,8 @@ batches done and records processed on stderr as the pass goes.`, stderr)
 	}
 	start := time.Now()
 	stop := prog.start(func() string {
-		return fmt.Sprintf("reap: %d batches, %d records (%s %d, abandoned %d), %s, %s",
-			c.batches.Load(), c.records.Load(), verb, c.deleted.Load(), c.abandoned.Load(),
+		return fmt.Sprintf("reap: %s, %s (%s %d, abandoned %d), %s, %s",
+			count(c.batches.Load(), "batch", "batches"), count(c.records.Load(), "record", "records"), verb, c.deleted.Load(), c.abandoned.Load(),
 			rate(c.records.Load(), time.Since(start)), time.Since(start).Round(time.Millisecond))
 	})
 	res, err := m.ReapOnce(ctx)
@@ -406,8 +406,8 @@ asked about on stderr as the pass goes.
 	defer s.Close()
 	start := time.Now()
 	stop := prog.start(func() string {
-		return fmt.Sprintf("reconcile: %d batches, %d records asked about, %s, %s",
-			c.batches.Load(), c.records.Load(), rate(c.records.Load(), time.Since(start)), time.Since(start).Round(time.Millisecond))
+		return fmt.Sprintf("reconcile: %s, %s asked about, %s, %s",
+			count(c.batches.Load(), "batch", "batches"), count(c.records.Load(), "record", "records"), rate(c.records.Load(), time.Since(start)), time.Since(start).Round(time.Millisecond))
 	})
 	res, err := m.ReconcileOnce(ctx)
 	stop()

@@ -693,8 +693,9 @@ func TestProxyUnsupportedStore(t *testing.T) {
 		t.Fatalf("NewProxy: %v", err)
 	}
 	var stderr bytes.Buffer
+	// From the command line it is a refused configuration: exit status 2.
 	err = Run(context.Background(), []string{"proxy", "--upstream", "http://127.0.0.1:1", "--store", "etcd://x"}, io.Discard, &stderr)
-	if !errors.Is(err, storeurl.ErrUnsupported) {
+	if !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), "unsupported store DSN") {
 		t.Fatalf("Run: %v", err)
 	}
 }

@@ -158,6 +158,12 @@ func TestExitStatuses(t *testing.T) {
 		{[]string{"proxy", "--upstream", "http://127.0.0.1:1", "--store", "memory:"}, 2},                                                      // no tenant source
 		{[]string{"proxy", "--upstream", "http://127.0.0.1:1", "--store", "memory:", "--single-tenant", "--tenant-from", "authorization"}, 2}, // exclusive
 		{[]string{"inspect", "--store", dsn, "--route", "/v1/charges", "absent"}, 1},
+		// A DSN that names no store is a refused configuration.
+		{[]string{"inspect", "--store", "bogus", "--route", "/v1/charges", "k"}, 2},
+		{[]string{"sweep", "--store", "nosuch://x"}, 2},
+		{[]string{"proxy", "--upstream", "http://127.0.0.1:1", "--single-tenant", "--store", "mysql://u:p@h:bad/db"}, 2},
+		{[]string{"proxy", "--upstream", "http://127.0.0.1:1", "--single-tenant", "--store", "memory:", "--cache", "memory:"}, 2},
+		{[]string{"bench", "--keys", "1"}, 2}, // no URL
 	} {
 		if _, code := runMain(c.args...); code != c.want {
 			t.Errorf("idem %s: exit %d, want %d", strings.Join(c.args, " "), code, c.want)
