@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idem-go/idem/internal/header"
+	"github.com/idem-go/idem/internal/httpfield"
 	"github.com/idem-go/idem/store"
 )
 
@@ -77,7 +77,7 @@ func (c *Config) asyncDefaults(errs *[]error) {
 func headerNames(option string, names []string, errs *[]error) []string {
 	out := make([]string, 0, len(names))
 	for _, h := range names {
-		if !header.Valid(h, nil) {
+		if !httpfield.Valid(h, nil) {
 			*errs = append(*errs, fmt.Errorf("idem: %s: %q is not a valid header name", option, h))
 			continue
 		}
@@ -99,7 +99,7 @@ func checkAsync(s store.Store, set *settings) error {
 // a stored answer may keep (no hop-by-hop headers), less the credentials
 // (and Config.AsyncDropHeaders) Config.AsyncKeepHeaders does not name.
 func (e *Engine) pendingHeader(h http.Header) http.Header {
-	out := header.Replayable(h)
+	out := httpfield.Replayable(h)
 	for _, k := range sensitiveRequest {
 		delete(out, k)
 	}
@@ -107,7 +107,7 @@ func (e *Engine) pendingHeader(h http.Header) http.Header {
 		delete(out, k)
 	}
 	for _, k := range e.cfg.AsyncKeepHeaders {
-		if v, ok := h[k]; ok && header.Valid(k, v) {
+		if v, ok := h[k]; ok && httpfield.Valid(k, v) {
 			if out == nil {
 				out = http.Header{}
 			}

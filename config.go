@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/internal/fingerprint"
-	"github.com/idem-go/idem/internal/header"
+	"github.com/idem-go/idem/internal/httpfield"
 	"github.com/idem-go/idem/store"
 )
 
@@ -413,7 +413,7 @@ func (c Config) withDefaults() (settings, error) {
 	if c.KeyHeader == "" {
 		c.KeyHeader = DefaultKeyHeader
 	}
-	if !header.Valid(c.KeyHeader, nil) {
+	if !httpfield.Valid(c.KeyHeader, nil) {
 		errs = append(errs, fmt.Errorf("idem: KeyHeader %q is not a valid header name", c.KeyHeader))
 	}
 	c.KeyHeader = textproto.CanonicalMIMEHeaderKey(c.KeyHeader)

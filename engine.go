@@ -12,6 +12,7 @@ import (
 
 	"github.com/idem-go/idem/internal/fingerprint"
 	"github.com/idem-go/idem/internal/header"
+	"github.com/idem-go/idem/internal/httpfield"
 	"github.com/idem-go/idem/store"
 )
 
@@ -236,7 +237,7 @@ func (o Outcome) String() string {
 // Result is what an operation run by Run returns.
 type Result struct {
 	// Response is the answer to store. Headers are filtered through
-	// header.Replayable before they are stored; a body longer than
+	// httpfield.Replayable before they are stored; a body longer than
 	// Config.MaxResponseBytes is not kept (BodyOmitted).
 	Response store.Response
 	// Outcome decides what becomes of the record; ByStatus (the zero
@@ -801,7 +802,7 @@ func (e *Engine) settle(ctx context.Context, x *Execution, res *Result) {
 		x.markUnknown(ctx, reasonOr(reason, "declared unknown"))
 	default:
 		resp := res.Response
-		resp.Header = header.Replayable(resp.Header)
+		resp.Header = httpfield.Replayable(resp.Header)
 		if !resp.BodyOmitted && len(resp.Body) > e.cfg.MaxResponseBytes {
 			resp.Body, resp.BodyOmitted = nil, true
 		}

@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/idem-go/idem/internal/header"
+	"github.com/idem-go/idem/internal/httpfield"
 	"github.com/idem-go/idem/store"
 )
 
@@ -148,7 +148,7 @@ func (x *Execution) Uncertain(reason string) { x.uncertain.Store(&reason) }
 // key's completion commit in one transaction. Call Committed after the
 // commit succeeded, then send the same response.
 func (x *Execution) CompleteParams(resp store.Response) store.CompleteParams {
-	resp.Header = header.Replayable(resp.Header)
+	resp.Header = httpfield.Replayable(resp.Header)
 	x.stampExpiry()
 	return store.CompleteParams{FenceParams: x.fenceParams(), Response: resp, TTL: x.e.cfg.TTL}
 }

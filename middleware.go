@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idem-go/idem/internal/header"
+	"github.com/idem-go/idem/internal/httpfield"
 	"github.com/idem-go/idem/store"
 )
 
@@ -251,18 +251,18 @@ var (
 
 // replay writes a stored answer, byte for byte, naming the record's
 // expiry (ExpiresHeader). Its headers pass the filter of
-// header.Replayable again, whoever stored them. Under the stripe
+// httpfield.Replayable again, whoever stored them. Under the stripe
 // profile a stored Request-Id is also sent as Original-Request, the header
 // in which Stripe names the request whose answer a replay carries. over
 // replaces stored headers that belong to this request, not the first.
 func replay(w http.ResponseWriter, resp *store.Response, expires time.Time, stripe bool, over http.Header) {
 	src := resp.Header
 	if _, ok := src["Connection"]; ok {
-		src = header.Replayable(src) // drops the headers it names too
+		src = httpfield.Replayable(src) // drops the headers it names too
 	}
 	h := w.Header()
 	for k, v := range src {
-		if !header.ReplayableName(k) || !header.Valid(k, v) {
+		if !httpfield.ReplayableName(k) || !httpfield.Valid(k, v) {
 			continue
 		}
 		// A full slice expression: a later Add appends to a copy, never to
@@ -373,7 +373,7 @@ func isEventStream(h http.Header) bool {
 // buffered.
 func (rw *recorder) stream() {
 	rw.streaming = true
-	rw.header = header.Replayable(rw.w.Header())
+	rw.header = httpfield.Replayable(rw.w.Header())
 	if rw.clk != nil {
 		// Sent before the answer is stored: the record will expire a
 		// TTL after its completion, later than this.

@@ -21,7 +21,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/internal/header"
+	"github.com/idem-go/idem/internal/httpfield"
 	"github.com/idem-go/idem/store"
 )
 
@@ -420,7 +420,7 @@ func (m *Maintainer) Settle(ctx context.Context, scope, key string, fence int64,
 			return errors.New("maintenance: a request that happened needs the response to replay")
 		}
 		resp := *res.Response
-		resp.Header = header.Replayable(resp.Header) // as the engine stores them
+		resp.Header = httpfield.Replayable(resp.Header) // as the engine stores them
 		p.To, p.Response, p.TTL = store.StateCompleted, &resp, m.cfg.TTL
 	case DidNotHappen, RunAgain:
 	default:

@@ -8,7 +8,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/idem-go/idem/internal/header"
+	"github.com/idem-go/idem/internal/httpfield"
 )
 
 // Asynchronous acceptance. A request on an asynchronous route is not run
@@ -135,14 +135,14 @@ func (p *PendingParams) Validate() error {
 	if err := checkQueue(r.Queue); err != nil {
 		return err
 	}
-	if r.Method == "" || !header.Valid(r.Method, nil) {
+	if r.Method == "" || !httpfield.Valid(r.Method, nil) {
 		return invalid(fmt.Sprintf("request method %q is not an HTTP token", r.Method))
 	}
-	if r.Target == "" || !utf8.ValidString(r.Target) || !header.Valid("x", []string{r.Target}) {
+	if r.Target == "" || !utf8.ValidString(r.Target) || !httpfield.Valid("x", []string{r.Target}) {
 		return invalid("request target must be non-empty UTF-8 without control characters")
 	}
 	for k, v := range r.Header {
-		if !header.Valid(k, v) {
+		if !httpfield.Valid(k, v) {
 			return invalid(fmt.Sprintf("request header %q is not valid", k))
 		}
 	}
@@ -169,7 +169,7 @@ func checkQueue(q string) error {
 		return invalid("queue is required")
 	case len(q) > MaxQueueBytes:
 		return errors.Join(ErrTooLong, fmt.Errorf("queue of %d bytes, the limit is %d", len(q), MaxQueueBytes))
-	case !header.Valid("x", []string{q}) || !utf8.ValidString(q):
+	case !httpfield.Valid("x", []string{q}) || !utf8.ValidString(q):
 		return invalid("queue must be UTF-8 without control characters")
 	}
 	return nil

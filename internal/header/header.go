@@ -1,6 +1,4 @@
-// Package header parses the Idempotency-Key request header field, and says
-// which header fields of an answer may be stored and replayed (Replayable):
-// the engine, the background services and the binary all filter through it.
+// Package header parses the Idempotency-Key request header field.
 //
 // The IETF draft (draft-ietf-httpapi-idempotency-key-header) defines the
 // field as an Item Structured Field (RFC 8941, RFC 9651) whose value is a

@@ -24,7 +24,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/storeurl"
-	"github.com/idem-go/idem/internal/header"
+	"github.com/idem-go/idem/internal/httpfield"
 	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/otelidem"
 	"github.com/idem-go/idem/store"
@@ -119,7 +119,7 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 	if cfg.KeyHeader == "" {
 		cfg.KeyHeader = idem.DefaultKeyHeader
 	}
-	if !header.Valid(cfg.KeyHeader, nil) {
+	if !httpfield.Valid(cfg.KeyHeader, nil) {
 		return nil, configErr("proxy: --key-header %q is not a valid header name", cfg.KeyHeader)
 	}
 	// The guard looks the key up by the engine's (canonical) spelling.

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/internal/header"
+	"github.com/idem-go/idem/internal/httpfield"
 	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 )
@@ -154,7 +154,7 @@ func redactedURLError(err error) error {
 }
 
 // parseResolveAnswer reads the resolve URL's answer. A settled response
-// keeps what a live one would: the headers header.Replayable lets
+// keeps what a live one would: the headers httpfield.Replayable lets
 // through, and a body of at most maxBody bytes (a larger one is left out
 // and the replay says so, as the middleware does).
 func parseResolveAnswer(raw []byte, maxBody int) (maintenance.Resolution, error) {
@@ -221,7 +221,7 @@ func checkStatus(status int) error {
 
 // replayable keeps the headers a stored answer may carry; never nil.
 func replayable(h http.Header) http.Header {
-	if h = header.Replayable(h); h == nil {
+	if h = httpfield.Replayable(h); h == nil {
 		h = http.Header{}
 	}
 	return h

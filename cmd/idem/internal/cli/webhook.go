@@ -23,6 +23,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/header"
+	"github.com/idem-go/idem/internal/httpfield"
 	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 	"golang.org/x/sync/semaphore"
@@ -527,7 +528,7 @@ func webhookSignature(secret []byte, ts string, body []byte) []byte {
 
 // parse reads a delivery: the scope and key of its record, and the
 // settlement, whose answer keeps what a live answer would (the headers
-// header.Replayable lets through, and a body of at most the engine's
+// httpfield.Replayable lets through, and a body of at most the engine's
 // MaxResponseBytes: a larger one is left out and replays say so).
 func (h *webhook) parse(body []byte) (scope, key string, fence int64, res maintenance.Resolution, err error) {
 	var d settleDelivery
@@ -609,7 +610,7 @@ func (h *webhook) scope(d *settleDelivery) (string, error) {
 	}
 	req := &http.Request{Method: strings.ToUpper(method), URL: u, RequestURI: d.Route, Header: http.Header{}, Host: "idem.invalid"}
 	for name, values := range d.CallerHeaders {
-		if !validToken(name) || !header.Valid(name, values) {
+		if !validToken(name) || !httpfield.Valid(name, values) {
 			return "", fmt.Errorf("caller header %q is not a valid header", name)
 		}
 		for _, v := range values {
@@ -663,5 +664,5 @@ func sameSettlement(rec store.Record, res maintenance.Resolution) bool {
 	got, want := rec.Response, res.Response
 	return rec.State == store.StateCompleted && got != nil &&
 		got.Status == want.Status && got.BodyOmitted == want.BodyOmitted && bytes.Equal(got.Body, want.Body) &&
-		maps.EqualFunc(header.Replayable(got.Header), want.Header, slices.Equal)
+		maps.EqualFunc(httpfield.Replayable(got.Header), want.Header, slices.Equal)
 }

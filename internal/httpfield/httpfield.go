@@ -1,4 +1,10 @@
-package header
+// Package httpfield holds idem's rules on HTTP header fields: which are
+// well-formed (Valid) and which a stored answer may keep and replay
+// (Replayable). The engine, the background services and the binary filter
+// every answer they store through it, and the store contract checks a
+// pending request's fields with it; it imports nothing but the standard
+// library, so the contract stays free of dependencies.
+package httpfield
 
 import (
 	"net/http"

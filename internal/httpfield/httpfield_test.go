@@ -1,10 +1,10 @@
-package header_test
+package httpfield_test
 
 import (
 	"net/http"
 	"testing"
 
-	"github.com/idem-go/idem/internal/header"
+	"github.com/idem-go/idem/internal/httpfield"
 )
 
 func TestReplayable(t *testing.T) {
@@ -21,7 +21,7 @@ func TestReplayable(t *testing.T) {
 		"X-Tab":          {"a\tb"},
 		"Bad Name":       {"v"},
 	}
-	got := header.Replayable(h)
+	got := httpfield.Replayable(h)
 	for _, k := range []string{"Content-Type", "X-Request-Id", "X-Tab"} {
 		if got.Get(k) == "" {
 			t.Errorf("%s dropped", k)
@@ -36,7 +36,7 @@ func TestReplayable(t *testing.T) {
 	if len(h["X-Request-Id"]) != 1 {
 		t.Error("an Add on the copy wrote into the original")
 	}
-	if header.Replayable(nil) != nil {
+	if httpfield.Replayable(nil) != nil {
 		t.Error("nil header: want nil")
 	}
 }
