@@ -237,10 +237,12 @@ func burstFor(rate float64) int {
 }
 
 // checkCap refuses a cap of active records over a store that cannot count
-// them (store.CapRefuser).
+// them (store.CapRefuser), as configured.
 func checkCap(s store.Store, set *settings) error {
 	if r, ok := s.(store.CapRefuser); ok && set.TenantMaxActive > 0 {
-		return fmt.Errorf("idem: TenantMaxActive: %s", r.TenantCapUnsupported())
+		if why := r.TenantCapUnsupported(); why != "" {
+			return fmt.Errorf("idem: TenantMaxActive: %s", why)
+		}
 	}
 	return nil
 }

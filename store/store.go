@@ -446,7 +446,9 @@ var (
 )
 
 // CapRefuser is implemented by a store that refuses ReserveParams.MaxActive
-// with ErrCapUnsupported; TenantCapUnsupported says why.
+// with ErrCapUnsupported; TenantCapUnsupported says why, or returns "" when
+// the store, as configured, does count (a store may count only when told
+// to, because counting has a cost).
 type CapRefuser interface {
 	TenantCapUnsupported() string
 }

@@ -44,7 +44,7 @@ func BenchmarkBatchStatements(b *testing.B) {
 	if _, err := pool.Exec(ctx, "ANALYZE idem_records"); err != nil {
 		b.Fatal(err)
 	}
-	unqualified := strings.NewReplacer("{schema}", "")
+	unqualified := strings.NewReplacer("{schema}", "", "{cap}", "false")
 	single, many := unqualified.Replace(postgres.SQLReserve), unqualified.Replace(postgres.SQLReserveMany)
 	cpu := newCPUMeter(ctx, pool)
 	run := 0

@@ -190,7 +190,7 @@ func TestBatchMultiRowConcurrent(t *testing.T) {
 // The multi-row reserve stores each call's tenant, as the single
 // statement does: records reserved in a batch count against a later cap.
 func TestBatchMultiRowReserveKeepsTenant(t *testing.T) {
-	s, schema := openSchema(t, postgres.Config{MaxBatches: 1})
+	s, schema := openSchema(t, postgres.Config{MaxBatches: 1, TenantCap: true})
 	ctx := context.Background()
 	tenant := func(key string, max int) store.ReserveParams {
 		p := reserveParams(key)
@@ -229,10 +229,12 @@ func TestMultiRowPlansProbeTheKey(t *testing.T) {
 	_, schema := openSchema(t, postgres.Config{}) // migrates the new schema
 	ctx := context.Background()
 	conn := adminConn(t)
-	if _, err := conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan"); err != nil {
+	// As in a batch: the statement that opens it turns sequential scans
+	// off (sqlBatchLockTimeout).
+	if _, err := conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off"); err != nil {
 		t.Fatal(err)
 	}
-	qualified := strings.NewReplacer("{schema}", pgx.Identifier{schema}.Sanitize()+".")
+	qualified := strings.NewReplacer("{schema}", pgx.Identifier{schema}.Sanitize()+".", "{cap}", "false")
 	for _, st := range []struct{ name, types, sql, args string }{
 		{"reserve", "text[], text[], text[], bigint[], bigint[], text[], timestamptz[], text[]", postgres.SQLReserveMany,
 			`'{s,s}', '{a,b}', '{f,f}', '{1,1}', '{1,1}', '{unknown,unknown}', '{NULL,NULL}', '{"",""}'`},

@@ -19,7 +19,7 @@ import (
 // batched path, alone or not, through the multi-row statements: they must
 // keep every rule the single statements keep.
 func TestConformanceBatched(t *testing.T) {
-	conformance(t, testURL(t), postgres.Config{ForceBatches: true, MaxConns: smallPool}, false)
+	conformance(t, testURL(t), postgres.Config{ForceBatches: true, MaxConns: smallPool, TenantCap: true}, false)
 }
 
 // TestForceBatchesUsesTheMultiRowStatements checks that the forced path is

@@ -301,5 +301,5 @@ func scanDest(fence *int64) []any {
 }
 
 func inSchema(sql, schema string) string {
-	return strings.ReplaceAll(sql, "{schema}", pgx.Identifier{schema}.Sanitize()+".")
+	return strings.NewReplacer("{schema}", pgx.Identifier{schema}.Sanitize()+".", "{cap}", "false").Replace(sql)
 }

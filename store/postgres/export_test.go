@@ -1,5 +1,10 @@
 package postgres
 
+import (
+	"github.com/idem-go/idem/internal/listsql"
+	"github.com/idem-go/idem/store"
+)
+
 // ReserveReruns counts Reserve statements run again after a race (snapshot
 // gap or lost transition), for tests that provoke those races.
 func (s *Store) ReserveReruns() int64 { return s.reserveRe.Load() }
@@ -39,3 +44,27 @@ func (s *Store) BatchStalls() int64 { return s.batch.group.Stalls() }
 // HoldQueue turns the extra slots off, for tests that hold the only slot
 // on purpose and queue calls behind it.
 func (s *Store) HoldQueue() { s.batch.group.Unstall(0, 0) }
+
+// Statements returns every statement of the store, by name, with its
+// schema and Config.TenantCap filled in, for the tests of their plans.
+func (s *Store) Statements() map[string]string {
+	q, pq := s.q, s.pq()
+	return map[string]string{
+		"reserve": q.reserve, "complete": q.complete, "release": q.release,
+		"markUnknown": q.markUnknown, "checkpoint": q.checkpoint, "extend": q.extend,
+		"get": q.get, "delete": q.delete, "sweep": q.sweep, "sweepLock": q.sweepLock,
+		"reapDelete": q.reapDelete, "reapSoft": q.reapSoft, "reapAbandon": q.reapAbandon,
+		"listUnknown": q.listUnknown, "resolve": q.resolve, "defer": q.deferQ,
+		"deadLetter": q.deadLetter, "reserveMany": q.reserveMany, "completeMany": q.completeMany,
+		"reserveCapped": q.reserveCapped, "active": q.active,
+		"pendingInsert": pq.insert, "pendingPeek": pq.peek, "pendingLock": pq.lock,
+		"pendingSet": pq.set, "pendingToUnknown": pq.toUnknown, "claim": pq.claim,
+		"expirePending": pq.expire,
+	}
+}
+
+// ListSQL is the statement List runs for p, unqualified.
+func ListSQL(p store.ListParams) string {
+	q, _ := listsql.Build(listDialect, "idem_records", recordColumns, p)
+	return q
+}

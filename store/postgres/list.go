@@ -31,11 +31,7 @@ func (s *Store) List(ctx context.Context, p store.ListParams) ([]store.Record, *
 		table = pgx.Identifier{s.cfg.Schema, table}.Sanitize()
 	}
 	q, args := listsql.Build(listDialect, table, recordColumns, p)
-	rows, err := s.pool.Query(ctx, q, args...)
-	if err != nil {
-		return nil, nil, wrap("list", err)
-	}
-	recs, err := collectRecords(rows)
+	recs, err := s.queryIndexed(ctx, sqlNoSeqScan, q, args, collectRecords)
 	if err != nil {
 		return nil, nil, wrap("list", err)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -36,10 +35,12 @@ const sqlPendingInsert = `
 WITH clock AS (SELECT coalesce($7::timestamptz, statement_timestamp()) AS now)
 INSERT INTO {schema}idem_records AS r
 	(scope, key, fingerprint, state, fence, lease_policy, locked_until,
-	 attempts, created_at, updated_at, expires_at, queue, request, tenant)
+	 attempts, created_at, updated_at, expires_at, reap_after, queue, pending_queue, request,
+	 tenant, active_tenant)
 SELECT $1, $2, $3, 'pending', ` + fenceAt + `, $6,
 	now + $4::bigint * interval '1 microsecond', 0, now, now,
-	now + $5::bigint * interval '1 microsecond', $8, $9, $10
+	now + $5::bigint * interval '1 microsecond', now + $5::bigint * interval '1 microsecond',
+	$8, $8, $9, $10, CASE WHEN {cap} THEN $10 END
 FROM clock
 ON CONFLICT (scope, key) DO NOTHING
 RETURNING ` + pendingColumns
@@ -68,9 +69,13 @@ UPDATE {schema}idem_records AS r SET
 	locked_until = $3::timestamptz + $4::bigint * interval '1 microsecond',
 	expires_at = CASE WHEN $5::bigint > 0 THEN $3::timestamptz + $5::bigint * interval '1 microsecond'
 		ELSE r.expires_at END,
+	reap_after = CASE WHEN $5::bigint > 0 THEN $3::timestamptz + $5::bigint * interval '1 microsecond'
+		ELSE r.expires_at END,
 	last_error = '',
 	updated_at = $3::timestamptz,
 	queue = $8,
+	pending_queue = $8,
+	active_tenant = CASE WHEN {cap} THEN CASE WHEN $10 THEN $11 ELSE r.tenant END END,
 	request = $9,
 	fingerprint = CASE WHEN $10 THEN $6 ELSE r.fingerprint END,
 	tenant = CASE WHEN $10 THEN $11 ELSE r.tenant END,
@@ -93,7 +98,7 @@ RETURNING ` + pendingColumns
 // does it. $1 scope, $2 key, $3 now.
 const sqlPendingToUnknown = `
 UPDATE {schema}idem_records SET
-	state = 'unknown', last_error = 'lease_expired',
+	state = 'unknown', last_error = 'lease_expired', pending_queue = NULL,
 	reconcile_after = $3::timestamptz, updated_at = $3::timestamptz
 WHERE scope = $1 AND key = $2
 RETURNING ` + recordColumns
@@ -104,13 +109,14 @@ WITH clock AS (SELECT coalesce($2::timestamptz, statement_timestamp()) AS now),
 picked AS (
 	SELECT r.scope, r.key
 	FROM {schema}idem_records r, clock c
-	WHERE r.state = 'pending' AND r.queue = $1 AND r.locked_until > c.now
+	WHERE r.pending_queue = $1 AND r.locked_until > c.now AND r.state = 'pending'
 	ORDER BY r.created_at
 	LIMIT $3
 	FOR UPDATE OF r SKIP LOCKED
 )
 UPDATE {schema}idem_records AS r SET
 	state = 'in_progress',
+	pending_queue = NULL,
 	fence = greatest(r.fence + 1, greatest((extract(epoch FROM c.now) * 1000000)::bigint, 1)),
 	attempts = r.attempts + 1,
 	locked_until = c.now + $4::bigint * interval '1 microsecond',
@@ -126,13 +132,13 @@ WITH clock AS (SELECT coalesce($1::timestamptz, statement_timestamp()) AS now),
 due AS (
 	SELECT r.scope, r.key
 	FROM {schema}idem_records r, clock c
-	WHERE r.state = 'pending' AND r.locked_until <= c.now
+	WHERE r.pending_queue IS NOT NULL AND r.locked_until <= c.now AND r.state = 'pending'
 	ORDER BY r.locked_until
 	LIMIT $2
 	FOR UPDATE OF r SKIP LOCKED
 )
 UPDATE {schema}idem_records AS r SET
-	` + completing("$3", "$4", "$5", "$6", "'"+store.ExpiredPendingError+"'", "c.now", renewedExpiry("c.now", "$7::bigint")) + `
+	` + completing("$3", "$4", "$5", "$6", "'"+store.ExpiredPendingError+"'", "c.now", renewedExpiry("c.now", "$7::bigint"), newReapAfter) + `
 FROM due, clock c
 WHERE r.scope = due.scope AND r.key = due.key AND r.state = 'pending'
 RETURNING ` + pendingColumnsR
@@ -141,23 +147,26 @@ type pendingQueries struct {
 	insert, peek, lock, set, toUnknown, claim, expire string
 }
 
-// pendingSQL caches the statements per schema (a Store's schema is fixed).
-var pendingSQL sync.Map // schema -> *pendingQueries
+// pendingSQL caches the statements per schema and Config.TenantCap (a
+// Store's are fixed).
+var pendingSQL sync.Map // pendingKey -> *pendingQueries
+
+type pendingKey struct {
+	schema    string
+	tenantCap bool
+}
 
 func (s *Store) pq() *pendingQueries {
-	if q, ok := pendingSQL.Load(s.cfg.Schema); ok {
+	k := pendingKey{s.cfg.Schema, s.cfg.TenantCap}
+	if q, ok := pendingSQL.Load(k); ok {
 		return q.(*pendingQueries)
 	}
-	prefix := ""
-	if s.cfg.Schema != "" {
-		prefix = pgx.Identifier{s.cfg.Schema}.Sanitize() + "."
-	}
-	r := strings.NewReplacer("{schema}", prefix)
+	r := placeholders(s.cfg.Schema, s.cfg.TenantCap)
 	q := &pendingQueries{
 		insert: r.Replace(sqlPendingInsert), peek: r.Replace(sqlPendingPeek), lock: r.Replace(sqlPendingLock), set: r.Replace(sqlPendingSet),
 		toUnknown: r.Replace(sqlPendingToUnknown), claim: r.Replace(sqlClaim), expire: r.Replace(sqlExpirePending),
 	}
-	v, _ := pendingSQL.LoadOrStore(s.cfg.Schema, q)
+	v, _ := pendingSQL.LoadOrStore(k, q)
 	return v.(*pendingQueries)
 }
 
@@ -215,6 +224,9 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 	}
 	q := s.pq()
 	capped := p.MaxActive > 0
+	if capped && !s.cfg.TenantCap {
+		return store.ReserveResult{}, s.capUnsupported("reserve pending")
+	}
 	for run := 0; run < maxReserveRuns; run++ {
 		if !capped {
 			// A new key, the common case, is one autocommitted INSERT.
@@ -317,11 +329,7 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) ([]store.Record,
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	rows, err := s.pool.Query(ctx, s.pq().claim, p.Queue, s.now(), p.Limit, storekit.Micros(p.Lease))
-	if err != nil {
-		return nil, wrap("claim", err)
-	}
-	out, err := collectPending(rows)
+	out, err := s.queryIndexed(ctx, sqlNoSeqScan, s.pq().claim, []any{p.Queue, s.now(), p.Limit, storekit.Micros(p.Lease)}, collectPending)
 	if err != nil {
 		return nil, wrap("claim", err)
 	}
@@ -342,12 +350,8 @@ func (s *Store) ExpirePending(ctx context.Context, p store.ExpirePendingParams) 
 	if p.Response.BodyOmitted {
 		body = nil
 	}
-	rows, err := s.pool.Query(ctx, s.pq().expire, s.now(), p.Limit, p.Response.Status, headers, body,
-		p.Response.BodyOmitted, storekit.Micros(p.TTL))
-	if err != nil {
-		return nil, wrap("expire pending", err)
-	}
-	out, err := collectPending(rows)
+	out, err := s.queryIndexed(ctx, sqlNoSeqScan, s.pq().expire, []any{s.now(), p.Limit, p.Response.Status, headers, body,
+		p.Response.BodyOmitted, storekit.Micros(p.TTL)}, collectPending)
 	if err != nil {
 		return nil, wrap("expire pending", err)
 	}

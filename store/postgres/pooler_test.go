@@ -49,8 +49,9 @@ func conformance(t *testing.T, u string, cfg postgres.Config, searchPath bool) {
 				return s
 			}
 		},
-		Durable: true,
-		Shared:  true,
+		Durable:     true,
+		Shared:      true,
+		NoTenantCap: !cfg.TenantCap,
 	})
 }
 
@@ -63,7 +64,7 @@ func TestConformanceQueryModes(t *testing.T) {
 	for _, mode := range queryModes {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
-			conformance(t, testenv.WithParam(t, base, "default_query_exec_mode", mode), postgres.Config{MaxConns: smallPool}, false)
+			conformance(t, testenv.WithParam(t, base, "default_query_exec_mode", mode), postgres.Config{MaxConns: smallPool, TenantCap: true}, false)
 		})
 	}
 }
@@ -78,7 +79,7 @@ func TestConformancePgbouncer(t *testing.T) {
 			// A session pool holds a server connection per client
 			// connection: the suite's small pools keep it within the
 			// pooler's server connections.
-			conformance(t, u, postgres.Config{MaxConns: smallPool}, false)
+			conformance(t, u, postgres.Config{MaxConns: smallPool, TenantCap: true}, false)
 		})
 	}
 }

@@ -154,6 +154,16 @@ type Config struct {
 	// statements meet every rule that the single ones meet. Defaults to
 	// false. Ignored when MaxBatches is negative.
 	ForceBatches bool
+	// TenantCap makes the store count each tenant's active records, which
+	// store.ReserveParams.MaxActive (idem.Config.TenantMaxActive) needs:
+	// every active record then keeps its tenant in an index, and the
+	// transitions out of the active states, completion among them, rewrite
+	// that entry, which makes them ordinary updates instead of heap-only
+	// ones (see docs/postgres-production.md). Every store sharing a schema
+	// must agree on it. Defaults to false: a Reserve with a positive
+	// MaxActive fails with store.ErrCapUnsupported, and the engine refuses
+	// a TenantMaxActive on this store at start.
+	TenantCap bool
 }
 
 // DefaultMaxConns is the pool size Open uses when neither Config.MaxConns
@@ -222,7 +232,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	if err := checkPoolMode(ctx, pool, cfg.SkipMigrate); err != nil {
 		return nil, err
 	}
-	s := &Store{pool: pool, cfg: cfg, q: newQueries(cfg.Schema)}
+	s := &Store{pool: pool, cfg: cfg, q: newQueries(cfg.Schema, cfg.TenantCap)}
 	if cfg.MaxBatches >= 0 {
 		s.batch = newBatcher(s, cmp.Or(cfg.MaxBatches, DefaultMaxBatches), cfg.ForceBatches)
 	}
@@ -315,6 +325,9 @@ func (s *Store) reserve(ctx context.Context, q querier, p store.ReserveParams) (
 		}
 		args := []any{p.Scope, p.Key, p.Fingerprint, storekit.Micros(p.Lease), storekit.Micros(p.TTL), string(p.LeasePolicy), s.now(), p.Tenant}
 		var op *batchOp
+		if p.MaxActive > 0 && !s.cfg.TenantCap {
+			return store.ReserveResult{}, s.capUnsupported("reserve")
+		}
 		if p.MaxActive > 0 {
 			var refused bool
 			if op, refused = s.reserveCapped(ctx, q, &p, args); refused {
@@ -483,11 +496,10 @@ func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	rows, err := s.pool.Query(ctx, s.q.sweep, p.Limit, s.now(), storekit.Micros(p.Grace))
-	if err != nil {
-		return nil, wrap("sweep", err)
-	}
-	recs, err := collectRecords(rows)
+	// One pipeline, one implicit transaction: the lock, then the sweep
+	// in a snapshot taken once the lock is held.
+	recs, err := s.queryIndexed(ctx, s.q.sweepLock, s.q.sweep,
+		[]any{p.Limit, s.now(), storekit.Micros(p.Grace), sweepWalk}, collectRecords)
 	if err != nil {
 		return nil, wrap("sweep", err)
 	}
@@ -507,11 +519,11 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 	if p.Soft {
 		sql = s.q.reapSoft
 	}
-	tag, err := s.pool.Exec(ctx, sql, p.Limit, now)
+	n, err := s.execIndexed(ctx, sql, p.Limit, now)
 	if err != nil {
 		return res, wrap("reap", err)
 	}
-	res.Deleted = int(tag.RowsAffected())
+	res.Deleted = int(n)
 	left := p.Limit - res.Deleted
 	if left <= 0 {
 		return res, nil
@@ -524,12 +536,12 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 	if p.Abandoned.BodyOmitted {
 		body = nil
 	}
-	tag, err = s.pool.Exec(ctx, s.q.reapAbandon, left, now,
+	n, err = s.execIndexed(ctx, s.q.reapAbandon, left, now,
 		p.Abandoned.Status, headers, body, p.Abandoned.BodyOmitted, storekit.Micros(p.AbandonedTTL))
 	if err != nil {
 		return res, wrap("reap", err)
 	}
-	res.Abandoned = int(tag.RowsAffected())
+	res.Abandoned = int(n)
 	return res, nil
 }
 
@@ -538,11 +550,7 @@ func (s *Store) ListUnknown(ctx context.Context, p store.ListUnknownParams) ([]s
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	rows, err := s.pool.Query(ctx, s.q.listUnknown, p.DueOnly, p.Limit, s.now())
-	if err != nil {
-		return nil, wrap("list unknown", err)
-	}
-	recs, err := collectRecords(rows)
+	recs, err := s.queryIndexed(ctx, sqlNoSeqScan, s.q.listUnknown, []any{p.DueOnly, p.Limit, s.now()}, collectRecords)
 	if err != nil {
 		return nil, wrap("list unknown", err)
 	}

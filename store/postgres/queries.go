@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -74,10 +75,11 @@ cur AS (
 ins AS (
 	INSERT INTO {schema}idem_records AS r
 		(scope, key, fingerprint, state, fence, lease_policy, locked_until,
-		 attempts, created_at, updated_at, expires_at, tenant)
+		 attempts, created_at, updated_at, expires_at, reap_after, tenant, active_tenant)
 	SELECT $1, $2, $3, 'in_progress', c.new_fence, $6,
 		c.now + $4::bigint * interval '1 microsecond',
-		1, c.now, c.now, c.now + $5::bigint * interval '1 microsecond', $8
+		1, c.now, c.now, c.now + $5::bigint * interval '1 microsecond',
+		c.now + $5::bigint * interval '1 microsecond', $8, CASE WHEN {cap} THEN $8 END
 	FROM clock c
 	WHERE NOT EXISTS (SELECT FROM cur)
 	ON CONFLICT (scope, key) DO NOTHING
@@ -88,6 +90,8 @@ upd AS (
 		state = CASE WHEN cur.action = 'to_unknown' THEN 'unknown' ELSE 'in_progress' END,
 		fingerprint = CASE WHEN cur.action = 'replace' THEN $3 ELSE r.fingerprint END,
 		tenant = CASE WHEN cur.action = 'replace' THEN $8 ELSE r.tenant END,
+		active_tenant = CASE WHEN NOT {cap} THEN NULL
+			WHEN cur.action = 'replace' THEN $8 ELSE r.tenant END,
 		fence = CASE WHEN cur.action = 'to_unknown' THEN r.fence
 			ELSE greatest(r.fence + 1, c.new_fence) END,
 		lease_policy = CASE WHEN cur.action = 'replace' THEN $6 ELSE r.lease_policy END,
@@ -106,6 +110,8 @@ upd AS (
 		completed_at = NULL,
 		expires_at = CASE WHEN cur.action IN ('replace', 'reclaim')
 			THEN c.now + $5::bigint * interval '1 microsecond' ELSE r.expires_at END,
+		reap_after = CASE WHEN cur.action IN ('replace', 'reclaim')
+			THEN c.now + $5::bigint * interval '1 microsecond' ELSE r.reap_after END,
 		reconcile_after = CASE WHEN cur.action = 'to_unknown' THEN c.now END,
 		reconcile_attempts = CASE WHEN cur.action = 'replace' THEN 0 ELSE r.reconcile_attempts END
 	FROM cur, clock c
@@ -164,16 +170,21 @@ var (
 var sqlComplete = `
 UPDATE {schema}idem_records AS r SET
 	` + completing("$5", "$6", "$7", "$8", "''", "coalesce($4::timestamptz, statement_timestamp())",
-	renewedExpiry("coalesce($4::timestamptz, statement_timestamp())", "$9::bigint")) + `
-WHERE scope = $1 AND key = $2 AND state = 'in_progress' AND fence = $3`
+	renewedExpiry("coalesce($4::timestamptz, statement_timestamp())", "$9::bigint"), keptReapAfter) + `
+WHERE key = $2 AND scope = $1 AND state = 'in_progress' AND fence = $3`
 
 // completing is the SET list that completes a record with an answer, in
 // every statement that does (Complete, its multi-row form, the reaper's
 // abandoned records, expired pending requests); its arguments are the
 // statement's own expressions for the answer's status, headers (JSON
-// text), body and body-omitted flag, last_error, the instant and the new
-// expiry.
-func completing(status, headers, body, omitted, lastError, now, expires string) string {
+// text), body and body-omitted flag, last_error, the instant, the new
+// expiry and the new reap_after (an expression of {expires}).
+//
+// A completion by the lease holder must change no indexed column, so that
+// PostgreSQL writes it as a heap-only tuple (migration 008): active_tenant
+// and pending_queue are already NULL there (on a store without
+// Config.TenantCap), and reap_after stays (keptReapAfter).
+func completing(status, headers, body, omitted, lastError, now, expires, reapAfter string) string {
 	return `state = 'completed',
 	response_status = ` + status + `,
 	response_headers = ` + headers + `::text::jsonb,
@@ -182,8 +193,22 @@ func completing(status, headers, body, omitted, lastError, now, expires string) 
 	last_error = ` + lastError + `,
 	completed_at = ` + now + `,
 	updated_at = ` + now + `,
-	expires_at = ` + expires
+	active_tenant = NULL,
+	pending_queue = NULL,
+	expires_at = ` + expires + `,
+	reap_after = ` + strings.ReplaceAll(reapAfter, "{expires}", expires)
 }
+
+// keptReapAfter keeps reap_after where the reservation put it unless the
+// new expiry comes earlier (a shorter TTL at completion than at
+// reservation): it stays a lower bound of expires_at, so that the reaper
+// finds the record, and a completion within the retention leaves it as it
+// was.
+const keptReapAfter = `least(r.reap_after, {expires})`
+
+// newReapAfter is reap_after of a statement that may write index entries
+// anyway (maintenance, settlements): the new expiry itself.
+const newReapAfter = `{expires}`
 
 // renewedExpiry is a completion's expiry: now + ttl microseconds, or the
 // record's own expiry when ttl is not positive.
@@ -194,6 +219,7 @@ func renewedExpiry(now, ttl string) string {
 const sqlRelease = `
 UPDATE {schema}idem_records SET
 	state = 'failed_retryable',
+	active_tenant = NULL,
 	last_error = $5,
 	updated_at = coalesce($4::timestamptz, statement_timestamp())
 WHERE scope = $1 AND key = $2 AND state = 'in_progress' AND fence = $3`
@@ -220,7 +246,14 @@ WHERE scope = $1 AND key = $2 AND state = 'in_progress' AND fence = $3`
 
 // sqlBatchLockTimeout opens every batch: lock_timeout for the rest of the
 // batch's implicit transaction only. $1 the timeout.
-const sqlBatchLockTimeout = `SELECT set_config('lock_timeout', $1, true)`
+//
+// It also turns sequential scans off for that transaction. The multi-row
+// Complete joins its input to the table, and its generic plan lives as
+// long as the connection: planned on an almost empty table (a service's
+// first requests), a sequential scan looks cheaper than a probe of the
+// primary key per input row, and would stay once the table holds
+// millions of rows. No statement of a batch wants a sequential scan.
+const sqlBatchLockTimeout = `SELECT set_config('lock_timeout', $1, true), set_config('enable_seqscan', 'off', true)`
 
 const sqlGet = `
 SELECT ` + recordColumns + `
@@ -230,30 +263,74 @@ WHERE scope = $1 AND key = $2`
 const sqlDelete = `
 DELETE FROM {schema}idem_records WHERE scope = $1 AND key = $2 AND state <> 'in_progress'`
 
-// sqlSweep locks a bounded batch with SKIP LOCKED, so concurrent sweepers
-// split the work instead of queueing on each other or moving a row twice.
-// $1 limit, $2 now, $3 grace in microseconds.
+// sqlSweep walks the leases that ended since the sweep mark
+// (idem_sweep_mark.swept_to) in the order they ended, through
+// idem_records_locked_idx, and moves the in_progress ones under policy
+// unknown to unknown. A completed record keeps the end of its last lease
+// (a completion writes no index entry): it is walked once, when the mark
+// passes it, and never again. The mark only moves forward, to where the
+// walk stopped; the walk starts at the mark itself (>=), so that records
+// sharing the mark's instant are walked again rather than skipped.
+//
+// The sweep runs after sqlSweepLock, in the same transaction: a second
+// sweeper waits for the first to commit, then walks from where it left
+// the mark, in a snapshot that sees what it swept. A lease is missed only if its record commits after the mark has
+// passed its end (a ReserveTx whose transaction outlives its lease and
+// grace); a retry's Reserve and the reaper still act on it.
+//
+// $1 limit, $2 now, $3 grace in microseconds, $4 the most leases walked.
 const sqlSweep = `
 WITH clock AS (
-	SELECT coalesce($2::timestamptz, statement_timestamp()) AS now
+	SELECT now, now - $3::bigint * interval '1 microsecond' AS cutoff
+	FROM (SELECT coalesce($2::timestamptz, statement_timestamp()) AS now) t
 ),
-due AS (
-	SELECT r.scope, r.key
-	FROM {schema}idem_records r, clock c
-	WHERE r.state = 'in_progress' AND r.lease_policy = 'unknown'
-		AND r.locked_until <= c.now - $3::bigint * interval '1 microsecond'
+mark AS (
+	SELECT swept_to FROM {schema}idem_sweep_mark
+),
+walked AS (
+	SELECT r.scope, r.key, r.fence, r.locked_until,
+		r.state = 'in_progress' AND r.lease_policy = 'unknown' AS due
+	FROM {schema}idem_records r, mark m, clock c
+	WHERE r.locked_until >= m.swept_to AND r.locked_until <= c.cutoff
 	ORDER BY r.locked_until
-	LIMIT $1
-	FOR UPDATE OF r SKIP LOCKED
+	LIMIT $4
+),
+counted AS (
+	SELECT w.*, count(*) FILTER (WHERE w.due) OVER (ORDER BY w.locked_until
+		ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS due_n
+	FROM walked w
+),
+swept AS (
+	UPDATE {schema}idem_records AS r SET
+		state = 'unknown',
+		last_error = 'lease_expired',
+		reconcile_after = c.now,
+		updated_at = c.now
+	FROM counted w, clock c
+	WHERE w.due AND w.due_n <= $1 AND r.key = w.key AND r.scope = w.scope
+		AND r.state = 'in_progress' AND r.fence = w.fence AND r.locked_until <= c.cutoff
+	RETURNING ` + recordColumnsR + `
+),
+moved AS (
+	UPDATE {schema}idem_sweep_mark AS m SET swept_to = greatest(m.swept_to, coalesce(
+		-- the first due lease left for the next sweep
+		(SELECT min(w.locked_until) FROM counted w WHERE w.due AND w.due_n > $1),
+		-- the walk's end when it stopped at its bound
+		(SELECT max(w.locked_until) FROM counted w HAVING count(*) >= $4),
+		(SELECT cutoff FROM clock)))
+	FROM mark
+	RETURNING 1
 )
-UPDATE {schema}idem_records AS r SET
-	state = 'unknown',
-	last_error = 'lease_expired',
-	reconcile_after = c.now,
-	updated_at = c.now
-FROM due, clock c
-WHERE r.scope = due.scope AND r.key = due.key
-RETURNING ` + recordColumnsR
+SELECT ` + recordColumns + ` FROM swept`
+
+// sqlSweepLock takes the sweep mark until the end of the transaction, and
+// turns sequential scans off as sqlNoSeqScan does.
+const sqlSweepLock = `SELECT set_config('enable_seqscan', 'off', true) FROM {schema}idem_sweep_mark FOR UPDATE`
+
+// sweepWalk bounds the leases one sweep walks; records sharing one lease
+// end (a batch's reservations) must be fewer, or the mark would not pass
+// them.
+const sweepWalk = 10000
 
 // The reaper statements each touch at most $1 rows and skip rows another
 // reaper (or a live request) holds. $1 limit, $2 now.
@@ -267,8 +344,9 @@ WITH clock AS (
 batch AS (
 	SELECT r.scope, r.key
 	FROM {schema}idem_records r, clock c
-	WHERE r.state IN ('completed', 'failed_retryable') AND r.expires_at <= c.now
-	ORDER BY r.expires_at
+	WHERE r.reap_after <= c.now AND r.expires_at <= c.now
+		AND r.state IN ('completed', 'failed_retryable')
+	ORDER BY r.reap_after
 	LIMIT $1
 	FOR UPDATE OF r SKIP LOCKED
 )
@@ -288,6 +366,7 @@ UPDATE {schema}idem_records AS r SET
 	response_headers = NULL,
 	response_body = NULL,
 	response_body_omitted = false,
+	reap_after = 'infinity',
 	updated_at = c.now
 FROM batch, clock c
 WHERE r.scope = batch.scope AND r.key = batch.key`
@@ -303,14 +382,14 @@ WITH clock AS (
 batch AS (
 	SELECT r.scope, r.key
 	FROM {schema}idem_records r, clock c
-	WHERE r.expires_at <= c.now
+	WHERE r.reap_after <= c.now AND r.expires_at <= c.now
 		AND (r.state = 'unknown' OR (r.state = 'in_progress' AND r.locked_until <= c.now))
-	ORDER BY r.expires_at
+	ORDER BY r.reap_after
 	LIMIT $1
 	FOR UPDATE OF r SKIP LOCKED
 )
 UPDATE {schema}idem_records AS r SET
-	` + completing("$3", "$4", "$5", "$6", "'abandoned'", "c.now", "c.now + $7::bigint * interval '1 microsecond'") + `,
+	` + completing("$3", "$4", "$5", "$6", "'abandoned'", "c.now", "c.now + $7::bigint * interval '1 microsecond'", newReapAfter) + `,
 	reconcile_after = NULL,
 	dead_lettered_at = NULL
 FROM batch, clock c
@@ -320,7 +399,7 @@ WHERE r.scope = batch.scope AND r.key = batch.key`
 const sqlListUnknown = `
 SELECT ` + recordColumns + `
 FROM {schema}idem_records
-WHERE state = 'unknown'
+WHERE reconcile_after IS NOT NULL AND state = 'unknown'
 	AND (NOT $1::boolean OR (reconcile_after <= coalesce($3::timestamptz, statement_timestamp())
 		AND dead_lettered_at IS NULL))
 ORDER BY reconcile_after, scope, key
@@ -343,6 +422,10 @@ var sqlResolve = onUnknown(`state = $4,
 		expires_at = CASE WHEN $9::bigint > 0
 			THEN coalesce($3::timestamptz, statement_timestamp()) + $9::bigint * interval '1 microsecond'
 			ELSE expires_at END,
+		reap_after = CASE WHEN $9::bigint > 0
+			THEN coalesce($3::timestamptz, statement_timestamp()) + $9::bigint * interval '1 microsecond'
+			ELSE expires_at END,
+		active_tenant = NULL,
 		reconcile_after = NULL,
 		dead_lettered_at = NULL`, ` AND fence = $10::bigint`)
 
@@ -396,10 +479,22 @@ const sqlMigrateApplied = `SELECT version FROM idem_migrations`
 
 const sqlMigrateRecord = `INSERT INTO idem_migrations (version, name) VALUES ($1, $2)`
 
+// placeholders fills a statement's {schema} with the sanitized schema (or
+// nothing, to follow search_path) and {cap} with whether the store counts
+// active records (Config.TenantCap): a constant the planner folds.
+func placeholders(schema string, tenantCap bool) *strings.Replacer {
+	prefix := ""
+	if schema != "" {
+		prefix = pgx.Identifier{schema}.Sanitize() + "."
+	}
+	return strings.NewReplacer("{schema}", prefix, "{cap}", strconv.FormatBool(tenantCap))
+}
+
 // queries is the statement set of one Store, with the schema resolved.
 type queries struct {
 	reserve, complete, release, markUnknown, checkpoint, extend string
-	get, delete, sweep, reapDelete, reapSoft, reapAbandon       string
+	get, delete, sweep, sweepLock, reapDelete, reapSoft         string
+	reapAbandon                                                 string
 	listUnknown, resolve, deferQ, deadLetter                    string
 	reserveMany, completeMany                                   string
 
@@ -407,12 +502,8 @@ type queries struct {
 	reserveCapped, active string
 }
 
-func newQueries(schema string) queries {
-	prefix := ""
-	if schema != "" {
-		prefix = pgx.Identifier{schema}.Sanitize() + "."
-	}
-	r := strings.NewReplacer("{schema}", prefix)
+func newQueries(schema string, tenantCap bool) queries {
+	r := placeholders(schema, tenantCap)
 	return queries{
 		reserve:     r.Replace(sqlReserve),
 		complete:    r.Replace(sqlComplete),
@@ -423,6 +514,7 @@ func newQueries(schema string) queries {
 		get:         r.Replace(sqlGet),
 		delete:      r.Replace(sqlDelete),
 		sweep:       r.Replace(sqlSweep),
+		sweepLock:   r.Replace(sqlSweepLock),
 		reapDelete:  r.Replace(sqlReapDelete),
 		reapSoft:    r.Replace(sqlReapSoft),
 		reapAbandon: r.Replace(sqlReapAbandon),
@@ -494,11 +586,12 @@ cur AS (
 ins AS (
 	INSERT INTO {schema}idem_records AS r
 		(scope, key, fingerprint, state, fence, lease_policy, locked_until,
-		 attempts, created_at, updated_at, expires_at, tenant)
+		 attempts, created_at, updated_at, expires_at, reap_after, tenant, active_tenant)
 	SELECT i.scope, i.key, i.fingerprint, 'in_progress',
 		greatest((extract(epoch FROM i.now) * 1000000)::bigint, 1), i.policy,
 		i.now + i.lease * interval '1 microsecond',
-		1, i.now, i.now, i.now + i.ttl * interval '1 microsecond', i.tenant
+		1, i.now, i.now, i.now + i.ttl * interval '1 microsecond',
+		i.now + i.ttl * interval '1 microsecond', i.tenant, CASE WHEN {cap} THEN i.tenant END
 	FROM input i
 	WHERE NOT EXISTS (SELECT FROM cur WHERE cur.ord = i.ord)
 	ORDER BY i.scope, i.key
@@ -522,10 +615,10 @@ FROM cur r`
 var sqlCompleteMany = `
 UPDATE {schema}idem_records AS r SET
 	` + completing("u.status", "u.headers", "u.body", "u.omitted", "''", "coalesce(u.now_in, statement_timestamp())",
-	renewedExpiry("coalesce(u.now_in, statement_timestamp())", "u.ttl")) + `
+	renewedExpiry("coalesce(u.now_in, statement_timestamp())", "u.ttl"), keptReapAfter) + `
 FROM unnest((SELECT $1::text[]), (SELECT $2::text[]), (SELECT $3::bigint[]), (SELECT $4::timestamptz[]),
 	(SELECT $5::integer[]), (SELECT $6::text[]), (SELECT $7::bytea[]), (SELECT $8::boolean[]),
 	(SELECT $9::bigint[]))
 	WITH ORDINALITY AS u(scope, key, fence, now_in, status, headers, body, omitted, ttl, ord)
-WHERE r.scope = u.scope AND r.key = u.key AND r.state = 'in_progress' AND r.fence = u.fence
+WHERE r.key = u.key AND r.scope = u.scope AND r.state = 'in_progress' AND r.fence = u.fence
 RETURNING u.ord`

@@ -28,9 +28,10 @@ import (
 // statement again when a place was freed meanwhile.
 
 // sqlActive counts a tenant's active records (store.State.Active), through
-// the partial index idem_records_active_idx. $8 tenant, $9 cap.
+// the partial index idem_records_cap_idx: active_tenant is the tenant while
+// the record is active, on a store with Config.TenantCap. $8 tenant, $9 cap.
 const sqlActive = `SELECT count(*) FROM {schema}idem_records
-	WHERE tenant = $8 AND state NOT IN ('completed', 'failed_retryable', 'expired')`
+	WHERE active_tenant = $8`
 
 var sqlReserveCapped = capped(sqlReserve)
 
@@ -85,6 +86,20 @@ func (s *Store) reserveCapped(ctx context.Context, q querier, p *store.ReservePa
 		}
 	}
 	return op, errors.Is(op.err, pgx.ErrNoRows) || (op.err == nil && op.action == "stale")
+}
+
+// TenantCapUnsupported implements store.CapRefuser: it says why the store
+// refuses a cap, or returns "" on a store that counts (Config.TenantCap).
+func (s *Store) TenantCapUnsupported() string {
+	if s.cfg.TenantCap {
+		return ""
+	}
+	return "the PostgreSQL store counts active records only with postgres.Config.TenantCap " +
+		"(the proxy sets it with --tenant-max-active), which costs completions their heap-only updates"
+}
+
+func (s *Store) capUnsupported(op string) error {
+	return fmt.Errorf("idem/postgres: %s: %w: %s", op, store.ErrCapUnsupported, s.TenantCapUnsupported())
 }
 
 // atCap reports whether the tenant holds p.MaxActive active records.

@@ -33,20 +33,22 @@ func All(t *testing.T, mariadb bool) []enginetest.Store {
 		}},
 	}
 	if url := os.Getenv(testenv.PostgresEnv); url != "" {
-		stores = append(stores, pgStore("postgres", url, postgres.Config{}),
+		// TenantCap on every variant: the suites cap tenants on every
+		// store; the store's own suite covers it off (its default).
+		stores = append(stores, pgStore("postgres", url, postgres.Config{TenantCap: true}),
 			// Every call on the batched path, through the multi-row
 			// statements even alone.
-			pgStore("postgres-batched", url, postgres.Config{ForceBatches: true, MaxConns: variantConns}))
+			pgStore("postgres-batched", url, postgres.Config{ForceBatches: true, MaxConns: variantConns, TenantCap: true}))
 		// The query modes that a pooler's guide recommends, and the
 		// others pgx has, named in the URL as a user would.
 		for _, mode := range []string{"cache_describe", "describe_exec", "exec", "simple_protocol"} {
-			stores = append(stores, pgStore("postgres-"+mode, testenv.WithParam(t, url, "default_query_exec_mode", mode), postgres.Config{MaxConns: variantConns}))
+			stores = append(stores, pgStore("postgres-"+mode, testenv.WithParam(t, url, "default_query_exec_mode", mode), postgres.Config{MaxConns: variantConns, TenantCap: true}))
 		}
 	} else {
 		testenv.Without(t, testenv.PostgresEnv+" is not set: tested without PostgreSQL")
 	}
 	if os.Getenv(testenv.PgbouncerEnv) != "" {
-		stores = append(stores, pgStore("postgres-pgbouncer-tx", testenv.PgbouncerURL(t, testenv.PgbouncerTx), postgres.Config{MaxConns: variantConns}))
+		stores = append(stores, pgStore("postgres-pgbouncer-tx", testenv.PgbouncerURL(t, testenv.PgbouncerTx), postgres.Config{MaxConns: variantConns, TenantCap: true}))
 	} else {
 		testenv.Without(t, testenv.PgbouncerEnv+" is not set: tested without pgbouncer")
 	}

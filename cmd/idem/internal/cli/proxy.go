@@ -305,7 +305,7 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 func (p *Proxy) openStore(ctx context.Context) (store.Store, error) {
 	return storeurl.Open(ctx, p.cfg.Store, storeurl.Options{
 		Migrate: p.cfg.Migrate, Clock: p.cfg.StoreClock, Cache: p.cfg.Cache, Logger: p.cfg.Logger,
-		Conns: p.cfg.StoreConns, Batches: p.cfg.StoreBatches,
+		Conns: p.cfg.StoreConns, Batches: p.cfg.StoreBatches, TenantCap: p.cfg.TenantMaxActive > 0,
 	})
 }
 

@@ -91,6 +91,10 @@ type Options struct {
 	// PostgreSQL (unless the URL says) and no cap for MySQL. Other stores
 	// ignore it.
 	Conns int
+	// TenantCap makes a PostgreSQL store count each tenant's active
+	// records (postgres.Config.TenantCap), for a cap on them; other stores
+	// always count. Defaults to false.
+	TenantCap bool
 	// Batches is the number of group commits a PostgreSQL store may have
 	// in flight (postgres.Config.MaxBatches): 0 keeps the store's default
 	// (postgres.DefaultMaxBatches), -1 turns batching off. Other stores
@@ -211,7 +215,7 @@ func Open(ctx context.Context, dsn string, opts Options) (store.Store, error) {
 		s, err = sqlite.Open(ctx, d.Target, sqlite.Config{Clock: opts.Clock, SkipMigrate: !opts.Migrate})
 	case Postgres:
 		s, err = postgres.Open(ctx, d.Target, postgres.Config{Clock: opts.Clock, SkipMigrate: !opts.Migrate,
-			MaxConns: int32(opts.Conns), MaxBatches: opts.Batches})
+			MaxConns: int32(opts.Conns), MaxBatches: opts.Batches, TenantCap: opts.TenantCap})
 	case MySQL:
 		s, err = mysql.Open(ctx, d.Target, mysql.Config{Clock: opts.Clock, SkipMigrate: !opts.Migrate,
 			MaxConns: opts.Conns})

@@ -1,0 +1,63 @@
+package postgres
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idem-go/idem/store"
+)
+
+// The background and operator statements (sweep, reap, claim, the
+// listings) run with sequential scans off, set by a first statement of
+// their pipeline for its implicit transaction only (one round trip).
+//
+// Their plans are cached with the connection, and may be made while the
+// table is still almost empty: the planner then prefers reading the whole
+// table to an index, since every column that tells an in-flight record
+// from a completed one is left out of the indexes (a completion must
+// write no index entry, see migration 008). Each of these statements has
+// an index for its range; turning sequential scans off makes the plan use
+// it whatever the table's size when it was planned.
+const sqlNoSeqScan = `SELECT set_config('enable_seqscan', 'off', true)`
+
+// queryIndexed runs first (sqlNoSeqScan, or a statement that also takes a
+// lock) then sql, in one pipeline, and collects sql's records.
+func (s *Store) queryIndexed(ctx context.Context, first, sql string, args []any,
+	collect func(pgx.Rows) ([]store.Record, error)) ([]store.Record, error) {
+	var b pgx.Batch
+	b.Queue(first)
+	b.Queue(sql, args...)
+	br := s.pool.SendBatch(ctx, &b)
+	_, err := br.Exec()
+	var recs []store.Record
+	if err == nil {
+		var rows pgx.Rows
+		if rows, err = br.Query(); err == nil {
+			recs, err = collect(rows)
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return recs, err
+}
+
+// execIndexed runs sql after sqlNoSeqScan, in one pipeline, and returns
+// the rows it affected.
+func (s *Store) execIndexed(ctx context.Context, sql string, args ...any) (int64, error) {
+	var b pgx.Batch
+	b.Queue(sqlNoSeqScan)
+	b.Queue(sql, args...)
+	br := s.pool.SendBatch(ctx, &b)
+	_, err := br.Exec()
+	var n int64
+	if err == nil {
+		tag, eerr := br.Exec()
+		n, err = tag.RowsAffected(), eerr
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return n, err
+}
