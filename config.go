@@ -328,6 +328,17 @@ func (c Config) withDefaults() (settings, error) {
 	if c.KeyRequired != nil {
 		s.keyRequired = *c.KeyRequired
 	}
+	c.statusDefaults(&errs)
+	c.durationDefaults(&errs)
+	c.admissionDefaults(&errs)
+	c.requestDefaults(&errs)
+	c.asyncDefaults(&errs)
+	s.Config = c
+	return s, errors.Join(errs...)
+}
+
+// statusDefaults applies the profile's statuses and checks them.
+func (c *Config) statusDefaults(errs *[]error) {
 	if c.KeyReusedStatus == 0 {
 		c.KeyReusedStatus = http.StatusUnprocessableEntity
 		if c.Profile == ProfileStripe {
@@ -335,7 +346,7 @@ func (c Config) withDefaults() (settings, error) {
 		}
 	}
 	if c.KeyReusedStatus < 400 || c.KeyReusedStatus > 499 {
-		errs = append(errs, fmt.Errorf("idem: KeyReusedStatus %d is not a 4xx status", c.KeyReusedStatus))
+		*errs = append(*errs, fmt.Errorf("idem: KeyReusedStatus %d is not a 4xx status", c.KeyReusedStatus))
 	}
 	if c.InProgressStatus == 0 {
 		c.InProgressStatus = DefaultInProgressStatus
@@ -345,19 +356,24 @@ func (c Config) withDefaults() (settings, error) {
 	}
 	switch {
 	case c.Profile == ProfileStripe && c.InProgressStatus == http.StatusAccepted:
-		errs = append(errs, errors.New("idem: an in-progress status of 202 cannot be used with the stripe profile: "+
+		*errs = append(*errs, errors.New("idem: an in-progress status of 202 cannot be used with the stripe profile: "+
 			"Stripe's SDKs take any 2xx for the call's result; use 429 (the stripe default) or 409"))
 	case c.Profile == ProfileStripe && c.InProgressStatus != http.StatusConflict && c.InProgressStatus != http.StatusTooManyRequests:
-		errs = append(errs, fmt.Errorf("idem: InProgressStatus %d is neither 429 nor 409 (the stripe profile's choices)", c.InProgressStatus))
+		*errs = append(*errs, fmt.Errorf("idem: InProgressStatus %d is neither 429 nor 409 (the stripe profile's choices)", c.InProgressStatus))
 	case c.Profile != ProfileStripe && c.InProgressStatus != http.StatusConflict && c.InProgressStatus != http.StatusAccepted:
-		errs = append(errs, fmt.Errorf("idem: InProgressStatus %d is neither 409 nor 202 (429 is for the stripe profile only)", c.InProgressStatus))
+		*errs = append(*errs, fmt.Errorf("idem: InProgressStatus %d is neither 409 nor 202 (429 is for the stripe profile only)", c.InProgressStatus))
 	}
+}
+
+// durationDefaults applies the default of every duration left zero and
+// refuses negative ones.
+func (c *Config) durationDefaults(errs *[]error) {
 	def := func(d *time.Duration, v time.Duration, name string) {
 		if *d == 0 {
 			*d = v
 		}
 		if *d < 0 {
-			errs = append(errs, fmt.Errorf("idem: %s must not be negative", name))
+			*errs = append(*errs, fmt.Errorf("idem: %s must not be negative", name))
 		}
 	}
 	def(&c.TTL, DefaultTTL, "TTL")
@@ -368,31 +384,41 @@ func (c Config) withDefaults() (settings, error) {
 	def(&c.BreakerMaxOpen, DefaultBreakerMaxOpen, "BreakerMaxOpen")
 	def(&c.DurabilityInterval, DefaultDurabilityInterval, "DurabilityInterval")
 	if c.BreakerMaxOpen < c.BreakerOpen {
-		errs = append(errs, errors.New("idem: BreakerMaxOpen must not be shorter than BreakerOpen"))
+		*errs = append(*errs, errors.New("idem: BreakerMaxOpen must not be shorter than BreakerOpen"))
 	}
+}
+
+// admissionDefaults applies the defaults of the breaker and the rate
+// limits and checks them.
+func (c *Config) admissionDefaults(errs *[]error) {
 	if c.BreakerFailures == 0 {
 		c.BreakerFailures = DefaultBreakerFailures
 	}
 	if c.TenantRate < 0 || c.TenantRate != c.TenantRate || c.TenantBurst < 0 || c.TenantMaxActive < 0 {
-		errs = append(errs, errors.New("idem: TenantRate, TenantBurst and TenantMaxActive must not be negative"))
+		*errs = append(*errs, errors.New("idem: TenantRate, TenantBurst and TenantMaxActive must not be negative"))
 	}
 	if c.TenantBurst == 0 && c.TenantRate > 0 {
 		c.TenantBurst = burstFor(c.TenantRate)
 	}
 	if c.NewKeyRate < 0 || c.NewKeyRate != c.NewKeyRate || c.NewKeyBurst < 0 {
-		errs = append(errs, errors.New("idem: NewKeyRate and NewKeyBurst must not be negative"))
+		*errs = append(*errs, errors.New("idem: NewKeyRate and NewKeyBurst must not be negative"))
 	}
 	if c.NewKeyBurst == 0 && c.NewKeyRate > 0 {
 		c.NewKeyBurst = burstFor(c.NewKeyRate)
 	}
+}
+
+// requestDefaults applies the defaults of how a request is read,
+// fingerprinted and named, and of how it runs, and checks them.
+func (c *Config) requestDefaults(errs *[]error) {
 	if c.Wait < 0 {
-		errs = append(errs, errors.New("idem: Wait must not be negative"))
+		*errs = append(*errs, errors.New("idem: Wait must not be negative"))
 	}
 	if c.LeasePolicy == "" {
 		c.LeasePolicy = store.LeaseUnknown
 	}
 	if !c.LeasePolicy.Valid() {
-		errs = append(errs, fmt.Errorf("idem: unknown LeasePolicy %q (want unknown, retry or resume)", c.LeasePolicy))
+		*errs = append(*errs, fmt.Errorf("idem: unknown LeasePolicy %q (want unknown, retry or resume)", c.LeasePolicy))
 	}
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
@@ -401,20 +427,20 @@ func (c Config) withDefaults() (settings, error) {
 		c.MaxResponseBytes = DefaultMaxResponseBytes
 	}
 	if c.MaxBodyBytes < 0 || c.MaxResponseBytes < 0 {
-		errs = append(errs, errors.New("idem: MaxBodyBytes and MaxResponseBytes must not be negative"))
+		*errs = append(*errs, errors.New("idem: MaxBodyBytes and MaxResponseBytes must not be negative"))
 	}
 	// The order in which fields are listed is not part of the request.
 	c.Fields = slices.Clone(c.Fields)
 	slices.Sort(c.Fields)
 	c.Fields = slices.Compact(c.Fields)
 	if err := fingerprint.ValidateFields(c.Fields); err != nil {
-		errs = append(errs, fmt.Errorf("idem: Fields: %w", err))
+		*errs = append(*errs, fmt.Errorf("idem: Fields: %w", err))
 	}
 	if c.KeyHeader == "" {
 		c.KeyHeader = DefaultKeyHeader
 	}
 	if !httpfield.Valid(c.KeyHeader, nil) {
-		errs = append(errs, fmt.Errorf("idem: KeyHeader %q is not a valid header name", c.KeyHeader))
+		*errs = append(*errs, fmt.Errorf("idem: KeyHeader %q is not a valid header name", c.KeyHeader))
 	}
 	c.KeyHeader = textproto.CanonicalMIMEHeaderKey(c.KeyHeader)
 	if c.Tenant == nil {
@@ -426,9 +452,6 @@ func (c Config) withDefaults() (settings, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	c.asyncDefaults(&errs)
-	s.Config = c
-	return s, errors.Join(errs...)
 }
 
 func defaultRoute(r *http.Request) string {

@@ -80,9 +80,8 @@ type keysFilter struct {
 	anyTenant bool
 }
 
-// runKeysList is `idem keys list`.
-func runKeysList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("keys list", `[--store DSN] [--tenant T | --authorization V | --tenant-credential SOURCE=V]
+// keysListSynopsis is the usage text of idem keys list.
+const keysListSynopsis = `[--store DSN] [--tenant T | --authorization V | --tenant-credential SOURCE=V]
        [[--method M] --route R | --scope S] [--state STATE] [--key KEY] [--limit N] [--after CURSOR] [--json]
 
 Lists records newest first (by creation), --limit at a time: created,
@@ -98,7 +97,11 @@ more, the command ends with the --after CURSOR of the next page (on stderr,
 or "next" in --json). Paging is stable: records created after the first
 page do not shift later pages.
 
-`+scopeHelp, stderr)
+` + scopeHelp
+
+// runKeysList is `idem keys list`.
+func runKeysList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("keys list", keysListSynopsis, stderr)
 	var k keyFlags
 	k.register(fs)
 	state := fs.String("state", "", "keep records in this `state`: in_progress, completed, failed_retryable, unknown or expired")
@@ -155,6 +158,12 @@ page do not shift later pages.
 		enc.SetIndent("", "  ")
 		return enc.Encode(page)
 	}
+	return printKeysPage(stdout, stderr, page)
+}
+
+// printKeysPage prints page as a table on stdout, and on stderr that it
+// is empty or where the next page starts.
+func printKeysPage(stdout, stderr io.Writer, page keysPage) error {
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CREATED\tSTATE\tSTATUS\tATTEMPTS\tOPERATION\tTENANT\tKEY")
 	for _, v := range page.Records {

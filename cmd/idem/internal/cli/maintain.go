@@ -258,9 +258,8 @@ func (f *headerFlag) Set(s string) error {
 	return addHeader(f.h, strings.TrimSpace(name), value)
 }
 
-// runReconcileResolve is `idem reconcile resolve`.
-func runReconcileResolve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("reconcile resolve", `KEY (--scope S | [--tenant T] [--method M] --route R) [--store DSN] --fence N
+// reconcileResolveSynopsis is the usage text of idem reconcile resolve.
+const reconcileResolveSynopsis = `KEY (--scope S | [--tenant T] [--method M] --route R) [--store DSN] --fence N
        (--completed --status CODE [--header 'Name: value']... [--body TEXT | --body @FILE] | --retryable)
 
 Settles one unknown record. --completed: the request took effect, and every
@@ -274,7 +273,11 @@ idem reconcile list, idem inspect or the console showed it. A record that
 ran again since has another fence, and the settlement is refused: a
 decision about one execution never settles the next.
 
-`+scopeHelp, stderr)
+` + scopeHelp
+
+// runReconcileResolve is `idem reconcile resolve`.
+func runReconcileResolve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("reconcile resolve", reconcileResolveSynopsis, stderr)
 	var k keyFlags
 	k.register(fs)
 	completed := fs.Bool("completed", false, "the request took effect: store the response given by --status, --header and --body")
@@ -338,7 +341,20 @@ decision about one execution never settles the next.
 		}
 		return usageErr(fs, "--fence is required: the fence of the execution the decision is about, as idem reconcile list shows it%s", now)
 	}
-	err = m.Settle(ctx, scope, key, *fence, res)
+	if err := m.Settle(ctx, scope, key, *fence, res); err != nil {
+		return settleError(ctx, s, scope, key, *fence, err)
+	}
+	to := store.StateCompleted
+	if res.Outcome == maintenance.DidNotHappen {
+		to = store.StateFailedRetryable
+	}
+	fmt.Fprintf(stdout, "resolved key %q in scope %q: %s\n", key, scope, to)
+	return nil
+}
+
+// settleError says why settling key in scope at fence failed with err,
+// with what the record is now.
+func settleError(ctx context.Context, s store.Store, scope, key string, fence int64, err error) error {
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return notFound(ctx, s, scope, key)
@@ -347,22 +363,15 @@ decision about one execution never settles the next.
 		if rec, gerr := s.Get(ctx, scope, key); gerr == nil {
 			now = fmt.Sprintf(": it is %s with fence %d", rec.State, rec.Fence)
 		}
-		return fmt.Errorf("key %q in scope %q ran again since fence %d%s; nothing was settled (look at it again)", key, scope, *fence, now)
+		return fmt.Errorf("key %q in scope %q ran again since fence %d%s; nothing was settled (look at it again)", key, scope, fence, now)
 	case errors.Is(err, store.ErrStateConflict):
 		state := "not unknown"
 		if rec, gerr := s.Get(ctx, scope, key); gerr == nil {
 			state = string(rec.State)
 		}
 		return fmt.Errorf("key %q in scope %q is %s: only unknown records can be settled", key, scope, state)
-	case err != nil:
-		return err
 	}
-	to := store.StateCompleted
-	if res.Outcome == maintenance.DidNotHappen {
-		to = store.StateFailedRetryable
-	}
-	fmt.Fprintf(stdout, "resolved key %q in scope %q: %s\n", key, scope, to)
-	return nil
+	return err
 }
 
 // runReconcileRun is `idem reconcile run`.

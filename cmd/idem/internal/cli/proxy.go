@@ -10,9 +10,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/http/httputil"
-	"net/textproto"
 	"net/url"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,11 +18,11 @@ import (
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/semaphore"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/storeurl"
-	"github.com/idem-go/idem/internal/httpfield"
 	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/otelidem"
 	"github.com/idem-go/idem/store"
@@ -92,46 +90,8 @@ type guarded struct {
 // NewProxy: Serve keeps trying in the background, with backoff, while the
 // proxy answers protected requests 503 and /readyz reports not ready.
 func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
-	if cfg.Listen == "" {
-		cfg.Listen = defaultListen
-	}
-	if cfg.Store == "" {
-		cfg.Store = storeurl.Default
-	}
-	if cfg.UpstreamTimeout == 0 {
-		cfg.UpstreamTimeout = defaultUpstreamTimeout
-	}
-	if cfg.ShutdownTimeout <= 0 {
-		cfg.ShutdownTimeout = defaultShutdownTimeout
-	}
-	if cfg.MaxHeaderBytes <= 0 {
-		cfg.MaxHeaderBytes = defaultMaxHeaderBytes
-	}
-	if cfg.BodyTimeout == 0 {
-		cfg.BodyTimeout = defaultBodyTimeout
-	}
-	if cfg.MaxBody <= 0 {
-		cfg.MaxBody = idem.DefaultMaxBodyBytes
-	}
-	if cfg.RetryAfter == 0 {
-		cfg.RetryAfter = idem.DefaultRetryAfter
-	}
-	if cfg.KeyHeader == "" {
-		cfg.KeyHeader = idem.DefaultKeyHeader
-	}
-	if !httpfield.Valid(cfg.KeyHeader, nil) {
-		return nil, configErr("proxy: --key-header %q is not a valid header name", cfg.KeyHeader)
-	}
-	// The guard looks the key up by the engine's (canonical) spelling.
-	cfg.KeyHeader = textproto.CanonicalMIMEHeaderKey(cfg.KeyHeader)
-	if cfg.MaxBufferedBytes <= 0 {
-		cfg.MaxBufferedBytes = defaultMaxBufferedBytes
-	}
-	if cfg.MaxBufferedBytes < cfg.MaxBody {
-		return nil, configErr("proxy: --max-buffered-bytes (%d) is smaller than --max-body (%d): no body would fit", cfg.MaxBufferedBytes, cfg.MaxBody)
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if cfg, err = cfg.withDefaults(); err != nil {
+		return nil, err
 	}
 	up, err := parseUpstream(cfg.Upstream)
 	if err != nil {
@@ -141,41 +101,16 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if cfg.StoreConns < 0 {
-		// The store would never open: refused at start, not retried.
-		return nil, fmt.Errorf("%w: --store-conns %d: want 0 (the store's default) or a positive pool size", ErrUsage, cfg.StoreConns)
-	}
-	if dsn.Kind == storeurl.Redis && cfg.TenantMaxActive > 0 {
-		// Known before the store is reached: refused at once rather than
-		// when it opens.
-		return nil, fmt.Errorf("%w: --tenant-max-active needs a store that counts a tenant's records (SQLite, PostgreSQL, MySQL or memory), not Redis", ErrUsage)
-	}
-	if cfg.RequireSynchronousReplication && dsn.Kind != storeurl.Postgres && dsn.Kind != storeurl.MySQL && dsn.Kind != storeurl.Redis {
-		return nil, fmt.Errorf("%w: --require-synchronous-replication needs a store that checks its replication (PostgreSQL, MySQL or Redis), not %s", ErrUsage, dsn.Kind)
+	if err := cfg.checkStore(dsn); err != nil {
+		return nil, err
 	}
 	tn, err := proxyTenants(cfg, cfg.Logger)
 	if err != nil {
 		return nil, err
 	}
-	if cfg.TenantHeader != "" {
-		cfg.Logger.Warn("idem proxy: --tenant-header is deprecated; use --tenant-from trusted-header:NAME", "name", cfg.TenantHeader)
+	if err := cfg.settleResolver(); err != nil {
+		return nil, err
 	}
-
-	if err := checkWebhook(cfg.Webhook, cfg.Admin); err != nil {
-		return nil, fmt.Errorf("proxy: %w", err)
-	}
-	if cfg.NoMaintenance && cfg.ResolveURL != "" {
-		return nil, configErr("proxy: --resolve-url needs the background services (drop --maintenance=false)")
-	}
-	if cfg.ResolveURL != "" && cfg.Maintenance.Resolver == nil {
-		r, err := newHTTPResolver(cfg.ResolveURL)
-		if err != nil {
-			return nil, fmt.Errorf("proxy: %w", err)
-		}
-		r.maxBody = cfg.maxResponseBytes()
-		cfg.Maintenance.Resolver = r
-	}
-
 	p := &Proxy{cfg: cfg, log: cfg.Logger, upstream: up, dsn: dsn, tenants: tn,
 		buffers: semaphore.NewWeighted(cfg.MaxBufferedBytes)}
 	// Undo what was set up if a later step fails.
@@ -184,6 +119,50 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 			p.closeAll()
 		}
 	}()
+	tp, err := p.observe(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// The engine's settings are checked now, whether or not the store
+	// answers: a typo must fail at start, not when the database comes up.
+	if p.routes, err = p.cfg.checkSettings(); err != nil {
+		return nil, fmt.Errorf("proxy: %w", err)
+	}
+	if !p.cfg.NoMaintenance {
+		if _, err := maintenance.New(memory.New(memory.Config{}), p.cfg.Maintenance); err != nil {
+			return nil, fmt.Errorf("proxy: %w", err)
+		}
+	}
+	if err := p.buildHandler(tp); err != nil {
+		return nil, err
+	}
+	if s, err := p.openStore(ctx); err == nil {
+		if err := p.attach(s); err != nil {
+			s.Close()
+			return nil, err
+		}
+	} else {
+		p.openErr = err
+		p.log.Warn("idem proxy: the store is unavailable; protected requests get 503 while it is retried in the background",
+			"store", string(dsn.Kind), "err", err)
+	}
+	if err := p.listen(); err != nil {
+		return nil, err
+	}
+	p.log.Info("idem proxy listening", "listen", p.ln.Addr().String(), "upstream", up.Redacted(),
+		"store", string(dsn.Kind), "cache", p.cfg.Cache != "", "admin", adminString(p.adminLn),
+		"tenant_from", tn.String(), "maintenance", !p.cfg.NoMaintenance,
+		"reconciler", !p.cfg.NoMaintenance && p.cfg.Maintenance.Resolver != nil)
+	return p, nil
+}
+
+// meterName names the proxy's own meter and tracer.
+const meterName = "github.com/idem-go/idem/cmd/idem/internal/cli"
+
+// observe sets up the metrics and the spans of the proxy and its engines,
+// and returns the tracer provider.
+func (p *Proxy) observe(ctx context.Context) (_ trace.TracerProvider, err error) {
+	cfg := &p.cfg
 	if cfg.MeterProvider == nil && cfg.Admin != "" && !mountsMetrics(cfg.AdminHandlers) {
 		if p.metrics, err = newMetrics(cfg.Logger); err != nil {
 			return nil, fmt.Errorf("proxy: metrics: %w", err)
@@ -194,17 +173,16 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 			handlers[pattern] = h
 		}
 		cfg.AdminHandlers = handlers
-		p.cfg = cfg
 	}
 	mp := cfg.MeterProvider
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
-	if p.refusals, err = mp.Meter("github.com/idem-go/idem/cmd/idem/internal/cli").Int64Counter("idem.proxy.refused",
+	if p.refusals, err = mp.Meter(meterName).Int64Counter("idem.proxy.refused",
 		metric.WithDescription("requests the proxy refused before the engine, by reason")); err != nil {
 		return nil, fmt.Errorf("proxy: metrics: %w", err)
 	}
-	if p.durabilityGauges, err = p.durabilityMetrics(mp.Meter("github.com/idem-go/idem/cmd/idem/internal/cli")); err != nil {
+	if p.durabilityGauges, err = p.durabilityMetrics(mp.Meter(meterName)); err != nil {
 		return nil, fmt.Errorf("proxy: metrics: %w", err)
 	}
 	tp := cfg.TracerProvider
@@ -218,87 +196,73 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 	if p.obs, err = otelidem.New(otelidem.Config{MeterProvider: mp, TracerProvider: tp}); err != nil {
 		return nil, fmt.Errorf("proxy: metrics: %w", err)
 	}
-	// The engine's settings are checked now, whether or not the store
-	// answers: a typo must fail at start, not when the database comes up.
-	if p.routes, err = cfg.checkSettings(); err != nil {
-		return nil, fmt.Errorf("proxy: %w", err)
-	}
-	if !cfg.NoMaintenance {
-		if _, err := maintenance.New(memory.New(memory.Config{}), cfg.Maintenance); err != nil {
-			return nil, fmt.Errorf("proxy: %w", err)
-		}
-	}
+	return tp, nil
+}
+
+// buildHandler builds what serves the requests before the store is open:
+// the guard, the protected methods, the asynchronous routes and the
+// reverse proxy to the upstream.
+func (p *Proxy) buildHandler(tp trace.TracerProvider) (err error) {
 	p.protected = map[string]bool{}
-	for _, m := range cfg.Methods {
+	for _, m := range p.cfg.Methods {
 		p.protected[strings.ToUpper(m)] = true
 	}
 	if len(p.protected) == 0 {
 		p.protected = map[string]bool{http.MethodPost: true, http.MethodPatch: true}
 	}
-	if p.async, err = newAsyncRoutes(cfg.Async, p.protected, p.routes); err != nil {
-		return nil, err
+	if p.async, err = newAsyncRoutes(p.cfg.Async, p.protected, p.routes); err != nil {
+		return err
 	}
-	if p.async != nil {
-		if cfg.AsyncWorkers < 0 || cfg.AsyncPoll < 0 {
-			return nil, configErr("proxy: --async-workers and --async-poll must not be negative")
-		}
+	if p.async != nil && (p.cfg.AsyncWorkers < 0 || p.cfg.AsyncPoll < 0) {
+		return configErr("proxy: --async-workers and --async-poll must not be negative")
 	}
-	p.transport = newTransport(cfg.UpstreamTimeout)
+	p.transport = newTransport(p.cfg.UpstreamTimeout)
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:      p.rewrite,
 		Transport:    p.transport,
 		ErrorHandler: p.upstreamError,
-		ErrorLog:     slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
+		ErrorLog:     slog.NewLogLogger(p.cfg.Logger.Handler(), slog.LevelWarn),
 		BufferPool:   copyBuffers{},
 	}
 	// Without spans (no provider given, no collector configured) the
 	// server span would record nothing, and the caller's traceparent
 	// reaches the upstream as the reverse proxy copies every end-to-end
 	// header: neither the span nor the propagation is worth a request copy.
-	p.spansOff = cfg.TracerProvider == nil && p.tracing.provider == nil
+	p.spansOff = p.cfg.TracerProvider == nil && p.tracing.provider == nil
 	p.handler = http.HandlerFunc(p.guard)
 	if !p.spansOff {
-		p.handler = traced(tp.Tracer("github.com/idem-go/idem/cmd/idem/internal/cli"), p.handler)
+		p.handler = traced(tp.Tracer(meterName), p.handler)
 	}
+	return nil
+}
 
-	if s, err := p.openStore(ctx); err == nil {
-		if err := p.attach(s); err != nil {
-			s.Close()
-			return nil, err
-		}
-	} else {
-		p.openErr = err
-		p.log.Warn("idem proxy: the store is unavailable; protected requests get 503 while it is retried in the background",
-			"store", string(dsn.Kind), "err", err)
-	}
-
+// listen binds the proxy's listener and, with an admin address, the
+// admin server's with its handlers.
+func (p *Proxy) listen() (err error) {
+	cfg := &p.cfg
 	if p.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
-		return nil, fmt.Errorf("proxy: listen: %w", err)
+		return fmt.Errorf("proxy: listen: %w", err)
 	}
 	// Slow clients are bounded while sending headers here, while sending
 	// a body by BodyTimeout (see guard), and while idle between requests;
 	// upstream calls by UpstreamTimeout.
 	p.server = cfg.limitedServer(p.handler)
 	if cfg.AdminHandlers, err = p.mountWebhook(cfg.AdminHandlers); err != nil {
-		return nil, err
+		return err
 	}
-	if cfg.Admin != "" && cfg.Console {
-		if err := p.mountConsole(&cfg); err != nil {
-			return nil, err
+	if cfg.Admin == "" {
+		return nil
+	}
+	if cfg.Console {
+		if err := p.mountConsole(cfg); err != nil {
+			return err
 		}
-		p.cfg = cfg
 	}
-	if cfg.Admin != "" {
-		if p.adminLn, err = net.Listen("tcp", cfg.Admin); err != nil {
-			return nil, fmt.Errorf("proxy: admin listen: %w", err)
-		}
-		p.admin = cfg.limitedServer(adminLimits(AdminMux(p.ready, cfg.AdminHandlers), cfg.BodyTimeout))
+	if p.adminLn, err = net.Listen("tcp", cfg.Admin); err != nil {
+		return fmt.Errorf("proxy: admin listen: %w", err)
 	}
-	p.log.Info("idem proxy listening", "listen", p.ln.Addr().String(), "upstream", up.Redacted(),
-		"store", string(dsn.Kind), "cache", cfg.Cache != "", "admin", adminString(p.adminLn),
-		"tenant_from", tn.String(), "maintenance", !cfg.NoMaintenance,
-		"reconciler", !cfg.NoMaintenance && cfg.Maintenance.Resolver != nil)
-	return p, nil
+	p.admin = cfg.limitedServer(adminLimits(AdminMux(p.ready, cfg.AdminHandlers), cfg.BodyTimeout))
+	return nil
 }
 
 // openStore opens the store once.

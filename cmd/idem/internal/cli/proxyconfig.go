@@ -1,8 +1,11 @@
 package cli
 
 import (
+	"fmt"
 	"log/slog"
 	"net/http"
+	"net/textproto"
+	"os"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
@@ -10,6 +13,8 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/console"
+	"github.com/idem-go/idem/cmd/idem/internal/storeurl"
+	"github.com/idem-go/idem/internal/httpfield"
 	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/memory"
@@ -230,6 +235,94 @@ const (
 	defaultBodyTimeout      = 30 * time.Second
 	defaultMaxBufferedBytes = 64 << 20
 )
+
+// withDefaults returns cfg with its defaults applied, or why it cannot
+// serve.
+func (cfg ProxyConfig) withDefaults() (ProxyConfig, error) {
+	if cfg.Listen == "" {
+		cfg.Listen = defaultListen
+	}
+	if cfg.Store == "" {
+		cfg.Store = storeurl.Default
+	}
+	if cfg.UpstreamTimeout == 0 {
+		cfg.UpstreamTimeout = defaultUpstreamTimeout
+	}
+	if cfg.ShutdownTimeout <= 0 {
+		cfg.ShutdownTimeout = defaultShutdownTimeout
+	}
+	if cfg.MaxHeaderBytes <= 0 {
+		cfg.MaxHeaderBytes = defaultMaxHeaderBytes
+	}
+	if cfg.BodyTimeout == 0 {
+		cfg.BodyTimeout = defaultBodyTimeout
+	}
+	if cfg.MaxBody <= 0 {
+		cfg.MaxBody = idem.DefaultMaxBodyBytes
+	}
+	if cfg.RetryAfter == 0 {
+		cfg.RetryAfter = idem.DefaultRetryAfter
+	}
+	if cfg.KeyHeader == "" {
+		cfg.KeyHeader = idem.DefaultKeyHeader
+	}
+	if !httpfield.Valid(cfg.KeyHeader, nil) {
+		return cfg, configErr("proxy: --key-header %q is not a valid header name", cfg.KeyHeader)
+	}
+	// The guard looks the key up by the engine's (canonical) spelling.
+	cfg.KeyHeader = textproto.CanonicalMIMEHeaderKey(cfg.KeyHeader)
+	if cfg.MaxBufferedBytes <= 0 {
+		cfg.MaxBufferedBytes = defaultMaxBufferedBytes
+	}
+	if cfg.MaxBufferedBytes < cfg.MaxBody {
+		return cfg, configErr("proxy: --max-buffered-bytes (%d) is smaller than --max-body (%d): no body would fit", cfg.MaxBufferedBytes, cfg.MaxBody)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	return cfg, nil
+}
+
+// checkStore refuses, before the store is reached, settings the store of
+// dsn cannot serve.
+func (cfg ProxyConfig) checkStore(dsn storeurl.DSN) error {
+	if cfg.StoreConns < 0 {
+		// The store would never open: refused at start, not retried.
+		return fmt.Errorf("%w: --store-conns %d: want 0 (the store's default) or a positive pool size", ErrUsage, cfg.StoreConns)
+	}
+	if dsn.Kind == storeurl.Redis && cfg.TenantMaxActive > 0 {
+		// Known before the store is reached: refused at once rather than
+		// when it opens.
+		return fmt.Errorf("%w: --tenant-max-active needs a store that counts a tenant's records (SQLite, PostgreSQL, MySQL or memory), not Redis", ErrUsage)
+	}
+	if cfg.RequireSynchronousReplication && dsn.Kind != storeurl.Postgres && dsn.Kind != storeurl.MySQL && dsn.Kind != storeurl.Redis {
+		return fmt.Errorf("%w: --require-synchronous-replication needs a store that checks its replication (PostgreSQL, MySQL or Redis), not %s", ErrUsage, dsn.Kind)
+	}
+	return nil
+}
+
+// settleResolver checks the webhook and the background services' settings
+// and gives the reconciler the resolver of ResolveURL.
+func (cfg *ProxyConfig) settleResolver() error {
+	if cfg.TenantHeader != "" {
+		cfg.Logger.Warn("idem proxy: --tenant-header is deprecated; use --tenant-from trusted-header:NAME", "name", cfg.TenantHeader)
+	}
+	if err := checkWebhook(cfg.Webhook, cfg.Admin); err != nil {
+		return fmt.Errorf("proxy: %w", err)
+	}
+	if cfg.NoMaintenance && cfg.ResolveURL != "" {
+		return configErr("proxy: --resolve-url needs the background services (drop --maintenance=false)")
+	}
+	if cfg.ResolveURL != "" && cfg.Maintenance.Resolver == nil {
+		r, err := newHTTPResolver(cfg.ResolveURL)
+		if err != nil {
+			return fmt.Errorf("proxy: %w", err)
+		}
+		r.maxBody = cfg.maxResponseBytes()
+		cfg.Maintenance.Resolver = r
+	}
+	return nil
+}
 
 // engineConfig is the engine's configuration; the tenant is the one the
 // guard put in the request's context.
