@@ -70,8 +70,8 @@ func TestProxyFlagTable(t *testing.T) {
 			continue
 		case f.help == "" || fl.Usage != f.help:
 			t.Errorf("--%s: help %q, the flag's %q", f.name, f.help, fl.Usage)
-		case f.def == nil || fl.DefValue != defaultText(f.def):
-			t.Errorf("--%s: default %v (%q), the flag's %q", f.name, f.def, defaultText(f.def), fl.DefValue)
+		case f.def == nil || fl.DefValue != defaultText(t, f):
+			t.Errorf("--%s: default %v (%q), the flag's %q", f.name, f.def, defaultText(t, f), fl.DefValue)
 		case f.env() != "IDEM_"+strings.ToUpper(strings.ReplaceAll(f.name, "-", "_")):
 			t.Errorf("--%s: environment variable %s", f.name, f.env())
 		}
@@ -124,7 +124,7 @@ func TestProxyFlagTable(t *testing.T) {
 		if name != "" {
 			name = " " + name
 		}
-		def := defaultText(f.def)
+		def := defaultText(t, f)
 		if def == "" {
 			def = "none"
 		}
@@ -138,13 +138,19 @@ func TestProxyFlagTable(t *testing.T) {
 	}
 }
 
-// defaultText is a default as the flag package shows it.
-func defaultText(def any) string {
-	switch d := def.(type) {
+// defaultText is f's default as its parser shows it.
+func defaultText(t *testing.T, f proxyFlag) string {
+	switch d := f.def.(type) {
 	case time.Duration:
 		return d.String()
 	case bool:
 		return strconv.FormatBool(d)
 	}
-	return defText(def)
+	if v, ok := f.target(newProxyArgs()).(flag.Value); ok && defText(f.def) != "" {
+		if err := v.Set(defText(f.def)); err != nil {
+			t.Errorf("--%s: default %v: %v", f.name, f.def, err)
+		}
+		return v.String()
+	}
+	return defText(f.def)
 }
