@@ -41,14 +41,14 @@ const exitDefault = `  0  success
 // fails for a command without examples.
 var helpDocs = map[string]helpDoc{
 	"proxy": {examples: []string{
-		"# idempotency in front of the API on port 3000, keys in ./idem.db",
-		"idem proxy --upstream http://127.0.0.1:3000",
-		"# shared PostgreSQL store, metrics on :9090, unknown outcomes asked about",
-		"idem proxy --upstream http://api:3000 --listen :8080 --store postgres://idem@db/idem \\\n    --admin :9090 --resolve-url http://api:3000/internal/resolve",
+		"# idempotency in front of the API on port 3000, one tenant per Authorization, keys in ./idem.db",
+		"idem proxy --upstream http://127.0.0.1:3000 --tenant-from authorization",
+		"# shared PostgreSQL store, metrics and the console on 127.0.0.1:9090, unknown outcomes asked about",
+		"idem proxy --upstream http://api:3000 --listen :8080 --store postgres://idem@db/idem --tenant-from authorization \\\n    --tenant-secret-file /etc/idem/tenant.secret --admin 127.0.0.1:9090 --resolve-url http://api:3000/internal/resolve",
 		"# per-route settings from a config file, the store from the environment",
 		"IDEM_STORE=postgres://idem@db/idem idem proxy --config /etc/idem/proxy.json",
 		"# 202 for a duplicate in flight, charges identified by two members only",
-		"idem proxy --upstream http://127.0.0.1:3000 --in-progress-status 202 --fields amount,payment.currency",
+		"idem proxy --upstream http://127.0.0.1:3000 --tenant-from authorization --in-progress-status 202 --fields amount,payment.currency",
 	}},
 	"migrate": {examples: []string{
 		"idem migrate --store postgres://idem@db:5432/idem",
@@ -87,7 +87,7 @@ var helpDocs = map[string]helpDoc{
 	}},
 	"reconcile": {examples: []string{
 		"idem reconcile list --all",
-		`idem reconcile resolve --route /v1/charges --completed --status 201 --body '{"id":"ch_1"}' order-42`,
+		`idem reconcile resolve --route /v1/charges --fence 1732500000000000 --completed --status 201 --body '{"id":"ch_1"}' order-42`,
 	}},
 	"reconcile list": {examples: []string{
 		"idem reconcile list",
@@ -95,24 +95,26 @@ var helpDocs = map[string]helpDoc{
 	}},
 	"reconcile resolve": {examples: []string{
 		"# it took effect: retries replay this answer",
-		"idem reconcile resolve --route /v1/charges --completed --status 201 \\\n    --header 'Content-Type: application/json' --body @charge.json order-42",
+		"# (the fence is the one idem reconcile list showed: the execution decided about)",
+		"idem reconcile resolve --route /v1/charges --fence 1732500000000000 --completed --status 201 \\\n    --header 'Content-Type: application/json' --body @charge.json order-42",
 		"# it certainly did not: the next retry runs it",
-		"idem reconcile resolve --route /v1/charges --retryable order-42",
+		"idem reconcile resolve --route /v1/charges --fence 1732500000000000 --retryable order-42",
 	}},
 	"reconcile run": {examples: []string{
 		"idem reconcile run --resolve-url http://api:3000/internal/resolve",
 		"idem reconcile run --resolve-url http://api:3000/internal/resolve --batch 500 --progress",
 	}},
 	"check": {examples: []string{
-		"idem check http://127.0.0.1:8080/v1/charges",
+		"# against idem proxy --tenant-from authorization: each caller sends its credential",
+		"idem check --header 'Authorization: Bearer sk_test' http://127.0.0.1:8080/v1/charges",
 		`idem check --header 'Authorization: Bearer sk_test' --body '{"amount":100}' https://api.example.com/v1/charges`,
 	}, exit: `  0  every required check passed (WARN and SKIP do not fail)
   1  a required check failed, or the command failed
   2  the command line is wrong (usage error)`},
 	"bench": {examples: []string{
-		"idem bench http://127.0.0.1:8080/v1/charges",
-		"idem bench --keys 100 --dups 10 --concurrency 64 --duration 30s --progress http://127.0.0.1:8080/v1/charges",
-		"idem bench --replay-only http://127.0.0.1:8080/v1/charges",
+		"idem bench --header 'Authorization: Bearer sk_test' http://127.0.0.1:8080/v1/charges",
+		"idem bench --header 'Authorization: Bearer sk_test' --keys 100 --dups 10 --concurrency 64 --duration 30s --progress \\\n    http://127.0.0.1:8080/v1/charges",
+		"idem bench --header 'Authorization: Bearer sk_test' --replay-only http://127.0.0.1:8080/v1/charges",
 	}, exit: `  0  every request was answered and no key ran twice
   1  requests failed, a key was answered as a new execution twice, or the
      command failed

@@ -278,9 +278,14 @@ func TestDocsConfigExamples(t *testing.T) {
 			}
 			n++
 			// A snippet of routes alone is read with the rest given on the
-			// command line, which wins over the file.
+			// command line, which wins over the file; so is the secret the
+			// file names, which lives on the server the docs speak of.
+			secret := filepath.Join(t.TempDir(), "tenant.secret")
+			if err := os.WriteFile(secret, []byte("0123456789abcdef0123456789abcdef\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
 			cfg, _, _, err := parseProxyFlags([]string{"--config", writeConfig(t, m[1]),
-				"--upstream", "http://127.0.0.1:3000", "--tenant-from", "authorization"}, io.Discard)
+				"--upstream", "http://127.0.0.1:3000", "--tenant-from", "authorization", "--tenant-secret-file", secret}, io.Discard)
 			if err != nil {
 				t.Errorf("%s: the config file %s: %v", page, m[1], err)
 			}
