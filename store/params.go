@@ -75,7 +75,18 @@ func (p *CompleteParams) Validate() error {
 }
 
 // Validate checks a release or a MarkUnknown.
-func (p *ReleaseParams) Validate() error { return p.FenceParams.Validate() }
+func (p *ReleaseParams) Validate() error {
+	if err := p.FenceParams.Validate(); err != nil {
+		return err
+	}
+	if r := p.Request; r != nil {
+		if r.Queue != "" {
+			return invalid("a request summary names no queue: no worker may claim it")
+		}
+		return r.check(MaxRequestSummaryBytes)
+	}
+	return nil
+}
 
 // Validate checks a checkpoint.
 func (p *CheckpointParams) Validate() error { return p.FenceParams.Validate() }

@@ -42,6 +42,10 @@ const (
 	// pending record (method, target, headers and body). The engine bounds
 	// the body further by its MaxBodyBytes.
 	MaxPendingRequestBytes = 32 << 20
+	// MaxRequestSummaryBytes bounds a request summary given to
+	// MarkUnknown (ReleaseParams.Request), counted as for a pending
+	// request.
+	MaxRequestSummaryBytes = 16 << 10
 )
 
 // PendingRequest is a request kept with a pending record, to be run by the
@@ -57,6 +61,14 @@ type PendingRequest struct {
 	Target string
 	Header http.Header
 	Body   []byte
+	// BodyBytes and Fence are set on a request summary only (see
+	// ReleaseParams.Request), never on a request a worker runs. BodyBytes
+	// is the size of the whole body when Body holds only its beginning
+	// (zero when Body is whole). Fence is the execution the summary
+	// describes: a record that ran again since keeps the summary of an
+	// older execution until it is marked unknown with a new one.
+	BodyBytes int
+	Fence     int64
 }
 
 // PendingParams records a request as pending.
@@ -131,10 +143,15 @@ func (p *PendingParams) Validate() error {
 	if err := p.ReserveParams.Validate(); err != nil {
 		return err
 	}
-	r := &p.Request
-	if err := checkQueue(r.Queue); err != nil {
+	if err := checkQueue(p.Request.Queue); err != nil {
 		return err
 	}
+	return p.Request.check(MaxPendingRequestBytes)
+}
+
+// check checks a request's method, target and headers, and its size
+// against limit.
+func (r *PendingRequest) check(limit int) error {
 	if r.Method == "" || !httpfield.Valid(r.Method, nil) {
 		return invalid(fmt.Sprintf("request method %q is not an HTTP token", r.Method))
 	}
@@ -146,8 +163,11 @@ func (p *PendingParams) Validate() error {
 			return invalid(fmt.Sprintf("request header %q is not valid", k))
 		}
 	}
-	if n := r.size(); n > MaxPendingRequestBytes {
-		return errors.Join(ErrTooLong, fmt.Errorf("request of %d bytes, the limit is %d", n, MaxPendingRequestBytes))
+	if r.BodyBytes < 0 || r.Fence < 0 {
+		return invalid("body size and fence must not be negative")
+	}
+	if n := r.size(); n > limit {
+		return errors.Join(ErrTooLong, fmt.Errorf("request of %d bytes, the limit is %d", n, limit))
 	}
 	return nil
 }

@@ -130,8 +130,10 @@ type Record struct {
 	// (which clears DeadLetteredAt).
 	DeadLetteredAt time.Time
 	// Request is the request kept with an asynchronous record (see
-	// [Queue]). Claim and ReservePending return it; other reads may leave
-	// it nil.
+	// [Queue]), or the summary of its request a record was marked unknown
+	// with (see ReleaseParams.Request). Claim and ReservePending return
+	// it, Get returns it for an unknown record; other reads may leave it
+	// nil.
 	Request *PendingRequest
 }
 
@@ -238,6 +240,14 @@ type ReleaseParams struct {
 	FenceParams
 	// Error is stored in LastError.
 	Error string
+	// Request, for MarkUnknown only (Release ignores it), is a summary of
+	// the request whose outcome is unknown, kept with the record for the
+	// operator who settles it: no credentials, a body excerpt, its Queue
+	// empty and its Fence that of the execution (see PendingRequest). Nil
+	// keeps the request the record holds, as an asynchronous record's.
+	// The common path never pays for it: only a record going unknown
+	// carries one.
+	Request *PendingRequest
 }
 
 // CheckpointParams advances the recovery point.

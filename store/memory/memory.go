@@ -239,6 +239,10 @@ func (s *Store) Release(ctx context.Context, p store.ReleaseParams) error {
 func (s *Store) MarkUnknown(ctx context.Context, p store.ReleaseParams) error {
 	return s.held(ctx, p.Validate(), p.FenceParams, func(r *entry, now time.Time) {
 		toUnknown(&r.Record, now, p.Error)
+		if p.Request != nil {
+			req := *p.Request
+			r.Request = &req
+		}
 	})
 }
 

@@ -282,7 +282,12 @@ func (s *Store) MarkUnknown(ctx context.Context, p store.ReleaseParams) error {
 	if err != nil {
 		return err
 	}
-	a["error"] = p.Error
+	a["error"], a["request"] = p.Error, nil
+	if p.Request != nil {
+		if a["request"], err = storekit.EncodeRequest(p.Request); err != nil {
+			return err
+		}
+	}
 	return s.fenced(ctx, s.q, "mark unknown", qMarkUnknown, a)
 }
 
@@ -325,7 +330,7 @@ func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error
 	if err != nil {
 		return store.Record{}, wrap("get", err)
 	}
-	rec, err := scanRecord(s.q.QueryRowContext(ctx, qGet.sql, a...), nil)
+	rec, err := scanPending(s.q.QueryRowContext(ctx, qGet.sql, a...))
 	if errors.Is(err, sql.ErrNoRows) {
 		return store.Record{}, store.ErrNotFound
 	}

@@ -114,7 +114,7 @@ func recordArgs(r *store.Record) (args, error) {
 func scanPending(sc scanner, trail ...any) (store.Record, error) {
 	var queue, request []byte
 	r, err := scanRecord(sc, nil, append([]any{&queue, &request}, trail...)...)
-	if err != nil || queue == nil {
+	if err != nil || request == nil {
 		return r, err
 	}
 	r.Request, err = storekit.DecodeRequest(string(queue), request)

@@ -172,11 +172,13 @@ UPDATE idem_records SET
 WHERE scope = :scope AND `key` = :key AND state = 'in_progress' AND fence = :fence
 
 -- name: mark_unknown
+-- :request is the request summary; NULL keeps the request the record holds.
 UPDATE idem_records SET
     state = 'unknown',
     last_error = :error,
     reconcile_after = COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)),
     updated_at = COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)),
+    request = COALESCE(:request, request),
     row_version = row_version + 1
 WHERE scope = :scope AND `key` = :key AND state = 'in_progress' AND fence = :fence
 
@@ -195,7 +197,10 @@ UPDATE idem_records SET
 WHERE scope = :scope AND `key` = :key AND state = 'in_progress' AND fence = :fence
 
 -- name: get
-SELECT {record_columns}
+-- The request of an unknown record only (an operator settles it from
+-- that): other records pay nothing for it.
+SELECT {record_columns},
+    CASE WHEN state = 'unknown' THEN queue END, CASE WHEN state = 'unknown' THEN request END
 FROM idem_records
 WHERE scope = :scope AND `key` = :key
 

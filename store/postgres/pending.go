@@ -180,8 +180,12 @@ func scanPending(row pgx.Row, rec *store.Record, extra ...any) error {
 		return err
 	}
 	rec.Request = nil
-	if queue != nil {
-		r, err := storekit.DecodeRequest(*queue, request)
+	if request != nil {
+		var q string
+		if queue != nil {
+			q = *queue
+		}
+		r, err := storekit.DecodeRequest(q, request)
 		if err != nil {
 			return err
 		}

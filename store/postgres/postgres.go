@@ -413,7 +413,14 @@ func (s *Store) MarkUnknown(ctx context.Context, p store.ReleaseParams) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	return s.fenced(ctx, s.pool, "mark unknown", s.q.markUnknown, p.FenceParams, p.Error)
+	var req []byte
+	if p.Request != nil {
+		var err error
+		if req, err = storekit.EncodeRequest(p.Request); err != nil {
+			return err
+		}
+	}
+	return s.fenced(ctx, s.pool, "mark unknown", s.q.markUnknown, p.FenceParams, p.Error, req)
 }
 
 // Checkpoint implements store.Store.
@@ -462,7 +469,7 @@ func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error
 		return store.Record{}, err
 	}
 	var rec store.Record
-	err := scanRecord(s.pool.QueryRow(ctx, s.q.get, scope, key), &rec, nil)
+	err := scanPending(s.pool.QueryRow(ctx, s.q.get, scope, key), &rec)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return store.Record{}, fmt.Errorf("idem/postgres: get: %w", store.ErrNotFound)
 	}

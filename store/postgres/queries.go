@@ -224,12 +224,15 @@ UPDATE {schema}idem_records SET
 	updated_at = coalesce($4::timestamptz, statement_timestamp())
 WHERE scope = $1 AND key = $2 AND state = 'in_progress' AND fence = $3`
 
+// sqlMarkUnknown: $6 the request summary (NULL keeps the request the
+// record holds).
 const sqlMarkUnknown = `
 UPDATE {schema}idem_records SET
 	state = 'unknown',
 	last_error = $5,
 	reconcile_after = coalesce($4::timestamptz, statement_timestamp()),
-	updated_at = coalesce($4::timestamptz, statement_timestamp())
+	updated_at = coalesce($4::timestamptz, statement_timestamp()),
+	request = coalesce($6::bytea, request)
 WHERE scope = $1 AND key = $2 AND state = 'in_progress' AND fence = $3`
 
 const sqlCheckpoint = `
@@ -255,8 +258,11 @@ WHERE scope = $1 AND key = $2 AND state = 'in_progress' AND fence = $3`
 // millions of rows. No statement of a batch wants a sequential scan.
 const sqlBatchLockTimeout = `SELECT set_config('lock_timeout', $1, true), set_config('enable_seqscan', 'off', true)`
 
+// sqlGet reads the request an unknown record keeps (an operator settles
+// it from that), and only that one's: other records pay nothing for it.
 const sqlGet = `
-SELECT ` + recordColumns + `
+SELECT ` + recordColumns + `,
+	CASE WHEN state = 'unknown' THEN queue END, CASE WHEN state = 'unknown' THEN request END
 FROM {schema}idem_records
 WHERE scope = $1 AND key = $2`
 

@@ -341,8 +341,15 @@ func (s *Store) Release(ctx context.Context, p store.ReleaseParams) error {
 
 // MarkUnknown implements store.Store.
 func (s *Store) MarkUnknown(ctx context.Context, p store.ReleaseParams) error {
+	var req []byte
+	if p.Request != nil {
+		var err error
+		if req, err = storekit.EncodeRequest(p.Request); err != nil {
+			return err
+		}
+	}
 	return s.fenced(ctx, "mark unknown", p.Validate(), scriptRelease, p.FenceParams,
-		s.now(), s.graceMS(), p.Fence, string(store.StateUnknown), p.Error)
+		s.now(), s.graceMS(), p.Fence, string(store.StateUnknown), p.Error, req)
 }
 
 // Checkpoint implements store.Store.
@@ -367,6 +374,10 @@ func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error
 		return store.Record{}, wrap("get", err)
 	}
 	rec, err := decodeRecord(pairs(m))
+	if rq, ok := m["rq"]; ok && err == nil && rec.State == store.StateUnknown {
+		// An operator settles an unknown record from its request.
+		rec.Request, err = storekit.DecodeRequest(m["q"], []byte(rq))
+	}
 	if err != nil {
 		return store.Record{}, fmt.Errorf("idem/redis: get: %w", err)
 	}

@@ -96,7 +96,7 @@ func (w *withRequest) Scan(dest ...any) error {
 func scanPending(sc scanner) (store.Record, error) {
 	w := &withRequest{sc: sc}
 	r, err := scanRecord(w)
-	if err != nil || !w.queue.Valid {
+	if err != nil || w.request == nil {
 		return r, err
 	}
 	r.Request, err = storekit.DecodeRequest(w.queue.String, w.request)

@@ -16,6 +16,13 @@ const recordColumns = `scope, key, fingerprint, state, fence, lease_policy, lock
 
 const qGet = `SELECT ` + recordColumns + ` FROM idem_records WHERE scope = ?1 AND key = ?2`
 
+// qGetWithRequest is Get: qGet and, for an unknown record only, the
+// request it keeps (an operator settles it from that); other reads pay
+// nothing for it.
+const qGetWithRequest = `SELECT ` + recordColumns + `,
+	CASE WHEN state = 'unknown' THEN queue END, CASE WHEN state = 'unknown' THEN request END
+FROM idem_records WHERE scope = ?1 AND key = ?2`
+
 // qCreate inserts a fresh record, or recreates one that is soft-expired or
 // terminal past its expiry (everything but the fence reset). Fences follow
 // storekit.NextFence: now in microseconds, and above the row's fence. Any other
@@ -123,12 +130,14 @@ const qRelease = `UPDATE idem_records SET
 	updated_at = ?5
 WHERE scope = ?1 AND key = ?2 AND state = 'in_progress' AND fence = ?3`
 
-// qMarkUnknown: ?4 error, ?5 now.
+// qMarkUnknown: ?4 error, ?5 now, ?6 the request summary (NULL keeps
+// the request the record holds).
 const qMarkUnknown = `UPDATE idem_records SET
 	state = 'unknown',
 	last_error = ?4,
 	reconcile_after = ?5,
-	updated_at = ?5
+	updated_at = ?5,
+	request = coalesce(?6, request)
 WHERE scope = ?1 AND key = ?2 AND state = 'in_progress' AND fence = ?3`
 
 // qCheckpoint: ?4 recovery point, ?5 now.

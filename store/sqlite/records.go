@@ -187,8 +187,15 @@ func (s *Store) MarkUnknown(ctx context.Context, p store.ReleaseParams) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
+	var req []byte
+	if p.Request != nil {
+		var err error
+		if req, err = storekit.EncodeRequest(p.Request); err != nil {
+			return err
+		}
+	}
 	return fenced(ctx, s.writer(), "mark unknown", qMarkUnknown, p.Scope, p.Key, p.Fence,
-		p.Error, s.now().UnixMicro())
+		p.Error, s.now().UnixMicro(), req)
 }
 
 // Checkpoint implements [store.Store].
@@ -241,7 +248,7 @@ func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error
 	if err := store.CheckID(scope, key); err != nil {
 		return store.Record{}, err
 	}
-	rec, err := getRecord(ctx, s.read(), scope, key)
+	rec, err := scanPending(s.read().QueryRowContext(ctx, qGetWithRequest, scope, key))
 	if err != nil {
 		return store.Record{}, wrap("get", err)
 	}

@@ -25,7 +25,7 @@ var (
 		qDelete, qState, qSweep, qReapDelete, qReapSoft, qReapAbandon,
 		qResolve, qDefer, qDeadLetter, qActive,
 	}
-	readerQueries = []string{qGet, qListUnknownDue, qListUnknownAll}
+	readerQueries = []string{qGet, qGetWithRequest, qListUnknownDue, qListUnknownAll}
 )
 
 // statements holds one pool's prepared statements by query text.

@@ -14,16 +14,19 @@ import (
 // pendingJSON is the stored form of a PendingRequest (the queue is kept
 // in a column or field of its own, to claim by it).
 type pendingJSON struct {
-	Method string      `json:"method"`
-	Target string      `json:"target"`
-	Header http.Header `json:"header,omitempty"`
-	Body   []byte      `json:"body,omitempty"`
+	Method    string      `json:"method"`
+	Target    string      `json:"target"`
+	Header    http.Header `json:"header,omitempty"`
+	Body      []byte      `json:"body,omitempty"`
+	BodyBytes int         `json:"body_bytes,omitempty"`
+	Fence     int64       `json:"fence,omitempty"`
 }
 
 // EncodeRequest is the stored form of r without its queue, the same bytes
 // in every store.
 func EncodeRequest(r *store.PendingRequest) ([]byte, error) {
-	return json.Marshal(pendingJSON{Method: r.Method, Target: r.Target, Header: r.Header, Body: r.Body})
+	return json.Marshal(pendingJSON{Method: r.Method, Target: r.Target, Header: r.Header, Body: r.Body,
+		BodyBytes: r.BodyBytes, Fence: r.Fence})
 }
 
 // DecodeRequest reads what EncodeRequest wrote, with the queue kept
@@ -33,7 +36,8 @@ func DecodeRequest(queue string, b []byte) (*store.PendingRequest, error) {
 	if err := json.Unmarshal(b, &j); err != nil {
 		return nil, fmt.Errorf("idem/store: stored request: %w", err)
 	}
-	return &store.PendingRequest{Queue: queue, Method: j.Method, Target: j.Target, Header: j.Header, Body: j.Body}, nil
+	return &store.PendingRequest{Queue: queue, Method: j.Method, Target: j.Target, Header: j.Header, Body: j.Body,
+		BodyBytes: j.BodyBytes, Fence: j.Fence}, nil
 }
 
 // SortRecords orders a batch by the time by returns, then by scope and

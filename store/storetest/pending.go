@@ -22,6 +22,7 @@ func runPending(t *testing.T, h Harness) {
 	t.Run("PendingExpire", func(t *testing.T) { testPendingExpire(t, h) })
 	t.Run("PendingRequeue", func(t *testing.T) { testPendingRequeue(t, h) })
 	t.Run("PendingInvalid", func(t *testing.T) { testPendingInvalid(t, h) })
+	t.Run("PendingUnknownKeepsRequest", func(t *testing.T) { testPendingUnknown(t, h) })
 }
 
 func (e *env) queue() store.Queue {
@@ -375,5 +376,24 @@ func testPendingInvalid(t *testing.T, h Harness) {
 	}
 	if _, err := e.s.Get(e.ctx, "s", "k"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("an invalid request left a record: %v", err)
+	}
+}
+
+// A worker's request whose outcome is unknown keeps the request it was
+// accepted with: MarkUnknown without a summary leaves it, and Get returns
+// it for the operator.
+func testPendingUnknown(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	p := e.pendingP("s", "k", "fp", "q", store.LeaseUnknown)
+	e.reservePending(p)
+	rs := e.claim(e.queue(), "q", 10)
+	if len(rs) != 1 {
+		t.Fatalf("claimed %d, want 1", len(rs))
+	}
+	if err := e.s.MarkUnknown(e.ctx, store.ReleaseParams{FenceParams: fenceOf(rs[0]), Error: "worker lost the upstream"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.get("s", "k"); got.State != store.StateUnknown || !samePending(got.Request, &p.Request) {
+		t.Fatalf("Get of an asynchronous record gone unknown: %s, request %+v, want %+v", got.State, got.Request, p.Request)
 	}
 }

@@ -173,6 +173,7 @@ func run(t *testing.T, h Harness) {
 	t.Run("ConcurrentReclaimOneWinner", func(t *testing.T) { testConcurrentReclaim(t, h) })
 	t.Run("TwoHandlesOneWinner", func(t *testing.T) { testTwoHandles(t, h) })
 	t.Run("MarkUnknown", func(t *testing.T) { testMarkUnknown(t, h) })
+	t.Run("MarkUnknownKeepsRequestSummary", func(t *testing.T) { testUnknownSummary(t, h) })
 	t.Run("ExpiredLeasePolicyUnknown", func(t *testing.T) { testExpiredUnknown(t, h) })
 	t.Run("ExpiredLeasePolicyRetry", func(t *testing.T) { testExpiredRetry(t, h) })
 	t.Run("ExpiredLeasePolicyResume", func(t *testing.T) { testExpiredResume(t, h) })
@@ -538,6 +539,69 @@ func testMarkUnknown(t *testing.T, h Harness) {
 		t.Fatalf("retry of an unknown record: %v %s", res.Outcome, res.Record.State)
 	}
 	e.mustUnchanged(got, "a retry of an unknown record")
+}
+
+// summary is a request summary as the engine gives MarkUnknown.
+func summary(fence int64) *store.PendingRequest {
+	h := http.Header{}
+	h.Add("Content-Type", "application/json")
+	h.Add("X-Multi", "one")
+	h.Add("X-Multi", "two")
+	return &store.PendingRequest{Method: "POST", Target: "/v1/charges?x=1&y=%20", Header: h,
+		Body: []byte("{\"amount\":100,\"bin\":\"\x00\xff"), BodyBytes: 4096, Fence: fence}
+}
+
+func sameSummary(a, b *store.PendingRequest) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Queue == b.Queue && a.Method == b.Method && a.Target == b.Target && string(a.Body) == string(b.Body) &&
+		sameHeader(a.Header, b.Header) && a.BodyBytes == b.BodyBytes && a.Fence == b.Fence
+}
+
+// A record marked unknown keeps the summary of its request it was given,
+// and Get returns it, for the operator who settles it; without one, Get
+// returns none. A summary the contract refuses changes nothing.
+func testUnknownSummary(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	r := e.create("s", "k", "fp", store.LeaseUnknown)
+	sum := summary(r.Fence)
+	if err := e.s.MarkUnknown(e.ctx, store.ReleaseParams{FenceParams: fenceOf(r), Error: "upstream hung up", Request: sum}); err != nil {
+		t.Fatal(err)
+	}
+	got := e.get("s", "k")
+	if got.State != store.StateUnknown || !sameSummary(got.Request, sum) {
+		t.Fatalf("Get of a record marked unknown with a summary: %s, request %+v, want %+v", got.State, got.Request, sum)
+	}
+	plain := e.create("s", "plain", "fp", store.LeaseUnknown)
+	if err := e.s.MarkUnknown(e.ctx, store.ReleaseParams{FenceParams: fenceOf(plain), Error: "declared"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.get("s", "plain"); got.State != store.StateUnknown || got.Request != nil {
+		t.Fatalf("Get of a record marked unknown without a summary: %s, request %+v", got.State, got.Request)
+	}
+
+	held := e.create("s", "held", "fp", store.LeaseUnknown)
+	queued := summary(held.Fence)
+	queued.Queue = "q"
+	big := summary(held.Fence)
+	big.Body = make([]byte, store.MaxRequestSummaryBytes)
+	badMethod := summary(held.Fence)
+	badMethod.Method = "PO ST"
+	for _, c := range []struct {
+		name string
+		req  *store.PendingRequest
+		want error
+	}{{"a queue", queued, store.ErrInvalidParams}, {"too large", big, store.ErrTooLong}, {"a bad method", badMethod, store.ErrInvalidParams}} {
+		err := e.s.MarkUnknown(e.ctx, store.ReleaseParams{FenceParams: fenceOf(held), Request: c.req})
+		if !errors.Is(err, c.want) {
+			t.Fatalf("MarkUnknown with a summary with %s: %v, want %v", c.name, err, c.want)
+		}
+	}
+	e.mustUnchanged(held, "refused summaries")
+	if got := e.get("s", "held"); got.State != store.StateInProgress {
+		t.Fatalf("a refused summary moved the record to %s", got.State)
+	}
 }
 
 func testExpiredUnknown(t *testing.T, h Harness) {

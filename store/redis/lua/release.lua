@@ -1,6 +1,7 @@
 -- release: in_progress (current fence) -> failed_retryable (Release) or
 -- unknown due now (MarkUnknown).
--- ARGV: clock, grace_ms, fence, target state, last_error
+-- ARGV: clock, grace_ms, fence, target state, last_error, and for
+-- MarkUnknown the request summary ('' keeps the request the record holds).
 -- Returns 0 done, 1 absent, 2 not in_progress or another fence.
 local idx = {KEYS[1], KEYS[2], KEYS[3], KEYS[4]}
 local rk = KEYS[5]
@@ -17,6 +18,9 @@ end
 redis.call('HSET', rk, 'st', to, 'le', ARGV[5], 'ua', num(now))
 if to == UNKNOWN then
   redis.call('HSET', rk, 'ra', num(now))
+  if ARGV[6] and ARGV[6] ~= '' then
+    redis.call('HSET', rk, 'rq', ARGV[6])
+  end
 end
 settle(idx, rk, to, v[3], tonumber(v[4]), now, tonumber(v[5]), now, grace)
 return 0
