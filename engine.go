@@ -481,6 +481,7 @@ func (e *Engine) run(ctx context.Context, c *Call, op operation) Answer {
 	}
 	switch d.verdict {
 	case Executed:
+		d.exec.call = callRef{target: c.Target, header: c.Header, body: c.Body}
 		e.execute(ctx, d.exec, op)
 		return Answer{Verdict: Executed, Expires: d.exec.expiresAt()}
 	case Replayed:

@@ -43,6 +43,12 @@ type Execution struct {
 	failures  int       // renewals failed in a row
 	lost      atomic.Bool
 
+	// call is what the summary of the request is made from should its
+	// outcome become unknown (see summary): references to the call's own
+	// target, header and body, no copy. Unset for a worker's execution,
+	// whose record keeps the whole request.
+	call callRef
+
 	uncertain atomic.Pointer[string]
 	committed atomic.Bool
 	// expires is when the stored answer's record expires at the earliest
@@ -236,8 +242,9 @@ func (x *Execution) release(ctx context.Context, reason string) error {
 // markUnknown sends the record to reconciliation.
 func (x *Execution) markUnknown(ctx context.Context, reason string) error {
 	x.e.log.Warn("idem: outcome unknown", "scope", x.scope, "key", x.key, "fence", x.fence, "reason", reason)
+	p := store.ReleaseParams{FenceParams: x.fenceParams(), Error: reason, Request: x.summary()}
 	err := x.end(ctx, opMarkUnknown, store.StateUnknown, false, func(ctx context.Context) error {
-		return x.e.store.MarkUnknown(ctx, store.ReleaseParams{FenceParams: x.fenceParams(), Error: reason})
+		return x.e.store.MarkUnknown(ctx, p)
 	})
 	if err == nil {
 		// Package maintenance counts those its sweeper sends, under the
