@@ -31,18 +31,18 @@ type callRef struct {
 }
 
 // secretWords are the parts of header names that may carry a credential
-// (X-Api-Key, X-Auth-Token, Stripe-Signature, X-Session-Id, ...): a
-// summary never keeps such a header, whatever its value.
+// (X-Api-Key, X-Auth-Token, Stripe-Signature, X-Session-Id, ...).
 var secretWords = []string{"auth", "cookie", "token", "secret", "password", "passwd", "session",
 	"signature", "credential", "key"}
 
-// secretHeader reports whether the summary must leave header name out.
-func (e *Engine) secretHeader(name string) bool {
-	if name == e.cfg.KeyHeader {
+// MayHoldCredential reports whether a request header of this name may
+// carry a credential, judged by its name alone (Authorization, Cookie,
+// X-Api-Key, X-Auth-Token, Stripe-Signature, X-Session-Id, ...; the
+// Idempotency-Key header is not one). A request summary never keeps such a
+// header, and the operations console hides their values.
+func MayHoldCredential(name string) bool {
+	if strings.EqualFold(name, "Idempotency-Key") {
 		return false
-	}
-	if slices.Contains(e.cfg.AsyncDropHeaders, name) {
-		return true
 	}
 	lower := strings.ToLower(name)
 	for _, w := range secretWords {
@@ -51,6 +51,17 @@ func (e *Engine) secretHeader(name string) bool {
 		}
 	}
 	return false
+}
+
+// secretHeader reports whether the summary must leave header name out.
+func (e *Engine) secretHeader(name string) bool {
+	switch {
+	case name == e.cfg.KeyHeader:
+		return false
+	case slices.Contains(e.cfg.AsyncDropHeaders, name):
+		return true
+	}
+	return MayHoldCredential(name)
 }
 
 // summary describes x's request for MarkUnknown, nil for a worker's

@@ -539,7 +539,7 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request, page string, p st
 		h.render(w, r, http.StatusBadGateway, page, data)
 		return
 	}
-	data["Records"] = views(recs)
+	data["Records"] = views(recs, h.now())
 	if next != nil {
 		q := r.URL.Query()
 		q.Set("after", next.String())
@@ -628,7 +628,7 @@ func (h *Handler) record(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusBadGateway, err)
 		return
 	}
-	h.render(w, r, http.StatusOK, "record.html", map[string]any{"R": view(rec)})
+	h.render(w, r, http.StatusOK, "record.html", map[string]any{"R": view(rec, h.now())})
 }
 
 // act runs an action after its confirmation page: the first POST shows
@@ -661,7 +661,7 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	confirmed := f.Get("confirm") == "yes"
-	data := map[string]any{"F": f, "Action": a.name, "R": view(before), "Reason": a.reason}
+	data := map[string]any{"F": f, "Action": a.name, "R": view(before, h.now()), "Reason": a.reason}
 	if refused := a.refusal(&before); refused != "" {
 		if confirmed {
 			h.audit(r, callerOf(r), a.entry("conflict", &before, &before, nil))
@@ -717,25 +717,47 @@ type recordView struct {
 	BodyText              string
 	BodyIsText            bool
 	BodySize              int
+	// Age is how long ago the record was created (its first attempt
+	// started); Idle how long ago it last changed (for an unknown record:
+	// since it became unknown).
+	Age, Idle string
+	// Req is the request an unknown record keeps; when there is none for
+	// its current execution, NotRecorded says why.
+	Req         *requestView
+	NotRecorded string
 }
 
-func view(r store.Record) recordView {
-	v := recordView{Record: r, Link: Prefix + "record?" + url.Values{"scope": {r.Scope}, "key": {r.Key}}.Encode()}
+func view(r store.Record, now time.Time) recordView {
+	v := recordView{Record: r, Link: Prefix + "record?" + url.Values{"scope": {r.Scope}, "key": {r.Key}}.Encode(),
+		Age: ago(r.CreatedAt, now), Idle: ago(r.UpdatedAt, now)}
 	v.Tenant, v.Method, v.Route, _ = idem.ParseScope(r.Scope)
 	if r.Response != nil {
 		v.BodySize = len(r.Response.Body)
-		v.BodyIsText = utf8.Valid(r.Response.Body) && !strings.ContainsRune(string(r.Response.Body), 0)
+		v.BodyIsText = isText(r.Response.Body)
 		if v.BodyIsText {
 			v.BodyText = string(r.Response.Body)
 		}
 	}
+	if r.State == store.StateUnknown {
+		v.Req, v.NotRecorded = requestOf(&r)
+	}
 	return v
 }
 
-func views(rs []store.Record) []recordView {
+func views(rs []store.Record, now time.Time) []recordView {
 	out := make([]recordView, len(rs))
 	for i, r := range rs {
-		out[i] = view(r)
+		out[i] = view(r, now)
 	}
 	return out
+}
+
+func isText(b []byte) bool { return utf8.Valid(b) && !strings.ContainsRune(string(b), 0) }
+
+// ago says how long before now t was, to the second.
+func ago(t, now time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return max(0, now.Sub(t)).Round(time.Second).String() + " ago"
 }

@@ -735,3 +735,105 @@ func TestConsoleConfirmShowsCurrentState(t *testing.T) {
 		t.Fatalf("an unconfirmed page left %d audit lines", n)
 	}
 }
+
+// The record page of an unknown record shows the request: the summary the
+// engine kept when the outcome became unknown, or an asynchronous
+// request's own, credentials hidden; and why there is none when none was
+// kept for this execution. With it, how long ago it started, its attempts
+// and its last error.
+func TestConsoleShowsTheOriginalRequest(t *testing.T) {
+	f := newFixture(t)
+	auth := map[string]string{"Authorization": "Bearer " + token}
+	ctx := context.Background()
+	scope := (&idem.Request{Tenant: "t", Method: "POST", Route: "/v1/charges"}).Scope()
+	reserve := func(key string) store.Record {
+		res, err := f.s.Reserve(ctx, store.ReserveParams{Scope: scope, Key: key, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, LeasePolicy: store.LeaseUnknown})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Record
+	}
+	markUnknown := func(r store.Record, sum *store.PendingRequest) {
+		if err := f.s.MarkUnknown(ctx, store.ReleaseParams{FenceParams: store.FenceParams{Scope: r.Scope, Key: r.Key, Fence: r.Fence},
+			Error: "upstream hung up", Request: sum}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	page := func(key string) string {
+		t.Helper()
+		code, body := f.do("GET", "/console/record?"+url.Values{"scope": {scope}, "key": {key}}.Encode(), nil, auth)
+		if code != 200 {
+			t.Fatalf("record page of %s: %d", key, code)
+		}
+		return html.UnescapeString(body)
+	}
+
+	r := reserve("summarised")
+	markUnknown(r, &store.PendingRequest{Method: "POST", Target: "/v1/charges?expand=customer",
+		Header: http.Header{"Content-Type": {"application/json"}, "X-Request-Id": {"req-7"}},
+		Body:   []byte(`{"amount":100,"note":"` + strings.Repeat("n", 1100)), BodyBytes: 3000, Fence: r.Fence})
+	body := page("summarised")
+	for _, want := range []string{"<strong>POST</strong> /v1/charges?expand=customer", "<th>X-Request-Id</th><td class=\"mono\">req-7</td>",
+		"the first 1024 of 3000 bytes", `{"amount":100,"note":"nnn`, "upstream hung up", "<dt>Attempts</dt><dd>1</dd>", " ago)", "credentials and headers that may hold one are never kept"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("the record page lacks %q", want)
+		}
+	}
+	if strings.Contains(body, strings.Repeat("n", 1100)) {
+		t.Error("the record page shows more than 1 KiB of the body")
+	}
+
+	// Swept after its holder died: nothing kept for this execution.
+	if _, err := f.s.Reserve(ctx, store.ReserveParams{Scope: scope, Key: "swept", Fingerprint: "fp", Lease: time.Millisecond, TTL: time.Hour,
+		LeasePolicy: store.LeaseUnknown}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond) // the memory store reads the real clock
+	if swept, err := f.s.SweepExpiredLeases(ctx, store.SweepParams{Limit: 10}); err != nil || len(swept) != 1 {
+		t.Fatalf("sweep: %d %v", len(swept), err)
+	}
+	if body := page("swept"); !strings.Contains(body, `Not recorded: the process that ran it stopped renewing its lease`) {
+		t.Errorf("a swept record's page does not say why its request is not known:\n%s", body)
+	}
+
+	// Settled, run again, unknown again without a summary: the summary
+	// of the first execution is not passed off as this one's.
+	r = reserve("again")
+	markUnknown(r, &store.PendingRequest{Method: "POST", Target: "/v1/charges", Fence: r.Fence})
+	if err := f.s.Resolve(ctx, store.ResolveParams{FenceParams: store.FenceParams{Scope: scope, Key: "again", Fence: r.Fence}, To: store.StateFailedRetryable}); err != nil {
+		t.Fatal(err)
+	}
+	markUnknown(reserve("again"), nil)
+	if body := page("again"); !strings.Contains(body, "Not recorded: the summary kept is of an earlier execution") || strings.Contains(body, `id="request"`) {
+		t.Errorf("the page passes an earlier execution's request off as this one's:\n%s", body)
+	}
+
+	// An asynchronous request is kept whole; a credential its worker
+	// needs is not shown.
+	q := f.s.(store.Queue)
+	if _, err := q.ReservePending(ctx, store.PendingParams{ReserveParams: store.ReserveParams{Scope: scope, Key: "async", Fingerprint: "fp",
+		Lease: time.Minute, TTL: time.Hour, LeasePolicy: store.LeaseUnknown},
+		Request: store.PendingRequest{Queue: "q", Method: "POST", Target: "/v1/reports", Body: []byte{0xff, 0x00, 0x01},
+			Header: http.Header{"Authorization": {"Bearer sk_live_9"}, "Content-Type": {"application/octet-stream"}}}}); err != nil {
+		t.Fatal(err)
+	}
+	claimed, err := q.Claim(ctx, store.ClaimParams{Queue: "q", Limit: 1, Lease: time.Minute})
+	if err != nil || len(claimed) != 1 {
+		t.Fatalf("claim: %d %v", len(claimed), err)
+	}
+	markUnknown(claimed[0], nil)
+	body = page("async")
+	for _, want := range []string{"<strong>POST</strong> /v1/reports", "kept whole", "<th>Authorization</th><td class=\"mono\"><em>(hidden", "3 bytes, binary", "ff 00 01"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("the asynchronous record's page lacks %q", want)
+		}
+	}
+	if strings.Contains(body, "sk_live_9") {
+		t.Error("the page shows a credential")
+	}
+
+	// The queue lists attempts and age.
+	if _, body := f.do("GET", "/console/unknown", nil, auth); !strings.Contains(body, "<th>Attempts</th>") || !strings.Contains(body, `<span class="ago">`) {
+		t.Errorf("the unknown queue lacks attempts or age:\n%s", body)
+	}
+}
