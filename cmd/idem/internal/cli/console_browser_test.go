@@ -2,12 +2,16 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -104,8 +108,10 @@ func TestConsoleBrowser(t *testing.T) {
 			conn.Close() // received, then gone: the outcome is unknown
 		}
 	}))
+	logs := &safeBuffer{}
 	p, base := startProxy(t, ProxyConfig{Upstream: up.URL, Store: "memory:", Admin: "127.0.0.1:0", Console: true,
-		ConsoleCredentials: console.Credentials{Token: "console-token-0123456789abcdef0123456789"}})
+		ConsoleCredentials: console.Credentials{Token: "console-token-0123456789abcdef0123456789"},
+		Logger:             slog.New(slog.NewJSONHandler(logs, nil))})
 	admin := "http://" + p.AdminAddr().String()
 	c := client(t)
 
@@ -187,20 +193,40 @@ func TestConsoleBrowser(t *testing.T) {
 	must("the unknown queue",
 		chromedp.Navigate(admin+"/console/unknown"),
 		chromedp.WaitVisible(chromedp.CSS(`table a`)),
-		shot("unknown"),
+		shot("unknown"))
+	if text = textOf(`table`); !strings.Contains(text, "order-42") || !strings.Contains(text, "Attempts") {
+		t.Fatalf("unknown queue: %q", text)
+	}
+	must("open the record",
 		chromedp.Click(chromedp.CSS(`table a`)),
-		chromedp.WaitVisible(chromedp.CSS(`textarea[name=body]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#request`)),
 		shot("record"))
 	text = textOf(`dl`)
-	if !strings.Contains(text, "unknown") {
+	if !strings.Contains(text, "unknown") || !strings.Contains(text, " ago") {
 		t.Fatalf("record page: %q", text)
 	}
-	must("settle as completed",
+	// The original request, read on the page: method, target, the safe
+	// headers and the body; the client's credential is not there.
+	text = textOf(`#request`)
+	for _, want := range []string{"POST /v1/charges", "Content-Type", "application/json", "Idempotency-Key", `{"amount":100}`} {
+		if !strings.Contains(text, want) {
+			t.Fatalf("the record page's request lacks %q: %q", want, text)
+		}
+	}
+	if strings.Contains(text, "client-1") || strings.Contains(text, "Authorization") {
+		t.Fatalf("the record page shows the client's credential: %q", text)
+	}
+	must("settle as completed, with a reason",
 		chromedp.SetValue(chromedp.CSS(`input[name=status]`), "201"),
 		chromedp.SendKeys(chromedp.CSS(`textarea[name=body]`), `{"id":"ch_1","amount":100}`),
 		chromedp.Submit(chromedp.CSS(`textarea[name=body]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#confirm`)),
-		shot("confirm"),
+		chromedp.SendKeys(chromedp.CSS(`input[name=reason]`), "provider dashboard shows ch_1 captured"),
+		shot("confirm"))
+	if text = textOf(`#current`); !strings.Contains(text, "unknown") {
+		t.Fatalf("the confirmation page does not show the record's state: %q", text)
+	}
+	must("confirm",
 		chromedp.Click(chromedp.CSS(`#confirm`)),
 		// The confirmation page has a pre too: wait for the record page.
 		chromedp.WaitVisible(chromedp.CSS(`dl .state.completed`)))
@@ -216,6 +242,7 @@ func TestConsoleBrowser(t *testing.T) {
 	if calls.Load() != 2 {
 		t.Fatalf("the retry called the upstream: %d calls, want the 2 of order-42 and order-43", calls.Load())
 	}
+	checkAudit(t, logs.String(), c, admin, tenant)
 
 	// The dead letter is on its own page, reached from the navigation, and
 	// not in the unknown queue.
@@ -258,5 +285,51 @@ func TestConsoleBrowser(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusForbidden {
 		t.Fatalf("POST without the CSRF token: %d, want 403", resp.StatusCode)
+	}
+}
+
+// checkAudit checks the audit trail of the walk: the operator's sign-in,
+// the settlement of order-42 with who, what, the reason and the record's
+// state before and after, in the log and in the actions metric.
+func checkAudit(t *testing.T, log string, c *http.Client, admin, tenant string) {
+	t.Helper()
+	var login, settle map[string]any
+	for _, line := range strings.Split(log, "\n") {
+		var m map[string]any
+		d := json.NewDecoder(strings.NewReader(line))
+		d.UseNumber()
+		if d.Decode(&m) != nil {
+			continue
+		}
+		switch {
+		case m["msg"] == "idem console: login" && m["result"] == "ok":
+			login = m
+		case m["msg"] == "idem console: completed":
+			settle = m
+		}
+	}
+	if login == nil || settle == nil {
+		t.Fatalf("no audit line of the sign-in or the settlement in:\n%s", log)
+	}
+	want := map[string]string{"level": "INFO", "result": "ok", "operator": "token", "session": fmt.Sprint(login["session"]),
+		"scope": scopeOf(tenant, "POST", "/v1/charges"), "key": "order-42", "status": "201",
+		"reason": "provider dashboard shows ch_1 captured", "state_before": "unknown", "state_after": "completed"}
+	for k, v := range want {
+		if fmt.Sprint(settle[k]) != v {
+			t.Errorf("settlement audit line: %s = %v, want %q (%v)", k, settle[k], v, settle)
+		}
+	}
+	if fmt.Sprint(settle["fence_before"]) != fmt.Sprint(settle["fence_after"]) || !strings.HasPrefix(fmt.Sprint(settle["remote"]), "127.0.0.1:") {
+		t.Errorf("settlement audit line: fences %v/%v, remote %v", settle["fence_before"], settle["fence_after"], settle["remote"])
+	}
+	if strings.Contains(log, "console-token-0123456789abcdef0123456789") {
+		t.Error("the log holds the console token")
+	}
+	metrics := string(send(t, c, "GET", admin+"/metrics", "", "").body)
+	for _, re := range []string{`idem_console_actions_total\{action="completed",[^}]*result="ok"\} 1\n`,
+		`idem_console_actions_total\{action="login",[^}]*result="wrong_credentials"\} 1\n`} {
+		if !regexp.MustCompile(re).MatchString(metrics) {
+			t.Errorf("no %s in:\n%s", re, grepLines(metrics, "idem_console"))
+		}
 	}
 }
