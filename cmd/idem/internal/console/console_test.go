@@ -425,6 +425,13 @@ func TestConsoleCSRFPerSession(t *testing.T) {
 	if code, _ := f.do("POST", "/console/act", act, nil); code != http.StatusSeeOther {
 		t.Fatalf("a POST with its own session's token: %d", code)
 	}
+	// Nobody signed in: no sign-in line, and the action names the
+	// loopback operator.
+	if d := f.audits("delete"); len(d) != 1 || len(f.audits("login")) != 0 {
+		t.Fatalf("audit lines: %d deletes, %d sign-ins\n%s", len(d), len(f.audits("login")), f.log.String())
+	} else {
+		want(t, d[0], map[string]any{"operator": "loopback", "result": "ok", "state_after": "absent"})
+	}
 }
 
 // Failed sign-ins are throttled by address: after 5 in a row, each
