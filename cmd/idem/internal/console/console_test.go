@@ -671,11 +671,17 @@ func TestConsoleAuditTrail(t *testing.T) {
 	}
 	want(t, lines[1], map[string]any{"result": "conflict", "state_before": "completed", "state_after": "completed"})
 
-	act = url.Values{"csrf": {m[1]}, "scope": {scope}, "key": {"k1"}, "action": {"delete"}, "confirm": {"yes"}, "reason": {"cache bust"}}
+	// A reason is one line of at most MaxReasonBytes.
+	long := "cache bust " + strings.Repeat("é", console.MaxReasonBytes)
+	act = url.Values{"csrf": {m[1]}, "scope": {scope}, "key": {"k1"}, "action": {"delete"}, "confirm": {"yes"}, "reason": {long}}
 	if code, _ := f.do("POST", "/console/act", act, nil); code != http.StatusSeeOther {
 		t.Fatalf("delete: %d", code)
 	}
-	want(t, f.audits("delete")[0], map[string]any{"result": "ok", "reason": "cache bust", "state_before": "completed", "state_after": "absent"})
+	del := f.audits("delete")[0]
+	want(t, del, map[string]any{"result": "ok", "state_before": "completed", "state_after": "absent"})
+	if r := fmt.Sprint(del["reason"]); len(r) > console.MaxReasonBytes+len("…") || !strings.HasPrefix(r, "cache bust é") || !strings.HasSuffix(r, "é…") {
+		t.Errorf("a long reason in the audit line: %d bytes, %q", len(r), r)
+	}
 
 	if code, _ := f.do("POST", "/console/logout", url.Values{"csrf": {m[1]}}, nil); code != http.StatusSeeOther {
 		t.Fatalf("logout: %d", code)
