@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idem-go/idem"
 )
 
 // delayed makes h take d per request, so that duplicates meet in flight.
@@ -52,7 +54,7 @@ func TestCheckPassesAgainstTheProxy(t *testing.T) {
 		{"ietf", ProxyConfig{Store: "memory:", TenantFrom: []string{"authorization"}}, []string{"--other-auth", "Bearer other", "--header", "Authorization: Bearer main"}, "11 checks: 11 passed"},
 		{"tenant header", ProxyConfig{Store: "memory:", TenantHeader: "X-Tenant-ID"},
 			[]string{"--tenant-header", "X-Tenant-ID", "--header", "X-Tenant-ID: main"}, "11 checks: 11 passed"},
-		{"stripe", ProxyConfig{Store: "sqlite:", Profile: "stripe", TenantFrom: []string{"authorization"}},
+		{"stripe", ProxyConfig{Store: "sqlite:", TenantFrom: []string{"authorization"}, Config: idem.Config{Profile: "stripe"}},
 			[]string{"--profile", "stripe", "--other-auth", "Bearer other", "--header", "Authorization: Bearer main", "--concurrency", "4"}, "11 checks: 11 passed"},
 		{"no tenant and a text body", ProxyConfig{Store: "memory:"},
 			[]string{"--body", "@" + writeTemp(t, "plain text"), "--header", "Content-Type: text/plain"},
@@ -171,9 +173,9 @@ func TestCheckCatchesBrokenImplementations(t *testing.T) {
 		}, check: "replay", detail: "not marked Idempotent-Replayed"},
 		{name: "tenants share keys", args: []string{"--tenant-header", "X-Tenant-ID"},
 			check: "tenants", detail: "got 422 key-reused: the tenants share keys"},
-		{name: "stripe answers under ietf", proxy: ProxyConfig{Profile: "stripe"},
+		{name: "stripe answers under ietf", proxy: ProxyConfig{Config: idem.Config{Profile: "stripe"}},
 			check: "missing-key", detail: "want 400: the API ran a request with no key"},
-		{name: "stripe mismatch under ietf", proxy: ProxyConfig{Profile: "stripe"},
+		{name: "stripe mismatch under ietf", proxy: ProxyConfig{Config: idem.Config{Profile: "stripe"}},
 			check: "mismatch", detail: "got 400 key-reused, want 422"},
 	}
 	for _, tc := range cases {

@@ -51,7 +51,7 @@ func TestProxyRequireSynchronousReplication(t *testing.T) {
 	}
 
 	calls := api.calls.Load()
-	p, base = startProxy(t, ProxyConfig{Upstream: up, Store: atRiskURL, Admin: "127.0.0.1:0", RequireSynchronousReplication: true})
+	p, base = startProxy(t, ProxyConfig{Upstream: up, Store: atRiskURL, Admin: "127.0.0.1:0", Config: idem.Config{RequireDurable: true}})
 	r := send(t, c, "POST", base+"/v1/charges", "strict", `{}`)
 	if r.status != http.StatusServiceUnavailable || r.header.Get("Retry-After") == "" ||
 		problemType(t, r) != idem.ProblemBase+idem.SlugStoreNotDurable {
@@ -69,7 +69,7 @@ func TestProxyRequireSynchronousReplication(t *testing.T) {
 		t.Errorf("readyz of the strict proxy: %d %s, want 503 naming durability in general terms", ready.status, ready.body)
 	}
 
-	_, base = startProxy(t, ProxyConfig{Upstream: up, Store: safeURL, RequireSynchronousReplication: true})
+	_, base = startProxy(t, ProxyConfig{Upstream: up, Store: safeURL, Config: idem.Config{RequireDurable: true}})
 	if r := send(t, c, "POST", base+"/v1/charges", "strict-safe", `{}`); r.status != http.StatusCreated {
 		t.Errorf("strict proxy on a server with commits flushed and no standby: %d %s", r.status, r.body)
 	}
@@ -98,23 +98,28 @@ func metricLine(exposition, prefix string, parts ...string) bool {
 // cannot check its replication.
 func TestRequireSynchronousReplicationFlag(t *testing.T) {
 	cfg, _, _, err := parseProxyFlags([]string{"--upstream", "http://x", "--single-tenant", "--require-synchronous-replication"}, io.Discard)
-	if err != nil || !cfg.RequireSynchronousReplication {
-		t.Fatalf("command line: %v %v", cfg.RequireSynchronousReplication, err)
+	if err != nil || !cfg.RequireDurable {
+		t.Fatalf("command line: %v %v", cfg.RequireDurable, err)
 	}
 	t.Setenv("IDEM_REQUIRE_SYNCHRONOUS_REPLICATION", "true")
-	if cfg, _, _, err = parseProxyFlags([]string{"--upstream", "http://x", "--single-tenant"}, io.Discard); err != nil || !cfg.RequireSynchronousReplication {
-		t.Fatalf("environment: %v %v", cfg.RequireSynchronousReplication, err)
+	if cfg, _, _, err = parseProxyFlags([]string{"--upstream", "http://x", "--single-tenant"}, io.Discard); err != nil || !cfg.RequireDurable {
+		t.Fatalf("environment: %v %v", cfg.RequireDurable, err)
 	}
 	os.Unsetenv("IDEM_REQUIRE_SYNCHRONOUS_REPLICATION")
 	file := filepath.Join(t.TempDir(), "idem.json")
 	if err := os.WriteFile(file, []byte(`{"upstream":"http://x","single-tenant":true,"require-synchronous-replication":true}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if cfg, _, _, err = parseProxyFlags([]string{"--config", file}, io.Discard); err != nil || !cfg.RequireSynchronousReplication {
-		t.Fatalf("config file: %v %v", cfg.RequireSynchronousReplication, err)
+	if cfg, _, _, err = parseProxyFlags([]string{"--config", file}, io.Discard); err != nil || !cfg.RequireDurable {
+		t.Fatalf("config file: %v %v", cfg.RequireDurable, err)
 	}
-	_, err = NewProxy(context.Background(), ProxyConfig{Upstream: "http://x", Store: "sqlite:" + filepath.Join(t.TempDir(), "idem.db"),
-		Listen: "127.0.0.1:0", SingleTenant: true, RequireSynchronousReplication: true})
+	_, err = NewProxy(context.Background(), ProxyConfig{
+		Upstream:     "http://x",
+		Store:        "sqlite:" + filepath.Join(t.TempDir(), "idem.db"),
+		Listen:       "127.0.0.1:0",
+		SingleTenant: true,
+		Config:       idem.Config{RequireDurable: true},
+	})
 	if !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), "--require-synchronous-replication") {
 		t.Errorf("strict flag with SQLite: %v, want a usage error naming the flag", err)
 	}

@@ -366,9 +366,13 @@ func TestNewKeyRateBoundsCredentialSpraying(t *testing.T) {
 		io.Copy(io.Discard, r.Body)
 		w.WriteHeader(http.StatusUnauthorized)
 	}))
-	p, base := startProxy(t, ProxyConfig{Upstream: up.URL, Store: "sqlite:" + filepath.Join(t.TempDir(), "idem.db"),
-		TenantFrom: []string{"header:X-Api-Key"}, TenantSecret: []byte("tenant-secret-0123456789"),
-		TenantRate: 5, NewKeyRate: 1, NewKeyBurst: 10})
+	p, base := startProxy(t, ProxyConfig{
+		Upstream:     up.URL,
+		Store:        "sqlite:" + filepath.Join(t.TempDir(), "idem.db"),
+		TenantFrom:   []string{"header:X-Api-Key"},
+		TenantSecret: []byte("tenant-secret-0123456789"),
+		Config:       idem.Config{TenantRate: 5, NewKeyRate: 1, NewKeyBurst: 10},
+	})
 	c := client(t)
 	var stored, limited int
 	for i := range 40 {

@@ -93,7 +93,7 @@ func (p *Proxy) refuse(w http.ResponseWriter, r *http.Request, prob proxyProblem
 		w.Header().Set("Connection", "close")
 	}
 	p.refusals.Add(r.Context(), 1, metric.WithAttributes(attribute.String("reason", prob.slug)))
-	writeProxyProblem(w, idem.Profile(p.cfg.Profile), p.cfg.RetryAfter, prob, detail)
+	writeProxyProblem(w, p.cfg.Profile, p.cfg.RetryAfter, prob, detail)
 }
 
 type tenantKey struct{}
@@ -205,8 +205,8 @@ func (p *Proxy) bodyWeight(r *http.Request) int64 {
 	if r.Body == nil || r.Body == http.NoBody {
 		return 0
 	}
-	if r.ContentLength < 0 || r.ContentLength > p.cfg.MaxBody {
-		return p.cfg.MaxBody
+	if r.ContentLength < 0 || r.ContentLength > p.cfg.MaxBodyBytes {
+		return p.cfg.MaxBodyBytes
 	}
 	return r.ContentLength
 }

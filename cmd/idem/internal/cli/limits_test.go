@@ -124,8 +124,13 @@ func TestProxyBoundsBufferedBodies(t *testing.T) {
 	t.Parallel()
 	const body = 1 << 20
 	api := &chargeAPI{}
-	p, base := startProxy(t, ProxyConfig{Upstream: newUpstream(t, api).URL, Store: "memory:",
-		MaxBody: body, MaxBufferedBytes: 4 * body, BodyTimeout: time.Minute, RetryAfter: 4 * time.Second})
+	p, base := startProxy(t, ProxyConfig{
+		Upstream:         newUpstream(t, api).URL,
+		Store:            "memory:",
+		MaxBufferedBytes: 4 * body,
+		BodyTimeout:      time.Minute,
+		Config:           idem.Config{MaxBodyBytes: body, RetryAfter: 4 * time.Second},
+	})
 	head := func(key string) string {
 		return "POST /v1/charges HTTP/1.1\r\nHost: x\r\nIdempotency-Key: \"" + key + "\"\r\n" +
 			"Content-Type: application/octet-stream\r\nContent-Length: " + fmt.Sprint(body)

@@ -164,8 +164,8 @@ func TestProxySecretsFromFileAndEnvironment(t *testing.T) {
 	t.Setenv(tenantSecretEnv, "from-the-environment-0123")
 	t.Setenv(fingerprintSecretEnv, "fingerprint-secret-0123")
 	cfg, _, _, err := parseProxyFlags([]string{"--upstream", "http://x", "--tenant-from", "authorization", "--tenant-secret-file", f}, io.Discard)
-	if err != nil || string(cfg.TenantSecret) != "from-the-file-0123456789" || string(cfg.FingerprintSecret) != "fingerprint-secret-0123" {
-		t.Errorf("secrets %q %q %v", cfg.TenantSecret, cfg.FingerprintSecret, err)
+	if err != nil || string(cfg.TenantSecret) != "from-the-file-0123456789" || string(cfg.Secret) != "fingerprint-secret-0123" {
+		t.Errorf("secrets %q %q %v", cfg.TenantSecret, cfg.Secret, err)
 	}
 	cfg, _, _, err = parseProxyFlags([]string{"--upstream", "http://x", "--tenant-from", "authorization"}, io.Discard)
 	if err != nil || string(cfg.TenantSecret) != "from-the-environment-0123" {

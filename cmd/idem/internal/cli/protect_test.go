@@ -112,8 +112,14 @@ func TestProxyProtectionFlags(t *testing.T) {
 // without the cap.
 func TestProxyTenantCapNeedsACountingStore(t *testing.T) {
 	t.Parallel()
-	_, err := NewProxy(context.Background(), ProxyConfig{Upstream: "http://x", Store: "redis://127.0.0.1:1/0",
-		Listen: "127.0.0.1:0", SingleTenant: true, TenantMaxActive: 3, TenantSecret: []byte("s")})
+	_, err := NewProxy(context.Background(), ProxyConfig{
+		Upstream:     "http://x",
+		Store:        "redis://127.0.0.1:1/0",
+		Listen:       "127.0.0.1:0",
+		SingleTenant: true,
+		TenantSecret: []byte("s"),
+		Config:       idem.Config{TenantMaxActive: 3},
+	})
 	if !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), "--tenant-max-active") {
 		t.Fatalf("--tenant-max-active over redis: %v", err)
 	}

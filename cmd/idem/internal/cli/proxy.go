@@ -618,7 +618,7 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error)
 		p.log.Warn("idem proxy: upstream request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 		detail = "The upstream did not answer."
 	}
-	writeProxyProblem(w, idem.Profile(p.cfg.Profile), p.cfg.RetryAfter, prob, detail)
+	writeProxyProblem(w, p.cfg.Profile, p.cfg.RetryAfter, prob, detail)
 }
 
 // runProxy is `idem proxy`.

@@ -492,7 +492,7 @@ func TestProxyClientLeavingDoesNotCutTheUpstream(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, `{"id":"slow"}`)
 	}))
-	_, base := startProxy(t, ProxyConfig{Upstream: up.URL, Store: "memory:", Wait: 10 * time.Second})
+	_, base := startProxy(t, ProxyConfig{Upstream: up.URL, Store: "memory:", Config: idem.Config{Wait: 10 * time.Second}})
 	c := client(t)
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -797,7 +797,7 @@ func TestParseProxyFlags(t *testing.T) {
 	if got := strings.Join(cfg.Methods, ","); got != "POST,PUT" {
 		t.Errorf("methods %q", got)
 	}
-	if cfg.MaxBody != 2<<20 || cfg.TenantHeader != "X-Tenant-ID" || cfg.TTL != time.Hour || cfg.Lease != 10*time.Second ||
+	if cfg.MaxBodyBytes != 2<<20 || cfg.TenantHeader != "X-Tenant-ID" || cfg.TTL != time.Hour || cfg.Lease != 10*time.Second ||
 		cfg.Wait != 2*time.Second || cfg.Profile != "stripe" || cfg.UpstreamTimeout >= 0 || !cfg.Migrate ||
 		cfg.Store != storeurl.Default || cfg.Listen != "127.0.0.1:8080" || format != "text" || level != "debug" {
 		t.Errorf("parsed %+v %s %s", cfg, format, level)
@@ -815,7 +815,7 @@ func TestParseProxyFlags(t *testing.T) {
 	if _, err := NewProxy(context.Background(), ProxyConfig{Upstream: "ftp://x", Store: "memory:"}); err == nil {
 		t.Error("an ftp upstream was accepted")
 	}
-	if _, err := NewProxy(context.Background(), ProxyConfig{Upstream: "http://x", Store: "memory:", Listen: "127.0.0.1:0", Profile: "soap"}); err == nil {
+	if _, err := NewProxy(context.Background(), ProxyConfig{Upstream: "http://x", Store: "memory:", Listen: "127.0.0.1:0", Config: idem.Config{Profile: "soap"}}); err == nil {
 		t.Error("an unknown profile was accepted")
 	}
 }
@@ -835,7 +835,7 @@ func TestProxyStripeShouldRetry(t *testing.T) {
 		}
 		return doc.Error.Code
 	}
-	_, refused := startProxy(t, ProxyConfig{Upstream: "http://" + testenv.FreeAddr(t), Store: "memory:", Profile: "stripe"})
+	_, refused := startProxy(t, ProxyConfig{Upstream: "http://" + testenv.FreeAddr(t), Store: "memory:", Config: idem.Config{Profile: "stripe"}})
 	r := send(t, c, "POST", refused+"/v1/charges", "k", `{}`)
 	if r.status != http.StatusBadGateway || stripeCode(t, r) != "upstream-unreachable" || r.header.Get("Stripe-Should-Retry") != "true" {
 		t.Errorf("unreachable upstream: %d %s, Stripe-Should-Retry %q", r.status, r.body, r.header.Get("Stripe-Should-Retry"))
@@ -843,7 +843,7 @@ func TestProxyStripeShouldRetry(t *testing.T) {
 	if r := send(t, c, "post", refused+"/v1/charges", "k2", `{}`); r.status != http.StatusBadRequest || r.header.Get("Stripe-Should-Retry") != "false" {
 		t.Errorf("lower-case method: %d %s, Stripe-Should-Retry %q", r.status, r.body, r.header.Get("Stripe-Should-Retry"))
 	}
-	_, hung := startProxy(t, ProxyConfig{Upstream: (&hangUp{}).start(t).URL, Store: "memory:", Profile: "stripe"})
+	_, hung := startProxy(t, ProxyConfig{Upstream: (&hangUp{}).start(t).URL, Store: "memory:", Config: idem.Config{Profile: "stripe"}})
 	r = send(t, c, "POST", hung+"/v1/charges", "k", `{}`)
 	if r.status != http.StatusBadGateway || stripeCode(t, r) != "upstream-failed" || r.header.Get("Stripe-Should-Retry") != "false" {
 		t.Errorf("upstream hung up: %d %s, Stripe-Should-Retry %q", r.status, r.body, r.header.Get("Stripe-Should-Retry"))

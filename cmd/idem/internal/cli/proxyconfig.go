@@ -42,60 +42,18 @@ type ProxyConfig struct {
 	// StoreClock replaces the store's clock (tests).
 	StoreClock store.Clock
 
-	// Profile, TTL, Lease, Wait, Methods and MaxBody set the engine's
-	// Config fields of the same meaning; zero keeps the engine's default.
-	Profile string
-	TTL     time.Duration
-	Lease   time.Duration
-	Wait    time.Duration
-	Methods []string
-	MaxBody int64
-
-	// KeyRequired, KeyReusedStatus, InProgressStatus, LeasePolicy,
-	// MaxResponseBytes, StoreServerErrors, RetryAfter, StoreTimeout and
-	// Fields set the engine's Config fields of the same name; zero keeps
-	// the engine's default (the profile's for KeyRequired and
-	// KeyReusedStatus).
-	KeyRequired       *bool
-	KeyReusedStatus   int
-	InProgressStatus  int
-	LeasePolicy       string
-	MaxResponseBytes  int
-	StoreServerErrors bool
-	RetryAfter        time.Duration
-	StoreTimeout      time.Duration
-	Fields            []string
+	// Config holds the engine's settings, as idem.Config documents them;
+	// zero keeps the engine's default. RequireDurable is only for a
+	// PostgreSQL, MySQL or Redis store, and AsyncWait and AsyncKeepHeaders
+	// apply to the asynchronous routes only. The proxy sets the engine's
+	// Tenant (the guard's), Route, Logger (the one below), Observer, and
+	// the asynchronous engine's Async, AsyncQueue, AsyncDropHeaders and
+	// StatusPath itself: what they hold here is not used.
+	idem.Config
 
 	// Routes are per-route settings, matched in ServeMux fashion; a
 	// request no route matches takes the settings above.
 	Routes []RouteConfig
-
-	// KeyHeader names the header that carries the idempotency key
-	// (idem.Config.KeyHeader); empty: Idempotency-Key. EchoKey sends the
-	// key back on every answer to a keyed request (idem.Config.EchoKey).
-	KeyHeader string
-	EchoKey   bool
-
-	// TenantRate limits each tenant to this many new keys a second
-	// (idem.Config.TenantRate, a bucket of TenantBurst; per proxy);
-	// TenantMaxActive caps the records a tenant holds in progress or
-	// awaiting reconciliation (idem.Config.TenantMaxActive, across every
-	// proxy sharing the store). Zero: off.
-	TenantRate      float64
-	TenantBurst     int
-	TenantMaxActive int
-	// NewKeyRate limits the proxy, whatever the tenant, to this many new
-	// keys a second (idem.Config.NewKeyRate, a bucket of NewKeyBurst):
-	// tenants minted for free do not escape it. Zero: off.
-	NewKeyRate  float64
-	NewKeyBurst int
-
-	// BreakerFailures, BreakerOpen and BreakerMaxOpen tune the store's
-	// circuit breaker (idem.Config fields of the same names); zero keeps
-	// the engine's default, a negative BreakerFailures turns it off.
-	BreakerFailures int
-	BreakerOpen     time.Duration
-	BreakerMaxOpen  time.Duration
 
 	// TenantFrom lists the tenant sources, tried in order (see
 	// tenantSourcesHelp): "authorization", "header:NAME", "cookie:NAME",
@@ -115,9 +73,6 @@ type ProxyConfig struct {
 	// the database (DB.tenant-secret), the memory store makes one per
 	// process, and the shared stores refuse to start.
 	TenantSecret []byte
-	// FingerprintSecret keys the engine's request fingerprints
-	// (idem.Config.Secret). Nil: plain SHA-256.
-	FingerprintSecret []byte
 
 	// MaxHeaderBytes bounds the request line and headers (431 above it).
 	// Defaults to 64 KiB.
@@ -127,10 +82,10 @@ type ProxyConfig struct {
 	// negative means no limit.
 	BodyTimeout time.Duration
 	// MaxBufferedBytes bounds the request bodies held in memory at once
-	// by keyed requests (each counts its Content-Length, or MaxBody when
-	// unknown, up to MaxBody). A request over the bound is answered 503
-	// with Retry-After at once. Defaults to 64 MiB; it must be at least
-	// MaxBody.
+	// by keyed requests (each counts its Content-Length, or MaxBodyBytes
+	// when unknown, up to MaxBodyBytes). A request over the bound is
+	// answered 503 with Retry-After at once. Defaults to 64 MiB; it must
+	// be at least MaxBodyBytes.
 	MaxBufferedBytes int64
 
 	// UpstreamTimeout bounds the wait for the upstream's response headers
@@ -196,14 +151,6 @@ type ProxyConfig struct {
 	// route of Routes with Async is one more; a pattern in both is one
 	// route, with the settings of Routes.
 	Async []string
-	// AsyncWait bounds how long an accepted request waits for a worker
-	// before it ends with 408 (idem.Config.AsyncWait). Zero: 1h, or TTL
-	// when shorter.
-	AsyncWait time.Duration
-	// AsyncKeepHeaders names sensitive headers (Authorization, Cookie)
-	// kept with an asynchronous request for the upstream
-	// (idem.Config.AsyncKeepHeaders).
-	AsyncKeepHeaders []string
 	// AsyncWorkers is how many asynchronous requests this proxy forwards
 	// at once. Zero: this proxy runs no worker and only accepts requests
 	// (other proxies on the store forward them).
@@ -211,19 +158,6 @@ type ProxyConfig struct {
 	// AsyncPoll is how long an idle worker waits before it looks for new
 	// requests again. Zero: idem.DefaultWorkerPoll.
 	AsyncPoll time.Duration
-
-	// RequireSynchronousReplication refuses protected requests (503
-	// store-not-durable) while the store's durability check says answers
-	// it acknowledged could be lost by a failover or a restart
-	// (idem.Config.RequireDurable): PostgreSQL standbys that commits do
-	// not wait for, Redis without the append-only file or with replicas
-	// that writes do not wait for, MySQL replicas without
-	// semi-synchronous replication. Only with a PostgreSQL, MySQL or
-	// Redis store.
-	RequireSynchronousReplication bool
-	// DurabilityInterval is how often the store's durability is checked
-	// again (idem.Config.DurabilityInterval). Zero: 1m.
-	DurabilityInterval time.Duration
 }
 
 // Defaults of the proxy's listener, upstream calls and resource limits.
@@ -257,8 +191,8 @@ func (cfg ProxyConfig) withDefaults() (ProxyConfig, error) {
 	if cfg.BodyTimeout == 0 {
 		cfg.BodyTimeout = defaultBodyTimeout
 	}
-	if cfg.MaxBody <= 0 {
-		cfg.MaxBody = idem.DefaultMaxBodyBytes
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = idem.DefaultMaxBodyBytes
 	}
 	if cfg.RetryAfter == 0 {
 		cfg.RetryAfter = idem.DefaultRetryAfter
@@ -274,8 +208,8 @@ func (cfg ProxyConfig) withDefaults() (ProxyConfig, error) {
 	if cfg.MaxBufferedBytes <= 0 {
 		cfg.MaxBufferedBytes = defaultMaxBufferedBytes
 	}
-	if cfg.MaxBufferedBytes < cfg.MaxBody {
-		return cfg, configErr("proxy: --max-buffered-bytes (%d) is smaller than --max-body (%d): no body would fit", cfg.MaxBufferedBytes, cfg.MaxBody)
+	if cfg.MaxBufferedBytes < cfg.MaxBodyBytes {
+		return cfg, configErr("proxy: --max-buffered-bytes (%d) is smaller than --max-body (%d): no body would fit", cfg.MaxBufferedBytes, cfg.MaxBodyBytes)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -295,7 +229,7 @@ func (cfg ProxyConfig) checkStore(dsn storeurl.DSN) error {
 		// when it opens.
 		return fmt.Errorf("%w: --tenant-max-active needs a store that counts a tenant's records (SQLite, PostgreSQL, MySQL or memory), not Redis", ErrUsage)
 	}
-	if cfg.RequireSynchronousReplication && dsn.Kind != storeurl.Postgres && dsn.Kind != storeurl.MySQL && dsn.Kind != storeurl.Redis {
+	if cfg.RequireDurable && dsn.Kind != storeurl.Postgres && dsn.Kind != storeurl.MySQL && dsn.Kind != storeurl.Redis {
 		return fmt.Errorf("%w: --require-synchronous-replication needs a store that checks its replication (PostgreSQL, MySQL or Redis), not %s", ErrUsage, dsn.Kind)
 	}
 	return nil
@@ -338,7 +272,7 @@ func (cfg ProxyConfig) checkSettings() (*routeTable, error) {
 	}
 	// The memory store has no durability check; the real store's is
 	// required when it opens.
-	cfg.RequireSynchronousReplication = false
+	cfg.RequireDurable = false
 	s := memory.New(memory.Config{})
 	e, err := idem.New(s, cfg.engineConfig(nil))
 	if err != nil {
@@ -367,40 +301,12 @@ func (cfg ProxyConfig) maxResponseBytes() int {
 }
 
 // engineConfig is the engine's configuration of cfg, reporting to obs.
+// The asynchronous settings are the asynchronous engine's
+// (asyncEngineConfig).
 func (cfg ProxyConfig) engineConfig(obs idem.Observer) idem.Config {
-	return idem.Config{
-		Profile:           idem.Profile(cfg.Profile),
-		Methods:           cfg.Methods,
-		KeyRequired:       cfg.KeyRequired,
-		KeyReusedStatus:   cfg.KeyReusedStatus,
-		InProgressStatus:  cfg.InProgressStatus,
-		TTL:               cfg.TTL,
-		Lease:             cfg.Lease,
-		LeasePolicy:       store.LeasePolicy(cfg.LeasePolicy),
-		Wait:              cfg.Wait,
-		MaxBodyBytes:      cfg.MaxBody,
-		MaxResponseBytes:  cfg.MaxResponseBytes,
-		StoreServerErrors: cfg.StoreServerErrors,
-		RetryAfter:        cfg.RetryAfter,
-		StoreTimeout:      cfg.StoreTimeout,
-		Fields:            cfg.Fields,
-		KeyHeader:         cfg.KeyHeader,
-		EchoKey:           cfg.EchoKey,
-		Secret:            cfg.FingerprintSecret,
-		Tenant:            tenantFromContext,
-		Route:             proxyRoute,
-		Logger:            cfg.Logger,
-		Observer:          obs,
-
-		TenantRate:         cfg.TenantRate,
-		TenantBurst:        cfg.TenantBurst,
-		TenantMaxActive:    cfg.TenantMaxActive,
-		NewKeyRate:         cfg.NewKeyRate,
-		NewKeyBurst:        cfg.NewKeyBurst,
-		BreakerFailures:    cfg.BreakerFailures,
-		BreakerOpen:        cfg.BreakerOpen,
-		BreakerMaxOpen:     cfg.BreakerMaxOpen,
-		RequireDurable:     cfg.RequireSynchronousReplication,
-		DurabilityInterval: cfg.DurabilityInterval,
-	}
+	c := cfg.Config
+	c.Tenant, c.Route, c.Logger, c.Observer = tenantFromContext, proxyRoute, cfg.Logger, obs
+	c.Async, c.AsyncQueue, c.AsyncWait, c.StatusPath = false, "", 0, ""
+	c.AsyncKeepHeaders, c.AsyncDropHeaders = nil, nil
+	return c
 }

@@ -5,6 +5,8 @@ import (
 	"io"
 	"net/http"
 	"testing"
+
+	"github.com/idem-go/idem"
 )
 
 func TestProxyKeyHeaderAndEcho(t *testing.T) {
@@ -43,8 +45,13 @@ func TestProxyKeyHeaderAndEcho(t *testing.T) {
 		t.Errorf("Idempotency-Key under --key-header x-request-key: %d, want 400", r.status)
 	}
 
-	if _, err := NewProxy(context.Background(), ProxyConfig{Upstream: "http://x", Store: "memory:",
-		Listen: "127.0.0.1:0", SingleTenant: true, KeyHeader: "bad header"}); err == nil {
+	if _, err := NewProxy(context.Background(), ProxyConfig{
+		Upstream:     "http://x",
+		Store:        "memory:",
+		Listen:       "127.0.0.1:0",
+		SingleTenant: true,
+		Config:       idem.Config{KeyHeader: "bad header"},
+	}); err == nil {
 		t.Error("an invalid --key-header was accepted")
 	}
 }

@@ -191,7 +191,7 @@ var proxyFlags = []proxyFlag{
 	{"store-batches", 0, "group commits a PostgreSQL store may have in flight (`slots`); 0: the store's default (1), -1: no batching; more suit a database server with many cores",
 		func(a *proxyArgs) any { return &a.cfg.StoreBatches }},
 	{"profile", string(idem.ProfileIETF), "HTTP dialect: ietf (key required, 422 on reuse, problem+json) or stripe",
-		func(a *proxyArgs) any { return &a.cfg.Profile }},
+		func(a *proxyArgs) any { return (*string)(&a.cfg.Profile) }},
 	{"config", "", "JSON `file` of settings and per-route settings (see above)", func(a *proxyArgs) any { return &a.configFile }},
 	{"ttl", idem.DefaultTTL, "how long a completed response is replayed", func(a *proxyArgs) any { return &a.cfg.TTL }},
 	{"lease", idem.DefaultLease, "lease of an execution, renewed while the upstream works", func(a *proxyArgs) any { return &a.cfg.Lease }},
@@ -303,7 +303,7 @@ var proxyFlags = []proxyFlag{
 	{"async-keep-headers", "", "comma-separated sensitive `headers` (Authorization, Cookie) kept with asynchronous requests for the upstream; never stored otherwise",
 		func(a *proxyArgs) any { return &a.asyncKeep }},
 	{"require-synchronous-replication", false, "refuse protected requests (503 store-not-durable) while the store's check says acknowledged answers could be lost by a failover or restart: PostgreSQL standbys that commits do not wait for, Redis without appendonly or with replicas writes do not wait for, MySQL replicas without semi-sync",
-		func(a *proxyArgs) any { return &a.cfg.RequireSynchronousReplication }},
+		func(a *proxyArgs) any { return &a.cfg.RequireDurable }},
 	{"durability-check-interval", idem.DefaultDurabilityInterval, "how often the store's durability (replication, persistence settings) is checked again; a change is logged, and --require-synchronous-replication follows it",
 		func(a *proxyArgs) any { return &a.cfg.DurabilityInterval }},
 	{"log-format", "text", "log format on stderr: text or json", func(a *proxyArgs) any { return &a.logFormat }},
@@ -438,7 +438,7 @@ func (a *proxyArgs) settleTenants(fs *flag.FlagSet) (err error) {
 	if cfg.TenantSecret, err = readSecret(a.tenantSecretFile, tenantSecretEnv, "tenant"); err != nil {
 		return usageErr(fs, "%v", err)
 	}
-	if cfg.FingerprintSecret, err = readSecret(a.fpSecretFile, fingerprintSecretEnv, "fingerprint"); err != nil {
+	if cfg.Secret, err = readSecret(a.fpSecretFile, fingerprintSecretEnv, "fingerprint"); err != nil {
 		return usageErr(fs, "%v", err)
 	}
 	return nil
@@ -496,16 +496,16 @@ func (a *proxyArgs) settleEngine(fs *flag.FlagSet) error {
 		a.methods[i] = strings.ToUpper(m)
 	}
 	cfg.Methods = a.methods
-	cfg.MaxBody = int64(a.maxBody)
-	cfg.LeasePolicy = a.leasePolicy.value
+	cfg.MaxBodyBytes = int64(a.maxBody)
+	cfg.LeasePolicy = store.LeasePolicy(a.leasePolicy.value)
 	cfg.KeyRequired = a.keyRequired.v
-	cfg.EchoKey = cfg.Profile == string(idem.ProfileStripe)
+	cfg.EchoKey = cfg.Profile == idem.ProfileStripe
 	if a.echoKey.v != nil {
 		cfg.EchoKey = *a.echoKey.v
 	}
 	cfg.KeyReusedStatus = a.keyReused.n
 	cfg.InProgressStatus = a.inProgress.n
-	switch stripe := cfg.Profile == string(idem.ProfileStripe); {
+	switch stripe := cfg.Profile == idem.ProfileStripe; {
 	case stripe && cfg.InProgressStatus == http.StatusAccepted:
 		return usageErr(fs, "--in-progress-status 202 cannot be used with --profile stripe: Stripe's SDKs "+
 			"take any 2xx for the result of the call; use 429 (the stripe default, retried by every Stripe SDK) or 409")

@@ -280,9 +280,9 @@ func TestProxyFlagDefaultsAreTheEngines(t *testing.T) {
 		t.Fatal(err)
 	}
 	if cfg.TTL != idem.DefaultTTL || cfg.Lease != idem.DefaultLease || cfg.RetryAfter != idem.DefaultRetryAfter ||
-		cfg.StoreTimeout != idem.DefaultStoreTimeout || cfg.MaxBody != idem.DefaultMaxBodyBytes ||
+		cfg.StoreTimeout != idem.DefaultStoreTimeout || cfg.MaxBodyBytes != idem.DefaultMaxBodyBytes ||
 		cfg.MaxResponseBytes != idem.DefaultMaxResponseBytes || cfg.InProgressStatus != 0 || cfg.Wait != defaultWait ||
-		cfg.KeyRequired != nil || cfg.KeyReusedStatus != 0 || cfg.LeasePolicy != string(store.LeaseUnknown) ||
+		cfg.KeyRequired != nil || cfg.KeyReusedStatus != 0 || cfg.LeasePolicy != store.LeaseUnknown ||
 		cfg.Fields != nil || cfg.StoreServerErrors || cfg.KeyHeader != idem.DefaultKeyHeader {
 		t.Errorf("defaults %+v", cfg)
 	}

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idem-go/idem"
 )
 
 // Readiness tells the truth about the store's operations, not only its
@@ -20,8 +22,13 @@ func TestReadyzFailsWhileStoreOperationsFail(t *testing.T) {
 	t.Parallel()
 	u, schema := pgStore(t)
 	var log safeBuffer
-	p, base := startProxy(t, ProxyConfig{Upstream: newUpstream(t, &chargeAPI{}).URL, Store: u.String(),
-		Admin: "127.0.0.1:0", Logger: log.logger(), BreakerOpen: 500 * time.Millisecond, BreakerMaxOpen: time.Second})
+	p, base := startProxy(t, ProxyConfig{
+		Upstream: newUpstream(t, &chargeAPI{}).URL,
+		Store:    u.String(),
+		Admin:    "127.0.0.1:0",
+		Logger:   log.logger(),
+		Config:   idem.Config{BreakerOpen: 500 * time.Millisecond, BreakerMaxOpen: time.Second},
+	})
 	c := client(t)
 	ready := "http://" + p.AdminAddr().String() + "/readyz"
 	if r := send(t, c, "GET", ready, "", ""); r.status != http.StatusOK {

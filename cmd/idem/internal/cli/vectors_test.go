@@ -23,8 +23,11 @@ func TestIETFVectors(t *testing.T) {
 			t.Run(string(profile)+"/wait="+wait.String(), func(t *testing.T) {
 				t.Parallel()
 				api := &chargeAPI{}
-				_, base := startProxy(t, ProxyConfig{Store: "sqlite:" + filepath.Join(t.TempDir(), "idem.db"),
-					Upstream: newUpstream(t, delayed(api, 100*time.Millisecond)).URL, Profile: string(profile), Wait: wait})
+				_, base := startProxy(t, ProxyConfig{
+					Store:    "sqlite:" + filepath.Join(t.TempDir(), "idem.db"),
+					Upstream: newUpstream(t, delayed(api, 100*time.Millisecond)).URL,
+					Config:   idem.Config{Profile: profile, Wait: wait},
+				})
 				cfg := checkConfig{URL: base + "/v1/charges", Method: http.MethodPost, Profile: profile,
 					Header: http.Header{"Content-Type": {"application/json"}}, Concurrency: 8, Timeout: 10 * time.Second,
 					Body: []byte(`{"amount":100}`), AltBody: []byte(`{"amount":200}`)}
