@@ -17,9 +17,10 @@ import (
 
 // TestConformanceBatched runs the store suite with every call on the
 // batched path, alone or not, through the multi-row statements: they must
-// keep every rule the single statements keep.
+// keep every rule the single statements keep. It runs with the replay
+// cache, which must keep them too.
 func TestConformanceBatched(t *testing.T) {
-	conformance(t, testURL(t), postgres.Config{ForceBatches: true, MaxConns: smallPool, TenantCap: true}, false)
+	conformance(t, testURL(t), postgres.Config{ForceBatches: true, MaxConns: smallPool, TenantCap: true, ReplayCache: 1 << 20}, false)
 }
 
 // TestForceBatchesUsesTheMultiRowStatements checks that the forced path is

@@ -68,3 +68,7 @@ func ListSQL(p store.ListParams) string {
 	q, _ := listsql.Build(listDialect, "idem_records", recordColumns, p)
 	return q
 }
+
+// CacheNode names the store's replay cache in idem_cache_nodes and in its
+// connection's application_name.
+func (s *Store) CacheNode() string { return s.cache.node }

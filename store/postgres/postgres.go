@@ -164,6 +164,21 @@ type Config struct {
 	// MaxActive fails with store.ErrCapUnsupported, and the engine refuses
 	// a TenantMaxActive on this store at start.
 	TenantCap bool
+	// ReplayCache, when positive, keeps completed records in memory, up to
+	// that many bytes, and answers their replays without a round trip
+	// (least recently used records go first). An operator's Delete and a
+	// settlement (Resolve), from any store on the schema (`idem delete`
+	// included), return only once every process's cache has dropped the
+	// record, so no replay of the old answer follows them: each cache
+	// LISTENs on a connection of its own and stops answering from memory
+	// within 3 seconds of losing it. Defaults to 0: no cache.
+	ReplayCache int64
+	// ListenURL is the connection the replay cache LISTENs on, for a pool
+	// that goes through a pooler in transaction mode (where LISTEN does not
+	// hold): a direct connection to the same database. Defaults to "": the
+	// pool's own connection settings; Open fails when they reach a
+	// pooler.
+	ListenURL string
 }
 
 // DefaultMaxConns is the pool size Open uses when neither Config.MaxConns
@@ -177,6 +192,7 @@ type Store struct {
 	pool      *pgxpool.Pool
 	ownsPool  bool
 	cfg       Config
+	cache     *replayCache // nil: Config.ReplayCache off
 	q         queries
 	closed    atomic.Bool
 	reserveRe atomic.Int64 // Reserve statements run again after a race
@@ -229,6 +245,9 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	if pool == nil {
 		return nil, errors.Join(store.ErrInvalidParams, errors.New("idem/postgres: nil pool"))
 	}
+	if cfg.ReplayCache < 0 {
+		return nil, errors.Join(store.ErrInvalidParams, errors.New("idem/postgres: ReplayCache must not be negative"))
+	}
 	if err := checkPoolMode(ctx, pool, cfg.SkipMigrate); err != nil {
 		return nil, err
 	}
@@ -238,6 +257,11 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	}
 	if !cfg.SkipMigrate {
 		if err := s.Migrate(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.ReplayCache > 0 {
+		if err := s.startCache(ctx); err != nil {
 			return nil, err
 		}
 	}
@@ -295,9 +319,32 @@ func (s *Store) now() any {
 	return s.cfg.Clock().UTC()
 }
 
-// Reserve implements store.Store.
+// Reserve implements store.Store. With Config.ReplayCache, a replay of a
+// completed record in memory is answered from there.
 func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.ReserveResult, error) {
-	return s.reserve(ctx, s.pool, p)
+	c := s.cache
+	if c == nil {
+		return s.reserve(ctx, s.pool, p)
+	}
+	if rec, ok := c.lookup(&p, s.clockNow()); ok {
+		return store.ReserveResult{Outcome: store.Existing, Record: rec}, nil
+	}
+	epoch := c.currentEpoch()
+	res, err := s.reserve(ctx, s.pool, p)
+	if err == nil && res.Outcome == store.Existing {
+		c.keep(&res.Record, epoch)
+	}
+	return res, err
+}
+
+// clockNow is the store's clock in this process: Config.Clock, or the
+// process clock (the replay cache's expiry check allows for the distance
+// to the database's).
+func (s *Store) clockNow() time.Time {
+	if s.cfg.Clock != nil {
+		return s.cfg.Clock()
+	}
+	return time.Now()
 }
 
 // ReserveTx is Reserve inside the caller's transaction: the record is
@@ -495,7 +542,7 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 		}
 		return fmt.Errorf("idem/postgres: delete: %w", store.ErrStateConflict)
 	}
-	return nil
+	return s.invalidate(ctx, scope, key)
 }
 
 // SweepExpiredLeases implements store.Store.
@@ -597,7 +644,11 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 	if !resolved && fence != nil && *fence != p.Fence {
 		return fmt.Errorf("idem/postgres: resolve: the record's fence is %d, not %d: %w", *fence, p.Fence, store.ErrLeaseLost)
 	}
-	return unknownOutcome("resolve", resolved, state)
+	if err := unknownOutcome("resolve", resolved, state); err != nil {
+		return err
+	}
+	// The settled answer is new: no cache may hold an older one.
+	return s.invalidate(ctx, p.Scope, p.Key)
 }
 
 // Defer implements store.Store.
@@ -645,7 +696,11 @@ func (s *Store) Ping(ctx context.Context) error {
 
 // Close closes the pool if Open created it. It is safe to call twice.
 func (s *Store) Close() error {
-	if s.closed.CompareAndSwap(false, true) && s.ownsPool {
+	first := s.closed.CompareAndSwap(false, true)
+	if first && s.cache != nil {
+		s.cache.close()
+	}
+	if first && s.ownsPool {
 		s.pool.Close()
 	}
 	if s.batch != nil {

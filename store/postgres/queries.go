@@ -465,6 +465,45 @@ SELECT EXISTS (SELECT FROM upd),
 	(SELECT fence FROM {schema}idem_records WHERE scope = $1 AND key = $2)`
 }
 
+// The replay cache (replaycache.go). Its channel is named after the
+// schema (a hash: a channel name is shorter than a schema's may be); the
+// notifier and the listeners compute it alike. $1 Config.Schema.
+const sqlCacheChannel = `SELECT 'idem_cache_' || substr(md5(coalesce(nullif($1::text, ''), current_schema())), 1, 16)`
+
+// sqlCacheRegister registers a cache (removing those gone for an hour):
+// seen is the last invalidation numbered so far. $1 node, $2 lease µs.
+const sqlCacheRegister = `
+WITH gone AS (
+	DELETE FROM {schema}idem_cache_nodes WHERE alive_until < statement_timestamp() - interval '1 hour'
+)
+INSERT INTO {schema}idem_cache_nodes (node, seen, alive_until)
+SELECT $1, CASE WHEN is_called THEN last_value ELSE 0 END,
+	statement_timestamp() + $2::bigint * interval '1 microsecond'
+FROM {schema}idem_cache_seq
+ON CONFLICT (node) DO UPDATE SET seen = EXCLUDED.seen, alive_until = EXCLUDED.alive_until`
+
+// sqlCacheRenew: $1 node, $2 the last invalidation applied, $3 lease µs.
+const sqlCacheRenew = `
+UPDATE {schema}idem_cache_nodes SET seen = greatest(seen, $2), 
+	alive_until = statement_timestamp() + $3::bigint * interval '1 microsecond'
+WHERE node = $1`
+
+const sqlCacheLeave = `DELETE FROM {schema}idem_cache_nodes WHERE node = $1`
+
+// sqlCacheNotify numbers an invalidation of (scope $1, key $2) and
+// notifies it, in a transaction of its own that starts after the change
+// committed: a cache that applied a number at least this one's has
+// applied this notification. $3 Config.Schema.
+const sqlCacheNotify = `
+SELECT n.v FROM (SELECT nextval('{schema}idem_cache_seq') AS v) n
+CROSS JOIN LATERAL pg_notify((` + sqlCacheChannel + `),
+	n.v::text || ' ' || octet_length($1::text) || ' ' || $1::text || $2::text)`
+
+// sqlCacheBehind counts the caches alive that have not applied
+// invalidation $1.
+const sqlCacheBehind = `
+SELECT count(*) FROM {schema}idem_cache_nodes WHERE seen < $1 AND alive_until > statement_timestamp()`
+
 // Migrations. The runner sets search_path to Config.Schema (when given) for
 // its own transaction only, so the migration files stay unqualified.
 
@@ -506,6 +545,9 @@ type queries struct {
 
 	// The tenant cap's statements (tenant.go).
 	reserveCapped, active string
+
+	// The replay cache's (replaycache.go).
+	cacheRegister, cacheRenew, cacheLeave, cacheNotify, cacheBehind string
 }
 
 func newQueries(schema string, tenantCap bool) queries {
@@ -533,6 +575,12 @@ func newQueries(schema string, tenantCap bool) queries {
 		completeMany:  r.Replace(sqlCompleteMany),
 		reserveCapped: r.Replace(sqlReserveCapped),
 		active:        r.Replace(sqlActiveAlone),
+
+		cacheRegister: r.Replace(sqlCacheRegister),
+		cacheRenew:    r.Replace(sqlCacheRenew),
+		cacheLeave:    r.Replace(sqlCacheLeave),
+		cacheNotify:   r.Replace(strings.Replace(sqlCacheNotify, "$1::text, ''", "$3::text, ''", 1)),
+		cacheBehind:   r.Replace(sqlCacheBehind),
 	}
 }
 

@@ -280,6 +280,19 @@ func count[N int | int64](n N, one, many string) string {
 	return strconv.FormatInt(int64(n), 10) + " " + many
 }
 
+// sizeOrOff is a byteSize that also takes 0: the feature off.
+type sizeOrOff byteSize
+
+func (z *sizeOrOff) String() string { return (*byteSize)(z).String() }
+
+func (z *sizeOrOff) Set(s string) error {
+	if strings.TrimSpace(s) == "0" {
+		*z = 0
+		return nil
+	}
+	return (*byteSize)(z).Set(s)
+}
+
 // String writes a size as a person writes it (1MiB, 64KiB), so help shows
 // defaults that way; Set reads it back.
 func (b *byteSize) String() string {

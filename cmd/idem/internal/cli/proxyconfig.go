@@ -39,6 +39,10 @@ type ProxyConfig struct {
 	// have in flight (see storeurl.Options.Batches). Zero keeps the
 	// store's default; -1 turns batching off.
 	StoreBatches int
+	// StoreReplayCache and StoreListen set a PostgreSQL store's replay
+	// cache (storeurl.Options.ReplayCache and ListenURL).
+	StoreReplayCache int64
+	StoreListen      string
 	// StoreClock replaces the store's clock (tests).
 	StoreClock store.Clock
 

@@ -143,6 +143,7 @@ type proxyArgs struct {
 	keyRequired, echoKey                         optionalBool
 	keyReused, inProgress                        statusFlag
 	maxResponse, maxHeader, maxBuffered, maxBody byteSize
+	replayCache                                  sizeOrOff
 	fields, methods, asyncKeep                   listFlag
 	breakerFailures                              int
 	tenantSecretFile, fpSecretFile               string
@@ -190,6 +191,10 @@ var proxyFlags = []proxyFlag{
 		func(a *proxyArgs) any { return &a.cfg.StoreConns }},
 	{"store-batches", 0, "group commits a PostgreSQL store may have in flight (`slots`); 0: the store's default (1), -1: no batching; more suit a database server with many cores",
 		func(a *proxyArgs) any { return &a.cfg.StoreBatches }},
+	{"store-replay-cache", "0", "memory `size` for completed records a PostgreSQL store replays without a round trip (e.g. 64MiB); deletes and settlements reach every proxy's memory before they return; 0: none",
+		func(a *proxyArgs) any { return &a.replayCache }},
+	{"store-listen", "", "direct PostgreSQL `URL` the replay cache LISTENs on, when --store goes through a pooler in transaction mode",
+		func(a *proxyArgs) any { return &a.cfg.StoreListen }},
 	{"profile", string(idem.ProfileIETF), "HTTP dialect: ietf (key required, 422 on reuse, problem+json) or stripe",
 		func(a *proxyArgs) any { return (*string)(&a.cfg.Profile) }},
 	{"config", "", "JSON `file` of settings and per-route settings (see above)", func(a *proxyArgs) any { return &a.configFile }},
@@ -448,6 +453,7 @@ func (a *proxyArgs) settleLimits(fs *flag.FlagSet) error {
 	cfg := &a.cfg
 	cfg.MaxHeaderBytes = int(min(a.maxHeader, 1<<30))
 	cfg.MaxBufferedBytes = int64(a.maxBuffered)
+	cfg.StoreReplayCache = int64(a.replayCache)
 	if cfg.BodyTimeout == 0 {
 		cfg.BodyTimeout = -1 // the flag's 0 means no limit
 	}

@@ -95,6 +95,11 @@ type Options struct {
 	// records (postgres.Config.TenantCap), for a cap on them; other stores
 	// always count. Defaults to false.
 	TenantCap bool
+	// ReplayCache and ListenURL set a PostgreSQL store's memory of
+	// completed records (postgres.Config.ReplayCache, ListenURL); other
+	// stores ignore them.
+	ReplayCache int64
+	ListenURL   string
 	// Batches is the number of group commits a PostgreSQL store may have
 	// in flight (postgres.Config.MaxBatches): 0 keeps the store's default
 	// (postgres.DefaultMaxBatches), -1 turns batching off. Other stores
@@ -215,7 +220,8 @@ func Open(ctx context.Context, dsn string, opts Options) (store.Store, error) {
 		s, err = sqlite.Open(ctx, d.Target, sqlite.Config{Clock: opts.Clock, SkipMigrate: !opts.Migrate})
 	case Postgres:
 		s, err = postgres.Open(ctx, d.Target, postgres.Config{Clock: opts.Clock, SkipMigrate: !opts.Migrate,
-			MaxConns: int32(opts.Conns), MaxBatches: opts.Batches, TenantCap: opts.TenantCap})
+			MaxConns: int32(opts.Conns), MaxBatches: opts.Batches, TenantCap: opts.TenantCap,
+			ReplayCache: opts.ReplayCache, ListenURL: opts.ListenURL})
 	case MySQL:
 		s, err = mysql.Open(ctx, d.Target, mysql.Config{Clock: opts.Clock, SkipMigrate: !opts.Migrate,
 			MaxConns: opts.Conns})

@@ -1,0 +1,370 @@
+package postgres
+
+import (
+	"container/list"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idem-go/idem/store"
+)
+
+// The replay cache (Config.ReplayCache): completed records in memory, so
+// that a replay costs no round trip.
+//
+// A completed record changes only when an operator deletes it, a
+// settlement rewrites it, or it expires. Expiry is checked at every answer
+// (with cacheExpiryMargin, for the distance between this process's clock
+// and the database's). Deletes and settlements go through Delete and
+// Resolve of any store on the schema, which notify every cache and wait
+// until each one still alive has applied the notification (invalidate);
+// a cache answers only while it knows it receives them (serving).
+//
+// Each cache holds a connection of its own that LISTENs, and registers in
+// idem_cache_nodes: alive_until is renewed every cacheRenew while that
+// connection works, and the cache answers from memory only until the
+// instant its last renewal was sent plus cacheLease minus cacheMargin:
+// before the database's alive_until, after which invalidate stops waiting
+// for it. A cache that lost its connection therefore stops answering
+// before anyone stops waiting for it, and empties itself before it answers
+// again.
+const (
+	cacheLease  = 3 * time.Second
+	cacheRenew  = time.Second
+	cacheMargin = 500 * time.Millisecond
+	// cacheExpiryMargin: a cached record is answered only until this
+	// long before its expiry, so that a process clock a little ahead of
+	// the database's never replays what the database calls expired.
+	cacheExpiryMargin = time.Second
+)
+
+// replayCache is the memory and its listener.
+type replayCache struct {
+	s      *Store
+	node   string
+	budget int64
+	log    *slog.Logger
+
+	mu    sync.Mutex
+	byKey map[string]*list.Element
+	lru   list.List // front: most recently used
+	bytes int64
+	// epoch counts the invalidations applied: a record read from the
+	// database before one was applied may be the old one, and is not kept.
+	epoch uint64
+
+	validUntil atomic.Int64 // UnixNano (monotonic base below); 0: not serving
+	hits       atomic.Int64
+	stop       context.CancelFunc
+	done       chan struct{}
+}
+
+type cacheEntry struct {
+	id   string
+	rec  store.Record
+	size int64
+}
+
+// base anchors validUntil to the monotonic clock.
+var base = time.Now()
+
+func monoNow() int64 { return int64(time.Since(base)) }
+
+func cacheID(scope, key string) string { return scope + "\x00" + key }
+
+// recordSize estimates the memory a record holds.
+func recordSize(r *store.Record) int64 {
+	n := int64(len(r.Scope)+len(r.Key)+len(r.Fingerprint)+len(r.Response.Body)+len(r.LastError)+len(r.RecoveryPoint)) + 400
+	for k, vs := range r.Response.Header {
+		n += int64(len(k)) + 16
+		for _, v := range vs {
+			n += int64(len(v)) + 16
+		}
+	}
+	return n
+}
+
+// lookup returns the record cached for a Reserve of p, when the cache may
+// answer it: serving, completed, same fingerprint, not about to expire.
+func (c *replayCache) lookup(p *store.ReserveParams, now time.Time) (store.Record, bool) {
+	if monoNow() >= c.validUntil.Load() {
+		return store.Record{}, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	el, ok := c.byKey[cacheID(p.Scope, p.Key)]
+	if !ok {
+		return store.Record{}, false
+	}
+	e := el.Value.(*cacheEntry)
+	if e.rec.Fingerprint != p.Fingerprint || !now.Add(cacheExpiryMargin).Before(e.rec.ExpiresAt) {
+		return store.Record{}, false
+	}
+	c.lru.MoveToFront(el)
+	c.hits.Add(1)
+	return e.rec, true
+}
+
+// keep caches rec, read from the database when the cache's epoch was
+// epoch, unless an invalidation was applied since (it may be the old
+// record) or rec is not a completed answer.
+func (c *replayCache) keep(rec *store.Record, epoch uint64) {
+	if rec.State != store.StateCompleted || rec.Request != nil {
+		return
+	}
+	e := &cacheEntry{id: cacheID(rec.Scope, rec.Key), rec: *rec, size: recordSize(rec)}
+	if e.size > c.budget {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.epoch != epoch {
+		return
+	}
+	if old, ok := c.byKey[e.id]; ok {
+		c.remove(old)
+	}
+	c.byKey[e.id] = c.lru.PushFront(e)
+	c.bytes += e.size
+	for c.bytes > c.budget {
+		c.remove(c.lru.Back())
+	}
+}
+
+func (c *replayCache) currentEpoch() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.epoch
+}
+
+// remove drops an entry; c.mu is held.
+func (c *replayCache) remove(el *list.Element) {
+	e := c.lru.Remove(el).(*cacheEntry)
+	delete(c.byKey, e.id)
+	c.bytes -= e.size
+}
+
+// evict applies one invalidation: the record of id, or everything when
+// all is set.
+func (c *replayCache) evict(id string, all bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.epoch++
+	if all {
+		c.byKey = map[string]*list.Element{}
+		c.lru.Init()
+		c.bytes = 0
+		return
+	}
+	if el, ok := c.byKey[id]; ok {
+		c.remove(el)
+	}
+}
+
+// newNodeID names this cache in idem_cache_nodes.
+func newNodeID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// startCache starts the listener of a store with Config.ReplayCache and
+// waits for its first registration, so that the store answers from memory
+// only once invalidations reach it.
+func (s *Store) startCache(ctx context.Context) error {
+	cfg := s.pool.Config().ConnConfig.Copy()
+	if s.cfg.ListenURL != "" {
+		lc, err := pgx.ParseConfig(s.cfg.ListenURL)
+		if err != nil {
+			return fmt.Errorf("idem/postgres: ListenURL: %w", err)
+		}
+		cfg = lc
+	}
+	c := &replayCache{s: s, node: newNodeID(), budget: s.cfg.ReplayCache, log: slog.Default(),
+		byKey: map[string]*list.Element{}, done: make(chan struct{})}
+	// Named, so that an operator tells it from the pool's connections.
+	cfg.RuntimeParams["application_name"] = "idem replay cache " + c.node
+	conn, err := c.connect(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	lctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	c.stop = stop
+	s.cache = c
+	go c.listen(lctx, cfg, conn)
+	return nil
+}
+
+// errListenPooler: LISTEN needs a session of its own, which a pooler in
+// transaction mode does not give.
+var errListenPooler = errors.New("idem/postgres: ReplayCache: the listening connection reaches PostgreSQL " +
+	"through a pooler, where LISTEN does not hold; set Config.ListenURL to a direct connection " +
+	"(or leave ReplayCache at 0)")
+
+// connect opens the listening connection, LISTENs on the schema's channel
+// and registers the cache (which then serves).
+func (c *replayCache) connect(ctx context.Context, cfg *pgx.ConnConfig) (*pgx.Conn, error) {
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, wrap("replay cache", err)
+	}
+	if err := c.register(ctx, conn); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return conn, nil
+}
+
+func (c *replayCache) register(ctx context.Context, conn *pgx.Conn) error {
+	pooled, err := behindPooler(ctx, conn)
+	switch {
+	case err != nil:
+		return wrap("replay cache", err)
+	case pooled:
+		return errListenPooler
+	}
+	var channel string
+	if err := conn.QueryRow(ctx, sqlCacheChannel, c.s.cfg.Schema).Scan(&channel); err != nil {
+		return wrap("replay cache", err)
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+		return wrap("replay cache", err)
+	}
+	// Registered after LISTEN holds: an invalidation numbered before seen
+	// committed before the registration, and the cache is empty.
+	c.evict("", true)
+	sent := monoNow()
+	if _, err := conn.Exec(ctx, c.s.q.cacheRegister, c.node, cacheLease.Microseconds()); err != nil {
+		return wrap("replay cache", err)
+	}
+	c.validUntil.Store(sent + int64(cacheLease-cacheMargin))
+	return nil
+}
+
+// listen applies invalidations and renews the registration until stopped;
+// on a broken connection it stops serving, and connects again.
+func (c *replayCache) listen(ctx context.Context, cfg *pgx.ConnConfig, conn *pgx.Conn) {
+	defer close(c.done)
+	var seen int64
+	for ctx.Err() == nil {
+		if conn == nil {
+			var err error
+			if conn, err = c.connect(ctx, cfg); err != nil {
+				c.log.Warn("idem/postgres: replay cache: reconnecting", "err", err)
+				sleepCtx(ctx, cacheRenew)
+				continue
+			}
+		}
+		wctx, cancel := context.WithTimeout(ctx, cacheRenew)
+		n, err := conn.WaitForNotification(wctx)
+		cancel()
+		switch {
+		case err == nil:
+			seen = max(seen, c.apply(n.Payload))
+		case ctx.Err() != nil:
+		case !errors.Is(err, context.DeadlineExceeded):
+			conn = c.lost(conn, err)
+			continue
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		sent := monoNow()
+		if _, err := conn.Exec(ctx, c.s.q.cacheRenew, c.node, seen, cacheLease.Microseconds()); err != nil {
+			conn = c.lost(conn, err)
+			continue
+		}
+		c.validUntil.Store(sent + int64(cacheLease-cacheMargin))
+	}
+	if conn != nil {
+		dctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, _ = conn.Exec(dctx, c.s.q.cacheLeave, c.node)
+		conn.Close(dctx)
+		cancel()
+	}
+}
+
+// lost stops serving after a failure of the listening connection.
+func (c *replayCache) lost(conn *pgx.Conn, err error) *pgx.Conn {
+	c.validUntil.Store(0)
+	c.log.Warn("idem/postgres: replay cache: the listening connection failed; answering from the database", "err", err)
+	conn.Close(context.Background())
+	return nil
+}
+
+// apply evicts what one notification names and returns its number. The
+// payload is "<number> <bytes of scope> <scope><key>"; anything else
+// empties the cache.
+func (c *replayCache) apply(payload string) int64 {
+	num, rest, ok1 := strings.Cut(payload, " ")
+	n, rest, ok2 := strings.Cut(rest, " ")
+	seq, err1 := strconv.ParseInt(num, 10, 64)
+	scopeLen, err2 := strconv.Atoi(n)
+	if !ok1 || !ok2 || err1 != nil || err2 != nil || scopeLen < 0 || scopeLen > len(rest) {
+		c.evict("", true)
+		return seq
+	}
+	c.evict(cacheID(rest[:scopeLen], rest[scopeLen:]), false)
+	return seq
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+func (c *replayCache) close() {
+	c.validUntil.Store(0)
+	c.stop()
+	<-c.done
+}
+
+// invalidate tells every replay cache on the schema that the record of
+// (scope, key) changed, after the change committed, and waits until each
+// cache still registered has applied it: once it returns, no process
+// answers the old record from memory. A cache that does not answer stops
+// serving by itself before its registration lapses (at most cacheLease).
+func (s *Store) invalidate(ctx context.Context, scope, key string) error {
+	var seq int64
+	if err := s.pool.QueryRow(ctx, s.q.cacheNotify, scope, key, s.cfg.Schema).Scan(&seq); err != nil {
+		return wrap("replay cache invalidation", err)
+	}
+	wait := time.NewTicker(2 * time.Millisecond)
+	defer wait.Stop()
+	for {
+		var behind int
+		if err := s.pool.QueryRow(ctx, s.q.cacheBehind, seq).Scan(&behind); err != nil {
+			return wrap("replay cache invalidation", err)
+		}
+		if behind == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return wrap("replay cache invalidation", ctx.Err())
+		case <-wait.C:
+		}
+	}
+}
+
+// CacheHits reports the replays the store answered from memory.
+func (s *Store) CacheHits() int64 {
+	if s.cache == nil {
+		return 0
+	}
+	return s.cache.hits.Load()
+}

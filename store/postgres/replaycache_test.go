@@ -1,0 +1,213 @@
+package postgres_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/postgres"
+	"github.com/idem-go/idem/store/storetest"
+)
+
+// cachedStore opens a store with a replay cache on schema.
+func cachedStore(t *testing.T, schema string, clock store.Clock) *postgres.Store {
+	t.Helper()
+	s, err := postgres.Open(context.Background(), testURL(t), postgres.Config{Schema: schema, Clock: clock,
+		MaxConns: 4, ReplayCache: 1 << 20})
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// TestReplayCacheTwoProxies: two instances (engines, each with its own
+// store and cache) serve one schema. Once both answer a key's replays from
+// memory, an operator's delete from a third process (`idem delete`: a
+// store without a cache) returns only when no instance can replay the old
+// answer any more: the next request with that key runs again, on either
+// instance, at once. A settlement likewise: both replay the settled
+// answer as soon as Resolve returns.
+func TestReplayCacheTwoProxies(t *testing.T) {
+	t.Parallel()
+	schema := newSchema(t)
+	var runs atomic.Int64
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"run":%d}`, runs.Add(1))
+	})
+	var stores []*postgres.Store
+	var proxies []http.Handler
+	for range 2 {
+		s := cachedStore(t, schema, nil)
+		e, err := idem.New(s, idem.Config{Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stores, proxies = append(stores, s), append(proxies, e.Middleware(handler))
+	}
+	operator := openStore(t, schema, nil)
+	post := func(h http.Handler, key string) string {
+		r := httptest.NewRequest("POST", "/v1/charges", strings.NewReader(`{"amount":1}`))
+		r.Header.Set("Idempotency-Key", key)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return fmt.Sprint(w.Code, " ", w.Body.String())
+	}
+	first := post(proxies[0], "k")
+	for i := range 4 {
+		if got := post(proxies[i%2], "k"); got != first {
+			t.Fatalf("replay %d: %q, want %q", i, got, first)
+		}
+	}
+	for i, s := range stores {
+		if s.CacheHits() == 0 {
+			t.Fatalf("instance %d answered no replay from memory", i)
+		}
+	}
+	scope := (&idem.Request{Method: "POST", Route: "/v1/charges"}).Scope()
+	if err := operator.Delete(context.Background(), scope, "k"); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if got := post(proxies[1-i], "k"); got == first {
+			t.Fatalf("instance %d replayed the deleted answer %q after the delete returned", 1-i, got)
+		}
+	}
+
+	// A settlement: the record is unknown (never in memory), then settled.
+	r, err := operator.Reserve(context.Background(), store.ReserveParams{Scope: scope, Key: "u",
+		Fingerprint: mustRecord(t, operator, scope, "k").Fingerprint, Lease: time.Minute, TTL: time.Hour,
+		LeasePolicy: store.LeaseUnknown})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := operator.MarkUnknown(context.Background(), store.ReleaseParams{FenceParams: fence(r)}); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range proxies {
+		if got := post(h, "u"); !strings.HasPrefix(got, "409 ") {
+			t.Fatalf("unknown record: %q, want 409", got)
+		}
+	}
+	settled := store.Response{Status: 200, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"settled":true}`)}
+	if err := operator.Resolve(context.Background(), store.ResolveParams{FenceParams: fence(r), To: store.StateCompleted,
+		Response: &settled, TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	for i, h := range proxies {
+		if got := post(h, "u"); got != `200 {"settled":true}` {
+			t.Fatalf("instance %d after the settlement: %q", i, got)
+		}
+	}
+}
+
+func mustRecord(t *testing.T, s store.Store, scope, key string) store.Record {
+	t.Helper()
+	rec, err := s.Get(context.Background(), scope, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec
+}
+
+// TestReplayCacheKeepsOnlyAnswers: an in-flight record is never kept (a
+// replay after its completion gets the answer, not the in-flight state),
+// another fingerprint is answered by the database (422's record), and a
+// record past its expiry is not replayed from memory: the key starts over.
+func TestReplayCacheKeepsOnlyAnswers(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock()
+	s := cachedStore(t, newSchema(t), clock.Now)
+	ctx := context.Background()
+	p := reserveParams("k")
+	p.TTL = time.Hour
+	r, err := s.Reserve(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := s.Reserve(ctx, p); err != nil || again.Record.State != store.StateInProgress {
+		t.Fatalf("in flight: %v %v", again.Record.State, err)
+	}
+	if err := s.Complete(ctx, store.CompleteParams{FenceParams: fence(r), Response: store.Response{Status: 201}, TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		got, err := s.Reserve(ctx, p)
+		if err != nil || got.Outcome != store.Existing || got.Record.State != store.StateCompleted {
+			t.Fatalf("replay %d: %v %v %v", i, got.Outcome, got.Record.State, err)
+		}
+	}
+	if s.CacheHits() != 2 {
+		t.Fatalf("%d replays from memory, want 2 (the first one reads the database)", s.CacheHits())
+	}
+	other := p
+	other.Fingerprint = "another"
+	if got, err := s.Reserve(ctx, other); err != nil || got.Record.Fingerprint != p.Fingerprint || s.CacheHits() != 2 {
+		t.Fatalf("another fingerprint: %+v %v, %d hits", got.Record, err, s.CacheHits())
+	}
+	clock.Advance(time.Hour)
+	got, err := s.Reserve(ctx, p)
+	if err != nil || got.Outcome != store.Created {
+		t.Fatalf("after the expiry: %v %v, want a new record", got.Outcome, err)
+	}
+}
+
+// TestReplayCacheStopsWithoutItsConnection: a cache whose listening
+// connection is cut stops answering from memory (a Delete could no longer
+// reach it), and serves again once it has listened and registered anew.
+func TestReplayCacheStopsWithoutItsConnection(t *testing.T) {
+	t.Parallel()
+	schema := newSchema(t)
+	s := cachedStore(t, schema, nil)
+	ctx := context.Background()
+	p := reserveParams("k")
+	r, err := s.Reserve(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Complete(ctx, store.CompleteParams{FenceParams: fence(r), Response: store.Response{Status: 201}, TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	replay := func() int64 {
+		t.Helper()
+		before := s.CacheHits()
+		if _, err := s.Reserve(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		return s.CacheHits() - before
+	}
+	replay()
+	if replay() != 1 {
+		t.Fatal("no replay from memory")
+	}
+	conn := adminConn(t)
+	var cut int
+	err = conn.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE application_name = 'idem replay cache ' || $1`, s.CacheNode()).Scan(&cut)
+	if err != nil || cut != 1 {
+		t.Fatalf("cutting the listening connection: %d cut, %v", cut, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for replay() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the cache kept answering from memory without its connection")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for replay(); replay() != 1; replay() {
+		if time.Now().After(deadline.Add(10 * time.Second)) {
+			t.Fatal("the cache did not serve again after reconnecting")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
