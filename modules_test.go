@@ -1,20 +1,75 @@
 package idem_test
 
 import (
+	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
 
-// A service that uses only the engine and the PostgreSQL store gets
-// neither gRPC, River, Prometheus, go-redis, the MySQL driver nor SQLite
-// in its module graph, and keeps its go directive after go mod tidy. The
-// test builds such a service as a module of its own next to the
-// repository's modules and asks the go command.
-func TestPostgresUserModuleGraph(t *testing.T) {
+// pseudo is the version every module of the repository requires the others
+// at; go.work (or a replace line) says where they are.
+const pseudo = "v0.0.0-00010101000000-000000000000"
+
+var moduleLine = regexp.MustCompile(`(?m)^module\s+(\S+)\s*$`)
+
+// repoModule is a module of this repository: its path and directory.
+type repoModule struct{ path, dir string }
+
+// publicModules lists the modules a user requires: every go.mod of the
+// repository outside internal/ and examples/, which are never tagged.
+func publicModules(t *testing.T, root string) []repoModule {
+	t.Helper()
+	var out []repoModule
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, p)
+		if d.IsDir() && (strings.HasPrefix(d.Name(), ".") && p != root || rel == "internal" || rel == "examples" || d.Name() == "testdata") {
+			return filepath.SkipDir
+		}
+		if d.Name() != "go.mod" {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		m := moduleLine.FindSubmatch(b)
+		if m == nil {
+			return fmt.Errorf("%s names no module", p)
+		}
+		out = append(out, repoModule{path: string(m[1]), dir: filepath.Dir(p)})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// consumer is a module outside the repository (its path is not under the
+// repository's, so no internal package is within its reach) that resolves
+// the repository's public modules from their directories and everything
+// else from the local module cache, offline.
+type consumer struct {
+	t     *testing.T
+	dir   string
+	goBin string
+}
+
+// newConsumer writes go.mod (module example.com/consumer at goVersion,
+// requiring the given public modules, with a replace line for every public
+// module and none for any other), a go.sum gathered from the public
+// modules' own, and files.
+func newConsumer(t *testing.T, goVersion string, requires []string, files map[string]string) *consumer {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("runs go mod tidy")
 	}
@@ -26,30 +81,108 @@ func TestPostgresUserModuleGraph(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	const pseudo = "v0.0.0-00010101000000-000000000000"
-	write := func(name, text string) {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+	c := &consumer{t: t, dir: t.TempDir(), goBin: goBin}
+	var mod strings.Builder
+	mod.WriteString("module example.com/consumer\n\ngo " + goVersion + "\n\nrequire (\n")
+	for _, r := range requires {
+		mod.WriteString("\t" + r + " " + pseudo + "\n")
+	}
+	mod.WriteString(")\n\nreplace (\n")
+	var sums []string
+	for _, m := range publicModules(t, root) {
+		mod.WriteString("\t" + m.path + " => " + m.dir + "\n")
+		if b, err := os.ReadFile(filepath.Join(m.dir, "go.sum")); err == nil {
+			sums = append(sums, strings.Split(strings.TrimSpace(string(b)), "\n")...)
+		}
+	}
+	mod.WriteString(")\n")
+	slices.Sort(sums)
+	files["go.mod"] = mod.String()
+	files["go.sum"] = strings.Join(slices.Compact(sums), "\n") + "\n"
+	for name, text := range files {
+		p := filepath.Join(c.dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	write("go.mod", `module example.com/payments
+	return c
+}
 
-go 1.25.0
+// offlineMissing finds the modules the go command could not fetch with
+// GOPROXY=off.
+var offlineMissing = regexp.MustCompile(`(\S+?)@\S+: module lookup disabled by GOPROXY=off`)
 
-require (
-	github.com/idem-go/idem `+pseudo+`
-	github.com/idem-go/idem/store/postgres `+pseudo+`
+// run runs the go command offline. A module of this repository that it
+// cannot find fails the test (the consumer would need a replace line for
+// a module that is never published); another module missing from the
+// local module cache skips it, naming the module.
+func (c *consumer) run(args ...string) string {
+	c.t.Helper()
+	cmd := exec.Command(c.goBin, args...)
+	cmd.Dir = c.dir
+	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod", "GOPROXY=off")
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		return string(out)
+	}
+	for _, m := range offlineMissing.FindAllStringSubmatch(string(out), -1) {
+		if !strings.HasPrefix(m[1], "github.com/idem-go/idem") {
+			c.t.Skipf("the local module cache lacks %s (fill it with go mod download in the repository's modules): %s", m[1], out)
+		}
+	}
+	c.t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+	return ""
+}
+
+// A user of a published release needs no replace line: every store's
+// module resolves, for a module of its own, from the public modules alone.
+// The check replaces the public modules by their directories (what a
+// release publishes) and nothing else, offline, and builds a service on
+// the engine and the store; a requirement of a store on an internal
+// module (a test helper, a migration runner) would fail the tidy.
+func TestStoreConsumersResolve(t *testing.T) {
+	for _, name := range []string{"sqlite", "postgres", "mysql", "redis", "cache"} {
+		t.Run(name, func(t *testing.T) {
+			pkg := "github.com/idem-go/idem/store/" + name
+			c := newConsumer(t, "1.26.0", []string{"github.com/idem-go/idem", pkg}, map[string]string{
+				"main.go": `package main
+
+import (
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/store"
+	impl "` + pkg + `"
 )
 
-replace (
-	github.com/idem-go/idem => `+root+`
-	github.com/idem-go/idem/store/postgres => `+filepath.Join(root, "store/postgres")+`
-	github.com/idem-go/idem/internal/pgmigrate => `+filepath.Join(root, "internal/pgmigrate")+`
-	github.com/idem-go/idem/internal/testdb => `+filepath.Join(root, "internal/testdb")+`
-)
-`)
-	write("main.go", `package main
+var _ store.Store = (*impl.Store)(nil)
+
+func main() { _, _ = idem.New(nil, idem.Config{}) }
+`,
+			})
+			c.run("mod", "tidy")
+			c.run("build", "./...")
+			// The whole graph, test-only requirements of the store included:
+			// go mod tidy and go build load only what the build imports.
+			c.run("list", "-m", "all")
+			mod, err := os.ReadFile(filepath.Join(c.dir, "go.mod"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(string(mod), "github.com/idem-go/idem/internal") || strings.Contains(string(mod), "github.com/idem-go/idem/examples") {
+				t.Errorf("the consumer of %s requires a module that is never published:\n%s", pkg, mod)
+			}
+		})
+	}
+}
+
+// A service that uses only the engine and the PostgreSQL store gets
+// neither gRPC, River, Prometheus, go-redis, the MySQL driver nor SQLite
+// in its module graph, and keeps its go directive after go mod tidy.
+func TestPostgresUserModuleGraph(t *testing.T) {
+	c := newConsumer(t, "1.25.0", []string{"github.com/idem-go/idem", "github.com/idem-go/idem/store/postgres"}, map[string]string{
+		"main.go": `package main
 
 import (
 	"context"
@@ -70,19 +203,10 @@ func main() {
 	}
 	http.ListenAndServe(":8080", e.Middleware(http.NotFoundHandler()))
 }
-`)
-	run := func(args ...string) string {
-		cmd := exec.Command(goBin, args...)
-		cmd.Dir = dir
-		cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod")
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-		return string(out)
-	}
-	run("mod", "tidy")
-	all := run("list", "-m", "all")
+`,
+	})
+	c.run("mod", "tidy")
+	all := c.run("list", "-m", "all")
 	t.Logf("go list -m all:\n%s", all)
 	for _, heavy := range []string{
 		"google.golang.org/grpc", "github.com/riverqueue/", "github.com/prometheus/",
@@ -95,12 +219,55 @@ func main() {
 	if !strings.Contains(all, "github.com/jackc/pgx/v5 ") {
 		t.Errorf("pgx missing from the graph: the check looks at the wrong thing:\n%s", all)
 	}
-	mod, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+	mod, err := os.ReadFile(filepath.Join(c.dir, "go.mod"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if v := regexp.MustCompile(`(?m)^go (\S+)$`).FindSubmatch(mod); v == nil || string(v[1]) != "1.25.0" {
 		t.Errorf("go mod tidy changed the go directive:\n%s", mod)
 	}
-	run("build", "./...")
+	c.run("build", "./...")
+}
+
+// A store written outside this repository needs the contract (store) and
+// the authors' kit (store/storekit) only, and the conformance suite to
+// test it. The memory store is written that way: the check copies it into
+// a module of its own, where no internal package of this repository is
+// within reach, runs the conformance suite on it there, and asks the go
+// command which of this repository's packages the store imports.
+func TestStoreOutsideTheRepository(t *testing.T) {
+	files := map[string]string{}
+	srcs, err := filepath.Glob("store/memory/*.go")
+	if err != nil || len(srcs) == 0 {
+		t.Fatalf("the memory store's sources: %v", err)
+	}
+	for _, p := range srcs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[filepath.Base(p)] = strings.ReplaceAll(string(b), `"github.com/idem-go/idem/store/memory"`, `"example.com/consumer"`)
+	}
+	c := newConsumer(t, "1.25.0", []string{"github.com/idem-go/idem"}, files)
+	c.run("mod", "tidy")
+	repo := func(format string) []string {
+		var out []string
+		for _, p := range strings.Fields(c.run("list", "-f", format, ".")) {
+			if strings.HasPrefix(p, "github.com/idem-go/idem") && !slices.Contains(out, p) {
+				out = append(out, p)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	if got, want := repo("{{join .Imports \" \"}}"), []string{"github.com/idem-go/idem/store", "github.com/idem-go/idem/store/storekit"}; !slices.Equal(got, want) {
+		t.Errorf("the store imports %v of this repository, want %v", got, want)
+	}
+	if got, want := repo("{{join .TestImports \" \"}} {{join .XTestImports \" \"}}"), []string{"github.com/idem-go/idem/store", "github.com/idem-go/idem/store/storetest"}; !slices.Equal(got, want) {
+		t.Errorf("the store's tests import %v of this repository, want %v", got, want)
+	}
+	out := c.run("test", "-count=1", "-run", "TestConformance", "-v", ".")
+	if !strings.Contains(out, "--- PASS: TestConformance") {
+		t.Errorf("the conformance suite did not pass on the store built outside:\n%s", out)
+	}
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/riverqueue/river/rivermigrate"
 
 	"github.com/idem-go/idem/internal/migrate"
-	"github.com/idem-go/idem/internal/pgmigrate"
 )
 
 //go:embed migrations/postgres/*.sql migrations/sqlite/*.sql
@@ -129,7 +128,7 @@ func (b pgBackend) migrate(ctx context.Context, m *rivermigrate.Migrator[pgx.Tx]
 		return fmt.Errorf("river: %w", err)
 	}
 	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		return pgmigrate.Apply(ctx, tx, own, pgmigrate.Tables{
+		return migrate.ApplyIn(ctx, tx, own, migrate.Tables{
 			Create: pgMigrationsTable, Applied: pgMigrationsApplied, Record: pgMigrationInsert,
 		})
 	})

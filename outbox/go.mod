@@ -7,8 +7,6 @@ toolchain go1.26.8
 require github.com/idem-go/idem v0.0.0-00010101000000-000000000000
 
 require (
-	github.com/idem-go/idem/internal/pgmigrate v0.0.0-00010101000000-000000000000
-	github.com/idem-go/idem/internal/testdb v0.0.0-00010101000000-000000000000
 	github.com/idem-go/idem/store/postgres v0.0.0-00010101000000-000000000000
 	github.com/idem-go/idem/store/sqlite v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.12.0
@@ -54,10 +52,6 @@ require (
 )
 
 replace github.com/idem-go/idem => ..
-
-replace github.com/idem-go/idem/internal/pgmigrate => ../internal/pgmigrate
-
-replace github.com/idem-go/idem/internal/testdb => ../internal/testdb
 
 replace github.com/idem-go/idem/store/postgres => ../store/postgres
 

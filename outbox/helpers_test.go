@@ -18,11 +18,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-go/idem/internal/testdb/pgdb"
+	"github.com/idem-go/idem/internal/testkit/pgdb"
 	"github.com/idem-go/idem/internal/testkit/testenv"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
 	"go.uber.org/goleak"

@@ -11,8 +11,9 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/internal/testdb/pgdb"
+	"github.com/idem-go/idem/internal/testkit/pgdb"
 	"github.com/idem-go/idem/internal/testkit/testenv"
+	_ "github.com/jackc/pgx/v5/stdlib"
 )
 
 const (

@@ -10,7 +10,6 @@ require (
 	github.com/agnivade/levenshtein v1.2.2
 	github.com/chromedp/chromedp v0.23.0
 	github.com/go-sql-driver/mysql v1.10.1
-	github.com/idem-go/idem/internal/testdb v0.0.0-00010101000000-000000000000
 	github.com/idem-go/idem/otelidem v0.0.0-00010101000000-000000000000
 	github.com/idem-go/idem/store/cache v0.0.0-00010101000000-000000000000
 	github.com/idem-go/idem/store/mysql v0.0.0-00010101000000-000000000000
@@ -45,7 +44,6 @@ require (
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/gowebpki/jcs v1.0.2 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.30.0 // indirect
-	github.com/idem-go/idem/internal/pgmigrate v0.0.0-00010101000000-000000000000 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
@@ -76,10 +74,6 @@ require (
 )
 
 replace github.com/idem-go/idem => ../..
-
-replace github.com/idem-go/idem/internal/pgmigrate => ../../internal/pgmigrate
-
-replace github.com/idem-go/idem/internal/testdb => ../../internal/testdb
 
 replace github.com/idem-go/idem/store/postgres => ../../store/postgres
 

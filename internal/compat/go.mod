@@ -6,7 +6,7 @@ toolchain go1.26.8
 
 require (
 	github.com/idem-go/idem v0.0.0-00010101000000-000000000000
-	github.com/idem-go/idem/internal/testdb v0.0.0-00010101000000-000000000000
+	github.com/jackc/pgx/v5 v5.12.0
 	github.com/stripe/stripe-go/v85 v85.0.0
 )
 
@@ -14,10 +14,9 @@ require (
 	github.com/dunglas/httpsfv v1.1.2 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
-	github.com/jackc/pgx/v5 v5.12.0 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	golang.org/x/sync v0.22.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
 )
 
 replace github.com/idem-go/idem => ../..
-
-replace github.com/idem-go/idem/internal/testdb => ../testdb

@@ -20,8 +20,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-go/idem/internal/testdb/pgdb"
+	"github.com/idem-go/idem/internal/testkit/pgdb"
 	"github.com/idem-go/idem/internal/testkit/testenv"
+	_ "github.com/jackc/pgx/v5/stdlib"
 )
 
 // binDir holds the idem binary built for this run.

@@ -6,15 +6,16 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/idem-go/idem/internal/testdb/mysqldb"
-	"github.com/idem-go/idem/internal/testdb/pgdb"
 	"github.com/idem-go/idem/internal/testkit/enginetest"
+	"github.com/idem-go/idem/internal/testkit/mysqldb"
+	"github.com/idem-go/idem/internal/testkit/pgdb"
 	"github.com/idem-go/idem/internal/testkit/testenv"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/mysql"
 	"github.com/idem-go/idem/store/postgres"
 	"github.com/idem-go/idem/store/redis"
 	"github.com/idem-go/idem/store/sqlite"
+	_ "github.com/jackc/pgx/v5/stdlib"
 )
 
 // BenchmarkMiddleware is the core's benchmark of the middleware
@@ -41,7 +42,7 @@ func BenchmarkMiddleware(b *testing.B) {
 	}
 	if os.Getenv(testenv.MySQLEnv) != "" {
 		benchStores = append(benchStores, enginetest.BenchStore{Name: "mysql", Open: func(b *testing.B) store.Store {
-			s, err := mysql.Open(context.Background(), mysqldb.Database(b).FormatDSN(), mysql.Config{MaxConns: 16})
+			s, err := mysql.Open(context.Background(), mysqldb.Database(b), mysql.Config{MaxConns: 16})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -7,7 +7,6 @@ toolchain go1.26.8
 require github.com/idem-go/idem v0.0.0-00010101000000-000000000000
 
 require (
-	github.com/idem-go/idem/internal/testdb v0.0.0-00010101000000-000000000000
 	github.com/idem-go/idem/store/mysql v0.0.0-00010101000000-000000000000
 	github.com/idem-go/idem/store/postgres v0.0.0-00010101000000-000000000000
 	github.com/idem-go/idem/store/redis v0.0.0-00010101000000-000000000000
@@ -25,7 +24,6 @@ require (
 	github.com/go-sql-driver/mysql v1.10.1 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/gowebpki/jcs v1.0.2 // indirect
-	github.com/idem-go/idem/internal/pgmigrate v0.0.0-00010101000000-000000000000 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
@@ -43,10 +41,6 @@ require (
 )
 
 replace github.com/idem-go/idem => ../..
-
-replace github.com/idem-go/idem/internal/pgmigrate => ../pgmigrate
-
-replace github.com/idem-go/idem/internal/testdb => ../testdb
 
 replace github.com/idem-go/idem/store/postgres => ../../store/postgres
 

@@ -24,14 +24,15 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/internal/testdb/pgdb"
 	"github.com/idem-go/idem/internal/testkit/enginetest"
+	"github.com/idem-go/idem/internal/testkit/pgdb"
 	"github.com/idem-go/idem/internal/testkit/testenv"
 	"github.com/idem-go/idem/phase"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/postgres"
 	"github.com/idem-go/idem/store/sqlite"
 	"github.com/jackc/pgx/v5"
+	_ "github.com/jackc/pgx/v5/stdlib"
 	"go.uber.org/goleak"
 )
 

@@ -7,9 +7,9 @@ toolchain go1.26.8
 require github.com/idem-go/idem v0.0.0-00010101000000-000000000000
 
 require (
-	github.com/idem-go/idem/internal/testdb v0.0.0-00010101000000-000000000000
 	github.com/idem-go/idem/store/postgres v0.0.0-00010101000000-000000000000
 	github.com/idem-go/idem/store/sqlite v0.0.0-00010101000000-000000000000
+	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
 )
 
@@ -17,10 +17,8 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/dustin/go-humanize v1.0.1 // indirect
 	github.com/google/uuid v1.6.0 // indirect
-	github.com/idem-go/idem/internal/pgmigrate v0.0.0-00010101000000-000000000000 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
-	github.com/jackc/pgx/v5 v5.12.0 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	github.com/mattn/go-isatty v0.0.24 // indirect
 	github.com/ncruces/go-strftime v1.0.0 // indirect
@@ -36,10 +34,6 @@ require (
 )
 
 replace github.com/idem-go/idem => ../..
-
-replace github.com/idem-go/idem/internal/pgmigrate => ../../internal/pgmigrate
-
-replace github.com/idem-go/idem/internal/testdb => ../../internal/testdb
 
 replace github.com/idem-go/idem/store/postgres => ../postgres
 

@@ -4,9 +4,10 @@ import (
 	"context"
 	"testing"
 
-	"github.com/idem-go/idem/internal/testdb/pgdb"
+	"github.com/idem-go/idem/internal/testkit/pgdb"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/postgres"
+	_ "github.com/jackc/pgx/v5/stdlib"
 )
 
 func openPostgresBench(b *testing.B, url string) store.Store {

@@ -10,7 +10,8 @@ import (
 
 	mysqldrv "github.com/go-sql-driver/mysql"
 
-	"github.com/idem-go/idem/internal/testdb/mysqldb"
+	"github.com/idem-go/idem/internal/testkit/mysqldb"
+	"github.com/idem-go/idem/internal/testkit/testenv"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/storetest"
 )
@@ -18,14 +19,23 @@ import (
 // baseConfig returns the parsed test DSN or skips the test.
 func baseConfig(tb testing.TB) *mysqldrv.Config {
 	tb.Helper()
-	return mysqldb.Config(tb)
+	return parseDSN(tb, testenv.MySQLDSN(tb))
 }
 
 // newDatabase creates an empty database for one test, dropped when it
 // ends, and returns the config of a connection to it.
 func newDatabase(tb testing.TB) *mysqldrv.Config {
 	tb.Helper()
-	return mysqldb.Database(tb)
+	return parseDSN(tb, mysqldb.Database(tb))
+}
+
+func parseDSN(tb testing.TB, dsn string) *mysqldrv.Config {
+	tb.Helper()
+	cfg, err := mysqldrv.ParseDSN(dsn)
+	if err != nil {
+		tb.Fatalf("%s: %v", testenv.MySQLEnv, err)
+	}
+	return cfg
 }
 
 // testMaxConns caps each test store's pool: the suite races 64 goroutines

@@ -9,11 +9,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idem-go/idem/internal/testdb/pgdb"
+	"github.com/idem-go/idem/internal/testkit/pgdb"
 	"github.com/idem-go/idem/internal/testkit/testenv"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/postgres"
 	"github.com/idem-go/idem/store/storetest"
+	_ "github.com/jackc/pgx/v5/stdlib"
 )
 
 // queryModes are four of pgx's five values of default_query_exec_mode;

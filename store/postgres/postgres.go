@@ -102,7 +102,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem/internal/migrate"
-	"github.com/idem-go/idem/internal/pgmigrate"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/storekit"
 )
@@ -287,7 +286,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 		if _, err := tx.Exec(ctx, sqlMigrateLock); err != nil {
 			return err
 		}
-		return pgmigrate.Apply(ctx, tx, all, pgmigrate.Tables{
+		return migrate.ApplyIn(ctx, tx, all, migrate.Tables{
 			Create: sqlMigrateTable, Applied: sqlMigrateApplied, Record: sqlMigrateRecord,
 		})
 	})

@@ -17,10 +17,11 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/internal/testdb/pgdb"
+	"github.com/idem-go/idem/internal/testkit/pgdb"
 	"github.com/idem-go/idem/internal/testkit/testenv"
 	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
+	_ "github.com/jackc/pgx/v5/stdlib"
 )
 
 func TestMain(m *testing.M) {

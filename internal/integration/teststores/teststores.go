@@ -10,14 +10,15 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/idem-go/idem/internal/testdb/mysqldb"
-	"github.com/idem-go/idem/internal/testdb/pgdb"
 	"github.com/idem-go/idem/internal/testkit/enginetest"
+	"github.com/idem-go/idem/internal/testkit/mysqldb"
+	"github.com/idem-go/idem/internal/testkit/pgdb"
 	"github.com/idem-go/idem/internal/testkit/testenv"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/mysql"
 	"github.com/idem-go/idem/store/postgres"
 	"github.com/idem-go/idem/store/sqlite"
+	_ "github.com/jackc/pgx/v5/stdlib"
 )
 
 // All returns memory, SQLite, PostgreSQL when IDEM_TEST_POSTGRES_URL is
@@ -57,7 +58,7 @@ func All(t *testing.T, mariadb bool) []enginetest.Store {
 	}
 	if os.Getenv(testenv.MySQLEnv) != "" {
 		stores = append(stores, enginetest.Store{Name: "mariadb", Open: func(t *testing.T, clock store.Clock) store.Store {
-			s, err := mysql.Open(context.Background(), mysqldb.Database(t).FormatDSN(), mysql.Config{Clock: clock})
+			s, err := mysql.Open(context.Background(), mysqldb.Database(t), mysql.Config{Clock: clock})
 			return opened(t, s, err)
 		}})
 	} else {

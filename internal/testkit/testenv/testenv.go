@@ -1,5 +1,5 @@
 // Package testenv finds the real servers the tests run against. It imports
-// no driver: internal/testdb gives each test a fresh, private place on a
+// no driver: pgdb and mysqldb give each test a fresh, private place on a
 // server (a PostgreSQL schema, a MySQL database). A test whose server is not configured is
 // skipped with a message that names the environment variable to set.
 //

@@ -16,11 +16,13 @@ import (
 	"testing"
 	"time"
 
+	mysqldrv "github.com/go-sql-driver/mysql"
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/internal/testdb/mysqldb"
-	"github.com/idem-go/idem/internal/testdb/pgdb"
+	"github.com/idem-go/idem/internal/testkit/mysqldb"
+	"github.com/idem-go/idem/internal/testkit/pgdb"
 	"github.com/idem-go/idem/internal/testkit/testenv"
 	"github.com/idem-go/idem/store"
+	_ "github.com/jackc/pgx/v5/stdlib"
 )
 
 // rawRequest writes head (request line and headers, without the blank
@@ -370,7 +372,10 @@ func sqlServers(t *testing.T) []sqlServer {
 			return u.String()
 		}},
 		{"mysql", func(t *testing.T) string {
-			cfg := mysqldb.Database(t)
+			cfg, err := mysqldrv.ParseDSN(mysqldb.Database(t))
+			if err != nil {
+				t.Fatal(err)
+			}
 			u := url.URL{Scheme: "mysql", Host: cfg.Addr, Path: "/" + cfg.DBName}
 			if cfg.Passwd != "" {
 				u.User = url.UserPassword(cfg.User, cfg.Passwd)

@@ -14,10 +14,11 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/internal/testdb/pgdb"
+	"github.com/idem-go/idem/internal/testkit/pgdb"
 	"github.com/idem-go/idem/internal/testkit/testenv"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/postgres"
+	_ "github.com/jackc/pgx/v5/stdlib"
 )
 
 // proxyFromFlags parses args as idem proxy's command line (with

@@ -9,8 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-go/idem/internal/testdb/pgdb"
+	"github.com/idem-go/idem/internal/testkit/pgdb"
 	"github.com/idem-go/idem/internal/testkit/testenv"
+	_ "github.com/jackc/pgx/v5/stdlib"
 )
 
 // pgTopologies are the ways a proxy reaches PostgreSQL in production, each

@@ -1,12 +1,18 @@
 // Package pgdb gives each test a fresh, private PostgreSQL schema.
+//
+// It imports no driver, so that the core module, which holds it, never
+// requires one and no store module requires a test-only module: it talks
+// to the server through database/sql under the driver name "pgx", which a
+// test registers by importing github.com/jackc/pgx/v5/stdlib (a module
+// with a PostgreSQL test requires pgx already).
 package pgdb
 
 import (
 	"context"
+	"database/sql"
 	"testing"
 
 	"github.com/idem-go/idem/internal/testkit/testenv"
-	"github.com/jackc/pgx/v5"
 )
 
 // Schema creates an empty schema on the server at url, dropped when
@@ -15,16 +21,16 @@ func Schema(tb testing.TB, url string) string {
 	tb.Helper()
 	schema := testenv.Name("idem_test_")
 	exec := func(q string) error {
-		ctx := context.Background()
-		conn, err := pgx.Connect(ctx, url)
+		db, err := sql.Open("pgx", url)
 		if err != nil {
 			return err
 		}
-		defer conn.Close(ctx)
-		_, err = conn.Exec(ctx, q)
+		defer db.Close()
+		_, err = db.ExecContext(context.Background(), q)
 		return err
 	}
-	ident := pgx.Identifier{schema}.Sanitize()
+	// schema is generated hex: quoting it is all it needs.
+	ident := `"` + schema + `"`
 	if err := exec("CREATE SCHEMA " + ident); err != nil {
 		tb.Fatalf("pgdb: create schema: %v", err)
 	}
