@@ -2,6 +2,8 @@ package idem_test
 
 import (
 	"fmt"
+	"go/parser"
+	"go/token"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -269,5 +271,36 @@ func TestStoreOutsideTheRepository(t *testing.T) {
 	out := c.run("test", "-count=1", "-run", "TestConformance", "-v", ".")
 	if !strings.Contains(out, "--- PASS: TestConformance") {
 		t.Errorf("the conformance suite did not pass on the store built outside:\n%s", out)
+	}
+}
+
+// The test kits sit above the engine (internal/testkit imports it): product
+// code importing one would point a store or the engine up into its own
+// tests. Only tests, the kits themselves and the repository's test modules
+// (internal/integration, internal/compat) import them.
+func TestProductCodeImportsNoTestKit(t *testing.T) {
+	err := filepath.WalkDir(".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (p == "internal" || d.Name() == "testdata" || strings.HasPrefix(d.Name(), ".") && p != ".") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), p, nil, parser.ImportsOnly)
+		if err != nil {
+			return err
+		}
+		for _, imp := range f.Imports {
+			if strings.Contains(imp.Path.Value, "github.com/idem-go/idem/internal/testkit") {
+				t.Errorf("%s imports %s", p, imp.Path.Value)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
