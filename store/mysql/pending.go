@@ -105,7 +105,10 @@ func recordArgs(r *store.Record) (args, error) {
 		if err != nil {
 			return nil, err
 		}
-		a["queue"], a["request"] = []byte(r.Request.Queue), b
+		a["request"] = b
+		if r.Request.Queue != "" { // a summary (ReleaseParams.Request) has none
+			a["queue"] = []byte(r.Request.Queue)
+		}
 	}
 	return a, nil
 }
