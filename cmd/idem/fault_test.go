@@ -52,6 +52,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testkit/testenv"
 )
 
 var faultFull = flag.Bool("fault.full", false, "run the full fault test (also IDEM_FAULT_FULL=1)")
@@ -919,7 +920,7 @@ func newPGCluster(t *testing.T, opts string) *pgCluster {
 	t.Helper()
 	bin := pgBinDir()
 	if bin == "" {
-		t.Skip("initdb and pg_ctl not found (PATH, /usr/lib/postgresql/*/bin): no private PostgreSQL")
+		testenv.Skip(t, "initdb and pg_ctl not found (PATH, /usr/lib/postgresql/*/bin): no private PostgreSQL")
 	}
 	dir, err := os.MkdirTemp("", "idem-fault-pg-")
 	if err != nil {

@@ -50,9 +50,10 @@ func BenchmarkMiddleware(b *testing.B) {
 			return s
 		}})
 	}
-	if addr := os.Getenv("IDEM_TEST_REDIS_ADDR"); addr != "" {
+	if os.Getenv(testenv.RedisEnv) != "" {
+		url := testenv.RedisURL(b)
 		benchStores = append(benchStores, enginetest.BenchStore{Name: "redis", Open: func(b *testing.B) store.Store {
-			s, err := redis.Open(context.Background(), "redis://"+addr+"/0", redis.Config{Prefix: testenv.Name("idem_bench_") + ":"})
+			s, err := redis.Open(context.Background(), url, redis.Config{Prefix: testenv.Name("idem_bench_") + ":"})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -19,7 +19,7 @@ import (
 
 func redisClient(t *testing.T) (goredis.UniversalClient, string) {
 	t.Helper()
-	rdb := goredis.NewClient(&goredis.Options{Addr: testenv.RedisAddr(t)})
+	rdb := goredis.NewClient(&goredis.Options{Addr: testenv.RedisAddr(t), DB: testenv.RedisDB(t)})
 	prefix := testenv.Name("idem:cachetest:") + ":"
 	t.Cleanup(func() {
 		ctx := context.Background()
@@ -211,7 +211,7 @@ func mustOneKey(t *testing.T, f *fixture) string {
 // ("bare") with replays through the cache, in one run, on SQLite and, when
 // IDEM_TEST_POSTGRES_URL is set, on PostgreSQL.
 func BenchmarkCacheReplay(b *testing.B) {
-	rdb := goredis.NewClient(&goredis.Options{Addr: testenv.RedisAddr(b)})
+	rdb := goredis.NewClient(&goredis.Options{Addr: testenv.RedisAddr(b), DB: testenv.RedisDB(b)})
 	defer rdb.Close()
 	backings := map[string]func(b *testing.B) store.Store{
 		"sqlite": func(b *testing.B) store.Store {

@@ -9,6 +9,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/idem-go/idem/internal/testkit/testenv"
 	"github.com/idem-go/idem/store"
 )
 
@@ -25,10 +26,11 @@ func benchTargets(b *testing.B) map[string]*Store {
 		b.Cleanup(func() { _ = s.Close() })
 		out[name] = s
 	}
-	if addr := os.Getenv("IDEM_TEST_REDIS_ADDR"); addr != "" {
-		admin := goredis.NewClient(&goredis.Options{Addr: addr})
+	if os.Getenv(testenv.RedisEnv) != "" {
+		opts, url := redisServer(b)
+		admin := goredis.NewClient(opts)
 		b.Cleanup(func() { _ = admin.Close() })
-		open("single", "redis://"+addr+"/0", admin)
+		open("single", url, admin)
 	}
 	if os.Getenv("IDEM_TEST_REDIS_CLUSTER") == "1" {
 		cl := startCluster(b, 3)
@@ -134,8 +136,8 @@ func (h *countHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredi
 // one to complete, a replay is one.
 func TestRoundTrips(t *testing.T) {
 	t.Parallel()
-	addr := redisAddr(t)
-	client := goredis.NewClient(&goredis.Options{Addr: addr})
+	opts, _ := redisServer(t)
+	client := goredis.NewClient(opts)
 	t.Cleanup(func() { _ = client.Close() })
 	s, err := New(client, Config{Prefix: freshPrefix(t, client)})
 	if err != nil {

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/idem-go/idem/internal/testkit/testenv"
 )
 
 // testCluster is a Redis Cluster of local redis-server processes, without
@@ -27,7 +29,7 @@ type testCluster struct {
 func startCluster(t testing.TB, n int) *testCluster {
 	t.Helper()
 	if os.Getenv("IDEM_TEST_REDIS_CLUSTER") != "1" {
-		t.Skip("IDEM_TEST_REDIS_CLUSTER is not 1: skipping the Redis Cluster tests (they need redis-server and redis-cli on PATH)")
+		testenv.Skip(t, "IDEM_TEST_REDIS_CLUSTER is not 1: skipping the Redis Cluster tests (they need redis-server and redis-cli on PATH)")
 	}
 	for _, bin := range []string{"redis-server", "redis-cli"} {
 		if _, err := exec.LookPath(bin); err != nil {

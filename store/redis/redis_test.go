@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -21,15 +20,12 @@ import (
 	"github.com/idem-go/idem/store/storetest"
 )
 
-// redisAddr returns the address of the single Redis node the tests use, or
-// skips the test.
-func redisAddr(t testing.TB) string {
+// redisServer returns the options of a client of the test Redis server, in
+// the database IDEM_TEST_REDIS_ADDR names (host:port/DB; 0 by default), and
+// the same server and database as a store URL; or skips the test.
+func redisServer(t testing.TB) (*goredis.Options, string) {
 	t.Helper()
-	addr := os.Getenv("IDEM_TEST_REDIS_ADDR")
-	if addr == "" {
-		testenv.Skip(t, "IDEM_TEST_REDIS_ADDR is not set (e.g. 127.0.0.1:6379): skipping Redis tests")
-	}
-	return addr
+	return &goredis.Options{Addr: testenv.RedisAddr(t), DB: testenv.RedisDB(t)}, testenv.RedisURL(t)
 }
 
 // freshPrefix returns a random key prefix and deletes every key under it when
@@ -93,14 +89,15 @@ func countPrefix(ctx context.Context, c *goredis.Client, prefix string) (int, er
 	return n, iter.Err()
 }
 
-// singleNode returns an opener for a fresh prefix on the test server's DB 0.
+// singleNode returns an opener for a fresh prefix on the test server's
+// database.
 func singleNode(t *testing.T) storetest.Opener {
-	addr := redisAddr(t)
-	admin := goredis.NewClient(&goredis.Options{Addr: addr})
+	opts, url := redisServer(t)
+	admin := goredis.NewClient(opts)
 	t.Cleanup(func() { _ = admin.Close() })
 	prefix := freshPrefix(t, admin)
 	return func(t *testing.T, clock store.Clock) store.Store {
-		s, err := Open(context.Background(), "redis://"+addr+"/0", Config{Clock: clock, Prefix: prefix})
+		s, err := Open(context.Background(), url, Config{Clock: clock, Prefix: prefix})
 		if err != nil {
 			t.Fatalf("open: %v", err)
 		}
@@ -111,7 +108,7 @@ func singleNode(t *testing.T) storetest.Opener {
 
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	redisAddr(t)
+	redisServer(t)
 	storetest.Run(t, storetest.Harness{
 		NewDatabase: singleNode,
 		// Durable means: records survive closing a client and opening a new
@@ -162,7 +159,7 @@ func runStoreTests(t *testing.T, newDatabase func(*testing.T) storetest.Opener) 
 
 func TestStore(t *testing.T) {
 	t.Parallel()
-	redisAddr(t)
+	redisServer(t)
 	runStoreTests(t, singleNode)
 }
 
@@ -819,4 +816,33 @@ func testLiveLeasesDoNotFillReapBatch(t *testing.T, open storetest.Opener) {
 		t.Fatalf("reap once the holders died: %+v %v", res, err)
 	}
 	checkIndexes(t, s)
+}
+
+// IDEM_TEST_REDIS_ADDR may name a database (host:port/DB): the tests then
+// keep their keys in it, off a server's database 0.
+func TestTestServerDatabase(t *testing.T) {
+	opts, _ := redisServer(t) // skips without a server
+	t.Setenv(testenv.RedisEnv, opts.Addr+"/5")
+	opener := singleNode(t)
+	s := opener(t, nil)
+	p := store.ReserveParams{Scope: "s", Key: "db-5", Fingerprint: "f", Lease: time.Minute, TTL: time.Hour, LeasePolicy: store.LeaseUnknown}
+	if _, err := s.Reserve(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	count := func(db int) int {
+		c := goredis.NewClient(&goredis.Options{Addr: opts.Addr, DB: db})
+		defer c.Close()
+		n := 0
+		iter := c.Scan(ctx, 0, s.(*Store).cfg.Prefix+"*", 100).Iterator()
+		for iter.Next(ctx) {
+			n++
+		}
+		if err := iter.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if in5, in0 := count(5), count(0); in5 == 0 || in0 != 0 {
+		t.Errorf("the record's keys: %d in database 5, %d in database 0; want them all in 5", in5, in0)
+	}
 }

@@ -5,7 +5,7 @@
 //
 //	IDEM_TEST_POSTGRES_URL  postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 //	IDEM_TEST_MYSQL_DSN     root@tcp(127.0.0.1:3306)/test
-//	IDEM_TEST_REDIS_ADDR    127.0.0.1:6379
+//	IDEM_TEST_REDIS_ADDR    127.0.0.1:6379 (127.0.0.1:6379/3: database 3)
 //	IDEM_TEST_PGBOUNCER_URL postgres://postgres@127.0.0.1:6432/idem_tx?sslmode=disable
 //
 // .ci/run sets all four; .ci/pgbouncer starts the pgbouncer the last one
@@ -20,6 +20,8 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -53,12 +55,26 @@ func need(tb testing.TB, env, example string) string {
 // cannot run is a failure, not a skip.
 func CI() bool { return os.Getenv("CI") == "true" }
 
+// SkipsEnv names a file to which Skip appends its reason, one a line:
+// go run ./internal/tools/testall sets it, and after the tests says in one
+// line what was skipped and how to enable it (go test alone prints "ok"
+// for a package whose tests all skipped).
+const SkipsEnv = "IDEM_TEST_SKIPS"
+
 // Skip skips the test, saying why; under CI=true it fails it instead: a CI
 // run must never count a check it could not make as passed.
 func Skip(tb testing.TB, why string) {
 	tb.Helper()
 	if CI() {
 		tb.Fatalf("CI=true, and this test cannot run: %s", why)
+	}
+	if path := os.Getenv(SkipsEnv); path != "" {
+		// The file exists (its creator reads it); each line is one write,
+		// whole under O_APPEND, whichever test process writes it.
+		if f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0); err == nil {
+			f.WriteString(strings.ReplaceAll(why, "\n", " ") + "\n")
+			f.Close()
+		}
 	}
 	tb.Skip(why)
 }
@@ -134,10 +150,56 @@ func MySQLDSN(tb testing.TB) string {
 	return need(tb, MySQLEnv, "root@tcp(127.0.0.1:3306)/test")
 }
 
-// RedisAddr returns the Redis server address or skips the test.
+// RedisAddr returns the Redis server's address (host:port), or skips the
+// test. Connect with RedisDB's database: Options{Addr: RedisAddr(t), DB:
+// RedisDB(t)}, or use RedisURL.
 func RedisAddr(tb testing.TB) string {
 	tb.Helper()
-	return need(tb, RedisEnv, "127.0.0.1:6379")
+	addr, _ := redisServer(tb)
+	return addr
+}
+
+// RedisDB returns the database number IDEM_TEST_REDIS_ADDR names (0 when
+// it names none), or skips the test.
+func RedisDB(tb testing.TB) int {
+	tb.Helper()
+	_, db := redisServer(tb)
+	return db
+}
+
+// RedisURL returns the test Redis server as a store URL,
+// redis://host:port/DB, or skips the test.
+func RedisURL(tb testing.TB) string {
+	tb.Helper()
+	addr, db := redisServer(tb)
+	return fmt.Sprintf("redis://%s/%d", addr, db)
+}
+
+func redisServer(tb testing.TB) (string, int) {
+	tb.Helper()
+	addr, db, err := ParseRedisAddr(need(tb, RedisEnv, "127.0.0.1:6379"))
+	if err != nil {
+		tb.Fatalf("%s: %v", RedisEnv, err)
+	}
+	return addr, db
+}
+
+// ParseRedisAddr reads IDEM_TEST_REDIS_ADDR: host:port, or host:port/DB to
+// keep the tests in database DB of a server that holds other data in
+// database 0.
+func ParseRedisAddr(v string) (addr string, db int, err error) {
+	addr, dbText, hasDB := strings.Cut(v, "/")
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return "", 0, fmt.Errorf("%q: want host:port or host:port/DB, e.g. 127.0.0.1:6379/3", v)
+	}
+	if !hasDB {
+		return addr, 0, nil
+	}
+	db, err = strconv.Atoi(dbText)
+	if err != nil || db < 0 {
+		return "", 0, fmt.Errorf("%q: the database after / must be a number from 0, e.g. 127.0.0.1:6379/3", v)
+	}
+	return addr, db, nil
 }
 
 // Buffer is a bytes.Buffer that goroutines may write while a test reads it:

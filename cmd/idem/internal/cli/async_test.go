@@ -76,7 +76,7 @@ func asyncStores(t *testing.T) []sqlServer {
 		return "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
 	}}}, append(sqlServers(t), sqlServer{"redis", func(t *testing.T) string {
 		// The URL names no key prefix: the test's keys are its own.
-		return "redis://" + redisAddr(t) + "/0"
+		return testenv.RedisURL(t)
 	}})...)
 }
 

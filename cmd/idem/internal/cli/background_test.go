@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -264,24 +263,14 @@ func TestParseProxyMaintenanceFlags(t *testing.T) {
 	}
 }
 
-// redisAddr returns the test Redis server's address, or skips.
-func redisAddr(t *testing.T) string {
-	addr := os.Getenv("IDEM_TEST_REDIS_ADDR")
-	if addr == "" {
-		testenv.Skip(t, "IDEM_TEST_REDIS_ADDR is not set (e.g. 127.0.0.1:6379)")
-	}
-	return addr
-}
-
 // The proxy's --cache serves replays from Redis; idem delete --cache drops
 // the entry with the record, while a delete that bypasses the cache leaves
 // the cached replay answering (until its max_ttl).
 func TestProxyCacheAndDelete(t *testing.T) {
 	t.Parallel()
-	addr := redisAddr(t)
 	prefix := fmt.Sprintf("idem:test:cli:%d:", time.Now().UnixNano())
-	cacheURL := "redis://" + addr + "/0?prefix=" + prefix + "&max_ttl=1m"
-	rdb := goredis.NewClient(&goredis.Options{Addr: addr})
+	cacheURL := testenv.RedisURL(t) + "?prefix=" + prefix + "&max_ttl=1m"
+	rdb := goredis.NewClient(&goredis.Options{Addr: testenv.RedisAddr(t), DB: testenv.RedisDB(t)})
 	t.Cleanup(func() {
 		keys, _ := rdb.Keys(context.Background(), prefix+"*").Result()
 		if len(keys) > 0 {

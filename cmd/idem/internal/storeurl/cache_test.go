@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -97,13 +96,10 @@ func TestOpenWithUnreachableCache(t *testing.T) {
 
 func TestOpenWithCache(t *testing.T) {
 	t.Parallel()
-	addr := os.Getenv("IDEM_TEST_REDIS_ADDR")
-	if addr == "" {
-		testenv.Skip(t, "IDEM_TEST_REDIS_ADDR is not set (e.g. 127.0.0.1:6379)")
-	}
+	redisURL := testenv.RedisURL(t)
 	ctx := context.Background()
 	prefix := fmt.Sprintf("idem:test:storeurl:%d:", time.Now().UnixNano())
-	rdb := goredis.NewClient(&goredis.Options{Addr: addr})
+	rdb := goredis.NewClient(&goredis.Options{Addr: testenv.RedisAddr(t), DB: testenv.RedisDB(t)})
 	defer rdb.Close()
 	entries := func() []string {
 		keys, err := rdb.Keys(ctx, prefix+"*").Result()
@@ -119,7 +115,7 @@ func TestOpenWithCache(t *testing.T) {
 	}()
 
 	dsn := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
-	s, err := storeurl.Open(ctx, dsn, storeurl.Options{Migrate: true, Cache: "redis://" + addr + "/0?prefix=" + prefix})
+	s, err := storeurl.Open(ctx, dsn, storeurl.Options{Migrate: true, Cache: redisURL + "?prefix=" + prefix})
 	if err != nil {
 		t.Fatal(err)
 	}

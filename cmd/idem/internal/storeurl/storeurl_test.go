@@ -299,11 +299,7 @@ func TestOpenMySQL(t *testing.T) {
 
 func TestOpenRedis(t *testing.T) {
 	t.Parallel()
-	addr := os.Getenv("IDEM_TEST_REDIS_ADDR")
-	if addr == "" {
-		testenv.Skip(t, "IDEM_TEST_REDIS_ADDR is not set (e.g. 127.0.0.1:6379)")
-	}
-	pingAndClose(t, "redis://"+addr+"/0")
+	pingAndClose(t, testenv.RedisURL(t))
 }
 
 func pingAndClose(t *testing.T, dsn string) {
@@ -357,7 +353,7 @@ func TestRedisWaitParameters(t *testing.T) {
 	// Opened for real: go-redis takes the rest of the URL, and the
 	// parameter reaches the store (the test server has no replica, so a
 	// write waiting for one fails).
-	s, err := storeurl.Open(context.Background(), "redis://"+os.Getenv("IDEM_TEST_REDIS_ADDR")+"/0?dial_timeout=3s&wait_replicas=1&wait_timeout=20ms", storeurl.Options{})
+	s, err := storeurl.Open(context.Background(), testenv.RedisURL(t)+"?dial_timeout=3s&wait_replicas=1&wait_timeout=20ms", storeurl.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
