@@ -20,6 +20,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/idem-go/idem/cmd/idem/internal/console"
+	"github.com/idem-go/idem/internal/testkit/testenv"
 	"github.com/idem-go/idem/store"
 )
 
@@ -38,7 +39,7 @@ func browser(t *testing.T) context.Context {
 		if os.Getenv("CI") == "true" {
 			t.Fatal("no Chromium installed: the console browser test needs one under CI (apt-get install -y chromium)")
 		}
-		t.Skip("no Chromium installed (apt-get install -y chromium): skipping the console browser test")
+		testenv.Skip(t, "no Chromium installed (apt-get install -y chromium): skipping the console browser test")
 	}
 	// Chromium's helpers may still write in its profile for a moment after
 	// it stops, so the profile is removed best-effort, not by t.TempDir.
