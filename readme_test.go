@@ -160,6 +160,16 @@ func TestDocPagesHaveContents(t *testing.T) {
 	}
 }
 
+// The README's table of pages names every page under docs/.
+func TestReadmeListsEveryPage(t *testing.T) {
+	pages := docPages(t)
+	for page := range pages {
+		if page != "README.md" && !strings.Contains(pages["README.md"], "]("+filepath.ToSlash(page)+")") {
+			t.Errorf("README.md does not link %s", page)
+		}
+	}
+}
+
 // Links between the pages (README.md, docs/*.md, BENCHMARKS.md) name files
 // that exist and sections those files have.
 func TestDocLinks(t *testing.T) {
