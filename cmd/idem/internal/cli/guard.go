@@ -123,25 +123,51 @@ func (p *Proxy) guard(w http.ResponseWriter, r *http.Request) {
 	if p.serveStatus(w, r) {
 		return
 	}
-	g := p.guarded.Load()
-	var h http.Handler // nil while the store is not open
-	protected := p.protected[r.Method]
-	if i, ok := p.async.match(r); ok {
-		// An asynchronous route (--async or "async" in the config file)
-		// is matched before the other routes: its engine is the
-		// asynchronous one, with the settings of its route if it has one.
-		protected = true
-		if g != nil {
-			h = g.async
-			if i >= 0 {
-				h = g.routes[i]
-			}
+	h, protected, unprotected := p.handlerFor(r)
+	if unprotected || (!protected && h == nil) {
+		p.rp.ServeHTTP(w, r)
+		return
+	}
+	if !protected {
+		h.ServeHTTP(w, r)
+		return
+	}
+	if len(r.Header[p.cfg.KeyHeader]) > 0 {
+		var release func()
+		if r, release = p.admitKeyed(w, r); r == nil {
+			return
 		}
-	} else if i, ok := p.routes.match(r); ok {
+		defer release()
+	}
+	if h == nil {
+		p.refuse(w, r, probStoreDown, "")
+		return
+	}
+	h.ServeHTTP(w, r)
+}
+
+// handlerFor returns the handler of r once the store is open (nil
+// before), whether r's method is protected there, and whether r is on a
+// route that is not protected at all (straight to the upstream). An
+// asynchronous route (--async or "async" in the config file) is matched
+// before the other routes: its engine is the asynchronous one, with the
+// settings of its route if it has one.
+func (p *Proxy) handlerFor(r *http.Request) (h http.Handler, protected, unprotected bool) {
+	g := p.guarded.Load()
+	protected = p.protected[r.Method]
+	if i, ok := p.async.match(r); ok {
+		if g == nil {
+			return nil, true, false
+		}
+		if i >= 0 {
+			return g.routes[i], true, false
+		}
+		return g.async, true, false
+	}
+	if i, ok := p.routes.match(r); ok {
 		rt := &p.routes.routes[i]
 		if rt.Unprotected {
-			p.rp.ServeHTTP(w, r)
-			return
+			return nil, false, true
 		}
 		if rt.method != "" {
 			protected = r.Method == rt.method
@@ -149,53 +175,50 @@ func (p *Proxy) guard(w http.ResponseWriter, r *http.Request) {
 		if g != nil {
 			h = g.routes[i]
 		}
-	} else if g != nil {
+		return h, protected, false
+	}
+	if g != nil {
 		h = g.main
 	}
-	if !protected {
-		if h != nil {
-			h.ServeHTTP(w, r)
-		} else {
-			p.rp.ServeHTTP(w, r)
-		}
-		return
+	return h, protected, false
+}
+
+// admitKeyed names the tenant of the keyed request r (401 without one),
+// checks its route, and reserves its body's memory (503 over the bound)
+// before the engine reads it. It returns the request to serve, with its
+// tenant, and the release of the memory; a nil request was refused.
+func (p *Proxy) admitKeyed(w http.ResponseWriter, r *http.Request) (*http.Request, func()) {
+	tenant, err := p.tenants.tenant(r)
+	switch {
+	case errors.Is(err, errNoTenant):
+		p.log.Warn("idem proxy: keyed request without a tenant source; refused with 401",
+			"method", r.Method, "path", r.URL.Path, "tenant_from", p.tenants.String())
+		p.refuse(w, r, probTenantMissing, "send one of: "+p.tenants.String())
+		return nil, nil
+	case err != nil:
+		p.refuse(w, r, probTenantInvalid, err.Error())
+		return nil, nil
 	}
-	if len(r.Header[p.cfg.KeyHeader]) > 0 {
-		tenant, err := p.tenants.tenant(r)
-		switch {
-		case errors.Is(err, errNoTenant):
-			p.log.Warn("idem proxy: keyed request without a tenant source; refused with 401",
-				"method", r.Method, "path", r.URL.Path, "tenant_from", p.tenants.String())
-			p.refuse(w, r, probTenantMissing, "send one of: "+p.tenants.String())
-			return
-		case err != nil:
-			p.refuse(w, r, probTenantInvalid, err.Error())
-			return
-		}
-		if prob, bad := checkRoute(proxyRoute(r)); bad {
-			p.refuse(w, r, prob, "")
-			return
-		}
-		r = r.WithContext(context.WithValue(r.Context(), tenantKey{}, tenant))
-		if n := p.bodyWeight(r); n > 0 {
-			if !p.buffers.TryAcquire(n) {
-				p.log.Warn("idem proxy: too many bodies held at once; refused with 503",
-					"max_buffered_bytes", p.cfg.MaxBufferedBytes, "body_bytes", n)
-				p.refuse(w, r, probOverloaded, "")
-				return
-			}
-			p.buffered.Add(n)
-			defer func() {
-				p.buffered.Add(-n)
-				p.buffers.Release(n)
-			}()
-		}
+	if prob, bad := checkRoute(proxyRoute(r)); bad {
+		p.refuse(w, r, prob, "")
+		return nil, nil
 	}
-	if h == nil {
-		p.refuse(w, r, probStoreDown, "")
-		return
+	r = r.WithContext(context.WithValue(r.Context(), tenantKey{}, tenant))
+	n := p.bodyWeight(r)
+	if n <= 0 {
+		return r, func() {}
 	}
-	h.ServeHTTP(w, r)
+	if !p.buffers.TryAcquire(n) {
+		p.log.Warn("idem proxy: too many bodies held at once; refused with 503",
+			"max_buffered_bytes", p.cfg.MaxBufferedBytes, "body_bytes", n)
+		p.refuse(w, r, probOverloaded, "")
+		return nil, nil
+	}
+	p.buffered.Add(n)
+	return r, func() {
+		p.buffered.Add(-n)
+		p.buffers.Release(n)
+	}
 }
 
 // bodyWeight is what the engine may hold of r's body: its Content-Length,

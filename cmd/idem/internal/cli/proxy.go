@@ -404,19 +404,9 @@ func (p *Proxy) Handler() http.Handler { return p.handler }
 // services stop, and the store is closed last, so every request that ran
 // could record its outcome. It returns nil after a clean shutdown.
 func (p *Proxy) Serve(ctx context.Context) error {
-	stopOpening := func() {}
-	if p.Store() != nil {
-		if err := p.startMaintenance(ctx); err != nil {
-			return err
-		}
-		if err := p.startWorker(ctx); err != nil {
-			return err
-		}
-	} else {
-		var octx context.Context
-		octx, stopOpening = context.WithCancel(ctx)
-		p.opening = make(chan struct{})
-		go p.openLoop(octx, ctx)
+	stopOpening, err := p.startBackground(ctx)
+	if err != nil {
+		return err
 	}
 	defer stopOpening()
 	errc := make(chan error, 2)
@@ -438,56 +428,14 @@ func (p *Proxy) Serve(ctx context.Context) error {
 
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.ShutdownTimeout)
 	defer cancel()
-	var errs []error
-	if err := p.server.Shutdown(sctx); err != nil {
-		// Past the deadline the clients are cut off and the store closes
-		// under the requests still running: as after a crash, their keys
-		// stay in progress until the lease expires, then become unknown.
-		errs = append(errs, fmt.Errorf("proxy: shutdown: %w", err), p.server.Close())
-	}
-	if p.admin != nil {
-		if err := p.admin.Shutdown(sctx); err != nil {
-			errs = append(errs, p.admin.Close())
-		}
-	}
-	for ; running > 0; running-- {
-		if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
-			errs = append(errs, err)
-		}
-	}
+	errs := p.stopServers(sctx, errc, running)
 	if p.opening != nil {
 		// The opener must not attach a store after the close below.
 		stopOpening()
 		<-p.opening
 	}
 	p.transport.CloseIdleConnections()
-	if err := p.stopWorker(sctx); err != nil {
-		errs = append(errs, fmt.Errorf("proxy: asynchronous worker: %w", err))
-	}
-	p.mu.Lock()
-	maint, st := p.maint, p.store
-	p.mu.Unlock()
-	if maint != nil {
-		if err := maint.Stop(sctx); err != nil {
-			errs = append(errs, fmt.Errorf("proxy: background services: %w", err))
-		}
-	}
-	if p.durabilityGauges != nil {
-		p.durabilityGauges.Unregister()
-	}
-	if p.metrics != nil {
-		if err := p.metrics.shutdown(sctx); err != nil {
-			errs = append(errs, fmt.Errorf("proxy: metrics: %w", err))
-		}
-	}
-	if err := p.tracing.shutdown(sctx); err != nil {
-		errs = append(errs, fmt.Errorf("proxy: traces: %w", err))
-	}
-	if st != nil {
-		if err := st.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("proxy: close store: %w", err))
-		}
-	}
+	errs = append(errs, p.stopBackground(sctx)...)
 	if failed != nil && !errors.Is(failed, http.ErrServerClosed) {
 		errs = append(errs, failed)
 	}
@@ -496,6 +444,82 @@ func (p *Proxy) Serve(ctx context.Context) error {
 	}
 	p.log.Info("idem proxy stopped")
 	return nil
+}
+
+// startBackground starts the background services and the asynchronous
+// worker when the store is open, else the opener that starts them once it
+// opens; stopOpening stops the opener.
+func (p *Proxy) startBackground(ctx context.Context) (stopOpening func(), err error) {
+	if p.Store() == nil {
+		octx, stop := context.WithCancel(ctx)
+		p.opening = make(chan struct{})
+		go p.openLoop(octx, ctx)
+		return stop, nil
+	}
+	if err := p.startMaintenance(ctx); err != nil {
+		return func() {}, err
+	}
+	if err := p.startWorker(ctx); err != nil {
+		return func() {}, err
+	}
+	return func() {}, nil
+}
+
+// stopServers shuts the servers down by ctx's deadline and waits for the
+// running ones to return on errc.
+func (p *Proxy) stopServers(ctx context.Context, errc <-chan error, running int) []error {
+	var errs []error
+	if err := p.server.Shutdown(ctx); err != nil {
+		// Past the deadline the clients are cut off and the store closes
+		// under the requests still running: as after a crash, their keys
+		// stay in progress until the lease expires, then become unknown.
+		errs = append(errs, fmt.Errorf("proxy: shutdown: %w", err), p.server.Close())
+	}
+	if p.admin != nil {
+		if err := p.admin.Shutdown(ctx); err != nil {
+			errs = append(errs, p.admin.Close())
+		}
+	}
+	for ; running > 0; running-- {
+		if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+			errs = append(errs, err)
+		}
+	}
+	return errs
+}
+
+// stopBackground stops the worker, the background services, the metrics
+// and the traces, and closes the store last.
+func (p *Proxy) stopBackground(ctx context.Context) []error {
+	var errs []error
+	if err := p.stopWorker(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("proxy: asynchronous worker: %w", err))
+	}
+	p.mu.Lock()
+	maint, st := p.maint, p.store
+	p.mu.Unlock()
+	if maint != nil {
+		if err := maint.Stop(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("proxy: background services: %w", err))
+		}
+	}
+	if p.durabilityGauges != nil {
+		p.durabilityGauges.Unregister()
+	}
+	if p.metrics != nil {
+		if err := p.metrics.shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("proxy: metrics: %w", err))
+		}
+	}
+	if err := p.tracing.shutdown(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("proxy: traces: %w", err))
+	}
+	if st != nil {
+		if err := st.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("proxy: close store: %w", err))
+		}
+	}
+	return errs
 }
 
 // closeAll releases what NewProxy acquired when it fails part way.
