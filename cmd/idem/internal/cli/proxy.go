@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httptrace"
 	"net/http/httputil"
 	"net/url"
 	"strings"
@@ -372,17 +371,6 @@ func (p *Proxy) startMaintenance(ctx context.Context) error {
 	return m.Start(ctx)
 }
 
-func parseUpstream(raw string) (*url.URL, error) {
-	if raw == "" {
-		return nil, errors.New("proxy: an upstream URL is required (--upstream http://host:port)")
-	}
-	u, err := url.Parse(raw)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("proxy: --upstream %q: want an http:// or https:// URL with a host", raw)
-	}
-	return u, nil
-}
-
 // Addr returns the proxy's bound address.
 func (p *Proxy) Addr() net.Addr { return p.ln.Addr() }
 
@@ -537,113 +525,6 @@ func (p *Proxy) closeAll() {
 		p.metrics.shutdown(context.Background())
 	}
 	p.tracing.shutdown(context.Background())
-}
-
-// newTransport tunes the upstream transport for a proxy: Go's default keeps
-// 2 idle connections per host, which makes a busy proxy dial for most
-// requests.
-func newTransport(responseTimeout time.Duration) *http.Transport {
-	if responseTimeout < 0 {
-		responseTimeout = 0
-	}
-	return &http.Transport{
-		// No Proxy: the upstream is addressed directly, whatever
-		// HTTP_PROXY says in the proxy's environment.
-		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:          1024,
-		MaxIdleConnsPerHost:   512,
-		IdleConnTimeout:       90 * time.Second,
-		TLSHandshakeTimeout:   10 * time.Second,
-		ExpectContinueTimeout: time.Second,
-		ResponseHeaderTimeout: responseTimeout,
-		ForceAttemptHTTP2:     true,
-	}
-}
-
-// copyBuffers lends the reverse proxy the buffers it copies response
-// bodies through, instead of a new 32 KiB buffer per request.
-type copyBuffers struct{}
-
-var copyBufferPool = sync.Pool{New: func() any { return new([32 << 10]byte) }}
-
-func (copyBuffers) Get() []byte { return copyBufferPool.Get().(*[32 << 10]byte)[:] }
-func (copyBuffers) Put(b []byte) {
-	if cap(b) == 32<<10 {
-		copyBufferPool.Put((*[32 << 10]byte)(b[:32<<10]))
-	}
-}
-
-// sentKey marks, in an outgoing request's context, whether the transport
-// wrote the request: the line between "never sent" and "maybe executed".
-type sentKey struct{}
-
-func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
-	pr.SetURL(p.upstream)
-	pr.SetXForwarded()
-	if !p.spansOff {
-		injectTrace(pr.Out)
-	}
-	if idem.FromContext(pr.In.Context()) == nil {
-		return // not under a key: an ordinary reverse proxy request
-	}
-	// A client that gives up must not cut the upstream call short: the
-	// call runs to its end so the outcome is recorded and the client's
-	// retry gets a replay instead of an unknown outcome.
-	ctx := context.WithoutCancel(pr.Out.Context())
-	sent := new(atomic.Bool)
-	ctx = context.WithValue(ctx, sentKey{}, sent)
-	// WroteRequest fires once the request is handed to the connection,
-	// also when the write failed part way: from then on the upstream may
-	// have acted on it, so every later failure is an unknown outcome.
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
-		WroteRequest: func(httptrace.WroteRequestInfo) { sent.Store(true) },
-	})
-	pr.Out = pr.Out.WithContext(ctx)
-	hideKeyFromTransport(pr.Out.Header)
-}
-
-// hideKeyFromTransport stops net/http's Transport from silently sending
-// the request a second time. The Transport treats a request carrying an
-// Idempotency-Key (and no body to rewind) as replayable and re-sends it when
-// a reused connection fails after the write: exactly the case where the
-// upstream may already have executed it. Field names are case-insensitive
-// on the wire, so spelling the names in lower case keeps them for the
-// upstream while the Transport, which looks them up in canonical form, no
-// longer sees them.
-func hideKeyFromTransport(h http.Header) {
-	for _, name := range [...]string{"Idempotency-Key", "X-Idempotency-Key"} {
-		if v, ok := h[name]; ok {
-			delete(h, name)
-			h[strings.ToLower(name)] = v
-		}
-	}
-}
-
-// upstreamError answers a request the upstream did not answer. The 502 is a
-// 5xx, so under the response policy the engine releases the key (a retry
-// runs again) unless the request may have reached the upstream: then the
-// record becomes unknown and the upstream is never called again for it.
-func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
-	x := idem.FromContext(r.Context())
-	sent, _ := r.Context().Value(sentKey{}).(*atomic.Bool)
-	prob, detail := proxyProblem{status: http.StatusBadGateway, title: "Bad Gateway"}, ""
-	switch {
-	case x != nil && sent != nil && sent.Load():
-		prob = probUpstreamFailed
-		x.Uncertain("upstream failed after the request was sent: " + err.Error())
-		p.log.Warn("idem proxy: upstream failed after the request was sent; outcome unknown",
-			"method", r.Method, "path", r.URL.Path, "key", x.Key(), "fence", x.Fence(), "err", err)
-		detail = "The upstream failed after the request was sent; its outcome is unknown, so it will not be executed again until it is reconciled."
-	case x != nil:
-		prob = probUpstreamUnreachable
-		p.log.Warn("idem proxy: upstream unreachable; the key is released for a retry",
-			"method", r.Method, "path", r.URL.Path, "key", x.Key(), "err", err)
-		detail = "The request could not be sent to the upstream and was not executed; it can be retried."
-	default:
-		p.log.Warn("idem proxy: upstream request failed", "method", r.Method, "path", r.URL.Path, "err", err)
-		detail = "The upstream did not answer."
-	}
-	writeProxyProblem(w, p.cfg.Profile, p.cfg.RetryAfter, prob, detail)
 }
 
 // runProxy is `idem proxy`.
