@@ -111,7 +111,7 @@ func TestConsoleBrowser(t *testing.T) {
 	}))
 	logs := &safeBuffer{}
 	p, base := startProxy(t, ProxyConfig{Upstream: up.URL, Store: "memory:", Admin: "127.0.0.1:0", Console: true,
-		TenantFrom: []string{"authorization"},
+		TenantFrom:         []string{"authorization"},
 		ConsoleCredentials: console.Credentials{Token: "console-token-0123456789abcdef0123456789"},
 		Logger:             slog.New(slog.NewJSONHandler(logs, nil))})
 	admin := "http://" + p.AdminAddr().String()

@@ -100,6 +100,11 @@ func printRecord(w io.Writer, rec store.Record) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if rec.State == store.StateUnknown {
+		if err := printRequest(w, &rec); err != nil {
+			return err
+		}
+	}
 	r := rec.Response
 	if r == nil {
 		_, err := fmt.Fprintln(w, "\nno stored response")

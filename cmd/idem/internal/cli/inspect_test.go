@@ -144,3 +144,54 @@ func TestTextual(t *testing.T) {
 		}
 	}
 }
+
+// inspect shows an unknown record's request as the console does: the
+// summary the engine kept (credential headers hidden, the body's first
+// KiB), or why none is known.
+func TestInspectShowsTheKeptRequest(t *testing.T) {
+	t.Parallel()
+	dsn := tempDSN(t)
+	s := seeded(t, dsn, time.Now())
+	fence := reserve(t, s, "summarised", time.Minute, store.LeaseUnknown)
+	body := `{"amount":100,"note":"` + strings.Repeat("n", 1100)
+	if err := s.MarkUnknown(context.Background(), store.ReleaseParams{
+		FenceParams: store.FenceParams{Scope: testScope, Key: "summarised", Fence: fence}, Error: "upstream hung up",
+		Request: &store.PendingRequest{Method: "POST", Target: "/v1/charges?expand=customer", Fence: fence,
+			Header: http.Header{"X-Request-Id": {"r-9"}, "X-Api-Key": {"k_live_1"}}, Body: []byte(body), BodyBytes: 3000},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	unknownRecord(t, s, "plain")
+	inspect := func(args ...string) string {
+		t.Helper()
+		out, errOut, err := run(append([]string{"inspect", "--store", dsn, "--route", "/v1/charges"}, args...)...)
+		if err != nil {
+			t.Fatalf("inspect %q: %v\n%s", args, err, errOut)
+		}
+		return out
+	}
+	out := inspect("summarised")
+	for _, want := range []string{"request (a summary kept when the outcome became unknown, without credentials): POST /v1/charges?expand=customer\n",
+		"X-Request-Id: r-9\n", "X-Api-Key: (hidden: may hold a credential)\n", `{"amount":100,"note":"nnn`, "(the first 1024 of 3000 bytes)\n"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("inspect of an unknown record lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "k_live_1") {
+		t.Error("inspect shows a credential")
+	}
+	if out := inspect("plain"); !strings.Contains(out, "request: not recorded: the record was marked unknown without a summary") {
+		t.Errorf("inspect of an unknown record without a summary:\n%s", out)
+	}
+	var v recordView
+	if err := json.Unmarshal([]byte(inspect("--json", "summarised")), &v); err != nil {
+		t.Fatal(err)
+	}
+	if r := v.Request; r == nil || r.Method != "POST" || r.BodyLength != 3000 || r.Body == nil || *r.Body != body || r.Header.Get("X-Api-Key") != hiddenValue || r.Whole {
+		t.Errorf("inspect --json request: %+v", r)
+	}
+	v = recordView{}
+	if err := json.Unmarshal([]byte(inspect("--json", "plain")), &v); err != nil || v.Request != nil || v.RequestNotRecorded == "" {
+		t.Errorf("inspect --json of a record without a summary: %q %v", v.RequestNotRecorded, err)
+	}
+}

@@ -282,7 +282,11 @@ body exactly as stored. --json prints one JSON object instead (the body as
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(viewRecord(rec))
+		v := viewRecord(rec)
+		if rec.State == store.StateUnknown {
+			viewRequest(&v, &rec) // Get reads it; a list does not
+		}
+		return enc.Encode(v)
 	}
 	return printRecord(stdout, rec)
 }
@@ -365,6 +369,10 @@ type recordView struct {
 	ReconcileAfter    *time.Time        `json:"reconcile_after,omitempty"`
 	ReconcileAttempts int               `json:"reconcile_attempts"`
 	Response          *responseView     `json:"response,omitempty"`
+	// Request is the request an unknown record keeps for its current
+	// execution; RequestNotRecorded says why there is none.
+	Request            *requestView `json:"request,omitempty"`
+	RequestNotRecorded string       `json:"request_not_recorded,omitempty"`
 }
 
 type responseView struct {

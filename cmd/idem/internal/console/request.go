@@ -31,9 +31,11 @@ type headerLine struct {
 	Hidden      bool // a header that may hold a credential: its value is not shown
 }
 
-// requestOf is the request of an unknown record's current execution, or
-// why there is none.
-func requestOf(r *store.Record) (*requestView, string) {
+// KeptRequest is the request an unknown record keeps for its current
+// execution: an asynchronous request (kept whole, Queue set) or the
+// summary the engine kept when the outcome became unknown. When there is
+// none, it says why.
+func KeptRequest(r *store.Record) (*store.PendingRequest, string) {
 	q := r.Request
 	switch {
 	case q == nil && r.LastError == "lease_expired":
@@ -42,6 +44,16 @@ func requestOf(r *store.Record) (*requestView, string) {
 		return nil, "the record was marked unknown without a summary of its request (by a handler writing to the store itself, or by a version of idem that kept none)"
 	case q.Queue == "" && q.Fence != r.Fence:
 		return nil, fmt.Sprintf("the summary kept is of an earlier execution (fence %d); this one (fence %d) ended without recording its own: it stopped before it recorded an outcome", q.Fence, r.Fence)
+	}
+	return q, ""
+}
+
+// requestOf is the request of an unknown record's current execution, or
+// why there is none.
+func requestOf(r *store.Record) (*requestView, string) {
+	q, why := KeptRequest(r)
+	if q == nil {
+		return nil, why
 	}
 	v := &requestView{Method: q.Method, Target: q.Target, Whole: q.Queue != "", Size: len(q.Body)}
 	if q.BodyBytes > 0 {
