@@ -28,6 +28,18 @@ func answered(t *testing.T, s store.Store, key string, resp store.Response) {
 	}
 }
 
+// inspector runs idem inspect on the records of POST /v1/charges in dsn.
+func inspector(t *testing.T, dsn string) func(args ...string) string {
+	return func(args ...string) string {
+		t.Helper()
+		out, errOut, err := run(append([]string{"inspect", "--store", dsn, "--route", "/v1/charges"}, args...)...)
+		if err != nil {
+			t.Fatalf("inspect %q: %v\n%s", args, err, errOut)
+		}
+		return out
+	}
+}
+
 func TestInspectShowsTheAnswer(t *testing.T) {
 	t.Parallel()
 	dsn := tempDSN(t)
@@ -44,14 +56,7 @@ func TestInspectShowsTheAnswer(t *testing.T) {
 	answered(t, s, "sniffed", store.Response{Status: 200, Body: []byte("hello there\n")})
 	unknownRecord(t, s, "pending")
 
-	inspect := func(args ...string) string {
-		t.Helper()
-		out, errOut, err := run(append([]string{"inspect", "--store", dsn, "--route", "/v1/charges"}, args...)...)
-		if err != nil {
-			t.Fatalf("inspect %q: %v\n%s", args, err, errOut)
-		}
-		return out
-	}
+	inspect := inspector(t, dsn)
 
 	t.Run("text", func(t *testing.T) {
 		out := inspect("text-key")
@@ -162,14 +167,7 @@ func TestInspectShowsTheKeptRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	unknownRecord(t, s, "plain")
-	inspect := func(args ...string) string {
-		t.Helper()
-		out, errOut, err := run(append([]string{"inspect", "--store", dsn, "--route", "/v1/charges"}, args...)...)
-		if err != nil {
-			t.Fatalf("inspect %q: %v\n%s", args, err, errOut)
-		}
-		return out
-	}
+	inspect := inspector(t, dsn)
 	out := inspect("summarised")
 	for _, want := range []string{"request (a summary kept when the outcome became unknown, without credentials): POST /v1/charges?expand=customer\n",
 		"X-Request-Id: r-9\n", "X-Api-Key: (hidden: may hold a credential)\n", `{"amount":100,"note":"nnn`, "(the first 1024 of 3000 bytes)\n"} {
