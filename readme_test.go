@@ -160,7 +160,7 @@ func TestDocPagesHaveContents(t *testing.T) {
 	}
 }
 
-// The README's table of pages names every page under docs/.
+// The README links every page under docs/ (its table of pages, or the text).
 func TestReadmeListsEveryPage(t *testing.T) {
 	pages := docPages(t)
 	for page := range pages {
