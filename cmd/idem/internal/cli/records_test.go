@@ -129,8 +129,9 @@ func TestRecordCommandErrors(t *testing.T) {
 	if _, _, err := run("inspect", "--store", "memory:", "--scope", "s", "k"); err == nil || !strings.Contains(err.Error(), "no record") {
 		t.Errorf("inspect on an empty memory store: %v", err)
 	}
-	if _, _, err := run("migrate", "--store", "nosql://x"); !errors.Is(err, storeurl.ErrUnsupported) {
-		t.Errorf("migrate with an unsupported DSN: %v", err)
+	// A DSN that names no store is a refused configuration: exit status 2.
+	if _, _, err := run("migrate", "--store", "nosql://x"); !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), "unsupported store DSN") {
+		t.Errorf("migrate with an unsupported DSN: %v, want a usage error", err)
 	}
 	if out, _, err := run("migrate", "--store", "memory:"); err != nil || !strings.Contains(out, "nothing to migrate") {
 		t.Errorf("migrate memory: %q %v", out, err)
