@@ -17,6 +17,40 @@ import (
 	"time"
 )
 
+// serveDemo serves api on a free loopback port and returns its URL and
+// the function that stops it.
+func serveDemo(ctx context.Context, api http.Handler) (string, func() error, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	srv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	stop := func() error {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(sctx)
+		if err := <-done; !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	}
+	return "http://" + ln.Addr().String(), stop, nil
+}
+
+// serveProxy serves p until the returned function stops it and returns
+// what Serve returned.
+func serveProxy(ctx context.Context, p *Proxy) func() error {
+	pctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- p.Serve(pctx) }()
+	return func() error {
+		cancel()
+		return <-done
+	}
+}
+
 // demoCharges is the demo's upstream: a fake payments API that makes a
 // numbered charge per POST and counts them, so the tour can show how many
 // times the upstream really ran.
@@ -147,16 +181,36 @@ func (t *demoTour) charges(want int64) error {
 func (t *demoTour) run(ctx context.Context) error {
 	key := newKey()[len("idem-check-"):]
 	first := demoReq{key: "order-" + key[:8], body: `{"amount":1000,"currency":"eur"}`}
+	a1, err := t.newCharge(ctx, first)
+	if err == nil {
+		err = t.retry(ctx, first, a1)
+	}
+	if err == nil {
+		err = t.reusedKey(ctx, first)
+	}
+	if err == nil {
+		err = t.duplicates(ctx, demoReq{key: "order-" + key[8:16], body: `{"amount":2500,"currency":"eur"}`})
+	}
+	if err == nil {
+		err = t.keyless(ctx)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(t.out, "\nThe upstream made 2 charges for %d POST requests: each charge ran once.\n", t.posts.Load())
+	return nil
+}
 
+func (t *demoTour) newCharge(ctx context.Context, first demoReq) (answer, error) {
 	t.title("A new charge under a new key: the upstream runs it.")
 	a1 := t.send(ctx, first)
 	if a1.err != nil || a1.status != http.StatusCreated {
-		return fmt.Errorf("demo: the first charge got %s, want 201", a1)
+		return a1, fmt.Errorf("demo: the first charge got %s, want 201", a1)
 	}
-	if err := t.charges(1); err != nil {
-		return err
-	}
+	return a1, t.charges(1)
+}
 
+func (t *demoTour) retry(ctx context.Context, first demoReq, a1 answer) error {
 	t.title("The answer was lost; the client retries with the same key. idem replays the\n   first answer and does not call the upstream.")
 	t.show(first)
 	a2 := t.do(ctx, first)
@@ -171,21 +225,20 @@ func (t *demoTour) run(ctx context.Context) error {
 		return fmt.Errorf("demo: the retry got %s, want a replay of %s", a2, a1)
 	}
 	fmt.Fprintln(t.out, "   same status and body as the first answer, marked Idempotent-Replayed")
-	if err := t.charges(1); err != nil {
-		return err
-	}
+	return t.charges(1)
+}
 
+func (t *demoTour) reusedKey(ctx context.Context, first demoReq) error {
 	t.title("The same key with a different amount is a client bug: refused, and the first\n   charge's record is untouched.")
 	a3 := t.send(ctx, demoReq{key: first.key, body: `{"amount":9999,"currency":"eur"}`})
 	if a3.status != http.StatusUnprocessableEntity {
 		return fmt.Errorf("demo: the reused key got %s, want 422", a3)
 	}
-	if err := t.charges(1); err != nil {
-		return err
-	}
+	return t.charges(1)
+}
 
+func (t *demoTour) duplicates(ctx context.Context, dup demoReq) error {
 	t.title("Two duplicates of a new key at the same moment (a double click): one runs,\n   the other is told to retry (409) or gets the replay.")
-	dup := demoReq{key: "order-" + key[8:16], body: `{"amount":2500,"currency":"eur"}`}
 	t.show(dup)
 	t.show(dup)
 	var pair [2]answer
@@ -212,20 +265,16 @@ func (t *demoTour) run(ctx context.Context) error {
 	if created != 1 || deferred != 1 {
 		return fmt.Errorf("demo: the duplicates got %s and %s, want one 201 and one 409 or replay", pair[0], pair[1])
 	}
-	if err := t.charges(2); err != nil {
-		return err
-	}
+	return t.charges(2)
+}
 
+func (t *demoTour) keyless(ctx context.Context) error {
 	t.title("A POST without Idempotency-Key is refused: a retry of it could not be told\n   from a new charge.")
 	a5 := t.send(ctx, demoReq{body: `{"amount":500,"currency":"eur"}`})
 	if a5.status != http.StatusBadRequest {
 		return fmt.Errorf("demo: the request without a key got %s, want 400", a5)
 	}
-	if err := t.charges(2); err != nil {
-		return err
-	}
-	fmt.Fprintf(t.out, "\nThe upstream made 2 charges for %d POST requests: each charge ran once.\n", t.posts.Load())
-	return nil
+	return t.charges(2)
 }
 
 const demoSynopsis = `[--keep] [--store DSN] [--listen ADDR]
@@ -269,23 +318,15 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) (err 
 	}
 
 	api := &demoCharges{delay: *delay}
-	upLn, err := net.Listen("tcp", "127.0.0.1:0")
+	upURL, stopUp, err := serveDemo(ctx, api)
 	if err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}
-	up := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second}
-	upDone := make(chan error, 1)
-	go func() { upDone <- up.Serve(upLn) }()
 	defer func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		up.Shutdown(sctx)
-		if uerr := <-upDone; !errors.Is(uerr, http.ErrServerClosed) {
+		if uerr := stopUp(); uerr != nil {
 			err = errors.Join(err, fmt.Errorf("demo: upstream: %w", uerr))
 		}
 	}()
-	upURL := "http://" + upLn.Addr().String()
-
 	p, err := NewProxy(ctx, ProxyConfig{
 		Listen: *listen, Upstream: upURL, Store: storeDSN, Migrate: true,
 		// The tour is one caller.
@@ -295,12 +336,9 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) (err 
 	if err != nil {
 		return err
 	}
-	pctx, stop := context.WithCancel(ctx)
-	proxyDone := make(chan error, 1)
-	go func() { proxyDone <- p.Serve(pctx) }()
+	stopProxy := serveProxy(ctx, p)
 	defer func() {
-		stop()
-		if perr := <-proxyDone; perr != nil {
+		if perr := stopProxy(); perr != nil {
 			err = errors.Join(err, perr)
 		}
 	}()

@@ -105,7 +105,12 @@ func printRecord(w io.Writer, rec store.Record) error {
 			return err
 		}
 	}
-	r := rec.Response
+	return printResponse(w, rec.Response)
+}
+
+// printResponse prints the stored response r: status, headers and body,
+// the body as text when it is text, else as a hex preview.
+func printResponse(w io.Writer, r *store.Response) error {
 	if r == nil {
 		_, err := fmt.Fprintln(w, "\nno stored response")
 		return err

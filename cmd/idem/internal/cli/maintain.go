@@ -280,12 +280,8 @@ func runReconcileResolve(ctx context.Context, args []string, stdout, stderr io.W
 	fs := newFlags("reconcile resolve", reconcileResolveSynopsis, stderr)
 	var k keyFlags
 	k.register(fs)
-	completed := fs.Bool("completed", false, "the request took effect: store the response given by --status, --header and --body")
-	retryable := fs.Bool("retryable", false, "the request had no effect: release the key so the next retry runs it")
-	status := fs.Int("status", 0, "HTTP status `code` replayed to every retry (with --completed)")
-	var hdr headerFlag
-	fs.Var(&hdr, "header", "response header `'Name: value'` replayed (repeatable; with --completed)")
-	body := fs.String("body", "", "response body replayed: `TEXT`, or @FILE to read it from a file (with --completed)")
+	var d decisionFlags
+	d.register(fs)
 	ttl := fs.Duration("ttl", maintenance.DefaultTTL, "how long the settled record is kept (completed: replayed)")
 	fence := fs.Int64("fence", 0, "the record's fence `N` the decision is about (idem reconcile list shows it)")
 	pos, err := parse(fs, args)
@@ -296,31 +292,11 @@ func runReconcileResolve(ctx context.Context, args []string, stdout, stderr io.W
 	if err != nil {
 		return err
 	}
-	set := setOn(fs)
-	var res maintenance.Resolution
-	switch {
-	case *completed == *retryable:
-		return usageErr(fs, "give exactly one of --completed and --retryable")
-	case *retryable:
-		if set["status"] || set["header"] || set["body"] {
-			return usageErr(fs, "--status, --header and --body go with --completed")
-		}
-		res.Outcome = maintenance.DidNotHappen
-	default:
-		if !set["status"] {
-			return usageErr(fs, "--completed needs --status")
-		}
-		if err := checkStatus(*status); err != nil {
-			return usageErr(fs, "--status: %v", err)
-		}
-		b := []byte(*body)
-		if path, ok := strings.CutPrefix(*body, "@"); ok {
-			if b, err = os.ReadFile(path); err != nil {
-				return fmt.Errorf("--body: %w", err)
-			}
-		}
-		res = maintenance.Resolution{Outcome: maintenance.Happened, Response: &store.Response{Status: *status, Header: hdr.h, Body: b}}
+	res, err := d.resolution(fs)
+	if err != nil {
+		return err
 	}
+	set := setOn(fs)
 	if *ttl <= 0 {
 		return usageErr(fs, "--ttl must be positive")
 	}
@@ -350,6 +326,54 @@ func runReconcileResolve(ctx context.Context, args []string, stdout, stderr io.W
 	}
 	fmt.Fprintf(stdout, "resolved key %q in scope %q: %s\n", key, scope, to)
 	return nil
+}
+
+// decisionFlags are the flags of idem reconcile resolve that say the
+// decision: --completed with the response to replay, or --retryable.
+type decisionFlags struct {
+	completed, retryable bool
+	status               int
+	hdr                  headerFlag
+	body                 string
+}
+
+func (f *decisionFlags) register(fs *flag.FlagSet) {
+	fs.BoolVar(&f.completed, "completed", false, "the request took effect: store the response given by --status, --header and --body")
+	fs.BoolVar(&f.retryable, "retryable", false, "the request had no effect: release the key so the next retry runs it")
+	fs.IntVar(&f.status, "status", 0, "HTTP status `code` replayed to every retry (with --completed)")
+	fs.Var(&f.hdr, "header", "response header `'Name: value'` replayed (repeatable; with --completed)")
+	fs.StringVar(&f.body, "body", "", "response body replayed: `TEXT`, or @FILE to read it from a file (with --completed)")
+}
+
+// resolution is the decision the flags of fs say.
+func (f *decisionFlags) resolution(fs *flag.FlagSet) (maintenance.Resolution, error) {
+	set := setOn(fs)
+	var res maintenance.Resolution
+	switch {
+	case f.completed == f.retryable:
+		return res, usageErr(fs, "give exactly one of --completed and --retryable")
+	case f.retryable:
+		if set["status"] || set["header"] || set["body"] {
+			return res, usageErr(fs, "--status, --header and --body go with --completed")
+		}
+		res.Outcome = maintenance.DidNotHappen
+	default:
+		if !set["status"] {
+			return res, usageErr(fs, "--completed needs --status")
+		}
+		if err := checkStatus(f.status); err != nil {
+			return res, usageErr(fs, "--status: %v", err)
+		}
+		b := []byte(f.body)
+		if path, ok := strings.CutPrefix(f.body, "@"); ok {
+			var err error
+			if b, err = os.ReadFile(path); err != nil {
+				return res, fmt.Errorf("--body: %w", err)
+			}
+		}
+		res = maintenance.Resolution{Outcome: maintenance.Happened, Response: &store.Response{Status: f.status, Header: f.hdr.h, Body: b}}
+	}
+	return res, nil
 }
 
 // settleError says why settling key in scope at fence failed with err,
