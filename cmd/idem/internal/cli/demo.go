@@ -307,15 +307,11 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) (err 
 		return err
 	}
 
-	storeDSN := *dsn
-	if storeDSN == "" {
-		dir, err := os.MkdirTemp("", "idem-demo-")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(dir)
-		storeDSN = "sqlite:" + filepath.Join(dir, "idem.db")
+	storeDSN, cleanup, err := demoStore(*dsn)
+	if err != nil {
+		return err
 	}
+	defer cleanup()
 
 	api := &demoCharges{delay: *delay}
 	upURL, stopUp, err := serveDemo(ctx, api)
@@ -352,9 +348,28 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) (err 
 	if err := tour.run(ctx); err != nil {
 		return err
 	}
-	if !*keep {
-		return nil
+	if *keep {
+		keepServing(ctx, stdout, base, upURL)
 	}
+	return nil
+}
+
+// demoStore is the store of the demo: dsn, else a SQLite database in a
+// temporary directory that cleanup removes.
+func demoStore(dsn string) (_ string, cleanup func(), _ error) {
+	if dsn != "" {
+		return dsn, func() {}, nil
+	}
+	dir, err := os.MkdirTemp("", "idem-demo-")
+	if err != nil {
+		return "", nil, err
+	}
+	return "sqlite:" + filepath.Join(dir, "idem.db"), func() { os.RemoveAll(dir) }, nil
+}
+
+// keepServing says how to try the proxy at base in front of the fake API
+// at upURL, and returns when ctx ends.
+func keepServing(ctx context.Context, stdout io.Writer, base, upURL string) {
 	fmt.Fprintf(stdout, `
 Still running; press Ctrl-C to stop.
   idem proxy        %[1]s
@@ -365,5 +380,4 @@ Try:
 `, base, upURL)
 	<-ctx.Done()
 	fmt.Fprintln(stdout, "stopping")
-	return nil
 }
