@@ -106,7 +106,7 @@ until the store opens (retried in the background, migrated with --migrate).
 // Stripe's SDKs) resend sooner than a slow upstream answers, and a
 // duplicate that waits gets the answer instead of a refusal it must retry.
 // It bounds what a duplicate storm holds: a connection and a store read
-// every 250ms per waiting duplicate (README.md, "Duplicates in flight").
+// every 250ms per waiting duplicate (docs/http-contract.md, "Duplicates in flight").
 const defaultWait = 5 * time.Second
 
 // proxyFlag is one setting of idem proxy. Its name is the flag (--name),
