@@ -48,7 +48,7 @@ func TestExamplesRun(t *testing.T) {
 	for _, ex := range examples {
 		args, env, why := splitCommand(ex.line)
 		if why == "" {
-			why = outside(args, env)
+			why = outside(args, env, ex.setup)
 		}
 		if why != "" {
 			t.Logf("not run (%s): %s: %s", why, ex.from, ex.line)
@@ -57,7 +57,7 @@ func TestExamplesRun(t *testing.T) {
 		ran++
 		t.Run(ex.from, func(t *testing.T) {
 			t.Parallel()
-			runExample(t, bin, api, seeded, args, env, ex.line)
+			runExample(t, bin, api, seeded, args, env, ex)
 		})
 	}
 	if ran < 20 {
@@ -65,7 +65,13 @@ func TestExamplesRun(t *testing.T) {
 	}
 }
 
-type example struct{ from, line string }
+// example is a command line and where it was found. setup holds the
+// lines of its docs block that write a file it reads (head -c 32
+// /dev/urandom | base64 > webhook.secret): run first, in its directory.
+type example struct {
+	from, line string
+	setup      []string
+}
 
 // helpExamples returns the examples of every command's help, read from
 // the binary as a user reads them.
@@ -89,7 +95,7 @@ func helpExamples(t *testing.T, bin string) []example {
 		rest, _, _ = strings.Cut(rest, "\nExit status:")
 		for _, l := range joinContinued(strings.Split(rest, "\n")) {
 			if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "#") {
-				out = append(out, example{"idem help " + p, l})
+				out = append(out, example{from: "idem help " + p, line: l})
 			}
 		}
 	}
@@ -137,9 +143,16 @@ func docExamples(t *testing.T) []example {
 			t.Fatal(err)
 		}
 		for _, block := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(string(text), -1) {
-			for _, l := range joinContinued(strings.Split(block[1], "\n")) {
+			lines := joinContinued(strings.Split(block[1], "\n"))
+			var setup []string
+			for _, l := range lines {
+				if regexp.MustCompile(`^[^#]*> ?[\w.-]+\s*(#.*)?$`).MatchString(l) && !command.MatchString(l) {
+					setup = append(setup, l)
+				}
+			}
+			for _, l := range lines {
 				if command.MatchString(l) {
-					out = append(out, example{strings.TrimPrefix(page, "../../"), strings.Replace(l, "go run ./cmd/idem ", "idem ", 1)})
+					out = append(out, example{strings.TrimPrefix(page, "../../"), strings.Replace(l, "go run ./cmd/idem ", "idem ", 1), setup})
 				}
 			}
 		}
@@ -224,7 +237,7 @@ func splitCommand(line string) (args, env []string, why string) {
 }
 
 // outside says what an example needs from outside this machine, or "".
-func outside(args, env []string) string {
+func outside(args, env, setup []string) string {
 	for _, a := range append(append([]string(nil), args...), env...) {
 		switch {
 		case a == "..." || strings.Contains(a, "…"):
@@ -244,7 +257,7 @@ func outside(args, env []string) string {
 		case strings.HasPrefix(a, "@"):
 			file = a[1:]
 		}
-		if file != "" {
+		if file != "" && !writes(setup, file) {
 			return "the reader's file " + file
 		}
 	}
@@ -454,10 +467,18 @@ func moveAddrs(t *testing.T, args, env []string, api string) (listen string) {
 	return listen
 }
 
-func runExample(t *testing.T, bin, api, seeded string, args, env []string, line string) {
+func runExample(t *testing.T, bin, api, seeded string, args, env []string, ex example) {
+	line := ex.line
 	dir := t.TempDir()
 	if args[0] != "proxy" && args[0] != "demo" {
 		copyDir(t, seeded, dir)
+	}
+	for _, l := range ex.setup {
+		cmd := exec.Command("bash", "-c", l)
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v\n%s", l, err, out)
+		}
 	}
 	listen := moveAddrs(t, args, env, api)
 	keeps := args[0] == "proxy" || args[0] == "demo" && containsArg(args, "--keep")
@@ -506,6 +527,16 @@ func runExample(t *testing.T, bin, api, seeded string, args, env []string, line 
 func containsArg(args []string, a string) bool {
 	for _, x := range args {
 		if x == a {
+			return true
+		}
+	}
+	return false
+}
+
+// writes reports whether one of the setup lines writes file.
+func writes(setup []string, file string) bool {
+	for _, l := range setup {
+		if regexp.MustCompile(`> ?` + regexp.QuoteMeta(file) + `\s*(#.*)?$`).MatchString(l) {
 			return true
 		}
 	}
