@@ -212,3 +212,32 @@ func TestDocLinks(t *testing.T) {
 		}
 	}
 }
+
+// .ci/run runs exactly the README's test command, with -race, and make test
+// and make race are the same command.
+func TestCIRunsTheReadmeTestCommand(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, quick, _ := strings.Cut(string(readme), "## Quick start\n\n```sh\n")
+	quick, _, _ = strings.Cut(quick, "```")
+	lines := strings.Split(strings.TrimSpace(quick), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("the quick start has %d commands, want 2 (the proxy, the tests):\n%s", len(lines), quick)
+	}
+	test, _, _ := strings.Cut(lines[1], "#")
+	test = strings.TrimSpace(test)
+	for file, want := range map[string]string{".ci/run": "\n" + test + " -race\n", "Makefile": "\n\t" + test + "\n"} {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(b), want) {
+			t.Errorf("%s does not run %q", file, strings.TrimSpace(want))
+		}
+	}
+	if b, _ := os.ReadFile("Makefile"); !strings.Contains(string(b), "\n\t"+test+" -race\n") {
+		t.Errorf("make race does not run %q -race", test)
+	}
+}
