@@ -135,15 +135,8 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 	if err := p.buildHandler(tp); err != nil {
 		return nil, err
 	}
-	if s, err := p.openStore(ctx); err == nil {
-		if err := p.attach(s); err != nil {
-			s.Close()
-			return nil, err
-		}
-	} else {
-		p.openErr = err
-		p.log.Warn("idem proxy: the store is unavailable; protected requests get 503 while it is retried in the background",
-			"store", string(dsn.Kind), "err", err)
+	if err := p.openFirst(ctx); err != nil {
+		return nil, err
 	}
 	if err := p.listen(); err != nil {
 		return nil, err
@@ -261,6 +254,23 @@ func (p *Proxy) listen() (err error) {
 		return fmt.Errorf("proxy: admin listen: %w", err)
 	}
 	p.admin = cfg.limitedServer(adminLimits(AdminMux(p.ready, cfg.AdminHandlers), cfg.BodyTimeout))
+	return nil
+}
+
+// openFirst opens the store at start. A store that does not open is not
+// an error: Serve retries it in the background.
+func (p *Proxy) openFirst(ctx context.Context) error {
+	s, err := p.openStore(ctx)
+	if err != nil {
+		p.openErr = err
+		p.log.Warn("idem proxy: the store is unavailable; protected requests get 503 while it is retried in the background",
+			"store", string(p.dsn.Kind), "err", err)
+		return nil
+	}
+	if err := p.attach(s); err != nil {
+		s.Close()
+		return err
+	}
 	return nil
 }
 
