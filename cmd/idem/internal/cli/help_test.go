@@ -5,6 +5,7 @@ import (
 	"context"
 	"flag"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -180,6 +181,42 @@ func TestHelpSizesAsWritten(t *testing.T) {
 		var back byteSize
 		if err := back.Set(b.String()); err != nil || back != b {
 			t.Errorf("Set(%q) = %d, %v; want %d", b.String(), back, err, n)
+		}
+	}
+}
+
+// Every --flag the docs name is a flag of some idem command (or of curl or
+// git, which the docs' examples also use), so a renamed or removed flag
+// cannot live on in the docs.
+func TestDocsNameRealFlags(t *testing.T) {
+	t.Parallel()
+	known := map[string]bool{"version": true, "help": true}
+	for _, path := range commandPaths() {
+		var out flagRecorder
+		if err := Run(context.Background(), append([]string{"help"}, strings.Fields(path)...), &out, &out); err != nil {
+			t.Fatal(err)
+		}
+		for _, fs := range out.sets {
+			fs.VisitAll(func(f *flag.Flag) { known[f.Name] = true })
+		}
+	}
+	for _, other := range []string{"data-binary", "tags"} { // curl --data-binary, git push --tags
+		known[other] = true
+	}
+	pages, err := filepath.Glob("../../../../docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	flagRef := regexp.MustCompile("(?:^|[\\s`(\\[])--([a-z][a-z0-9-]*[a-z0-9])")
+	for _, page := range append(pages, "../../../../README.md") {
+		text, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range flagRef.FindAllStringSubmatch(string(text), -1) {
+			if !known[m[1]] {
+				t.Errorf("%s names --%s, which no idem command has", filepath.Base(page), m[1])
+			}
 		}
 	}
 }
