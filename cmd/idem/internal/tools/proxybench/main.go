@@ -26,7 +26,18 @@
 //
 // -baseline name=PATH adds the variants memory-name, sqlite-name and
 // postgres-name run by another idem binary (e.g. one built from an earlier
-// commit), for a before/after comparison in the same run.
+// commit), for a before/after comparison in the same run. The variant
+// postgres-cache is this binary with --store-replay-cache 64MiB.
+//
+// -peer NAME=CMD adds another idempotency proxy, run as the shell command
+// CMD with {listen} (the address it must listen on), {upstream} (the
+// upstream's URL) and {pg} (a PostgreSQL URL whose search_path is a fresh
+// schema of its own) replaced; BENCHMARKS.md says how to build one.
+//
+// Besides pgbench, the report prints the additive limit: 1 / (1/plain +
+// 1/pgbench), what a request would cost if the proxy's HTTP work and the
+// database's statements simply added up, and each PostgreSQL variant's
+// (and peer's) ratio to it.
 package main
 
 import (
@@ -68,7 +79,11 @@ type options struct {
 	storeConns  int
 	only        string
 	pgModes     string
+	peers       []peer
 }
+
+// peer is another proxy to measure (-peer NAME=CMD).
+type peer struct{ name, cmd string }
 
 func main() {
 	var o options
@@ -85,6 +100,14 @@ func main() {
 	flag.StringVar(&o.tenantFlags, "tenant-flags", "--tenant-from trusted-header:X-Tenant", "idem proxy flags that say where the tenant comes from (the load sends X-Tenant: bench)")
 	flag.IntVar(&o.storeConns, "store-conns", 0, "idem proxy --store-conns for the PostgreSQL variants (0: its default)")
 	flag.StringVar(&o.only, "only", "", "comma-separated variant names to run (default all)")
+	flag.Func("peer", "another proxy to measure, `NAME=CMD`: a shell command with {listen}, {upstream} and {pg} (repeatable)", func(v string) error {
+		name, cmd, ok := strings.Cut(v, "=")
+		if !ok || name == "" || strings.TrimSpace(cmd) == "" || !strings.Contains(cmd, "{listen}") {
+			return errors.New("want NAME=CMD, CMD listening on {listen}")
+		}
+		o.peers = append(o.peers, peer{name, cmd})
+		return nil
+	})
 	flag.StringVar(&o.pgModes, "postgres-modes", "", "pgx query `modes` (comma-separated, e.g. cache_describe) to run as more PostgreSQL variants of this binary, named postgres-MODE, with default_query_exec_mode in the store URL")
 	flag.Parse()
 
@@ -145,6 +168,7 @@ type variant struct {
 	name   string
 	url    string // HTTP variants
 	schema string // PostgreSQL variants: the schema of their table
+	peer   bool   // -peer
 	new    func(ctx context.Context, o options) (sliceResult, error)
 	replay func(ctx context.Context, o options) (sliceResult, error)
 }
@@ -227,8 +251,26 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	idemProxy := func(bin, store string) (string, error) {
+	spawnPeer = func(p peer, upstream, pgURL string) (string, error) {
+		addr, err := benchnet.FreeAddr()
+		if err != nil {
+			return "", err
+		}
+		line := strings.NewReplacer("{listen}", addr, "{upstream}", upstream, "{pg}", pgURL).Replace(p.cmd)
+		cmd := exec.Command("sh", "-c", "exec "+line)
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Start(); err != nil {
+			return "", err
+		}
+		procs = append(procs, cmd)
+		if err := benchnet.WaitListening(addr); err != nil {
+			return "", fmt.Errorf("peer %s (%s): %w", p.name, line, err)
+		}
+		return "http://" + addr, nil
+	}
+	idemProxy := func(bin, store string, extra ...string) (string, error) {
 		args := []string{"proxy", "--upstream", up, "--store", store, "--log-level", "warn"}
+		args = append(args, extra...)
 		args = append(args, strings.Fields(o.tenantFlags)...)
 		if o.storeConns > 0 && strings.HasPrefix(store, "postgres") {
 			args = append(args, "--store-conns", strconv.Itoa(o.storeConns))
@@ -262,16 +304,22 @@ func run(o options) error {
 		if pg, err = pgx.Connect(ctx, o.pgURL); err != nil {
 			return fmt.Errorf("postgres: %w", err)
 		}
-		type pgVariant struct{ name, bin, mode string }
+		type pgVariant struct {
+			name, bin, mode string
+			flags           []string
+		}
 		var pgVariants []pgVariant
 		for _, b := range bins {
 			if wanted("postgres" + b.suffix) {
-				pgVariants = append(pgVariants, pgVariant{"postgres" + b.suffix, b.path, ""})
+				pgVariants = append(pgVariants, pgVariant{"postgres" + b.suffix, b.path, "", nil})
 			}
+		}
+		if wanted("postgres-cache") {
+			pgVariants = append(pgVariants, pgVariant{"postgres-cache", o.idemBin, "", []string{"--store-replay-cache", "64MiB"}})
 		}
 		for mode := range strings.SplitSeq(o.pgModes, ",") {
 			if name := "postgres-" + mode; mode != "" && wanted(name) {
-				pgVariants = append(pgVariants, pgVariant{name, o.idemBin, mode})
+				pgVariants = append(pgVariants, pgVariant{name, o.idemBin, mode, nil})
 			}
 		}
 		for _, pv := range pgVariants {
@@ -284,11 +332,26 @@ func run(o options) error {
 			if pv.mode != "" {
 				dsn = withParam(dsn, "default_query_exec_mode", pv.mode)
 			}
-			u, err := idemProxy(pv.bin, dsn)
+			u, err := idemProxy(pv.bin, dsn, pv.flags...)
 			if err != nil {
 				return err
 			}
 			variants = append(variants, &variant{name: pv.name, url: u, schema: schema})
+		}
+		for _, p := range o.peers {
+			if !wanted(p.name) {
+				continue
+			}
+			schema := fmt.Sprintf("proxybench_%d_peer_%s", os.Getpid(), regexp.MustCompile(`\W`).ReplaceAllString(p.name, "_"))
+			if err := createSchema(ctx, pg, schema); err != nil {
+				return err
+			}
+			schemas = append(schemas, schema)
+			u, err := spawnPeer(p, up, withSearchPath(o.pgURL, schema))
+			if err != nil {
+				return err
+			}
+			variants = append(variants, &variant{name: p.name, url: u, peer: true})
 		}
 		if _, err := exec.LookPath("pgbench"); err != nil {
 			fmt.Fprintln(os.Stderr, "pgbench is not installed: no ceiling")
@@ -364,6 +427,9 @@ func run(o options) error {
 	report(os.Stdout, o, variants, newRes, repRes, statsBefore, after, started)
 	return nil
 }
+
+// spawnPeer starts a -peer's command and returns its URL (set by run).
+var spawnPeer func(p peer, upstream, pgURL string) (string, error)
 
 // binary is an idem binary and the suffix of its variants' names.
 type binary struct{ suffix, path string }
@@ -473,7 +539,9 @@ func send(ctx context.Context, c *http.Client, u, key string, wantReplay bool) (
 	if resp.StatusCode != http.StatusCreated {
 		return resp.StatusCode, fmt.Errorf("status %d: %.200s", resp.StatusCode, body)
 	}
-	if replayed := resp.Header.Get("Idempotent-Replayed") == "true"; replayed != wantReplay {
+	// idem says Idempotent-Replayed; a peer may spell it Idempotency-Replayed.
+	replayed := resp.Header.Get("Idempotent-Replayed") == "true" || resp.Header.Get("Idempotency-Replayed") == "true"
+	if replayed != wantReplay {
 		return resp.StatusCode, fmt.Errorf("replayed=%v, want %v", replayed, wantReplay)
 	}
 	return resp.StatusCode, nil

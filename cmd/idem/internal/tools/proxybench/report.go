@@ -155,6 +155,16 @@ func report(w io.Writer, o options, variants []*variant, newRes, repRes map[stri
 		}
 	}
 
+	for _, v := range variants {
+		if v.peer {
+			ratio("postgres / "+v.name+", new keys", "postgres", v.name, 0, "goal >= 1.5x")
+			ratio("postgres / "+v.name+", replays", "postgres", v.name, 1, "")
+			ratio("postgres-cache / "+v.name+", replays", "postgres-cache", v.name, 1, "")
+		}
+	}
+	ratio("postgres-cache, replays / memory", "postgres-cache", "memory", 1, "goal >= 0.8x")
+	additive(w, variants, sums)
+
 	if len(after) == 0 {
 		return
 	}
@@ -175,5 +185,29 @@ func report(w io.Writer, o options, variants []*variant, newRes, repRes map[stri
 		}
 		fmt.Fprintf(w, "| %s | %.0f | %.2f | %.2f | %.2f | %.1f |\n", v.name, sums[v.name][0].wal,
 			float64(a.ins-b.ins)/n, float64(a.upd-b.upd)/n, float64(a.hot-b.hot)/n, float64(a.idxBytes-b.idxBytes)/n)
+	}
+}
+
+// additive prints the additive limit, 1 / (1/plain + 1/pgbench): what a
+// request costs if the plain proxy's HTTP work and the database's
+// statements simply added up (new keys: pgbench's INSERT + UPDATE;
+// replays: its SELECT), and the ratio of every PostgreSQL variant and
+// peer to it.
+func additive(w io.Writer, variants []*variant, sums map[string][2]summary) {
+	plain, okP := sums["plain"]
+	pgb, okB := sums["pgbench"]
+	if !okP || !okB || plain[0].rate == 0 || pgb[0].rate == 0 || pgb[1].rate == 0 {
+		return
+	}
+	limit := [2]float64{1 / (1/plain[0].rate + 1/pgb[0].rate), 1 / (1/plain[0].rate + 1/pgb[1].rate)}
+	fmt.Fprintf(w, "\nAdditive limit, 1 / (1/plain + 1/pgbench): %.0f new keys/s, %.0f replays/s\n\n", limit[0], limit[1])
+	fmt.Fprintln(w, "| variant | new keys / limit | replays / limit |")
+	fmt.Fprintln(w, "|---|---|---|")
+	for _, v := range variants {
+		if v.name == "plain" || v.name == "pgbench" || strings.HasPrefix(v.name, "memory") || strings.HasPrefix(v.name, "sqlite") {
+			continue
+		}
+		s := sums[v.name]
+		fmt.Fprintf(w, "| %s | %.2fx | %.2fx |\n", v.name, s[0].rate/limit[0], s[1].rate/limit[1])
 	}
 }
