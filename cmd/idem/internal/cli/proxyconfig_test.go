@@ -40,6 +40,12 @@ func TestProxyKeyHeaderAndEcho(t *testing.T) {
 			t.Errorf("%s answer echoes %q, want [\"k1\"]", name, got)
 		}
 	}
+	// The bare spelling is the same key: a replay, echoing the key as this
+	// client spelled it, not as the first one did.
+	bare := send(t, c, "POST", base+"/v1/charges", "", `{"amount":100}`, "X-Request-Key", `k1`)
+	if got := bare.header.Values("X-Request-Key"); bare.header.Get("Idempotent-Replayed") != "true" || len(got) != 1 || got[0] != "k1" {
+		t.Errorf("bare retry: replayed %q, echoes %q, want a replay echoing [k1]", bare.header.Get("Idempotent-Replayed"), got)
+	}
 	// Idempotency-Key is not the key here: the ietf profile asks for one.
 	if r := send(t, c, "POST", base+"/v1/charges", "k2", `{}`); r.status != http.StatusBadRequest {
 		t.Errorf("Idempotency-Key under --key-header x-request-key: %d, want 400", r.status)
