@@ -132,8 +132,13 @@ type Record struct {
 	// Request is the request kept with an asynchronous record (see
 	// [Queue]), or the summary of its request a record was marked unknown
 	// with (see ReleaseParams.Request). Claim and ReservePending return
-	// it, Get returns it for an unknown record; other reads may leave it
-	// nil.
+	// it; Get returns it for every record that is neither pending nor in
+	// progress (a worker's request can be large, and is the worker's). It
+	// is kept while a worker may run it and while an unknown outcome waits
+	// to be settled; every transition to a terminal state (Complete,
+	// Release, Resolve, ExpirePending, the reaper's abandon) clears it, as
+	// its headers may name the caller, so Get of a terminal record returns
+	// none.
 	Request *PendingRequest
 }
 

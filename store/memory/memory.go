@@ -219,6 +219,7 @@ func (s *Store) Complete(ctx context.Context, p store.CompleteParams) error {
 
 func (r *entry) complete(now time.Time, resp store.Response, ttl time.Duration) {
 	r.State = store.StateCompleted
+	r.Request = nil
 	r.resp = resp
 	r.Response = &r.resp
 	r.CompletedAt = now
@@ -232,6 +233,7 @@ func (s *Store) Release(ctx context.Context, p store.ReleaseParams) error {
 	return s.held(ctx, p.Validate(), p.FenceParams, func(r *entry, now time.Time) {
 		r.State = store.StateFailedRetryable
 		r.LastError = p.Error
+		r.Request = nil
 	})
 }
 
@@ -424,6 +426,7 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 			return
 		}
 		r.State = store.StateFailedRetryable
+		r.Request = nil
 		if p.TTL > 0 {
 			r.ExpiresAt = after(now, p.TTL)
 		}

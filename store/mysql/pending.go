@@ -294,6 +294,7 @@ func (s *Store) ExpirePending(ctx context.Context, p store.ExpirePendingParams) 
 			resp := p.Response
 			r.State = store.StateCompleted
 			r.Response = &resp
+			r.Request = nil
 			r.LastError = store.ExpiredPendingError
 			r.CompletedAt, r.UpdatedAt = now, now
 			if p.TTL > 0 {

@@ -150,6 +150,10 @@ FOR UPDATE
 -- name: complete
 UPDATE idem_records SET
     state = 'completed',
+    -- The request kept for a worker may name the caller: a terminal
+    -- record drops it.
+    queue = NULL,
+    request = NULL,
     response_status = :status,
     response_headers = :headers,
     response_body = :body,
@@ -166,6 +170,8 @@ WHERE scope = :scope AND `key` = :key AND state = 'in_progress' AND fence = :fen
 -- name: release
 UPDATE idem_records SET
     state = 'failed_retryable',
+    queue = NULL,
+    request = NULL,
     last_error = :error,
     updated_at = COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)),
     row_version = row_version + 1
@@ -197,10 +203,12 @@ UPDATE idem_records SET
 WHERE scope = :scope AND `key` = :key AND state = 'in_progress' AND fence = :fence
 
 -- name: get
--- The request of an unknown record only (an operator settles it from
--- that): other records pay nothing for it.
+-- The request of an unknown record (an operator settles it from that),
+-- none of a pending or in-progress one (the worker's, possibly large):
+-- other records pay nothing for it, as a terminal record keeps none.
 SELECT {record_columns},
-    CASE WHEN state = 'unknown' THEN queue END, CASE WHEN state = 'unknown' THEN request END
+    CASE WHEN state NOT IN ('pending', 'in_progress') THEN queue END,
+    CASE WHEN state NOT IN ('pending', 'in_progress') THEN request END
 FROM idem_records
 WHERE scope = :scope AND `key` = :key
 
@@ -252,6 +260,8 @@ LIMIT :limit
 -- name: reap_abandon
 UPDATE idem_records SET
     state = 'completed',
+    queue = NULL,
+    request = NULL,
     response_status = :status,
     response_headers = :headers,
     response_body = :body,
@@ -288,6 +298,8 @@ LIMIT :limit
 -- name: resolve
 UPDATE idem_records SET
     state = :to,
+    queue = NULL,
+    request = NULL,
     response_status = :status,
     response_headers = :headers,
     response_body = :body,

@@ -186,6 +186,7 @@ WHERE key = $2 AND scope = $1 AND state = 'in_progress' AND fence = $3`
 // Config.TenantCap), and reap_after stays (keptReapAfter).
 func completing(status, headers, body, omitted, lastError, now, expires, reapAfter string) string {
 	return `state = 'completed',
+	` + clearRequest + `,
 	response_status = ` + status + `,
 	response_headers = ` + headers + `::text::jsonb,
 	response_body = ` + body + `,
@@ -210,16 +211,22 @@ const keptReapAfter = `least(r.reap_after, {expires})`
 // anyway (maintenance, settlements): the new expiry itself.
 const newReapAfter = `{expires}`
 
+// clearRequest drops the request kept for a worker (store.Record.Request)
+// in every statement that ends a record in a terminal state: its headers
+// may name the caller.
+const clearRequest = `queue = NULL, request = NULL`
+
 // renewedExpiry is a completion's expiry: now + ttl microseconds, or the
 // record's own expiry when ttl is not positive.
 func renewedExpiry(now, ttl string) string {
 	return `CASE WHEN ` + ttl + ` > 0 THEN ` + now + ` + ` + ttl + ` * interval '1 microsecond' ELSE r.expires_at END`
 }
 
-const sqlRelease = `
+var sqlRelease = `
 UPDATE {schema}idem_records SET
 	state = 'failed_retryable',
 	active_tenant = NULL,
+	` + clearRequest + `,
 	last_error = $5,
 	updated_at = coalesce($4::timestamptz, statement_timestamp())
 WHERE scope = $1 AND key = $2 AND state = 'in_progress' AND fence = $3`
@@ -259,10 +266,13 @@ WHERE scope = $1 AND key = $2 AND state = 'in_progress' AND fence = $3`
 const sqlBatchLockTimeout = `SELECT set_config('lock_timeout', $1, true), set_config('enable_seqscan', 'off', true)`
 
 // sqlGet reads the request an unknown record keeps (an operator settles
-// it from that), and only that one's: other records pay nothing for it.
+// it from that), and none of a pending or in-progress one (the worker's,
+// possibly large): other records pay nothing for it, as a terminal record
+// keeps none (clearRequest).
 const sqlGet = `
 SELECT ` + recordColumns + `,
-	CASE WHEN state = 'unknown' THEN queue END, CASE WHEN state = 'unknown' THEN request END
+	CASE WHEN state NOT IN ('pending', 'in_progress') THEN queue END,
+	CASE WHEN state NOT IN ('pending', 'in_progress') THEN request END
 FROM {schema}idem_records
 WHERE scope = $1 AND key = $2`
 
@@ -417,6 +427,7 @@ LIMIT $2`
 // fence ($10) too, reports the row's fence for ErrLeaseLost.
 // $1 scope, $2 key, $3 now, then the operation's own.
 var sqlResolve = onUnknown(`state = $4,
+		`+clearRequest+`,
 		response_status = $5,
 		response_headers = $6::text::jsonb,
 		response_body = $7,

@@ -374,8 +374,9 @@ func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error
 		return store.Record{}, wrap("get", err)
 	}
 	rec, err := decodeRecord(pairs(m))
-	if rq, ok := m["rq"]; ok && err == nil && rec.State == store.StateUnknown {
-		// An operator settles an unknown record from its request.
+	if rq, ok := m["rq"]; ok && err == nil && rec.State != store.StatePending && rec.State != store.StateInProgress {
+		// An operator settles an unknown record from its request; a
+		// terminal record keeps none, a worker's request stays unread.
 		rec.Request, err = storekit.DecodeRequest(m["q"], []byte(rq))
 	}
 	if err != nil {

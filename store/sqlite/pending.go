@@ -66,6 +66,8 @@ RETURNING ` + pendingColumns
 // qExpirePending: ?1 now, ?2 limit, ?3 status, ?4 headers, ?5 body,
 // ?6 body omitted, ?7 expires_at or NULL to keep it.
 const qExpirePending = `UPDATE idem_records SET
+	queue = NULL,
+	request = NULL,
 	state = 'completed',
 	response_status = ?3,
 	response_headers = ?4,

@@ -16,11 +16,13 @@ const recordColumns = `scope, key, fingerprint, state, fence, lease_policy, lock
 
 const qGet = `SELECT ` + recordColumns + ` FROM idem_records WHERE scope = ?1 AND key = ?2`
 
-// qGetWithRequest is Get: qGet and, for an unknown record only, the
-// request it keeps (an operator settles it from that); other reads pay
-// nothing for it.
+// qGetWithRequest is Get: qGet and the request an unknown record keeps
+// (an operator settles it from that), none of a pending or in-progress
+// one (the worker's, possibly large); other reads pay nothing for it, as
+// a terminal record keeps none.
 const qGetWithRequest = `SELECT ` + recordColumns + `,
-	CASE WHEN state = 'unknown' THEN queue END, CASE WHEN state = 'unknown' THEN request END
+	CASE WHEN state NOT IN ('pending', 'in_progress') THEN queue END,
+	CASE WHEN state NOT IN ('pending', 'in_progress') THEN request END
 FROM idem_records WHERE scope = ?1 AND key = ?2`
 
 // qCreate inserts a fresh record, or recreates one that is soft-expired or
@@ -112,6 +114,8 @@ RETURNING ` + recordColumns
 // qComplete: ?4 status, ?5 headers, ?6 body, ?7 body omitted, ?8 now,
 // ?9 new expires_at or NULL to keep it.
 const qComplete = `UPDATE idem_records SET
+	queue = NULL,
+	request = NULL,
 	state = 'completed',
 	response_status = ?4,
 	response_headers = ?5,
@@ -125,6 +129,8 @@ WHERE scope = ?1 AND key = ?2 AND state = 'in_progress' AND fence = ?3`
 
 // qRelease: ?4 error, ?5 now.
 const qRelease = `UPDATE idem_records SET
+	queue = NULL,
+	request = NULL,
 	state = 'failed_retryable',
 	last_error = ?4,
 	updated_at = ?5
@@ -193,6 +199,8 @@ WHERE rowid IN (
 // renewing is alive), with the abandoned response. ?1 now, ?3 status, ?4 headers, ?5 body,
 // ?6 body omitted, ?7 new expires_at.
 const qReapAbandon = `UPDATE idem_records SET
+	queue = NULL,
+	request = NULL,
 	state = 'completed',
 	response_status = ?3,
 	response_headers = ?4,
@@ -230,6 +238,8 @@ LIMIT ?1`
 // completed record carries no last_error; a failed_retryable one keeps the
 // reason it became unknown.
 const qResolve = `UPDATE idem_records SET
+	queue = NULL,
+	request = NULL,
 	state = ?3,
 	response_status = ?4,
 	response_headers = ?5,

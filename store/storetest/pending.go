@@ -23,6 +23,7 @@ func runPending(t *testing.T, h Harness) {
 	t.Run("PendingRequeue", func(t *testing.T) { testPendingRequeue(t, h) })
 	t.Run("PendingInvalid", func(t *testing.T) { testPendingInvalid(t, h) })
 	t.Run("PendingUnknownKeepsRequest", func(t *testing.T) { testPendingUnknown(t, h) })
+	t.Run("PendingRequestClearedWhenSettled", func(t *testing.T) { testPendingCleared(t, h) })
 }
 
 func (e *env) queue() store.Queue {
@@ -396,4 +397,73 @@ func testPendingUnknown(t *testing.T, h Harness) {
 	if got := e.get("s", "k"); got.State != store.StateUnknown || !samePending(got.Request, &p.Request) {
 		t.Fatalf("Get of an asynchronous record gone unknown: %s, request %+v, want %+v", got.State, got.Request, p.Request)
 	}
+}
+
+// testPendingCleared: the stored request (whose headers may name the
+// caller) is kept while a worker may still run it and while an unknown
+// outcome waits for whoever settles it, and dropped as soon as the record
+// reaches a terminal state, whichever transition takes it there: Get of a
+// terminal record returns none.
+func testPendingCleared(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	q := e.queue()
+	held := func(key string) store.Record {
+		e.t.Helper()
+		e.reservePending(e.pendingP("s", key, "fp", key, store.LeaseUnknown))
+		rs := e.claim(q, key, 1)
+		if len(rs) != 1 {
+			t.Fatalf("claim %s: %d records", key, len(rs))
+		}
+		return rs[0]
+	}
+	unknown := func(key string) store.Record {
+		e.t.Helper()
+		c := held(key)
+		if err := e.s.MarkUnknown(e.ctx, store.ReleaseParams{FenceParams: fenceOf(c), Error: "timeout"}); err != nil {
+			t.Fatal(err)
+		}
+		if got := e.get("s", key); got.Request == nil {
+			t.Fatalf("unknown %s: Get returns no request", key)
+		}
+		return c
+	}
+	cleared := func(key, how string) {
+		e.t.Helper()
+		got := e.get("s", key)
+		if !got.State.Terminal() {
+			t.Fatalf("%s left %s %s", how, key, got.State)
+		}
+		if got.Request != nil {
+			t.Fatalf("%s kept the stored request of %s: %+v", how, key, got.Request)
+		}
+	}
+	e.complete(held("done"), sampleResponse())
+	cleared("done", "Complete")
+	if err := e.s.Release(e.ctx, store.ReleaseParams{FenceParams: fenceOf(held("released")), Error: "refused"}); err != nil {
+		t.Fatal(err)
+	}
+	cleared("released", "Release")
+	resp := sampleResponse()
+	for key, to := range map[string]store.State{"resolved": store.StateCompleted, "retried": store.StateFailedRetryable} {
+		p := store.ResolveParams{FenceParams: fenceOf(unknown(key)), To: to}
+		if to == store.StateCompleted {
+			p.Response = &resp
+		}
+		if err := e.s.Resolve(e.ctx, p); err != nil {
+			t.Fatalf("Resolve %s: %v", key, err)
+		}
+		cleared(key, "Resolve to "+string(to))
+	}
+	unknown("abandoned")
+	e.reservePending(e.pendingP("s", "late", "fp", "late", store.LeaseUnknown))
+	e.clock.Advance(ttl)
+	timeout := store.Response{Status: http.StatusRequestTimeout}
+	if _, err := q.ExpirePending(e.ctx, store.ExpirePendingParams{Limit: 10, Response: timeout}); err != nil {
+		t.Fatal(err)
+	}
+	cleared("late", "ExpirePending")
+	if _, err := e.s.Reap(e.ctx, store.ReapParams{Limit: 10, Abandoned: timeout, AbandonedTTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	cleared("abandoned", "the reaper's abandon")
 }

@@ -80,6 +80,9 @@ local function settle(idx, rk, st, pol, lu, ra, ea, now, grace_ms)
   end
   if terminal(st) then
     redis.call('ZADD', idx[3], num(ea), rk)
+    -- The request kept for a worker may name the caller: a terminal
+    -- record drops it (store.Record.Request).
+    redis.call('HDEL', rk, 'q', 'rq')
   else
     redis.call('ZREM', idx[3], rk)
   end
