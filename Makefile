@@ -49,6 +49,7 @@ fuzz:
 	go test -run '^$$' -fuzz FuzzTarget -fuzztime 20s ./internal/fingerprint/
 	go test -run '^$$' -fuzz FuzzFields -fuzztime 20s ./internal/fingerprint/
 	go test -run '^$$' -fuzz FuzzRetryAfter -fuzztime 20s ./client/
+	go test -run '^$$' -fuzz FuzzWebhookSignature -fuzztime 20s ./cmd/idem/internal/cli/
 
 # The full fault test of the proxy (see docs/fault-test.md): several
 # proxies, SIGKILLs, PostgreSQL crashes, concurrent duplicates. Minutes long;

@@ -132,7 +132,7 @@ func (b *breaker) open(ctx context.Context, now time.Time, d time.Duration) {
 }
 
 // gated reports whether op starts a request: the calls the breaker refuses.
-func gated(op storeOp) bool { return op == opReserve || op == opGet }
+func gated(op storeOp) bool { return op == opReserve || op == opGet || op == opCountActive }
 
 // breakerWait returns how long the breaker stays open when err is its
 // refusal.

@@ -35,6 +35,8 @@ const (
 	DefaultBreakerMaxOpen         = 30 * time.Second
 	// DefaultDurabilityInterval is Config.DurabilityInterval's default.
 	DefaultDurabilityInterval = time.Minute
+	// DefaultStoreActiveRecount is Config.StoreActiveRecount's default.
+	DefaultStoreActiveRecount = time.Second
 )
 
 // Profile selects the HTTP dialect of the engine's own responses.
@@ -184,6 +186,29 @@ type Config struct {
 	// store counts them atomically with the reservation, so the cap holds
 	// across every instance sharing the store. Defaults to 0 (no cap).
 	TenantMaxActive int
+
+	// StoreMaxActive, when positive, bounds the records held active
+	// (waiting for a worker, in progress or awaiting reconciliation) across
+	// the whole store, whatever the tenant: a bound that needs no tenant,
+	// so callers that mint tenants for free cannot hold more than it in
+	// flight however they spread over tenants. A call whose key has no
+	// record yet while the store is at the bound gets 503 (over-capacity)
+	// with Retry-After, nothing reserved; replays and duplicates pass.
+	//
+	// The bound is approximate, not atomic: the engine counts the store's
+	// active records (one query that stops at StoreMaxActive, through
+	// store.ActiveCounter) at most every StoreActiveRecount, and adds the
+	// records it created since. One instance stays within the bound;
+	// several instances sharing the store can together pass it by what
+	// the others created within one recount interval, and a record
+	// settled meanwhile frees its place only at the next count. Needs a
+	// store that counts (New refuses the Redis store). Defaults to 0 (no
+	// bound).
+	StoreMaxActive int
+
+	// StoreActiveRecount is how old the count behind StoreMaxActive may
+	// be. Defaults to DefaultStoreActiveRecount (1s).
+	StoreActiveRecount time.Duration
 
 	// BreakerFailures is how many failures in a row of the store calls that
 	// start a request (errors and timeouts of reservations, not definite
@@ -383,6 +408,7 @@ func (c *Config) durationDefaults(errs *[]error) {
 	def(&c.BreakerOpen, DefaultBreakerOpen, "BreakerOpen")
 	def(&c.BreakerMaxOpen, DefaultBreakerMaxOpen, "BreakerMaxOpen")
 	def(&c.DurabilityInterval, DefaultDurabilityInterval, "DurabilityInterval")
+	def(&c.StoreActiveRecount, DefaultStoreActiveRecount, "StoreActiveRecount")
 	if c.BreakerMaxOpen < c.BreakerOpen {
 		*errs = append(*errs, errors.New("idem: BreakerMaxOpen must not be shorter than BreakerOpen"))
 	}
@@ -394,8 +420,8 @@ func (c *Config) admissionDefaults(errs *[]error) {
 	if c.BreakerFailures == 0 {
 		c.BreakerFailures = DefaultBreakerFailures
 	}
-	if c.TenantRate < 0 || c.TenantRate != c.TenantRate || c.TenantBurst < 0 || c.TenantMaxActive < 0 {
-		*errs = append(*errs, errors.New("idem: TenantRate, TenantBurst and TenantMaxActive must not be negative"))
+	if c.TenantRate < 0 || c.TenantRate != c.TenantRate || c.TenantBurst < 0 || c.TenantMaxActive < 0 || c.StoreMaxActive < 0 {
+		*errs = append(*errs, errors.New("idem: TenantRate, TenantBurst, TenantMaxActive and StoreMaxActive must not be negative"))
 	}
 	if c.TenantBurst == 0 && c.TenantRate > 0 {
 		c.TenantBurst = burstFor(c.TenantRate)

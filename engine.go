@@ -35,6 +35,9 @@ type Engine struct {
 	// global is the Engine's rate of new keys, whatever the tenant (one
 	// bucket, tenant ""), nil without one.
 	global *tenantLimiter
+	// bound is the bound on the records active across the store, nil
+	// without one.
+	bound *activeBound
 	// breaker is the store's circuit breaker, nil when disabled.
 	breaker *breaker
 	// dur watches the store's durability, nil when the store has no check.
@@ -59,6 +62,9 @@ func New(s store.Store, cfg Config) (*Engine, error) {
 	if err := checkCap(s, &set); err != nil {
 		return nil, err
 	}
+	if err := checkActiveBound(s, &set); err != nil {
+		return nil, err
+	}
 	dur, err := newDurability(s, &set)
 	if err != nil {
 		return nil, err
@@ -67,7 +73,7 @@ func New(s store.Store, cfg Config) (*Engine, error) {
 	return &Engine{store: s, cfg: set, hasher: fingerprint.New(set.Secret), log: set.Logger,
 		obs: obs, sname: StoreName(s), clk: wallClock{},
 		limiter: newTenantLimiter(set.TenantRate, set.TenantBurst), global: newTenantLimiter(set.NewKeyRate, set.NewKeyBurst),
-		breaker: newBreaker(&set, obs), dur: dur, reads: &sharedReads{m: map[string]*sharedRead{}}}, nil
+		bound: newActiveBound(s, &set), breaker: newBreaker(&set, obs), dur: dur, reads: &sharedReads{m: map[string]*sharedRead{}}}, nil
 }
 
 // With returns an engine for a route that needs other settings (an optional
@@ -86,6 +92,9 @@ func (e *Engine) With(modify func(*Config)) (*Engine, error) {
 	set, err := cfg.withDefaults()
 	if err == nil {
 		err = checkCap(e.store, &set)
+	}
+	if err == nil {
+		err = checkActiveBound(e.store, &set)
 	}
 	if err != nil {
 		return nil, err
@@ -106,6 +115,9 @@ func (e *Engine) With(modify func(*Config)) (*Engine, error) {
 	}
 	if set.NewKeyRate != e.cfg.NewKeyRate || set.NewKeyBurst != e.cfg.NewKeyBurst {
 		d.global = newTenantLimiter(set.NewKeyRate, set.NewKeyBurst)
+	}
+	if set.StoreMaxActive != e.cfg.StoreMaxActive || set.StoreActiveRecount != e.cfg.StoreActiveRecount {
+		d.bound = newActiveBound(e.store, &set)
 	}
 	return &d, nil
 }
@@ -443,22 +455,22 @@ func (e *Engine) run(ctx context.Context, c *Call, op operation) Answer {
 		e.log.Debug("idem: refused while the store's durability is not confirmed", "scope", scope, "key", key)
 		return Answer{Verdict: Unavailable, Problem: e.problem(probNotDurable, 0), Err: err}
 	}
-	charged, refused := e.admit(ctx, c.Tenant, scope, key)
+	charged, refused, err := e.admit(ctx, c.Tenant, scope, key)
 	if refused != nil {
 		return *refused
 	}
 	var d decision
-	if e.cfg.Async {
+	switch {
+	case err != nil:
+	case e.cfg.Async:
 		d, err = e.accept(ctx, c, scope, key, fp)
-	} else {
+	default:
 		d, err = e.begin(ctx, op.scratch(), c.Tenant, scope, c.Route, key, fp)
 		if err == nil && d.verdict == InProgress && e.cfg.Wait > 0 {
 			d, err = e.await(ctx, c.Tenant, scope, c.Route, key, fp, e.cfg.Wait)
 		}
 	}
-	if charged && (err != nil || !d.created) {
-		e.refund(c.Tenant)
-	}
+	e.admitted(c.Tenant, charged, err == nil && d.created)
 	switch {
 	case errors.Is(err, store.ErrOverCap):
 		return e.overCap(ctx, c.Tenant)

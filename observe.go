@@ -131,12 +131,13 @@ const (
 	opExtend
 	opGet
 	opClaim
+	opCountActive
 	numOps
 )
 
 // opNames match those of package maintenance, whose store calls sit beside
 // the engine's under the same op attribute.
-var opNames = [numOps]string{"reserve", "complete", "release", "mark_unknown", "checkpoint", "extend", "get", "claim"}
+var opNames = [numOps]string{"reserve", "complete", "release", "mark_unknown", "checkpoint", "extend", "get", "claim", "count_active"}
 
 func (o storeOp) String() string { return opNames[o] }
 

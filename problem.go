@@ -54,6 +54,7 @@ const (
 	SlugRateLimited      = "tenant-rate-limited"
 	SlugOverCap          = "tenant-over-cap"
 	SlugNewKeysLimited   = "new-keys-limited"
+	SlugOverCapacity     = "over-capacity"
 )
 
 // problemType is one of the engine's problems with its fixed texts.
@@ -117,6 +118,9 @@ var (
 	probNewKeysLimited = &problemType{slug: SlugNewKeysLimited, status: 429, retry: true,
 		title:  "Too many new Idempotency-Keys on this server; the request was not processed",
 		stripe: "Too many new idempotent requests right now; the request was not executed, please retry later."}
+	probOverCapacity = &problemType{slug: SlugOverCapacity, status: 503, retry: true, shouldRetry: "true",
+		title:  "Too many requests are in progress across this service; the request was not processed",
+		stripe: "Too many idempotent requests are in progress right now; the request was not executed, please retry later."}
 	probOverCap = &problemType{slug: SlugOverCap, status: 429, retry: true,
 		title:  "This tenant has too many requests waiting, in progress or awaiting reconciliation; the request was not processed",
 		stripe: "Too many idempotent requests of this account are still in progress; the request was not executed, please retry later."}
@@ -129,7 +133,7 @@ var stripeTypes = map[string]*problemType{}
 func init() {
 	for _, p := range []*problemType{probKeyMissing, probKeyMalformed, probKeyRepeated, probBodyTooLarge,
 		probBodyUnreadable, probInvalidBody, probScopeTooLong, probScopeInvalid, probKeyReused,
-		probInProgress, probUnknown, probStore, probNotDurable, probAccepted, probRequestNotFound, probRequestFailed, probRateLimited, probOverCap, probNewKeysLimited} {
+		probInProgress, probUnknown, probStore, probNotDurable, probAccepted, probRequestNotFound, probRequestFailed, probRateLimited, probOverCap, probNewKeysLimited, probOverCapacity} {
 		stripeTypes[p.slug] = p
 	}
 }

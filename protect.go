@@ -53,6 +53,8 @@ func (e *Engine) tenantSucceeded(ctx context.Context, scope string, status int) 
 const (
 	outcomeRateLimited = "rate_limited"
 	outcomeOverCap     = "over_cap"
+	// outcomeOverCapacity: the store bound (Config.StoreMaxActive).
+	outcomeOverCapacity = "over_capacity"
 )
 
 // limiterIdle bounds the buckets kept: once there are more, buckets that
@@ -141,17 +143,56 @@ func (l *tenantLimiter) size() int {
 	return len(l.b)
 }
 
-// admit applies the rates of new keys before the reservation, the
-// tenant's and the Engine's: it takes a token of each, or, when one has
-// none, lets the call through only if its key already has a record (a
-// replay, a duplicate in flight, a retry of a released key are not new
-// keys). charged reports tokens were taken: the caller refunds them
-// (refund) unless the reservation created a record.
-func (e *Engine) admit(ctx context.Context, tenant, scope, key string) (charged bool, refused *Answer) {
-	if e.limiter == nil && e.global == nil {
-		return false, nil
+// admit applies the bounds on new keys before the reservation: the
+// tenant's and the Engine's rates of new keys (a token of each) and the
+// bound on the records active across the store. When one refuses, the
+// call still passes if its key already has a record (a replay, a
+// duplicate in flight, a retry of a released key are not new keys).
+// charged reports tokens were taken: admitted gives them back unless the
+// reservation created a record. err is a store failure of the count
+// behind the store bound: the call is refused as the reservation would be
+// (fail closed).
+func (e *Engine) admit(ctx context.Context, tenant, scope, key string) (charged bool, refused *Answer, err error) {
+	if e.limiter == nil && e.global == nil && e.bound == nil {
+		return false, nil, nil
 	}
 	now := e.clk.Now()
+	refusal, ok := e.takeTokens(ctx, tenant, now)
+	if ok && e.bound != nil {
+		full, wait, err := e.bound.full(now, func(f func(context.Context) error) error {
+			return e.call(ctx, opCountActive, false, f)
+		})
+		if err != nil || full {
+			e.refund(tenant)
+		}
+		if err != nil {
+			return false, nil, err
+		}
+		ok = !full
+		refusal = func() Answer {
+			return e.limited(ctx, tenant, outcomeOverCapacity, probOverCapacity, wait, e.bound.detail())
+		}
+	}
+	if ok {
+		return true, nil, nil
+	}
+	err = e.call(ctx, opGet, false, func(ctx context.Context) error {
+		_, err := e.store.Get(ctx, scope, key)
+		return err
+	})
+	if errors.Is(err, store.ErrNotFound) {
+		a := refusal()
+		return false, &a, nil
+	}
+	// The key has a record, or the store failed: the reservation meets the
+	// same store and answers.
+	return false, nil, nil
+}
+
+// takeTokens takes a token of the tenant's rate and one of the Engine's;
+// without one it takes none, and returns the refusal to answer when the
+// key turns out to be new.
+func (e *Engine) takeTokens(ctx context.Context, tenant string, now time.Time) (refusal func() Answer, ok bool) {
 	l, p, what := e.limiter, probRateLimited, "the tenant's"
 	ok, wait := true, time.Duration(0)
 	if l != nil {
@@ -166,22 +207,24 @@ func (e *Engine) admit(ctx context.Context, tenant, scope, key string) (charged 
 		}
 	}
 	if ok {
-		return true, nil
+		return nil, true
 	}
-	err := e.call(ctx, opGet, false, func(ctx context.Context) error {
-		_, err := e.store.Get(ctx, scope, key)
-		return err
-	})
-	switch {
-	case err == nil:
-		return false, nil
-	case errors.Is(err, store.ErrNotFound):
-		a := e.limited(ctx, tenant, outcomeRateLimited, p, wait,
+	return func() Answer {
+		return e.limited(ctx, tenant, outcomeRateLimited, p, wait,
 			what+" rate of new keys is "+strconv.FormatFloat(l.rate, 'g', -1, 64)+" a second")
-		return false, &a
+	}, false
+}
+
+// admitted closes what admit opened once the reservation answered:
+// tokens taken for a call that created no record are given back, and a
+// record created counts against the store bound until the next count.
+func (e *Engine) admitted(tenant string, charged, created bool) {
+	if charged && !created {
+		e.refund(tenant)
 	}
-	// The store failed: the reservation meets the same store and answers.
-	return false, nil
+	if created && e.bound != nil {
+		e.bound.created()
+	}
 }
 
 // refund gives back the tokens admit took for a call that created no

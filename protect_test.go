@@ -81,10 +81,17 @@ func (te *tenantEnv) want(tenant, key string, status int) *httptest.ResponseReco
 // that the key has no record.
 func (te *tenantEnv) wantLimited(tenant, key, slug, retryAfter string) {
 	te.t.Helper()
-	w := te.want(tenant, key, 429)
+	te.wantRefused(tenant, key, 429, slug, retryAfter)
+}
+
+// wantRefused checks a refusal of the given status and problem type with
+// Retry-After, and that the key has no record.
+func (te *tenantEnv) wantRefused(tenant, key string, status int, slug, retryAfter string) {
+	te.t.Helper()
+	w := te.want(tenant, key, status)
 	var doc struct{ Type string }
 	if err := json.Unmarshal(w.Body.Bytes(), &doc); err != nil || doc.Type != idem.ProblemBase+slug {
-		te.t.Fatalf("429 body %s, want problem %s", w.Body, slug)
+		te.t.Fatalf("%d body %s, want problem %s", status, w.Body, slug)
 	}
 	if ra := w.Header().Get("Retry-After"); ra != retryAfter {
 		te.t.Fatalf("Retry-After %q, want %q", ra, retryAfter)
@@ -374,5 +381,59 @@ func TestTenantMaxActiveDetail(t *testing.T) {
 		if w.Code != http.StatusTooManyRequests || !strings.Contains(w.Body.String(), want) {
 			t.Errorf("cap %d: %d %s, want 429 saying %q", max, w.Code, w.Body, want)
 		}
+	}
+}
+
+// StoreMaxActive bounds the records active across the store, whatever the
+// tenant: callers minting a fresh tenant per request are refused at the
+// bound (503 over-capacity, Retry-After until the next count, nothing
+// reserved) while duplicates are answered. The store counts at most every
+// StoreActiveRecount and the engine adds what it created since, so a
+// place freed meanwhile is seen at the next count, not before.
+func TestStoreMaxActive(t *testing.T) {
+	t.Parallel()
+	te := newTenantEnv(t, idem.Config{StoreMaxActive: 2, StoreActiveRecount: 2 * time.Second})
+	te.hold = make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			te.want(fmt.Sprint("fresh-", i), fmt.Sprint("held-", i), http.StatusCreated)
+		}()
+		for te.ran() < i+1 {
+			time.Sleep(time.Millisecond) // until the request holds its key
+		}
+	}
+	te.wantRefused("fresh-2", "k2", http.StatusServiceUnavailable, idem.SlugOverCapacity, "2")
+	te.want("fresh-0", "held-0", http.StatusConflict)
+	close(te.hold)
+	wg.Wait()
+	te.clk.Advance(time.Second)
+	te.wantRefused("fresh-3", "k3", http.StatusServiceUnavailable, idem.SlugOverCapacity, "1")
+	te.clk.Advance(time.Second)
+	te.want("fresh-3", "k3", http.StatusCreated)
+	if n := te.ran(); n != 3 {
+		t.Fatalf("handler ran %d times, want 3", n)
+	}
+}
+
+// The bound needs a store that counts its active records: New and With
+// refuse it over one that does not, and refuse a negative bound.
+func TestStoreMaxActiveNeedsAStoreThatCounts(t *testing.T) {
+	t.Parallel()
+	st := struct{ store.Store }{memory.New(memory.Config{})}
+	if _, err := idem.New(st, idem.Config{StoreMaxActive: 1}); err == nil || !strings.Contains(err.Error(), "StoreMaxActive") {
+		t.Fatalf("New over a store that cannot count: %v", err)
+	}
+	e, err := idem.New(st, idem.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.With(func(c *idem.Config) { c.StoreMaxActive = 1 }); err == nil {
+		t.Fatal("With: a bound over a store that cannot count was accepted")
+	}
+	if _, err := idem.New(memory.New(memory.Config{}), idem.Config{StoreMaxActive: -1}); err == nil {
+		t.Fatal("a negative StoreMaxActive was accepted")
 	}
 }

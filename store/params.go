@@ -166,3 +166,6 @@ func (p *DeferParams) Validate() error {
 // Resolution is the finest time every store keeps: times and durations are
 // stored in whole microseconds, durations rounded up (storekit.Micros).
 const Resolution = time.Microsecond
+
+// CheckActiveLimit checks the limit of ActiveCounter.CountActive.
+func CheckActiveLimit(limit int) error { return checkLimit(limit) }

@@ -468,6 +468,23 @@ type CapRefuser interface {
 	TenantCapUnsupported() string
 }
 
+// ActiveCounter is implemented by a store that counts the active records
+// (State.Active) it holds across all tenants, for the engine's bound on
+// them (idem.Config.StoreMaxActive). Every store of this module but Redis,
+// whose records are spread over keys and shards with no index to count
+// them by state, implements it; the cache wrapper forwards it. A store
+// that also implements CapRefuser counts only while it accepts the tenant
+// cap (TenantCapUnsupported returns ""): the PostgreSQL store keeps the
+// index it counts with only under postgres.Config.TenantCap.
+type ActiveCounter interface {
+	// CountActive returns the number of active records, or limit when
+	// there are at least limit: a store may stop counting there, so the
+	// cost of a call is bounded by limit, not by the table. limit must be
+	// positive. The count is a snapshot, not a reservation: records made
+	// active after it are not in it.
+	CountActive(ctx context.Context, limit int) (int, error)
+}
+
 // Limits every store accepts, whatever its schema, so that one request gets
 // one answer on every store.
 const (

@@ -2,6 +2,7 @@ package cache
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/idem-go/idem/store"
 )
@@ -18,4 +19,15 @@ func (s *Store) CheckDurability(ctx context.Context) (store.Durability, error) {
 	}
 	return store.Durability{State: store.DurabilityUnknown, Replicas: -1,
 		Warnings: []string{"the store behind the replay cache does not check its durability"}}, nil
+}
+
+var _ store.ActiveCounter = (*Store)(nil)
+
+// CountActive forwards to the backing store, which holds every record
+// (the cache keeps completed answers only).
+func (s *Store) CountActive(ctx context.Context, limit int) (int, error) {
+	if c, ok := s.Store.(store.ActiveCounter); ok {
+		return c.CountActive(ctx, limit)
+	}
+	return 0, fmt.Errorf("idem/cache: the store behind the replay cache does not count its active records: %w", store.ErrCapUnsupported)
 }

@@ -454,3 +454,27 @@ func (s *Store) Ping(ctx context.Context) error { return ctx.Err() }
 
 // Close implements store.Store.
 func (s *Store) Close() error { return nil }
+
+var _ store.ActiveCounter = (*Store)(nil)
+
+// CountActive implements store.ActiveCounter.
+func (s *Store) CountActive(ctx context.Context, limit int) (int, error) {
+	if err := store.CheckActiveLimit(limit); err != nil {
+		return 0, err
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, r := range s.recs {
+		if n == limit {
+			break
+		}
+		if r.State.Active() {
+			n++
+		}
+	}
+	return n, nil
+}

@@ -13,6 +13,7 @@ import (
 )
 
 var _ store.Queue = (*Store)(nil)
+var _ store.ActiveCounter = (*Store)(nil)
 
 // Asynchronous acceptance: the pending record is the queue. Claims and
 // expiry lock their batch with FOR UPDATE SKIP LOCKED in a READ COMMITTED

@@ -48,6 +48,7 @@ var (
 	qReserveSelect  = q("reserve_select")
 	qTenantLock     = q("tenant_lock")
 	qTenantCheck    = q("tenant_check")
+	qCountActive    = q("count_active")
 	qComplete       = q("complete")
 	qRelease        = q("release")
 	qMarkUnknown    = q("mark_unknown")

@@ -138,6 +138,16 @@ SELECT
         OR (state = 'failed_retryable' AND fingerprint = :fingerprint)
      FROM idem_records WHERE scope = :scope AND `key` = :key), TRUE)
 
+-- name: count_active
+-- The active records of every tenant (store.ActiveCounter), counting no
+-- further than :limit.
+SELECT COUNT(*) FROM (
+    SELECT 1 FROM idem_records
+    -- The active states named, so that the index leading with state
+    -- (idem_records_pending) serves the count.
+    WHERE state IN ('pending', 'in_progress', 'unknown')
+    LIMIT :limit) a
+
 -- name: reserve_select
 -- FOR UPDATE reads the latest version even when ReserveTx runs in a caller's
 -- transaction whose snapshot is older than the row; the upsert already holds

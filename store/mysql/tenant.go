@@ -70,3 +70,19 @@ func tenantCheck(ctx context.Context, q querier, a args) (active int, activates 
 	err = q.QueryRowContext(ctx, qTenantCheck.sql, check...).Scan(&active, &activates)
 	return active, activates, err
 }
+
+// CountActive implements [store.ActiveCounter].
+func (s *Store) CountActive(ctx context.Context, limit int) (int, error) {
+	if err := store.CheckActiveLimit(limit); err != nil {
+		return 0, err
+	}
+	a, err := qCountActive.bind(args{"limit": limit})
+	if err != nil {
+		return 0, wrap("count active", err)
+	}
+	var n int
+	if err := s.q.QueryRowContext(ctx, qCountActive.sql, a...).Scan(&n); err != nil {
+		return 0, wrap("count active", err)
+	}
+	return n, nil
+}

@@ -14,6 +14,7 @@ import (
 )
 
 var _ store.Queue = (*Store)(nil)
+var _ store.ActiveCounter = (*Store)(nil)
 
 // Asynchronous acceptance: the pending record is the queue. Workers claim
 // with SELECT ... FOR UPDATE SKIP LOCKED, so concurrent claimers on any

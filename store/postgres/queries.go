@@ -555,7 +555,7 @@ type queries struct {
 	reserveMany, completeMany                                   string
 
 	// The tenant cap's statements (tenant.go).
-	reserveCapped, active string
+	reserveCapped, active, countActive string
 
 	// The replay cache's (replaycache.go).
 	cacheRegister, cacheRenew, cacheLeave, cacheNotify, cacheBehind string
@@ -586,6 +586,7 @@ func newQueries(schema string, tenantCap bool) queries {
 		completeMany:  r.Replace(sqlCompleteMany),
 		reserveCapped: r.Replace(sqlReserveCapped),
 		active:        r.Replace(sqlActiveAlone),
+		countActive:   r.Replace(sqlCountActive),
 
 		cacheRegister: r.Replace(sqlCacheRegister),
 		cacheRenew:    r.Replace(sqlCacheRenew),

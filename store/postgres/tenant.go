@@ -35,6 +35,12 @@ const sqlActive = `SELECT count(*) FROM {schema}idem_records
 
 var sqlReserveCapped = capped(sqlReserve)
 
+// sqlCountActive counts the active records of every tenant through the
+// same partial index, stopping at $1 (store.ActiveCounter): only a store
+// with Config.TenantCap keeps active_tenant.
+const sqlCountActive = `SELECT count(*) FROM (SELECT FROM {schema}idem_records
+	WHERE active_tenant IS NOT NULL LIMIT $1) a`
+
 // sqlActiveAlone is sqlActive as a statement of its own: $1 tenant.
 var sqlActiveAlone = strings.Replace(sqlActive, "$8", "$1", 1)
 
@@ -116,6 +122,21 @@ func (s *Store) active(ctx context.Context, q querier, tenant string) (int, erro
 	var n int64
 	if err := q.QueryRow(ctx, s.q.active, tenant).Scan(&n); err != nil {
 		return 0, fmt.Errorf("counting active records: %w", err)
+	}
+	return int(n), nil
+}
+
+// CountActive implements store.ActiveCounter.
+func (s *Store) CountActive(ctx context.Context, limit int) (int, error) {
+	if err := store.CheckActiveLimit(limit); err != nil {
+		return 0, err
+	}
+	if !s.cfg.TenantCap {
+		return 0, s.capUnsupported("count active")
+	}
+	var n int64
+	if err := s.pool.QueryRow(ctx, s.q.countActive, limit).Scan(&n); err != nil {
+		return 0, wrap("count active", err)
 	}
 	return int(n), nil
 }

@@ -115,9 +115,10 @@ func TestConformance(t *testing.T) {
 		// one on the same running server (an application restart). A
 		// restart of the Redis server itself is not covered: the test
 		// server runs without persistence, and so loses everything.
-		Durable:     true,
-		Shared:      true,
-		NoTenantCap: true,
+		Durable:       true,
+		Shared:        true,
+		NoTenantCap:   true,
+		NoActiveCount: true,
 	})
 }
 

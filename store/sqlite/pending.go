@@ -10,6 +10,7 @@ import (
 )
 
 var _ store.Queue = (*Store)(nil)
+var _ store.ActiveCounter = (*Store)(nil)
 
 // Asynchronous acceptance: the pending record is the queue. SQLite has one
 // writer, so a claim is one UPDATE of the oldest pending rows; no two

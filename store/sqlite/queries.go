@@ -37,6 +37,11 @@ FROM idem_records WHERE scope = ?1 AND key = ?2`
 const qActive = `SELECT count(*) FROM idem_records
 WHERE tenant = ?1 AND state NOT IN ('completed', 'failed_retryable', 'expired')`
 
+// qCountActive counts the active records of every tenant, stopping at ?1
+// (store.ActiveCounter).
+const qCountActive = `SELECT count(*) FROM (SELECT 1 FROM idem_records
+WHERE state NOT IN ('completed', 'failed_retryable', 'expired') LIMIT ?1)`
+
 // qRecreate is what a reservation that replaces a record (a new key on an
 // expired one) writes over it, whatever state it starts in: qCreate's and
 // qPendingCreate's shared assignments.

@@ -550,3 +550,15 @@ func fromNullMicros(v sql.NullInt64) time.Time {
 	}
 	return fromMicros(v.Int64)
 }
+
+// CountActive implements [store.ActiveCounter].
+func (s *Store) CountActive(ctx context.Context, limit int) (int, error) {
+	if err := store.CheckActiveLimit(limit); err != nil {
+		return 0, err
+	}
+	var n int
+	if err := s.read().QueryRowContext(ctx, qCountActive, limit).Scan(&n); err != nil {
+		return 0, wrap("count active", err)
+	}
+	return n, nil
+}

@@ -386,3 +386,54 @@ func testTenantCapUnsupported(t *testing.T, h Harness) {
 		t.Fatalf("a refused capped ReservePending left a record: %v", err)
 	}
 }
+
+// testCountActive: the count behind the engine's bound across the store
+// (store.ActiveCounter) sees every tenant's pending, in_progress and
+// unknown records, never a terminal one, and stops at its limit.
+func testCountActive(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	c, ok := e.s.(store.ActiveCounter)
+	if h.NoActiveCount {
+		if ok {
+			t.Fatalf("%T implements store.ActiveCounter but the harness says it does not count", e.s)
+		}
+		return
+	}
+	if h.NoTenantCap {
+		// Counting needs what the tenant cap needs: refused without it.
+		if ok {
+			if _, err := c.CountActive(e.ctx, 1); !errors.Is(err, store.ErrCapUnsupported) {
+				t.Fatalf("CountActive on a store without the tenant cap: %v, want ErrCapUnsupported", err)
+			}
+		}
+		return
+	}
+	if !ok {
+		t.Fatalf("%T does not implement store.ActiveCounter", e.s)
+	}
+	count := func(limit, want int) {
+		t.Helper()
+		if n, err := c.CountActive(e.ctx, limit); err != nil || n != want {
+			t.Fatalf("CountActive(%d) = %d, %v, want %d", limit, n, err, want)
+		}
+	}
+	count(10, 0)
+	e.complete(e.create("t1", "done", "fp", store.LeaseUnknown), sampleResponse())
+	released := e.create("t2", "released", "fp", store.LeaseUnknown)
+	if err := e.s.Release(e.ctx, store.ReleaseParams{FenceParams: fenceOf(released), Error: "refused"}); err != nil {
+		t.Fatal(err)
+	}
+	count(10, 0)
+	e.create("t1", "running", "fp", store.LeaseUnknown)
+	gone := e.create("t3", "gone", "fp", store.LeaseUnknown)
+	if err := e.s.MarkUnknown(e.ctx, store.ReleaseParams{FenceParams: fenceOf(gone), Error: "timeout"}); err != nil {
+		t.Fatal(err)
+	}
+	e.reservePending(e.pendingP("t4", "queued", "fp", "q", store.LeaseUnknown))
+	count(10, 3)
+	count(3, 3)
+	count(2, 2)
+	if _, err := c.CountActive(e.ctx, 0); !errors.Is(err, store.ErrInvalidParams) {
+		t.Fatalf("CountActive(0): %v, want ErrInvalidParams", err)
+	}
+}

@@ -42,6 +42,9 @@ type Harness struct {
 	// the suite then checks that a capped Reserve fails with
 	// store.ErrCapUnsupported and changes nothing.
 	NoTenantCap bool
+	// NoActiveCount is true for a store that does not implement
+	// store.ActiveCounter (the suite checks that it does not).
+	NoActiveCount bool
 }
 
 // Clock is a manual clock for tests. Times are truncated to microseconds,

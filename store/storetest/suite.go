@@ -202,6 +202,7 @@ func run(t *testing.T, h Harness) {
 	t.Run("CancelledContext", func(t *testing.T) { testCancelled(t, h) })
 	runPending(t, h)
 	runCap(t, h)
+	t.Run("CountActive", func(t *testing.T) { testCountActive(t, h) })
 }
 
 func testReserveCreates(t *testing.T, h Harness) {
