@@ -298,8 +298,10 @@ const (
 	// did not run in this call.
 	Accepted
 	// Limited: the tenant is over its rate of new keys or its cap of
-	// active records (429, Retry-After); nothing was reserved and the
-	// operation did not run.
+	// active records, or the Engine over its rate of new keys (429,
+	// Retry-After), or the store holds Config.StoreMaxActive active records
+	// (503, Retry-After); nothing was reserved and the operation did not
+	// run.
 	Limited
 )
 
@@ -359,8 +361,10 @@ var ErrStore = errors.New("idem: store unavailable")
 //     a scope the store cannot hold: Invalid (400, 414).
 //   - a store failure, or the store's circuit breaker open: Unavailable
 //     (503, Retry-After); fn does not run.
-//   - a tenant over Config.TenantRate or Config.TenantMaxActive: Limited
-//     (429, Retry-After); nothing is reserved and fn does not run.
+//   - a tenant over Config.TenantRate or Config.TenantMaxActive, the
+//     Engine over Config.NewKeyRate: Limited (429, Retry-After); the store
+//     at Config.StoreMaxActive: Limited (503, Retry-After); nothing is
+//     reserved and fn does not run.
 //
 // A call without a key on a route where it is optional, and a call made
 // inside an operation already running under a key, run fn directly:

@@ -262,6 +262,7 @@ func TestProxyRefusalsSayWhy(t *testing.T) {
 		want string
 	}{
 		{[]string{"--store", "redis://127.0.0.1:6379/0", "--tenant-from", "authorization", "--tenant-max-active", "5"}, "--tenant-max-active needs a store that counts"},
+		{[]string{"--store", "redis://127.0.0.1:6379/0", "--tenant-from", "authorization", "--store-max-active", "5"}, "--store-max-active needs a store that counts"},
 		{[]string{"--store", "memory:", "--single-tenant", "--store-conns", "-5"}, "--store-conns must be 0"},
 		{[]string{"--store", "memory:", "--single-tenant", "--log-format", "xml"}, "xml"},
 	} {

@@ -98,7 +98,7 @@ func TestProxyProtectionFlags(t *testing.T) {
 		t.Fatalf("--breaker-failures 0 must turn the breaker off: %d %v", cfg.BreakerFailures, err)
 	}
 	for _, bad := range [][]string{
-		{"--tenant-rate", "-1"}, {"--tenant-max-active", "-2"}, {"--tenant-burst", "-1"},
+		{"--tenant-rate", "-1"}, {"--tenant-max-active", "-2"}, {"--tenant-burst", "-1"}, {"--store-max-active", "-1"},
 		{"--breaker-failures", "-1"}, {"--breaker-open", "0s"}, {"--breaker-open", "1m", "--breaker-max-open", "1s"},
 	} {
 		if _, _, _, err := parseProxyFlags(append([]string{"--upstream", "http://x"}, bad...), io.Discard); err == nil {
@@ -122,5 +122,58 @@ func TestProxyTenantCapNeedsACountingStore(t *testing.T) {
 	})
 	if !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), "--tenant-max-active") {
 		t.Fatalf("--tenant-max-active over redis: %v", err)
+	}
+}
+
+// --store-max-active needs no tenant: a client that sends a fresh
+// credential with every request (a new tenant each time) holds at most
+// the bound in flight; past it 503 over-capacity with Retry-After, nothing
+// forwarded, while a duplicate of a held key is still answered.
+func TestProxyStoreBoundAgainstFreshCredentials(t *testing.T) {
+	t.Parallel()
+	cfg, _, _, err := parseProxyFlags([]string{"--upstream", "http://x", "--store-max-active", "2",
+		"--tenant-from", "header:X-Api-Key", "--wait", "0s"}, io.Discard)
+	if err != nil || cfg.StoreMaxActive != 2 {
+		t.Fatalf("parsed %d, %v", cfg.StoreMaxActive, err)
+	}
+	release := make(chan struct{})
+	held := make(chan struct{}, 2)
+	api := &chargeAPI{}
+	up := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/slow" {
+			held <- struct{}{}
+			<-release
+		}
+		api.ServeHTTP(w, r)
+	}))
+	cfg.Store, cfg.Upstream = "sqlite:"+t.TempDir()+"/idem.db", up.URL
+	cfg.TenantSecret = []byte("tenant-secret-0123456789")
+	_, base := startProxy(t, cfg)
+	c := client(t)
+	// A failure must not leave the held requests (and the proxy's
+	// shutdown) waiting.
+	unblock := sync.OnceFunc(func() { close(release) })
+	defer unblock()
+	done := make(chan reply, 2)
+	for i := range 2 {
+		key := string(rune('a' + i))
+		go func() { done <- send(t, c, "POST", base+"/v1/slow", key, `{}`, "X-Api-Key", "sprayed-"+key) }()
+		<-held
+	}
+	over := send(t, c, "POST", base+"/v1/charges", "c", `{}`, "X-Api-Key", "sprayed-c")
+	if over.status != http.StatusServiceUnavailable || !strings.Contains(string(over.body), idem.SlugOverCapacity) || over.header.Get("Retry-After") == "" {
+		t.Fatalf("at the bound: %d %s", over.status, over.body)
+	}
+	if dup := send(t, c, "POST", base+"/v1/slow", "a", `{}`, "X-Api-Key", "sprayed-a"); dup.status != http.StatusConflict {
+		t.Fatalf("a duplicate of a held key at the bound: %d %s", dup.status, dup.body)
+	}
+	unblock()
+	for range 2 {
+		if r := <-done; r.status != http.StatusCreated {
+			t.Fatalf("held request: %d", r.status)
+		}
+	}
+	if n := api.calls.Load(); n != 2 {
+		t.Fatalf("upstream called %d times, want 2", n)
 	}
 }

@@ -233,6 +233,9 @@ func (cfg ProxyConfig) checkStore(dsn storeurl.DSN) error {
 		// when it opens.
 		return fmt.Errorf("%w: --tenant-max-active needs a store that counts a tenant's records (SQLite, PostgreSQL, MySQL or memory), not Redis", ErrUsage)
 	}
+	if dsn.Kind == storeurl.Redis && cfg.StoreMaxActive > 0 {
+		return fmt.Errorf("%w: --store-max-active needs a store that counts its active records (SQLite, PostgreSQL, MySQL or memory), not Redis", ErrUsage)
+	}
 	if cfg.RequireDurable && dsn.Kind != storeurl.Postgres && dsn.Kind != storeurl.MySQL && dsn.Kind != storeurl.Redis {
 		return fmt.Errorf("%w: --require-synchronous-replication needs a store that checks its replication (PostgreSQL, MySQL or Redis), not %s", ErrUsage, dsn.Kind)
 	}

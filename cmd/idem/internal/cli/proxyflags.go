@@ -75,7 +75,12 @@ Redis store, which cannot count a tenant's records atomically (the proxy
 refuses to start). --new-key-rate bounds the new keys the proxy takes from
 all tenants together, a second: a client minting a fresh credential for
 every request makes a new tenant each time, which the per-tenant limits
-cannot see.
+cannot see. --store-max-active bounds the records held in flight across the
+whole store, whatever the tenant: 503 over-capacity with Retry-After,
+nothing reserved. The store counts them at most once a second per proxy
+and each proxy adds what it created since, so proxies together can pass
+the bound briefly; it is not for a Redis store, which cannot count them
+(the proxy refuses to start).
 
 Store circuit breaker: after --breaker-failures failed reservations in a
 row, requests get 503 with Retry-After at once, without waiting for the
@@ -234,6 +239,8 @@ var proxyFlags = []proxyFlag{
 		func(a *proxyArgs) any { return &a.cfg.NewKeyBurst }},
 	{"tenant-max-active", 0, "`records` a tenant may hold waiting for a worker (--async), in progress or awaiting reconciliation, across every proxy on the store (over it: 429 tenant-over-cap); 0: no cap",
 		func(a *proxyArgs) any { return &a.cfg.TenantMaxActive }},
+	{"store-max-active", 0, "`records` held waiting for a worker, in progress or awaiting reconciliation across the whole store, whatever the tenant (over it: 503 over-capacity; counted every second, so proxies together may pass it briefly); 0: no bound",
+		func(a *proxyArgs) any { return &a.cfg.StoreMaxActive }},
 	{"breaker-failures", idem.DefaultBreakerFailures, "store failures in a row that open the circuit breaker (503 at once, without waiting for the store); 0: no breaker",
 		func(a *proxyArgs) any { return &a.breakerFailures }},
 	{"breaker-open", idem.DefaultBreakerOpen, "first interval the circuit breaker stays open before one request probes the store; it doubles while probes fail",
@@ -412,8 +419,8 @@ func (a *proxyArgs) settleStore(fs *flag.FlagSet) error {
 		return usageErr(fs, "--store-conns must be 0 (the store's default) or a positive pool size")
 	case cfg.StoreBatches < -1:
 		return usageErr(fs, "--store-batches must be -1 (no batching), 0 (the store's default) or a number of store batches")
-	case cfg.TenantRate < 0 || cfg.TenantBurst < 0 || cfg.TenantMaxActive < 0:
-		return usageErr(fs, "--tenant-rate, --tenant-burst and --tenant-max-active must not be negative")
+	case cfg.TenantRate < 0 || cfg.TenantBurst < 0 || cfg.TenantMaxActive < 0 || cfg.StoreMaxActive < 0:
+		return usageErr(fs, "--tenant-rate, --tenant-burst, --tenant-max-active and --store-max-active must not be negative")
 	case cfg.NewKeyRate < 0 || cfg.NewKeyBurst < 0:
 		return usageErr(fs, "--new-key-rate and --new-key-burst must not be negative")
 	case a.breakerFailures < 0:
