@@ -202,8 +202,8 @@ type Config struct {
 	// several instances sharing the store can together pass it by what
 	// the others created within one recount interval, and a record
 	// settled meanwhile frees its place only at the next count. Needs a
-	// store that counts (New refuses the Redis store). Defaults to 0 (no
-	// bound).
+	// store that counts (New refuses the Redis store, and PostgreSQL
+	// without postgres.Config.TenantCap). Defaults to 0 (no bound).
 	StoreMaxActive int
 
 	// StoreActiveRecount is how old the count behind StoreMaxActive may
