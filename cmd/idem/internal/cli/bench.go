@@ -143,6 +143,19 @@ func bench(ctx context.Context, cfg benchConfig, out io.Writer, prog *progress) 
 	// reports what it did); ctx only stops new ones.
 	reqCtx := context.WithoutCancel(ctx)
 
+	work, mode, err := benchPlan(ctx, reqCtx, c, cfg)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "idem bench: %s %s\n  %s, concurrency %d\n\n", cfg.Method, cfg.URL, mode, cfg.Concurrency)
+
+	total, elapsed := benchRun(reqCtx, c, cfg, work, prog)
+	return benchReport(out, cfg, total, elapsed)
+}
+
+// benchPlan is the keys of the run's rounds and its description. A
+// replay-only run first completes its one key (under reqCtx).
+func benchPlan(ctx, reqCtx context.Context, c *http.Client, cfg benchConfig) (*benchWork, string, error) {
 	prefix := newKey()[len("idem-check-"):]
 	newRound := func(round int) []string {
 		jobs := make([]string, 0, cfg.Keys*cfg.Dups)
@@ -159,7 +172,7 @@ func bench(ctx context.Context, cfg benchConfig, out io.Writer, prog *progress) 
 		key := "idem-bench-" + prefix + "-replay"
 		first, err := benchWarmup(reqCtx, c, cfg, key)
 		if err != nil {
-			return err
+			return nil, "", err
 		}
 		newRound = func(int) []string { return slices.Repeat([]string{key}, cfg.Keys*cfg.Dups) }
 		mode = fmt.Sprintf("replay only: one completed key (first answer %d), %s a round", first, count(cfg.Keys*cfg.Dups, "request", "requests"))
@@ -169,8 +182,12 @@ func bench(ctx context.Context, cfg benchConfig, out io.Writer, prog *progress) 
 		work.deadline = time.Now().Add(cfg.Duration)
 		mode += fmt.Sprintf(", new keys every round for %s", cfg.Duration)
 	}
-	fmt.Fprintf(out, "idem bench: %s %s\n  %s, concurrency %d\n\n", cfg.Method, cfg.URL, mode, cfg.Concurrency)
+	return work, mode, nil
+}
 
+// benchRun sends work's requests from cfg.Concurrency workers and returns
+// their statistics and how long they took.
+func benchRun(reqCtx context.Context, c *http.Client, cfg benchConfig, work *benchWork, prog *progress) (*benchStats, time.Duration) {
 	parts := make([]*benchStats, cfg.Concurrency)
 	var wg sync.WaitGroup
 	var done, failed atomic.Int64
@@ -209,7 +226,7 @@ func bench(ctx context.Context, cfg benchConfig, out io.Writer, prog *progress) 
 	for _, s := range parts {
 		total.merge(s)
 	}
-	return benchReport(out, cfg, total, elapsed)
+	return total, elapsed
 }
 
 // benchWarmup completes the key of a replay-only run.
@@ -299,15 +316,8 @@ func fmtLatency(d time.Duration) string {
 	return d.Round(time.Microsecond).String()
 }
 
-func benchReport(out io.Writer, cfg benchConfig, s *benchStats, elapsed time.Duration) error {
-	answered := 0
-	for _, n := range s.status {
-		answered += n
-	}
-	sent := answered + s.errors
-	fmt.Fprintf(out, "%s in %s: %.1f requests/s, %s\n\n", count(sent, "request", "requests"),
-		elapsed.Round(time.Millisecond), float64(sent)/elapsed.Seconds(), count(s.errors, "error", "errors"))
-
+// printBenchLatencies prints the latencies of each class of answer.
+func printBenchLatencies(out io.Writer, s *benchStats) {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "                \tcount\tp50\tp90\tp99\tmax\t")
 	for c := range numClasses {
@@ -322,7 +332,11 @@ func benchReport(out io.Writer, cfg benchConfig, s *benchStats, elapsed time.Dur
 			fmtLatency(percentile(d, .99)), fmtLatency(d[len(d)-1]))
 	}
 	tw.Flush()
+}
 
+// printBenchStatuses prints how many answers had each status, and a few
+// of the errors.
+func printBenchStatuses(out io.Writer, s *benchStats) {
 	fmt.Fprint(out, "\nstatuses:")
 	codes := make([]int, 0, len(s.status))
 	for code := range s.status {
@@ -336,7 +350,19 @@ func benchReport(out io.Writer, cfg benchConfig, s *benchStats, elapsed time.Dur
 	if s.errors > 0 {
 		fmt.Fprintf(out, "errors: %d, e.g. %s\n", s.errors, strings.Join(s.errSamples, "; "))
 	}
+}
 
+func benchReport(out io.Writer, cfg benchConfig, s *benchStats, elapsed time.Duration) error {
+	answered := 0
+	for _, n := range s.status {
+		answered += n
+	}
+	sent := answered + s.errors
+	fmt.Fprintf(out, "%s in %s: %.1f requests/s, %s\n\n", count(sent, "request", "requests"),
+		elapsed.Round(time.Millisecond), float64(sent)/elapsed.Seconds(), count(s.errors, "error", "errors"))
+
+	printBenchLatencies(out, s)
+	printBenchStatuses(out, s)
 	var keys, twice, executions int
 	for _, n := range s.executions {
 		keys++

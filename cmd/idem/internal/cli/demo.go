@@ -39,16 +39,20 @@ func serveDemo(ctx context.Context, api http.Handler) (string, func() error, err
 	return "http://" + ln.Addr().String(), stop, nil
 }
 
-// serveProxy serves p until the returned function stops it and returns
-// what Serve returned.
-func serveProxy(ctx context.Context, p *Proxy) func() error {
+// serveProxy serves a proxy of cfg until the returned function stops it
+// and returns what Serve returned.
+func serveProxy(ctx context.Context, cfg ProxyConfig) (*Proxy, func() error, error) {
+	p, err := NewProxy(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
 	pctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- p.Serve(pctx) }()
-	return func() error {
+	return p, func() error {
 		cancel()
 		return <-done
-	}
+	}, nil
 }
 
 // demoCharges is the demo's upstream: a fake payments API that makes a
@@ -323,7 +327,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) (err 
 			err = errors.Join(err, fmt.Errorf("demo: upstream: %w", uerr))
 		}
 	}()
-	p, err := NewProxy(ctx, ProxyConfig{
+	p, stopProxy, err := serveProxy(ctx, ProxyConfig{
 		Listen: *listen, Upstream: upURL, Store: storeDSN, Migrate: true,
 		// The tour is one caller.
 		SingleTenant:    true,
@@ -332,7 +336,6 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) (err 
 	if err != nil {
 		return err
 	}
-	stopProxy := serveProxy(ctx, p)
 	defer func() {
 		if perr := stopProxy(); perr != nil {
 			err = errors.Join(err, perr)
