@@ -880,9 +880,13 @@ func (e *Engine) callAt(cctx *callCtx, ctx context.Context, op storeOp, detached
 	cctx.init(e.clk, ctx, start.Add(e.cfg.StoreTimeout), detached)
 	err := f(cctx)
 	cctx.release()
-	now := e.clk.Now()
 	failed := err != nil && !isAnswer(err)
-	e.obs.StoreCall(ctx, opNames[op], now.Sub(start), failed)
+	var now time.Time
+	if _, nop := e.obs.(nopObserver); !nop || failed {
+		// Only a failure (the breaker) and an observer use the end.
+		now = e.clk.Now()
+		e.obs.StoreCall(ctx, opNames[op], now.Sub(start), failed)
+	}
 	if b := e.breaker; b != nil && gated(op) {
 		r := resultOK
 		switch {

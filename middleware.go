@@ -270,8 +270,10 @@ func replay(w http.ResponseWriter, resp *store.Response, expires time.Time, stri
 		h[k] = v[:len(v):len(v)]
 	}
 	h["Idempotent-Replayed"] = replayedTrue
-	if id := h.Get("Request-Id"); stripe && id != "" {
-		h.Set("Original-Request", id)
+	if stripe {
+		if id := h.Get("Request-Id"); id != "" {
+			h.Set("Original-Request", id)
+		}
 	}
 	setExpires(h, expires) // over a stored header of that name
 	for k, v := range over {

@@ -5,6 +5,7 @@ package memory
 
 import (
 	"context"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -44,6 +45,9 @@ type Store struct {
 	// call and kept from then on; nil until then, so a store that never
 	// sees a cap does not pay for it.
 	tenants map[string]map[id]*entry
+	// header is the header of the last answer stored. An answer with the
+	// same header shares it (see Complete).
+	header map[string][]string
 }
 
 // New returns an empty store.
@@ -86,7 +90,7 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 		return store.ReserveResult{}, err
 	}
 	fresh := func(fence int64) store.ReserveResult {
-		n := s.put(k, p.Tenant, store.Record{
+		n := s.put(k, r != nil, p.Tenant, store.Record{
 			Scope: p.Scope, Key: p.Key, Fingerprint: p.Fingerprint,
 			State: store.StateInProgress, Fence: fence, LeasePolicy: p.LeasePolicy,
 			LockedUntil: after(now, p.Lease), Attempts: 1,
@@ -113,9 +117,12 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 }
 
 // put stores a new record r under k for tenant, in place of the record
-// there was, if any.
-func (s *Store) put(k id, tenant string, r store.Record) *entry {
-	s.forget(k)
+// there was if replace: a new key costs the caller's lookup and one
+// insertion, no lookup of its own.
+func (s *Store) put(k id, replace bool, tenant string, r store.Record) *entry {
+	if replace {
+		s.forget(k)
+	}
 	n := &entry{tenant: tenant, Record: r}
 	s.recs[k] = n
 	if s.tenants != nil {
@@ -213,8 +220,29 @@ func (s *Store) held(ctx context.Context, valid error, fp store.FenceParams, f f
 // Complete implements store.Store.
 func (s *Store) Complete(ctx context.Context, p store.CompleteParams) error {
 	return s.held(ctx, p.Validate(), p.FenceParams, func(r *entry, now time.Time) {
+		p.Response.Header = s.share(p.Response.Header)
 		r.complete(now, p.Response, p.TTL)
 	})
+}
+
+// share returns the header of the last answer stored if h equals it, else
+// h, which becomes the one to share. The answers of one route mostly carry
+// the same few headers, and a header map costs more memory than the rest of
+// a small record: sharing it keeps a store of many answers smaller and
+// quicker for the garbage collector to trace. Stored headers are never
+// modified (see Store), so sharing one is safe.
+func (s *Store) share(h map[string][]string) map[string][]string {
+	if len(h) == 0 || len(h) != len(s.header) {
+		s.header = h
+		return h
+	}
+	for k, v := range h {
+		if w, ok := s.header[k]; !ok || !slices.Equal(v, w) {
+			s.header = h
+			return h
+		}
+	}
+	return s.header
 }
 
 func (r *entry) complete(now time.Time, resp store.Response, ttl time.Duration) {

@@ -1,7 +1,9 @@
 package memory_test
 
 import (
+	"reflect"
 	"testing"
+	"time"
 
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/memory"
@@ -21,4 +23,44 @@ func TestConformance(t *testing.T) {
 			}
 		},
 	})
+}
+
+// TestAnswersShareEqualHeaders checks that answers with equal headers share
+// one header map, and that an answer with other headers keeps its own.
+func TestAnswersShareEqualHeaders(t *testing.T) {
+	ctx := t.Context()
+	s := memory.New(memory.Config{})
+	complete := func(key string, h map[string][]string) map[string][]string {
+		t.Helper()
+		res, err := s.Reserve(ctx, store.ReserveParams{Scope: "s", Key: key, Fingerprint: "f", Lease: time.Minute, TTL: time.Hour, LeasePolicy: store.LeaseUnknown})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = s.Complete(ctx, store.CompleteParams{
+			FenceParams: store.FenceParams{Scope: "s", Key: key, Fence: res.Record.Fence},
+			Response:    store.Response{Status: 201, Header: h, Body: []byte("{}")}, TTL: time.Hour,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := s.Get(ctx, "s", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(map[string][]string(r.Response.Header), h) {
+			t.Fatalf("%s: stored header %v, want %v", key, r.Response.Header, h)
+		}
+		return r.Response.Header
+	}
+	a := complete("a", map[string][]string{"Content-Type": {"application/json"}})
+	b := complete("b", map[string][]string{"Content-Type": {"application/json"}})
+	c := complete("c", map[string][]string{"Content-Type": {"text/plain"}})
+	d := complete("d", map[string][]string{"Content-Type": {"text/plain"}, "X-A": {"1"}})
+	if reflect.ValueOf(a).UnsafePointer() != reflect.ValueOf(b).UnsafePointer() {
+		t.Error("two answers with equal headers keep two header maps")
+	}
+	if reflect.ValueOf(c).UnsafePointer() == reflect.ValueOf(a).UnsafePointer() ||
+		reflect.ValueOf(d).UnsafePointer() == reflect.ValueOf(c).UnsafePointer() {
+		t.Error("answers with different headers share one header map")
+	}
 }

@@ -32,7 +32,7 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 	case err != nil:
 		return store.ReserveResult{}, err
 	case out == store.Created:
-		s.put(k, p.Tenant, r)
+		s.put(k, e != nil, p.Tenant, r)
 	case write:
 		e.Record = r
 	}
