@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -423,67 +424,78 @@ func (c *checker) burst(ctx context.Context, n int, keys []string, body []byte) 
 	return out
 }
 
+// burstTally counts the answers to a burst of duplicates.
+type burstTally struct {
+	ref                                 *answer // the execution's answer; nil when every duplicate got 409
+	served, fresh, replays, errs, fives int
+	odd                                 []string // the failed answers
+}
+
+// tally counts answers, keeping the in-flight refusals in c.conflicts.
+func (c *checker) tally(answers []answer) burstTally {
+	var t burstTally
+	for i, a := range answers {
+		switch {
+		case a.err != nil:
+			t.errs++
+			t.odd = append(t.odd, a.String())
+		case a.status >= 500:
+			t.fives++
+			t.odd = append(t.odd, a.String())
+		case a.inFlight():
+			c.conflicts = append(c.conflicts, a)
+		default:
+			t.served++
+			if a.replayed() {
+				t.replays++
+			} else {
+				t.fresh++
+			}
+			// The reference is the execution itself when it is marked
+			// apart from its replays.
+			if t.ref == nil || !a.replayed() && t.ref.replayed() {
+				t.ref = &answers[i]
+			}
+		}
+	}
+	return t
+}
+
 func (c *checker) checkConcurrent(ctx context.Context) checkResult {
 	n := c.cfg.Concurrency
 	k := newKey()
 	answers := c.burst(ctx, n, c.spell(k), c.cfg.Body)
-	var ref *answer
-	var served, fresh, replays, errs, fives int
-	var odd []string
-	for i, a := range answers {
-		switch {
-		case a.err != nil:
-			errs++
-			odd = append(odd, a.String())
-		case a.status >= 500:
-			fives++
-			odd = append(odd, a.String())
-		case a.inFlight():
-			c.conflicts = append(c.conflicts, a)
-		default:
-			served++
-			if a.replayed() {
-				replays++
-			} else {
-				fresh++
-			}
-			// The reference is the execution itself when it is marked
-			// apart from its replays.
-			if ref == nil || !a.replayed() && ref.replayed() {
-				ref = &answers[i]
-			}
-		}
+	t := c.tally(answers)
+	if t.errs+t.fives > 0 {
+		return failed("%d of %d duplicates failed (%d transport errors, %d 5xx): %s", t.errs+t.fives, n, t.errs, t.fives, strings.Join(t.odd, "; "))
 	}
-	if errs+fives > 0 {
-		return failed("%d of %d duplicates failed (%d transport errors, %d 5xx): %s", errs+fives, n, errs, fives, strings.Join(odd, "; "))
-	}
-	if ref == nil {
+	if t.ref == nil {
 		// Every duplicate got 409: the one that reserved the key is
 		// reported like the others, so learn its answer by retrying.
 		a, _ := c.retry(ctx, c.spell(k), c.cfg.Body, nil)
-		ref = &a
+		t.ref = &a
 	}
-	if ref.err != nil || ref.status >= 400 {
-		return failed("the API refused the request (%s), so there is nothing to check: give a --method, --body and --header it accepts", ref)
+	if t.ref.err != nil || t.ref.status >= 400 {
+		return failed("the API refused the request (%s), so there is nothing to check: give a --method, --body and --header it accepts", t.ref)
 	}
 	for _, a := range answers {
-		if !a.inFlight() && !a.same(*ref) {
-			return failed("two different answers to duplicates of one request, %s and %s: it ran more than once (or its replay differs)", *ref, a)
+		if !a.inFlight() && !a.same(*t.ref) {
+			return failed("two different answers to duplicates of one request, %s and %s: it ran more than once (or its replay differs)", *t.ref, a)
 		}
 	}
-	if c.marksReplays.Load() && fresh > 1 {
-		return failed("%d of %d duplicates were answered as new executions (no Idempotent-Replayed): the request ran %d times", fresh, n, fresh)
+	if c.marksReplays.Load() && t.fresh > 1 {
+		return failed("%d of %d duplicates were answered as new executions (no Idempotent-Replayed): the request ran %d times", t.fresh, n, t.fresh)
 	}
 	again, waited := c.retry(ctx, c.spell(k), c.cfg.Body, nil)
-	if !ref.same(again) {
-		return failed("after the burst, a retry does not replay the answer: %s", rerun(*ref, again, waited))
+	if !t.ref.same(again) {
+		return failed("after the burst, a retry does not replay the answer: %s", rerun(*t.ref, again, waited))
 	}
-	conflicts := n - served
+	conflicts := n - t.served
 	res := passed("%d duplicates at once: %d ran (%s), %d replayed it, %d got 409; a retry afterwards replays the same answer",
-		n, fresh, *ref, replays, conflicts)
+		n, t.fresh, *t.ref, t.replays, conflicts)
 	if !c.marksReplays.Load() {
 		res = passed("%d duplicates at once: %d identical answers (%s), %d got 409; the API does not mark replays, so only identical bodies show it ran once",
-			n, served, *ref, conflicts)
+			n, t.served, *t.ref, conflicts)
 	}
 	return res
 }
@@ -868,6 +880,33 @@ no-set-cookie, tenants (needs --tenant-header or --other-auth).
 `
 
 // runCheck is `idem check`.
+// readBodies reads the --body and --alt-body of fs (TEXT or @FILE), makes
+// the other body from the first when there is no --alt-body, and sends a
+// JSON body as JSON unless a Content-Type was given.
+func (c *checkConfig) readBodies(fs *flag.FlagSet, body, alt string) error {
+	var err error
+	if c.Body, err = bodyArg(body); err != nil {
+		return fmt.Errorf("--body: %w", err)
+	}
+	if alt != "" {
+		if c.AltBody, err = bodyArg(alt); err != nil {
+			return fmt.Errorf("--alt-body: %w", err)
+		}
+		if bytes.Equal(c.AltBody, c.Body) {
+			return usageErr(fs, "--alt-body must differ from --body")
+		}
+	} else if b, ok := alterJSON(c.Body); ok {
+		c.AltBody = b
+	}
+	if c.Header == nil {
+		c.Header = http.Header{}
+	}
+	if c.Header.Get("Content-Type") == "" && json.Valid(c.Body) {
+		c.Header.Set("Content-Type", "application/json")
+	}
+	return nil
+}
+
 func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("check", checkSynopsis, stderr)
 	method := fs.String("method", http.MethodPost, "protected `method` to check")
@@ -907,24 +946,8 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if cfg.TenantHeader != "" && !validToken(cfg.TenantHeader) {
 		return usageErr(fs, "--tenant-header %q is not a valid header name", cfg.TenantHeader)
 	}
-	if cfg.Body, err = bodyArg(*body); err != nil {
-		return fmt.Errorf("--body: %w", err)
-	}
-	if *alt != "" {
-		if cfg.AltBody, err = bodyArg(*alt); err != nil {
-			return fmt.Errorf("--alt-body: %w", err)
-		}
-		if bytes.Equal(cfg.AltBody, cfg.Body) {
-			return usageErr(fs, "--alt-body must differ from --body")
-		}
-	} else if b, ok := alterJSON(cfg.Body); ok {
-		cfg.AltBody = b
-	}
-	if cfg.Header == nil {
-		cfg.Header = http.Header{}
-	}
-	if cfg.Header.Get("Content-Type") == "" && json.Valid(cfg.Body) {
-		cfg.Header.Set("Content-Type", "application/json")
+	if err := cfg.readBodies(fs, *body, *alt); err != nil {
+		return err
 	}
 	if *vectors {
 		_, err := runVectors(ctx, cfg, stdout)
