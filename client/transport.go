@@ -317,6 +317,27 @@ func jitter(d time.Duration) time.Duration {
 	return d - mrand.N(d/2+1)
 }
 
+// key is the idempotency key of req: the one it carries in s.Header, else
+// a new one, then with the header value to set.
+func (s *settings) key(req *http.Request) (key, value string, err error) {
+	if vs := req.Header.Values(s.Header); len(vs) > 0 {
+		if key, err = header.Parse(vs); err != nil {
+			return "", "", fmt.Errorf("client: the request's %s: %w", s.Header, err)
+		}
+		return key, "", nil
+	}
+	key = NewKey()
+	return key, `"` + key + `"`, nil
+}
+
+// statusOf is resp's status; 0 without a response.
+func statusOf(resp *http.Response) int {
+	if resp == nil {
+		return 0
+	}
+	return resp.StatusCode
+}
+
 // RoundTrip implements http.RoundTripper. It sends req, under a key and
 // with retries when its method is one of Methods, and returns the last
 // response, or an error (an *Error once an attempt was made).
@@ -331,14 +352,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	info := &result{}
 	var value string // the header value to add; empty when the caller set one
-	if vs := req.Header.Values(s.Header); len(vs) > 0 {
-		if info.key, err = header.Parse(vs); err != nil {
-			closeBody(req)
-			return nil, fmt.Errorf("client: the request's %s: %w", s.Header, err)
-		}
-	} else {
-		info.key = NewKey()
-		value = `"` + info.key + `"`
+	if info.key, value, err = s.key(req); err != nil {
+		closeBody(req)
+		return nil, err
 	}
 	body, err := newReplayer(req, s.MaxBufferBytes)
 	if err != nil {
@@ -376,11 +392,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		waited += delay
 		discard(resp)
 		if s.OnRetry != nil {
-			r := Retry{Request: req, Key: info.key, Attempt: attempt, Reason: reason, Err: err, Delay: delay}
-			if resp != nil {
-				r.Status = resp.StatusCode
-			}
-			s.OnRetry(r)
+			s.OnRetry(Retry{Request: req, Key: info.key, Attempt: attempt, Reason: reason, Err: err, Delay: delay, Status: statusOf(resp)})
 		}
 		if err := s.Sleep(ctx, delay); err != nil {
 			return nil, &Error{Key: info.key, Attempts: attempt, Err: err}

@@ -332,40 +332,48 @@ func (i *interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 	case idem.Replayed:
 		grpc.SetHeader(ctx, metadata.Pairs(ReplayedMetadata, "true"))
 		return Decode(*a.Response)
+	}
+	return nil, i.refused(ctx, a)
+}
+
+// refused is the status of a call the engine answered without running
+// the handler, other than by a replay.
+func (i *interceptor) refused(ctx context.Context, a idem.Answer) error {
+	switch a.Verdict {
 	case idem.KeyReused:
-		return nil, refusal(i.cfg.KeyReusedCode, ReasonKeyReused,
+		return refusal(i.cfg.KeyReusedCode, ReasonKeyReused,
 			"idempotency: this key was already used with a different request; use a new key for a new request", 0)
 	case idem.OutcomeUnknown:
-		return nil, refusal(codes.Aborted, ReasonOutcomeUnknown,
+		return refusal(codes.Aborted, ReasonOutcomeUnknown,
 			"idempotency: the outcome of the first call with this key is unknown and is being reconciled; retry later", a.Problem.RetryAfter)
 	case idem.InProgress:
-		return nil, refusal(codes.Aborted, ReasonInProgress,
+		return refusal(codes.Aborted, ReasonInProgress,
 			"idempotency: a call with this key is in progress; retry later", a.Problem.RetryAfter)
 	case idem.Limited:
-		return nil, refusal(codes.ResourceExhausted, ReasonTenantLimited,
+		return refusal(codes.ResourceExhausted, ReasonTenantLimited,
 			"idempotency: "+a.Problem.Title+" ("+a.Problem.Slug+")", a.Problem.RetryAfter)
 	case idem.Unavailable:
 		if ctx.Err() != nil {
-			return nil, status.FromContextError(ctx.Err()).Err()
+			return status.FromContextError(ctx.Err()).Err()
 		}
-		return nil, refusal(codes.Unavailable, ReasonStoreUnavailable,
+		return refusal(codes.Unavailable, ReasonStoreUnavailable,
 			"idempotency: the idempotency store is unavailable; the call was not executed", a.Problem.RetryAfter)
 	}
 	// idem.Invalid
 	switch a.Problem.Slug {
 	case idem.SlugKeyMissing:
-		return nil, refusal(codes.InvalidArgument, ReasonKeyMissing,
+		return refusal(codes.InvalidArgument, ReasonKeyMissing,
 			"idempotency: this method requires "+KeyMetadata+" metadata", 0)
 	case idem.SlugKeyRepeated:
-		return nil, refusal(codes.InvalidArgument, ReasonKeyRepeated,
+		return refusal(codes.InvalidArgument, ReasonKeyRepeated,
 			"idempotency: "+KeyMetadata+" metadata must be given once", 0)
 	case idem.SlugKeyMalformed:
-		return nil, refusal(codes.InvalidArgument, ReasonKeyMalformed, "idempotency: "+a.Problem.Detail, 0)
+		return refusal(codes.InvalidArgument, ReasonKeyMalformed, "idempotency: "+a.Problem.Detail, 0)
 	case idem.SlugScopeTooLong, idem.SlugScopeInvalid:
-		return nil, refusal(codes.InvalidArgument, ReasonScopeInvalid,
+		return refusal(codes.InvalidArgument, ReasonScopeInvalid,
 			"idempotency: "+a.Problem.Title+" (tenant and method name)", 0)
 	}
-	return nil, status.Errorf(codes.Internal, "idempotency: cannot fingerprint the request: %s", a.Problem.Detail)
+	return status.Errorf(codes.Internal, "idempotency: cannot fingerprint the request: %s", a.Problem.Detail)
 }
 
 // result is the record of the handler's answer: the response policy in

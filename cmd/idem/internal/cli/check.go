@@ -879,7 +879,6 @@ missing-key, malformed-key, repeated-key, spelling, get-passthrough,
 no-set-cookie, tenants (needs --tenant-header or --other-auth).
 `
 
-// runCheck is `idem check`.
 // readBodies reads the --body and --alt-body of fs (TEXT or @FILE), makes
 // the other body from the first when there is no --alt-body, and sends a
 // JSON body as JSON unless a Content-Type was given.
@@ -907,6 +906,7 @@ func (c *checkConfig) readBodies(fs *flag.FlagSet, body, alt string) error {
 	return nil
 }
 
+// runCheck is `idem check`.
 func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("check", checkSynopsis, stderr)
 	method := fs.String("method", http.MethodPost, "protected `method` to check")
