@@ -410,9 +410,46 @@ func (e *Engine) run(ctx context.Context, c *Call, op operation) Answer {
 	if FromContext(ctx) != nil {
 		// Already inside a protected call (nested middleware, an
 		// in-process chain): the outer execution answers for it.
-		op.pass(ctx)
-		return Answer{Verdict: Passed}
+		return pass(ctx, op)
 	}
+	key, a, ok := e.parseKey(ctx, c, op)
+	if !ok {
+		return a
+	}
+	id, a, ok := e.identify(ctx, c, op, key)
+	if !ok {
+		return a
+	}
+	t, refused := e.admit(ctx, &id)
+	if refused != nil {
+		return *refused
+	}
+	d, err := e.reserve(ctx, c, op, &id)
+	if refused := e.admitted(ctx, t, &id, d, err); refused != nil {
+		return *refused
+	}
+	if err != nil {
+		return e.unavailable(ctx, &id, err)
+	}
+	return e.answer(ctx, c, op, &id, d)
+}
+
+// callID is what identifies a call's record and request: the tenant and
+// route it belongs to, its scope and key, and its fingerprint.
+type callID struct {
+	tenant, route, scope, key, fp string
+}
+
+// pass runs the operation outside the protocol.
+func pass(ctx context.Context, op operation) Answer {
+	op.pass(ctx)
+	return Answer{Verdict: Passed}
+}
+
+// parseKey reads the call's idempotency key. ok is false when the call
+// does not go on under the protocol: a is then its answer (Passed when the
+// key is missing and not required, after running the operation).
+func (e *Engine) parseKey(ctx context.Context, c *Call, op operation) (key string, a Answer, ok bool) {
 	key, err := header.Parse(c.Keys)
 	switch {
 	case errors.Is(err, header.ErrMissing):
@@ -421,17 +458,24 @@ func (e *Engine) run(ctx context.Context, c *Call, op operation) Answer {
 			required = *c.KeyRequired
 		}
 		if !required {
-			op.pass(ctx)
-			return Answer{Verdict: Passed}
+			return "", pass(ctx, op), false
 		}
-		return e.refuse(ctx, probKeyMissing, "")
+		return "", e.refuse(ctx, probKeyMissing, ""), false
 	case errors.Is(err, header.ErrRepeated):
-		return e.refuse(ctx, probKeyRepeated, "")
+		return "", e.refuse(ctx, probKeyRepeated, ""), false
 	case err != nil:
-		return e.refuse(ctx, probKeyMalformed, err.Error())
+		return "", e.refuse(ctx, probKeyMalformed, err.Error()), false
 	}
+	return key, Answer{}, true
+}
+
+// identify reads the call's body once its key is known to be valid, and
+// names its record (scope) and request (fingerprint). ok is false when
+// the call is refused: a is the refusal.
+func (e *Engine) identify(ctx context.Context, c *Call, op operation, key string) (id callID, a Answer, ok bool) {
 	if c.Body == nil {
 		var body []byte
+		var err error
 		if c.ReadBody != nil {
 			body, err = c.ReadBody()
 		} else {
@@ -439,87 +483,86 @@ func (e *Engine) run(ctx context.Context, c *Call, op operation) Answer {
 		}
 		switch {
 		case errors.Is(err, errBodyTooLarge):
-			return e.refuse(ctx, probBodyTooLarge, "the limit is "+strconv.FormatInt(e.cfg.MaxBodyBytes, 10)+" bytes")
+			return id, e.refuse(ctx, probBodyTooLarge, "the limit is "+strconv.FormatInt(e.cfg.MaxBodyBytes, 10)+" bytes"), false
 		case err != nil:
-			return e.refuse(ctx, probBodyUnreadable, err.Error())
+			return id, e.refuse(ctx, probBodyUnreadable, err.Error()), false
 		}
 		c.Body = body
 	}
 	req := Request{Tenant: c.Tenant, Method: c.Method, Route: c.Route}
-	scope := req.Scope()
-	if err := store.CheckID(scope, key); err != nil {
-		return e.refuseID(ctx, err)
+	id = callID{tenant: c.Tenant, route: c.Route, scope: req.Scope(), key: key}
+	if err := store.CheckID(id.scope, key); err != nil {
+		return id, e.refuseID(ctx, err), false
 	}
 	fp, err := e.fingerprint(c)
 	if err != nil {
-		return e.refuse(ctx, probInvalidBody, err.Error())
+		return id, e.refuse(ctx, probInvalidBody, err.Error()), false
 	}
+	id.fp = fp
+	return id, Answer{}, true
+}
 
-	if err := e.refusesUndurable(); err != nil {
-		e.log.Debug("idem: refused while the store's durability is not confirmed", "scope", scope, "key", key)
-		return Answer{Verdict: Unavailable, Problem: e.problem(probNotDurable, 0), Err: err}
+// reserve reserves the key, as a pending request on an asynchronous
+// route, and with Config.Wait waits for an in-flight original to settle.
+func (e *Engine) reserve(ctx context.Context, c *Call, op operation, id *callID) (d decision, err error) {
+	if e.cfg.Async {
+		return e.accept(ctx, c, id.scope, id.key, id.fp)
 	}
-	charged, refused, err := e.admit(ctx, c.Tenant, scope, key)
-	if refused != nil {
-		return *refused
+	d, err = e.begin(ctx, op.scratch(), id.tenant, id.scope, id.route, id.key, id.fp)
+	if err == nil && d.verdict == InProgress && e.cfg.Wait > 0 {
+		d, err = e.await(ctx, id.tenant, id.scope, id.route, id.key, id.fp, e.cfg.Wait)
 	}
-	var d decision
-	switch {
-	case err != nil:
-	case e.cfg.Async:
-		d, err = e.accept(ctx, c, scope, key, fp)
-	default:
-		d, err = e.begin(ctx, op.scratch(), c.Tenant, scope, c.Route, key, fp)
-		if err == nil && d.verdict == InProgress && e.cfg.Wait > 0 {
-			d, err = e.await(ctx, c.Tenant, scope, c.Route, key, fp, e.cfg.Wait)
-		}
-	}
-	e.admitted(c.Tenant, charged, err == nil && d.created)
-	switch {
-	case errors.Is(err, store.ErrOverCap):
-		return e.overCap(ctx, c.Tenant)
-	case errors.Is(err, store.ErrInvalidParams):
-		// The store's own limits: the client's request, not an outage.
+	return d, err
+}
+
+// unavailable answers a call whose reservation failed: the store's own
+// limits refuse the client's request (not an outage); any other failure
+// is the store's, and nothing ran (fail closed).
+func (e *Engine) unavailable(ctx context.Context, id *callID, err error) Answer {
+	if errors.Is(err, store.ErrInvalidParams) {
 		return e.refuseID(ctx, err)
-	case err != nil:
-		pr := e.problem(probStore, 0)
-		wait, open := breakerWait(err)
-		switch {
-		case open:
-			pr.RetryAfter = max(pr.RetryAfter, wait)
-			e.log.Debug("idem: store circuit breaker open; refused", "scope", scope, "key", key)
-		case ctx.Err() != nil:
-			e.log.Info("idem: the caller left before the key was reserved", "scope", scope, "key", key, "err", err)
-		default:
-			e.log.Error("idem: store failed before the operation ran; refused", "scope", scope, "key", key, "err", err)
-		}
-		return Answer{Verdict: Unavailable, Problem: pr, Err: err}
 	}
+	if ctx.Err() != nil {
+		e.log.Info("idem: the caller left before the key was reserved", "scope", id.scope, "key", id.key, "err", err)
+	} else {
+		e.log.Error("idem: store failed before the operation ran; refused", "scope", id.scope, "key", id.key, "err", err)
+	}
+	return Answer{Verdict: Unavailable, Problem: e.problem(probStore, 0), Err: err}
+}
+
+// answer carries out what the reservation decided: runs the operation
+// (settling its record before returning), or replays, refuses or defers.
+func (e *Engine) answer(ctx context.Context, c *Call, op operation, id *callID, d decision) Answer {
 	switch d.verdict {
 	case Executed:
 		d.exec.call = callRef{target: c.Target, header: c.Header, body: c.Body}
 		e.execute(ctx, d.exec, op)
 		return Answer{Verdict: Executed, Expires: d.exec.expiresAt()}
 	case Replayed:
-		_, end := e.obs.Step(ctx, Step{Name: StepReplay, Store: e.sname, Scope: scope, Route: c.Route, Fence: d.rec.Fence})
-		if d.rec.Response == nil {
-			err := fmt.Errorf("%w: the completed record of key %q has no answer", ErrStore, key)
-			e.log.Error("idem: completed record without an answer; refused", "scope", scope, "key", key)
-			end(StepEnd{Outcome: reserveOutcome[Replayed], Fence: d.rec.Fence, Err: err})
-			return Answer{Verdict: Unavailable, Problem: e.problem(probStore, 0), Err: err}
-		}
-		end(StepEnd{Outcome: reserveOutcome[Replayed], Fence: d.rec.Fence})
-		return Answer{Verdict: Replayed, Response: d.rec.Response, Expires: d.rec.ExpiresAt}
+		return e.replay(ctx, id, &d.rec)
 	case KeyReused:
-		e.log.Warn("idem: key reused with a different request", "scope", scope, "key", key)
+		e.log.Warn("idem: key reused with a different request", "scope", id.scope, "key", id.key)
 		return Answer{Verdict: KeyReused, Problem: e.problem(probKeyReused, e.cfg.KeyReusedStatus)}
 	case OutcomeUnknown:
 		return Answer{Verdict: OutcomeUnknown, Problem: e.problem(probUnknown, 0)}
 	case Accepted:
-		return Answer{Verdict: Accepted, Problem: e.problem(probAccepted, 0), Location: e.StatusLocation(c.Method, c.Route, key)}
+		return Answer{Verdict: Accepted, Problem: e.problem(probAccepted, 0), Location: e.StatusLocation(c.Method, c.Route, id.key)}
 	default:
 		return Answer{Verdict: InProgress, Problem: e.problem(probInProgress, e.cfg.InProgressStatus)}
 	}
+}
+
+// replay answers with a completed record's stored answer.
+func (e *Engine) replay(ctx context.Context, id *callID, rec *store.Record) Answer {
+	_, end := e.obs.Step(ctx, Step{Name: StepReplay, Store: e.sname, Scope: id.scope, Route: id.route, Fence: rec.Fence})
+	if rec.Response == nil {
+		err := fmt.Errorf("%w: the completed record of key %q has no answer", ErrStore, id.key)
+		e.log.Error("idem: completed record without an answer; refused", "scope", id.scope, "key", id.key)
+		end(StepEnd{Outcome: reserveOutcome[Replayed], Fence: rec.Fence, Err: err})
+		return Answer{Verdict: Unavailable, Problem: e.problem(probStore, 0), Err: err}
+	}
+	end(StepEnd{Outcome: reserveOutcome[Replayed], Fence: rec.Fence})
+	return Answer{Verdict: Replayed, Response: rec.Response, Expires: rec.ExpiresAt}
 }
 
 // refuse answers a call that cannot enter the protocol, and counts it.

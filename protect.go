@@ -2,10 +2,8 @@ package idem
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
-	"strconv"
 	"sync"
 	"time"
 
@@ -141,130 +139,6 @@ func (l *tenantLimiter) size() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return len(l.b)
-}
-
-// admit applies the bounds on new keys before the reservation: the
-// tenant's and the Engine's rates of new keys (a token of each) and the
-// bound on the records active across the store. When one refuses, the
-// call still passes if its key already has a record (a replay, a
-// duplicate in flight, a retry of a released key are not new keys).
-// charged reports tokens were taken: admitted gives them back unless the
-// reservation created a record. err is a store failure of the count
-// behind the store bound: the call is refused as the reservation would be
-// (fail closed).
-func (e *Engine) admit(ctx context.Context, tenant, scope, key string) (charged bool, refused *Answer, err error) {
-	if e.limiter == nil && e.global == nil && e.bound == nil {
-		return false, nil, nil
-	}
-	now := e.clk.Now()
-	refusal, ok := e.takeTokens(ctx, tenant, now)
-	if ok && e.bound != nil {
-		full, wait, err := e.bound.full(now, func(f func(context.Context) error) error {
-			return e.call(ctx, opCountActive, false, f)
-		})
-		if err != nil || full {
-			e.refund(tenant)
-		}
-		if err != nil {
-			return false, nil, err
-		}
-		ok = !full
-		refusal = func() Answer {
-			return e.limited(ctx, tenant, outcomeOverCapacity, probOverCapacity, wait, e.bound.detail())
-		}
-	}
-	if ok {
-		return true, nil, nil
-	}
-	err = e.call(ctx, opGet, false, func(ctx context.Context) error {
-		_, err := e.store.Get(ctx, scope, key)
-		return err
-	})
-	if errors.Is(err, store.ErrNotFound) {
-		a := refusal()
-		return false, &a, nil
-	}
-	// The key has a record, or the store failed: the reservation meets the
-	// same store and answers.
-	return false, nil, nil
-}
-
-// takeTokens takes a token of the tenant's rate and one of the Engine's;
-// without one it takes none, and returns the refusal to answer when the
-// key turns out to be new.
-func (e *Engine) takeTokens(ctx context.Context, tenant string, now time.Time) (refusal func() Answer, ok bool) {
-	l, p, what := e.limiter, probRateLimited, "the tenant's"
-	ok, wait := true, time.Duration(0)
-	if l != nil {
-		ok, wait = l.take(tenant, now)
-	}
-	if ok && e.global != nil {
-		if ok, wait = e.global.take("", now); !ok {
-			if l != nil {
-				l.refund(tenant)
-			}
-			l, p, what = e.global, probNewKeysLimited, "this server's"
-		}
-	}
-	if ok {
-		return nil, true
-	}
-	return func() Answer {
-		return e.limited(ctx, tenant, outcomeRateLimited, p, wait,
-			what+" rate of new keys is "+strconv.FormatFloat(l.rate, 'g', -1, 64)+" a second")
-	}, false
-}
-
-// admitted closes what admit opened once the reservation answered:
-// tokens taken for a call that created no record are given back, and a
-// record created counts against the store bound until the next count.
-func (e *Engine) admitted(tenant string, charged, created bool) {
-	if charged && !created {
-		e.refund(tenant)
-	}
-	if created && e.bound != nil {
-		e.bound.created()
-	}
-}
-
-// refund gives back the tokens admit took for a call that created no
-// record.
-func (e *Engine) refund(tenant string) {
-	if e.limiter != nil {
-		e.limiter.refund(tenant)
-	}
-	if e.global != nil {
-		e.global.refund("")
-	}
-}
-
-// limited answers a call refused by a tenant limit, and counts it.
-func (e *Engine) limited(ctx context.Context, tenant, outcome string, p *problemType, wait time.Duration, detail string) Answer {
-	e.obs.Reserve(ctx, outcome)
-	e.tenantObs(ctx, tenant, outcome)
-	// Debug: under key spraying there is one per request; the metrics
-	// count them.
-	e.log.Debug("idem: tenant limit; refused", "tenant", tenant, "limit", outcome)
-	pr := e.problem(p, 0)
-	pr.Detail = detail
-	if wait > pr.RetryAfter {
-		pr.RetryAfter = wait
-	}
-	return Answer{Verdict: Limited, Problem: pr}
-}
-
-// overCap answers a reservation the store refused at the tenant's cap.
-func (e *Engine) overCap(ctx context.Context, tenant string) Answer {
-	return e.limited(ctx, tenant, outcomeOverCap, probOverCap, 0,
-		"the tenant holds "+countOf(e.cfg.TenantMaxActive, "request", "requests")+" waiting for a worker, in progress or awaiting reconciliation")
-}
-
-// countOf writes n with the noun that agrees with it: 1 request, 2 requests.
-func countOf(n int, one, many string) string {
-	if n == 1 {
-		return "1 " + one
-	}
-	return strconv.Itoa(n) + " " + many
 }
 
 // tenantObs reports outcome for tenant to a TenantObserver.
