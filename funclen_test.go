@@ -24,20 +24,11 @@ var notProduct = []string{
 	"store/storetest",
 }
 
-// longFuncAllowed are the functions allowed over maxFuncLines for now,
-// by file and name.
-var longFuncAllowed = map[string]bool{
-	// The protocol's flow, being shortened by making admission a layer
-	// of its own; remove this entry once it is.
-	"engine.go run": true,
-}
-
 // No function of the product, in any module of the repository, is longer
 // than maxFuncLines.
 func TestNoLongFunctions(t *testing.T) {
 	t.Parallel()
 	fset := token.NewFileSet()
-	seen := map[string]bool{}
 	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -63,11 +54,7 @@ func TestNoLongFunctions(t *testing.T) {
 				continue
 			}
 			lines := fset.Position(fd.End()).Line - fset.Position(fd.Pos()).Line + 1
-			key := path + " " + fd.Name.Name
-			switch {
-			case longFuncAllowed[key]:
-				seen[key] = true
-			case lines > maxFuncLines:
+			if lines > maxFuncLines {
 				t.Errorf("%s:%d: %s is %d lines long; the product's functions stay within %d",
 					path, fset.Position(fd.Pos()).Line, fd.Name.Name, lines, maxFuncLines)
 			}
@@ -76,11 +63,6 @@ func TestNoLongFunctions(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
-	}
-	for key := range longFuncAllowed {
-		if !seen[key] {
-			t.Errorf("%s is allowed to be long but was not found: drop it from longFuncAllowed", key)
-		}
 	}
 }
 
