@@ -6,12 +6,17 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testkit/pgdb"
+	"github.com/idem-go/idem/internal/testkit/testenv"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/postgres"
 	"github.com/idem-go/idem/store/storetest"
@@ -209,5 +214,72 @@ func TestReplayCacheStopsWithoutItsConnection(t *testing.T) {
 			t.Fatal("the cache did not serve again after reconnecting")
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestReplayCacheBehindPooler: behind pgbouncer in transaction mode a
+// LISTEN does not hold, so a cache without Config.ListenURL is refused at
+// Open; with a direct ListenURL it answers from memory, and a Delete made
+// through the pooler still reaches it before it returns.
+func TestReplayCacheBehindPooler(t *testing.T) {
+	t.Parallel()
+	pooled := testenv.PgbouncerURL(t, testenv.PgbouncerTx)
+	schema := pgdb.Schema(t, pooled)
+	cfg := postgres.Config{Schema: schema, MaxConns: 2, ReplayCache: 1 << 20}
+	if s, err := postgres.Open(context.Background(), pooled, cfg); err == nil {
+		s.Close()
+		t.Fatal("a replay cache listening through the pooler was accepted")
+	} else if !strings.Contains(err.Error(), "ListenURL") {
+		t.Fatalf("refusal does not say what to set: %v", err)
+	}
+	// The pooler's database, reached directly.
+	pc, err := pgx.Connect(context.Background(), pooled)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var db string
+	err = pc.QueryRow(context.Background(), "SELECT current_database()", pgx.QueryExecModeSimpleProtocol).Scan(&db)
+	pc.Close(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	direct, err := url.Parse(testURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	direct.Path = "/" + db
+	cfg.ListenURL = direct.String()
+	s, err := postgres.Open(context.Background(), pooled, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	p := reserveParams("k")
+	r, err := s.Reserve(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Complete(ctx, store.CompleteParams{FenceParams: fence(r), Response: store.Response{Status: 201}, TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := s.Reserve(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s.CacheHits() != 1 {
+		t.Fatalf("%d replays from memory, want 1", s.CacheHits())
+	}
+	operator, err := postgres.Open(ctx, pooled, postgres.Config{Schema: schema, MaxConns: 2, SkipMigrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer operator.Close()
+	if err := operator.Delete(ctx, p.Scope, p.Key); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Reserve(ctx, p); err != nil || got.Outcome != store.Created {
+		t.Fatalf("after the delete through the pooler: %v %v, want a new record", got.Outcome, err)
 	}
 }
