@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -47,6 +48,10 @@ type breaker struct {
 	log           *slog.Logger
 	obs           Observer
 
+	// healthy is state == breakerClosed && failures == 0, kept under mu
+	// and read without it: on a healthy store, allow and done take no lock.
+	healthy atomic.Bool
+
 	mu        sync.Mutex
 	state     breakerState
 	failures  int
@@ -59,15 +64,24 @@ func newBreaker(s *settings, obs Observer) *breaker {
 	if s.BreakerFailures < 0 {
 		return nil
 	}
-	return &breaker{threshold: s.BreakerFailures, base: s.BreakerOpen, maxOpen: s.BreakerMaxOpen, log: s.Logger, obs: obs}
+	b := &breaker{threshold: s.BreakerFailures, base: s.BreakerOpen, maxOpen: s.BreakerMaxOpen, log: s.Logger, obs: obs}
+	b.healthy.Store(true)
+	return b
 }
+
+// mark brings healthy up to date; under mu.
+func (b *breaker) mark() { b.healthy.Store(b.state == breakerClosed && b.failures == 0) }
 
 // allow decides whether a call that starts a request may go to the store
 // at now. probe reports that it is the one call testing the store's
 // recovery; without leave, wait is how long the breaker stays open.
 func (b *breaker) allow(now time.Time) (probe bool, wait time.Duration, ok bool) {
+	if b.healthy.Load() {
+		return false, 0, true
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	defer b.mark()
 	switch b.state {
 	case breakerClosed:
 		return false, 0, true
@@ -98,8 +112,12 @@ const (
 
 // done reports how a call ended; probe as allow returned it.
 func (b *breaker) done(ctx context.Context, now time.Time, probe bool, r result) {
+	if !probe && (r == resultNone || r == resultOK && b.healthy.Load()) {
+		return // nothing would change
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	defer b.mark()
 	if probe {
 		b.probing = false
 	}
