@@ -48,6 +48,8 @@ type Store struct {
 	// header is the header of the last answer stored. An answer with the
 	// same header shares it (see Complete).
 	header map[string][]string
+	// scope and tenant are those of the last record created (see put).
+	scope, tenant string
 }
 
 // New returns an empty store.
@@ -123,12 +125,26 @@ func (s *Store) put(k id, replace bool, tenant string, r store.Record) *entry {
 	if replace {
 		s.forget(k)
 	}
-	n := &entry{tenant: tenant, Record: r}
+	// Every record of one operation has the same scope, and mostly the
+	// same tenant as the last one: equal strings share one copy, so that
+	// a store of many records holds fewer objects for the garbage
+	// collector to trace.
+	k.scope = same(&s.scope, k.scope)
+	r.Scope = k.scope
+	n := &entry{tenant: same(&s.tenant, tenant), Record: r}
 	s.recs[k] = n
 	if s.tenants != nil {
 		s.index(k, n)
 	}
 	return n
+}
+
+// same returns *last if it equals v, else v, which becomes *last.
+func same(last *string, v string) string {
+	if *last != v {
+		*last = v
+	}
+	return *last
 }
 
 // index adds the record e, stored under k, to the tenant index.

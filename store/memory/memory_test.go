@@ -2,8 +2,10 @@ package memory_test
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/memory"
@@ -23,6 +25,36 @@ func TestConformance(t *testing.T) {
 			}
 		},
 	})
+}
+
+// TestRecordsShareEqualStrings checks that records of one scope share one
+// copy of it, and that a record of another scope keeps its own.
+func TestRecordsShareEqualStrings(t *testing.T) {
+	ctx := t.Context()
+	s := memory.New(memory.Config{})
+	scope := func(key, scope string) *byte {
+		t.Helper()
+		_, err := s.Reserve(ctx, store.ReserveParams{Scope: strings.Clone(scope), Key: key, Fingerprint: "f",
+			Lease: time.Minute, TTL: time.Hour, LeasePolicy: store.LeaseUnknown, Tenant: strings.Clone("t")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := s.Get(ctx, scope, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Scope != scope {
+			t.Fatalf("scope %q, want %q", r.Scope, scope)
+		}
+		return unsafe.StringData(r.Scope)
+	}
+	a, b, c := scope("a", "0:POST /a"), scope("b", "0:POST /a"), scope("c", "0:POST /b")
+	if a != b {
+		t.Error("two records of one scope keep two copies of it")
+	}
+	if c == a {
+		t.Error("records of different scopes share one")
+	}
 }
 
 // TestAnswersShareEqualHeaders checks that answers with equal headers share
