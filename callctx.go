@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -18,8 +19,11 @@ type callCtx struct {
 	deadline time.Time
 	detached bool
 
-	mu         sync.Mutex
-	armed      bool
+	mu sync.Mutex
+	// armed: Done was handed out. Set under mu; read without it on the
+	// paths where it is false (a store that never asks for Done), so that
+	// they take no lock.
+	armed      atomic.Bool
 	done       chan struct{}
 	err        error
 	timer      timer
@@ -48,12 +52,12 @@ func (c *callCtx) Value(key any) any { return c.parent.Value(key) }
 // Err follows the context contract: once Done was handed out, Err is
 // non-nil exactly when Done is closed.
 func (c *callCtx) Err() error {
+	if !c.armed.Load() {
+		return c.cause()
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.armed {
-		return c.err
-	}
-	return c.cause()
+	return c.err
 }
 
 // cause is the error the context has now, judged without a channel.
@@ -72,8 +76,8 @@ func (c *callCtx) cause() error {
 func (c *callCtx) Done() <-chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.armed {
-		c.armed = true
+	if !c.armed.Load() {
+		c.armed.Store(true)
 		c.done = make(chan struct{})
 		if err := c.cause(); err != nil {
 			c.err = err
@@ -131,17 +135,17 @@ func (c *callCtx) AfterFunc(f func()) (stop func() bool) {
 // release stops the timer and the parent watch, as a CancelFunc would. The
 // context reports context.Canceled afterwards if it was armed.
 func (c *callCtx) release() {
-	c.mu.Lock()
-	armed := c.armed
-	c.mu.Unlock()
-	if !armed {
+	if !c.armed.Load() {
 		return
 	}
-	if c.timer != nil {
-		c.timer.Stop()
+	c.mu.Lock() // Done may still be arming
+	t, stopParent := c.timer, c.stopParent
+	c.mu.Unlock()
+	if t != nil {
+		t.Stop()
 	}
-	if c.stopParent != nil {
-		c.stopParent()
+	if stopParent != nil {
+		stopParent()
 	}
 	c.cancel(context.Canceled)
 }

@@ -699,8 +699,10 @@ func (e *Engine) reserveFailed(ctx context.Context, end func(StepEnd), err error
 }
 
 // reserveOutcome names the verdicts of a reservation that found a record
-// in the idem.reserve.outcomes metric.
-var reserveOutcome = map[Verdict]string{
+// in the idem.reserve.outcomes metric ("" for the others). An array, not a
+// map: it is read on every request. Sized as verdictNames, which names
+// every verdict.
+var reserveOutcome = [len(verdictNames)]string{
 	Replayed: "replay", KeyReused: "key_reused", InProgress: "in_progress", OutcomeUnknown: "unknown",
 }
 
