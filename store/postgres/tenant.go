@@ -101,7 +101,7 @@ func (s *Store) TenantCapUnsupported() string {
 		return ""
 	}
 	return "the PostgreSQL store counts active records only with postgres.Config.TenantCap " +
-		"(the proxy sets it with --tenant-max-active), which costs completions their heap-only updates"
+		"(the proxy sets it with --tenant-max-active or --store-max-active), which costs completions their heap-only updates"
 }
 
 func (s *Store) capUnsupported(op string) error {

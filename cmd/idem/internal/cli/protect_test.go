@@ -128,9 +128,14 @@ func TestProxyTenantCapNeedsACountingStore(t *testing.T) {
 // --store-max-active needs no tenant: a client that sends a fresh
 // credential with every request (a new tenant each time) holds at most
 // the bound in flight; past it 503 over-capacity with Retry-After, nothing
-// forwarded, while a duplicate of a held key is still answered.
+// forwarded, while a duplicate of a held key is still answered. On
+// PostgreSQL the proxy keeps the index the count needs (TenantCap).
 func TestProxyStoreBoundAgainstFreshCredentials(t *testing.T) {
 	t.Parallel()
+	webhookStores(t, testProxyStoreBound)
+}
+
+func testProxyStoreBound(t *testing.T, dsn string) {
 	cfg, _, _, err := parseProxyFlags([]string{"--upstream", "http://x", "--store-max-active", "2",
 		"--tenant-from", "header:X-Api-Key", "--wait", "0s"}, io.Discard)
 	if err != nil || cfg.StoreMaxActive != 2 {
@@ -146,7 +151,7 @@ func TestProxyStoreBoundAgainstFreshCredentials(t *testing.T) {
 		}
 		api.ServeHTTP(w, r)
 	}))
-	cfg.Store, cfg.Upstream = "sqlite:"+t.TempDir()+"/idem.db", up.URL
+	cfg.Store, cfg.Upstream = dsn, up.URL
 	cfg.TenantSecret = []byte("tenant-secret-0123456789")
 	_, base := startProxy(t, cfg)
 	c := client(t)
