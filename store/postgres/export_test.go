@@ -1,6 +1,8 @@
 package postgres
 
 import (
+	"time"
+
 	"github.com/idem-go/idem/internal/listsql"
 	"github.com/idem-go/idem/store"
 )
@@ -72,3 +74,7 @@ func ListSQL(p store.ListParams) string {
 // CacheNode names the store's replay cache in idem_cache_nodes and in its
 // connection's application_name.
 func (s *Store) CacheNode() string { return s.cache.node }
+
+// SlowInvalidations makes the store's replay cache apply each
+// invalidation d late.
+func (s *Store) SlowInvalidations(d time.Duration) { s.cache.slow.Store(int64(d)) }

@@ -64,9 +64,12 @@ type replayCache struct {
 	epoch uint64
 
 	validUntil atomic.Int64 // UnixNano (monotonic base below); 0: not serving
-	hits       atomic.Int64
-	stop       context.CancelFunc
-	done       chan struct{}
+	// slow delays each invalidation before it is applied (tests: a
+	// process that is slow to apply must still be waited for).
+	slow atomic.Int64
+	hits atomic.Int64
+	stop context.CancelFunc
+	done chan struct{}
 }
 
 type cacheEntry struct {
@@ -270,6 +273,9 @@ func (c *replayCache) listen(ctx context.Context, cfg *pgx.ConnConfig, conn *pgx
 		cancel()
 		switch {
 		case err == nil:
+			if d := c.slow.Load(); d > 0 {
+				sleepCtx(ctx, time.Duration(d))
+			}
 			seen = max(seen, c.apply(n.Payload))
 		case ctx.Err() != nil:
 		case !errors.Is(err, context.DeadlineExceeded):

@@ -79,6 +79,9 @@ func TestReplayCacheTwoProxies(t *testing.T) {
 			t.Fatalf("instance %d answered no replay from memory", i)
 		}
 	}
+	// One instance is slow to apply invalidations: the delete must wait
+	// for it, not only for the notification to be sent.
+	stores[1].SlowInvalidations(300 * time.Millisecond)
 	scope := (&idem.Request{Method: "POST", Route: "/v1/charges"}).Scope()
 	if err := operator.Delete(context.Background(), scope, "k"); err != nil {
 		t.Fatal(err)
