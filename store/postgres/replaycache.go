@@ -339,6 +339,11 @@ func (c *replayCache) close() {
 	<-c.done
 }
 
+// invalidationOp names a failure of invalidate: the change itself has
+// committed, only telling the caches failed, so that an operator who
+// retries learns why the record is no longer what it was.
+const invalidationOp = "the record changed, but telling the replay caches failed"
+
 // invalidate tells every replay cache on the schema that the record of
 // (scope, key) changed, after the change committed, and waits until each
 // cache still registered has applied it: once it returns, no process
@@ -347,21 +352,21 @@ func (c *replayCache) close() {
 func (s *Store) invalidate(ctx context.Context, scope, key string) error {
 	var seq int64
 	if err := s.pool.QueryRow(ctx, s.q.cacheNotify, scope, key, s.cfg.Schema).Scan(&seq); err != nil {
-		return wrap("replay cache invalidation", err)
+		return wrap(invalidationOp, err)
 	}
 	wait := time.NewTicker(2 * time.Millisecond)
 	defer wait.Stop()
 	for {
 		var behind int
 		if err := s.pool.QueryRow(ctx, s.q.cacheBehind, seq).Scan(&behind); err != nil {
-			return wrap("replay cache invalidation", err)
+			return wrap(invalidationOp, err)
 		}
 		if behind == 0 {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return wrap("replay cache invalidation", ctx.Err())
+			return wrap(invalidationOp, ctx.Err())
 		case <-wait.C:
 		}
 	}
