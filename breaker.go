@@ -155,6 +155,9 @@ func gated(op storeOp) bool { return op == opReserve || op == opGet || op == opC
 // breakerWait returns how long the breaker stays open when err is its
 // refusal.
 func breakerWait(err error) (time.Duration, bool) {
+	if err == nil {
+		return 0, false // without the allocation errors.As's target costs
+	}
 	var be *breakerError
 	if errors.As(err, &be) {
 		return be.wait, true
