@@ -31,3 +31,16 @@ func (s *Store) CountActive(ctx context.Context, limit int) (int, error) {
 	}
 	return 0, fmt.Errorf("idem/cache: the store behind the replay cache does not count its active records: %w", store.ErrCapUnsupported)
 }
+
+var _ store.CapRefuser = (*Store)(nil)
+
+// TenantCapUnsupported forwards to the backing store, which counts and
+// reserves every record: the cache refuses a cap, or the store-wide bound,
+// exactly when its backing store does, so that such a configuration fails
+// when the engine is made instead of at every new key.
+func (s *Store) TenantCapUnsupported() string {
+	if r, ok := s.Store.(store.CapRefuser); ok {
+		return r.TenantCapUnsupported()
+	}
+	return ""
+}
