@@ -256,7 +256,10 @@ func run(o options) error {
 		if err != nil {
 			return "", err
 		}
-		line := strings.NewReplacer("{listen}", addr, "{upstream}", upstream, "{pg}", pgURL).Replace(p.cmd)
+		// Quoted for the shell: a URL's & or ? would otherwise end or
+		// glob the command.
+		line := strings.NewReplacer("{listen}", shellQuote(addr), "{upstream}", shellQuote(upstream),
+			"{pg}", shellQuote(pgURL)).Replace(p.cmd)
 		cmd := exec.Command("sh", "-c", "exec "+line)
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 		if err := cmd.Start(); err != nil {
@@ -427,6 +430,9 @@ func run(o options) error {
 	report(os.Stdout, o, variants, newRes, repRes, statsBefore, after, started)
 	return nil
 }
+
+// shellQuote quotes s as one word for sh.
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
 // spawnPeer starts a -peer's command and returns its URL (set by run).
 var spawnPeer func(p peer, upstream, pgURL string) (string, error)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -55,5 +56,12 @@ func TestSummarize(t *testing.T) {
 	s, _ = summarize([]sliceResult{{ops: 10, elapsed: time.Second, avgLat: 2 * ms}, {ops: 10, elapsed: time.Second, avgLat: 4 * ms}})
 	if s.avg != 3*ms || s.p50 != 0 {
 		t.Errorf("pgbench summary %+v", s)
+	}
+}
+
+func TestShellQuote(t *testing.T) {
+	out, err := exec.Command("sh", "-c", "printf %s "+shellQuote(`a&b?c='d' $x`)).Output()
+	if err != nil || string(out) != `a&b?c='d' $x` {
+		t.Fatalf("%q, %v", out, err)
 	}
 }
