@@ -817,7 +817,15 @@ func TestConsoleShowsTheOriginalRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	markUnknown(reserve("again"), nil)
-	if body := page("again"); !strings.Contains(body, "Not recorded: the summary kept is of an earlier execution") || strings.Contains(body, `id="request"`) {
+	if body := page("again"); !strings.Contains(body, "Not recorded: the record was marked unknown without a summary") || strings.Contains(body, `id="request"`) {
+		t.Errorf("the page passes an earlier execution's request off as this one's:\n%s", body)
+	}
+	// Settling drops the summary (the store suite holds every store to
+	// it); a summary that names another execution's fence is still never
+	// shown as this one's.
+	r = reserve("stale")
+	markUnknown(r, &store.PendingRequest{Method: "POST", Target: "/v1/charges", Fence: r.Fence - 1})
+	if body := page("stale"); !strings.Contains(body, "Not recorded: the summary kept is of an earlier execution") || strings.Contains(body, `id="request"`) {
 		t.Errorf("the page passes an earlier execution's request off as this one's:\n%s", body)
 	}
 
