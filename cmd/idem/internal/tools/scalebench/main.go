@@ -1,0 +1,194 @@
+// Command scalebench measures what the PostgreSQL store costs as its table
+// grows: the same operations on an empty table and on one of -n completed
+// records, and the reaper removing a day of them.
+//
+//	go run ./cmd/idem/internal/tools/scalebench -n 10000000 [-days 3] [-rounds 3] [-slice 2s]
+//
+// It opens two stores on fresh schemas (their own migrations make the
+// tables), fills one with -n completed records by server-side INSERT ...
+// SELECT FROM generate_series (expiries spread over the next 24 h in
+// insertion order, as a day of traffic leaves them), then VACUUM ANALYZE.
+// Reserve+Complete of new keys, replays (Reserve of a completed key, a
+// random one of the table) and Get run in slices that alternate between the
+// two schemas, with -workers clients and with one. Then a store whose clock
+// is 24h/-days ahead reaps, through maintenance.Maintainer.ReapOnce with
+// the product's batch size, the records of the first "day"; the report gives
+// its time, WAL and the table's sizes and dead tuples, and the sizes after
+// another day of inserts. Each report line is a name followed by
+// name=value pairs. The schemas are dropped unless -keep.
+package main
+
+import (
+	"context"
+	"crypto/md5"
+	"crypto/rand"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idem-go/idem/maintenance"
+	"github.com/idem-go/idem/store/postgres"
+)
+
+type options struct {
+	url            string
+	n, chunk, days int
+	rounds         int
+	slice          time.Duration
+	workers, batch int
+	keep           bool
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.url, "url", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL URL")
+	flag.IntVar(&o.n, "n", 10_000_000, "records in the large table")
+	flag.IntVar(&o.chunk, "chunk", 1_000_000, "records per INSERT while filling")
+	flag.IntVar(&o.days, "days", 3, "the reaper removes 1/days of the table")
+	flag.IntVar(&o.rounds, "rounds", 3, "rounds of alternating slices")
+	flag.DurationVar(&o.slice, "slice", 2*time.Second, "length of one slice")
+	flag.IntVar(&o.workers, "workers", 4, "concurrent clients of the concurrent slices")
+	flag.IntVar(&o.batch, "batch", maintenance.DefaultBatchSize, "records per reaper batch")
+	flag.BoolVar(&o.keep, "keep", false, "keep the schemas")
+	flag.Parse()
+	if err := run(context.Background(), o, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "scalebench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, o options, w io.Writer) error {
+	if o.n < o.days || o.days < 1 || o.chunk < 1 || o.rounds < 1 || o.workers < 1 || o.batch < 1 || o.slice <= 0 {
+		return fmt.Errorf("need n >= days >= 1 and positive chunk, rounds, workers, batch, slice")
+	}
+	admin, err := pgxpool.New(ctx, o.url)
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	tag := randHex(6)
+	b := &bench{o: o, w: w, admin: admin}
+	large, err := b.open(ctx, "scalebench_large_"+tag, nil)
+	if err != nil {
+		return err
+	}
+	defer b.drop(large)
+	empty, err := b.open(ctx, "scalebench_empty_"+tag, nil)
+	if err != nil {
+		return err
+	}
+	defer b.drop(empty)
+	if err := b.fill(ctx, large, "large", 0, o.n, o.n); err != nil {
+		return err
+	}
+	if err := b.latencies(ctx, empty, large); err != nil {
+		return err
+	}
+	return b.reap(ctx, large)
+}
+
+type bench struct {
+	o     options
+	w     io.Writer
+	admin *pgxpool.Pool
+}
+
+type schema struct {
+	name  string
+	store *postgres.Store
+	table string // quoted schema.idem_records
+}
+
+func (b *bench) open(ctx context.Context, name string, clock func() time.Time) (*schema, error) {
+	if _, err := b.admin.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return nil, err
+	}
+	s, err := postgres.Open(ctx, b.o.url, postgres.Config{Schema: name, MaxConns: int32(b.o.workers + 1), Clock: clock})
+	if err != nil {
+		return nil, err
+	}
+	return &schema{name: name, store: s, table: pgx.Identifier{name, "idem_records"}.Sanitize()}, nil
+}
+
+func (b *bench) drop(s *schema) {
+	s.store.Close()
+	if !b.o.keep {
+		b.admin.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{s.name}.Sanitize()+" CASCADE")
+	}
+}
+
+// The records of the fill: record i has key keyOf(i) in scope scopeOf(i),
+// so that the replay slices can name existing ones.
+func keyOf(i int) string {
+	h := md5.Sum(fmt.Appendf(nil, "k%d", i))
+	x := hex.EncodeToString(h[:])
+	return x[:8] + "-" + x[8:12] + "-" + x[12:16] + "-" + x[16:20] + "-" + x[20:]
+}
+
+func scopeOf(i int) string { return fmt.Sprintf("tenant-%d", i%1000) }
+
+func fingerprintOf(i int) string {
+	h := md5.Sum(fmt.Appendf(nil, "fp%d", i))
+	return hex.EncodeToString(h[:])
+}
+
+// sqlFill inserts records $1..$2, completed, record i created at
+// now - 24h + 24h*i/$3, expiring 24h later: records 0..$3 as a day of
+// traffic leaves them, in the order of their expiry.
+const sqlFill = `
+INSERT INTO %s (scope, key, fingerprint, state, fence, lease_policy, locked_until,
+	response_status, response_headers, response_body, attempts, created_at, updated_at,
+	completed_at, expires_at, reap_after)
+SELECT 'tenant-' || (i %% 1000), md5('k' || i)::uuid::text, md5('fp' || i), 'completed',
+	(extract(epoch FROM t.c) * 1000000)::bigint, 'unknown', t.c + interval '30 seconds',
+	201, '{"Content-Type": ["application/json"]}',
+	convert_to('{"id":"' || md5('k' || i) || '","status":"created"}', 'UTF8'), 1,
+	t.c, t.c, t.c, t.c + interval '24 hours', t.c + interval '24 hours'
+FROM generate_series($1::bigint, $2::bigint) AS i,
+	LATERAL (SELECT now() + (i - $3::bigint) * (interval '24 hours' / $3::bigint) AS c) AS t`
+
+func (b *bench) fill(ctx context.Context, s *schema, stage string, from, n, spread int) error {
+	start := time.Now()
+	for lo := from; lo < from+n; lo += b.o.chunk {
+		hi := min(lo+b.o.chunk, from+n) - 1
+		t := time.Now()
+		if _, err := b.admin.Exec(ctx, fmt.Sprintf(sqlFill, s.table), lo, hi, spread); err != nil {
+			return fmt.Errorf("fill: %w", err)
+		}
+		fmt.Fprintf(os.Stderr, "filled %d..%d in %v\n", lo, hi, time.Since(t).Round(time.Millisecond))
+	}
+	fillTime := time.Since(start)
+	if _, err := b.admin.Exec(ctx, "VACUUM ANALYZE "+s.table); err != nil {
+		return err
+	}
+	fmt.Fprintf(b.w, "fill stage=%s rows=%d seconds=%.1f rows_per_s=%.0f vacuum_analyze_seconds=%.1f\n",
+		stage, n, fillTime.Seconds(), float64(n)/fillTime.Seconds(), (time.Since(start) - fillTime).Seconds())
+	return b.sizes(ctx, s, stage)
+}
+
+func (b *bench) sizes(ctx context.Context, s *schema, stage string) error {
+	var table, indexes, pkey, live, dead int64
+	err := b.admin.QueryRow(ctx, `SELECT pg_total_relation_size($1::regclass), pg_indexes_size($1::regclass),
+		pg_relation_size(($2 || '.idem_records_pkey')::regclass),
+		coalesce(n_live_tup, 0), coalesce(n_dead_tup, 0)
+		FROM pg_stat_user_tables WHERE relid = $1::regclass`, s.table, pgx.Identifier{s.name}.Sanitize()).
+		Scan(&table, &indexes, &pkey, &live, &dead)
+	if err != nil {
+		return fmt.Errorf("sizes: %w", err)
+	}
+	fmt.Fprintf(b.w, "size stage=%s total_bytes=%d index_bytes=%d pkey_bytes=%d live_tup=%d dead_tup=%d\n",
+		stage, table, indexes, pkey, live, dead)
+	return nil
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,172 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/idem-go/idem/maintenance"
+	"github.com/idem-go/idem/store"
+)
+
+// op is one measured call; i is a random record of the fill (replay, get).
+type op struct {
+	name string
+	call func(ctx context.Context, s store.Store, i int) error
+}
+
+var response = store.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}},
+	Body: []byte(`{"id":"00000000-0000-0000-0000-000000000000","status":"created"}`)}
+
+var ops = []op{
+	{"new", func(ctx context.Context, s store.Store, _ int) error {
+		k := randHex(16)
+		res, err := s.Reserve(ctx, store.ReserveParams{Scope: scopeOf(rand.IntN(1000)), Key: k,
+			Fingerprint: k, Lease: 30 * time.Second, TTL: 24 * time.Hour, LeasePolicy: store.LeaseUnknown})
+		if err != nil {
+			return err
+		}
+		if res.Outcome != store.Created {
+			return fmt.Errorf("new key: outcome %v", res.Outcome)
+		}
+		return s.Complete(ctx, store.CompleteParams{Response: response, TTL: 24 * time.Hour,
+			FenceParams: store.FenceParams{Scope: res.Record.Scope, Key: k, Fence: res.Record.Fence}})
+	}},
+	{"replay", func(ctx context.Context, s store.Store, i int) error {
+		res, err := s.Reserve(ctx, store.ReserveParams{Scope: scopeOf(i), Key: keyOf(i),
+			Fingerprint: fingerprintOf(i), Lease: 30 * time.Second, TTL: 24 * time.Hour, LeasePolicy: store.LeaseUnknown})
+		if err == nil && (res.Outcome != store.Existing || res.Record.State != store.StateCompleted) {
+			err = fmt.Errorf("replay of %d: outcome %v, state %v", i, res.Outcome, res.Record.State)
+		}
+		return err
+	}},
+	{"get", func(ctx context.Context, s store.Store, i int) error {
+		_, err := s.Get(ctx, scopeOf(i), keyOf(i))
+		return err
+	}},
+}
+
+// emptyKeys is how many records the empty schema holds for its replays
+// and gets: a few, all in memory, as on a store just put in service.
+const emptyKeys = 1000
+
+// latencies runs each op with workers clients and with one, in slices
+// alternating between the schemas, and prints p50/p99 and their ratios.
+func (b *bench) latencies(ctx context.Context, empty, large *schema) error {
+	if err := b.fill(ctx, empty, "empty", 0, min(emptyKeys, b.o.n), min(emptyKeys, b.o.n)); err != nil {
+		return err
+	}
+	for _, o := range ops {
+		for _, workers := range []int{b.o.workers, 1} {
+			var lat [2][]time.Duration
+			for range b.o.rounds {
+				for j, s := range []*schema{empty, large} {
+					rows := b.o.n
+					if s == empty {
+						rows = min(emptyKeys, b.o.n)
+					}
+					got, err := b.slice(ctx, s.store, o, workers, rows)
+					if err != nil {
+						return fmt.Errorf("%s on %s: %w", o.name, s.name, err)
+					}
+					lat[j] = append(lat[j], got...)
+				}
+			}
+			e50, e99 := percentiles(lat[0])
+			l50, l99 := percentiles(lat[1])
+			fmt.Fprintf(b.w, "latency op=%s workers=%d empty_ops=%d large_ops=%d empty_p50_us=%d empty_p99_us=%d large_p50_us=%d large_p99_us=%d p50_ratio=%.2f p99_ratio=%.2f\n",
+				o.name, workers, len(lat[0]), len(lat[1]), e50.Microseconds(), e99.Microseconds(),
+				l50.Microseconds(), l99.Microseconds(), float64(l50)/float64(e50), float64(l99)/float64(e99))
+		}
+	}
+	return nil
+}
+
+// slice runs o with workers closed-loop clients for one slice. Calls are
+// never cut: a client starts none after the end of the slice.
+func (b *bench) slice(ctx context.Context, s store.Store, o op, workers, rows int) ([]time.Duration, error) {
+	end := time.Now().Add(b.o.slice)
+	var mu sync.Mutex
+	var all []time.Duration
+	var first error
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			var mine []time.Duration
+			for time.Now().Before(end) {
+				t := time.Now()
+				// The later half of the fill, which expires in 12h or more.
+				if err := o.call(ctx, s, rows/2+rand.IntN(rows-rows/2)); err != nil {
+					mu.Lock()
+					first = err
+					mu.Unlock()
+					return
+				}
+				mine = append(mine, time.Since(t))
+			}
+			mu.Lock()
+			all = append(all, mine...)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return all, first
+}
+
+func percentiles(d []time.Duration) (p50, p99 time.Duration) {
+	if len(d) == 0 {
+		return 0, 0
+	}
+	slices.Sort(d)
+	return d[len(d)/2], d[len(d)*99/100]
+}
+
+// reap removes the first of -days days of records with the product's
+// reaper, then inserts as many new records again, and reports the costs.
+func (b *bench) reap(ctx context.Context, large *schema) error {
+	ahead := 24 * time.Hour / time.Duration(b.o.days)
+	s, err := b.open(ctx, large.name, func() time.Time { return time.Now().Add(ahead) })
+	if err != nil {
+		return err
+	}
+	defer s.store.Close()
+	// No pause between batches: the time is the work; the product's pause
+	// (maintenance.DefaultBatchPause) adds its own, reported apart.
+	m, err := maintenance.New(s.store, maintenance.Config{BatchSize: b.o.batch, BatchPause: time.Microsecond})
+	if err != nil {
+		return err
+	}
+	var lsn0, lsn1 string
+	b.admin.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&lsn0)
+	start := time.Now()
+	res, err := m.ReapOnce(ctx)
+	took := time.Since(start)
+	if err != nil {
+		return fmt.Errorf("reap: %w", err)
+	}
+	var wal int64
+	b.admin.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text, pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::bigint", lsn0).Scan(&lsn1, &wal)
+	batches := (res.Deleted + b.o.batch - 1) / b.o.batch
+	fmt.Fprintf(b.w, "reap deleted=%d batches=%d seconds=%.1f rows_per_s=%.0f ms_per_batch=%.2f wal_bytes=%d wal_bytes_per_row=%.0f paced_seconds=%.0f\n",
+		res.Deleted, batches, took.Seconds(), float64(res.Deleted)/took.Seconds(),
+		float64(took.Milliseconds())/float64(max(batches, 1)), wal, float64(wal)/float64(max(res.Deleted, 1)),
+		took.Seconds()+float64(batches)*0.75*maintenance.DefaultBatchPause.Seconds())
+	time.Sleep(1500 * time.Millisecond) // statistics reach pg_stat_user_tables within a second
+	if err := b.sizes(ctx, large, "reaped"); err != nil {
+		return err
+	}
+	t := time.Now()
+	if _, err := b.admin.Exec(ctx, "VACUUM "+large.table); err != nil {
+		return err
+	}
+	fmt.Fprintf(b.w, "vacuum seconds=%.1f\n", time.Since(t).Seconds())
+	time.Sleep(1500 * time.Millisecond)
+	if err := b.sizes(ctx, large, "vacuumed"); err != nil {
+		return err
+	}
+	return b.fill(ctx, large, "next_day", b.o.n, res.Deleted, b.o.n)
+}
