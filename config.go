@@ -62,7 +62,7 @@ type Config struct {
 
 	// Methods are the protected methods, matched without regard to case;
 	// other methods pass through untouched, with or without a key.
-	// Defaults to POST and PATCH.
+	// Defaults to DefaultMethods(): POST and PATCH.
 	Methods []string
 
 	// KeyRequired: a protected request without Idempotency-Key is refused
@@ -328,6 +328,11 @@ func (s *settings) protected(m string) (string, bool) {
 	return "", false
 }
 
+// DefaultMethods returns the methods Config.Methods defaults to, POST and
+// PATCH (the methods that are neither safe nor idempotent by definition),
+// in a slice of the caller's own.
+func DefaultMethods() []string { return []string{http.MethodPost, http.MethodPatch} }
+
 func (c Config) withDefaults() (settings, error) {
 	if c.Profile == "" {
 		c.Profile = ProfileIETF
@@ -337,7 +342,7 @@ func (c Config) withDefaults() (settings, error) {
 		errs = append(errs, fmt.Errorf("idem: unknown profile %q (want ietf or stripe)", c.Profile))
 	}
 	if len(c.Methods) == 0 {
-		c.Methods = []string{http.MethodPost, http.MethodPatch}
+		c.Methods = DefaultMethods()
 	}
 	s := settings{methods: map[string]bool{}}
 	methods := make([]string, 0, len(c.Methods))

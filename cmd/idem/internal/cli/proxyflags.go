@@ -270,7 +270,7 @@ var proxyFlags = []proxyFlag{
 		func(a *proxyArgs) any { return &a.cfg.BodyTimeout }},
 	{"max-buffered-bytes", defaultMaxBufferedBytes, "bound on the `size` of the request bodies held in memory at once (over it: 503 + Retry-After at once); at least --max-body",
 		func(a *proxyArgs) any { return &a.maxBuffered }},
-	{"methods", []string{http.MethodPost, http.MethodPatch}, "comma-separated `methods` under idempotency keys; others pass through",
+	{"methods", idem.DefaultMethods(), "comma-separated `methods` under idempotency keys; others pass through",
 		func(a *proxyArgs) any { return &a.methods }},
 	{"max-body", idem.DefaultMaxBodyBytes, "largest request `size` fingerprinted (larger: 413), e.g. 1MiB",
 		func(a *proxyArgs) any { return &a.maxBody }},
