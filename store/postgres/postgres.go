@@ -325,10 +325,10 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 	if c == nil {
 		return s.reserve(ctx, s.pool, p)
 	}
-	if rec, ok := c.lookup(&p, s.clockNow()); ok {
+	rec, epoch, ok := c.lookup(&p, s.clockNow())
+	if ok {
 		return store.ReserveResult{Outcome: store.Existing, Record: rec}, nil
 	}
-	epoch := c.currentEpoch()
 	res, err := s.reserve(ctx, s.pool, p)
 	if err == nil && res.Outcome == store.Existing {
 		c.keep(&res.Record, epoch)

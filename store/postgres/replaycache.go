@@ -99,23 +99,27 @@ func recordSize(r *store.Record) int64 {
 
 // lookup returns the record cached for a Reserve of p, when the cache may
 // answer it: serving, completed, same fingerprint, not about to expire.
-func (c *replayCache) lookup(p *store.ReserveParams, now time.Time) (store.Record, bool) {
-	if monoNow() >= c.validUntil.Load() {
-		return store.Record{}, false
-	}
+// On a miss, epoch is the one to pass to keep with the record the caller
+// then reads from the database (read under the same lock, so that a miss
+// costs one acquisition).
+func (c *replayCache) lookup(p *store.ReserveParams, now time.Time) (_ store.Record, epoch uint64, ok bool) {
+	serving := monoNow() < c.validUntil.Load()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if !serving {
+		return store.Record{}, c.epoch, false
+	}
 	el, ok := c.byKey[cacheID(p.Scope, p.Key)]
 	if !ok {
-		return store.Record{}, false
+		return store.Record{}, c.epoch, false
 	}
 	e := el.Value.(*cacheEntry)
 	if e.rec.Fingerprint != p.Fingerprint || !now.Add(cacheExpiryMargin).Before(e.rec.ExpiresAt) {
-		return store.Record{}, false
+		return store.Record{}, c.epoch, false
 	}
 	c.lru.MoveToFront(el)
 	c.hits.Add(1)
-	return e.rec, true
+	return e.rec, c.epoch, true
 }
 
 // keep caches rec, read from the database when the cache's epoch was
@@ -142,12 +146,6 @@ func (c *replayCache) keep(rec *store.Record, epoch uint64) {
 	for c.bytes > c.budget {
 		c.remove(c.lru.Back())
 	}
-}
-
-func (c *replayCache) currentEpoch() uint64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.epoch
 }
 
 // remove drops an entry; c.mu is held.
