@@ -56,7 +56,7 @@ type replayCache struct {
 	log    *slog.Logger
 
 	mu    sync.Mutex
-	byKey map[string]*list.Element
+	byKey map[cacheID]*list.Element
 	lru   list.List // front: most recently used
 	bytes int64
 	// epoch counts the invalidations applied: a record read from the
@@ -73,7 +73,6 @@ type replayCache struct {
 }
 
 type cacheEntry struct {
-	id   string
 	rec  store.Record
 	size int64
 }
@@ -83,7 +82,9 @@ var base = time.Now()
 
 func monoNow() int64 { return int64(time.Since(base)) }
 
-func cacheID(scope, key string) string { return scope + "\x00" + key }
+// cacheID names a record in the cache: a pair, so that a lookup builds no
+// string.
+type cacheID struct{ scope, key string }
 
 // recordSize estimates the memory a record holds.
 func recordSize(r *store.Record) int64 {
@@ -109,7 +110,7 @@ func (c *replayCache) lookup(p *store.ReserveParams, now time.Time) (_ store.Rec
 	if !serving {
 		return store.Record{}, c.epoch, false
 	}
-	el, ok := c.byKey[cacheID(p.Scope, p.Key)]
+	el, ok := c.byKey[cacheID{p.Scope, p.Key}]
 	if !ok {
 		return store.Record{}, c.epoch, false
 	}
@@ -129,7 +130,8 @@ func (c *replayCache) keep(rec *store.Record, epoch uint64) {
 	if rec.State != store.StateCompleted || rec.Request != nil {
 		return
 	}
-	e := &cacheEntry{id: cacheID(rec.Scope, rec.Key), rec: *rec, size: recordSize(rec)}
+	e := &cacheEntry{rec: *rec, size: recordSize(rec)}
+	id := cacheID{rec.Scope, rec.Key}
 	if e.size > c.budget {
 		return
 	}
@@ -138,10 +140,10 @@ func (c *replayCache) keep(rec *store.Record, epoch uint64) {
 	if c.epoch != epoch {
 		return
 	}
-	if old, ok := c.byKey[e.id]; ok {
+	if old, ok := c.byKey[id]; ok {
 		c.remove(old)
 	}
-	c.byKey[e.id] = c.lru.PushFront(e)
+	c.byKey[id] = c.lru.PushFront(e)
 	c.bytes += e.size
 	for c.bytes > c.budget {
 		c.remove(c.lru.Back())
@@ -151,18 +153,18 @@ func (c *replayCache) keep(rec *store.Record, epoch uint64) {
 // remove drops an entry; c.mu is held.
 func (c *replayCache) remove(el *list.Element) {
 	e := c.lru.Remove(el).(*cacheEntry)
-	delete(c.byKey, e.id)
+	delete(c.byKey, cacheID{e.rec.Scope, e.rec.Key})
 	c.bytes -= e.size
 }
 
 // evict applies one invalidation: the record of id, or everything when
 // all is set.
-func (c *replayCache) evict(id string, all bool) {
+func (c *replayCache) evict(id cacheID, all bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.epoch++
 	if all {
-		c.byKey = map[string]*list.Element{}
+		c.byKey = map[cacheID]*list.Element{}
 		c.lru.Init()
 		c.bytes = 0
 		return
@@ -192,7 +194,7 @@ func (s *Store) startCache(ctx context.Context) error {
 		cfg = lc
 	}
 	c := &replayCache{s: s, node: newNodeID(), budget: s.cfg.ReplayCache, log: slog.Default(),
-		byKey: map[string]*list.Element{}, done: make(chan struct{})}
+		byKey: map[cacheID]*list.Element{}, done: make(chan struct{})}
 	// Named, so that an operator tells it from the pool's connections.
 	cfg.RuntimeParams["application_name"] = "idem replay cache " + c.node
 	conn, err := c.connect(ctx, cfg)
@@ -243,7 +245,7 @@ func (c *replayCache) register(ctx context.Context, conn *pgx.Conn) error {
 	}
 	// Registered after LISTEN holds: an invalidation numbered before seen
 	// committed before the registration, and the cache is empty.
-	c.evict("", true)
+	c.evict(cacheID{}, true)
 	sent := monoNow()
 	if _, err := conn.Exec(ctx, c.s.q.cacheRegister, c.node, cacheLease.Microseconds()); err != nil {
 		return wrap("replay cache", err)
@@ -315,10 +317,10 @@ func (c *replayCache) apply(payload string) int64 {
 	seq, err1 := strconv.ParseInt(num, 10, 64)
 	scopeLen, err2 := strconv.Atoi(n)
 	if !ok1 || !ok2 || err1 != nil || err2 != nil || scopeLen < 0 || scopeLen > len(rest) {
-		c.evict("", true)
+		c.evict(cacheID{}, true)
 		return seq
 	}
-	c.evict(cacheID(rest[:scopeLen], rest[scopeLen:]), false)
+	c.evict(cacheID{rest[:scopeLen], rest[scopeLen:]}, false)
 	return seq
 }
 
