@@ -50,6 +50,9 @@ func TestAdmissionAroundTheReservation(t *testing.T) {
 	if refused == nil || refused.Problem.Status != http.StatusServiceUnavailable || refused.Problem.Slug != SlugOverCapacity {
 		t.Fatalf("another tenant at the store bound: %+v, want 503 over-capacity", refused)
 	}
+	if want := "the store holds 1 request waiting for a worker, in progress or awaiting reconciliation"; refused.Problem.Detail != want {
+		t.Fatalf("over-capacity detail %q, want %q", refused.Problem.Detail, want)
+	}
 	// After the reservation: the cap the store counted, the breaker open.
 	if r := e.admitted(ctx, ticket{}, a, decision{}, store.ErrOverCap); r == nil || r.Problem.Slug != SlugOverCap || r.Problem.Status != http.StatusTooManyRequests {
 		t.Fatalf("over the tenant's cap: %+v", r)

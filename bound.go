@@ -3,7 +3,6 @@ package idem
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"sync"
 	"time"
 
@@ -32,9 +31,11 @@ type activeBound struct {
 	counting bool
 }
 
+// newActiveBound is the bound of set over s, nil without one; set passed
+// checkActiveBound.
 func newActiveBound(s store.Store, set *settings) *activeBound {
 	c, ok := s.(store.ActiveCounter)
-	if set.StoreMaxActive <= 0 || !ok || checkActiveBound(s, set) != nil {
+	if set.StoreMaxActive <= 0 || !ok {
 		return nil
 	}
 	return &activeBound{max: set.StoreMaxActive, every: set.StoreActiveRecount, count: c.CountActive}
@@ -93,7 +94,7 @@ func (b *activeBound) created() {
 	b.mu.Unlock()
 }
 
-// overCapacityDetail is the detail of the bound's refusal.
+// detail is the detail of the bound's refusal.
 func (b *activeBound) detail() string {
-	return "the store holds " + strconv.Itoa(b.max) + " requests waiting for a worker, in progress or awaiting reconciliation"
+	return "the store holds " + countOf(b.max, "request", "requests") + " waiting for a worker, in progress or awaiting reconciliation"
 }
