@@ -11,13 +11,15 @@ STATICCHECK := go run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 .PHONY: test race vet lint tidy-check ci bench fuzz fault compat
 
-# The README's test command: go test over every module, then one line
-# naming the tests skipped for want of a server or a tool.
+# The README's test command (make race: with -race), then one line naming
+# the tests skipped for want of a server or a tool.
 test:
-	go run ./internal/tools/testall
+	@skips=$$(mktemp); status=0; \
+	IDEM_TEST_SKIPS=$$skips go test $(TESTFLAGS) $$(go list -f '{{.Dir}}/...' -m) || status=$$?; \
+	go run ./internal/tools/skipsummary $$skips; rm -f $$skips; exit $$status
 
 race:
-	go run ./internal/tools/testall -race
+	@$(MAKE) --no-print-directory test TESTFLAGS=-race
 
 vet:
 	go vet $(PKGS)

@@ -56,9 +56,10 @@ func need(tb testing.TB, env, example string) string {
 func CI() bool { return os.Getenv("CI") == "true" }
 
 // SkipsEnv names a file to which Skip appends its reason, one a line:
-// go run ./internal/tools/testall sets it, and after the tests says in one
-// line what was skipped and how to enable it (go test alone prints "ok"
-// for a package whose tests all skipped).
+// .ci/run, make test and make race set it around the README's test command,
+// and go run ./internal/tools/skipsummary then says in one line what was
+// skipped and how to enable it (go test prints "ok" for a package whose
+// tests all skipped).
 const SkipsEnv = "IDEM_TEST_SKIPS"
 
 // Skip skips the test, saying why; under CI=true it fails it instead: a CI
