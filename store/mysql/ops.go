@@ -282,11 +282,9 @@ func (s *Store) MarkUnknown(ctx context.Context, p store.ReleaseParams) error {
 	if err != nil {
 		return err
 	}
-	a["error"], a["request"] = p.Error, nil
-	if p.Request != nil {
-		if a["request"], err = storekit.EncodeRequest(p.Request); err != nil {
-			return err
-		}
+	a["error"] = p.Error
+	if a["request"], err = storekit.EncodeRequest(p.Request); err != nil {
+		return err
 	}
 	return s.fenced(ctx, s.q, "mark unknown", qMarkUnknown, a)
 }

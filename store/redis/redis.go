@@ -341,12 +341,9 @@ func (s *Store) Release(ctx context.Context, p store.ReleaseParams) error {
 
 // MarkUnknown implements store.Store.
 func (s *Store) MarkUnknown(ctx context.Context, p store.ReleaseParams) error {
-	var req []byte
-	if p.Request != nil {
-		var err error
-		if req, err = storekit.EncodeRequest(p.Request); err != nil {
-			return err
-		}
+	req, err := storekit.EncodeRequest(p.Request)
+	if err != nil {
+		return err
 	}
 	return s.fenced(ctx, "mark unknown", p.Validate(), scriptRelease, p.FenceParams,
 		s.now(), s.graceMS(), p.Fence, string(store.StateUnknown), p.Error, req)

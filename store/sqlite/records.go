@@ -187,12 +187,9 @@ func (s *Store) MarkUnknown(ctx context.Context, p store.ReleaseParams) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	var req []byte
-	if p.Request != nil {
-		var err error
-		if req, err = storekit.EncodeRequest(p.Request); err != nil {
-			return err
-		}
+	req, err := storekit.EncodeRequest(p.Request)
+	if err != nil {
+		return err
 	}
 	return fenced(ctx, s.writer(), "mark unknown", qMarkUnknown, p.Scope, p.Key, p.Fence,
 		p.Error, s.now().UnixMicro(), req)

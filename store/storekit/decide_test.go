@@ -119,3 +119,12 @@ func TestActivates(t *testing.T) {
 		}
 	}
 }
+
+// A nil request is stored as none, so that a MarkUnknown without a summary
+// writes NULL rather than a JSON null.
+func TestEncodeRequestNil(t *testing.T) {
+	b, err := storekit.EncodeRequest(nil)
+	if err != nil || b != nil {
+		t.Fatalf("EncodeRequest(nil) = %q, %v; want nil, nil", b, err)
+	}
+}

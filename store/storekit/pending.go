@@ -23,8 +23,12 @@ type pendingJSON struct {
 }
 
 // EncodeRequest is the stored form of r without its queue, the same bytes
-// in every store.
+// in every store. A nil r is none: nil, stored as NULL (the summary that
+// ReleaseParams.Request may leave out).
 func EncodeRequest(r *store.PendingRequest) ([]byte, error) {
+	if r == nil {
+		return nil, nil
+	}
 	return json.Marshal(pendingJSON{Method: r.Method, Target: r.Target, Header: r.Header, Body: r.Body,
 		BodyBytes: r.BodyBytes, Fence: r.Fence})
 }
