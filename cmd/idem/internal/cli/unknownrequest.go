@@ -14,10 +14,6 @@ import (
 	"github.com/idem-go/idem/store"
 )
 
-// maxRequestText is how much of a kept request's body inspect shows when
-// it is text (the console shows as much).
-const maxRequestText = 1 << 10
-
 // hiddenValue stands for the value of a header that may hold a credential.
 const hiddenValue = "(hidden: may hold a credential)"
 
@@ -44,7 +40,7 @@ func viewRequest(v *recordView, r *store.Record) {
 		return
 	}
 	rv := &requestView{Whole: q.Queue != "", Method: q.Method, Target: q.Target, Header: shownHeader(q.Header),
-		BodyLength: bodyLength(q)}
+		BodyLength: console.BodySize(q)}
 	if text, ok := requestText(q.Body); ok {
 		rv.Body = &text
 	} else if len(q.Body) > 0 {
@@ -70,13 +66,6 @@ func shownHeader(h http.Header) http.Header {
 	return out
 }
 
-func bodyLength(q *store.PendingRequest) int {
-	if q.BodyBytes > 0 {
-		return q.BodyBytes
-	}
-	return len(q.Body)
-}
-
 func requestText(b []byte) (string, bool) {
 	return string(b), len(b) > 0 && utf8.Valid(b) && !strings.ContainsRune(string(b), 0)
 }
@@ -100,16 +89,12 @@ func printRequest(w io.Writer, r *store.Record) error {
 			fmt.Fprintf(w, "%s: %s\n", name, v)
 		}
 	}
-	size := bodyLength(q)
+	size := console.BodySize(q)
 	var err error
-	switch text, ok := requestText(q.Body); {
+	switch shown, ok := console.ShownText(q.Body); {
 	case size == 0:
 		_, err = fmt.Fprintln(w, "\n(no body)")
 	case ok:
-		shown := text[:min(len(text), maxRequestText)]
-		for len(shown) > 0 && !utf8.ValidString(shown) {
-			shown = shown[:len(shown)-1]
-		}
 		_, err = fmt.Fprintf(w, "\n%s\n", shown)
 		if err == nil && len(shown) < size {
 			_, err = fmt.Fprintf(w, "(the first %d of %d bytes)\n", len(shown), size)

@@ -4,13 +4,45 @@ import (
 	"encoding/hex"
 	"fmt"
 	"slices"
+	"unicode/utf8"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/store"
 )
 
-// maxShownBody bounds the body a page shows of a kept request.
-const maxShownBody = 1 << 10
+// MaxShownBody bounds the body of a kept request that the record page and
+// idem inspect show.
+const MaxShownBody = 1 << 10
+
+// BodySize is the size of q's whole body, of which Body may hold only the
+// beginning (a summary's).
+func BodySize(q *store.PendingRequest) int {
+	if q.BodyBytes > 0 {
+		return q.BodyBytes
+	}
+	return len(q.Body)
+}
+
+// ShownText is the beginning of body to show, at most MaxShownBody bytes
+// cut on a character boundary; ok is false when it is not text (or is
+// empty). A body cut at a byte bound (a summary keeps the beginning) may
+// end inside a character: that part is dropped, it does not make the body
+// binary.
+func ShownText(body []byte) (text string, ok bool) {
+	b := body[:min(len(body), MaxShownBody)]
+	for i := len(b) - 1; i >= 0 && i >= len(b)-utf8.UTFMax; i-- {
+		if utf8.RuneStart(b[i]) {
+			if !utf8.FullRune(b[i:]) {
+				b = b[:i]
+			}
+			break
+		}
+	}
+	if len(b) == 0 || !isText(b) {
+		return "", false
+	}
+	return string(b), true
+}
 
 // requestView is the request an unknown record keeps, as the record page
 // shows it.
@@ -55,16 +87,12 @@ func requestOf(r *store.Record) (*requestView, string) {
 	if q == nil {
 		return nil, why
 	}
-	v := &requestView{Method: q.Method, Target: q.Target, Whole: q.Queue != "", Size: len(q.Body)}
-	if q.BodyBytes > 0 {
-		v.Size = q.BodyBytes
-	}
-	body := q.Body[:min(len(q.Body), maxShownBody)]
-	v.Shown = len(body)
-	if isText(body) {
-		v.BodyText = string(body)
+	v := &requestView{Method: q.Method, Target: q.Target, Whole: q.Queue != "", Size: BodySize(q)}
+	if text, ok := ShownText(q.Body); ok {
+		v.BodyText, v.Shown = text, len(text)
 	} else {
-		v.BodyHex = hex.Dump(body)
+		body := q.Body[:min(len(q.Body), MaxShownBody)]
+		v.BodyHex, v.Shown = hex.Dump(body), len(body)
 	}
 	names := make([]string, 0, len(q.Header))
 	for k := range q.Header {
