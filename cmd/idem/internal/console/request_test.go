@@ -11,7 +11,7 @@ import (
 // character: the text before it is still shown as text.
 func TestShownTextOfABodyCutInsideACharacter(t *testing.T) {
 	body := []byte("a" + strings.Repeat("é", console.MaxShownBody)) // é is two bytes
-	kept := body[:console.MaxShownBody]                                 // ends with half an é
+	kept := body[:console.MaxShownBody]                             // ends with half an é
 	text, ok := console.ShownText(kept)
 	if want := "a" + strings.Repeat("é", (console.MaxShownBody-2)/2); !ok || text != want {
 		t.Fatalf("ShownText = %d bytes, %v; want the %d bytes before the cut character, as text", len(text), ok, len(want))
