@@ -504,9 +504,13 @@ const sqlCacheLeave = `DELETE FROM {schema}idem_cache_nodes WHERE node = $1`
 // sqlCacheNotify numbers an invalidation of (scope $1, key $2) and
 // notifies it, in a transaction of its own that starts after the change
 // committed: a cache that applied a number at least this one's has
-// applied this notification. $3 Config.Schema.
+// applied this notification. It also counts the caches alive (none has
+// applied a number not yet given), so that a schema without any costs
+// the invalidation one round trip. $3 Config.Schema.
 const sqlCacheNotify = `
-SELECT n.v FROM (SELECT nextval('{schema}idem_cache_seq') AS v) n
+SELECT n.v, (SELECT count(*) FROM {schema}idem_cache_nodes
+	WHERE seen < n.v AND alive_until > statement_timestamp())
+FROM (SELECT nextval('{schema}idem_cache_seq') AS v) n
 CROSS JOIN LATERAL pg_notify((` + sqlCacheChannel + `),
 	n.v::text || ' ' || octet_length($1::text) || ' ' || $1::text || $2::text)`
 

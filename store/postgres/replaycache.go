@@ -351,23 +351,26 @@ const invalidationOp = "the record changed, but telling the replay caches failed
 // serving by itself before its registration lapses (at most cacheLease).
 func (s *Store) invalidate(ctx context.Context, scope, key string) error {
 	var seq int64
-	if err := s.pool.QueryRow(ctx, s.q.cacheNotify, scope, key, s.cfg.Schema).Scan(&seq); err != nil {
+	var behind int
+	if err := s.pool.QueryRow(ctx, s.q.cacheNotify, scope, key, s.cfg.Schema).Scan(&seq, &behind); err != nil {
 		return wrap(invalidationOp, err)
+	}
+	if behind == 0 {
+		return nil
 	}
 	wait := time.NewTicker(2 * time.Millisecond)
 	defer wait.Stop()
 	for {
-		var behind int
+		select {
+		case <-ctx.Done():
+			return wrap(invalidationOp, ctx.Err())
+		case <-wait.C:
+		}
 		if err := s.pool.QueryRow(ctx, s.q.cacheBehind, seq).Scan(&behind); err != nil {
 			return wrap(invalidationOp, err)
 		}
 		if behind == 0 {
 			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return wrap(invalidationOp, ctx.Err())
-		case <-wait.C:
 		}
 	}
 }
