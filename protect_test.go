@@ -108,6 +108,40 @@ func (te *tenantEnv) ran() int {
 	return te.runs
 }
 
+// holdRequests sends a request for each tenant, key pair (keys starting
+// with "held"), one after the other once the previous one runs, and
+// returns when all of them hold their keys. release lets them finish and
+// fails the test unless each was answered 201.
+func (te *tenantEnv) holdRequests(pairs ...[2]string) (release func()) {
+	te.t.Helper()
+	te.mu.Lock()
+	te.hold = make(chan struct{})
+	base := te.runs
+	te.mu.Unlock()
+	codes := make([]int, len(pairs))
+	var wg sync.WaitGroup
+	for i, p := range pairs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			codes[i] = te.send(p[0], p[1]).Code
+		}()
+		for te.ran() < base+i+1 {
+			time.Sleep(time.Millisecond) // until the request holds its key
+		}
+	}
+	return func() {
+		te.t.Helper()
+		close(te.hold)
+		wg.Wait()
+		for i, code := range codes {
+			if code != http.StatusCreated {
+				te.t.Fatalf("held request %v: %d", pairs[i], code)
+			}
+		}
+	}
+}
+
 // The rate of new keys: a bucket of TenantBurst refilled at TenantRate a
 // second, per tenant; replays, duplicates and key reuse are not charged.
 func TestTenantRate(t *testing.T) {
@@ -157,12 +191,7 @@ func TestTenantRate(t *testing.T) {
 func TestTenantRateRefundsDuplicates(t *testing.T) {
 	t.Parallel()
 	te := newTenantEnv(t, idem.Config{TenantRate: 0.001, TenantBurst: 2})
-	te.hold = make(chan struct{})
-	done := make(chan int)
-	go func() { done <- te.send("a", "held").Code }()
-	for te.ran() == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	release := te.holdRequests([2]string{"a", "held"})
 	for range 5 {
 		te.want("a", "held", 409)
 	}
@@ -171,10 +200,7 @@ func TestTenantRateRefundsDuplicates(t *testing.T) {
 	}
 	te.want("a", "second", 201) // the second token is still there
 	te.wantLimited("a", "third", idem.SlugRateLimited, "1000")
-	close(te.hold)
-	if code := <-done; code != 201 {
-		t.Fatalf("held request: %d", code)
-	}
+	release()
 }
 
 // The cap on active records: a tenant holding TenantMaxActive requests in
@@ -183,25 +209,13 @@ func TestTenantRateRefundsDuplicates(t *testing.T) {
 func TestTenantMaxActive(t *testing.T) {
 	t.Parallel()
 	te := newTenantEnv(t, idem.Config{TenantMaxActive: 2, RetryAfter: 3 * time.Second})
-	te.hold = make(chan struct{})
-	var wg sync.WaitGroup
-	for i := range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			te.send("a", fmt.Sprint("held-", i))
-		}()
-	}
-	for te.ran() < 2 {
-		time.Sleep(time.Millisecond)
-	}
+	release := te.holdRequests([2]string{"a", "held-0"}, [2]string{"a", "held-1"})
 	te.wantLimited("a", "third", idem.SlugOverCap, "3")
 	te.want("a", "held-0", 409) // an in-flight duplicate is still answered
 	if te.ran() != 2 {
 		t.Fatalf("handler ran %d times, want 2", te.ran())
 	}
-	close(te.hold)
-	wg.Wait()
+	release()
 	te.want("b", "other", 201)
 	te.want("a", "third", 201) // the completions freed the places
 	if got := te.obs.Tenants()["a/over_cap"]; got != 1 {
@@ -393,22 +407,10 @@ func TestTenantMaxActiveDetail(t *testing.T) {
 func TestStoreMaxActive(t *testing.T) {
 	t.Parallel()
 	te := newTenantEnv(t, idem.Config{StoreMaxActive: 2, StoreActiveRecount: 2 * time.Second})
-	te.hold = make(chan struct{})
-	var wg sync.WaitGroup
-	for i := range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			te.want(fmt.Sprint("fresh-", i), fmt.Sprint("held-", i), http.StatusCreated)
-		}()
-		for te.ran() < i+1 {
-			time.Sleep(time.Millisecond) // until the request holds its key
-		}
-	}
+	release := te.holdRequests([2]string{"fresh-0", "held-0"}, [2]string{"fresh-1", "held-1"})
 	te.wantRefused("fresh-2", "k2", http.StatusServiceUnavailable, idem.SlugOverCapacity, "2")
 	te.want("fresh-0", "held-0", http.StatusConflict)
-	close(te.hold)
-	wg.Wait()
+	release()
 	te.clk.Advance(time.Second)
 	te.wantRefused("fresh-3", "k3", http.StatusServiceUnavailable, idem.SlugOverCapacity, "1")
 	te.clk.Advance(time.Second)
