@@ -48,11 +48,7 @@ func exampleFiles(t *testing.T) map[string]string {
 		if err != nil {
 			return err
 		}
-		lines := strings.Split(string(b), "\n")
-		for i, l := range lines {
-			lines[i] = strings.TrimLeft(l, "\t")
-		}
-		files[path] = strings.Join(lines, "\n")
+		files[path] = dedent(string(b))
 		return nil
 	})
 	if err != nil {
