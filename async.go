@@ -227,7 +227,7 @@ func (e *Engine) StatusHandler() http.Handler {
 		switch rec.State {
 		case store.StateCompleted:
 			if rec.Response != nil {
-				replay(w, rec.Response, rec.ExpiresAt, e.cfg.Profile == ProfileStripe, nil)
+				replay(w, rec.Response, rec.ExpiresAt, e.cfg.Profile == ProfileStripe, "")
 				return
 			}
 			e.WriteProblem(w, e.problem(probStore, 0))

@@ -94,13 +94,14 @@ func (e *Engine) handle(w http.ResponseWriter, r *http.Request, route string, co
 		h.rec.send()
 	case Passed:
 	case Replayed:
-		var echo http.Header
-		if e.cfg.EchoKey && len(keys) > 0 {
+		keep := ""
+		if e.cfg.EchoKey {
 			// The stored answer holds the key as the first request spelled
-			// it ("k" or k); this client is told its own spelling.
-			echo = http.Header{e.cfg.KeyHeader: slices.Clone(keys)}
+			// it ("k" or k); this client is told its own spelling, set
+			// above.
+			keep = e.cfg.KeyHeader
 		}
-		replay(w, a.Response, a.Expires, e.cfg.Profile == ProfileStripe, echo)
+		replay(w, a.Response, a.Expires, e.cfg.Profile == ProfileStripe, keep)
 	case Accepted:
 		w.Header().Set("Location", a.Location)
 		e.WriteProblem(w, a.Problem)
@@ -253,16 +254,17 @@ var (
 // expiry (ExpiresHeader). Its headers pass the filter of
 // httpfield.Replayable again, whoever stored them. Under the stripe
 // profile a stored Request-Id is also sent as Original-Request, the header
-// in which Stripe names the request whose answer a replay carries. over
-// replaces stored headers that belong to this request, not the first.
-func replay(w http.ResponseWriter, resp *store.Response, expires time.Time, stripe bool, over http.Header) {
+// in which Stripe names the request whose answer a replay carries. The
+// stored header named keep ("" for none) is not replayed: w already holds
+// this request's own.
+func replay(w http.ResponseWriter, resp *store.Response, expires time.Time, stripe bool, keep string) {
 	src := resp.Header
 	if _, ok := src["Connection"]; ok {
 		src = httpfield.Replayable(src) // drops the headers it names too
 	}
 	h := w.Header()
 	for k, v := range src {
-		if !httpfield.ReplayableName(k) || !httpfield.Valid(k, v) {
+		if k == keep || !httpfield.ReplayableName(k) || !httpfield.Valid(k, v) {
 			continue
 		}
 		// A full slice expression: a later Add appends to a copy, never to
@@ -276,9 +278,6 @@ func replay(w http.ResponseWriter, resp *store.Response, expires time.Time, stri
 		}
 	}
 	setExpires(h, expires) // over a stored header of that name
-	for k, v := range over {
-		h[k] = v
-	}
 	if resp.BodyOmitted {
 		h["Idempotent-Body-Omitted"] = omittedTrue
 	}
