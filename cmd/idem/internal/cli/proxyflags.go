@@ -131,12 +131,6 @@ type proxyFlag struct {
 	target func(*proxyArgs) any
 }
 
-// env is the flag's environment variable.
-func (f proxyFlag) env() string { return envName(f.name) }
-
-// member is the flag's member in the config file.
-func (f proxyFlag) member() string { return f.name }
-
 // proxyArgs is what idem proxy's flags are parsed into: the
 // configuration, and the values that take a step (checks, a file to read)
 // before they become part of it.

@@ -154,3 +154,9 @@ func defaultText(t *testing.T, f proxyFlag) string {
 	}
 	return defText(f.def)
 }
+
+// env is the flag's environment variable, by the rule every command uses.
+func (f proxyFlag) env() string { return envName(f.name) }
+
+// member is the flag's member in the config file: its name.
+func (f proxyFlag) member() string { return f.name }
