@@ -251,7 +251,8 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	spawnPeer = func(p peer, upstream, pgURL string) (string, error) {
+	// spawnPeer starts a -peer's command and returns its URL.
+	spawnPeer := func(p peer, upstream, pgURL string) (string, error) {
 		addr, err := benchnet.FreeAddr()
 		if err != nil {
 			return "", err
@@ -433,9 +434,6 @@ func run(o options) error {
 
 // shellQuote quotes s as one word for sh.
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
-
-// spawnPeer starts a -peer's command and returns its URL (set by run).
-var spawnPeer func(p peer, upstream, pgURL string) (string, error)
 
 // binary is an idem binary and the suffix of its variants' names.
 type binary struct{ suffix, path string }
