@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/idem-go/idem/internal/plural"
 	"github.com/idem-go/idem/store"
 )
 
@@ -179,13 +180,5 @@ func (e *Engine) limited(ctx context.Context, tenant, outcome string, p *problem
 // overCap answers a reservation the store refused at the tenant's cap.
 func (e *Engine) overCap(ctx context.Context, tenant string) Answer {
 	return e.limited(ctx, tenant, outcomeOverCap, probOverCap, 0,
-		"the tenant holds "+countOf(e.cfg.TenantMaxActive, "request", "requests")+" waiting for a worker, in progress or awaiting reconciliation")
-}
-
-// countOf writes n with the noun that agrees with it: 1 request, 2 requests.
-func countOf(n int, one, many string) string {
-	if n == 1 {
-		return "1 " + one
-	}
-	return strconv.Itoa(n) + " " + many
+		"the tenant holds "+plural.Count(e.cfg.TenantMaxActive, "request", "requests")+" waiting for a worker, in progress or awaiting reconciliation")
 }

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idem-go/idem/internal/plural"
 	"github.com/idem-go/idem/store"
 )
 
@@ -96,5 +97,5 @@ func (b *activeBound) created() {
 
 // detail is the detail of the bound's refusal.
 func (b *activeBound) detail() string {
-	return "the store holds " + countOf(b.max, "request", "requests") + " waiting for a worker, in progress or awaiting reconciliation"
+	return "the store holds " + plural.Count(b.max, "request", "requests") + " waiting for a worker, in progress or awaiting reconciliation"
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/httpfield"
+	"github.com/idem-go/idem/internal/plural"
 	"github.com/idem-go/idem/store"
 )
 
@@ -354,11 +355,7 @@ func (m *Maintainer) reconcileBatch(ctx context.Context, out *ReconcileResult) (
 		}
 		attempt := r.ReconcileAttempts + 1
 		if attempt >= m.cfg.MaxReconcileAttempts {
-			attempts := "attempts"
-			if attempt == 1 {
-				attempts = "attempt"
-			}
-			why = fmt.Sprintf("dead-lettered after %d %s: %s", attempt, attempts, why)
+			why = "dead-lettered after " + plural.Count(attempt, "attempt", "attempts") + ": " + why
 			err = m.deadLetter(ctx, r, why)
 			if err == nil {
 				out.DeadLettered++

@@ -17,6 +17,8 @@ import (
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
+
+	"github.com/idem-go/idem/internal/plural"
 )
 
 // benchConfig is what idem bench sends.
@@ -167,7 +169,7 @@ func benchPlan(ctx, reqCtx context.Context, c *http.Client, cfg benchConfig) (*b
 		rand.Shuffle(len(jobs), func(i, j int) { jobs[i], jobs[j] = jobs[j], jobs[i] })
 		return jobs
 	}
-	mode := count(cfg.Keys, "key", "keys") + " x " + count(cfg.Dups, "duplicate", "duplicates") + ", shuffled"
+	mode := plural.Count(cfg.Keys, "key", "keys") + " x " + plural.Count(cfg.Dups, "duplicate", "duplicates") + ", shuffled"
 	if cfg.ReplayOnly {
 		key := "idem-bench-" + prefix + "-replay"
 		first, err := benchWarmup(reqCtx, c, cfg, key)
@@ -175,7 +177,7 @@ func benchPlan(ctx, reqCtx context.Context, c *http.Client, cfg benchConfig) (*b
 			return nil, "", err
 		}
 		newRound = func(int) []string { return slices.Repeat([]string{key}, cfg.Keys*cfg.Dups) }
-		mode = fmt.Sprintf("replay only: one completed key (first answer %d), %s a round", first, count(cfg.Keys*cfg.Dups, "request", "requests"))
+		mode = fmt.Sprintf("replay only: one completed key (first answer %d), %s a round", first, plural.Count(cfg.Keys*cfg.Dups, "request", "requests"))
 	}
 	work := &benchWork{ctx: ctx, newRound: newRound, jobs: newRound(0)}
 	if cfg.Duration > 0 {
@@ -199,7 +201,7 @@ func benchRun(reqCtx context.Context, c *http.Client, cfg benchConfig, work *ben
 		if cfg.Duration > 0 {
 			total = fmt.Sprintf("%d a round, %s of %s", cfg.Keys*cfg.Dups, elapsed.Round(time.Second), cfg.Duration)
 		}
-		return fmt.Sprintf("bench: %d/%s requests, %s, %s", n, total, rate(n, elapsed), count(failed.Load(), "error", "errors"))
+		return fmt.Sprintf("bench: %d/%s requests, %s, %s", n, total, rate(n, elapsed), plural.Count(failed.Load(), "error", "errors"))
 	})
 	for i := range parts {
 		s := newBenchStats()
@@ -358,8 +360,8 @@ func benchReport(out io.Writer, cfg benchConfig, s *benchStats, elapsed time.Dur
 		answered += n
 	}
 	sent := answered + s.errors
-	fmt.Fprintf(out, "%s in %s: %.1f requests/s, %s\n\n", count(sent, "request", "requests"),
-		elapsed.Round(time.Millisecond), float64(sent)/elapsed.Seconds(), count(s.errors, "error", "errors"))
+	fmt.Fprintf(out, "%s in %s: %.1f requests/s, %s\n\n", plural.Count(sent, "request", "requests"),
+		elapsed.Round(time.Millisecond), float64(sent)/elapsed.Seconds(), plural.Count(s.errors, "error", "errors"))
 
 	printBenchLatencies(out, s)
 	printBenchStatuses(out, s)
@@ -378,16 +380,16 @@ func benchReport(out io.Writer, cfg benchConfig, s *benchStats, elapsed time.Dur
 			were = " was"
 		}
 		fmt.Fprintf(out, "DUPLICATES: %s answered as new executions more than once (%s for %s)\n",
-			count(twice, "key", "keys")+were, count(executions, "execution", "executions"), count(keys, "key", "keys"))
+			plural.Count(twice, "key", "keys")+were, plural.Count(executions, "execution", "executions"), plural.Count(keys, "key", "keys"))
 	case cfg.ReplayOnly:
-		fmt.Fprintf(out, "no request ran again: %s under the completed key\n", count(executions, "new execution", "new executions"))
+		fmt.Fprintf(out, "no request ran again: %s under the completed key\n", plural.Count(executions, "new execution", "new executions"))
 	default:
-		fmt.Fprintf(out, "no key ran twice: %s for %s\n", count(executions, "execution", "executions"), count(keys, "key", "keys"))
+		fmt.Fprintf(out, "no key ran twice: %s for %s\n", plural.Count(executions, "execution", "executions"), plural.Count(keys, "key", "keys"))
 	}
 
 	var errs []error
 	if s.errors > 0 {
-		errs = append(errs, fmt.Errorf("%s failed", count(s.errors, "request", "requests")))
+		errs = append(errs, fmt.Errorf("%s failed", plural.Count(s.errors, "request", "requests")))
 	}
 	if twice > 0 || cfg.ReplayOnly && executions > 0 {
 		errs = append(errs, errors.New("duplicates of a key ran more than once"))

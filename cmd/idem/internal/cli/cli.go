@@ -272,14 +272,6 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 // byteSize is a flag holding a size in bytes: 1048576, 512KiB, 1MiB, 2MB.
 type byteSize int64
 
-// count writes n with the noun that agrees with it: 1 request, 2 requests.
-func count[N int | int64](n N, one, many string) string {
-	if n == 1 {
-		return "1 " + one
-	}
-	return strconv.FormatInt(int64(n), 10) + " " + many
-}
-
 // sizeOrOff is a byteSize that also takes 0: the feature off.
 type sizeOrOff byteSize
 

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/idem-go/idem/internal/plural"
 )
 
 // serveDemo serves api on a free loopback port and returns its URL and
@@ -177,7 +179,7 @@ func (t *demoTour) charges(want int64) error {
 	n := t.api.charges.Load()
 	fmt.Fprintf(t.out, "   upstream charges made so far: %d\n", n)
 	if n != want {
-		return fmt.Errorf("demo: the upstream made %s, want %d", count(n, "charge", "charges"), want)
+		return fmt.Errorf("demo: the upstream made %s, want %d", plural.Count(n, "charge", "charges"), want)
 	}
 	return nil
 }

@@ -14,6 +14,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/idem-go/idem/internal/plural"
+
 	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 )
@@ -150,7 +152,7 @@ batches done and records processed on stderr as the pass goes.`, stderr)
 	start := time.Now()
 	stop := prog.start(func() string {
 		return fmt.Sprintf("reap: %s, %s (%s %d, abandoned %d), %s, %s",
-			count(c.batches.Load(), "batch", "batches"), count(c.records.Load(), "record", "records"), verb, c.deleted.Load(), c.abandoned.Load(),
+			plural.Count(c.batches.Load(), "batch", "batches"), plural.Count(c.records.Load(), "record", "records"), verb, c.deleted.Load(), c.abandoned.Load(),
 			rate(c.records.Load(), time.Since(start)), time.Since(start).Round(time.Millisecond))
 	})
 	res, err := m.ReapOnce(ctx)
@@ -440,7 +442,7 @@ asked about on stderr as the pass goes.
 	start := time.Now()
 	stop := prog.start(func() string {
 		return fmt.Sprintf("reconcile: %s, %s asked about, %s, %s",
-			count(c.batches.Load(), "batch", "batches"), count(c.records.Load(), "record", "records"), rate(c.records.Load(), time.Since(start)), time.Since(start).Round(time.Millisecond))
+			plural.Count(c.batches.Load(), "batch", "batches"), plural.Count(c.records.Load(), "record", "records"), rate(c.records.Load(), time.Since(start)), time.Since(start).Round(time.Millisecond))
 	})
 	res, err := m.ReconcileOnce(ctx)
 	stop()
