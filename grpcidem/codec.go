@@ -153,6 +153,15 @@ const (
 	// TenantMaxActive); nothing was reserved and the handler did not run
 	// (ResourceExhausted, with RetryInfo).
 	ReasonTenantLimited = "IDEMPOTENCY_TENANT_LIMITED"
+	// ReasonNewKeysLimited: the server is over its own rate of new keys,
+	// whatever the tenant (idem.Config.NewKeyRate); nothing was reserved
+	// and the handler did not run (ResourceExhausted, with RetryInfo).
+	ReasonNewKeysLimited = "IDEMPOTENCY_NEW_KEYS_LIMITED"
+	// ReasonOverCapacity: the store holds idem.Config.StoreMaxActive calls
+	// in progress; nothing was reserved and the handler did not run
+	// (Unavailable: the service is full, not the caller at fault; with
+	// RetryInfo).
+	ReasonOverCapacity = "IDEMPOTENCY_OVER_CAPACITY"
 	// ReasonScopeInvalid: the tenant and method name cannot name a record:
 	// too long, or not valid UTF-8 (InvalidArgument).
 	ReasonScopeInvalid = "IDEMPOTENCY_SCOPE_INVALID"

@@ -350,8 +350,14 @@ func (i *interceptor) refused(ctx context.Context, a idem.Answer) error {
 		return refusal(codes.Aborted, ReasonInProgress,
 			"idempotency: a call with this key is in progress; retry later", a.Problem.RetryAfter)
 	case idem.Limited:
-		return refusal(codes.ResourceExhausted, ReasonTenantLimited,
-			"idempotency: "+a.Problem.Title+" ("+a.Problem.Slug+")", a.Problem.RetryAfter)
+		code, reason := codes.ResourceExhausted, ReasonTenantLimited
+		switch a.Problem.Slug {
+		case idem.SlugNewKeysLimited:
+			reason = ReasonNewKeysLimited
+		case idem.SlugOverCapacity:
+			code, reason = codes.Unavailable, ReasonOverCapacity
+		}
+		return refusal(code, reason, "idempotency: "+a.Problem.Title+" ("+a.Problem.Slug+")", a.Problem.RetryAfter)
 	case idem.Unavailable:
 		if ctx.Err() != nil {
 			return status.FromContextError(ctx.Err()).Err()
