@@ -479,7 +479,13 @@ SELECT EXISTS (SELECT FROM upd),
 // The replay cache (replaycache.go). Its channel is named after the
 // schema (a hash: a channel name is shorter than a schema's may be); the
 // notifier and the listeners compute it alike. $1 Config.Schema.
-const sqlCacheChannel = `SELECT 'idem_cache_' || substr(md5(coalesce(nullif($1::text, ''), current_schema())), 1, 16)`
+var sqlCacheChannel = `SELECT ` + cacheChannel("$1")
+
+// cacheChannel is the channel's name, from Config.Schema given as the
+// parameter schema.
+func cacheChannel(schema string) string {
+	return `'idem_cache_' || substr(md5(coalesce(nullif(` + schema + `::text, ''), current_schema())), 1, 16)`
+}
 
 // sqlCacheRegister registers a cache (removing those gone for an hour):
 // seen is the last invalidation numbered so far. $1 node, $2 lease µs.
@@ -507,11 +513,11 @@ const sqlCacheLeave = `DELETE FROM {schema}idem_cache_nodes WHERE node = $1`
 // applied this notification. It also counts the caches alive (none has
 // applied a number not yet given), so that a schema without any costs
 // the invalidation one round trip. $3 Config.Schema.
-const sqlCacheNotify = `
+var sqlCacheNotify = `
 SELECT n.v, (SELECT count(*) FROM {schema}idem_cache_nodes
 	WHERE seen < n.v AND alive_until > statement_timestamp())
 FROM (SELECT nextval('{schema}idem_cache_seq') AS v) n
-CROSS JOIN LATERAL pg_notify((` + sqlCacheChannel + `),
+CROSS JOIN LATERAL pg_notify(` + cacheChannel("$3") + `,
 	n.v::text || ' ' || octet_length($1::text) || ' ' || $1::text || $2::text)`
 
 // sqlCacheBehind counts the caches alive that have not applied
@@ -595,7 +601,7 @@ func newQueries(schema string, tenantCap bool) queries {
 		cacheRegister: r.Replace(sqlCacheRegister),
 		cacheRenew:    r.Replace(sqlCacheRenew),
 		cacheLeave:    r.Replace(sqlCacheLeave),
-		cacheNotify:   r.Replace(strings.Replace(sqlCacheNotify, "$1::text, ''", "$3::text, ''", 1)),
+		cacheNotify:   r.Replace(sqlCacheNotify),
 		cacheBehind:   r.Replace(sqlCacheBehind),
 	}
 }
