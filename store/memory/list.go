@@ -18,9 +18,9 @@ func (s *Store) List(ctx context.Context, p store.ListParams) ([]store.Record, *
 	}
 	s.mu.Lock()
 	all := make([]store.Record, 0, len(s.recs))
-	for _, r := range s.recs {
-		if storekit.Match(&p, &r.Record) {
-			all = append(all, r.Record)
+	for _, e := range s.recs {
+		if r := e.record(); storekit.Match(&p, &r) {
+			all = append(all, r)
 		}
 	}
 	s.mu.Unlock()

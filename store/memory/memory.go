@@ -24,18 +24,11 @@ type Config struct {
 
 type id struct{ scope, key string }
 
-// entry is a record with room for its response, so completing it does not
-// allocate.
-type entry struct {
-	store.Record
-	resp   store.Response
-	tenant string // ReserveParams.Tenant at creation
-}
-
 // Store is a map behind one mutex: every transition is trivially atomic.
-// Responses are kept by reference: the engine hands over ownership of the
-// body and headers at Complete and never modifies them afterwards, and
-// callers must not modify the records they get back.
+// A response's headers are kept by reference: the engine hands over
+// ownership of them at Complete and never modifies them afterwards. Its
+// body is copied into the record's own text (see entry). Callers must not
+// modify the records they get back.
 type Store struct {
 	clock store.Clock
 	mu    sync.Mutex
@@ -80,48 +73,47 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := id{p.Scope, p.Key}
-	var r *store.Record
-	if e := s.recs[k]; e != nil {
-		r = &e.Record
-	}
+	e := s.recs[k]
+	var r store.Record
 	act := storekit.ActCreate
-	if r != nil {
-		act = storekit.Decide(r, &p, now)
+	if e != nil {
+		r = e.record()
+		act = storekit.Decide(&r, &p, now)
 	}
 	if err := storekit.CheckCap(&p, act, s.counter(p.Tenant)); err != nil {
 		return store.ReserveResult{}, err
 	}
 	fresh := func(fence int64) store.ReserveResult {
-		n := s.put(k, r != nil, p.Tenant, store.Record{
-			Scope: p.Scope, Key: p.Key, Fingerprint: p.Fingerprint,
-			State: store.StateInProgress, Fence: fence, LeasePolicy: p.LeasePolicy,
-			LockedUntil: after(now, p.Lease), Attempts: 1,
-			CreatedAt: now, UpdatedAt: now, ExpiresAt: after(now, p.TTL),
+		t := at(now)
+		n := s.put(k, e != nil, p.Tenant, &entry{
+			key: p.Key, fp: p.Fingerprint, state: store.StateInProgress, fence: fence, policy: p.LeasePolicy,
+			lockedUntil: at(after(now, p.Lease)), attempts: 1, createdAt: t, updatedAt: t, expiresAt: at(after(now, p.TTL)),
 		})
-		return store.ReserveResult{Outcome: store.Created, Record: n.Record}
+		return store.ReserveResult{Outcome: store.Created, Record: n.record()}
 	}
-	if r == nil {
+	if e == nil {
 		return fresh(storekit.NextFence(0, now)), nil
 	}
 	switch act {
 	case storekit.ActCreate:
-		return fresh(storekit.NextFence(r.Fence, now)), nil
+		return fresh(storekit.NextFence(e.fence, now)), nil
 	case storekit.ActReclaim:
-		s.take(r, now, p.Lease, p.TTL, true)
-		return store.ReserveResult{Outcome: store.Reclaimed, Record: *r}, nil
+		e.take(now, p.Lease, p.TTL, true)
+		return store.ReserveResult{Outcome: store.Reclaimed, Record: e.record()}, nil
 	case storekit.ActTakeOver:
-		s.take(r, now, p.Lease, p.TTL, false)
-		return store.ReserveResult{Outcome: store.TakenOver, Record: *r}, nil
+		e.take(now, p.Lease, p.TTL, false)
+		return store.ReserveResult{Outcome: store.TakenOver, Record: e.record()}, nil
 	case storekit.ActLeaseExpired:
-		toUnknown(r, now, "lease_expired")
+		e.toUnknown(now, "lease_expired")
+		r = e.record()
 	}
-	return store.ReserveResult{Outcome: store.Existing, Record: *r}, nil
+	return store.ReserveResult{Outcome: store.Existing, Record: r}, nil
 }
 
-// put stores a new record r under k for tenant, in place of the record
+// put stores the new record n under k for tenant, in place of the record
 // there was if replace: a new key costs the caller's lookup and one
 // insertion, no lookup of its own.
-func (s *Store) put(k id, replace bool, tenant string, r store.Record) *entry {
+func (s *Store) put(k id, replace bool, tenant string, n *entry) *entry {
 	if replace {
 		s.forget(k)
 	}
@@ -130,8 +122,7 @@ func (s *Store) put(k id, replace bool, tenant string, r store.Record) *entry {
 	// a store of many records holds fewer objects for the garbage
 	// collector to trace.
 	k.scope = same(&s.scope, k.scope)
-	r.Scope = k.scope
-	n := &entry{tenant: same(&s.tenant, tenant), Record: r}
+	n.scope, n.tenant = k.scope, same(&s.tenant, tenant)
 	s.recs[k] = n
 	if s.tenants != nil {
 		s.index(k, n)
@@ -170,7 +161,7 @@ func (s *Store) counter(tenant string) func() (int, error) {
 		}
 		n := 0
 		for _, e := range s.tenants[tenant] {
-			if e.State.Active() {
+			if e.state.Active() {
 				n++
 			}
 		}
@@ -193,23 +184,39 @@ func (s *Store) forget(k id) {
 	}
 }
 
-func (s *Store) take(r *store.Record, now time.Time, lease, ttl time.Duration, reclaim bool) {
-	if reclaim {
-		r.ExpiresAt = after(now, ttl)
+// rekey keys the maps by e's own key, after pack gave it a new string: an
+// assignment to an equal key replaces the key the map holds, so that the
+// maps keep no other copy of it.
+func (s *Store) rekey(e *entry) {
+	k := id{e.scope, e.key}
+	s.recs[k] = e
+	if t := s.tenants[e.tenant]; t != nil {
+		t[k] = e
 	}
-	r.State = store.StateInProgress
-	r.Fence = storekit.NextFence(r.Fence, now)
-	r.Attempts++
-	r.LockedUntil = after(now, lease)
-	r.LastError = ""
-	r.UpdatedAt = now
 }
 
-func toUnknown(r *store.Record, now time.Time, why string) {
-	r.State = store.StateUnknown
-	r.LastError = why
-	r.ReconcileAfter = now
-	r.UpdatedAt = now
+func (e *entry) take(now time.Time, lease, ttl time.Duration, reclaim bool) {
+	if reclaim {
+		e.expiresAt = at(after(now, ttl))
+	}
+	e.state = store.StateInProgress
+	e.fence = storekit.NextFence(e.fence, now)
+	e.attempts++
+	e.lockedUntil = at(after(now, lease))
+	e.lastError = ""
+	e.updatedAt = at(now)
+}
+
+func (e *entry) toUnknown(now time.Time, why string) {
+	e.state = store.StateUnknown
+	e.lastError = why
+	e.reconcileAfter = at(now)
+	e.updatedAt = at(now)
+}
+
+// leaseExpired is store.Record.LeaseExpired.
+func (e *entry) leaseExpired(now micros) bool {
+	return e.state == store.StateInProgress && !now.before(e.lockedUntil)
 }
 
 // held runs f on the record if the caller holds its lease. valid is the
@@ -225,11 +232,11 @@ func (s *Store) held(ctx context.Context, valid error, fp store.FenceParams, f f
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r := s.recs[id{fp.Scope, fp.Key}]
-	if r == nil || r.State != store.StateInProgress || r.Fence != fp.Fence {
+	if r == nil || r.state != store.StateInProgress || r.fence != fp.Fence {
 		return store.ErrLeaseLost
 	}
 	f(r, now)
-	r.UpdatedAt = now
+	r.updatedAt = at(now)
 	return nil
 }
 
@@ -237,7 +244,7 @@ func (s *Store) held(ctx context.Context, valid error, fp store.FenceParams, f f
 func (s *Store) Complete(ctx context.Context, p store.CompleteParams) error {
 	return s.held(ctx, p.Validate(), p.FenceParams, func(r *entry, now time.Time) {
 		p.Response.Header = s.share(p.Response.Header)
-		r.complete(now, p.Response, p.TTL)
+		s.complete(r, now, p.Response, p.TTL)
 	})
 }
 
@@ -261,33 +268,36 @@ func (s *Store) share(h map[string][]string) map[string][]string {
 	return s.header
 }
 
-func (r *entry) complete(now time.Time, resp store.Response, ttl time.Duration) {
-	r.State = store.StateCompleted
-	r.Request = nil
-	r.resp = resp
-	r.Response = &r.resp
-	r.CompletedAt = now
+// complete makes e a completed record of resp.
+func (s *Store) complete(e *entry, now time.Time, resp store.Response, ttl time.Duration) {
+	e.state = store.StateCompleted
+	e.request = nil
+	e.answer(resp)
+	e.completedAt = at(now)
 	if ttl > 0 {
-		r.ExpiresAt = after(now, ttl)
+		e.expiresAt = at(after(now, ttl))
+	}
+	if e.pack() {
+		s.rekey(e)
 	}
 }
 
 // Release implements store.Store.
 func (s *Store) Release(ctx context.Context, p store.ReleaseParams) error {
 	return s.held(ctx, p.Validate(), p.FenceParams, func(r *entry, now time.Time) {
-		r.State = store.StateFailedRetryable
-		r.LastError = p.Error
-		r.Request = nil
+		r.state = store.StateFailedRetryable
+		r.lastError = p.Error
+		r.request = nil
 	})
 }
 
 // MarkUnknown implements store.Store.
 func (s *Store) MarkUnknown(ctx context.Context, p store.ReleaseParams) error {
 	return s.held(ctx, p.Validate(), p.FenceParams, func(r *entry, now time.Time) {
-		toUnknown(&r.Record, now, p.Error)
+		r.toUnknown(now, p.Error)
 		if p.Request != nil {
 			req := *p.Request
-			r.Request = &req
+			r.request = &req
 		}
 	})
 }
@@ -295,14 +305,14 @@ func (s *Store) MarkUnknown(ctx context.Context, p store.ReleaseParams) error {
 // Checkpoint implements store.Store.
 func (s *Store) Checkpoint(ctx context.Context, p store.CheckpointParams) error {
 	return s.held(ctx, p.Validate(), p.FenceParams, func(r *entry, now time.Time) {
-		r.RecoveryPoint = p.RecoveryPoint
+		r.recoveryPoint = p.RecoveryPoint
 	})
 }
 
 // Extend implements store.Store.
 func (s *Store) Extend(ctx context.Context, p store.ExtendParams) error {
 	return s.held(ctx, p.Validate(), p.FenceParams, func(r *entry, now time.Time) {
-		r.LockedUntil = after(now, p.Lease)
+		r.lockedUntil = at(after(now, p.Lease))
 	})
 }
 
@@ -320,7 +330,7 @@ func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error
 	if r == nil {
 		return store.Record{}, store.ErrNotFound
 	}
-	return r.Record, nil
+	return r.record(), nil
 }
 
 // Delete implements store.Store.
@@ -337,7 +347,7 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 	switch r := s.recs[k]; {
 	case r == nil:
 		return store.ErrNotFound
-	case r.State == store.StateInProgress:
+	case r.state == store.StateInProgress:
 		return store.ErrStateConflict
 	}
 	s.forget(k)
@@ -347,8 +357,8 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 // scan visits, under the lock and oldest first by the time by returns, at
 // most limit records for which keep holds. The memory store is for tests
 // and small services, so a full scan is fine.
-func (s *Store) scan(ctx context.Context, valid error, limit int, keep func(r *store.Record, now time.Time) bool,
-	by func(*store.Record) time.Time, visit func(r *entry, now time.Time)) error {
+func (s *Store) scan(ctx context.Context, valid error, limit int, keep func(e *entry, now micros) bool,
+	by func(*entry) micros, visit func(e *entry, now time.Time)) error {
 	if valid != nil {
 		return valid
 	}
@@ -356,26 +366,27 @@ func (s *Store) scan(ctx context.Context, valid error, limit int, keep func(r *s
 		return err
 	}
 	now := s.now()
+	t := at(now)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var rs []*entry
-	for _, r := range s.recs {
-		if keep(&r.Record, now) {
-			rs = append(rs, r)
+	for _, e := range s.recs {
+		if keep(e, t) {
+			rs = append(rs, e)
 		}
 	}
 	sort.Slice(rs, func(i, j int) bool {
-		ti, tj := by(&rs[i].Record), by(&rs[j].Record)
-		if !ti.Equal(tj) {
-			return ti.Before(tj)
+		ti, tj := by(rs[i]), by(rs[j])
+		if ti != tj {
+			return ti < tj
 		}
-		if rs[i].Scope != rs[j].Scope {
-			return rs[i].Scope < rs[j].Scope
+		if rs[i].scope != rs[j].scope {
+			return rs[i].scope < rs[j].scope
 		}
-		return rs[i].Key < rs[j].Key
+		return rs[i].key < rs[j].key
 	})
-	for _, r := range rs[:min(limit, len(rs))] {
-		visit(r, now)
+	for _, e := range rs[:min(limit, len(rs))] {
+		visit(e, now)
 	}
 	return nil
 }
@@ -383,11 +394,12 @@ func (s *Store) scan(ctx context.Context, valid error, limit int, keep func(r *s
 // SweepExpiredLeases implements store.Store.
 func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]store.Record, error) {
 	var out []store.Record
-	err := s.scan(ctx, p.Validate(), p.Limit, func(r *store.Record, now time.Time) bool {
-		return r.LeaseExpired(now.Add(-storekit.RoundUp(p.Grace))) && r.LeasePolicy == store.LeaseUnknown
-	}, func(r *store.Record) time.Time { return r.LockedUntil }, func(r *entry, now time.Time) {
-		toUnknown(&r.Record, now, "lease_expired")
-		out = append(out, r.Record)
+	grace := micros(storekit.RoundUp(p.Grace) / store.Resolution)
+	err := s.scan(ctx, p.Validate(), p.Limit, func(e *entry, now micros) bool {
+		return e.leaseExpired(now-grace) && e.policy == store.LeaseUnknown
+	}, func(e *entry) micros { return e.lockedUntil }, func(e *entry, now time.Time) {
+		e.toUnknown(now, "lease_expired")
+		out = append(out, e.record())
 	})
 	return out, err
 }
@@ -395,26 +407,26 @@ func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]
 // Reap implements store.Store.
 func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult, error) {
 	var res store.ReapResult
-	err := s.scan(ctx, p.Validate(), p.Limit, func(r *store.Record, now time.Time) bool {
+	err := s.scan(ctx, p.Validate(), p.Limit, func(e *entry, now micros) bool {
 		// Pending records are ended by ExpirePending at their deadline,
 		// as in every other store, never abandoned here.
-		return r.State != store.StateExpired && r.State != store.StatePending && !now.Before(r.ExpiresAt) &&
-			(r.State != store.StateInProgress || r.LeaseExpired(now))
-	}, func(r *store.Record) time.Time { return r.ExpiresAt }, func(r *entry, now time.Time) {
+		return e.state != store.StateExpired && e.state != store.StatePending && !now.before(e.expiresAt) &&
+			(e.state != store.StateInProgress || e.leaseExpired(now))
+	}, func(e *entry) micros { return e.expiresAt }, func(e *entry, now time.Time) {
 		switch {
-		case r.State.Terminal() && p.Soft:
-			r.State = store.StateExpired
-			r.UpdatedAt = now
+		case e.state.Terminal() && p.Soft:
+			e.state = store.StateExpired
+			e.updatedAt = at(now)
 			res.Deleted++
-		case r.State.Terminal():
-			s.forget(id{r.Scope, r.Key})
+		case e.state.Terminal():
+			s.forget(id{e.scope, e.key})
 			res.Deleted++
 		default: // in_progress whose holder died, or unknown: abandoned
-			r.complete(now, p.Abandoned, p.AbandonedTTL)
-			r.ExpiresAt = after(now, p.AbandonedTTL) // even for a zero ttl
-			r.ReconcileAfter, r.DeadLetteredAt = time.Time{}, time.Time{}
-			r.LastError = "abandoned"
-			r.UpdatedAt = now
+			s.complete(e, now, p.Abandoned, p.AbandonedTTL)
+			e.expiresAt = at(after(now, p.AbandonedTTL)) // even for a zero ttl
+			e.reconcileAfter, e.deadLetteredAt = 0, 0
+			e.lastError = "abandoned"
+			e.updatedAt = at(now)
 			res.Abandoned++
 		}
 	})
@@ -424,35 +436,35 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 // ListUnknown implements store.Store.
 func (s *Store) ListUnknown(ctx context.Context, p store.ListUnknownParams) ([]store.Record, error) {
 	var out []store.Record
-	err := s.scan(ctx, p.Validate(), p.Limit, func(r *store.Record, now time.Time) bool {
-		return r.State == store.StateUnknown &&
-			(!p.DueOnly || (!now.Before(r.ReconcileAfter) && !r.DeadLettered()))
-	}, func(r *store.Record) time.Time { return r.ReconcileAfter }, func(r *entry, now time.Time) {
-		out = append(out, r.Record)
+	err := s.scan(ctx, p.Validate(), p.Limit, func(e *entry, now micros) bool {
+		return e.state == store.StateUnknown &&
+			(!p.DueOnly || (!now.before(e.reconcileAfter) && e.deadLetteredAt == 0))
+	}, func(e *entry) micros { return e.reconcileAfter }, func(e *entry, now time.Time) {
+		out = append(out, e.record())
 	})
 	return out, err
 }
 
 // unknown runs f on an unknown record; a positive fence must be the
 // record's (Resolve), zero takes any (Defer).
-func (s *Store) unknown(ctx context.Context, scope, key string, fence int64, f func(r *entry, now time.Time)) error {
+func (s *Store) unknown(ctx context.Context, scope, key string, fence int64, f func(e *entry, now time.Time)) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r := s.recs[id{scope, key}]
+	e := s.recs[id{scope, key}]
 	switch {
-	case r == nil:
+	case e == nil:
 		return store.ErrNotFound
-	case fence > 0 && r.Fence != fence:
+	case fence > 0 && e.fence != fence:
 		return store.ErrLeaseLost
-	case r.State != store.StateUnknown:
+	case e.state != store.StateUnknown:
 		return store.ErrStateConflict
 	}
-	f(r, now)
-	r.UpdatedAt = now
+	f(e, now)
+	e.updatedAt = at(now)
 	return nil
 }
 
@@ -461,18 +473,17 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	return s.unknown(ctx, p.Scope, p.Key, p.Fence, func(r *entry, now time.Time) {
-		r.ReconcileAfter = time.Time{}
-		r.DeadLetteredAt = time.Time{}
+	return s.unknown(ctx, p.Scope, p.Key, p.Fence, func(e *entry, now time.Time) {
+		e.reconcileAfter, e.deadLetteredAt = 0, 0
 		if p.To == store.StateCompleted {
-			r.complete(now, *p.Response, p.TTL)
-			r.LastError = ""
+			s.complete(e, now, *p.Response, p.TTL)
+			e.lastError = ""
 			return
 		}
-		r.State = store.StateFailedRetryable
-		r.Request = nil
+		e.state = store.StateFailedRetryable
+		e.request = nil
 		if p.TTL > 0 {
-			r.ExpiresAt = after(now, p.TTL)
+			e.expiresAt = at(after(now, p.TTL))
 		}
 	})
 }
@@ -482,14 +493,14 @@ func (s *Store) Defer(ctx context.Context, p store.DeferParams) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	return s.unknown(ctx, p.Scope, p.Key, 0, func(r *entry, now time.Time) {
-		r.ReconcileAttempts++
-		r.LastError = p.Error
+	return s.unknown(ctx, p.Scope, p.Key, 0, func(e *entry, now time.Time) {
+		e.reconciles++
+		e.lastError = p.Error
 		if p.DeadLetter {
-			r.DeadLetteredAt = now
+			e.deadLetteredAt = at(now)
 			return
 		}
-		r.ReconcileAfter = after(now, p.Delay)
+		e.reconcileAfter = at(after(now, p.Delay))
 	})
 }
 
@@ -512,11 +523,11 @@ func (s *Store) CountActive(ctx context.Context, limit int) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := 0
-	for _, r := range s.recs {
+	for _, e := range s.recs {
 		if n == limit {
 			break
 		}
-		if r.State.Active() {
+		if e.state.Active() {
 			n++
 		}
 	}

@@ -96,3 +96,39 @@ func TestAnswersShareEqualHeaders(t *testing.T) {
 		t.Error("answers with different headers share one header map")
 	}
 }
+
+// TestCompletedRecordIsOneText checks that a completed record keeps its
+// key, fingerprint and body in one allocation, in that order, and that the
+// body handed out cannot be appended to in place.
+func TestCompletedRecordIsOneText(t *testing.T) {
+	ctx := t.Context()
+	s := memory.New(memory.Config{})
+	key, fp := strings.Clone("key-1"), strings.Clone("fingerprint")
+	res, err := s.Reserve(ctx, store.ReserveParams{Scope: "s", Key: key, Fingerprint: fp, Lease: time.Minute, TTL: time.Hour, LeasePolicy: store.LeaseUnknown})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := []byte(`{"id":1}`)
+	err = s.Complete(ctx, store.CompleteParams{
+		FenceParams: store.FenceParams{Scope: "s", Key: key, Fence: res.Record.Fence},
+		Response:    store.Response{Status: 201, Body: body}, TTL: time.Hour,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body[0] = 'x' // the engine's buffer: the store keeps its own copy
+	r, err := s.Get(ctx, "s", key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Key != key || r.Fingerprint != fp || string(r.Response.Body) != `{"id":1}` {
+		t.Fatalf("record %q %q %q, want %q %q %q", r.Key, r.Fingerprint, r.Response.Body, key, fp, `{"id":1}`)
+	}
+	k, f, b := unsafe.StringData(r.Key), unsafe.StringData(r.Fingerprint), unsafe.SliceData(r.Response.Body)
+	if unsafe.Add(unsafe.Pointer(k), len(key)) != unsafe.Pointer(f) || unsafe.Add(unsafe.Pointer(f), len(fp)) != unsafe.Pointer(b) {
+		t.Error("key, fingerprint and body are not one text")
+	}
+	if cap(r.Response.Body) != len(r.Response.Body) {
+		t.Errorf("body capacity %d beyond its length %d", cap(r.Response.Body), len(r.Response.Body))
+	}
+}

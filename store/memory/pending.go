@@ -25,16 +25,22 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 	e := s.recs[k]
 	var prev *store.Record
 	if e != nil {
-		prev = &e.Record
+		r := e.record()
+		prev = &r
 	}
 	out, r, write, err := storekit.ApplyPending(prev, &p, now, s.counter(p.Tenant))
 	switch {
 	case err != nil:
 		return store.ReserveResult{}, err
 	case out == store.Created:
-		s.put(k, e != nil, p.Tenant, r)
+		n := new(entry)
+		n.set(&r)
+		s.put(k, e != nil, p.Tenant, n)
+		r.Scope = n.scope
 	case write:
-		e.Record = r
+		if e.set(&r) {
+			s.rekey(e)
+		}
 	}
 	return store.ReserveResult{Outcome: out, Record: r}, nil
 }
@@ -42,15 +48,15 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 // Claim implements store.Queue.
 func (s *Store) Claim(ctx context.Context, p store.ClaimParams) ([]store.Record, error) {
 	var out []store.Record
-	err := s.scan(ctx, p.Validate(), p.Limit, func(r *store.Record, now time.Time) bool {
-		return r.State == store.StatePending && now.Before(r.LockedUntil) && r.Request != nil && r.Request.Queue == p.Queue
-	}, func(r *store.Record) time.Time { return r.CreatedAt }, func(r *entry, now time.Time) {
-		r.State = store.StateInProgress
-		r.Fence = storekit.NextFence(r.Fence, now)
-		r.Attempts++
-		r.LockedUntil = after(now, p.Lease)
-		r.UpdatedAt = now
-		out = append(out, r.Record)
+	err := s.scan(ctx, p.Validate(), p.Limit, func(e *entry, now micros) bool {
+		return e.state == store.StatePending && now.before(e.lockedUntil) && e.request != nil && e.request.Queue == p.Queue
+	}, func(e *entry) micros { return e.createdAt }, func(e *entry, now time.Time) {
+		e.state = store.StateInProgress
+		e.fence = storekit.NextFence(e.fence, now)
+		e.attempts++
+		e.lockedUntil = at(after(now, p.Lease))
+		e.updatedAt = at(now)
+		out = append(out, e.record())
 	})
 	return out, err
 }
@@ -58,13 +64,13 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) ([]store.Record,
 // ExpirePending implements store.Queue.
 func (s *Store) ExpirePending(ctx context.Context, p store.ExpirePendingParams) ([]store.Record, error) {
 	var out []store.Record
-	err := s.scan(ctx, p.Validate(), p.Limit, func(r *store.Record, now time.Time) bool {
-		return r.State == store.StatePending && !now.Before(r.LockedUntil)
-	}, func(r *store.Record) time.Time { return r.LockedUntil }, func(r *entry, now time.Time) {
-		r.complete(now, p.Response, p.TTL)
-		r.LastError = store.ExpiredPendingError
-		r.UpdatedAt = now
-		out = append(out, r.Record)
+	err := s.scan(ctx, p.Validate(), p.Limit, func(e *entry, now micros) bool {
+		return e.state == store.StatePending && !now.before(e.lockedUntil)
+	}, func(e *entry) micros { return e.lockedUntil }, func(e *entry, now time.Time) {
+		s.complete(e, now, p.Response, p.TTL)
+		e.lastError = store.ExpiredPendingError
+		e.updatedAt = at(now)
+		out = append(out, e.record())
 	})
 	return out, err
 }

@@ -1,0 +1,136 @@
+package memory
+
+import (
+	"time"
+	"unsafe"
+
+	"github.com/idem-go/idem/store"
+)
+
+// entry is one record, laid out for the garbage collector, which traces
+// every record the store keeps at every cycle: a store of a day's answers
+// holds millions. Its pointers come first (the collector scans an object
+// up to its last pointer), times are integers (a time.Time is 24 bytes
+// with a pointer the collector checks), and a completed record's key,
+// fingerprint and body share one allocation (see pack): a completed record
+// is two objects, the entry and its text, where store.Record fields would
+// make four and twice the bytes. The response is kept in the entry, so
+// that completing a record allocates nothing but its text and the records
+// handed out point to it (see record).
+type entry struct {
+	scope, key, fp string
+	tenant         string // ReserveParams.Tenant at creation
+	state          store.State
+	policy         store.LeasePolicy
+	recoveryPoint  string
+	lastError      string
+	request        *store.PendingRequest
+	resp           store.Response
+	hasResp        bool // resp is the record's Response
+	packed         bool // key, fp and resp.Body are views of one allocation
+	fence          int64
+	attempts       int
+	reconciles     int // ReconcileAttempts
+
+	lockedUntil, createdAt, updatedAt, completedAt, expiresAt, reconcileAfter, deadLetteredAt micros
+}
+
+// micros is a time as whole microseconds (store.Resolution) since
+// January 1 of year 1, UTC: 0 is the zero time.Time, and every time a store
+// can hold fits.
+type micros int64
+
+// unixToInternal is the number of seconds from January 1 of year 1 to the
+// Unix epoch.
+const unixToInternal int64 = (1969*365 + 1969/4 - 1969/100 + 1969/400) * 24 * 60 * 60
+
+func at(t time.Time) micros {
+	if t.IsZero() {
+		return 0
+	}
+	return micros((t.Unix()+unixToInternal)*1e6 + int64(t.Nanosecond()/1e3))
+}
+
+// time returns m as a UTC time.Time, as the store read it from its clock.
+func (m micros) time() time.Time {
+	if m == 0 {
+		return time.Time{}
+	}
+	return time.Unix(int64(m)/1e6-unixToInternal, int64(m)%1e6*1e3).UTC()
+}
+
+func (m micros) before(n micros) bool { return m < n }
+
+// record returns the record e holds. Its response, when it has one, is
+// the entry's own: callers must not modify it (see Store).
+func (e *entry) record() store.Record {
+	r := store.Record{
+		Scope: e.scope, Key: e.key, Fingerprint: e.fp, State: e.state, Fence: e.fence, LeasePolicy: e.policy,
+		LockedUntil: e.lockedUntil.time(), RecoveryPoint: e.recoveryPoint, LastError: e.lastError,
+		Attempts: e.attempts, CreatedAt: e.createdAt.time(), UpdatedAt: e.updatedAt.time(),
+		CompletedAt: e.completedAt.time(), ExpiresAt: e.expiresAt.time(),
+		ReconcileAfter: e.reconcileAfter.time(), ReconcileAttempts: e.reconciles,
+		DeadLetteredAt: e.deadLetteredAt.time(), Request: e.request,
+	}
+	if e.hasResp {
+		r.Response = &e.resp
+	}
+	return r
+}
+
+// set makes e hold r, a record built by storekit, keeping e's text where
+// r's key, fingerprint and response are those e already holds. It reports
+// whether e.key is a new string, which the store's maps must then be
+// keyed by.
+func (e *entry) set(r *store.Record) (rekeyed bool) {
+	e.scope, e.state, e.policy, e.fence = r.Scope, r.State, r.LeasePolicy, r.Fence
+	e.recoveryPoint, e.lastError, e.request = r.RecoveryPoint, r.LastError, r.Request
+	e.attempts, e.reconciles = r.Attempts, r.ReconcileAttempts
+	e.lockedUntil, e.createdAt, e.updatedAt = at(r.LockedUntil), at(r.CreatedAt), at(r.UpdatedAt)
+	e.completedAt, e.expiresAt = at(r.CompletedAt), at(r.ExpiresAt)
+	e.reconcileAfter, e.deadLetteredAt = at(r.ReconcileAfter), at(r.DeadLetteredAt)
+	if r.Key != e.key || r.Fingerprint != e.fp {
+		e.key, e.fp, e.packed = r.Key, r.Fingerprint, false
+	}
+	e.hasResp = r.Response != nil
+	if r.Response != nil && r.Response != &e.resp {
+		e.answer(*r.Response)
+	}
+	return e.pack()
+}
+
+// answer makes resp e's response. The body is packed with the key and
+// fingerprint by pack.
+func (e *entry) answer(resp store.Response) {
+	e.resp, e.hasResp, e.packed = resp, true, false
+}
+
+// pack puts the key, the fingerprint and the body of a completed record
+// into one allocation, so that the record costs the collector one object
+// more than its entry, not three. It reports whether it did: the store's
+// maps must then be keyed by the new e.key, so that they hold no other
+// copy of it. The text is never written after it is built, so the strings
+// over it are immutable as Go requires, and the body handed out is a
+// slice of it with its capacity capped, as the engine's own buffer was.
+func (e *entry) pack() bool {
+	if e.packed || !e.hasResp {
+		return false
+	}
+	body := e.resp.Body
+	text := make([]byte, 0, len(e.key)+len(e.fp)+len(body))
+	text = append(append(append(text, e.key...), e.fp...), body...)
+	if len(text) == 0 {
+		e.packed = true
+		return false
+	}
+	nk, nf := len(e.key), len(e.key)+len(e.fp)
+	e.key = unsafe.String(&text[0], nk)
+	if len(e.fp) > 0 {
+		e.fp = unsafe.String(&text[nk], len(e.fp))
+	}
+	if body != nil {
+		e.resp.Body = text[nf:len(text):len(text)]
+	}
+	e.packed = true
+	return true
+}
