@@ -12,7 +12,6 @@ import (
 
 	"github.com/idem-go/idem/internal/fingerprint"
 	"github.com/idem-go/idem/internal/header"
-	"github.com/idem-go/idem/internal/httpfield"
 	"github.com/idem-go/idem/store"
 )
 
@@ -45,6 +44,9 @@ type Engine struct {
 	// reads shares the store reads of duplicates waiting for one record
 	// (see await); engines made by With share it.
 	reads *sharedReads
+	// reuse shares scopes and stored headers between calls (see reuse);
+	// engines made by With share it.
+	reuse *reuse
 }
 
 // New returns an engine over s.
@@ -73,7 +75,8 @@ func New(s store.Store, cfg Config) (*Engine, error) {
 	return &Engine{store: s, cfg: set, hasher: fingerprint.New(set.Secret), log: set.Logger,
 		obs: obs, sname: StoreName(s), clk: wallClock{},
 		limiter: newTenantLimiter(set.TenantRate, set.TenantBurst), global: newTenantLimiter(set.NewKeyRate, set.NewKeyBurst),
-		bound: newActiveBound(s, &set), breaker: newBreaker(&set, obs), dur: dur, reads: &sharedReads{m: map[string]*sharedRead{}}}, nil
+		bound: newActiveBound(s, &set), breaker: newBreaker(&set, obs), dur: dur, reads: &sharedReads{m: map[string]*sharedRead{}},
+		reuse: newReuse()}, nil
 }
 
 // With returns an engine for a route that needs other settings (an optional
@@ -490,7 +493,7 @@ func (e *Engine) identify(ctx context.Context, c *Call, op operation, key string
 		c.Body = body
 	}
 	req := Request{Tenant: c.Tenant, Method: c.Method, Route: c.Route}
-	id = callID{tenant: c.Tenant, route: c.Route, scope: req.Scope(), key: key}
+	id = callID{tenant: c.Tenant, route: c.Route, scope: e.reuse.scope(&req), key: key}
 	if err := store.CheckID(id.scope, key); err != nil {
 		return id, e.refuseID(ctx, err), false
 	}
@@ -864,7 +867,7 @@ func (e *Engine) settle(ctx context.Context, x *Execution, res *Result) {
 		x.markUnknown(ctx, reasonOr(reason, "declared unknown"))
 	default:
 		resp := res.Response
-		resp.Header = httpfield.Replayable(resp.Header)
+		resp.Header = e.reuse.replayable(x.scope, resp.Header)
 		if !resp.BodyOmitted && len(resp.Body) > e.cfg.MaxResponseBytes {
 			resp.Body, resp.BodyOmitted = nil, true
 		}

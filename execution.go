@@ -7,7 +7,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/idem-go/idem/internal/httpfield"
 	"github.com/idem-go/idem/store"
 )
 
@@ -154,7 +153,7 @@ func (x *Execution) Uncertain(reason string) { x.uncertain.Store(&reason) }
 // key's completion commit in one transaction. Call Committed after the
 // commit succeeded, then send the same response.
 func (x *Execution) CompleteParams(resp store.Response) store.CompleteParams {
-	resp.Header = httpfield.Replayable(resp.Header)
+	resp.Header = x.e.reuse.replayable(x.scope, resp.Header)
 	x.stampExpiry()
 	return store.CompleteParams{FenceParams: x.fenceParams(), Response: resp, TTL: x.e.cfg.TTL}
 }

@@ -8,6 +8,7 @@ package httpfield
 
 import (
 	"net/http"
+	"slices"
 	"strings"
 )
 
@@ -43,12 +44,38 @@ func Replayable(h http.Header) http.Header {
 	named := h["Connection"]
 	out := make(http.Header, len(h))
 	for k, v := range h {
-		if unreplayable[k] || listed(named, k) || !Valid(k, v) {
-			continue
+		if keeps(named, k, v) {
+			out[k] = v[:len(v):len(v)]
 		}
-		out[k] = v[:len(v):len(v)]
 	}
 	return out
+}
+
+// keeps reports whether Replayable keeps the field k: v of a header whose
+// Connection field is named.
+func keeps(named []string, k string, v []string) bool {
+	return !unreplayable[k] && !listed(named, k) && Valid(k, v)
+}
+
+// IsReplayable reports whether r, a header Replayable returned, is what
+// Replayable(h) returns (the same fields and values), without building it:
+// a caller that kept r may then use it in place of a new copy.
+func IsReplayable(r, h http.Header) bool {
+	if len(h) == 0 || r == nil {
+		return len(h) == 0 && r == nil
+	}
+	named := h["Connection"]
+	n := 0
+	for k, v := range h {
+		if !keeps(named, k, v) {
+			continue
+		}
+		if w, ok := r[k]; !ok || !slices.Equal(v, w) {
+			return false
+		}
+		n++
+	}
+	return n == len(r)
 }
 
 // Valid reports whether name is an RFC 9110 token and no value holds a

@@ -40,3 +40,29 @@ func TestReplayable(t *testing.T) {
 		t.Error("nil header: want nil")
 	}
 }
+
+func TestIsReplayable(t *testing.T) {
+	h := http.Header{"Content-Type": {"application/json"}, "Set-Cookie": {"s=1"}, "Connection": {"X-Private"}, "X-Private": {"1"}}
+	r := httpfield.Replayable(h)
+	same := http.Header{"Content-Type": {"application/json"}, "Date": {"Tue"}}
+	for _, c := range []struct {
+		name string
+		r, h http.Header
+		want bool
+	}{
+		{"itself", r, h, true},
+		{"same replayable fields", r, same, true},
+		{"another value", r, http.Header{"Content-Type": {"text/plain"}}, false},
+		{"a field more", r, http.Header{"Content-Type": {"application/json"}, "X-A": {"1"}}, false},
+		{"a field less", r, http.Header{"Date": {"Tue"}}, false},
+		{"a second value", r, http.Header{"Content-Type": {"application/json", "x"}}, false},
+		{"nothing kept, empty kept", httpfield.Replayable(http.Header{"Date": {"Tue"}}), http.Header{"Set-Cookie": {"a"}}, true},
+		{"no header", nil, nil, true},
+		{"no header, kept one", r, nil, false},
+		{"a header, kept none", nil, http.Header{"Date": {"Tue"}}, false},
+	} {
+		if got := httpfield.IsReplayable(c.r, c.h); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+}
