@@ -1,9 +1,11 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptrace"
@@ -91,6 +93,35 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	})
 	pr.Out = pr.Out.WithContext(ctx)
 	hideKeyFromTransport(pr.Out.Header)
+	inMemoryBody(pr.Out, pr.In.Body)
+}
+
+// maxInlineBody bounds the body inMemoryBody copies: past a few pages, the
+// request head's own write no longer matters.
+const maxInlineBody = 16 << 10
+
+// inMemoryBody hands the transport the body of out, which the engine
+// already holds in memory and passes on as in, as a *bytes.Reader: net/http's
+// Transport writes a body of that type in the same write as the request's
+// head, and flushes the head first for any other (the reverse proxy wraps
+// the body in one of its own), which costs a second write, and a second read
+// and wakeup on the upstream, for every request.
+func inMemoryBody(out *http.Request, in io.Reader) {
+	b, ok := in.(interface {
+		io.Reader
+		Len() int
+	})
+	if !ok || out.Body == nil || out.ContentLength <= 0 || out.ContentLength > maxInlineBody ||
+		int64(b.Len()) != out.ContentLength {
+		return
+	}
+	buf := make([]byte, out.ContentLength)
+	if n, err := io.ReadFull(b, buf); err != nil {
+		// Not all there after all: send what was read, then the rest.
+		out.Body = io.NopCloser(io.MultiReader(bytes.NewReader(buf[:n]), b))
+		return
+	}
+	out.Body = io.NopCloser(bytes.NewReader(buf))
 }
 
 // hideKeyFromTransport stops net/http's Transport from silently sending
