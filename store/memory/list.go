@@ -17,8 +17,8 @@ func (s *Store) List(ctx context.Context, p store.ListParams) ([]store.Record, *
 		return nil, nil, err
 	}
 	s.mu.Lock()
-	all := make([]store.Record, 0, len(s.recs))
-	for _, e := range s.recs {
+	all := make([]store.Record, 0, s.count())
+	for e := range s.all() {
 		if r := e.record(); storekit.Match(&p, &r) {
 			all = append(all, r)
 		}

@@ -32,7 +32,10 @@ type id struct{ scope, key string }
 type Store struct {
 	clock store.Clock
 	mu    sync.Mutex
-	recs  map[id]*entry
+	// scopes holds the records by scope (see records); last is the
+	// scope of the last call.
+	scopes map[string]*records
+	last   *records
 	// tenants indexes the records by tenant, for the cap on active
 	// records (ReserveParams.MaxActive). It is built at the first capped
 	// call and kept from then on; nil until then, so a store that never
@@ -41,8 +44,8 @@ type Store struct {
 	// header is the header of the last answer stored. An answer with the
 	// same header shares it (see Complete).
 	header map[string][]string
-	// scope and tenant are those of the last record created (see put).
-	scope, tenant string
+	// tenant is that of the last record created (see put).
+	tenant string
 }
 
 // New returns an empty store.
@@ -51,7 +54,7 @@ func New(cfg Config) *Store {
 	if c == nil {
 		c = time.Now
 	}
-	return &Store{clock: c, recs: make(map[id]*entry)}
+	return &Store{clock: c, scopes: make(map[string]*records)}
 }
 
 // now reads the clock at the resolution every store keeps, so that the
@@ -73,7 +76,7 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := id{p.Scope, p.Key}
-	e := s.recs[k]
+	e := s.find(k)
 	var r store.Record
 	act := storekit.ActCreate
 	if e != nil {
@@ -117,25 +120,19 @@ func (s *Store) put(k id, replace bool, tenant string, n *entry) *entry {
 	if replace {
 		s.forget(k)
 	}
-	// Every record of one operation has the same scope, and mostly the
-	// same tenant as the last one: equal strings share one copy, so that
-	// a store of many records holds fewer objects for the garbage
-	// collector to trace.
-	k.scope = same(&s.scope, k.scope)
-	n.scope, n.tenant = k.scope, same(&s.tenant, tenant)
-	s.recs[k] = n
+	// The records of one scope share its string (see insert), and mostly
+	// the tenant of the last one: equal strings share one copy, so that a
+	// store of many records holds fewer objects for the garbage collector
+	// to trace.
+	if s.tenant != tenant {
+		s.tenant = tenant
+	}
+	n.tenant = s.tenant
+	s.insert(k, n)
 	if s.tenants != nil {
-		s.index(k, n)
+		s.index(id{n.scope, n.key}, n)
 	}
 	return n
-}
-
-// same returns *last if it equals v, else v, which becomes *last.
-func same(last *string, v string) string {
-	if *last != v {
-		*last = v
-	}
-	return *last
 }
 
 // index adds the record e, stored under k, to the tenant index.
@@ -155,8 +152,8 @@ func (s *Store) counter(tenant string) func() (int, error) {
 	return func() (int, error) {
 		if s.tenants == nil {
 			s.tenants = make(map[string]map[id]*entry)
-			for k, e := range s.recs {
-				s.index(k, e)
+			for e := range s.all() {
+				s.index(id{e.scope, e.key}, e)
 			}
 		}
 		n := 0
@@ -171,11 +168,11 @@ func (s *Store) counter(tenant string) func() (int, error) {
 
 // forget removes the record k from the maps, if it is there.
 func (s *Store) forget(k id) {
-	e := s.recs[k]
+	e := s.find(k)
 	if e == nil {
 		return
 	}
-	delete(s.recs, k)
+	s.remove(k)
 	if t := s.tenants[e.tenant]; t != nil {
 		delete(t, k)
 		if len(t) == 0 {
@@ -189,7 +186,7 @@ func (s *Store) forget(k id) {
 // maps keep no other copy of it.
 func (s *Store) rekey(e *entry) {
 	k := id{e.scope, e.key}
-	s.recs[k] = e
+	s.insert(k, e)
 	if t := s.tenants[e.tenant]; t != nil {
 		t[k] = e
 	}
@@ -231,7 +228,7 @@ func (s *Store) held(ctx context.Context, valid error, fp store.FenceParams, f f
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r := s.recs[id{fp.Scope, fp.Key}]
+	r := s.find(id{fp.Scope, fp.Key})
 	if r == nil || r.state != store.StateInProgress || r.fence != fp.Fence {
 		return store.ErrLeaseLost
 	}
@@ -326,7 +323,7 @@ func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r := s.recs[id{scope, key}]
+	r := s.find(id{scope, key})
 	if r == nil {
 		return store.Record{}, store.ErrNotFound
 	}
@@ -344,7 +341,7 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := id{scope, key}
-	switch r := s.recs[k]; {
+	switch r := s.find(k); {
 	case r == nil:
 		return store.ErrNotFound
 	case r.state == store.StateInProgress:
@@ -370,7 +367,7 @@ func (s *Store) scan(ctx context.Context, valid error, limit int, keep func(e *e
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var rs []*entry
-	for _, e := range s.recs {
+	for e := range s.all() {
 		if keep(e, t) {
 			rs = append(rs, e)
 		}
@@ -454,7 +451,7 @@ func (s *Store) unknown(ctx context.Context, scope, key string, fence int64, f f
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := s.recs[id{scope, key}]
+	e := s.find(id{scope, key})
 	switch {
 	case e == nil:
 		return store.ErrNotFound
@@ -523,7 +520,7 @@ func (s *Store) CountActive(ctx context.Context, limit int) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := 0
-	for _, e := range s.recs {
+	for e := range s.all() {
 		if n == limit {
 			break
 		}

@@ -22,7 +22,7 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := id{p.Scope, p.Key}
-	e := s.recs[k]
+	e := s.find(k)
 	var prev *store.Record
 	if e != nil {
 		r := e.record()

@@ -1,0 +1,41 @@
+package memory
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem/store"
+)
+
+// TestScopeDroppedWithItsLastRecord checks that a scope whose last record
+// is deleted leaves nothing behind, so that a store of short-lived scopes
+// does not grow.
+func TestScopeDroppedWithItsLastRecord(t *testing.T) {
+	ctx := t.Context()
+	s := New(Config{})
+	for _, k := range []string{"a", "b"} {
+		res, err := s.Reserve(ctx, store.ReserveParams{Scope: "s", Key: k, Fingerprint: "f", Lease: time.Minute, TTL: time.Hour, LeasePolicy: store.LeaseUnknown})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = s.Release(ctx, store.ReleaseParams{FenceParams: store.FenceParams{Scope: "s", Key: k, Fence: res.Record.Fence}, Error: "x"})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, k := range []string{"a", "b"} {
+		if err := s.Delete(ctx, "s", k); err != nil {
+			t.Fatal(err)
+		}
+		if n, want := len(s.scopes), 1-i; n != want {
+			t.Fatalf("after deleting %s: %d scopes, want %d", k, n, want)
+		}
+	}
+	if s.last != nil {
+		t.Error("the last scope is still remembered")
+	}
+	if _, err := s.Get(ctx, "s", "a"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("Get of a deleted record: %v, want ErrNotFound", err)
+	}
+}
