@@ -200,14 +200,14 @@ func (e *entry) take(now time.Time, lease, ttl time.Duration, reclaim bool) {
 	e.fence = storekit.NextFence(e.fence, now)
 	e.attempts++
 	e.lockedUntil = at(after(now, lease))
-	e.lastError = ""
+	e.setError("")
 	e.updatedAt = at(now)
 }
 
 func (e *entry) toUnknown(now time.Time, why string) {
 	e.state = store.StateUnknown
-	e.lastError = why
-	e.reconcileAfter = at(now)
+	e.x().lastError = why
+	e.more.reconcileAfter = at(now)
 	e.updatedAt = at(now)
 }
 
@@ -268,7 +268,7 @@ func (s *Store) share(h map[string][]string) map[string][]string {
 // complete makes e a completed record of resp.
 func (s *Store) complete(e *entry, now time.Time, resp store.Response, ttl time.Duration) {
 	e.state = store.StateCompleted
-	e.request = nil
+	e.setRequest(nil)
 	e.answer(resp)
 	e.completedAt = at(now)
 	if ttl > 0 {
@@ -283,8 +283,8 @@ func (s *Store) complete(e *entry, now time.Time, resp store.Response, ttl time.
 func (s *Store) Release(ctx context.Context, p store.ReleaseParams) error {
 	return s.held(ctx, p.Validate(), p.FenceParams, func(r *entry, now time.Time) {
 		r.state = store.StateFailedRetryable
-		r.lastError = p.Error
-		r.request = nil
+		r.setError(p.Error)
+		r.setRequest(nil)
 	})
 }
 
@@ -294,7 +294,7 @@ func (s *Store) MarkUnknown(ctx context.Context, p store.ReleaseParams) error {
 		r.toUnknown(now, p.Error)
 		if p.Request != nil {
 			req := *p.Request
-			r.request = &req
+			r.x().request = &req
 		}
 	})
 }
@@ -302,7 +302,9 @@ func (s *Store) MarkUnknown(ctx context.Context, p store.ReleaseParams) error {
 // Checkpoint implements store.Store.
 func (s *Store) Checkpoint(ctx context.Context, p store.CheckpointParams) error {
 	return s.held(ctx, p.Validate(), p.FenceParams, func(r *entry, now time.Time) {
-		r.recoveryPoint = p.RecoveryPoint
+		if p.RecoveryPoint != "" || r.more != nil {
+			r.x().recoveryPoint = p.RecoveryPoint
+		}
 	})
 }
 
@@ -421,8 +423,8 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 		default: // in_progress whose holder died, or unknown: abandoned
 			s.complete(e, now, p.Abandoned, p.AbandonedTTL)
 			e.expiresAt = at(after(now, p.AbandonedTTL)) // even for a zero ttl
-			e.reconcileAfter, e.deadLetteredAt = 0, 0
-			e.lastError = "abandoned"
+			e.settle()
+			e.setError("abandoned")
 			e.updatedAt = at(now)
 			res.Abandoned++
 		}
@@ -435,8 +437,8 @@ func (s *Store) ListUnknown(ctx context.Context, p store.ListUnknownParams) ([]s
 	var out []store.Record
 	err := s.scan(ctx, p.Validate(), p.Limit, func(e *entry, now micros) bool {
 		return e.state == store.StateUnknown &&
-			(!p.DueOnly || (!now.before(e.reconcileAfter) && e.deadLetteredAt == 0))
-	}, func(e *entry) micros { return e.reconcileAfter }, func(e *entry, now time.Time) {
+			(!p.DueOnly || (!now.before(e.rare().reconcileAfter) && e.rare().deadLetteredAt == 0))
+	}, func(e *entry) micros { return e.rare().reconcileAfter }, func(e *entry, now time.Time) {
 		out = append(out, e.record())
 	})
 	return out, err
@@ -471,14 +473,14 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 		return err
 	}
 	return s.unknown(ctx, p.Scope, p.Key, p.Fence, func(e *entry, now time.Time) {
-		e.reconcileAfter, e.deadLetteredAt = 0, 0
+		e.settle()
 		if p.To == store.StateCompleted {
 			s.complete(e, now, *p.Response, p.TTL)
-			e.lastError = ""
+			e.setError("")
 			return
 		}
 		e.state = store.StateFailedRetryable
-		e.request = nil
+		e.setRequest(nil)
 		if p.TTL > 0 {
 			e.expiresAt = at(after(now, p.TTL))
 		}
@@ -491,13 +493,14 @@ func (s *Store) Defer(ctx context.Context, p store.DeferParams) error {
 		return err
 	}
 	return s.unknown(ctx, p.Scope, p.Key, 0, func(e *entry, now time.Time) {
-		e.reconciles++
-		e.lastError = p.Error
+		m := e.x()
+		m.reconciles++
+		m.lastError = p.Error
 		if p.DeadLetter {
-			e.deadLetteredAt = at(now)
+			m.deadLetteredAt = at(now)
 			return
 		}
-		e.reconcileAfter = at(after(now, p.Delay))
+		m.reconcileAfter = at(after(now, p.Delay))
 	})
 }
 

@@ -49,7 +49,7 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 func (s *Store) Claim(ctx context.Context, p store.ClaimParams) ([]store.Record, error) {
 	var out []store.Record
 	err := s.scan(ctx, p.Validate(), p.Limit, func(e *entry, now micros) bool {
-		return e.state == store.StatePending && now.before(e.lockedUntil) && e.request != nil && e.request.Queue == p.Queue
+		return e.state == store.StatePending && now.before(e.lockedUntil) && e.rare().request != nil && e.rare().request.Queue == p.Queue
 	}, func(e *entry) micros { return e.createdAt }, func(e *entry, now time.Time) {
 		e.state = store.StateInProgress
 		e.fence = storekit.NextFence(e.fence, now)
@@ -68,7 +68,7 @@ func (s *Store) ExpirePending(ctx context.Context, p store.ExpirePendingParams) 
 		return e.state == store.StatePending && !now.before(e.lockedUntil)
 	}, func(e *entry) micros { return e.lockedUntil }, func(e *entry, now time.Time) {
 		s.complete(e, now, p.Response, p.TTL)
-		e.lastError = store.ExpiredPendingError
+		e.setError(store.ExpiredPendingError)
 		e.updatedAt = at(now)
 		out = append(out, e.record())
 	})

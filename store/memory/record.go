@@ -16,23 +16,73 @@ import (
 // is two objects, the entry and its text, where store.Record fields would
 // make four and twice the bytes. The response is kept in the entry, so
 // that completing a record allocates nothing but its text and the records
-// handed out point to it (see record).
+// handed out point to it (see record). What most records never set is kept
+// apart (see extra).
 type entry struct {
-	scope, key, fp string
-	tenant         string // ReserveParams.Tenant at creation
-	state          store.State
-	policy         store.LeasePolicy
+	key, fp  string
+	scope    string
+	tenant   string // ReserveParams.Tenant at creation
+	state    store.State
+	policy   store.LeasePolicy
+	more     *extra // nil while all its fields are zero
+	resp     store.Response
+	hasResp  bool // resp is the record's Response
+	packed   bool // key, fp and resp.Body are views of one allocation
+	attempts int32
+	fence    int64
+
+	lockedUntil, createdAt, updatedAt, completedAt, expiresAt micros
+}
+
+// extra holds the fields of a record that only some records set: a
+// recovery point, an error, a kept request, and those of reconciliation.
+type extra struct {
 	recoveryPoint  string
 	lastError      string
 	request        *store.PendingRequest
-	resp           store.Response
-	hasResp        bool // resp is the record's Response
-	packed         bool // key, fp and resp.Body are views of one allocation
-	fence          int64
-	attempts       int
 	reconciles     int // ReconcileAttempts
+	reconcileAfter micros
+	deadLetteredAt micros
+}
 
-	lockedUntil, createdAt, updatedAt, completedAt, expiresAt, reconcileAfter, deadLetteredAt micros
+// none is the extra of an entry that has none; never written.
+var none extra
+
+// rare returns e's extra for reading.
+func (e *entry) rare() *extra {
+	if e.more == nil {
+		return &none
+	}
+	return e.more
+}
+
+// x returns e's extra for writing.
+func (e *entry) x() *extra {
+	if e.more == nil {
+		e.more = new(extra)
+	}
+	return e.more
+}
+
+// setError sets e's LastError, and setRequest its Request, allocating no
+// extra for a zero value.
+func (e *entry) setError(s string) {
+	if s != "" || e.more != nil {
+		e.x().lastError = s
+	}
+}
+
+func (e *entry) setRequest(r *store.PendingRequest) {
+	if r != nil || e.more != nil {
+		e.x().request = r
+	}
+}
+
+// settle clears the reconciliation times of a record that leaves unknown.
+func (e *entry) settle() {
+	if e.more != nil {
+		e.more.reconcileAfter, e.more.deadLetteredAt = 0, 0
+	}
 }
 
 // micros is a time as whole microseconds (store.Resolution) since
@@ -64,13 +114,14 @@ func (m micros) before(n micros) bool { return m < n }
 // record returns the record e holds. Its response, when it has one, is
 // the entry's own: callers must not modify it (see Store).
 func (e *entry) record() store.Record {
+	m := e.rare()
 	r := store.Record{
 		Scope: e.scope, Key: e.key, Fingerprint: e.fp, State: e.state, Fence: e.fence, LeasePolicy: e.policy,
-		LockedUntil: e.lockedUntil.time(), RecoveryPoint: e.recoveryPoint, LastError: e.lastError,
-		Attempts: e.attempts, CreatedAt: e.createdAt.time(), UpdatedAt: e.updatedAt.time(),
+		LockedUntil: e.lockedUntil.time(), RecoveryPoint: m.recoveryPoint, LastError: m.lastError,
+		Attempts: int(e.attempts), CreatedAt: e.createdAt.time(), UpdatedAt: e.updatedAt.time(),
 		CompletedAt: e.completedAt.time(), ExpiresAt: e.expiresAt.time(),
-		ReconcileAfter: e.reconcileAfter.time(), ReconcileAttempts: e.reconciles,
-		DeadLetteredAt: e.deadLetteredAt.time(), Request: e.request,
+		ReconcileAfter: m.reconcileAfter.time(), ReconcileAttempts: m.reconciles,
+		DeadLetteredAt: m.deadLetteredAt.time(), Request: m.request,
 	}
 	if e.hasResp {
 		r.Response = &e.resp
@@ -84,11 +135,19 @@ func (e *entry) record() store.Record {
 // keyed by.
 func (e *entry) set(r *store.Record) (rekeyed bool) {
 	e.scope, e.state, e.policy, e.fence = r.Scope, r.State, r.LeasePolicy, r.Fence
-	e.recoveryPoint, e.lastError, e.request = r.RecoveryPoint, r.LastError, r.Request
-	e.attempts, e.reconciles = r.Attempts, r.ReconcileAttempts
+	e.attempts = int32(r.Attempts)
 	e.lockedUntil, e.createdAt, e.updatedAt = at(r.LockedUntil), at(r.CreatedAt), at(r.UpdatedAt)
 	e.completedAt, e.expiresAt = at(r.CompletedAt), at(r.ExpiresAt)
-	e.reconcileAfter, e.deadLetteredAt = at(r.ReconcileAfter), at(r.DeadLetteredAt)
+	m := extra{
+		recoveryPoint: r.RecoveryPoint, lastError: r.LastError, request: r.Request, reconciles: r.ReconcileAttempts,
+		reconcileAfter: at(r.ReconcileAfter), deadLetteredAt: at(r.DeadLetteredAt),
+	}
+	switch {
+	case m != none:
+		*e.x() = m
+	case e.more != nil:
+		e.more = nil
+	}
 	if r.Key != e.key || r.Fingerprint != e.fp {
 		e.key, e.fp, e.packed = r.Key, r.Fingerprint, false
 	}
