@@ -89,7 +89,7 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 	fresh := func(fence int64) store.ReserveResult {
 		t := at(now)
 		n := s.put(k, e != nil, p.Tenant, &entry{
-			key: p.Key, fp: p.Fingerprint, state: store.StateInProgress, fence: fence, policy: p.LeasePolicy,
+			key: p.Key, fp: p.Fingerprint, state: stInProgress, fence: fence, policy: policyOf(p.LeasePolicy),
 			lockedUntil: at(after(now, p.Lease)), attempts: 1, createdAt: t, updatedAt: t, expiresAt: at(after(now, p.TTL)),
 		})
 		return store.ReserveResult{Outcome: store.Created, Record: n.record()}
@@ -196,7 +196,7 @@ func (e *entry) take(now time.Time, lease, ttl time.Duration, reclaim bool) {
 	if reclaim {
 		e.expiresAt = at(after(now, ttl))
 	}
-	e.state = store.StateInProgress
+	e.state = stInProgress
 	e.fence = storekit.NextFence(e.fence, now)
 	e.attempts++
 	e.lockedUntil = at(after(now, lease))
@@ -205,7 +205,7 @@ func (e *entry) take(now time.Time, lease, ttl time.Duration, reclaim bool) {
 }
 
 func (e *entry) toUnknown(now time.Time, why string) {
-	e.state = store.StateUnknown
+	e.state = stUnknown
 	e.x().lastError = why
 	e.more.reconcileAfter = at(now)
 	e.updatedAt = at(now)
@@ -213,7 +213,7 @@ func (e *entry) toUnknown(now time.Time, why string) {
 
 // leaseExpired is store.Record.LeaseExpired.
 func (e *entry) leaseExpired(now micros) bool {
-	return e.state == store.StateInProgress && !now.before(e.lockedUntil)
+	return e.state == stInProgress && !now.before(e.lockedUntil)
 }
 
 // held runs f on the record if the caller holds its lease. valid is the
@@ -229,7 +229,7 @@ func (s *Store) held(ctx context.Context, valid error, fp store.FenceParams, f f
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r := s.find(id{fp.Scope, fp.Key})
-	if r == nil || r.state != store.StateInProgress || r.fence != fp.Fence {
+	if r == nil || r.state != stInProgress || r.fence != fp.Fence {
 		return store.ErrLeaseLost
 	}
 	f(r, now)
@@ -267,7 +267,7 @@ func (s *Store) share(h map[string][]string) map[string][]string {
 
 // complete makes e a completed record of resp.
 func (s *Store) complete(e *entry, now time.Time, resp store.Response, ttl time.Duration) {
-	e.state = store.StateCompleted
+	e.state = stCompleted
 	e.setRequest(nil)
 	e.answer(resp)
 	e.completedAt = at(now)
@@ -282,7 +282,7 @@ func (s *Store) complete(e *entry, now time.Time, resp store.Response, ttl time.
 // Release implements store.Store.
 func (s *Store) Release(ctx context.Context, p store.ReleaseParams) error {
 	return s.held(ctx, p.Validate(), p.FenceParams, func(r *entry, now time.Time) {
-		r.state = store.StateFailedRetryable
+		r.state = stFailedRetryable
 		r.setError(p.Error)
 		r.setRequest(nil)
 	})
@@ -346,7 +346,7 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 	switch r := s.find(k); {
 	case r == nil:
 		return store.ErrNotFound
-	case r.state == store.StateInProgress:
+	case r.state == stInProgress:
 		return store.ErrStateConflict
 	}
 	s.forget(k)
@@ -395,7 +395,7 @@ func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]
 	var out []store.Record
 	grace := micros(storekit.RoundUp(p.Grace) / store.Resolution)
 	err := s.scan(ctx, p.Validate(), p.Limit, func(e *entry, now micros) bool {
-		return e.leaseExpired(now-grace) && e.policy == store.LeaseUnknown
+		return e.leaseExpired(now-grace) && e.policy == leaseUnknown
 	}, func(e *entry) micros { return e.lockedUntil }, func(e *entry, now time.Time) {
 		e.toUnknown(now, "lease_expired")
 		out = append(out, e.record())
@@ -409,12 +409,12 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 	err := s.scan(ctx, p.Validate(), p.Limit, func(e *entry, now micros) bool {
 		// Pending records are ended by ExpirePending at their deadline,
 		// as in every other store, never abandoned here.
-		return e.state != store.StateExpired && e.state != store.StatePending && !now.before(e.expiresAt) &&
-			(e.state != store.StateInProgress || e.leaseExpired(now))
+		return e.state != stExpired && e.state != stPending && !now.before(e.expiresAt) &&
+			(e.state != stInProgress || e.leaseExpired(now))
 	}, func(e *entry) micros { return e.expiresAt }, func(e *entry, now time.Time) {
 		switch {
 		case e.state.Terminal() && p.Soft:
-			e.state = store.StateExpired
+			e.state = stExpired
 			e.updatedAt = at(now)
 			res.Deleted++
 		case e.state.Terminal():
@@ -436,7 +436,7 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 func (s *Store) ListUnknown(ctx context.Context, p store.ListUnknownParams) ([]store.Record, error) {
 	var out []store.Record
 	err := s.scan(ctx, p.Validate(), p.Limit, func(e *entry, now micros) bool {
-		return e.state == store.StateUnknown &&
+		return e.state == stUnknown &&
 			(!p.DueOnly || (!now.before(e.rare().reconcileAfter) && e.rare().deadLetteredAt == 0))
 	}, func(e *entry) micros { return e.rare().reconcileAfter }, func(e *entry, now time.Time) {
 		out = append(out, e.record())
@@ -459,7 +459,7 @@ func (s *Store) unknown(ctx context.Context, scope, key string, fence int64, f f
 		return store.ErrNotFound
 	case fence > 0 && e.fence != fence:
 		return store.ErrLeaseLost
-	case e.state != store.StateUnknown:
+	case e.state != stUnknown:
 		return store.ErrStateConflict
 	}
 	f(e, now)
@@ -479,7 +479,7 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 			e.setError("")
 			return
 		}
-		e.state = store.StateFailedRetryable
+		e.state = stFailedRetryable
 		e.setRequest(nil)
 		if p.TTL > 0 {
 			e.expiresAt = at(after(now, p.TTL))

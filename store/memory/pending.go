@@ -49,9 +49,9 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 func (s *Store) Claim(ctx context.Context, p store.ClaimParams) ([]store.Record, error) {
 	var out []store.Record
 	err := s.scan(ctx, p.Validate(), p.Limit, func(e *entry, now micros) bool {
-		return e.state == store.StatePending && now.before(e.lockedUntil) && e.rare().request != nil && e.rare().request.Queue == p.Queue
+		return e.state == stPending && now.before(e.lockedUntil) && e.rare().request != nil && e.rare().request.Queue == p.Queue
 	}, func(e *entry) micros { return e.createdAt }, func(e *entry, now time.Time) {
-		e.state = store.StateInProgress
+		e.state = stInProgress
 		e.fence = storekit.NextFence(e.fence, now)
 		e.attempts++
 		e.lockedUntil = at(after(now, p.Lease))
@@ -65,7 +65,7 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) ([]store.Record,
 func (s *Store) ExpirePending(ctx context.Context, p store.ExpirePendingParams) ([]store.Record, error) {
 	var out []store.Record
 	err := s.scan(ctx, p.Validate(), p.Limit, func(e *entry, now micros) bool {
-		return e.state == store.StatePending && !now.before(e.lockedUntil)
+		return e.state == stPending && !now.before(e.lockedUntil)
 	}, func(e *entry) micros { return e.lockedUntil }, func(e *entry, now time.Time) {
 		s.complete(e, now, p.Response, p.TTL)
 		e.setError(store.ExpiredPendingError)

@@ -22,10 +22,10 @@ type entry struct {
 	key, fp  string
 	scope    string
 	tenant   string // ReserveParams.Tenant at creation
-	state    store.State
-	policy   store.LeasePolicy
 	more     *extra // nil while all its fields are zero
 	resp     store.Response
+	state    stateCode
+	policy   policyCode
 	hasResp  bool // resp is the record's Response
 	packed   bool // key, fp and resp.Body are views of one allocation
 	attempts int32
@@ -85,6 +85,53 @@ func (e *entry) settle() {
 	}
 }
 
+// stateCode is a record's state as its index in states, and policyCode
+// its lease policy as its index in policies: a byte, not a string.
+type (
+	stateCode  uint8
+	policyCode uint8
+)
+
+const (
+	stInProgress stateCode = iota + 1
+	stCompleted
+	stFailedRetryable
+	stUnknown
+	stExpired
+	stPending
+)
+
+const leaseUnknown policyCode = 1
+
+var (
+	states   = [...]store.State{"", store.StateInProgress, store.StateCompleted, store.StateFailedRetryable, store.StateUnknown, store.StateExpired, store.StatePending}
+	policies = [...]store.LeasePolicy{"", store.LeaseUnknown, store.LeaseRetry, store.LeaseResume}
+)
+
+func (c stateCode) Active() bool   { return states[c].Active() }
+func (c stateCode) Terminal() bool { return states[c].Terminal() }
+
+// stateOf and policyOf return the code of a state and of a lease policy.
+// The store sets only the states it names and accepts only valid
+// policies (ReserveParams.Validate), so every value has one.
+func stateOf(s store.State) stateCode {
+	for i, v := range states {
+		if v == s {
+			return stateCode(i)
+		}
+	}
+	panic("memory: a record in state " + string(s) + ", which the store does not name")
+}
+
+func policyOf(p store.LeasePolicy) policyCode {
+	for i, v := range policies {
+		if v == p {
+			return policyCode(i)
+		}
+	}
+	panic("memory: lease policy " + string(p) + ", which ReserveParams.Validate refuses")
+}
+
 // micros is a time as whole microseconds (store.Resolution) since
 // January 1 of year 1, UTC: 0 is the zero time.Time, and every time a store
 // can hold fits.
@@ -116,7 +163,7 @@ func (m micros) before(n micros) bool { return m < n }
 func (e *entry) record() store.Record {
 	m := e.rare()
 	r := store.Record{
-		Scope: e.scope, Key: e.key, Fingerprint: e.fp, State: e.state, Fence: e.fence, LeasePolicy: e.policy,
+		Scope: e.scope, Key: e.key, Fingerprint: e.fp, State: states[e.state], Fence: e.fence, LeasePolicy: policies[e.policy],
 		LockedUntil: e.lockedUntil.time(), RecoveryPoint: m.recoveryPoint, LastError: m.lastError,
 		Attempts: int(e.attempts), CreatedAt: e.createdAt.time(), UpdatedAt: e.updatedAt.time(),
 		CompletedAt: e.completedAt.time(), ExpiresAt: e.expiresAt.time(),
@@ -134,7 +181,7 @@ func (e *entry) record() store.Record {
 // whether e.key is a new string, which the store's maps must then be
 // keyed by.
 func (e *entry) set(r *store.Record) (rekeyed bool) {
-	e.scope, e.state, e.policy, e.fence = r.Scope, r.State, r.LeasePolicy, r.Fence
+	e.scope, e.state, e.policy, e.fence = r.Scope, stateOf(r.State), policyOf(r.LeasePolicy), r.Fence
 	e.attempts = int32(r.Attempts)
 	e.lockedUntil, e.createdAt, e.updatedAt = at(r.LockedUntil), at(r.CreatedAt), at(r.UpdatedAt)
 	e.completedAt, e.expiresAt = at(r.CompletedAt), at(r.ExpiresAt)

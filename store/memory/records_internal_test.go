@@ -39,3 +39,28 @@ func TestScopeDroppedWithItsLastRecord(t *testing.T) {
 		t.Errorf("Get of a deleted record: %v, want ErrNotFound", err)
 	}
 }
+
+// TestCodes checks that every state and lease policy has a code that
+// names it back, and that the named codes are those of their states.
+func TestCodes(t *testing.T) {
+	for _, s := range []store.State{store.StateInProgress, store.StateCompleted, store.StateFailedRetryable, store.StateUnknown, store.StateExpired, store.StatePending} {
+		if got := states[stateOf(s)]; got != s || !s.Valid() {
+			t.Errorf("state %q comes back as %q", s, got)
+		}
+	}
+	named := map[stateCode]store.State{stInProgress: store.StateInProgress, stCompleted: store.StateCompleted,
+		stFailedRetryable: store.StateFailedRetryable, stUnknown: store.StateUnknown, stExpired: store.StateExpired, stPending: store.StatePending}
+	for c, s := range named {
+		if states[c] != s {
+			t.Errorf("code %d names %q, want %q", c, states[c], s)
+		}
+	}
+	for _, p := range []store.LeasePolicy{store.LeaseUnknown, store.LeaseRetry, store.LeaseResume} {
+		if got := policies[policyOf(p)]; got != p {
+			t.Errorf("policy %q comes back as %q", p, got)
+		}
+	}
+	if policies[leaseUnknown] != store.LeaseUnknown {
+		t.Errorf("leaseUnknown names %q", policies[leaseUnknown])
+	}
+}
