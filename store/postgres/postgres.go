@@ -767,48 +767,53 @@ func encodeHeader(h http.Header) (pgtype.Text, error) {
 	return pgtype.Text{String: string(b), Valid: true}, nil
 }
 
+// recordScan is what scanRecord reads a row into: one allocation for all
+// of its columns and their destinations, instead of one per column.
+type recordScan struct {
+	state, policy              string
+	status                     *int32
+	headers, body              []byte
+	omitted                    bool
+	completedAt, reconcileAt   *time.Time
+	deadLetteredAt             *time.Time
+	lockedUntil, created       time.Time
+	updated, expires           time.Time
+	attempts, reconcileAttempt int32
+	dest                       [22]any
+}
+
 // scanRecord reads recordColumns, preceded by the action column when action
 // is not nil.
 func scanRecord(row pgx.Row, rec *store.Record, action *string) error {
-	var (
-		state, policy              string
-		status                     *int32
-		headers, body              []byte
-		omitted                    bool
-		completedAt, reconcileAt   *time.Time
-		deadLetteredAt             *time.Time
-		lockedUntil, created       time.Time
-		updated, expires           time.Time
-		attempts, reconcileAttempt int32
+	v := new(recordScan)
+	dest := append(v.dest[:0], action,
+		&rec.Scope, &rec.Key, &rec.Fingerprint, &v.state, &rec.Fence, &v.policy, &v.lockedUntil,
+		&rec.RecoveryPoint, &v.status, &v.headers, &v.body,
+		&v.omitted, &rec.LastError, &v.attempts, &v.created, &v.updated,
+		&v.completedAt, &v.expires, &v.reconcileAt, &v.reconcileAttempt, &v.deadLetteredAt,
 	)
-	dest := []any{
-		&rec.Scope, &rec.Key, &rec.Fingerprint, &state, &rec.Fence, &policy, &lockedUntil,
-		&rec.RecoveryPoint, &status, &headers, &body,
-		&omitted, &rec.LastError, &attempts, &created, &updated,
-		&completedAt, &expires, &reconcileAt, &reconcileAttempt, &deadLetteredAt,
-	}
-	if action != nil {
-		dest = append([]any{action}, dest...)
+	if action == nil {
+		dest = dest[1:]
 	}
 	if err := row.Scan(dest...); err != nil {
 		return err
 	}
-	rec.State = store.State(state)
-	rec.LeasePolicy = store.LeasePolicy(policy)
-	rec.LockedUntil = lockedUntil.UTC()
-	rec.Attempts = int(attempts)
-	rec.CreatedAt = created.UTC()
-	rec.UpdatedAt = updated.UTC()
-	rec.ExpiresAt = expires.UTC()
-	rec.ReconcileAttempts = int(reconcileAttempt)
-	rec.CompletedAt = utcOrZero(completedAt)
-	rec.ReconcileAfter = utcOrZero(reconcileAt)
-	rec.DeadLetteredAt = utcOrZero(deadLetteredAt)
+	rec.State = store.State(v.state)
+	rec.LeasePolicy = store.LeasePolicy(v.policy)
+	rec.LockedUntil = v.lockedUntil.UTC()
+	rec.Attempts = int(v.attempts)
+	rec.CreatedAt = v.created.UTC()
+	rec.UpdatedAt = v.updated.UTC()
+	rec.ExpiresAt = v.expires.UTC()
+	rec.ReconcileAttempts = int(v.reconcileAttempt)
+	rec.CompletedAt = utcOrZero(v.completedAt)
+	rec.ReconcileAfter = utcOrZero(v.reconcileAt)
+	rec.DeadLetteredAt = utcOrZero(v.deadLetteredAt)
 	rec.Response = nil
-	if status != nil {
-		resp := &store.Response{Status: int(*status), Body: body, BodyOmitted: omitted}
-		if headers != nil {
-			if err := json.Unmarshal(headers, &resp.Header); err != nil {
+	if v.status != nil {
+		resp := &store.Response{Status: int(*v.status), Body: v.body, BodyOmitted: v.omitted}
+		if v.headers != nil {
+			if err := json.Unmarshal(v.headers, &resp.Header); err != nil {
 				return fmt.Errorf("decode header: %w", err)
 			}
 		}
