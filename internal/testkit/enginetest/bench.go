@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
+	"runtime/metrics"
 	"strconv"
 	"strings"
 	"testing"
@@ -82,4 +84,41 @@ func runBench(b *testing.B, h http.Handler, key func(int) string) {
 			b.Fatalf("status %d: %s", w.Code, w.Body)
 		}
 	}
+}
+
+// BenchRetained measures what the store keeps per new key: b.N keys go
+// through the middleware as BenchMiddleware's first does, then a collection
+// leaves what the store holds. It reports the bytes retained per key, those
+// of them the garbage collector must scan (objects with pointers), and the
+// objects per key. Run it with a fixed count (-benchtime 200000x): the
+// figures are per key, the time is not the point.
+func BenchRetained(b *testing.B, st BenchStore) {
+	b.Run(st.Name, func(b *testing.B) {
+		s := st.Open(b)
+		e, err := idem.New(s, idem.Config{Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		h := e.Middleware(http.HandlerFunc(benchHandler))
+		var m0, m1 runtime.MemStats
+		scan := []metrics.Sample{{Name: "/gc/scan/heap:bytes"}}
+		runtime.GC()
+		runtime.ReadMemStats(&m0)
+		metrics.Read(scan)
+		s0 := scan[0].Value.Uint64()
+		i := 0
+		for ; b.Loop(); i++ {
+			if w := serve(h, benchKey(i)); w.Code != http.StatusCreated {
+				b.Fatalf("status %d: %s", w.Code, w.Body)
+			}
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&m1)
+		metrics.Read(scan)
+		n := float64(i)
+		b.ReportMetric(float64(int64(m1.HeapAlloc)-int64(m0.HeapAlloc))/n, "B/key")
+		b.ReportMetric(float64(int64(scan[0].Value.Uint64())-int64(s0))/n, "scanB/key")
+		b.ReportMetric(float64(int64(m1.HeapObjects)-int64(m0.HeapObjects))/n, "objects/key")
+		runtime.KeepAlive(s)
+	})
 }
