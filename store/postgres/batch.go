@@ -129,6 +129,10 @@ func (b *batcher) flush(ctx context.Context, batch []*batchOp) {
 	// Local to the batch's implicit transaction: a lock wait ends the
 	// batch instead of holding up its other calls (see DefaultMaxBatches).
 	pb.Queue(sqlBatchLockTimeout, batchLockTimeout)
+	// On a partitioned table, the locks of every key the batch reserves,
+	// before the statements that read them (partition.go); a lock wait
+	// past the timeout rolls the batch back like a row lock's.
+	locks := b.s.partitioned() && queueKeyLocks(&pb, q, batch)
 	// What each queued statement answers for: the calls of a multi-row
 	// statement, or one call's single statement.
 	type step struct {
@@ -152,6 +156,9 @@ func (b *batcher) flush(ctx context.Context, batch []*batchOp) {
 	}
 	br := b.s.pool.SendBatch(ctx, &pb)
 	_, err := br.Exec()
+	if err == nil && locks {
+		_, err = br.Exec()
+	}
 	var pgErr *pgconn.PgError
 	rolledBack := errors.As(err, &pgErr)
 	for _, st := range steps {
@@ -184,6 +191,22 @@ func (b *batcher) flush(ctx context.Context, batch []*batchOp) {
 			op.err = err
 		}
 	}
+}
+
+// queueKeyLocks queues the locks of the keys of the batch's Reserves, and
+// reports whether there were any.
+func queueKeyLocks(pb *pgx.Batch, q *queries, batch []*batchOp) bool {
+	var scopes, keys []string
+	for _, op := range batch {
+		if op.sql == q.reserve {
+			scopes, keys = append(scopes, op.args[0].(string)), append(keys, op.args[1].(string))
+		}
+	}
+	if len(keys) == 0 {
+		return false
+	}
+	pb.Queue(q.keyLocks, scopes, keys)
+	return true
 }
 
 // sameKey reports whether two batched statements name the same record.
@@ -307,6 +330,12 @@ func (r ordRow) Scan(dest ...any) error {
 
 // runOne runs op's statement by itself on q.
 func (s *Store) runOne(ctx context.Context, q querier, op *batchOp) {
+	if op.returns && s.partitioned() {
+		// A Reserve: after its key's lock (partition.go).
+		op.err = s.lockedRow(ctx, q, nil, op.args[0].(string), op.args[1].(string), op.sql, op.args,
+			func(row pgx.Row) error { return scanRecord(row, &op.rec, &op.action) })
+		return
+	}
 	if op.returns {
 		op.err = scanRecord(q.QueryRow(ctx, op.sql, op.args...), &op.rec, &op.action)
 	} else {

@@ -51,7 +51,7 @@ func (s *Store) HoldQueue() { s.batch.group.Unstall(0, 0) }
 // schema and Config.TenantCap filled in, for the tests of their plans.
 func (s *Store) Statements() map[string]string {
 	q, pq := s.q, s.pq()
-	return map[string]string{
+	m := map[string]string{
 		"reserve": q.reserve, "complete": q.complete, "release": q.release,
 		"markUnknown": q.markUnknown, "checkpoint": q.checkpoint, "extend": q.extend,
 		"get": q.get, "delete": q.delete, "sweep": q.sweep, "sweepLock": q.sweepLock,
@@ -63,6 +63,12 @@ func (s *Store) Statements() map[string]string {
 		"pendingSet": pq.set, "pendingToUnknown": pq.toUnknown, "claim": pq.claim,
 		"expirePending": pq.expire,
 	}
+	if s.partitioned() {
+		m["keyLock"], m["keyLocks"] = q.keyLock, q.keyLocks
+		m["reapDefault"], m["abandonDefault"] = q.reapDefault, q.abandonDefault
+		m["reapAbandonIn"] = onPartition(q.reapAbandonIn, s.qualified("idem_records_default"))
+	}
+	return m
 }
 
 // ListSQL is the statement List runs for p, unqualified.

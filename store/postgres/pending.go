@@ -42,8 +42,8 @@ SELECT $1, $2, $3, 'pending', ` + fenceAt + `, $6,
 	now + $4::bigint * interval '1 microsecond', 0, now, now,
 	now + $5::bigint * interval '1 microsecond', now + $5::bigint * interval '1 microsecond',
 	$8, $8, $9, $10, CASE WHEN {cap} THEN $10 END
-FROM clock
-ON CONFLICT (scope, key) DO NOTHING
+FROM clock{absent}
+ON CONFLICT {conflict} DO NOTHING
 RETURNING ` + pendingColumns
 
 // sqlPendingLock reads and locks the existing row with the instant the
@@ -71,7 +71,7 @@ UPDATE {schema}idem_records AS r SET
 	expires_at = CASE WHEN $5::bigint > 0 THEN $3::timestamptz + $5::bigint * interval '1 microsecond'
 		ELSE r.expires_at END,
 	reap_after = CASE WHEN $5::bigint > 0 THEN $3::timestamptz + $5::bigint * interval '1 microsecond'
-		ELSE r.expires_at END,
+		ELSE r.reap_after END,
 	last_error = '',
 	updated_at = $3::timestamptz,
 	queue = $8,
@@ -153,16 +153,16 @@ type pendingQueries struct {
 var pendingSQL sync.Map // pendingKey -> *pendingQueries
 
 type pendingKey struct {
-	schema    string
-	tenantCap bool
+	schema                 string
+	tenantCap, partitioned bool
 }
 
 func (s *Store) pq() *pendingQueries {
-	k := pendingKey{s.cfg.Schema, s.cfg.TenantCap}
+	k := pendingKey{s.cfg.Schema, s.cfg.TenantCap, s.cfg.Partitions > 0}
 	if q, ok := pendingSQL.Load(k); ok {
 		return q.(*pendingQueries)
 	}
-	r := placeholders(s.cfg.Schema, s.cfg.TenantCap)
+	r := placeholders(s.cfg.Schema, s.cfg.TenantCap, s.cfg.Partitions > 0)
 	q := &pendingQueries{
 		insert: r.Replace(sqlPendingInsert), peek: r.Replace(sqlPendingPeek), lock: r.Replace(sqlPendingLock), set: r.Replace(sqlPendingSet),
 		toUnknown: r.Replace(sqlPendingToUnknown), claim: r.Replace(sqlClaim), expire: r.Replace(sqlExpirePending),
@@ -236,8 +236,16 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 		if !capped {
 			// A new key, the common case, is one autocommitted INSERT.
 			var res store.ReserveResult
-			err := scanPending(s.pool.QueryRow(ctx, q.insert, p.Scope, p.Key, p.Fingerprint, storekit.Micros(p.Lease),
-				storekit.Micros(p.TTL), string(p.LeasePolicy), s.now(), p.Request.Queue, req, p.Tenant), &res.Record)
+			args := []any{p.Scope, p.Key, p.Fingerprint, storekit.Micros(p.Lease),
+				storekit.Micros(p.TTL), string(p.LeasePolicy), s.now(), p.Request.Queue, req, p.Tenant}
+			var err error
+			if s.partitioned() {
+				// After the key's lock (partition.go).
+				err = s.lockedRow(ctx, s.pool, nil, p.Scope, p.Key, q.insert, args,
+					func(row pgx.Row) error { return scanPending(row, &res.Record) })
+			} else {
+				err = scanPending(s.pool.QueryRow(ctx, q.insert, args...), &res.Record)
+			}
 			if err == nil {
 				res.Outcome = store.Created
 				return res, nil
@@ -282,6 +290,11 @@ func (s *Store) pendingIn(ctx context.Context, tx pgx.Tx, q *pendingQueries, p *
 	capped := p.MaxActive > 0
 	if capped {
 		if _, err := tx.Exec(ctx, sqlTenantLock, p.Tenant); err != nil {
+			return res, false, err
+		}
+	}
+	if s.partitioned() {
+		if err := s.lockKey(ctx, tx, p.Scope, p.Key); err != nil {
 			return res, false, err
 		}
 	}

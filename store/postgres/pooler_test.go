@@ -53,6 +53,7 @@ func conformance(t *testing.T, u string, cfg postgres.Config, searchPath bool) {
 		Durable:     true,
 		Shared:      true,
 		NoTenantCap: !cfg.TenantCap,
+		ReapWidth:   cfg.Partitions,
 	})
 }
 

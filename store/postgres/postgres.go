@@ -178,6 +178,20 @@ type Config struct {
 	// pool's own connection settings; Open fails when they reach a
 	// pooler.
 	ListenURL string
+	// Partitions, when positive, keeps the records in a table partitioned
+	// by retention, one partition per this much time (whole seconds; a day
+	// suits a TTL of a day), and makes Reap drop a partition whole once its
+	// range has passed, instead of deleting its records one by one (see
+	// partition.go and docs/postgres-production.md). It takes a table made
+	// so: Open and New make it in a schema without idem_records, and refuse
+	// a plain table (a table cannot be partitioned in place). Defaults to
+	// 0: the plain table.
+	Partitions time.Duration
+	// PartitionsAhead is how many partitions Reap keeps made after the one
+	// holding the present; a record whose retention ends past them waits
+	// in the DEFAULT partition until its partition is made. Defaults to 0:
+	// DefaultPartitionsAhead. Ignored without Partitions.
+	PartitionsAhead int
 }
 
 // DefaultMaxConns is the pool size Open uses when neither Config.MaxConns
@@ -204,6 +218,7 @@ type querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
 // Open connects to the database at url (a libpq URL or keyword/value
@@ -247,15 +262,26 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	if cfg.ReplayCache < 0 {
 		return nil, errors.Join(store.ErrInvalidParams, errors.New("idem/postgres: ReplayCache must not be negative"))
 	}
+	if err := checkPartitions(&cfg); err != nil {
+		return nil, err
+	}
 	if err := checkPoolMode(ctx, pool, cfg.SkipMigrate); err != nil {
 		return nil, err
 	}
-	s := &Store{pool: pool, cfg: cfg, q: newQueries(cfg.Schema, cfg.TenantCap)}
+	s := &Store{pool: pool, cfg: cfg, q: newQueries(cfg.Schema, cfg.TenantCap, cfg.Partitions > 0)}
 	if cfg.MaxBatches >= 0 {
 		s.batch = newBatcher(s, cmp.Or(cfg.MaxBatches, DefaultMaxBatches), cfg.ForceBatches)
 	}
 	if !cfg.SkipMigrate {
 		if err := s.Migrate(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if err := s.checkTableKind(ctx); err != nil {
+		return nil, err
+	}
+	if !cfg.SkipMigrate {
+		if err := s.EnsurePartitions(ctx); err != nil {
 			return nil, err
 		}
 	}
@@ -285,6 +311,11 @@ func (s *Store) Migrate(ctx context.Context) error {
 		}
 		if _, err := tx.Exec(ctx, sqlMigrateLock); err != nil {
 			return err
+		}
+		if s.partitioned() {
+			if err := createPartitioned(ctx, tx, all); err != nil {
+				return err
+			}
 		}
 		return migrate.ApplyIn(ctx, tx, all, migrate.Tables{
 			Create: sqlMigrateTable, Applied: sqlMigrateApplied, Record: sqlMigrateRecord,
@@ -397,6 +428,9 @@ func (s *Store) reserve(ctx context.Context, q querier, p store.ReserveParams) (
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // insert conflicted with a row newer than the snapshot
 		}
+		if q == querier(s.pool) && movedRow(err) {
+			continue // the row moved to another partition while this statement waited for it
+		}
 		if err != nil {
 			return store.ReserveResult{}, wrap("reserve", err)
 		}
@@ -497,6 +531,9 @@ func (s *Store) Extend(ctx context.Context, p store.ExtendParams) error {
 func (s *Store) fenced(ctx context.Context, q querier, op, sql string, f store.FenceParams, extra ...any) error {
 	args := append([]any{f.Scope, f.Key, f.Fence, s.now()}, extra...)
 	r := s.run(ctx, q, false, sql, args)
+	for run := 1; run < maxReserveRuns && q == querier(s.pool) && movedRow(r.err); run++ {
+		r = s.run(ctx, q, false, sql, args) // guarded by the fence: safe to run again
+	}
 	if r.err != nil {
 		return wrap(op, r.err)
 	}
@@ -563,6 +600,23 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 	if err := p.Validate(); err != nil {
 		return store.ReapResult{}, err
 	}
+	headers, err := encodeHeader(p.Abandoned.Header)
+	if err != nil {
+		return store.ReapResult{}, err
+	}
+	body := p.Abandoned.Body
+	if p.Abandoned.BodyOmitted {
+		body = nil
+	}
+	// The abandon statement's parameters from $3 on.
+	abandon := []any{p.Abandoned.Status, headers, body, p.Abandoned.BodyOmitted, storekit.Micros(p.AbandonedTTL)}
+	if s.partitioned() && !p.Soft {
+		res, err := s.reapPartitioned(ctx, p, abandon)
+		if err != nil {
+			return res, wrap("reap", err)
+		}
+		return res, nil
+	}
 	var res store.ReapResult
 	now := s.now()
 	sql := s.q.reapDelete
@@ -578,16 +632,7 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 	if left <= 0 {
 		return res, nil
 	}
-	headers, err := encodeHeader(p.Abandoned.Header)
-	if err != nil {
-		return res, err
-	}
-	body := p.Abandoned.Body
-	if p.Abandoned.BodyOmitted {
-		body = nil
-	}
-	n, err = s.execIndexed(ctx, s.q.reapAbandon, left, now,
-		p.Abandoned.Status, headers, body, p.Abandoned.BodyOmitted, storekit.Micros(p.AbandonedTTL))
+	n, err = s.execIndexed(ctx, s.q.reapAbandon, append([]any{left, now}, abandon...)...)
 	if err != nil {
 		return res, wrap("reap", err)
 	}

@@ -95,6 +95,26 @@ func TestConformance(t *testing.T) {
 	conformance(t, testURL(t), postgres.Config{}, true)
 }
 
+// TestConformancePartitioned runs the store suite on a table partitioned
+// by retention, six hours per partition (the suite's TTL is a day, so its
+// records spread over the partitions made ahead), alone, batched with the
+// multi-row statements, and with the tenant cap.
+func TestConformancePartitioned(t *testing.T) {
+	base := postgres.Config{Partitions: 6 * time.Hour, PartitionsAhead: 5, MaxConns: smallPool}
+	for name, mod := range map[string]func(*postgres.Config){
+		"alone":      func(c *postgres.Config) { c.MaxBatches = -1 },
+		"batched":    func(c *postgres.Config) { c.ForceBatches = true },
+		"tenant cap": func(c *postgres.Config) { c.TenantCap = true },
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			cfg := base
+			mod(&cfg)
+			conformance(t, testURL(t), cfg, false)
+		})
+	}
+}
+
 // roundTrips counts what one connection sends: statements (tracer),
 // prepares (tracer) and network writes (one per round trip, since pgx
 // sends a whole extended-protocol exchange in one write).

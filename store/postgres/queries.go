@@ -82,7 +82,7 @@ ins AS (
 		c.now + $5::bigint * interval '1 microsecond', $8, CASE WHEN {cap} THEN $8 END
 	FROM clock c
 	WHERE NOT EXISTS (SELECT FROM cur)
-	ON CONFLICT (scope, key) DO NOTHING
+	ON CONFLICT {conflict} DO NOTHING
 	RETURNING ` + recordColumns + `
 ),
 upd AS (
@@ -441,7 +441,7 @@ var sqlResolve = onUnknown(`state = $4,
 			ELSE expires_at END,
 		reap_after = CASE WHEN $9::bigint > 0
 			THEN coalesce($3::timestamptz, statement_timestamp()) + $9::bigint * interval '1 microsecond'
-			ELSE expires_at END,
+			ELSE reap_after END,
 		active_tenant = NULL,
 		reconcile_after = NULL,
 		dead_lettered_at = NULL`, ` AND fence = $10::bigint`)
@@ -546,14 +546,25 @@ const sqlMigrateApplied = `SELECT version FROM idem_migrations`
 const sqlMigrateRecord = `INSERT INTO idem_migrations (version, name) VALUES ($1, $2)`
 
 // placeholders fills a statement's {schema} with the sanitized schema (or
-// nothing, to follow search_path) and {cap} with whether the store counts
-// active records (Config.TenantCap): a constant the planner folds.
-func placeholders(schema string, tenantCap bool) *strings.Replacer {
+// nothing, to follow search_path), {cap} with whether the store counts
+// active records (Config.TenantCap): a constant the planner folds, and the
+// two places where a partitioned table differs (Config.Partitions):
+// {conflict}, the target of ON CONFLICT, which has no unique index on
+// (scope, key) to name there (the key lock keeps a key unique, see
+// sqlKeyLock), and {absent}, the condition of an INSERT that does not
+// read the key first.
+func placeholders(schema string, tenantCap, partitioned bool) *strings.Replacer {
 	prefix := ""
 	if schema != "" {
 		prefix = pgx.Identifier{schema}.Sanitize() + "."
 	}
-	return strings.NewReplacer("{schema}", prefix, "{cap}", strconv.FormatBool(tenantCap))
+	conflict, absent := "(scope, key)", ""
+	if partitioned {
+		conflict = ""
+		absent = "\nWHERE NOT EXISTS (SELECT FROM " + prefix + "idem_records x WHERE x.scope = $1 AND x.key = $2)"
+	}
+	return strings.NewReplacer("{schema}", prefix, "{cap}", strconv.FormatBool(tenantCap),
+		"{conflict}", conflict, "{absent}", absent)
 }
 
 // queries is the statement set of one Store, with the schema resolved.
@@ -569,10 +580,15 @@ type queries struct {
 
 	// The replay cache's (replaycache.go).
 	cacheRegister, cacheRenew, cacheLeave, cacheNotify, cacheBehind string
+
+	// A partitioned table's (partition.go): the key locks, and the
+	// reaper's statements on the DEFAULT partition and on the one it
+	// retires (its name left as partitionMark).
+	keyLock, keyLocks, reapDefault, abandonDefault, reapAbandonIn string
 }
 
-func newQueries(schema string, tenantCap bool) queries {
-	r := placeholders(schema, tenantCap)
+func newQueries(schema string, tenantCap, partitioned bool) queries {
+	r := placeholders(schema, tenantCap, partitioned)
 	return queries{
 		reserve:     r.Replace(sqlReserve),
 		complete:    r.Replace(sqlComplete),
@@ -603,6 +619,12 @@ func newQueries(schema string, tenantCap bool) queries {
 		cacheLeave:    r.Replace(sqlCacheLeave),
 		cacheNotify:   r.Replace(sqlCacheNotify),
 		cacheBehind:   r.Replace(sqlCacheBehind),
+
+		keyLock:        sqlKeyLock,
+		keyLocks:       sqlKeyLocks,
+		reapDefault:    r.Replace(readingFrom(sqlReapDelete, "{schema}idem_records_default")),
+		abandonDefault: r.Replace(readingFrom(sqlReapAbandon, "{schema}idem_records_default")),
+		reapAbandonIn:  r.Replace(readingFrom(sqlReapAbandon, partitionMark)),
 	}
 }
 
@@ -671,7 +693,7 @@ ins AS (
 	FROM input i
 	WHERE NOT EXISTS (SELECT FROM cur WHERE cur.ord = i.ord)
 	ORDER BY i.scope, i.key
-	ON CONFLICT (scope, key) DO NOTHING
+	ON CONFLICT {conflict} DO NOTHING
 	RETURNING ` + recordColumns + `
 )
 SELECT i.ord, 'created', ` + recordColumnsR + `

@@ -72,7 +72,11 @@ func capped(q string) string {
 func (s *Store) reserveCapped(ctx context.Context, q querier, p *store.ReserveParams, args []any) (op *batchOp, refused bool) {
 	args = append(args, p.MaxActive)
 	op = &batchOp{}
-	if tx, ok := q.(pgx.Tx); ok {
+	if s.partitioned() {
+		// The key's lock too, after the tenant's (partition.go).
+		op.err = s.lockedRow(ctx, q, &pgx.QueuedQuery{SQL: sqlTenantLock, Arguments: []any{p.Tenant}}, p.Scope, p.Key,
+			s.q.reserveCapped, args, func(row pgx.Row) error { return scanRecord(row, &op.rec, &op.action) })
+	} else if tx, ok := q.(pgx.Tx); ok {
 		if _, err := tx.Exec(ctx, sqlTenantLock, p.Tenant); err != nil {
 			return &batchOp{err: err}, false
 		}

@@ -45,6 +45,13 @@ type Harness struct {
 	// NoActiveCount is true for a store that does not implement
 	// store.ActiveCounter (the suite checks that it does not).
 	NoActiveCount bool
+	// ReapWidth, when positive, is the span of time a store's Reap
+	// retires at once (postgres.Config.Partitions): a record past its
+	// expiry is deleted or abandoned once every instant of its span has
+	// passed, and Reap's Limit does not bound the records of a retired
+	// span. The reap tests then move the clock that much further before
+	// a Reap that must act.
+	ReapWidth time.Duration
 }
 
 // Clock is a manual clock for tests. Times are truncated to microseconds,

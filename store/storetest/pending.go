@@ -462,6 +462,7 @@ func testPendingCleared(t *testing.T, h Harness) {
 		t.Fatal(err)
 	}
 	cleared("late", "ExpirePending")
+	e.clock.Advance(h.ReapWidth)
 	if _, err := e.s.Reap(e.ctx, store.ReapParams{Limit: 10, Abandoned: timeout, AbandonedTTL: time.Hour}); err != nil {
 		t.Fatal(err)
 	}

@@ -767,7 +767,7 @@ func testReap(t *testing.T, h Harness) {
 	if res, err := e.s.Reap(e.ctx, p); err != nil || res != (store.ReapResult{}) {
 		t.Fatalf("Reap before anything expired: %+v %v", res, err)
 	}
-	e.clock.Advance(ttl / 2)
+	e.clock.Advance(ttl/2 + h.ReapWidth)
 	res, err := e.s.Reap(e.ctx, p)
 	if err != nil {
 		t.Fatal(err)
@@ -828,14 +828,14 @@ func testReapBounded(t *testing.T, h Harness) {
 		r := e.create("s", fmt.Sprint("k", i), "fp", store.LeaseUnknown)
 		e.complete(r, sampleResponse())
 	}
-	e.clock.Advance(ttl)
+	e.clock.Advance(ttl + h.ReapWidth)
 	total := 0
 	for i := 0; i < 10; i++ {
 		res, err := e.s.Reap(e.ctx, store.ReapParams{Limit: 3, Abandoned: abandoned, AbandonedTTL: time.Hour})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res.Deleted+res.Abandoned > 3 {
+		if h.ReapWidth == 0 && res.Deleted+res.Abandoned > 3 {
 			t.Fatalf("Reap with Limit 3 changed %d records", res.Deleted+res.Abandoned)
 		}
 		total += res.Deleted
@@ -861,7 +861,7 @@ func testReapLiveLease(t *testing.T, h Harness) {
 	if res, err := e.s.Reap(e.ctx, p); err != nil || res != (store.ReapResult{}) {
 		t.Fatalf("Reap of a record whose holder is alive: %+v %v", res, err)
 	}
-	e.clock.Advance(lease)
+	e.clock.Advance(lease + h.ReapWidth)
 	if res, err := e.s.Reap(e.ctx, p); err != nil || res.Abandoned != 1 {
 		t.Fatalf("Reap once the holder died: %+v %v", res, err)
 	}

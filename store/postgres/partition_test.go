@@ -1,0 +1,318 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/postgres"
+	"github.com/idem-go/idem/store/storetest"
+)
+
+// TestPartitionBoundaryRace reserves one key from many goroutines at once,
+// timed to straddle the boundary between two partitions a second wide
+// (TTL a second: the reservations before the boundary and after it
+// compute reap_after in different partitions, whose primary keys cannot
+// see each other). Exactly one reservation per key may create the record,
+// and the table must hold one row per key. Alone, batched (the multi-row
+// statement behind the batch's key locks) and with the tenant cap.
+func TestPartitionBoundaryRace(t *testing.T) {
+	for name, cfg := range map[string]postgres.Config{
+		"alone":      {MaxBatches: -1},
+		"batched":    {MaxBatches: 1},
+		"force":      {ForceBatches: true},
+		"tenant cap": {MaxBatches: -1, TenantCap: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			cfg.Partitions, cfg.PartitionsAhead, cfg.MaxConns = time.Second, 30, 24
+			s, schema := openSchema(t, cfg)
+			boundaryRace(t, s, schema, cfg.TenantCap)
+		})
+	}
+}
+
+func boundaryRace(t *testing.T, s *postgres.Store, schema string, capped bool) {
+	ctx := context.Background()
+	const rounds, callers = 12, 16
+	straddled := 0
+	for round := range rounds {
+		// Start each round 3 ms before a whole second of the database's
+		// clock (this machine's), so that its calls cross it.
+		next := time.Now().Truncate(time.Second).Add(time.Second)
+		time.Sleep(time.Until(next.Add(-3 * time.Millisecond)))
+		key := fmt.Sprintf("race-%02d", round)
+		var (
+			wg      sync.WaitGroup
+			mu      sync.Mutex
+			created int
+			errs    []error
+			last    time.Time
+		)
+		first := time.Now()
+		for i := range callers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				p := reserveParams(key)
+				p.TTL = time.Second
+				p.Tenant = "t"
+				if capped {
+					p.MaxActive = 1000
+				}
+				if i%2 == 1 {
+					// Half the callers use the pending queue's reservation.
+					res, err := s.ReservePending(ctx, store.PendingParams{ReserveParams: p,
+						Request: store.PendingRequest{Queue: "q", Method: http.MethodPost, Target: "/"}})
+					record(&mu, &created, &errs, &last, res, err)
+					return
+				}
+				res, err := s.Reserve(ctx, p)
+				record(&mu, &created, &errs, &last, res, err)
+			}()
+		}
+		wg.Wait()
+		if len(errs) > 0 {
+			t.Fatalf("round %d: %v", round, errors.Join(errs...))
+		}
+		if created != 1 {
+			t.Errorf("round %d: %d reservations created %s, want 1", round, created, key)
+		}
+		if first.Before(next) && last.After(next) {
+			straddled++
+		}
+		if err := s.EnsurePartitions(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var rows, keys int
+	err := adminConn(t).QueryRow(ctx, `SELECT count(*), count(DISTINCT key) FROM `+
+		pgx.Identifier{schema, "idem_records"}.Sanitize()).Scan(&rows, &keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rows != rounds || keys != rounds {
+		t.Errorf("%d rows for %d keys, want one row for each of %d", rows, keys, rounds)
+	}
+	if straddled < rounds/2 {
+		t.Errorf("only %d of %d rounds had calls on both sides of a partition boundary: the test did not race there", straddled, rounds)
+	}
+}
+
+func record(mu *sync.Mutex, created *int, errs *[]error, last *time.Time, res store.ReserveResult, err error) {
+	mu.Lock()
+	defer mu.Unlock()
+	*last = time.Now()
+	switch {
+	case err != nil:
+		*errs = append(*errs, err)
+	case res.Outcome == store.Created:
+		*created++
+	}
+}
+
+// partitionOf reads which partition holds a record.
+func partitionOf(t *testing.T, conn *pgx.Conn, schema, key string) string {
+	t.Helper()
+	var rel string
+	err := conn.QueryRow(context.Background(), `SELECT tableoid::regclass::text FROM `+
+		pgx.Identifier{schema, "idem_records"}.Sanitize()+` WHERE key = $1`, key).Scan(&rel)
+	if err != nil {
+		t.Fatalf("partition of %s: %v", key, err)
+	}
+	return rel
+}
+
+// partitionCount counts the range partitions (the DEFAULT and infinity
+// ones aside).
+func partitionCount(t *testing.T, conn *pgx.Conn, schema string) int {
+	t.Helper()
+	var n int
+	err := conn.QueryRow(context.Background(), `SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+		WHERE i.inhparent = $1::regclass AND c.relname ~ '_[0-9]+$'`, pgx.Identifier{schema, "idem_records"}.Sanitize()).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestPartitionRetire fills the partition of an hour, lets its range pass
+// and reaps: the terminal records past expiry go with the partition, which
+// is dropped, and every record the plain reaper keeps is kept, moved to a
+// live partition: a completion whose expiry the retention's start moved
+// past the partition, unknown records (beyond the abandon's Limit),
+// pending records, and a record whose holder still renews its lease.
+func TestPartitionRetire(t *testing.T) {
+	clock := storetest.NewClock()
+	s, schema := openSchema(t, postgres.Config{Partitions: time.Hour, PartitionsAhead: 30, MaxBatches: -1, Clock: clock.Now})
+	conn := adminConn(t)
+	ctx := context.Background()
+	reserve := func(key string) store.ReserveResult {
+		t.Helper()
+		p := reserveParams(key)
+		p.TTL = 24 * time.Hour
+		r, err := s.Reserve(ctx, p)
+		if err != nil || r.Outcome != store.Created {
+			t.Fatalf("reserve %s: %v %v", key, r.Outcome, err)
+		}
+		return r
+	}
+	complete := func(r store.ReserveResult, ttl time.Duration) {
+		t.Helper()
+		if err := s.Complete(ctx, store.CompleteParams{FenceParams: fence(r), Response: okResponse(), TTL: ttl}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 5 {
+		complete(reserve(fmt.Sprint("done-", i)), 0)
+	}
+	late := reserve("late")
+	for _, k := range []string{"unknown-1", "unknown-2"} {
+		if err := s.MarkUnknown(ctx, store.ReleaseParams{FenceParams: fence(reserve(k)), Error: "x"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	live := reserve("live")
+	p := reserveParams("pending")
+	p.TTL = 24 * time.Hour
+	if _, err := s.ReservePending(ctx, store.PendingParams{ReserveParams: p, Request: store.PendingRequest{Queue: "q", Method: "POST", Target: "/"}}); err != nil {
+		t.Fatal(err)
+	}
+	old := partitionOf(t, conn, schema, "done-0")
+	for _, k := range []string{"late", "unknown-1", "live", "pending"} {
+		if got := partitionOf(t, conn, schema, k); got != old {
+			t.Fatalf("%s is in %s, not with the others in %s", k, got, old)
+		}
+	}
+	// late completes an hour later: its retention ends an hour after the
+	// others', past the partition's range and past the reap.
+	clock.Advance(time.Hour)
+	complete(late, 24*time.Hour)
+	clock.Advance(24*time.Hour - time.Hour + 58*time.Minute)
+	if err := s.Extend(ctx, store.ExtendParams{FenceParams: fence(live), Lease: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	before := partitionCount(t, conn, schema)
+	res, err := s.Reap(ctx, store.ReapParams{Limit: 1, Abandoned: store.Response{Status: 504}, AbandonedTTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Deleted != 5 || res.Abandoned != 1 {
+		t.Errorf("Reap: %+v, want the 5 expired records deleted and one unknown abandoned (Limit 1)", res)
+	}
+	var gone bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NULL`, old).Scan(&gone); err != nil || !gone {
+		t.Errorf("partition %s still there after its range passed (%v)", old, err)
+	}
+	if after := partitionCount(t, conn, schema); after < before {
+		t.Logf("range partitions: %d before, %d after", before, after)
+	}
+	for i := range 5 {
+		if _, err := s.Get(ctx, "tenant-1 POST /payments", fmt.Sprint("done-", i)); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("done-%d after the reap: %v, want ErrNotFound", i, err)
+		}
+	}
+	want := map[string]store.State{"late": store.StateCompleted, "live": store.StateInProgress, "pending": store.StatePending}
+	abandoned := 0
+	for _, k := range []string{"unknown-1", "unknown-2"} {
+		got, err := s.Get(ctx, "tenant-1 POST /payments", k)
+		switch {
+		case err != nil:
+			t.Errorf("%s lost: %v", k, err)
+		case got.State == store.StateCompleted && got.LastError == "abandoned":
+			abandoned++
+		case got.State != store.StateUnknown:
+			t.Errorf("%s is %s", k, got.State)
+		}
+	}
+	if abandoned != 1 {
+		t.Errorf("%d unknown records abandoned, want 1", abandoned)
+	}
+	for k, st := range want {
+		got, err := s.Get(ctx, "tenant-1 POST /payments", k)
+		if err != nil || got.State != st {
+			t.Errorf("%s after the reap: %v %v, want %s", k, got.State, err, st)
+			continue
+		}
+		if where := partitionOf(t, conn, schema, k); where == old {
+			t.Errorf("%s still in %s", k, where)
+		}
+	}
+	// The live holder completes where its record moved.
+	if err := s.Complete(ctx, store.CompleteParams{FenceParams: fence(live), Response: okResponse()}); err != nil {
+		t.Fatalf("Complete of the moved live record: %v", err)
+	}
+}
+
+// TestPartitionDefault reserves past the partitions made ahead (a reaper
+// that has not run): the DEFAULT partition takes the record, and making
+// its partition moves it there, where it completes and replays.
+func TestPartitionDefault(t *testing.T) {
+	clock := storetest.NewClock()
+	s, schema := openSchema(t, postgres.Config{Partitions: time.Hour, PartitionsAhead: 2, Clock: clock.Now})
+	conn := adminConn(t)
+	ctx := context.Background()
+	p := reserveParams("far")
+	p.TTL, p.Lease = 10*time.Hour, 10*time.Hour
+	r, err := s.Reserve(ctx, p)
+	if err != nil || r.Outcome != store.Created {
+		t.Fatalf("reserve: %v %v", r.Outcome, err)
+	}
+	def := schema + ".idem_records_default"
+	if got := partitionOf(t, conn, schema, "far"); got != def {
+		t.Fatalf("a record past the partitions made is in %s, want %s", got, def)
+	}
+	clock.Advance(9 * time.Hour)
+	if err := s.EnsurePartitions(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := partitionOf(t, conn, schema, "far"); got == def {
+		t.Fatalf("the record stayed in %s once its partition was made", got)
+	}
+	if again, err := s.Reserve(ctx, p); err != nil || again.Outcome != store.Existing {
+		t.Fatalf("reserve again: %v %v, want Existing", again.Outcome, err)
+	}
+	if err := s.Complete(ctx, store.CompleteParams{FenceParams: fence(r), Response: okResponse()}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Get(ctx, p.Scope, p.Key); err != nil || got.State != store.StateCompleted {
+		t.Fatalf("after completion: %v %v", got.State, err)
+	}
+}
+
+// TestPartitionedTableKind: a partitioned store refuses a plain table and
+// the other way round, and ReserveTx refuses REPEATABLE READ.
+func TestPartitionedTableKind(t *testing.T) {
+	ctx := context.Background()
+	plain := newSchema(t)
+	if _, err := postgres.Open(ctx, testURL(t), postgres.Config{Schema: plain}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := postgres.Open(ctx, testURL(t), postgres.Config{Schema: plain, Partitions: time.Hour}); !errors.Is(err, store.ErrInvalidParams) {
+		t.Errorf("partitioned store on a plain table: %v, want ErrInvalidParams", err)
+	}
+	s, parted := openSchema(t, postgres.Config{Partitions: time.Hour})
+	if _, err := postgres.Open(ctx, testURL(t), postgres.Config{Schema: parted}); !errors.Is(err, store.ErrInvalidParams) {
+		t.Errorf("plain store on a partitioned table: %v, want ErrInvalidParams", err)
+	}
+	for _, bad := range []time.Duration{-time.Hour, time.Millisecond, 1500 * time.Millisecond} {
+		if _, err := postgres.Open(ctx, testURL(t), postgres.Config{Schema: parted, Partitions: bad}); !errors.Is(err, store.ErrInvalidParams) {
+			t.Errorf("Partitions %v: %v, want ErrInvalidParams", bad, err)
+		}
+	}
+	tx, err := s.Pool().BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := s.ReserveTx(ctx, tx, reserveParams("rr")); !errors.Is(err, store.ErrInvalidParams) {
+		t.Errorf("ReserveTx under REPEATABLE READ: %v, want ErrInvalidParams", err)
+	}
+}
