@@ -3,7 +3,6 @@ package postgres_test
 import (
 	"context"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -44,8 +43,7 @@ func BenchmarkBatchStatements(b *testing.B) {
 	if _, err := pool.Exec(ctx, "ANALYZE idem_records"); err != nil {
 		b.Fatal(err)
 	}
-	unqualified := strings.NewReplacer("{schema}", "", "{cap}", "false")
-	single, many := unqualified.Replace(postgres.SQLReserve), unqualified.Replace(postgres.SQLReserveMany)
+	single, many := postgres.Filled(postgres.SQLReserve, ""), postgres.Filled(postgres.SQLReserveMany, "")
 	cpu := newCPUMeter(ctx, pool)
 	run := 0
 	for _, batch := range []int{3, 8} {

@@ -234,14 +234,13 @@ func TestMultiRowPlansProbeTheKey(t *testing.T) {
 	if _, err := conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off"); err != nil {
 		t.Fatal(err)
 	}
-	qualified := strings.NewReplacer("{schema}", pgx.Identifier{schema}.Sanitize()+".", "{cap}", "false")
 	for _, st := range []struct{ name, types, sql, args string }{
 		{"reserve", "text[], text[], text[], bigint[], bigint[], text[], timestamptz[], text[]", postgres.SQLReserveMany,
 			`'{s,s}', '{a,b}', '{f,f}', '{1,1}', '{1,1}', '{unknown,unknown}', '{NULL,NULL}', '{"",""}'`},
 		{"complete", "text[], text[], bigint[], timestamptz[], integer[], text[], bytea[], boolean[], bigint[]", postgres.SQLCompleteMany,
 			`'{s}', '{a}', '{1}', '{NULL}', '{200}', '{NULL}', '{x}', '{f}', '{1}'`},
 	} {
-		if _, err := conn.Exec(ctx, fmt.Sprintf("PREPARE many_%s(%s) AS %s", st.name, st.types, qualified.Replace(st.sql))); err != nil {
+		if _, err := conn.Exec(ctx, fmt.Sprintf("PREPARE many_%s(%s) AS %s", st.name, st.types, postgres.Filled(st.sql, schema))); err != nil {
 			t.Fatalf("prepare %s: %v", st.name, err)
 		}
 		var plan strings.Builder

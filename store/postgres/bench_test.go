@@ -3,12 +3,10 @@ package postgres_test
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -301,5 +299,5 @@ func scanDest(fence *int64) []any {
 }
 
 func inSchema(sql, schema string) string {
-	return strings.NewReplacer("{schema}", pgx.Identifier{schema}.Sanitize()+".", "{cap}", "false").Replace(sql)
+	return postgres.Filled(sql, schema)
 }

@@ -18,6 +18,10 @@ var (
 	SQLComplete = sqlComplete
 )
 
+// Filled is a statement of queries.go with its placeholders filled for the
+// plain table of schema ("": the search_path's), without the tenant cap.
+func Filled(sql, schema string) string { return placeholders(schema, false, false).Replace(sql) }
+
 // BatchStats reports the calls that rode in pipelines of two or more and
 // the pipelines a statement error rolled back.
 func (s *Store) BatchStats() (batched, rolledBack int64) {

@@ -196,9 +196,12 @@ func createPartitioned(ctx context.Context, tx pgx.Tx, all []migrate.Migration) 
 	return nil
 }
 
-// checkTableKind fails when the table's kind does not match
-// Config.Partitions: the statements of one kind do not run on the other.
-// A schema without the table (SkipMigrate before `idem migrate`) passes.
+// checkTableKind matches the store to its table. A plain table refuses
+// Config.Partitions (a table cannot be partitioned in place). A
+// partitioned table makes a store opened without Config.Partitions (an
+// operator's tool, `idem inspect`) run the partitioned statements, with
+// the width of the newest partition for the ones it makes. A schema
+// without the table (SkipMigrate before `idem migrate`) passes.
 func (s *Store) checkTableKind(ctx context.Context) error {
 	var kind *string
 	err := s.pool.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)`, s.parent()).Scan(&kind)
@@ -209,16 +212,28 @@ func (s *Store) checkTableKind(ctx context.Context) error {
 		return wrap("open", err)
 	case kind == nil:
 		return nil
-	case *kind == "p" && !s.partitioned():
-		return errors.Join(store.ErrInvalidParams, fmt.Errorf(
-			"idem/postgres: open: %s is partitioned: set postgres.Config.Partitions (the proxy's --store-partitions)", s.parent()))
 	case *kind != "p" && s.partitioned():
 		return errors.Join(store.ErrInvalidParams, fmt.Errorf(
 			"idem/postgres: open: %s is not partitioned, and a table cannot be partitioned in place: "+
 				"create the partitioned store in a new schema and copy the records (docs/postgres-production.md)", s.parent()))
+	case *kind == "p" && !s.partitioned():
+		parts, err := s.partitions(ctx, s.pool)
+		if err != nil {
+			return wrap("open", err)
+		}
+		s.cfg.Partitions = DefaultPartitions
+		if len(parts) > 0 {
+			last := parts[len(parts)-1]
+			s.cfg.Partitions = last.hi.Sub(last.lo)
+		}
+		s.q = newQueries(s.cfg.Schema, s.cfg.TenantCap, true)
 	}
 	return nil
 }
+
+// DefaultPartitions is the width of the partitions a store opened without
+// Config.Partitions makes on a partitioned table that has none.
+const DefaultPartitions = 24 * time.Hour
 
 // checkPartitions validates Config.Partitions and PartitionsAhead.
 func checkPartitions(cfg *Config) error {
@@ -473,18 +488,22 @@ func (s *Store) reapPartitioned(ctx context.Context, p store.ReapParams, abandon
 // gives up for this run if one is there.
 func (s *Store) retire(ctx context.Context, pt span, now time.Time, limit int, abandon []any, res *store.ReapResult) error {
 	part := s.qualified(pt.name)
-	if left := limit - res.Deleted - res.Abandoned; left > 0 {
-		n, err := s.execIndexed(ctx, onPartition(s.q.reapAbandonIn, part), append([]any{left, now}, abandon...)...)
-		if err != nil {
-			return err
-		}
-		res.Abandoned += int(n)
-	}
+	// One read of the partition, which counts what it holds and what must
+	// stay (usually nothing: the abandon and the move then cost nothing).
 	var total, kept int64
 	if err := s.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE `+keeps+`) FROM `+part, now).Scan(&total, &kept); err != nil {
 		return err
 	}
-	if kept > 0 {
+	left := int(kept) // still to move out
+	if room := limit - res.Deleted - res.Abandoned; kept > 0 && room > 0 {
+		n, err := s.execIndexed(ctx, onPartition(s.q.reapAbandonIn, part), append([]any{room, now}, abandon...)...)
+		if err != nil {
+			return err
+		}
+		res.Abandoned += int(n)
+		left = int(kept - n)
+	}
+	if left > 0 {
 		_, err := s.pool.Exec(ctx, `UPDATE `+s.parent()+` SET reap_after = CASE WHEN state = 'expired' THEN 'infinity'
 			ELSE greatest(expires_at, $1::timestamptz) END
 			WHERE reap_after >= $2 AND reap_after < $3 AND `+keeps, now, pt.lo, pt.hi)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,13 +17,15 @@ import (
 	"github.com/idem-go/idem/store/storetest"
 )
 
-// TestPartitionBoundaryRace reserves one key from many goroutines at once,
-// timed to straddle the boundary between two partitions a second wide
-// (TTL a second: the reservations before the boundary and after it
-// compute reap_after in different partitions, whose primary keys cannot
-// see each other). Exactly one reservation per key may create the record,
+// TestPartitionBoundaryRace reserves one key from many goroutines at once
+// through two stores on one table whose clocks stand a microsecond apart,
+// on either side of the boundary between two partitions a second wide:
+// with a TTL of a second, the reservations of one store compute reap_after
+// in one partition and the other's in the next, whose primary keys cannot
+// see each other. Exactly one reservation per key may create the record,
 // and the table must hold one row per key. Alone, batched (the multi-row
-// statement behind the batch's key locks) and with the tenant cap.
+// statement behind the batch's key locks), forced through the batch, and
+// with the tenant cap; half the calls are the pending queue's.
 func TestPartitionBoundaryRace(t *testing.T) {
 	for name, cfg := range map[string]postgres.Config{
 		"alone":      {MaxBatches: -1},
@@ -32,52 +35,45 @@ func TestPartitionBoundaryRace(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			cfg.Partitions, cfg.PartitionsAhead, cfg.MaxConns = time.Second, 30, 24
-			s, schema := openSchema(t, cfg)
-			boundaryRace(t, s, schema, cfg.TenantCap)
+			var base atomic.Int64 // µs: a whole second, the boundary
+			base.Store(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC).UnixMicro())
+			cfg.Partitions, cfg.PartitionsAhead, cfg.MaxConns = time.Second, 5, 12
+			cfg.Clock = func() time.Time { return time.UnixMicro(base.Load() - 1) }
+			before, schema := openSchema(t, cfg)
+			cfg.Schema, cfg.Clock = schema, func() time.Time { return time.UnixMicro(base.Load()) }
+			after, err := postgres.Open(context.Background(), testURL(t), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer after.Close()
+			boundaryRace(t, [2]*postgres.Store{before, after}, schema, cfg.TenantCap, &base)
 		})
 	}
 }
 
-func boundaryRace(t *testing.T, s *postgres.Store, schema string, capped bool) {
+func boundaryRace(t *testing.T, stores [2]*postgres.Store, schema string, capped bool, base *atomic.Int64) {
 	ctx := context.Background()
-	const rounds, callers = 12, 16
-	straddled := 0
+	const rounds, callers = 20, 16
 	for round := range rounds {
-		// Start each round 3 ms before a whole second of the database's
-		// clock (this machine's), so that its calls cross it.
-		next := time.Now().Truncate(time.Second).Add(time.Second)
-		time.Sleep(time.Until(next.Add(-3 * time.Millisecond)))
+		base.Add(time.Second.Microseconds())
+		if err := stores[0].EnsurePartitions(ctx); err != nil {
+			t.Fatal(err)
+		}
 		key := fmt.Sprintf("race-%02d", round)
 		var (
 			wg      sync.WaitGroup
 			mu      sync.Mutex
 			created int
 			errs    []error
-			last    time.Time
 		)
-		first := time.Now()
+		start := make(chan struct{})
 		for i := range callers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				p := reserveParams(key)
-				p.TTL = time.Second
-				p.Tenant = "t"
-				if capped {
-					p.MaxActive = 1000
-				}
-				if i%2 == 1 {
-					// Half the callers use the pending queue's reservation.
-					res, err := s.ReservePending(ctx, store.PendingParams{ReserveParams: p,
-						Request: store.PendingRequest{Queue: "q", Method: http.MethodPost, Target: "/"}})
-					record(&mu, &created, &errs, &last, res, err)
-					return
-				}
-				res, err := s.Reserve(ctx, p)
-				record(&mu, &created, &errs, &last, res, err)
-			}()
+			wg.Go(func() {
+				<-start
+				reserveOnce(ctx, stores[i%2], key, i/2, capped, &mu, &created, &errs)
+			})
 		}
+		close(start)
 		wg.Wait()
 		if len(errs) > 0 {
 			t.Fatalf("round %d: %v", round, errors.Join(errs...))
@@ -85,31 +81,44 @@ func boundaryRace(t *testing.T, s *postgres.Store, schema string, capped bool) {
 		if created != 1 {
 			t.Errorf("round %d: %d reservations created %s, want 1", round, created, key)
 		}
-		if first.Before(next) && last.After(next) {
-			straddled++
-		}
-		if err := s.EnsurePartitions(ctx); err != nil {
-			t.Fatal(err)
-		}
 	}
-	var rows, keys int
-	err := adminConn(t).QueryRow(ctx, `SELECT count(*), count(DISTINCT key) FROM `+
-		pgx.Identifier{schema, "idem_records"}.Sanitize()).Scan(&rows, &keys)
+	var rows, keys, parts int
+	err := adminConn(t).QueryRow(ctx, `SELECT count(*), count(DISTINCT key), count(DISTINCT tableoid) FROM `+
+		pgx.Identifier{schema, "idem_records"}.Sanitize()).Scan(&rows, &keys, &parts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if rows != rounds || keys != rounds {
 		t.Errorf("%d rows for %d keys, want one row for each of %d", rows, keys, rounds)
 	}
-	if straddled < rounds/2 {
-		t.Errorf("only %d of %d rounds had calls on both sides of a partition boundary: the test did not race there", straddled, rounds)
+	if parts < 2 {
+		t.Errorf("the records are in %d partition: the stores did not reserve on both sides of a boundary", parts)
 	}
 }
 
-func record(mu *sync.Mutex, created *int, errs *[]error, last *time.Time, res store.ReserveResult, err error) {
+// reserveOnce is one call of caller i: a Reserve, or for odd callers the
+// pending queue's reservation.
+func reserveOnce(ctx context.Context, s *postgres.Store, key string, i int, capped bool,
+	mu *sync.Mutex, created *int, errs *[]error) {
+	p := reserveParams(key)
+	p.TTL = time.Second
+	p.Tenant = "t"
+	if capped {
+		p.MaxActive = 1000
+	}
+	if i%2 == 1 {
+		res, err := s.ReservePending(ctx, store.PendingParams{ReserveParams: p,
+			Request: store.PendingRequest{Queue: "q", Method: http.MethodPost, Target: "/"}})
+		record(mu, created, errs, res, err)
+		return
+	}
+	res, err := s.Reserve(ctx, p)
+	record(mu, created, errs, res, err)
+}
+
+func record(mu *sync.Mutex, created *int, errs *[]error, res store.ReserveResult, err error) {
 	mu.Lock()
 	defer mu.Unlock()
-	*last = time.Now()
 	switch {
 	case err != nil:
 		*errs = append(*errs, err)
@@ -287,20 +296,32 @@ func TestPartitionDefault(t *testing.T) {
 	}
 }
 
-// TestPartitionedTableKind: a partitioned store refuses a plain table and
-// the other way round, and ReserveTx refuses REPEATABLE READ.
+// TestPartitionedTableKind: a partitioned store refuses a plain table, a
+// store opened without Partitions on a partitioned one runs as partitioned,
+// and ReserveTx refuses REPEATABLE READ.
 func TestPartitionedTableKind(t *testing.T) {
 	ctx := context.Background()
 	plain := newSchema(t)
-	if _, err := postgres.Open(ctx, testURL(t), postgres.Config{Schema: plain}); err != nil {
+	made, err := postgres.Open(ctx, testURL(t), postgres.Config{Schema: plain})
+	if err != nil {
 		t.Fatal(err)
 	}
+	made.Close()
 	if _, err := postgres.Open(ctx, testURL(t), postgres.Config{Schema: plain, Partitions: time.Hour}); !errors.Is(err, store.ErrInvalidParams) {
 		t.Errorf("partitioned store on a plain table: %v, want ErrInvalidParams", err)
 	}
 	s, parted := openSchema(t, postgres.Config{Partitions: time.Hour})
-	if _, err := postgres.Open(ctx, testURL(t), postgres.Config{Schema: parted}); !errors.Is(err, store.ErrInvalidParams) {
-		t.Errorf("plain store on a partitioned table: %v, want ErrInvalidParams", err)
+	// A store opened without Partitions (an operator's tool) runs the
+	// partitioned statements on a partitioned table.
+	tool, err := postgres.Open(ctx, testURL(t), postgres.Config{Schema: parted, MaxBatches: -1})
+	if err != nil {
+		t.Fatalf("plain store on a partitioned table: %v", err)
+	}
+	defer tool.Close()
+	for i, want := range []store.ReserveOutcome{store.Created, store.Existing} {
+		if r, err := tool.Reserve(ctx, reserveParams("tool")); err != nil || r.Outcome != want {
+			t.Errorf("reservation %d through a store opened without Partitions: %v %v, want %v", i, r.Outcome, err, want)
+		}
 	}
 	for _, bad := range []time.Duration{-time.Hour, time.Millisecond, 1500 * time.Millisecond} {
 		if _, err := postgres.Open(ctx, testURL(t), postgres.Config{Schema: parted, Partitions: bad}); !errors.Is(err, store.ErrInvalidParams) {

@@ -281,7 +281,7 @@ func (p *Proxy) openStore(ctx context.Context) (store.Store, error) {
 	return storeurl.Open(ctx, p.cfg.Store, storeurl.Options{
 		Migrate: p.cfg.Migrate, Clock: p.cfg.StoreClock, Cache: p.cfg.Cache, Logger: p.cfg.Logger,
 		Conns: p.cfg.StoreConns, Batches: p.cfg.StoreBatches, TenantCap: p.cfg.TenantMaxActive > 0 || p.cfg.StoreMaxActive > 0,
-		ReplayCache: p.cfg.StoreReplayCache, ListenURL: p.cfg.StoreListen,
+		ReplayCache: p.cfg.StoreReplayCache, ListenURL: p.cfg.StoreListen, Partitions: p.cfg.StorePartitions,
 	})
 }
 

@@ -43,6 +43,9 @@ type ProxyConfig struct {
 	// cache (storeurl.Options.ReplayCache and ListenURL).
 	StoreReplayCache int64
 	StoreListen      string
+	// StorePartitions makes a new PostgreSQL store partitioned by
+	// retention (storeurl.Options.Partitions). Zero keeps the plain table.
+	StorePartitions time.Duration
 	// StoreClock replaces the store's clock (tests).
 	StoreClock store.Clock
 

@@ -194,6 +194,8 @@ var proxyFlags = []proxyFlag{
 		func(a *proxyArgs) any { return &a.replayCache }},
 	{"store-listen", "", "direct PostgreSQL `URL` the replay cache LISTENs on, when --store goes through a pooler in transaction mode",
 		func(a *proxyArgs) any { return &a.cfg.StoreListen }},
+	{"store-partitions", time.Duration(0), "keep a new PostgreSQL store's records in a table partitioned by retention, one partition per this `duration` (e.g. 24h), which the maintenance drops whole once it has passed; 0: the plain table",
+		func(a *proxyArgs) any { return &a.cfg.StorePartitions }},
 	{"profile", string(idem.ProfileIETF), "HTTP dialect: ietf (key required, 422 on reuse, problem+json) or stripe",
 		func(a *proxyArgs) any { return (*string)(&a.cfg.Profile) }},
 	{"config", "", "JSON `file` of settings and per-route settings (see above)", func(a *proxyArgs) any { return &a.configFile }},

@@ -100,6 +100,11 @@ type Options struct {
 	// stores ignore them.
 	ReplayCache int64
 	ListenURL   string
+	// Partitions makes a PostgreSQL store keep its records in a table
+	// partitioned by retention, one partition per this much time
+	// (postgres.Config.Partitions); other stores ignore it. Defaults to 0:
+	// the plain table (or, on a partitioned one, its own partitions').
+	Partitions time.Duration
 	// Batches is the number of group commits a PostgreSQL store may have
 	// in flight (postgres.Config.MaxBatches): 0 keeps the store's default
 	// (postgres.DefaultMaxBatches), -1 turns batching off. Other stores
@@ -221,7 +226,7 @@ func Open(ctx context.Context, dsn string, opts Options) (store.Store, error) {
 	case Postgres:
 		s, err = postgres.Open(ctx, d.Target, postgres.Config{Clock: opts.Clock, SkipMigrate: !opts.Migrate,
 			MaxConns: int32(opts.Conns), MaxBatches: opts.Batches, TenantCap: opts.TenantCap,
-			ReplayCache: opts.ReplayCache, ListenURL: opts.ListenURL})
+			ReplayCache: opts.ReplayCache, ListenURL: opts.ListenURL, Partitions: opts.Partitions})
 	case MySQL:
 		s, err = mysql.Open(ctx, d.Target, mysql.Config{Clock: opts.Clock, SkipMigrate: !opts.Migrate,
 			MaxConns: opts.Conns})

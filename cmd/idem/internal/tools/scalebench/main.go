@@ -2,7 +2,7 @@
 // grows: the same operations on an empty table and on one of -n completed
 // records, and the reaper removing a day of them.
 //
-//	go run ./cmd/idem/internal/tools/scalebench -n 10000000 [-days 3] [-rounds 3] [-slice 2s]
+//	go run ./cmd/idem/internal/tools/scalebench -n 10000000 [-days 3] [-rounds 3] [-slice 2s] [-partitioned]
 //
 // It opens two stores on fresh schemas (their own migrations make the
 // tables), fills one with -n completed records by server-side INSERT ...
@@ -16,6 +16,12 @@
 // its time, WAL and the table's sizes and dead tuples, and the sizes after
 // another day of inserts. Each report line is a name followed by
 // name=value pairs. The schemas are dropped unless -keep.
+//
+// With -partitioned both stores keep their records in a table partitioned by
+// retention (postgres.Config.Partitions), one partition per simulated day
+// (24h/-days), and the reaper retires the first day by dropping its
+// partition. In both modes the fill's expiries start at a boundary of those
+// days, so that the day the reaper retires holds the same records.
 package main
 
 import (
@@ -43,7 +49,12 @@ type options struct {
 	slice          time.Duration
 	workers, batch int
 	keep           bool
+	partitioned    bool
+	base           time.Time // the first expiry of the fill, at a day's boundary
 }
+
+// day is one simulated day: 24h/-days.
+func (o *options) day() time.Duration { return 24 * time.Hour / time.Duration(o.days) }
 
 func main() {
 	var o options
@@ -56,6 +67,7 @@ func main() {
 	flag.IntVar(&o.workers, "workers", 4, "concurrent clients of the concurrent slices")
 	flag.IntVar(&o.batch, "batch", maintenance.DefaultBatchSize, "records per reaper batch")
 	flag.BoolVar(&o.keep, "keep", false, "keep the schemas")
+	flag.BoolVar(&o.partitioned, "partitioned", false, "tables partitioned by retention, one partition per simulated day")
 	flag.Parse()
 	if err := run(context.Background(), o, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "scalebench:", err)
@@ -72,6 +84,7 @@ func run(ctx context.Context, o options, w io.Writer) error {
 		return err
 	}
 	defer admin.Close()
+	o.base = time.Now().Truncate(o.day()).Add(o.day())
 	tag := randHex(6)
 	b := &bench{o: o, w: w, admin: admin}
 	large, err := b.open(ctx, "scalebench_large_"+tag, nil)
@@ -109,7 +122,12 @@ func (b *bench) open(ctx context.Context, name string, clock func() time.Time) (
 	if _, err := b.admin.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{name}.Sanitize()); err != nil {
 		return nil, err
 	}
-	s, err := postgres.Open(ctx, b.o.url, postgres.Config{Schema: name, MaxConns: int32(b.o.workers + 1), Clock: clock})
+	cfg := postgres.Config{Schema: name, MaxConns: int32(b.o.workers + 1), Clock: clock}
+	if b.o.partitioned {
+		// Partitions for the fill's days, and the next day's inserts.
+		cfg.Partitions, cfg.PartitionsAhead = b.o.day(), b.o.days+2
+	}
+	s, err := postgres.Open(ctx, b.o.url, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -139,7 +157,7 @@ func fingerprintOf(i int) string {
 }
 
 // sqlFill inserts records $1..$2, completed, record i created at
-// now - 24h + 24h*i/$3, expiring 24h later: records 0..$3 as a day of
+// $4 - 24h + 24h*i/$3, expiring 24h later: records 0..$3 as a day of
 // traffic leaves them, in the order of their expiry.
 const sqlFill = `
 INSERT INTO %s (scope, key, fingerprint, state, fence, lease_policy, locked_until,
@@ -151,19 +169,20 @@ SELECT 'tenant-' || (i %% 1000), md5('k' || i)::uuid::text, md5('fp' || i), 'com
 	convert_to('{"id":"' || md5('k' || i) || '","status":"created"}', 'UTF8'), 1,
 	t.c, t.c, t.c, t.c + interval '24 hours', t.c + interval '24 hours'
 FROM generate_series($1::bigint, $2::bigint) AS i,
-	LATERAL (SELECT now() + (i - $3::bigint) * (interval '24 hours' / $3::bigint) AS c) AS t`
+	LATERAL (SELECT $4::timestamptz + (i - $3::bigint) * (interval '24 hours' / $3::bigint) AS c) AS t`
 
 func (b *bench) fill(ctx context.Context, s *schema, stage string, from, n, spread int) error {
 	start := time.Now()
 	for lo := from; lo < from+n; lo += b.o.chunk {
 		hi := min(lo+b.o.chunk, from+n) - 1
 		t := time.Now()
-		if _, err := b.admin.Exec(ctx, fmt.Sprintf(sqlFill, s.table), lo, hi, spread); err != nil {
+		if _, err := b.admin.Exec(ctx, fmt.Sprintf(sqlFill, s.table), lo, hi, spread, b.o.base); err != nil {
 			return fmt.Errorf("fill: %w", err)
 		}
 		fmt.Fprintf(os.Stderr, "filled %d..%d in %v\n", lo, hi, time.Since(t).Round(time.Millisecond))
 	}
 	fillTime := time.Since(start)
+	// VACUUM ANALYZE of a partitioned table does each partition.
 	if _, err := b.admin.Exec(ctx, "VACUUM ANALYZE "+s.table); err != nil {
 		return err
 	}
@@ -173,17 +192,21 @@ func (b *bench) fill(ctx context.Context, s *schema, stage string, from, n, spre
 }
 
 func (b *bench) sizes(ctx context.Context, s *schema, stage string) error {
-	var table, indexes, pkey, live, dead int64
-	err := b.admin.QueryRow(ctx, `SELECT pg_total_relation_size($1::regclass), pg_indexes_size($1::regclass),
-		pg_relation_size(($2 || '.idem_records_pkey')::regclass),
-		coalesce(n_live_tup, 0), coalesce(n_dead_tup, 0)
-		FROM pg_stat_user_tables WHERE relid = $1::regclass`, s.table, pgx.Identifier{s.name}.Sanitize()).
-		Scan(&table, &indexes, &pkey, &live, &dead)
+	var table, indexes, pkey, live, dead, parts int64
+	// The table, or each of its partitions.
+	err := b.admin.QueryRow(ctx, `WITH leaves AS (
+			SELECT c.oid FROM pg_class c WHERE c.relkind = 'r' AND (c.oid = $1::regclass
+				OR c.oid IN (SELECT relid FROM pg_partition_tree($1::regclass))))
+		SELECT sum(pg_total_relation_size(l.oid))::bigint, sum(pg_indexes_size(l.oid))::bigint,
+			(SELECT sum(pg_relation_size(i.indexrelid)) FROM pg_index i WHERE i.indisprimary AND i.indrelid IN (SELECT oid FROM leaves))::bigint,
+			sum(coalesce(st.n_live_tup, 0))::bigint, sum(coalesce(st.n_dead_tup, 0))::bigint, count(*)
+		FROM leaves l LEFT JOIN pg_stat_user_tables st ON st.relid = l.oid`, s.table).
+		Scan(&table, &indexes, &pkey, &live, &dead, &parts)
 	if err != nil {
 		return fmt.Errorf("sizes: %w", err)
 	}
-	fmt.Fprintf(b.w, "size stage=%s total_bytes=%d index_bytes=%d pkey_bytes=%d live_tup=%d dead_tup=%d\n",
-		stage, table, indexes, pkey, live, dead)
+	fmt.Fprintf(b.w, "size stage=%s total_bytes=%d index_bytes=%d pkey_bytes=%d live_tup=%d dead_tup=%d tables=%d\n",
+		stage, table, indexes, pkey, live, dead, parts)
 	return nil
 }
 

@@ -128,12 +128,20 @@ func percentiles(d []time.Duration) (p50, p99 time.Duration) {
 // reap removes the first of -days days of records with the product's
 // reaper, then inserts as many new records again, and reports the costs.
 func (b *bench) reap(ctx context.Context, large *schema) error {
-	ahead := 24 * time.Hour / time.Duration(b.o.days)
-	s, err := b.open(ctx, large.name, func() time.Time { return time.Now().Add(ahead) })
+	// The first day's records expire by base + day; so does its partition.
+	shift := b.o.base.Add(b.o.day()).Sub(time.Now())
+	s, err := b.open(ctx, large.name, func() time.Time { return time.Now().Add(shift) })
 	if err != nil {
 		return err
 	}
-	defer s.store.Close()
+	// Closed once the reaper is done: its connections' exits report their
+	// statistics (an idle backend may hold them for seconds).
+	closed := false
+	defer func() {
+		if !closed {
+			s.store.Close()
+		}
+	}()
 	// No pause between batches: the time is the work; the product's pause
 	// (maintenance.DefaultBatchPause) adds its own, reported apart.
 	m, err := maintenance.New(s.store, maintenance.Config{BatchSize: b.o.batch, BatchPause: time.Microsecond})
@@ -155,6 +163,8 @@ func (b *bench) reap(ctx context.Context, large *schema) error {
 		res.Deleted, batches, took.Seconds(), float64(res.Deleted)/took.Seconds(),
 		float64(took.Milliseconds())/float64(max(batches, 1)), wal, float64(wal)/float64(max(res.Deleted, 1)),
 		took.Seconds()+float64(batches)*0.75*maintenance.DefaultBatchPause.Seconds())
+	s.store.Close()
+	closed = true
 	time.Sleep(1500 * time.Millisecond) // statistics reach pg_stat_user_tables within a second
 	if err := b.sizes(ctx, large, "reaped"); err != nil {
 		return err
