@@ -129,7 +129,7 @@ func percentiles(d []time.Duration) (p50, p99 time.Duration) {
 // reaper, then inserts as many new records again, and reports the costs.
 func (b *bench) reap(ctx context.Context, large *schema) error {
 	// The first day's records expire by base + day; so does its partition.
-	shift := b.o.base.Add(b.o.day()).Sub(time.Now())
+	shift := time.Until(b.o.base.Add(b.o.day()))
 	s, err := b.open(ctx, large.name, func() time.Time { return time.Now().Add(shift) })
 	if err != nil {
 		return err
