@@ -2,7 +2,7 @@
 // grows: the same operations on an empty table and on one of -n completed
 // records, and the reaper removing a day of them.
 //
-//	go run ./cmd/idem/internal/tools/scalebench -n 10000000 [-days 3] [-rounds 3] [-slice 2s] [-partitioned]
+//	go run ./cmd/idem/internal/tools/scalebench -n 10000000 [-days 3] [-rounds 3] [-slice 2s] [-partitioned | -versus]
 //
 // It opens two stores on fresh schemas (their own migrations make the
 // tables), fills one with -n completed records by server-side INSERT ...
@@ -22,6 +22,12 @@
 // (24h/-days), and the reaper retires the first day by dropping its
 // partition. In both modes the fill's expiries start at a boundary of those
 // days, so that the day the reaper retires holds the same records.
+//
+// With -versus the run compares the two tables at one size instead: it
+// fills a plain and a partitioned table with -n records each, alternates
+// the latency slices between them (labels plain and partitioned), then
+// reaps the first day of each, the partitioned one first (stages and reap
+// lines named after the table).
 package main
 
 import (
@@ -50,6 +56,7 @@ type options struct {
 	workers, batch int
 	keep           bool
 	partitioned    bool
+	versus         bool
 	base           time.Time // the first expiry of the fill, at a day's boundary
 }
 
@@ -68,6 +75,7 @@ func main() {
 	flag.IntVar(&o.batch, "batch", maintenance.DefaultBatchSize, "records per reaper batch")
 	flag.BoolVar(&o.keep, "keep", false, "keep the schemas")
 	flag.BoolVar(&o.partitioned, "partitioned", false, "tables partitioned by retention, one partition per simulated day")
+	flag.BoolVar(&o.versus, "versus", false, "compare a plain and a partitioned table of -n records each")
 	flag.Parse()
 	if err := run(context.Background(), o, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "scalebench:", err)
@@ -87,23 +95,53 @@ func run(ctx context.Context, o options, w io.Writer) error {
 	o.base = time.Now().Truncate(o.day()).Add(o.day())
 	tag := randHex(6)
 	b := &bench{o: o, w: w, admin: admin}
-	large, err := b.open(ctx, "scalebench_large_"+tag, nil)
+	if o.versus {
+		return b.versus(ctx, tag)
+	}
+	large, err := b.open(ctx, "scalebench_large_"+tag, "large", o.n, o.partitioned, nil)
 	if err != nil {
 		return err
 	}
 	defer b.drop(large)
-	empty, err := b.open(ctx, "scalebench_empty_"+tag, nil)
+	empty, err := b.open(ctx, "scalebench_empty_"+tag, "empty", min(emptyKeys, o.n), o.partitioned, nil)
 	if err != nil {
 		return err
 	}
 	defer b.drop(empty)
-	if err := b.fill(ctx, large, "large", 0, o.n, o.n); err != nil {
-		return err
+	for _, s := range []*schema{large, empty} {
+		if err := b.fill(ctx, s, s.label, 0, s.rows, s.rows); err != nil {
+			return err
+		}
 	}
 	if err := b.latencies(ctx, empty, large); err != nil {
 		return err
 	}
-	return b.reap(ctx, large)
+	return b.reap(ctx, large, "")
+}
+
+// versus is the run of -versus.
+func (b *bench) versus(ctx context.Context, tag string) error {
+	var both [2]*schema
+	for i, label := range []string{"plain", "partitioned"} {
+		s, err := b.open(ctx, "scalebench_"+label+"_"+tag, label, b.o.n, i == 1, nil)
+		if err != nil {
+			return err
+		}
+		defer b.drop(s)
+		if err := b.fill(ctx, s, label, 0, s.rows, s.rows); err != nil {
+			return err
+		}
+		both[i] = s
+	}
+	if err := b.latencies(ctx, both[0], both[1]); err != nil {
+		return err
+	}
+	for _, s := range []*schema{both[1], both[0]} {
+		if err := b.reap(ctx, s, s.label+"_"); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 type bench struct {
@@ -113,17 +151,20 @@ type bench struct {
 }
 
 type schema struct {
-	name  string
-	store *postgres.Store
-	table string // quoted schema.idem_records
+	name        string
+	label       string // in the report
+	rows        int    // filled
+	partitioned bool
+	store       *postgres.Store
+	table       string // quoted schema.idem_records
 }
 
-func (b *bench) open(ctx context.Context, name string, clock func() time.Time) (*schema, error) {
+func (b *bench) open(ctx context.Context, name, label string, rows int, partitioned bool, clock func() time.Time) (*schema, error) {
 	if _, err := b.admin.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{name}.Sanitize()); err != nil {
 		return nil, err
 	}
 	cfg := postgres.Config{Schema: name, MaxConns: int32(b.o.workers + 1), Clock: clock}
-	if b.o.partitioned {
+	if partitioned {
 		// Partitions for the fill's days, and the next day's inserts.
 		cfg.Partitions, cfg.PartitionsAhead = b.o.day(), b.o.days+2
 	}
@@ -131,7 +172,8 @@ func (b *bench) open(ctx context.Context, name string, clock func() time.Time) (
 	if err != nil {
 		return nil, err
 	}
-	return &schema{name: name, store: s, table: pgx.Identifier{name, "idem_records"}.Sanitize()}, nil
+	return &schema{name: name, label: label, rows: rows, partitioned: partitioned, store: s,
+		table: pgx.Identifier{name, "idem_records"}.Sanitize()}, nil
 }
 
 func (b *bench) drop(s *schema) {

@@ -65,6 +65,35 @@ func TestSmoke(t *testing.T) {
 	}
 }
 
+// TestSmokeVersus runs -versus small: both tables reaped, the partitioned
+// one with no dead tuples left.
+func TestSmokeVersus(t *testing.T) {
+	url := testenv.PostgresURL(t)
+	var out bytes.Buffer
+	o := options{url: url, n: 1500, chunk: 1000, days: 3, rounds: 1, slice: 50 * time.Millisecond, workers: 2, batch: 100, versus: true}
+	if err := run(context.Background(), o, &out); err != nil {
+		t.Fatal(err)
+	}
+	r := parse(t, out.String())
+	for _, name := range []string{"fill/plain", "fill/partitioned", "latency/replay/2", "reap/plain", "reap/partitioned",
+		"size/plain_reaped", "size/partitioned_reaped", "size/plain_next_day", "size/partitioned_next_day"} {
+		if r[name] == nil {
+			t.Errorf("report has no %s:\n%s", name, out.String())
+		}
+	}
+	if l := r["latency/replay/2"]; l["plain_ops"] == 0 || l["partitioned_ops"] == 0 {
+		t.Errorf("replay latencies %v", l)
+	}
+	for _, table := range []string{"plain", "partitioned"} {
+		if d := r["reap/"+table]["deleted"]; d < 450 || d > 550 {
+			t.Errorf("reaper deleted %v records of the %s table, want about 500", d, table)
+		}
+	}
+	if d := r["size/partitioned_reaped"]["dead_tup"]; d >= 50 {
+		t.Errorf("%v dead tuples in the partitioned table after the reaper", d)
+	}
+}
+
 func checkSmoke(t *testing.T, r map[string]map[string]float64, out string, partitioned bool) {
 	for _, name := range []string{"fill/large", "size/large", "fill/empty", "latency/new/2", "latency/new/1",
 		"latency/replay/2", "latency/replay/1", "latency/get/2", "latency/get/1", "reap",

@@ -55,21 +55,15 @@ var ops = []op{
 const emptyKeys = 1000
 
 // latencies runs each op with workers clients and with one, in slices
-// alternating between the schemas, and prints p50/p99 and their ratios.
-func (b *bench) latencies(ctx context.Context, empty, large *schema) error {
-	if err := b.fill(ctx, empty, "empty", 0, min(emptyKeys, b.o.n), min(emptyKeys, b.o.n)); err != nil {
-		return err
-	}
+// alternating between the schemas, and prints p50/p99 and the ratios of
+// the second's to the first's.
+func (b *bench) latencies(ctx context.Context, first, second *schema) error {
 	for _, o := range ops {
 		for _, workers := range []int{b.o.workers, 1} {
 			var lat [2][]time.Duration
 			for range b.o.rounds {
-				for j, s := range []*schema{empty, large} {
-					rows := b.o.n
-					if s == empty {
-						rows = min(emptyKeys, b.o.n)
-					}
-					got, err := b.slice(ctx, s.store, o, workers, rows)
+				for j, s := range []*schema{first, second} {
+					got, err := b.slice(ctx, s.store, o, workers, s.rows)
 					if err != nil {
 						return fmt.Errorf("%s on %s: %w", o.name, s.name, err)
 					}
@@ -78,9 +72,10 @@ func (b *bench) latencies(ctx context.Context, empty, large *schema) error {
 			}
 			e50, e99 := percentiles(lat[0])
 			l50, l99 := percentiles(lat[1])
-			fmt.Fprintf(b.w, "latency op=%s workers=%d empty_ops=%d large_ops=%d empty_p50_us=%d empty_p99_us=%d large_p50_us=%d large_p99_us=%d p50_ratio=%.2f p99_ratio=%.2f\n",
-				o.name, workers, len(lat[0]), len(lat[1]), e50.Microseconds(), e99.Microseconds(),
-				l50.Microseconds(), l99.Microseconds(), float64(l50)/float64(e50), float64(l99)/float64(e99))
+			a, z := first.label, second.label
+			fmt.Fprintf(b.w, "latency op=%s workers=%d %s_ops=%d %s_ops=%d %s_p50_us=%d %s_p99_us=%d %s_p50_us=%d %s_p99_us=%d p50_ratio=%.2f p99_ratio=%.2f\n",
+				o.name, workers, a, len(lat[0]), z, len(lat[1]), a, e50.Microseconds(), a, e99.Microseconds(), z,
+				l50.Microseconds(), z, l99.Microseconds(), float64(l50)/float64(e50), float64(l99)/float64(e99))
 		}
 	}
 	return nil
@@ -126,11 +121,12 @@ func percentiles(d []time.Duration) (p50, p99 time.Duration) {
 }
 
 // reap removes the first of -days days of records with the product's
-// reaper, then inserts as many new records again, and reports the costs.
-func (b *bench) reap(ctx context.Context, large *schema) error {
+// reaper, then inserts as many new records again, and reports the costs,
+// its stages named with prefix (and its reap line with the label).
+func (b *bench) reap(ctx context.Context, large *schema, prefix string) error {
 	// The first day's records expire by base + day; so does its partition.
 	shift := time.Until(b.o.base.Add(b.o.day()))
-	s, err := b.open(ctx, large.name, func() time.Time { return time.Now().Add(shift) })
+	s, err := b.open(ctx, large.name, large.label, large.rows, large.partitioned, func() time.Time { return time.Now().Add(shift) })
 	if err != nil {
 		return err
 	}
@@ -159,14 +155,18 @@ func (b *bench) reap(ctx context.Context, large *schema) error {
 	var wal int64
 	b.admin.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text, pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::bigint", lsn0).Scan(&lsn1, &wal)
 	batches := (res.Deleted + b.o.batch - 1) / b.o.batch
-	fmt.Fprintf(b.w, "reap deleted=%d batches=%d seconds=%.1f rows_per_s=%.0f ms_per_batch=%.2f wal_bytes=%d wal_bytes_per_row=%.0f paced_seconds=%.0f\n",
-		res.Deleted, batches, took.Seconds(), float64(res.Deleted)/took.Seconds(),
+	stage := ""
+	if prefix != "" {
+		stage = " stage=" + large.label
+	}
+	fmt.Fprintf(b.w, "reap%s deleted=%d batches=%d seconds=%.1f rows_per_s=%.0f ms_per_batch=%.2f wal_bytes=%d wal_bytes_per_row=%.0f paced_seconds=%.0f\n",
+		stage, res.Deleted, batches, took.Seconds(), float64(res.Deleted)/took.Seconds(),
 		float64(took.Milliseconds())/float64(max(batches, 1)), wal, float64(wal)/float64(max(res.Deleted, 1)),
 		took.Seconds()+float64(batches)*0.75*maintenance.DefaultBatchPause.Seconds())
 	s.store.Close()
 	closed = true
 	time.Sleep(1500 * time.Millisecond) // statistics reach pg_stat_user_tables within a second
-	if err := b.sizes(ctx, large, "reaped"); err != nil {
+	if err := b.sizes(ctx, large, prefix+"reaped"); err != nil {
 		return err
 	}
 	t := time.Now()
@@ -175,8 +175,8 @@ func (b *bench) reap(ctx context.Context, large *schema) error {
 	}
 	fmt.Fprintf(b.w, "vacuum seconds=%.1f\n", time.Since(t).Seconds())
 	time.Sleep(1500 * time.Millisecond)
-	if err := b.sizes(ctx, large, "vacuumed"); err != nil {
+	if err := b.sizes(ctx, large, prefix+"vacuumed"); err != nil {
 		return err
 	}
-	return b.fill(ctx, large, "next_day", b.o.n, res.Deleted, b.o.n)
+	return b.fill(ctx, large, prefix+"next_day", b.o.n, res.Deleted, b.o.n)
 }
