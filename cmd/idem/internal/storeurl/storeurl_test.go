@@ -12,9 +12,11 @@ import (
 	"time"
 
 	mysqldrv "github.com/go-sql-driver/mysql"
+	_ "github.com/jackc/pgx/v5/stdlib"
 	"go.uber.org/goleak"
 
 	"github.com/idem-go/idem/cmd/idem/internal/storeurl"
+	"github.com/idem-go/idem/internal/testkit/pgdb"
 	"github.com/idem-go/idem/internal/testkit/testenv"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/postgres"
@@ -248,6 +250,27 @@ func TestOpenPostgres(t *testing.T) {
 			t.Errorf("Batches %d: %d slots, want %d", c.batches, got, c.want)
 		}
 		s.Close()
+	}
+}
+
+// TestOpenPostgresPartitions: Partitions makes a new schema's table
+// partitioned by retention.
+func TestOpenPostgresPartitions(t *testing.T) {
+	t.Parallel()
+	u := os.Getenv("IDEM_TEST_POSTGRES_URL")
+	if u == "" {
+		testenv.Skip(t, "IDEM_TEST_POSTGRES_URL is not set (e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable)")
+	}
+	u = testenv.WithParam(t, u, "search_path", pgdb.Schema(t, u))
+	s, err := storeurl.Open(context.Background(), u, storeurl.Options{Migrate: true, Partitions: 24 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var kind string
+	if err := s.(*postgres.Store).Pool().QueryRow(context.Background(),
+		"SELECT relkind::text FROM pg_class WHERE oid = 'idem_records'::regclass").Scan(&kind); err != nil || kind != "p" {
+		t.Errorf("idem_records of kind %q (%v), want p (partitioned)", kind, err)
 	}
 }
 
