@@ -646,10 +646,26 @@ func TestHOTCheckpoint(t *testing.T) {
 }
 
 func TestConformanceTx(t *testing.T) {
+	conformanceTx(t, 0)
+}
+
+// TestConformanceTxPartitioned runs the transactional suite on a table
+// partitioned by retention: ReserveTx takes the key's lock in the
+// caller's transaction.
+func TestConformanceTxPartitioned(t *testing.T) {
+	conformanceTx(t, 6*time.Hour)
+}
+
+func conformanceTx(t *testing.T, partitions time.Duration) {
 	storetest.RunTx(t, storetest.TxHarness[pgx.Tx]{
 		NewDatabase: func(t *testing.T, clock store.Clock) storetest.TxDatabase[pgx.Tx] {
 			schema := newSchema(t)
-			s := openStore(t, schema, clock)
+			s, err := postgres.Open(context.Background(), testURL(t), postgres.Config{Schema: schema, Clock: clock,
+				Partitions: partitions, PartitionsAhead: 5})
+			if err != nil {
+				t.Fatalf("open: %v", err)
+			}
+			t.Cleanup(func() { s.Close() })
 			payments := pgx.Identifier{schema, "payments"}.Sanitize()
 			if _, err := s.Pool().Exec(context.Background(), "CREATE TABLE "+payments+" (id text PRIMARY KEY)"); err != nil {
 				t.Fatal(err)
