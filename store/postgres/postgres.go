@@ -184,8 +184,11 @@ type Config struct {
 	// range has passed, instead of deleting its records one by one (see
 	// partition.go and docs/postgres-production.md). It takes a table made
 	// so: Open and New make it in a schema without idem_records, and refuse
-	// a plain table (a table cannot be partitioned in place). Defaults to
-	// 0: the plain table.
+	// a plain table (a table cannot be partitioned in place). A store
+	// opened without it on a partitioned table runs as partitioned, but for
+	// one with SkipMigrate that could not reach the server at Open, whose
+	// reservations then fail: set it on every process of such a schema.
+	// Defaults to 0: the plain table.
 	Partitions time.Duration
 	// PartitionsAhead is how many partitions Reap keeps made after the one
 	// holding the present; a record whose retention ends past them waits
