@@ -133,10 +133,16 @@ func (c *consumer) run(args ...string) string {
 	if err == nil {
 		return string(out)
 	}
-	for _, m := range offlineMissing.FindAllStringSubmatch(string(out), -1) {
+	missing := offlineMissing.FindAllStringSubmatch(string(out), -1)
+	for _, m := range missing {
 		if !strings.HasPrefix(m[1], "github.com/idem-go/idem") {
-			testenv.Skip(c.t, fmt.Sprintf("the local module cache lacks %s (fill it with go mod download in the repository's modules): %s", m[1], out))
+			testenv.Skip(c.t, fmt.Sprintf("the local module cache lacks %s (fill it with `go mod download all` in the repository's modules): %s", m[1], out))
 		}
+	}
+	// Loading the module graph, the go command names no module when the
+	// cache lacks one's go.mod: that too is the cache, not the check.
+	if len(missing) == 0 && strings.Contains(string(out), "module lookup disabled by GOPROXY=off") {
+		testenv.Skip(c.t, fmt.Sprintf("the local module cache lacks a module the go command does not name (fill it with `go mod download all` in the repository's modules): %s", out))
 	}
 	c.t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
 	return ""
