@@ -162,6 +162,12 @@ func (s *Store) lockedRow(ctx context.Context, q querier, first *pgx.QueuedQuery
 	return err
 }
 
+// lockTimedOut reports a lock wait that ran past lock_timeout.
+func lockTimedOut(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
+
 // movedRow reports the serialization failure of a statement that waited
 // for a row a concurrent statement moved to another partition: the
 // statement, run again, finds the row where it is now.

@@ -296,6 +296,46 @@ func TestPartitionDefault(t *testing.T) {
 	}
 }
 
+// TestPartitionOpenBusy opens a second store while a transaction holds
+// the table, with partitions to make: it starts anyway, once its lock wait
+// has timed out, and its reservations go to the DEFAULT partition.
+func TestPartitionOpenBusy(t *testing.T) {
+	ctx := context.Background()
+	_, schema := openSchema(t, postgres.Config{Partitions: time.Hour})
+	conn := adminConn(t)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{schema, "idem_records"}.Sanitize()+" IN ACCESS SHARE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	later := func() time.Time { return time.Now().Add(30 * 24 * time.Hour) }
+	s, err := postgres.Open(ctx, testURL(t), postgres.Config{Schema: schema, Partitions: time.Hour, Clock: later, MaxBatches: -1})
+	if err != nil {
+		t.Fatalf("open while the table is held: %v", err)
+	}
+	defer s.Close()
+	p := reserveParams("busy")
+	p.TTL = 2 * time.Hour // within the partitions made ahead
+	if r, err := s.Reserve(ctx, p); err != nil || r.Outcome != store.Created {
+		t.Fatalf("reserve: %v %v", r.Outcome, err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := partitionOf(t, conn, schema, "busy"); got != schema+".idem_records_default" {
+		t.Errorf("the record is in %s, want the DEFAULT partition", got)
+	}
+	if err := s.EnsurePartitions(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := partitionOf(t, conn, schema, "busy"); got == schema+".idem_records_default" {
+		t.Errorf("the record stayed in the DEFAULT partition once its partition was made")
+	}
+}
+
 // TestPartitionedTableKind: a partitioned store refuses a plain table, a
 // store opened without Partitions on a partitioned one runs as partitioned,
 // and ReserveTx refuses REPEATABLE READ.

@@ -284,7 +284,10 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Store, error) {
 		return nil, err
 	}
 	if !cfg.SkipMigrate {
-		if err := s.EnsurePartitions(ctx); err != nil {
+		if err := s.EnsurePartitions(ctx); err != nil && !lockTimedOut(err) {
+			// A table busy past the lock's timeout does not stop a
+			// process from starting: the DEFAULT partition takes what no
+			// partition covers, and the reaper makes them later.
 			return nil, err
 		}
 	}
