@@ -10,8 +10,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"os"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -539,30 +537,12 @@ func (p *Proxy) closeAll() {
 	p.tracing.shutdown(context.Background())
 }
 
-// proxyGCPercent is the garbage collector's target (GOGC) of `idem proxy`
-// when its environment sets no GOGC. The proxy's live heap is small next to
-// what each request allocates (with a server store, about a megabyte), so at
-// Go's default of 100 it collects every few dozen requests; 200 halves the
-// collections for at most half again the heap (BENCHMARKS.md). GOGC=100
-// restores Go's default; GOMEMLIMIT caps the heap either way.
-const proxyGCPercent = 200
-
-// setProxyGC sets the collector's target to proxyGCPercent unless the
-// environment names one (GOGC, read by the runtime at start; empty counts as
-// unset).
-func setProxyGC() {
-	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(proxyGCPercent)
-	}
-}
-
 // runProxy is `idem proxy`.
 func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cfg, logFormat, logLevel, err := parseProxyFlags(args, stderr)
 	if err != nil {
 		return err
 	}
-	setProxyGC()
 	if cfg.Logger, err = newLogger(stderr, logFormat, logLevel); err != nil {
 		return refusedUsage(stderr, fmt.Errorf("%w: %w", ErrUsage, err))
 	}
