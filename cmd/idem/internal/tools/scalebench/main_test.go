@@ -89,8 +89,9 @@ func TestSmokeVersus(t *testing.T) {
 			t.Errorf("reaper deleted %v records of the %s table, want about 500", d, table)
 		}
 	}
-	if d := r["size/partitioned_reaped"]["dead_tup"]; d >= 50 {
-		t.Errorf("%v dead tuples in the partitioned table after the reaper", d)
+	// As in checkSmoke: the latency slices' own dead versions count too.
+	if d, deleted := r["size/partitioned_reaped"]["dead_tup"], r["reap/partitioned"]["deleted"]; d >= deleted/2 {
+		t.Errorf("%v dead tuples in the partitioned table after the reaper deleted %v records", d, deleted)
 	}
 }
 
@@ -109,10 +110,14 @@ func checkSmoke(t *testing.T, r map[string]map[string]float64, out string, parti
 	if l := r["latency/replay/1"]; l["large_ops"] == 0 || l["empty_ops"] == 0 || l["p50_ratio"] <= 0 {
 		t.Errorf("replay latencies %v", l)
 	}
-	// The latency slices' completions leave a few dead versions of their
-	// own; the plain reaper leaves one per record it deleted.
+	// The plain reaper leaves one dead tuple per record it deleted, the
+	// partitioned one none. The latency slices' completions leave dead
+	// versions of their own, as many as the slices ran on this machine
+	// (86 where 667 records were reaped, in one run beside other tests):
+	// half the deleted count tells the two apart whatever the machine's
+	// speed.
 	deleted, dead := r["reap"]["deleted"], r["size/reaped"]["dead_tup"]
-	if r["size/vacuumed"]["dead_tup"] != 0 || (partitioned && dead >= deleted/10) || (!partitioned && dead == 0) {
+	if r["size/vacuumed"]["dead_tup"] != 0 || (partitioned && dead >= deleted/2) || (!partitioned && dead < deleted) {
 		t.Errorf("dead tuples after the reaper %v, after VACUUM %v", r["size/reaped"], r["size/vacuumed"])
 	}
 	if partitioned && r["size/large"]["tables"] < 4 {
