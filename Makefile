@@ -15,7 +15,7 @@ STATICCHECK := go run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # the tests skipped for want of a server or a tool.
 test:
 	@skips=$$(mktemp); status=0; \
-	IDEM_TEST_SKIPS=$$skips go test $(TESTFLAGS) $$(go list -f '{{.Dir}}/...' -m) || status=$$?; \
+	IDEM_TEST_SKIPS=$$skips go test $(TESTFLAGS) -timeout 30m $$(go list -f '{{.Dir}}/...' -m) || status=$$?; \
 	go run ./internal/tools/skipsummary $$skips; rm -f $$skips; exit $$status
 
 race:
