@@ -66,8 +66,10 @@ import (
 //go:embed partitioned/records.sql
 var partitionedTable string
 
-// partitionedBase is the last migration whose shape records.sql creates at
-// once; a fresh partitioned table counts it and those before as applied.
+// partitionedBase is the last migration whose shape the partitioned table
+// is made from: createPartitioned applies it and those before to a plain
+// table, which records.sql then turns into the partitioned one; the later
+// migrations apply to the partitioned table as they are.
 const partitionedBase = 8
 
 // DefaultPartitionsAhead is how many partitions the reaper keeps made
@@ -177,27 +179,26 @@ func movedRow(err error) bool {
 }
 
 // createPartitioned creates the partitioned table in a fresh schema,
-// inside the migration's transaction, and counts the migrations of its
-// shape as applied. A schema that holds idem_records already is left as it
-// is (New then checks that its kind matches Config.Partitions).
+// inside the migration's transaction and under its lock: it applies the
+// migrations up to partitionedBase, which make the plain table (and record
+// themselves as applied), then records.sql makes the partitioned table
+// from that table's columns and drops it. A schema that holds idem_records
+// already is left as it is (New then checks that its kind matches
+// Config.Partitions).
 func createPartitioned(ctx context.Context, tx pgx.Tx, all []migrate.Migration) error {
 	var absent bool
 	if err := tx.QueryRow(ctx, `SELECT to_regclass('idem_records') IS NULL`).Scan(&absent); err != nil || !absent {
 		return err
 	}
-	if _, err := tx.Exec(ctx, partitionedTable); err != nil {
-		return fmt.Errorf("create the partitioned table: %w", err)
+	base := all // sorted by version
+	if i := slices.IndexFunc(all, func(m migrate.Migration) bool { return m.Version > partitionedBase }); i >= 0 {
+		base = all[:i]
 	}
-	if _, err := tx.Exec(ctx, sqlMigrateTable); err != nil {
+	if err := migrate.ApplyIn(ctx, tx, base, migrationTables); err != nil {
 		return err
 	}
-	for _, m := range all {
-		if m.Version > partitionedBase {
-			break
-		}
-		if _, err := tx.Exec(ctx, sqlMigrateRecord, m.Version, m.Name); err != nil {
-			return err
-		}
+	if _, err := tx.Exec(ctx, partitionedTable); err != nil {
+		return fmt.Errorf("create the partitioned table: %w", err)
 	}
 	return nil
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -375,5 +377,80 @@ func TestPartitionedTableKind(t *testing.T) {
 	defer tx.Rollback(ctx)
 	if _, err := s.ReserveTx(ctx, tx, reserveParams("rr")); !errors.Is(err, store.ErrInvalidParams) {
 		t.Errorf("ReserveTx under REPEATABLE READ: %v, want ErrInvalidParams", err)
+	}
+}
+
+// TestPartitionedShape compares the partitioned table with the plain one,
+// both made by a store on a fresh schema and migrated to the last
+// migration: the same columns in the same order, with the same types,
+// collations, defaults and NOT NULL (but reap_after, the partition key,
+// which the primary key makes NOT NULL), the same CHECK constraints, and
+// the same indexes but the two the partitioned shape does differently: the
+// primary key holds reap_after, and no index on reap_after (the reaper
+// drops partitions). A migration whose change reaches one table and not
+// the other fails here.
+func TestPartitionedShape(t *testing.T) {
+	t.Parallel()
+	_, plain := openSchema(t, postgres.Config{MaxBatches: -1})
+	_, parted := openSchema(t, postgres.Config{Partitions: time.Hour, MaxBatches: -1})
+	conn := adminConn(t)
+	ctx := context.Background()
+	// catalog reads one line per row of sql, whose $1 is the schema.
+	catalog := func(sql, schema string) []string {
+		t.Helper()
+		rows, err := conn.Query(ctx, sql, schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(out) == 0 {
+			t.Fatalf("nothing in the catalog of %s for %s", schema, sql)
+		}
+		return out
+	}
+	const columns = `SELECT format('%s %s collate %s default %s not null %s', a.attname, format_type(a.atttypid, a.atttypmod),
+			coalesce(co.collname, '-'), coalesce(pg_get_expr(d.adbin, d.adrelid), '-'), a.attnotnull)
+		FROM pg_attribute a
+		LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+		LEFT JOIN pg_collation co ON co.oid = a.attcollation
+		WHERE a.attrelid = format('%I.idem_records', $1::text)::regclass AND a.attnum > 0 AND NOT a.attisdropped
+		ORDER BY a.attnum`
+	const checks = `SELECT conname || ' ' || pg_get_constraintdef(oid) FROM pg_constraint
+		WHERE conrelid = format('%I.idem_records', $1::text)::regclass AND contype = 'c' ORDER BY conname`
+	// The definition without the schema, and without the ONLY of an index
+	// on a partitioned table (its partitions each get theirs).
+	const indexes = `SELECT replace(replace(indexdef, ' ON ONLY ', ' ON '), $1::text || '.', '') FROM pg_indexes
+		WHERE schemaname = $1 AND tablename = 'idem_records' ORDER BY indexname`
+
+	wantCols := catalog(columns, plain)
+	for i, c := range wantCols {
+		if strings.HasPrefix(c, "reap_after ") {
+			wantCols[i] = strings.Replace(c, "not null f", "not null t", 1)
+		}
+	}
+	compare(t, "columns", catalog(columns, parted), wantCols)
+	compare(t, "CHECK constraints", catalog(checks, parted), catalog(checks, plain))
+	var wantIdx []string
+	for _, ix := range catalog(indexes, plain) {
+		switch {
+		case strings.Contains(ix, " idem_records_reap_after_idx "):
+			continue
+		case strings.Contains(ix, " idem_records_pkey "):
+			ix = strings.Replace(ix, "(key, scope)", "(key, scope, reap_after)", 1)
+		}
+		wantIdx = append(wantIdx, ix)
+	}
+	compare(t, "indexes", catalog(indexes, parted), wantIdx)
+}
+
+// compare reports got and want unless they are the same lines.
+func compare(t *testing.T, what string, got, want []string) {
+	t.Helper()
+	if !slices.Equal(got, want) {
+		t.Errorf("%s differ: the partitioned table has\n\t%s\nthe plain table (as the partitioned shape differs)\n\t%s",
+			what, strings.Join(got, "\n\t"), strings.Join(want, "\n\t"))
 	}
 }

@@ -299,6 +299,9 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	return s, nil
 }
 
+// migrationTables is the store's version table, idem_migrations.
+var migrationTables = migrate.Tables{Create: sqlMigrateTable, Applied: sqlMigrateApplied, Record: sqlMigrateRecord}
+
 // Migrate applies the pending embedded migrations in one transaction under
 // a transaction-scoped advisory lock, so concurrent processes starting
 // together apply each migration once. Applied versions are recorded in
@@ -323,9 +326,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 				return err
 			}
 		}
-		return migrate.ApplyIn(ctx, tx, all, migrate.Tables{
-			Create: sqlMigrateTable, Applied: sqlMigrateApplied, Record: sqlMigrateRecord,
-		})
+		return migrate.ApplyIn(ctx, tx, all, migrationTables)
 	})
 	if err != nil {
 		return wrap("migrate", err)

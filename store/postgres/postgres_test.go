@@ -489,12 +489,19 @@ func TestReserveRace(t *testing.T) {
 }
 
 // TestMigrateConcurrent starts several processes (pools) on one empty
-// schema at once: each migration must be applied exactly once, and running
-// the migrations again is a no-op.
+// schema at once, with a plain table and with a partitioned one (made from
+// the plain one's migrations): each migration must be applied exactly
+// once, and running the migrations again is a no-op.
 func TestMigrateConcurrent(t *testing.T) {
+	t.Run("plain", func(t *testing.T) { migrateConcurrent(t, postgres.Config{}) })
+	t.Run("partitioned", func(t *testing.T) { migrateConcurrent(t, postgres.Config{Partitions: time.Hour}) })
+}
+
+func migrateConcurrent(t *testing.T, cfg postgres.Config) {
 	t.Parallel()
 	ctx := context.Background()
 	schema := newSchema(t)
+	cfg.Schema = schema
 	const procs = 6
 	stores := make([]*postgres.Store, procs)
 	var wg sync.WaitGroup
@@ -502,7 +509,7 @@ func TestMigrateConcurrent(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s, err := postgres.Open(ctx, testURL(t), postgres.Config{Schema: schema})
+			s, err := postgres.Open(ctx, testURL(t), cfg)
 			if err != nil {
 				t.Errorf("open %d: %v", i, err)
 				return
