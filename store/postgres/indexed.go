@@ -21,43 +21,45 @@ import (
 // it whatever the table's size when it was planned.
 const sqlNoSeqScan = `SELECT set_config('enable_seqscan', 'off', true)`
 
-// queryIndexed runs first (sqlNoSeqScan, or a statement that also takes a
-// lock) then sql, in one pipeline, and collects sql's records.
-func (s *Store) queryIndexed(ctx context.Context, first, sql string, args []any,
-	collect func(pgx.Rows) ([]store.Record, error)) ([]store.Record, error) {
+// indexed runs first (sqlNoSeqScan, or a statement that also takes a
+// lock) then sql, in one pipeline, and hands read sql's result.
+func (s *Store) indexed(ctx context.Context, first, sql string, args []any, read func(pgx.BatchResults) error) error {
 	var b pgx.Batch
 	b.Queue(first)
 	b.Queue(sql, args...)
 	br := s.pool.SendBatch(ctx, &b)
 	_, err := br.Exec()
-	var recs []store.Record
 	if err == nil {
-		var rows pgx.Rows
-		if rows, err = br.Query(); err == nil {
-			recs, err = collect(rows)
-		}
+		err = read(br)
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
+	return err
+}
+
+// queryIndexed runs first then sql (indexed) and collects sql's records.
+func (s *Store) queryIndexed(ctx context.Context, first, sql string, args []any,
+	collect func(pgx.Rows) ([]store.Record, error)) ([]store.Record, error) {
+	var recs []store.Record
+	err := s.indexed(ctx, first, sql, args, func(br pgx.BatchResults) error {
+		rows, err := br.Query()
+		if err == nil {
+			recs, err = collect(rows)
+		}
+		return err
+	})
 	return recs, err
 }
 
-// execIndexed runs sql after sqlNoSeqScan, in one pipeline, and returns
-// the rows it affected.
+// execIndexed runs sql after sqlNoSeqScan (indexed) and returns the rows it
+// affected.
 func (s *Store) execIndexed(ctx context.Context, sql string, args ...any) (int64, error) {
-	var b pgx.Batch
-	b.Queue(sqlNoSeqScan)
-	b.Queue(sql, args...)
-	br := s.pool.SendBatch(ctx, &b)
-	_, err := br.Exec()
 	var n int64
-	if err == nil {
-		tag, eerr := br.Exec()
-		n, err = tag.RowsAffected(), eerr
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
+	err := s.indexed(ctx, sqlNoSeqScan, sql, args, func(br pgx.BatchResults) error {
+		tag, err := br.Exec()
+		n = tag.RowsAffected()
+		return err
+	})
 	return n, err
 }
