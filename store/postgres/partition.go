@@ -497,7 +497,10 @@ func (s *Store) reapPartitioned(ctx context.Context, p store.ReapParams, abandon
 // TTL, or kept): the records counted after the move are the partition's
 // for good. The drop checks that through the partition's own indexes
 // (unknown, pending and leased records), under the table's lock, and
-// gives up for this run if one is there.
+// gives up for this run if one is there. A leased record is one in
+// progress: a terminal record keeps the lease end of its last holder
+// (a completion writes no index entry, and a settlement leaves it too),
+// which may lie past the partition's range.
 func (s *Store) retire(ctx context.Context, pt span, now time.Time, limit int, abandon []any, res *store.ReapResult) error {
 	part := s.qualified(pt.name)
 	// One read of the partition, which counts what it holds and what must
@@ -537,7 +540,7 @@ func (s *Store) retire(ctx context.Context, pt span, now time.Time, limit int, a
 		var left bool
 		err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+part+` WHERE reconcile_after IS NOT NULL)
 			OR EXISTS (SELECT FROM `+part+` WHERE pending_queue IS NOT NULL)
-			OR EXISTS (SELECT FROM `+part+` WHERE locked_until > $1::timestamptz)`, now).Scan(&left)
+			OR EXISTS (SELECT FROM `+part+` WHERE locked_until > $1::timestamptz AND state = 'in_progress')`, now).Scan(&left)
 		if err != nil {
 			return err
 		}
