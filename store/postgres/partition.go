@@ -45,7 +45,8 @@ import (
 //
 // Rows that move. reap_after changes only where a record starts over
 // (Reserve's replace and reclaim, a pending record made anew), where it is
-// abandoned or settled, and where it is soft-expired ('infinity'): there
+// abandoned or settled with a TTL, and where it is soft-expired
+// ('infinity'): there
 // PostgreSQL moves the row to its new partition (a delete and an insert,
 // not a heap-only update). A completion keeps reap_after, and stays
 // heap-only. A statement that waited for a row that a concurrent one moved

@@ -454,3 +454,166 @@ func compare(t *testing.T, what string, got, want []string) {
 			what, strings.Join(got, "\n\t"), strings.Join(want, "\n\t"))
 	}
 }
+
+// TestResolveReapAfter pins what a settlement (Resolve) leaves in
+// reap_after and expires_at, on the plain table and on a partitioned one,
+// and that the reaper removes each settled record when it is due and not
+// a second before: on the plain table at its expiry; on the partitioned
+// one once the range of the partition that reap_after puts it in has also
+// passed.
+//
+// A Resolve with a TTL sets both to now + TTL (the row moves to that
+// partition). Without one it keeps both: expires_at is the reservation's,
+// and reap_after, a lower bound of it on the plain table, stays one, so the
+// reaper still finds the record; on the partitioned table the row stays in
+// its partition. "moved" is a record whose partition the reaper retired
+// while its holder was alive: the reaper moved it to the present's
+// partition (reap_after now past its expiry), and a settlement without TTL
+// must not send it back to its old range (the DEFAULT partition).
+func TestResolveReapAfter(t *testing.T) {
+	const width = time.Hour
+	for name, cfg := range map[string]postgres.Config{
+		"plain":       {MaxBatches: -1},
+		"partitioned": {MaxBatches: -1, Partitions: width, PartitionsAhead: 30},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			clock := storetest.NewClock()
+			cfg.Clock = clock.Now
+			s, schema := openSchema(t, cfg)
+			resolveReapAfter(t, s, schema, clock, cfg.Partitions)
+		})
+	}
+}
+
+func resolveReapAfter(t *testing.T, s *postgres.Store, schema string, clock *storetest.Clock, width time.Duration) {
+	ctx := context.Background()
+	conn := adminConn(t)
+	t0 := clock.Now()
+	reserve := func(key string, ttl time.Duration) store.ReserveResult {
+		t.Helper()
+		p := reserveParams(key)
+		p.TTL = ttl
+		r, err := s.Reserve(ctx, p)
+		if err != nil || r.Outcome != store.Created {
+			t.Fatalf("reserve %s: %v %v", key, r.Outcome, err)
+		}
+		return r
+	}
+	unknown := func(r store.ReserveResult) {
+		t.Helper()
+		if err := s.MarkUnknown(ctx, store.ReleaseParams{FenceParams: fence(r), Error: "timeout"}); err != nil {
+			t.Fatalf("mark %s unknown: %v", r.Record.Key, err)
+		}
+	}
+	reap := func() {
+		t.Helper()
+		if _, err := s.Reap(ctx, store.ReapParams{Limit: 100, Abandoned: store.Response{Status: 504}, AbandonedTTL: time.Hour}); err != nil {
+			t.Fatalf("reap at %v: %v", clock.Now(), err)
+		}
+	}
+	type row struct {
+		reapAfter, expiresAt time.Time
+		partition            string
+	}
+	read := func(key string) (row, bool) {
+		t.Helper()
+		var r row
+		err := conn.QueryRow(ctx, `SELECT reap_after, expires_at, tableoid::regclass::text FROM `+
+			pgx.Identifier{schema, "idem_records"}.Sanitize()+` WHERE key = $1`, key).Scan(&r.reapAfter, &r.expiresAt, &r.partition)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return r, false
+		}
+		if err != nil {
+			t.Fatalf("read %s: %v", key, err)
+		}
+		return r, true
+	}
+
+	keep := reserve("keep", 2*time.Hour)
+	renew := reserve("renew", 2*time.Hour)
+	moved := reserve("moved", 30*time.Minute)
+	if err := s.Extend(ctx, store.ExtendParams{FenceParams: fence(moved), Lease: 3 * time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	unknown(keep)
+	unknown(renew)
+	// An hour on, the partition holding moved's reservation has passed: the
+	// reaper keeps the record (its holder's lease runs) and, partitioned,
+	// moves it to the present's partition.
+	clock.Advance(time.Hour)
+	retired := clock.Now()
+	reap()
+	unknown(moved)
+	clock.Advance(time.Minute)
+	settled := clock.Now()
+	before := map[string]row{}
+	for _, k := range []string{"keep", "renew", "moved"} {
+		before[k], _ = read(k)
+	}
+	for _, r := range []struct {
+		rec store.ReserveResult
+		ttl time.Duration
+	}{{keep, 0}, {renew, 3 * time.Hour}, {moved, 0}} {
+		err := s.Resolve(ctx, store.ResolveParams{FenceParams: fence(r.rec), To: store.StateCompleted, Response: &store.Response{Status: 200}, TTL: r.ttl})
+		if err != nil {
+			t.Fatalf("resolve %s: %v", r.rec.Record.Key, err)
+		}
+	}
+
+	movedReapAfter := t0.Add(30 * time.Minute) // the plain reaper leaves it
+	if width > 0 {
+		movedReapAfter = retired // the partitioned one moved it
+	}
+	want := map[string]row{
+		"keep":  {reapAfter: t0.Add(2 * time.Hour), expiresAt: t0.Add(2 * time.Hour)},
+		"renew": {reapAfter: settled.Add(3 * time.Hour), expiresAt: settled.Add(3 * time.Hour)},
+		"moved": {reapAfter: movedReapAfter, expiresAt: t0.Add(30 * time.Minute)},
+	}
+	due := map[string]time.Time{}
+	for k, w := range want {
+		got, ok := read(k)
+		switch {
+		case !ok:
+			t.Fatalf("%s gone after its settlement", k)
+		case !got.reapAfter.Equal(w.reapAfter) || !got.expiresAt.Equal(w.expiresAt):
+			t.Errorf("%s after Resolve: reap_after %v, expires_at %v; want %v, %v", k, got.reapAfter, got.expiresAt, w.reapAfter, w.expiresAt)
+		}
+		// Only a settlement with a TTL moves the row.
+		if moved, want := got.partition != before[k].partition, k == "renew"; width > 0 && moved != want {
+			t.Errorf("%s was in %s before Resolve and is in %s after it; want it moved: %v", k, before[k].partition, got.partition, want)
+		}
+		due[k] = w.expiresAt
+		if end := w.reapAfter.Truncate(width).Add(width); width > 0 && end.After(due[k]) {
+			due[k] = end
+		}
+	}
+
+	// Reap a second before each record is due, and when it is due: every
+	// record is there until its instant and gone from it.
+	check := func() {
+		t.Helper()
+		now := clock.Now()
+		for k, d := range due {
+			if _, ok := read(k); ok != now.Before(d) {
+				t.Errorf("at %v (due %v): %s there: %v", now, d, k, ok)
+			}
+		}
+	}
+	reap()
+	check()
+	instants := make([]time.Time, 0, len(due))
+	for _, d := range due {
+		instants = append(instants, d)
+	}
+	slices.SortFunc(instants, time.Time.Compare)
+	for _, d := range instants {
+		for _, at := range []time.Time{d.Add(-time.Second), d} {
+			if at.After(clock.Now()) {
+				clock.Advance(at.Sub(clock.Now()))
+				reap()
+				check()
+			}
+		}
+	}
+}

@@ -426,6 +426,15 @@ LIMIT $2`
 // (ErrStateConflict), in the same round trip; sqlResolve, guarded by the
 // fence ($10) too, reports the row's fence for ErrLeaseLost.
 // $1 scope, $2 key, $3 now, then the operation's own.
+//
+// sqlResolve with a TTL ($9) sets expires_at and reap_after to now + TTL;
+// without one it keeps both. reap_after then stays what it was: on the
+// plain table a lower bound of the unchanged expires_at, so the reaper,
+// which also requires expires_at past, finds the record when it expires
+// and not before; on a partitioned table the row stays in its partition
+// (reap_after past expires_at there, where the reaper moved a live record
+// out of a retired partition, would otherwise send it back to an old
+// range, the DEFAULT partition). TestResolveReapAfter pins both.
 var sqlResolve = onUnknown(`state = $4,
 		`+clearRequest+`,
 		response_status = $5,
