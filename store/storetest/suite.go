@@ -188,6 +188,7 @@ func run(t *testing.T, h Harness) {
 	t.Run("SweepersRaceEachRecordOnce", func(t *testing.T) { testSweepRace(t, h) })
 	t.Run("Reconciliation", func(t *testing.T) { testReconcile(t, h) })
 	t.Run("ResolveIsBoundToItsFence", func(t *testing.T) { testResolveFence(t, h) })
+	t.Run("ResolveSettlesALapsedLeaseUnderItsFence", func(t *testing.T) { testResolveLapsed(t, h) })
 	t.Run("GetDelete", func(t *testing.T) { testGetDelete(t, h) })
 	t.Run("SurvivesReopen", func(t *testing.T) { testDurable(t, h) })
 	t.Run("InvalidParams", func(t *testing.T) { testInvalid(t, h) })
@@ -1080,6 +1081,91 @@ func testResolveFence(t *testing.T, h Harness) {
 	}
 	if err := e.s.Resolve(e.ctx, store.ResolveParams{FenceParams: fenceOf(first), To: store.StateFailedRetryable}); !errors.Is(err, store.ErrLeaseLost) {
 		t.Fatalf("Resolve of a settled record about an older execution: %v, want ErrLeaseLost", err)
+	}
+}
+
+// testResolveLapsed: a record whose lease lapsed goes unknown under the
+// fence of the execution that held it (swept, or met by a duplicate's
+// Reserve), and that execution, whose Complete is now refused, can settle
+// it with Resolve as a reconciler would (the engine does when its outcome
+// reaches the store late). A record taken over under policy retry (a new
+// fence) or deleted refuses that settlement and is left as it is.
+func testResolveLapsed(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	swept := e.create("s", "swept", "fp", store.LeaseUnknown)
+	met := e.create("s", "met", "fp", store.LeaseUnknown)
+	taken := e.create("s", "taken", "fp", store.LeaseRetry)
+	deleted := e.create("s", "deleted", "fp", store.LeaseUnknown)
+	e.clock.Advance(lease + time.Second)
+	// A duplicate's Reserve moves an expired lease to unknown as the
+	// sweeper would.
+	if res := e.reserve(e.s, e.reserveP("s", "met", "fp", store.LeaseUnknown)); res.Outcome != store.Existing || res.Record.State != store.StateUnknown {
+		t.Fatalf("duplicate of an expired lease: %v %s, want existing unknown", res.Outcome, res.Record.State)
+	}
+	if got, err := e.s.SweepExpiredLeases(e.ctx, store.SweepParams{Limit: 10}); err != nil || len(got) != 2 {
+		t.Fatalf("sweep: %v, %d records (want swept and deleted)", err, len(got))
+	}
+	for _, r := range []store.Record{swept, met, deleted} {
+		if got := e.get(r.Scope, r.Key); got.State != store.StateUnknown || got.Fence != r.Fence {
+			t.Fatalf("%s after the sweep: %s fence %d, want unknown under fence %d", r.Key, got.State, got.Fence, r.Fence)
+		}
+	}
+	// The holder's late Complete is refused; its settlement is not.
+	resp := sampleResponse()
+	if err := e.s.Complete(e.ctx, store.CompleteParams{FenceParams: fenceOf(swept), Response: resp, TTL: ttl}); !errors.Is(err, store.ErrLeaseLost) {
+		t.Fatalf("Complete of a swept record: %v, want ErrLeaseLost", err)
+	}
+	e.clock.Advance(time.Second)
+	if err := e.s.Resolve(e.ctx, store.ResolveParams{FenceParams: fenceOf(swept), To: store.StateCompleted, Response: &resp, TTL: ttl}); err != nil {
+		t.Fatalf("Resolve of a swept record under its fence: %v", err)
+	}
+	got := e.get("s", "swept")
+	if got.State != store.StateCompleted || got.Fence != swept.Fence || !sameResponse(got.Response, &resp) || got.LastError != "" {
+		t.Fatalf("settled record: %s fence %d response %+v last error %q", got.State, got.Fence, got.Response, got.LastError)
+	}
+	wantTime(t, "ExpiresAt of the settled record", got.ExpiresAt, e.clock.Now().Add(ttl))
+	res := e.reserve(e.s, e.reserveP("s", "swept", "fp", store.LeaseUnknown))
+	if res.Outcome != store.Existing || res.Record.State != store.StateCompleted || !sameResponse(res.Record.Response, &resp) {
+		t.Fatalf("retry of the settled record: %v %s", res.Outcome, res.Record.State)
+	}
+
+	// A release settles the record a duplicate met as failed_retryable,
+	// its expiry kept.
+	e.clock.Advance(time.Second)
+	met = e.get("s", "met")
+	if err := e.s.Resolve(e.ctx, store.ResolveParams{FenceParams: fenceOf(met), To: store.StateFailedRetryable}); err != nil {
+		t.Fatalf("Resolve to failed_retryable under its fence: %v", err)
+	}
+	if got := e.get("s", "met"); got.State != store.StateFailedRetryable || got.Fence != met.Fence || !got.ExpiresAt.Equal(met.ExpiresAt) {
+		t.Fatalf("released record: %s fence %d expires %v (was %v)", got.State, got.Fence, got.ExpiresAt, met.ExpiresAt)
+	}
+
+	// Taken over under policy retry: the record runs again under a new
+	// fence, and the first holder's settlement changes nothing.
+	res = e.reserve(e.s, e.reserveP("s", "taken", "fp", store.LeaseRetry))
+	if res.Outcome != store.TakenOver || res.Record.Fence <= taken.Fence {
+		t.Fatalf("takeover: %v fence %d (was %d)", res.Outcome, res.Record.Fence, taken.Fence)
+	}
+	for _, to := range []store.State{store.StateCompleted, store.StateFailedRetryable} {
+		p := store.ResolveParams{FenceParams: fenceOf(taken), To: to}
+		if to == store.StateCompleted {
+			p.Response, p.TTL = &resp, ttl
+		}
+		if err := e.s.Resolve(e.ctx, p); !errors.Is(err, store.ErrLeaseLost) {
+			t.Fatalf("Resolve (%s) about the holder before a takeover: %v, want ErrLeaseLost", to, err)
+		}
+		e.mustUnchanged(res.Record, "Resolve about the holder before a takeover")
+	}
+
+	// Deleted by an operator: nothing is recreated.
+	if err := e.s.Delete(e.ctx, "s", "deleted"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.s.Resolve(e.ctx, store.ResolveParams{FenceParams: fenceOf(deleted), To: store.StateCompleted, Response: &resp, TTL: ttl}); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Resolve of a deleted record: %v, want ErrNotFound", err)
+	}
+	if _, err := e.s.Get(e.ctx, "s", "deleted"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Get after Resolve of a deleted record: %v, want ErrNotFound", err)
 	}
 }
 
