@@ -41,12 +41,21 @@
 // retries at once gets it replayed, never 409. A transient store failure
 // while the outcome is recorded (completion, release, or marking it
 // unknown) is retried with jittered backoff while the heartbeat keeps the
-// lease; only if the store stays unreachable until the lease held would
-// lapse does the engine give up. The client then still gets the answer it
-// earned, and the record, never released, becomes unknown when its lease
-// expires: retries get 409 outcome-unknown (under the default
-// store.LeaseUnknown), never a different answer. This is logged and
-// counted (idem.finish.failures).
+// lease. Should the lease lapse on the store's clock meanwhile (the store
+// away longer than the lease, a stalled process), a sweeper or a
+// duplicate moves the record to unknown under the default
+// store.LeaseUnknown, keeping its fence; the execution, which holds that
+// fence and knows its outcome, then settles the record itself with the
+// same answer (store.Store.Resolve, as a reconciler would), so completions
+// and releases are retried for one more Lease past the lapse. A record
+// taken over under another lease policy (a new fence), deleted or settled
+// by an operator first refuses that settlement. Only if the store stays
+// unreachable that long does the engine give up: the client then still
+// gets the answer it earned, and the record, never released, becomes
+// unknown: retries get 409 outcome-unknown, never a different answer.
+// This is logged and counted (idem.finish.failures); a settlement of the
+// execution's own unknown record is logged and counted as
+// idem.reconcile_resolved.
 //
 // Three kinds of answers are sent as they are written instead, and so may
 // reach the client before they are stored: bodies larger than

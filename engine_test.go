@@ -262,7 +262,7 @@ func TestCompletionGivesUpWhenTheLeaseWouldLapse(t *testing.T) {
 	if w := sendKeyed(h, "k"); w.Code != http.StatusCreated || w.Body.String() != "made" {
 		t.Fatalf("answer when the store is down: %d %q", w.Code, w.Body)
 	}
-	if !strings.Contains(logs.String(), "could not record the outcome before the lease would lapse") {
+	if !strings.Contains(logs.String(), "could not record the outcome in time") {
 		t.Fatalf("no log of the lost outcome: %s", logs.String())
 	}
 	storeClock.Advance(time.Second)

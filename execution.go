@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"sync"
@@ -115,7 +116,10 @@ func (x *Execution) RecoveryPoint() string { return x.point }
 func (x *Execution) Resumed() bool { return x.resume }
 
 // LeaseLost reports whether a renewal found the lease taken: the handler
-// should stop, its completion will be refused.
+// should stop. Its outcome is then recorded only if the record went
+// unknown under this execution's fence (swept after its lease lapsed on
+// the store's clock), which the engine then settles; a record taken over,
+// deleted or settled refuses it.
 func (x *Execution) LeaseLost() bool { return x.lost.Load() }
 
 func (x *Execution) fenceParams() store.FenceParams {
@@ -217,11 +221,17 @@ func (x *Execution) leaseLapse() time.Time {
 	return x.leaseEnd
 }
 
-// complete stores the response for replay.
+// complete stores the response for replay. Should the record have become
+// unknown under this execution's fence meanwhile, the same answer settles
+// it (see end).
 func (x *Execution) complete(ctx context.Context, resp store.Response, streamed bool) error {
 	x.stampExpiry()
+	p := store.CompleteParams{FenceParams: x.fenceParams(), Response: resp, TTL: x.e.cfg.TTL}
 	err := x.end(ctx, opComplete, store.StateCompleted, streamed, func(ctx context.Context) error {
-		return x.e.store.Complete(ctx, store.CompleteParams{FenceParams: x.fenceParams(), Response: resp, TTL: x.e.cfg.TTL})
+		return x.e.store.Complete(ctx, p)
+	}, func() store.ResolveParams {
+		resp := p.Response // on the heap only when it is needed
+		return store.ResolveParams{FenceParams: p.FenceParams, To: store.StateCompleted, Response: &resp, TTL: p.TTL}
 	})
 	if err != nil {
 		x.expires.Store(0)
@@ -231,10 +241,14 @@ func (x *Execution) complete(ctx context.Context, resp store.Response, streamed 
 	return nil
 }
 
-// release frees the key for another attempt.
+// release frees the key for another attempt. Should the record have
+// become unknown under this execution's fence meanwhile, it is settled as
+// failed_retryable, keeping its expiry as Release does (see end).
 func (x *Execution) release(ctx context.Context, reason string) error {
 	return x.end(ctx, opRelease, store.StateFailedRetryable, false, func(ctx context.Context) error {
 		return x.e.store.Release(ctx, store.ReleaseParams{FenceParams: x.fenceParams(), Error: reason})
+	}, func() store.ResolveParams {
+		return store.ResolveParams{FenceParams: x.fenceParams(), To: store.StateFailedRetryable}
 	})
 }
 
@@ -244,7 +258,7 @@ func (x *Execution) markUnknown(ctx context.Context, reason string) error {
 	p := store.ReleaseParams{FenceParams: x.fenceParams(), Error: reason, Request: x.summary()}
 	err := x.end(ctx, opMarkUnknown, store.StateUnknown, false, func(ctx context.Context) error {
 		return x.e.store.MarkUnknown(ctx, p)
-	})
+	}, nil)
 	if err == nil {
 		// Package maintenance counts those its sweeper sends, under the
 		// same name.
@@ -280,14 +294,25 @@ func (x *Execution) finish() {
 var errFinished = errors.New("idem: execution already finished")
 
 // landed reports whether the record is in state with this execution's
-// fence: a transition applied by an attempt whose answer was lost.
-func (x *Execution) landed(ctx context.Context, state store.State) bool {
+// fence, holding the response of own's settlement when it has one: a
+// transition applied by an attempt whose answer was lost. The response
+// tells this execution's completion from an operator's settlement of its
+// unknown record.
+func (x *Execution) landed(ctx context.Context, state store.State, own func() store.ResolveParams) bool {
 	var r store.Record
 	err := x.e.call(ctx, opGet, true, func(ctx context.Context) (err error) {
 		r, err = x.e.store.Get(ctx, x.scope, x.key)
 		return err
 	})
-	return err == nil && r.State == state && r.Fence == x.fence
+	if err != nil || r.State != state || r.Fence != x.fence {
+		return false
+	}
+	if own == nil {
+		return true
+	}
+	want, got := own().Response, r.Response
+	return want == nil || (got != nil && got.Status == want.Status &&
+		got.BodyOmitted == want.BodyOmitted && bytes.Equal(got.Body, want.Body))
 }
 
 // Completion retries start at completionRetry and double up to a tenth of
@@ -300,10 +325,29 @@ const (
 // end runs a final transition. It ignores the request's cancellation (a
 // client that hung up must not stop the engine from recording what the
 // handler did) and retries a transient store failure, with the heartbeat
-// still renewing the lease, until the lease would lapse: only then is the
-// record left to become unknown when its lease expires. It never releases a
-// record it could not complete: that could run the request twice.
-func (x *Execution) end(ctx context.Context, op storeOp, what store.State, streamed bool, f func(context.Context) error) error {
+// still renewing the lease. It never releases a record it could not
+// complete: that could run the request twice.
+//
+// own (nil for MarkUnknown) returns the settlement that records the same
+// outcome should the record have left in_progress under this execution:
+// once its lease lapsed on the store's clock, a sweeper (or a duplicate's
+// Reserve) under policy unknown moves it to unknown, keeping its fence, and
+// the Complete or Release is refused. The execution that holds that fence
+// and knows its outcome is the best evidence a reconciler could have, so it
+// settles the record itself through Resolve, which the store applies only
+// to an unknown record with this fence, in one atomic step: a record taken
+// over (a new fence), deleted, or settled by an operator or a reconciler
+// refuses it, and the outcome is not recorded, as before.
+//
+// Retries of a MarkUnknown end when the lease held now would lapse: the
+// record becomes unknown then anyway. Those of an outcome go on for one more
+// Lease past that, through Resolve once the record is unknown, so that a
+// store away a little longer than the lease (a failover) still records the
+// answer the client is getting; the client of an answer within
+// MaxResponseBytes waits that long for it (acknowledged means stored), and
+// gets it unrecorded only past that bound. Only then is the record left
+// unknown for reconciliation.
+func (x *Execution) end(ctx context.Context, op storeOp, what store.State, streamed bool, f func(context.Context) error, own func() store.ResolveParams) error {
 	x.mu.Lock()
 	if x.ending || x.finished {
 		x.mu.Unlock()
@@ -314,51 +358,103 @@ func (x *Execution) end(ctx context.Context, op storeOp, what store.State, strea
 	defer x.finish()
 
 	e := x.e
-	// Retries end when the lease held now would lapse: the heartbeat goes
-	// on renewing it meanwhile (so nobody takes the record over while we
-	// retry), but an outcome the store keeps refusing must not hold the
-	// request for ever.
+	// The heartbeat goes on renewing the lease meanwhile (so nobody takes
+	// the record over while we retry), but an outcome the store keeps
+	// refusing must not hold the request for ever.
 	deadline := x.leaseLapse()
+	if own != nil {
+		deadline = deadline.Add(e.cfg.Lease)
+	}
 	ctx, stepEnd := e.obs.Step(ctx, x.step(opNames[op]))
 	err := e.callIn(&x.endCtx, ctx, op, true, f)
-	attempts := 1
-	defer func() { stepEnd(StepEnd{Fence: x.fence, Attempts: attempts, Err: err}) }()
+	r := retries{attempts: 1}
+	defer func() { stepEnd(StepEnd{Fence: x.fence, Attempts: r.attempts, Err: err}) }()
+	err = x.retry(ctx, op, f, own, deadline, err, &r)
+	if r.doubtful && (errors.Is(err, store.ErrLeaseLost) || errors.Is(err, store.ErrStateConflict)) && x.landed(ctx, what, own) {
+		// An earlier attempt was applied but its answer was lost.
+		err, r.resolved = nil, false
+	}
+	x.report(ctx, op, what, streamed, err, r)
+	return err
+}
+
+// retries is what end's attempts came to.
+type retries struct {
+	attempts int
+	doubtful bool // an attempt failed in a way that may have applied it
+	settling bool // the record left in_progress: Resolve is tried instead
+	resolved bool // Resolve recorded the outcome
+}
+
+// retry tries a final transition that failed with err again while it
+// fails transiently and deadline allows, and turns to Resolve with own
+// once the record left in_progress (see end).
+func (x *Execution) retry(ctx context.Context, op storeOp, f func(context.Context) error, own func() store.ResolveParams, deadline time.Time, err error, r *retries) error {
+	e := x.e
+	var p store.ResolveParams
+	settle := func(ctx context.Context) error { return e.store.Resolve(ctx, p) }
 	pause := completionRetry
 	maxPause := min(completionRetryMax, max(e.cfg.Lease/10, completionRetry))
-	for transient(err) && !x.lost.Load() {
+	for {
+		r.doubtful = r.doubtful || transient(err)
+		lost := errors.Is(err, store.ErrLeaseLost) || (transient(err) && x.lost.Load())
+		switch {
+		case lost && own != nil && !r.settling:
+			// The heartbeat's ErrLeaseLost or the store's refusal: the
+			// record is no longer in_progress with this fence, and never
+			// will be again. Whether it is unknown with it, only the
+			// Resolve can tell, atomically.
+			r.settling, p = true, own()
+			err = e.call(ctx, opResolve, true, settle)
+			r.attempts++
+			r.resolved = err == nil
+			continue
+		case !transient(err) || (x.lost.Load() && !r.settling):
+			return err
+		}
 		wait := jitter(pause)
 		if !e.clk.Now().Add(wait).Before(deadline) {
-			break
+			return err
 		}
 		sleep(context.Background(), e.clk, wait)
-		err = e.call(ctx, op, true, f)
-		attempts++
+		if r.settling {
+			err = e.call(ctx, opResolve, true, settle)
+			r.resolved = err == nil
+		} else {
+			err = e.call(ctx, op, true, f)
+		}
+		r.attempts++
 		pause = min(pause*2, maxPause)
 	}
-	if attempts > 1 && errors.Is(err, store.ErrLeaseLost) && x.landed(ctx, what) {
-		// An earlier attempt was applied but its answer was lost.
-		err = nil
-	}
+}
+
+// report logs and counts how a final transition ended.
+func (x *Execution) report(ctx context.Context, op storeOp, what store.State, streamed bool, err error, r retries) {
+	e := x.e
 	switch {
+	case err == nil && r.resolved:
+		e.obs.Event(ctx, "reconcile_resolved", 1)
+		e.log.Warn("idem: outcome recorded by settling this execution's own unknown record: its lease had lapsed on the store's clock before the outcome reached the store",
+			"scope", x.scope, "key", x.key, "fence", x.fence, "outcome", what, "attempts", r.attempts)
 	case err == nil:
-		if attempts > 1 {
-			e.log.Info("idem: outcome recorded after retries", "scope", x.scope, "key", x.key, "outcome", what, "attempts", attempts)
+		if r.attempts > 1 {
+			e.log.Info("idem: outcome recorded after retries", "scope", x.scope, "key", x.key, "outcome", what, "attempts", r.attempts)
 		}
-	case errors.Is(err, store.ErrLeaseLost):
+	case errors.Is(err, store.ErrLeaseLost), errors.Is(err, store.ErrNotFound), r.settling && errors.Is(err, store.ErrStateConflict):
 		// Not a failure of the store: the record moved on without us
-		// (taken over after a stall, swept, or deleted by an operator).
+		// (taken over after a stall, deleted by an operator, or swept and
+		// settled by a reconciler or an operator first).
 		e.obs.FinishFailed(ctx, opNames[op])
 		e.log.Warn("idem: outcome not recorded: this execution no longer holds the record",
 			"scope", x.scope, "key", x.key, "fence", x.fence, "outcome", what)
 	case transient(err):
 		e.obs.FinishFailed(ctx, opNames[op])
-		e.log.Error("idem: could not record the outcome before the lease would lapse; the record becomes unknown when its lease expires",
-			"scope", x.scope, "key", x.key, "fence", x.fence, "outcome", what, "attempts", attempts,
+		e.log.Error("idem: could not record the outcome in time; the record becomes unknown when its lease expires",
+			"scope", x.scope, "key", x.key, "fence", x.fence, "outcome", what, "attempts", r.attempts,
 			"answer_already_sent", streamed, "err", err)
 	default:
 		e.obs.FinishFailed(ctx, opNames[op])
 		e.log.Error("idem: the store refused the outcome",
 			"scope", x.scope, "key", x.key, "fence", x.fence, "outcome", what, "err", err)
 	}
-	return err
 }

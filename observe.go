@@ -31,8 +31,10 @@ type Observer interface {
 	Reserve(ctx context.Context, outcome string)
 
 	// StoreCall reports one store operation, op being one of reserve,
-	// complete, release, mark_unknown, checkpoint, extend, get, claim (the
-	// engine's and its Worker's) or sweep, reap, list_unknown, resolve, defer (the
+	// complete, release, mark_unknown, checkpoint, extend, get, claim,
+	// resolve (the engine's and its Worker's: resolve settles an
+	// execution's own record that became unknown before its outcome was
+	// recorded) or sweep, reap, list_unknown, resolve, defer (the
 	// maintenance services'); d is how long it took. failed is true when it
 	// failed, not counting definite answers such as a lost lease, a record
 	// in another state or parameters the store refuses.
@@ -48,7 +50,9 @@ type Observer interface {
 	// reconcile_resolved, reconcile_failed, reconcile_dead, async_claimed
 	// or pending_expired, and of the store's circuit breaker:
 	// breaker_opened, breaker_closed. The engine reports
-	// reconcile_scheduled and the breaker's, its Worker async_claimed; the
+	// reconcile_scheduled, the breaker's and reconcile_resolved for an
+	// execution that settled its own record (swept to unknown while its
+	// completion was under way), its Worker async_claimed; the
 	// maintenance services report the others.
 	Event(ctx context.Context, name string, n int64)
 
@@ -132,12 +136,13 @@ const (
 	opGet
 	opClaim
 	opCountActive
+	opResolve
 	numOps
 )
 
 // opNames match those of package maintenance, whose store calls sit beside
 // the engine's under the same op attribute.
-var opNames = [numOps]string{"reserve", "complete", "release", "mark_unknown", "checkpoint", "extend", "get", "claim", "count_active"}
+var opNames = [numOps]string{"reserve", "complete", "release", "mark_unknown", "checkpoint", "extend", "get", "claim", "count_active", "resolve"}
 
 func (o storeOp) String() string { return opNames[o] }
 

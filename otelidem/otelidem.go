@@ -88,7 +88,7 @@ var events = map[string]string{
 	"ttl_pruned":          "Terminal records deleted (or soft-expired) past their expiry.",
 	"abandoned":           "In-progress or unknown records past their expiry, closed with a timeout answer.",
 	"reconcile_scheduled": "Records scheduled for reconciliation.",
-	"reconcile_resolved":  "Unknown records settled by the resolver, a webhook or an operator.",
+	"reconcile_resolved":  "Unknown records settled by the resolver, a webhook, an operator, or the execution that held them, its outcome recorded late.",
 	"reconcile_failed":    "Reconciliation attempts that failed.",
 	"reconcile_dead":      "Unknown records dead-lettered for an operator.",
 	"async_claimed":       "Asynchronous requests claimed by a worker.",

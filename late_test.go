@@ -1,0 +1,320 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testkit/enginetest"
+	"github.com/idem-go/idem/internal/testkit/obstest"
+	"github.com/idem-go/idem/internal/testkit/testenv"
+	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/memory"
+	"github.com/idem-go/idem/store/storetest"
+)
+
+const lateLease = 30 * time.Second
+
+// late is an engine on the memory store whose handler answers only when
+// told to, with the engine's clock and the store's stepped apart: moving
+// the store's alone past the lease is a holder cut off long enough for
+// another proxy's sweeper to see its lease lapsed.
+type late struct {
+	t           *testing.T
+	engineClock *stepClock
+	storeClock  *storetest.Clock
+	s           *enginetest.Flaky
+	h           http.Handler
+	obs         *obstest.Recorder
+	logs        testenv.Buffer
+	calls       atomic.Int64
+	entered     chan int64
+	answers     [3]chan reply // by call number, 1 and 2
+}
+
+type reply struct {
+	status int
+	body   string
+}
+
+func newLate(t *testing.T, policy store.LeasePolicy) *late {
+	t.Helper()
+	l := &late{t: t, engineClock: newStepClock(), storeClock: storetest.NewClock(), obs: &obstest.Recorder{}, entered: make(chan int64, 2)}
+	for i := range l.answers {
+		l.answers[i] = make(chan reply, 1)
+	}
+	l.s = &enginetest.Flaky{Store: memory.New(memory.Config{Clock: l.storeClock.Now})}
+	e, err := idem.New(l.s, idem.Config{Lease: lateLease, LeasePolicy: policy, Observer: l.obs,
+		Logger: slog.New(slog.NewTextHandler(&l.logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	idem.SetClock(e, l.engineClock)
+	l.h = e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := l.calls.Add(1)
+		l.entered <- n
+		a := <-l.answers[n]
+		w.WriteHeader(a.status)
+		io.WriteString(w, a.body)
+	}))
+	return l
+}
+
+// start sends a keyed request in the background and waits until its
+// handler (call number n) runs.
+func (l *late) start(key string, n int64) <-chan *httptest.ResponseRecorder {
+	l.t.Helper()
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() { done <- sendKeyed(l.h, key) }()
+	if got := <-l.entered; got != n {
+		l.t.Fatalf("handler call %d entered, want %d", got, n)
+	}
+	return done
+}
+
+// sweep lets the lease lapse on the store's clock and runs a sweeper, as
+// another proxy's would: the record becomes unknown, keeping its fence.
+func (l *late) sweep(key string) store.Record {
+	l.t.Helper()
+	l.storeClock.Advance(lateLease + time.Second)
+	swept, err := l.s.SweepExpiredLeases(context.Background(), store.SweepParams{Limit: 10})
+	if err != nil || len(swept) != 1 || swept[0].Key != key || swept[0].State != store.StateUnknown {
+		l.t.Fatalf("sweep: %v %+v, want %s unknown", err, swept, key)
+	}
+	return swept[0]
+}
+
+func (l *late) get(key string) (store.Record, error) {
+	return l.s.Get(context.Background(), "0:POST /v1/slow", key)
+}
+
+// replayed fails unless a retry of key replays status and body.
+func (l *late) replayed(key string, status int, body string) {
+	l.t.Helper()
+	w := sendKeyed(l.h, key)
+	if w.Code != status || w.Body.String() != body || w.Header().Get("Idempotent-Replayed") != "true" {
+		l.t.Fatalf("retry: %d %q replayed=%q, want %d %q replayed", w.Code, w.Body, w.Header().Get("Idempotent-Replayed"), status, body)
+	}
+}
+
+// A completion that reaches the store after a sweeper moved the record to
+// unknown (its lease lapsed on the store's clock: the holder was cut off)
+// still records the answer the client got: the execution holds the
+// record's fence and settles its own unknown record, as a reconciler would.
+func TestLateCompletionSettlesItsOwnUnknownRecord(t *testing.T) {
+	t.Parallel()
+	l := newLate(t, store.LeaseUnknown)
+	done := l.start("k", 1)
+	swept := l.sweep("k")
+	l.answers[1] <- reply{http.StatusCreated, `{"id":"made"}`}
+	if w := <-done; w.Code != http.StatusCreated || w.Body.String() != `{"id":"made"}` {
+		t.Fatalf("answer: %d %q", w.Code, w.Body)
+	}
+	rec, err := l.get("k")
+	if err != nil || rec.State != store.StateCompleted || rec.Fence != swept.Fence || rec.Response == nil ||
+		string(rec.Response.Body) != `{"id":"made"}` || rec.LastError != "" {
+		t.Fatalf("record: %v %+v, want completed with the answer under fence %d", err, rec, swept.Fence)
+	}
+	l.replayed("k", http.StatusCreated, `{"id":"made"}`)
+	if n := l.calls.Load(); n != 1 {
+		t.Fatalf("the handler ran %d times", n)
+	}
+	if !strings.Contains(l.logs.String(), "settling this execution's own unknown record") {
+		t.Fatalf("no log of the settlement: %s", l.logs.String())
+	}
+	if got := l.obs.Events()["reconcile_resolved"]; got != 1 {
+		t.Fatalf("reconcile_resolved = %d, want 1", got)
+	}
+	if got := l.obs.FinishFailures(); len(got) != 0 {
+		t.Fatalf("finish failures %v, want none", got)
+	}
+}
+
+// A release that reaches the store after the sweep settles the record as
+// failed_retryable: a retry runs the request again rather than getting
+// "outcome unknown" for a failure certain to have had no effect.
+func TestLateReleaseSettlesItsOwnUnknownRecord(t *testing.T) {
+	t.Parallel()
+	l := newLate(t, store.LeaseUnknown)
+	done := l.start("k", 1)
+	before := l.sweep("k")
+	l.answers[1] <- reply{http.StatusServiceUnavailable, "busy"}
+	if w := <-done; w.Code != http.StatusServiceUnavailable {
+		t.Fatalf("answer: %d", w.Code)
+	}
+	rec, err := l.get("k")
+	if err != nil || rec.State != store.StateFailedRetryable || rec.Fence != before.Fence || !rec.ExpiresAt.Equal(before.ExpiresAt) {
+		t.Fatalf("record: %v %+v, want failed_retryable under fence %d, expiry kept", err, rec, before.Fence)
+	}
+	l.answers[2] <- reply{http.StatusCreated, "second"}
+	if w := sendKeyed(l.h, "k"); w.Code != http.StatusCreated || w.Body.String() != "second" || l.calls.Load() != 2 {
+		t.Fatalf("retry: %d %q after %d calls, want a second run", w.Code, w.Body, l.calls.Load())
+	}
+}
+
+// Under policy retry a lapsed lease is taken over with a new fence: the
+// first execution's late completion is refused, as fencing requires, and
+// the record keeps the answer of the execution that holds it.
+func TestLateCompletionOfARecordTakenOverIsRefused(t *testing.T) {
+	t.Parallel()
+	l := newLate(t, store.LeaseRetry)
+	first := l.start("k", 1)
+	l.storeClock.Advance(lateLease + time.Second)
+	second := l.start("k", 2)
+	l.answers[2] <- reply{http.StatusCreated, "second"}
+	if w := <-second; w.Code != http.StatusCreated || w.Body.String() != "second" {
+		t.Fatalf("takeover: %d %q", w.Code, w.Body)
+	}
+	taken, err := l.get("k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.answers[1] <- reply{http.StatusCreated, "first"}
+	<-first
+	if rec, err := l.get("k"); err != nil || rec.Fence != taken.Fence || string(rec.Response.Body) != "second" {
+		t.Fatalf("record after the first's late completion: %v %+v, want the second's answer", err, rec)
+	}
+	l.replayed("k", http.StatusCreated, "second")
+	if !strings.Contains(l.logs.String(), "no longer holds the record") || l.obs.FinishFailures()["complete"] != 1 {
+		t.Fatalf("the refused completion was not reported: %v %s", l.obs.FinishFailures(), l.logs.String())
+	}
+}
+
+// A record an operator deleted after the sweep is not recreated by the
+// late completion.
+func TestLateCompletionOfADeletedRecordIsRefused(t *testing.T) {
+	t.Parallel()
+	l := newLate(t, store.LeaseUnknown)
+	done := l.start("k", 1)
+	l.sweep("k")
+	if err := l.s.Delete(context.Background(), "0:POST /v1/slow", "k"); err != nil {
+		t.Fatal(err)
+	}
+	l.answers[1] <- reply{http.StatusCreated, "made"}
+	<-done
+	if rec, err := l.get("k"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("after the late completion: %v %+v, want no record", err, rec)
+	}
+	if l.obs.FinishFailures()["complete"] != 1 {
+		t.Fatalf("finish failures %v, want the completion's", l.obs.FinishFailures())
+	}
+}
+
+// A record an operator settled after the sweep keeps the operator's
+// answer: the late completion does not overwrite a settlement.
+func TestLateCompletionOfARecordAnOperatorSettledIsRefused(t *testing.T) {
+	t.Parallel()
+	l := newLate(t, store.LeaseUnknown)
+	done := l.start("k", 1)
+	swept := l.sweep("k")
+	op := store.Response{Status: http.StatusOK, Header: http.Header{}, Body: []byte("operator")}
+	if err := l.s.Resolve(context.Background(), store.ResolveParams{FenceParams: store.FenceParams{Scope: swept.Scope, Key: swept.Key, Fence: swept.Fence},
+		To: store.StateCompleted, Response: &op}); err != nil {
+		t.Fatal(err)
+	}
+	l.answers[1] <- reply{http.StatusCreated, "made"}
+	<-done
+	l.replayed("k", http.StatusOK, "operator")
+	if l.obs.FinishFailures()["complete"] != 1 || l.obs.Events()["reconcile_resolved"] != 0 {
+		t.Fatalf("finish failures %v, events %v: want the completion refused", l.obs.FinishFailures(), l.obs.Events())
+	}
+}
+
+// The store is unreachable from before the completion until after the
+// lease lapsed, and a sweeper moved the record to unknown meanwhile (a
+// failover a little longer than the lease): the engine goes on trying past
+// the lapse, settles its own record once the store is back, and only then
+// sends the answer, so that the client's retry replays it.
+func TestCompletionOutlastingTheLeaseSettlesItsOwnUnknownRecord(t *testing.T) {
+	t.Parallel()
+	l := newLate(t, store.LeaseUnknown)
+	w := l.outlast(func(store.Record) {})
+	if w.Code != http.StatusCreated || w.Body.String() != "made" {
+		t.Fatalf("answer: %d %q", w.Code, w.Body)
+	}
+	if rec, err := l.get("k"); err != nil || rec.State != store.StateCompleted {
+		t.Fatalf("record: %v %+v, want completed", err, rec)
+	}
+	l.replayed("k", http.StatusCreated, "made")
+	if got := l.obs.Events()["reconcile_resolved"]; got != 1 {
+		t.Fatalf("reconcile_resolved = %d, want 1", got)
+	}
+}
+
+// As above, but an operator settled the unknown record before the store
+// came back: after completion attempts whose effect was in doubt, the
+// engine finds the record completed under its own fence, and still tells
+// the operator's answer from its own.
+func TestCompletionOutlastingTheLeaseKeepsAnOperatorsSettlement(t *testing.T) {
+	t.Parallel()
+	l := newLate(t, store.LeaseUnknown)
+	op := store.Response{Status: http.StatusOK, Header: http.Header{}, Body: []byte("operator")}
+	l.outlast(func(swept store.Record) {
+		if err := l.s.Resolve(context.Background(), store.ResolveParams{FenceParams: store.FenceParams{Scope: swept.Scope, Key: swept.Key, Fence: swept.Fence},
+			To: store.StateCompleted, Response: &op}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	l.replayed("k", http.StatusOK, "operator")
+	if l.obs.FinishFailures()["complete"] != 1 || !strings.Contains(l.logs.String(), "no longer holds the record") {
+		t.Fatalf("finish failures %v: want the completion refused; logs %s", l.obs.FinishFailures(), l.logs.String())
+	}
+}
+
+// outlast answers 201 "made" to a request on key k while the store fails
+// every completion and renewal, steps the engine's clock past the lease,
+// sweeps the record, runs then (an operator's act), brings the store back,
+// and returns the client's answer.
+func (l *late) outlast(then func(swept store.Record)) *httptest.ResponseRecorder {
+	t := l.t
+	t.Helper()
+	l.s.ExtendsAlways.Store(true) // renewals fail too: the lease is not renewed
+	l.s.FailCompletes.Store(1 << 30)
+	t0 := l.engineClock.Now()
+	done := l.start("k", 1)
+	l.answers[1] <- reply{http.StatusCreated, "made"}
+	// Each step waits until the engine is parked on its timers (the
+	// heartbeat's and the completion's next attempt), or has answered.
+	step := func() {
+		waitFor(t, "the engine to wait on its timers", func() bool { return l.engineClock.pending() >= 2 || len(done) > 0 })
+		l.engineClock.Advance(500 * time.Millisecond)
+	}
+	// Past the lapse by the engine's clock, the store still down.
+	for l.engineClock.Now().Before(t0.Add(lateLease + 5*time.Second)) {
+		step()
+	}
+	then(l.sweep("k"))
+	l.s.FailCompletes.Store(0)
+	for len(done) == 0 {
+		if l.engineClock.Now().After(t0.Add(3 * lateLease)) {
+			t.Fatalf("no answer %v after the start", l.engineClock.Now().Sub(t0))
+		}
+		step()
+	}
+	return <-done
+}
+
+// waitFor polls cond (a goroutine's progress) for up to a minute.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s after a minute", what)
+		}
+	}
+}
+
+// pending counts the timers set and not yet run.
+func (c *stepClock) pending() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.timers)
+}
