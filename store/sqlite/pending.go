@@ -64,20 +64,11 @@ WHERE rowid IN (
 	LIMIT ?3)
 RETURNING ` + pendingColumns
 
-// qExpirePending: ?1 now, ?2 limit, ?3 status, ?4 headers, ?5 body,
-// ?6 body omitted, ?7 expires_at or NULL to keep it.
+// qExpirePending: ?1 now, ?2 limit, ?3 to ?7 the response and the new
+// expires_at, as qCompleted.
 const qExpirePending = `UPDATE idem_records SET
-	queue = NULL,
-	request = NULL,
-	state = 'completed',
-	response_status = ?3,
-	response_headers = ?4,
-	response_body = ?5,
-	response_body_omitted = ?6,
-	last_error = '` + store.ExpiredPendingError + `',
-	completed_at = ?1,
-	updated_at = ?1,
-	expires_at = coalesce(?7, expires_at)
+` + qCompleted + `,
+	last_error = '` + store.ExpiredPendingError + `'
 WHERE rowid IN (
 	SELECT rowid FROM idem_records
 	WHERE state = 'pending' AND locked_until <= ?1
@@ -197,13 +188,9 @@ func (s *Store) ExpirePending(ctx context.Context, p store.ExpirePendingParams) 
 	var out []store.Record
 	err = s.write(ctx, false, func(ctx context.Context, q querier) error {
 		now := s.now()
-		var expires sql.NullInt64
-		if p.TTL > 0 {
-			expires = sql.NullInt64{Int64: after(now, p.TTL), Valid: true}
-		}
 		var err error
 		out, err = queryPending(ctx, q, qExpirePending, now.UnixMicro(), p.Limit,
-			resp.status, resp.headers, resp.body, resp.omitted, expires)
+			resp.status, resp.headers, resp.body, resp.omitted, newExpiry(now, p.TTL))
 		return err
 	})
 	if err != nil {

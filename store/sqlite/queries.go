@@ -116,21 +116,30 @@ RETURNING ` + recordColumns
 // The lease holder's transitions: ?1 scope, ?2 key, ?3 fence, then their own
 // parameters. Zero rows changed means the lease is lost.
 
-// qComplete: ?4 status, ?5 headers, ?6 body, ?7 body omitted, ?8 now,
-// ?9 new expires_at or NULL to keep it.
-const qComplete = `UPDATE idem_records SET
-	queue = NULL,
+// qCompleted is what completing a record writes over it, whoever
+// completes it (the lease holder, the expiry of a pending request, the
+// reaper abandoning it): the response, and no request kept for a worker.
+// qComplete's, qExpirePending's and qReapAbandon's shared assignments;
+// each adds its last_error. ?1 now, ?3 status, ?4 headers, ?5 body,
+// ?6 body omitted, ?7 new expires_at or NULL to keep it.
+const qCompleted = `	queue = NULL,
 	request = NULL,
 	state = 'completed',
-	response_status = ?4,
-	response_headers = ?5,
-	response_body = ?6,
-	response_body_omitted = ?7,
-	last_error = '',
-	completed_at = ?8,
-	updated_at = ?8,
-	expires_at = coalesce(?9, expires_at)
-WHERE scope = ?1 AND key = ?2 AND state = 'in_progress' AND fence = ?3`
+	response_status = ?3,
+	response_headers = ?4,
+	response_body = ?5,
+	response_body_omitted = ?6,
+	completed_at = ?1,
+	updated_at = ?1,
+	expires_at = coalesce(?7, expires_at)`
+
+// qComplete numbers its parameters as qCompleted does, unlike the other
+// transitions of the lease holder: ?1 now, ?2 fence, ?3 to ?7 as
+// qCompleted, ?8 scope, ?9 key.
+const qComplete = `UPDATE idem_records SET
+` + qCompleted + `,
+	last_error = ''
+WHERE scope = ?8 AND key = ?9 AND state = 'in_progress' AND fence = ?2`
 
 // qRelease: ?4 error, ?5 now.
 const qRelease = `UPDATE idem_records SET
@@ -201,20 +210,11 @@ WHERE rowid IN (
 
 // qReapAbandon completes up to ?2 unknown records past expiry, and
 // in_progress ones past expiry whose lease expired too (a holder still
-// renewing is alive), with the abandoned response. ?1 now, ?3 status, ?4 headers, ?5 body,
-// ?6 body omitted, ?7 new expires_at.
+// renewing is alive), with the abandoned response. ?1 now, ?3 to ?6 the
+// response and ?7 the new expires_at, as qCompleted.
 const qReapAbandon = `UPDATE idem_records SET
-	queue = NULL,
-	request = NULL,
-	state = 'completed',
-	response_status = ?3,
-	response_headers = ?4,
-	response_body = ?5,
-	response_body_omitted = ?6,
+` + qCompleted + `,
 	last_error = 'abandoned',
-	completed_at = ?1,
-	updated_at = ?1,
-	expires_at = ?7,
 	reconcile_after = NULL,
 	dead_lettered_at = NULL
 WHERE rowid IN (

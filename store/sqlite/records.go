@@ -165,12 +165,8 @@ func (s *Store) complete(ctx context.Context, q querier, p *store.CompleteParams
 		return err
 	}
 	now := s.now()
-	var expiresAt sql.NullInt64
-	if p.TTL > 0 {
-		expiresAt = sql.NullInt64{Int64: after(now, p.TTL), Valid: true}
-	}
-	return fenced(ctx, q, "complete", qComplete, p.Scope, p.Key, p.Fence,
-		resp.status, resp.headers, resp.body, resp.omitted, now.UnixMicro(), expiresAt)
+	return fenced(ctx, q, "complete", qComplete, now.UnixMicro(), p.Fence,
+		resp.status, resp.headers, resp.body, resp.omitted, newExpiry(now, p.TTL), p.Scope, p.Key)
 }
 
 // Release implements [store.Store].
@@ -372,12 +368,8 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 		}
 		completedAt = sql.NullInt64{Int64: now.UnixMicro(), Valid: true}
 	}
-	var expiresAt sql.NullInt64
-	if p.TTL > 0 {
-		expiresAt = sql.NullInt64{Int64: after(now, p.TTL), Valid: true}
-	}
 	return s.settle(ctx, "resolve", p.Scope, p.Key, p.Fence, qResolve, p.Scope, p.Key, string(p.To),
-		resp.status, resp.headers, resp.body, resp.omitted, completedAt, now.UnixMicro(), expiresAt, p.Fence)
+		resp.status, resp.headers, resp.body, resp.omitted, completedAt, now.UnixMicro(), newExpiry(now, p.TTL), p.Fence)
 }
 
 // Defer implements [store.Store].
@@ -441,6 +433,15 @@ func wrap(op string, err error) error {
 // after is now plus d in unix microseconds, d rounded up as every store
 // rounds durations.
 func after(now time.Time, d time.Duration) int64 { return now.UnixMicro() + storekit.Micros(d) }
+
+// newExpiry is the expires_at a write sets: now plus ttl, or NULL (keep
+// the record's) for a ttl of zero.
+func newExpiry(now time.Time, ttl time.Duration) sql.NullInt64 {
+	if ttl <= 0 {
+		return sql.NullInt64{}
+	}
+	return sql.NullInt64{Int64: after(now, ttl), Valid: true}
+}
 
 // encodedResponse is a store.Response as bound to the response_* columns.
 type encodedResponse struct {
