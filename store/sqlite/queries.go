@@ -25,13 +25,6 @@ const qGetWithRequest = `SELECT ` + recordColumns + `,
 	CASE WHEN state NOT IN ('pending', 'in_progress') THEN request END
 FROM idem_records WHERE scope = ?1 AND key = ?2`
 
-// qCreate inserts a fresh record, or recreates one that is soft-expired or
-// terminal past its expiry (everything but the fence reset). Fences follow
-// storekit.NextFence: now in microseconds, and above the row's fence. Any other
-// existing record is left alone and no row is returned.
-//
-// ?1 scope, ?2 key, ?3 fingerprint, ?4 lease policy, ?5 locked_until,
-// ?6 now, ?7 expires_at.
 // qActive counts a tenant's active records (store.State.Active), through
 // the partial index idem_records_active.
 const qActive = `SELECT count(*) FROM idem_records
@@ -63,6 +56,13 @@ const qRecreate = `	fingerprint = excluded.fingerprint,
 	reconcile_after = NULL,
 	reconcile_attempts = 0`
 
+// qCreate inserts a fresh record, or recreates one that is soft-expired or
+// terminal past its expiry (everything but the fence reset). Fences follow
+// storekit.NextFence: now in microseconds, and above the row's fence. Any other
+// existing record is left alone and no row is returned.
+//
+// ?1 scope, ?2 key, ?3 fingerprint, ?4 lease policy, ?5 locked_until,
+// ?6 now, ?7 expires_at, ?8 tenant.
 const qCreate = `INSERT INTO idem_records (scope, key, fingerprint, state, fence, lease_policy,
 	locked_until, attempts, created_at, updated_at, expires_at, tenant)
 VALUES (?1, ?2, ?3, 'in_progress', max(?6, 1), ?4, ?5, 1, ?6, ?6, ?7, ?8)
