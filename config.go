@@ -333,6 +333,16 @@ func (s *settings) protected(m string) (string, bool) {
 // in a slice of the caller's own.
 func DefaultMethods() []string { return []string{http.MethodPost, http.MethodPatch} }
 
+// WithDefaults returns c as New applies it: every zero field set to its
+// default and KeyHeader canonicalised, with the errors New returns for c.
+// A front end that reads some settings before it builds an engine (the
+// proxy's guard reads the key header and the body bound) takes them from
+// here rather than repeating the defaults.
+func (c Config) WithDefaults() (Config, error) {
+	s, err := c.withDefaults()
+	return s.Config, err
+}
+
 func (c Config) withDefaults() (settings, error) {
 	if c.Profile == "" {
 		c.Profile = ProfileIETF

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"net/textproto"
 	"os"
 	"time"
 
@@ -198,20 +197,17 @@ func (cfg ProxyConfig) withDefaults() (ProxyConfig, error) {
 	if cfg.BodyTimeout == 0 {
 		cfg.BodyTimeout = defaultBodyTimeout
 	}
-	if cfg.MaxBodyBytes <= 0 {
-		cfg.MaxBodyBytes = idem.DefaultMaxBodyBytes
-	}
-	if cfg.RetryAfter == 0 {
-		cfg.RetryAfter = idem.DefaultRetryAfter
-	}
-	if cfg.KeyHeader == "" {
-		cfg.KeyHeader = idem.DefaultKeyHeader
-	}
-	if !httpfield.Valid(cfg.KeyHeader, nil) {
+	if cfg.KeyHeader != "" && !httpfield.Valid(cfg.KeyHeader, nil) {
 		return cfg, configErr("proxy: --key-header %q is not a valid header name", cfg.KeyHeader)
 	}
-	// The guard looks the key up by the engine's (canonical) spelling.
-	cfg.KeyHeader = textproto.CanonicalMIMEHeaderKey(cfg.KeyHeader)
+	// The guard, the resolver and the webhook read these engine settings
+	// before any engine is built: they take the engine's own defaults, and
+	// the key header its canonical spelling, which the guard looks it up
+	// by. What else is wrong with the settings, New reports
+	// (checkSettings).
+	eng, _ := cfg.Config.WithDefaults()
+	cfg.MaxBodyBytes, cfg.MaxResponseBytes = eng.MaxBodyBytes, eng.MaxResponseBytes
+	cfg.RetryAfter, cfg.KeyHeader = eng.RetryAfter, eng.KeyHeader
 	if cfg.MaxBufferedBytes <= 0 {
 		cfg.MaxBufferedBytes = defaultMaxBufferedBytes
 	}
@@ -262,7 +258,7 @@ func (cfg *ProxyConfig) settleResolver() error {
 		if err != nil {
 			return fmt.Errorf("proxy: %w", err)
 		}
-		r.maxBody = cfg.maxResponseBytes()
+		r.maxBody = cfg.MaxResponseBytes
 		cfg.Maintenance.Resolver = r
 	}
 	return nil
@@ -298,16 +294,6 @@ func (cfg ProxyConfig) checkSettings() (*routeTable, error) {
 		return nil, err
 	}
 	return routes, nil
-}
-
-// maxResponseBytes is the engine's MaxResponseBytes, its default applied:
-// the bound on a body kept for replays, also of answers settled by the
-// reconciler and the webhook.
-func (cfg ProxyConfig) maxResponseBytes() int {
-	if cfg.MaxResponseBytes > 0 {
-		return cfg.MaxResponseBytes
-	}
-	return idem.DefaultMaxResponseBytes
 }
 
 // engineConfig is the engine's configuration of cfg, reporting to obs.

@@ -83,3 +83,21 @@ func TestProxyEchoKeyFollowsProfile(t *testing.T) {
 		}
 	}
 }
+
+// The settings the guard, the resolver and the webhook read before any
+// engine exists take the engine's defaults, and the key header the
+// canonical spelling the guard looks it up by.
+func TestProxyTakesTheEnginesDefaults(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ set, want string }{{"", idem.DefaultKeyHeader}, {"x-request-key", "X-Request-Key"}} {
+		cfg, err := ProxyConfig{Config: idem.Config{KeyHeader: tc.set}}.withDefaults()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.KeyHeader != tc.want || cfg.MaxBodyBytes != idem.DefaultMaxBodyBytes ||
+			cfg.MaxResponseBytes != idem.DefaultMaxResponseBytes || cfg.RetryAfter != idem.DefaultRetryAfter {
+			t.Errorf("KeyHeader %q: got KeyHeader %q MaxBodyBytes %d MaxResponseBytes %d RetryAfter %v", tc.set,
+				cfg.KeyHeader, cfg.MaxBodyBytes, cfg.MaxResponseBytes, cfg.RetryAfter)
+		}
+	}
+}

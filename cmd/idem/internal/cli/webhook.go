@@ -553,7 +553,7 @@ func (h *webhook) parse(body []byte) (scope, key string, fence int64, res mainte
 	}
 	switch d.Outcome {
 	case "happened":
-		if res, err = d.resolution(h.p.cfg.maxResponseBytes()); err != nil {
+		if res, err = d.resolution(h.p.cfg.MaxResponseBytes); err != nil {
 			return "", "", 0, res, err
 		}
 	case "not_happened", "run_again":
