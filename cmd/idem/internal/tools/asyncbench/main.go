@@ -31,7 +31,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -42,6 +41,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idem-go/idem/cmd/idem/internal/tools/benchdb"
 	"github.com/idem-go/idem/cmd/idem/internal/tools/benchnet"
 	"github.com/jackc/pgx/v5"
 )
@@ -118,17 +118,14 @@ func run(o options) error {
 	}
 	defer conn.Close(ctx)
 	schema := "asyncbench_" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+	if err := benchdb.CreateSchema(ctx, conn, schema); err != nil {
 		return err
 	}
-	defer conn.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE")
-	u, err := url.Parse(o.pgURL)
+	defer benchdb.DropSchema(conn, schema)
+	storeURL, err := benchdb.WithSearchPath(o.pgURL, schema)
 	if err != nil {
 		return err
 	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
 
 	up := &upstream{done: map[string]time.Time{}, runs: map[string]int{}}
 	usrv := httptest.NewServer(up)
@@ -147,7 +144,7 @@ func run(o options) error {
 		if err != nil {
 			return err
 		}
-		cmd := exec.Command(o.idemBin, "proxy", "--upstream", usrv.URL, "--store", u.String(), "--single-tenant",
+		cmd := exec.Command(o.idemBin, "proxy", "--upstream", usrv.URL, "--store", storeURL, "--single-tenant",
 			"--async", "POST /bench", "--async-workers", strconv.Itoa(o.workers), "--async-poll", o.poll.String(),
 			"--log-level", "warn", "--listen", addr)
 		cmd.Stderr = os.Stderr

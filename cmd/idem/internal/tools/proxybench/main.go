@@ -64,6 +64,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idem-go/idem/cmd/idem/internal/tools/benchdb"
 	"github.com/idem-go/idem/cmd/idem/internal/tools/benchnet"
 	"github.com/idem-go/idem/store/postgres"
 )
@@ -208,7 +209,7 @@ func run(o options) error {
 			_ = p.Wait()
 		}
 		for _, s := range schemas {
-			dropSchema(pg, s)
+			benchdb.DropSchema(pg, s)
 		}
 		if pg != nil {
 			pg.Close(context.Background())
@@ -328,13 +329,18 @@ func run(o options) error {
 		}
 		for _, pv := range pgVariants {
 			schema := fmt.Sprintf("proxybench_%d_%s", os.Getpid(), strings.ReplaceAll(pv.name, "-", "_"))
-			if err := createSchema(ctx, pg, schema); err != nil {
+			if err := benchdb.CreateSchema(ctx, pg, schema); err != nil {
 				return err
 			}
 			schemas = append(schemas, schema)
-			dsn := withSearchPath(o.pgURL, schema)
+			dsn, err := benchdb.WithSearchPath(o.pgURL, schema)
+			if err != nil {
+				return err
+			}
 			if pv.mode != "" {
-				dsn = withParam(dsn, "default_query_exec_mode", pv.mode)
+				if dsn, err = benchdb.WithParam(dsn, "default_query_exec_mode", pv.mode); err != nil {
+					return err
+				}
 			}
 			u, err := idemProxy(pv.bin, dsn, pv.flags...)
 			if err != nil {
@@ -347,11 +353,15 @@ func run(o options) error {
 				continue
 			}
 			schema := fmt.Sprintf("proxybench_%d_peer_%s", os.Getpid(), regexp.MustCompile(`\W`).ReplaceAllString(p.name, "_"))
-			if err := createSchema(ctx, pg, schema); err != nil {
+			if err := benchdb.CreateSchema(ctx, pg, schema); err != nil {
 				return err
 			}
 			schemas = append(schemas, schema)
-			u, err := spawnPeer(p, up, withSearchPath(o.pgURL, schema))
+			dsn, err := benchdb.WithSearchPath(o.pgURL, schema)
+			if err != nil {
+				return err
+			}
+			u, err := spawnPeer(p, up, dsn)
 			if err != nil {
 				return err
 			}
@@ -361,7 +371,7 @@ func run(o options) error {
 			fmt.Fprintln(os.Stderr, "pgbench is not installed: no ceiling")
 		} else {
 			schema := fmt.Sprintf("proxybench_%d_ceiling", os.Getpid())
-			if err := createSchema(ctx, pg, schema); err != nil {
+			if err := benchdb.CreateSchema(ctx, pg, schema); err != nil {
 				return err
 			}
 			schemas = append(schemas, schema)
@@ -455,29 +465,6 @@ func parseBaselines(v string) ([]binary, error) {
 		bins = append(bins, binary{"-" + name, bin})
 	}
 	return bins, nil
-}
-
-func withSearchPath(raw, schema string) string { return withParam(raw, "search_path", schema) }
-
-// withParam returns the URL raw with its query parameter k set to v.
-func withParam(raw, k, v string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return raw
-	}
-	q := u.Query()
-	q.Set(k, v)
-	u.RawQuery = q.Encode()
-	return u.String()
-}
-
-func createSchema(ctx context.Context, pg *pgx.Conn, schema string) error {
-	_, err := pg.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize())
-	return err
-}
-
-func dropSchema(pg *pgx.Conn, schema string) {
-	_, _ = pg.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
 }
 
 // The request every client sends: a small JSON POST.

@@ -44,6 +44,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idem-go/idem/cmd/idem/internal/tools/benchdb"
 	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store/postgres"
 )
@@ -98,12 +99,12 @@ func run(ctx context.Context, o options, w io.Writer) error {
 	if o.versus {
 		return b.versus(ctx, tag)
 	}
-	large, err := b.open(ctx, "scalebench_large_"+tag, "large", o.n, o.partitioned, nil)
+	large, err := b.create(ctx, "scalebench_large_"+tag, "large", o.n, o.partitioned)
 	if err != nil {
 		return err
 	}
 	defer b.drop(large)
-	empty, err := b.open(ctx, "scalebench_empty_"+tag, "empty", min(emptyKeys, o.n), o.partitioned, nil)
+	empty, err := b.create(ctx, "scalebench_empty_"+tag, "empty", min(emptyKeys, o.n), o.partitioned)
 	if err != nil {
 		return err
 	}
@@ -123,7 +124,7 @@ func run(ctx context.Context, o options, w io.Writer) error {
 func (b *bench) versus(ctx context.Context, tag string) error {
 	var both [2]*schema
 	for i, label := range []string{"plain", "partitioned"} {
-		s, err := b.open(ctx, "scalebench_"+label+"_"+tag, label, b.o.n, i == 1, nil)
+		s, err := b.create(ctx, "scalebench_"+label+"_"+tag, label, b.o.n, i == 1)
 		if err != nil {
 			return err
 		}
@@ -159,10 +160,17 @@ type schema struct {
 	table       string // quoted schema.idem_records
 }
 
-func (b *bench) open(ctx context.Context, name, label string, rows int, partitioned bool, clock func() time.Time) (*schema, error) {
-	if _, err := b.admin.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{name}.Sanitize()); err != nil {
+// create makes the schema name and opens a store on it, whose migrations
+// make its table there.
+func (b *bench) create(ctx context.Context, name, label string, rows int, partitioned bool) (*schema, error) {
+	if err := benchdb.CreateSchema(ctx, b.admin, name); err != nil {
 		return nil, err
 	}
+	return b.open(ctx, name, label, rows, partitioned, nil)
+}
+
+// open opens a store on the schema name, made by create, reading clock.
+func (b *bench) open(ctx context.Context, name, label string, rows int, partitioned bool, clock func() time.Time) (*schema, error) {
 	cfg := postgres.Config{Schema: name, MaxConns: int32(b.o.workers + 1), Clock: clock}
 	if partitioned {
 		// Partitions for the fill's days, and the next day's inserts.
@@ -179,7 +187,7 @@ func (b *bench) open(ctx context.Context, name, label string, rows int, partitio
 func (b *bench) drop(s *schema) {
 	s.store.Close()
 	if !b.o.keep {
-		b.admin.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{s.name}.Sanitize()+" CASCADE")
+		benchdb.DropSchema(b.admin, s.name)
 	}
 }
 
