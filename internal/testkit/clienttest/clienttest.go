@@ -15,32 +15,26 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/client"
+	"github.com/idem-go/idem/store/storetest"
 )
 
-// Clock is the time of a test: Now stands still unless a wait moves it,
-// Sleep records the waits and returns at once (or runs onSleep), and
-// Jitter keeps the computed wait, so the delays are exact.
+// Clock is the time of a test: the manual clock of the store suite, which
+// stands still unless a wait moves it. Sleep records the waits and moves
+// the clock by them, then returns at once (or runs OnSleep), and Jitter
+// keeps the computed wait, so the delays are exact.
 type Clock struct {
+	*storetest.Clock
 	mu      sync.Mutex
-	now     time.Time
 	delays  []time.Duration
 	OnSleep func(ctx context.Context, d time.Duration) error
 }
 
-func NewClock() *Clock {
-	return &Clock{now: time.Date(2026, 11, 23, 9, 0, 0, 0, time.UTC)}
-}
-
-func (c *Clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
+func NewClock() *Clock { return &Clock{Clock: storetest.NewClock()} }
 
 func (c *Clock) Sleep(ctx context.Context, d time.Duration) error {
 	c.mu.Lock()
 	c.delays = append(c.delays, d)
-	c.now = c.now.Add(d)
+	c.Advance(d)
 	hook := c.OnSleep
 	c.mu.Unlock()
 	if hook != nil {
