@@ -58,13 +58,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem/cmd/idem/internal/tools/benchdb"
+	"github.com/idem-go/idem/cmd/idem/internal/tools/benchloop"
 	"github.com/idem-go/idem/cmd/idem/internal/tools/benchnet"
 	"github.com/idem-go/idem/store/postgres"
 )
@@ -490,7 +490,7 @@ func httpVariant(ctx context.Context, v *variant, o options) error {
 	}
 	load := func(replay bool) func(context.Context, options) (sliceResult, error) {
 		return func(ctx context.Context, o options) (sliceResult, error) {
-			return closedLoop(ctx, o, func(client int) error {
+			return closedLoop(o, func(client int) error {
 				key := replayKey(client)
 				if !replay {
 					key = prefix + strconv.FormatInt(seq.Add(1), 10)
@@ -539,45 +539,12 @@ func send(ctx context.Context, c *http.Client, u, key string, wantReplay bool) (
 }
 
 // closedLoop runs o.clients loops of do for one slice.
-func closedLoop(ctx context.Context, o options, do func(client int) error) (sliceResult, error) {
-	var (
-		wg       sync.WaitGroup
-		mu       sync.Mutex
-		lat      []time.Duration
-		firstErr error
-	)
-	t0 := time.Now()
-	end := t0.Add(o.slice)
-	for client := range o.clients {
-		wg.Go(func() {
-			mine := make([]time.Duration, 0, 4096)
-			for time.Now().Before(end) {
-				s := time.Now()
-				if err := do(client); err != nil {
-					mu.Lock()
-					firstErr = cmpErr(firstErr, err)
-					mu.Unlock()
-					return
-				}
-				mine = append(mine, time.Since(s))
-			}
-			mu.Lock()
-			lat = append(lat, mine...)
-			mu.Unlock()
-		})
+func closedLoop(o options, do func(client int) error) (sliceResult, error) {
+	lat, elapsed, err := benchloop.Run(o.clients, o.slice, do)
+	if err != nil {
+		return sliceResult{}, err
 	}
-	wg.Wait()
-	if firstErr != nil {
-		return sliceResult{}, firstErr
-	}
-	return sliceResult{ops: len(lat), elapsed: time.Since(t0), lat: lat}, nil
-}
-
-func cmpErr(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
+	return sliceResult{ops: len(lat), elapsed: elapsed, lat: lat}, nil
 }
 
 // wrapWAL measures the WAL written during each slice of a PostgreSQL

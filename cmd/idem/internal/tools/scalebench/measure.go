@@ -6,9 +6,9 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"slices"
-	"sync"
 	"time"
 
+	"github.com/idem-go/idem/cmd/idem/internal/tools/benchloop"
 	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 )
@@ -84,32 +84,11 @@ func (b *bench) latencies(ctx context.Context, first, second *schema) error {
 // slice runs o with workers closed-loop clients for one slice. Calls are
 // never cut: a client starts none after the end of the slice.
 func (b *bench) slice(ctx context.Context, s store.Store, o op, workers, rows int) ([]time.Duration, error) {
-	end := time.Now().Add(b.o.slice)
-	var mu sync.Mutex
-	var all []time.Duration
-	var first error
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Go(func() {
-			var mine []time.Duration
-			for time.Now().Before(end) {
-				t := time.Now()
-				// The later half of the fill, which expires in 12h or more.
-				if err := o.call(ctx, s, rows/2+rand.IntN(rows-rows/2)); err != nil {
-					mu.Lock()
-					first = err
-					mu.Unlock()
-					return
-				}
-				mine = append(mine, time.Since(t))
-			}
-			mu.Lock()
-			all = append(all, mine...)
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	return all, first
+	lat, _, err := benchloop.Run(workers, b.o.slice, func(int) error {
+		// The later half of the fill, which expires in 12h or more.
+		return o.call(ctx, s, rows/2+rand.IntN(rows-rows/2))
+	})
+	return lat, err
 }
 
 func percentiles(d []time.Duration) (p50, p99 time.Duration) {
