@@ -116,22 +116,27 @@ RETURNING ` + recordColumns
 // The lease holder's transitions: ?1 scope, ?2 key, ?3 fence, then their own
 // parameters. Zero rows changed means the lease is lost.
 
-// qCompleted is what completing a record writes over it, whoever
-// completes it (the lease holder, the expiry of a pending request, the
-// reaper abandoning it): the response, and no request kept for a worker.
-// qComplete's, qExpirePending's and qReapAbandon's shared assignments;
-// each adds its last_error. ?1 now, ?3 status, ?4 headers, ?5 body,
-// ?6 body omitted, ?7 new expires_at or NULL to keep it.
-const qCompleted = `	queue = NULL,
+// qSettle is what giving a record its outcome writes over it, whoever
+// gives it (the lease holder, the expiry of a pending request, the reaper
+// abandoning it, the settlement of an unknown one): the response (NULLs
+// for failed_retryable), and no request kept for a worker. The shared
+// assignments of qComplete, qExpirePending, qReapAbandon (through
+// qCompleted) and qResolve; each adds its state, completed_at and
+// last_error. ?1 now, ?3 status, ?4 headers, ?5 body, ?6 body omitted,
+// ?7 new expires_at or NULL to keep it.
+const qSettle = `	queue = NULL,
 	request = NULL,
-	state = 'completed',
 	response_status = ?3,
 	response_headers = ?4,
 	response_body = ?5,
 	response_body_omitted = ?6,
-	completed_at = ?1,
 	updated_at = ?1,
 	expires_at = coalesce(?7, expires_at)`
+
+// qCompleted is qSettle for a completed record.
+const qCompleted = qSettle + `,
+	state = 'completed',
+	completed_at = ?1`
 
 // qComplete numbers its parameters as qCompleted does, unlike the other
 // transitions of the lease holder: ?1 now, ?2 fence, ?3 to ?7 as
@@ -236,27 +241,19 @@ WHERE state = 'unknown'
 ORDER BY reconcile_after
 LIMIT ?1`
 
-// qResolve settles an unknown record. ?1 scope, ?2 key, ?3 target state,
-// ?4 status, ?5 headers, ?6 body, ?7 body omitted (the response columns are
-// NULL/0 for failed_retryable), ?8 completed_at or NULL, ?9 now, ?10 new
-// expires_at or NULL to keep it, ?11 the fence the settlement is about. A
-// completed record carries no last_error; a failed_retryable one keeps the
-// reason it became unknown.
+// qResolve settles an unknown record. ?1 now, ?2 the fence the
+// settlement is about, ?3 to ?7 as qSettle (the response columns are
+// NULL/0 for failed_retryable), ?8 scope, ?9 key, ?10 target state,
+// ?11 completed_at or NULL. A completed record carries no last_error; a
+// failed_retryable one keeps the reason it became unknown.
 const qResolve = `UPDATE idem_records SET
-	queue = NULL,
-	request = NULL,
-	state = ?3,
-	response_status = ?4,
-	response_headers = ?5,
-	response_body = ?6,
-	response_body_omitted = ?7,
-	completed_at = ?8,
-	last_error = CASE WHEN ?3 = 'completed' THEN '' ELSE last_error END,
+` + qSettle + `,
+	state = ?10,
+	completed_at = ?11,
+	last_error = CASE WHEN ?10 = 'completed' THEN '' ELSE last_error END,
 	reconcile_after = NULL,
-	dead_lettered_at = NULL,
-	updated_at = ?9,
-	expires_at = coalesce(?10, expires_at)
-WHERE scope = ?1 AND key = ?2 AND state = 'unknown' AND fence = ?11`
+	dead_lettered_at = NULL
+WHERE scope = ?8 AND key = ?9 AND state = 'unknown' AND fence = ?2`
 
 // qDefer: ?3 reconcile_after, ?4 error, ?5 now.
 const qDefer = `UPDATE idem_records SET

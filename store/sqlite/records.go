@@ -368,8 +368,8 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 		}
 		completedAt = sql.NullInt64{Int64: now.UnixMicro(), Valid: true}
 	}
-	return s.settle(ctx, "resolve", p.Scope, p.Key, p.Fence, qResolve, p.Scope, p.Key, string(p.To),
-		resp.status, resp.headers, resp.body, resp.omitted, completedAt, now.UnixMicro(), newExpiry(now, p.TTL), p.Fence)
+	return s.settle(ctx, "resolve", p.Scope, p.Key, p.Fence, qResolve, now.UnixMicro(), p.Fence,
+		resp.status, resp.headers, resp.body, resp.omitted, newExpiry(now, p.TTL), p.Scope, p.Key, string(p.To), completedAt)
 }
 
 // Defer implements [store.Store].
