@@ -3,6 +3,16 @@ package outbox
 // Every statement of the outbox's own table, PostgreSQL first, then SQLite.
 // River's tables are reached only through River's API.
 
+// recordConflict is pgRecord's and sqliteRecord's answer to a message
+// already recorded, the same in both dialects: the first downstream id
+// ever recorded stays, with the attempts and the time of that delivery.
+const recordConflict = `ON CONFLICT (key, kind) DO UPDATE
+    SET downstream_id = coalesce(idem_outbox.downstream_id, excluded.downstream_id),
+        attempts      = CASE WHEN idem_outbox.downstream_id IS NULL
+                             THEN excluded.attempts ELSE idem_outbox.attempts END,
+        delivered_at  = coalesce(idem_outbox.delivered_at, excluded.delivered_at)
+RETURNING downstream_id`
+
 // PostgreSQL.
 const (
 	// pgMigrateLock serialises Migrate across processes. The lock is per
@@ -34,15 +44,11 @@ ON CONFLICT (key, kind) DO UPDATE
 FROM idem_outbox WHERE key = $1 AND kind = $2`
 
 	// pgRecord keeps the first downstream id ever recorded for the message
-	// and returns it: a concurrent or later delivery cannot replace it.
+	// and returns it: a concurrent or later delivery cannot replace it
+	// (recordConflict).
 	pgRecord = `INSERT INTO idem_outbox (key, kind, fence, job_id, downstream_id, attempts, delivered_at)
 VALUES ($1, $2, $3, $4, $5, $6, now())
-ON CONFLICT (key, kind) DO UPDATE
-    SET downstream_id = coalesce(idem_outbox.downstream_id, excluded.downstream_id),
-        attempts      = CASE WHEN idem_outbox.downstream_id IS NULL
-                             THEN excluded.attempts ELSE idem_outbox.attempts END,
-        delivered_at  = coalesce(idem_outbox.delivered_at, excluded.delivered_at)
-RETURNING downstream_id`
+` + recordConflict
 
 	// pgUndelivered returns those of the given jobs that still carry an
 	// undelivered message.
@@ -72,12 +78,7 @@ FROM idem_outbox WHERE key = ?1 AND kind = ?2`
 
 	sqliteRecord = `INSERT INTO idem_outbox (key, kind, fence, job_id, downstream_id, attempts, created_at, delivered_at)
 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7)
-ON CONFLICT (key, kind) DO UPDATE
-    SET downstream_id = coalesce(idem_outbox.downstream_id, excluded.downstream_id),
-        attempts      = CASE WHEN idem_outbox.downstream_id IS NULL
-                             THEN excluded.attempts ELSE idem_outbox.attempts END,
-        delivered_at  = coalesce(idem_outbox.delivered_at, excluded.delivered_at)
-RETURNING downstream_id`
+` + recordConflict
 
 	// ?1 is a JSON array of job ids.
 	sqliteUndelivered = `SELECT job_id FROM idem_outbox
