@@ -195,23 +195,23 @@ WHERE rowid IN (
 	LIMIT ?2)
 RETURNING ` + recordColumns
 
-// qReapDelete deletes up to ?2 terminal records past expiry. ?1 now.
-const qReapDelete = `DELETE FROM idem_records
-WHERE rowid IN (
+// qReapDue picks up to ?2 terminal records past expiry, the earliest
+// first; ?1 now. qReapDelete's and qReapSoft's WHERE clause.
+const qReapDue = `WHERE rowid IN (
 	SELECT rowid FROM idem_records
 	WHERE state IN ('completed', 'failed_retryable') AND expires_at <= ?1
 	ORDER BY expires_at
 	LIMIT ?2)`
 
+// qReapDelete deletes the records of qReapDue.
+const qReapDelete = `DELETE FROM idem_records
+` + qReapDue
+
 // qReapSoft is qReapDelete for soft mode: the records stay as expired.
 const qReapSoft = `UPDATE idem_records SET
 	state = 'expired',
 	updated_at = ?1
-WHERE rowid IN (
-	SELECT rowid FROM idem_records
-	WHERE state IN ('completed', 'failed_retryable') AND expires_at <= ?1
-	ORDER BY expires_at
-	LIMIT ?2)`
+` + qReapDue
 
 // qReapAbandon completes up to ?2 unknown records past expiry, and
 // in_progress ones past expiry whose lease expired too (a holder still
