@@ -309,6 +309,15 @@ func run(o options) error {
 		if pg, err = pgx.Connect(ctx, o.pgURL); err != nil {
 			return fmt.Errorf("postgres: %w", err)
 		}
+		// scratch makes a schema, dropped at the end, and returns the
+		// URL of o.pgURL in it.
+		scratch := func(schema string) (string, error) {
+			if err := benchdb.CreateSchema(ctx, pg, schema); err != nil {
+				return "", err
+			}
+			schemas = append(schemas, schema)
+			return benchdb.WithSearchPath(o.pgURL, schema)
+		}
 		type pgVariant struct {
 			name, bin, mode string
 			flags           []string
@@ -329,11 +338,7 @@ func run(o options) error {
 		}
 		for _, pv := range pgVariants {
 			schema := fmt.Sprintf("proxybench_%d_%s", os.Getpid(), strings.ReplaceAll(pv.name, "-", "_"))
-			if err := benchdb.CreateSchema(ctx, pg, schema); err != nil {
-				return err
-			}
-			schemas = append(schemas, schema)
-			dsn, err := benchdb.WithSearchPath(o.pgURL, schema)
+			dsn, err := scratch(schema)
 			if err != nil {
 				return err
 			}
@@ -353,11 +358,7 @@ func run(o options) error {
 				continue
 			}
 			schema := fmt.Sprintf("proxybench_%d_peer_%s", os.Getpid(), regexp.MustCompile(`\W`).ReplaceAllString(p.name, "_"))
-			if err := benchdb.CreateSchema(ctx, pg, schema); err != nil {
-				return err
-			}
-			schemas = append(schemas, schema)
-			dsn, err := benchdb.WithSearchPath(o.pgURL, schema)
+			dsn, err := scratch(schema)
 			if err != nil {
 				return err
 			}
@@ -371,10 +372,9 @@ func run(o options) error {
 			fmt.Fprintln(os.Stderr, "pgbench is not installed: no ceiling")
 		} else {
 			schema := fmt.Sprintf("proxybench_%d_ceiling", os.Getpid())
-			if err := benchdb.CreateSchema(ctx, pg, schema); err != nil {
+			if _, err := scratch(schema); err != nil {
 				return err
 			}
-			schemas = append(schemas, schema)
 			v, err := ceilingVariant(ctx, o, pg, schema, dir)
 			if err != nil {
 				return err
