@@ -359,24 +359,63 @@ func TestGatewayErrorsAnd202(t *testing.T) {
 	}
 }
 
+// firedBy stands in for the timers of AttemptTimeout: the timer of attempt
+// i fires when triggers[i-1] is closed, never by itself, and those of
+// attempts past the triggers never fire. Each must be d long.
+func firedBy(t *testing.T, d time.Duration, triggers ...<-chan struct{}) func(time.Duration, func()) func() bool {
+	var started atomic.Int32
+	return func(got time.Duration, f func()) func() bool {
+		if got != d {
+			t.Errorf("an attempt timer of %v, want %v", got, d)
+		}
+		var trigger <-chan struct{} // nil: never fires
+		if i := int(started.Add(1)); i <= len(triggers) {
+			trigger = triggers[i-1]
+		}
+		var state atomic.Int32 // 0 running, 1 fired, 2 stopped
+		stopped := make(chan struct{})
+		go func() {
+			select {
+			case <-trigger:
+				if state.CompareAndSwap(0, 1) {
+					f()
+				}
+			case <-stopped:
+			}
+		}()
+		return func() bool {
+			if !state.CompareAndSwap(0, 2) {
+				return false
+			}
+			close(stopped)
+			return true
+		}
+	}
+}
+
 // AttemptTimeout abandons a slow attempt and retries under the same key;
 // the server (here waiting for the first execution) answers the retry with
-// the first execution's answer, and nothing runs twice.
+// the first execution's answer, and nothing runs twice. The first
+// attempt's timer fires once the server runs that attempt: on a real
+// timer, a loaded machine may fire it before the request reserved the key,
+// and then the retry is the one that executes.
 func TestAttemptTimeout(t *testing.T) {
 	t.Parallel()
 	a := &api{}
-	release := make(chan struct{})
+	started, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	free := func() { once.Do(func() { close(release) }) }
 	t.Cleanup(free)
 	a.during = func(n int32) {
 		if n == 1 {
+			close(started)
 			<-release
 		}
 	}
 	srv, _ := server(t, a, idem.Config{Wait: 10 * time.Second}, nil)
 	tr, tracker := clienttest.NewTransport(t, clienttest.NewClock())
 	tr.AttemptTimeout = 50 * time.Millisecond
+	client.SetAttemptTimer(tr, firedBy(t, tr.AttemptTimeout, started))
 	var retries []client.Retry
 	tr.OnRetry = func(x client.Retry) {
 		retries = append(retries, x)
@@ -397,7 +436,8 @@ func TestAttemptTimeout(t *testing.T) {
 	}
 	clienttest.CheckAllClosed(t, tracker)
 
-	// Every attempt too slow: the call ends with the timeout, key kept.
+	// Every attempt too slow, on the real timer: the call ends with the
+	// timeout, key kept.
 	block := make(chan struct{})
 	defer close(block)
 	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-block }))

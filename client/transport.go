@@ -106,6 +106,11 @@ type Transport struct {
 	// OnRetry, when set, is called before each wait, on the goroutine of
 	// the request; for logging and metrics.
 	OnRetry func(Retry)
+
+	// afterFunc starts the timer of AttemptTimeout and returns its Stop;
+	// tests set it (export_test.go) to end an attempt where they choose.
+	// Defaults to time.AfterFunc.
+	afterFunc func(d time.Duration, f func()) (stop func() bool)
 }
 
 // Reason says why an attempt is retried.
@@ -270,6 +275,9 @@ func (t *Transport) settings() (settings, error) {
 	if s.Jitter == nil {
 		s.Jitter = jitter
 	}
+	if s.afterFunc == nil {
+		s.afterFunc = func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }
+	}
 	return s, errors.Join(errs...)
 }
 
@@ -412,9 +420,9 @@ func (s *settings) send(areq *http.Request) (*http.Response, error) {
 		return s.Base.RoundTrip(areq)
 	}
 	ctx, cancel := context.WithCancelCause(areq.Context())
-	timer := time.AfterFunc(s.AttemptTimeout, func() { cancel(ErrAttemptTimeout) })
+	stop := s.afterFunc(s.AttemptTimeout, func() { cancel(ErrAttemptTimeout) })
 	resp, err := s.Base.RoundTrip(areq.WithContext(ctx))
-	if !timer.Stop() {
+	if !stop() {
 		// It fired: even a response that made it has a dead body.
 		if err == nil {
 			resp.Body.Close()
