@@ -13,7 +13,9 @@
 // two schemas, with -workers clients and with one. Then a store whose clock
 // is 24h/-days ahead reaps, through maintenance.Maintainer.ReapOnce with
 // the product's batch size, the records of the first "day"; the report gives
-// its time, WAL and the table's sizes and dead tuples, and the sizes after
+// its time, WAL and the table's sizes and dead tuples, then VACUUM's time
+// (held_by: the sessions whose snapshots may keep it from removing the
+// reaper's dead tuples) and the dead tuples it left, and the sizes after
 // another day of inserts. Each report line is a name followed by
 // name=value pairs. The schemas are dropped unless -keep.
 //
@@ -38,6 +40,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	neturl "net/url"
 	"os"
 	"time"
 
@@ -95,7 +98,7 @@ func run(ctx context.Context, o options, w io.Writer) error {
 	defer admin.Close()
 	o.base = time.Now().Truncate(o.day()).Add(o.day())
 	tag := randHex(6)
-	b := &bench{o: o, w: w, admin: admin}
+	b := &bench{o: o, w: w, admin: admin, app: "scalebench_" + tag}
 	if o.versus {
 		return b.versus(ctx, tag)
 	}
@@ -117,6 +120,7 @@ func run(ctx context.Context, o options, w io.Writer) error {
 	if err := b.latencies(ctx, empty, large); err != nil {
 		return err
 	}
+	b.closeStores(empty, large)
 	return b.reap(ctx, large, "")
 }
 
@@ -137,6 +141,7 @@ func (b *bench) versus(ctx context.Context, tag string) error {
 	if err := b.latencies(ctx, both[0], both[1]); err != nil {
 		return err
 	}
+	b.closeStores(both[:]...)
 	for _, s := range []*schema{both[1], both[0]} {
 		if err := b.reap(ctx, s, s.label+"_"); err != nil {
 			return err
@@ -149,6 +154,7 @@ type bench struct {
 	o     options
 	w     io.Writer
 	admin *pgxpool.Pool
+	app   string // the application_name of the stores' connections
 }
 
 type schema struct {
@@ -176,12 +182,55 @@ func (b *bench) open(ctx context.Context, name, label string, rows int, partitio
 		// Partitions for the fill's days, and the next day's inserts.
 		cfg.Partitions, cfg.PartitionsAhead = b.o.day(), b.o.days+2
 	}
-	s, err := postgres.Open(ctx, b.o.url, cfg)
+	s, err := postgres.Open(ctx, withAppName(b.o.url, b.app), cfg)
 	if err != nil {
 		return nil, err
 	}
 	return &schema{name: name, label: label, rows: rows, partitioned: partitioned, store: s,
 		table: pgx.Identifier{name, "idem_records"}.Sanitize()}, nil
+}
+
+// withAppName returns the connection string url (a URL or keyword/value
+// string) with application_name set to name, a word.
+func withAppName(url, name string) string {
+	if u, err := neturl.Parse(url); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		q := u.Query()
+		q.Set("application_name", name)
+		u.RawQuery = q.Encode()
+		return u.String()
+	}
+	return url + " application_name=" + name
+}
+
+// closeStores closes the stores of the latency slices once they are done:
+// their connections' exits report the statistics of what they wrote (an
+// idle backend may hold them for 10 s), for settle to wait on. drop
+// closes them again, harmlessly.
+func (b *bench) closeStores(schemas ...*schema) {
+	for _, s := range schemas {
+		s.store.Close()
+	}
+}
+
+// settle waits until no connection of the tool's stores, all closed, is
+// left on the server. A backend reports its statistics as it exits, before
+// it leaves pg_stat_activity (PostgreSQL 15 and later), so that the
+// counts read afterwards include everything the stores did.
+func (b *bench) settle(ctx context.Context) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var n int
+		if err := b.admin.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", b.app).Scan(&n); err != nil {
+			return fmt.Errorf("settle: %w", err)
+		}
+		if n == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("settle: %d connections of the closed stores still open after a minute", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 func (b *bench) drop(s *schema) {

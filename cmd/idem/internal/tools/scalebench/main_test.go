@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	neturl "net/url"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem/internal/testkit/testenv"
 )
@@ -46,12 +49,43 @@ func parse(t *testing.T, out string) map[string]map[string]float64 {
 	return got
 }
 
+// privateDB creates a database for the test, dropped when it ends, and
+// returns url naming it. VACUUM of a table is held back only by the
+// snapshots of its own database's sessions: there, no other test's.
+func privateDB(t *testing.T, url string) string {
+	t.Helper()
+	ctx := context.Background()
+	u, err := neturl.Parse(url)
+	if err != nil || u.Scheme != "postgres" && u.Scheme != "postgresql" {
+		t.Fatalf("%s: want a postgres:// URL (%v)", testenv.PostgresEnv, err)
+	}
+	admin, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := testenv.Name("scalebench_")
+	ident := pgx.Identifier{name}.Sanitize()
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+ident+" TEMPLATE template0"); err != nil {
+		admin.Close(ctx)
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := admin.Exec(ctx, "DROP DATABASE "+ident+" WITH (FORCE)"); err != nil {
+			t.Errorf("drop database %s: %v", name, err)
+		}
+		admin.Close(ctx)
+	})
+	u.Path = "/" + name
+	return u.String()
+}
+
 // TestSmoke runs a small bench on the plain table and on a partitioned
 // one: the reaper removes the first of three days in both, leaving dead
 // tuples behind on the plain table and none on the partitioned one (it
-// drops the day's partition).
+// drops the day's partition). It runs in a database of its own, where
+// VACUUM can remove those dead tuples.
 func TestSmoke(t *testing.T) {
-	url := testenv.PostgresURL(t)
+	url := privateDB(t, testenv.PostgresURL(t))
 	for _, partitioned := range []bool{false, true} {
 		t.Run(fmt.Sprint("partitioned=", partitioned), func(t *testing.T) {
 			var out bytes.Buffer
@@ -98,7 +132,7 @@ func TestSmokeVersus(t *testing.T) {
 func checkSmoke(t *testing.T, r map[string]map[string]float64, out string, partitioned bool) {
 	for _, name := range []string{"fill/large", "size/large", "fill/empty", "latency/new/2", "latency/new/1",
 		"latency/replay/2", "latency/replay/1", "latency/get/2", "latency/get/1", "reap",
-		"size/reaped", "size/vacuumed", "fill/next_day", "size/next_day"} {
+		"size/reaped", "vacuum", "size/vacuumed", "fill/next_day", "size/next_day"} {
 		if r[name] == nil {
 			t.Errorf("report has no %s:\n%s", name, out)
 		}
@@ -115,10 +149,19 @@ func checkSmoke(t *testing.T, r map[string]map[string]float64, out string, parti
 	// versions of their own, as many as the slices ran on this machine
 	// (86 where 667 records were reaped, in one run beside other tests):
 	// half the deleted count tells the two apart whatever the machine's
-	// speed.
+	// speed. The tool reads them once its stores' connections have exited
+	// and so reported them.
 	deleted, dead := r["reap"]["deleted"], r["size/reaped"]["dead_tup"]
-	if r["size/vacuumed"]["dead_tup"] != 0 || (partitioned && dead >= deleted/2) || (!partitioned && dead < deleted) {
-		t.Errorf("dead tuples after the reaper %v, after VACUUM %v", r["size/reaped"], r["size/vacuumed"])
+	if (partitioned && dead >= deleted/2) || (!partitioned && dead < deleted) {
+		t.Errorf("dead tuples after the reaper %v", r["size/reaped"])
+	}
+	// VACUUM leaves the dead tuples an older snapshot may still see, and
+	// counts them: none unless a session held them back (in the test's own
+	// database, at most an autovacuum worker).
+	if left, held := r["size/vacuumed"]["dead_tup"], r["vacuum"]["held_by"]; left != 0 && held == 0 {
+		t.Errorf("%v dead tuples after VACUUM, and no session held them back: %v", left, r["size/vacuumed"])
+	} else if left != 0 {
+		t.Logf("%v dead tuples after VACUUM, held back by %v sessions", left, held)
 	}
 	if partitioned && r["size/large"]["tables"] < 4 {
 		t.Errorf("the partitioned table has %v partitions, want one per day and more", r["size/large"]["tables"])

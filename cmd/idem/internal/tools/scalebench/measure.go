@@ -99,6 +99,18 @@ func percentiles(d []time.Duration) (p50, p99 time.Duration) {
 	return d[len(d)/2], d[len(d)*99/100]
 }
 
+// sqlHeld counts what may keep VACUUM from removing tuples deleted by
+// transactions older than $1 (a xid8): the other sessions of this database
+// (and those of none, such as WAL senders) whose snapshot or transaction is
+// older, replication slots and prepared transactions as old.
+const sqlHeld = `
+WITH e AS (SELECT age(xid($1::xid8)) AS a)
+SELECT (SELECT count(*) FROM pg_stat_activity, e WHERE pid <> pg_backend_pid()
+		AND (datname = current_database() OR datid IS NULL)
+		AND (age(backend_xmin) > e.a OR age(backend_xid) > e.a))
+	+ (SELECT count(*) FROM pg_replication_slots, e WHERE age(xmin) > e.a)
+	+ (SELECT count(*) FROM pg_prepared_xacts, e WHERE database = current_database() AND age(transaction) > e.a)`
+
 // reap removes the first of -days days of records with the product's
 // reaper, then inserts as many new records again, and reports the costs,
 // its stages named with prefix (and its reap line with the label).
@@ -109,8 +121,7 @@ func (b *bench) reap(ctx context.Context, large *schema, prefix string) error {
 	if err != nil {
 		return err
 	}
-	// Closed once the reaper is done: its connections' exits report their
-	// statistics (an idle backend may hold them for seconds).
+	// Closed once the reaper is done, for settle.
 	closed := false
 	defer func() {
 		if !closed {
@@ -142,18 +153,33 @@ func (b *bench) reap(ctx context.Context, large *schema, prefix string) error {
 		stage, res.Deleted, batches, took.Seconds(), float64(res.Deleted)/took.Seconds(),
 		float64(took.Milliseconds())/float64(max(batches, 1)), wal, float64(wal)/float64(max(res.Deleted, 1)),
 		took.Seconds()+float64(batches)*0.75*maintenance.DefaultBatchPause.Seconds())
+	// The next transaction number: every deletion of the reaper's is older.
+	var after string
+	if err := b.admin.QueryRow(ctx, "SELECT pg_snapshot_xmax(pg_current_snapshot())::text").Scan(&after); err != nil {
+		return fmt.Errorf("reap: %w", err)
+	}
 	s.store.Close()
 	closed = true
-	time.Sleep(1500 * time.Millisecond) // statistics reach pg_stat_user_tables within a second
+	if err := b.settle(ctx); err != nil {
+		return err
+	}
 	if err := b.sizes(ctx, large, prefix+"reaped"); err != nil {
 		return err
+	}
+	// VACUUM removes only the dead tuples no snapshot may still see: a
+	// session of the server's (in this database, or a replication slot or
+	// a prepared transaction) with a snapshot or transaction older than the
+	// reaper's deletions holds them back, and VACUUM counts them dead.
+	var held int
+	if err := b.admin.QueryRow(ctx, sqlHeld, after).Scan(&held); err != nil {
+		return fmt.Errorf("vacuum horizon: %w", err)
 	}
 	t := time.Now()
 	if _, err := b.admin.Exec(ctx, "VACUUM "+large.table); err != nil {
 		return err
 	}
-	fmt.Fprintf(b.w, "vacuum seconds=%.1f\n", time.Since(t).Seconds())
-	time.Sleep(1500 * time.Millisecond)
+	fmt.Fprintf(b.w, "vacuum seconds=%.1f held_by=%d\n", time.Since(t).Seconds(), held)
+	// VACUUM has set the table's counts itself.
 	if err := b.sizes(ctx, large, prefix+"vacuumed"); err != nil {
 		return err
 	}
