@@ -165,7 +165,8 @@ func (h *httpCall) run(ctx context.Context) Result {
 // smallBody bytes goes into its own array, so that with the reader embedded
 // in the per-request state reading it allocates nothing.
 type bodyReader struct {
-	rb    replayBody
+	rd    bytes.Reader
+	probe [1]byte
 	small [smallBody]byte
 }
 
@@ -183,7 +184,6 @@ func (br *bodyReader) read(r *http.Request, limit int64) ([]byte, error) {
 	if r.ContentLength > limit {
 		return nil, errBodyTooLarge
 	}
-	rb := &br.rb
 	size := int64(initialBodyBuffer)
 	if r.ContentLength >= 0 {
 		size = min(size, r.ContentLength)
@@ -199,12 +199,12 @@ func (br *bodyReader) read(r *http.Request, limit int64) ([]byte, error) {
 			// Full: probe for more before growing, so that a body of
 			// exactly its Content-Length (the common case) costs one
 			// allocation.
-			n, err := r.Body.Read(rb.probe[:])
+			n, err := r.Body.Read(br.probe[:])
 			if n > 0 {
 				if int64(len(b)) >= limit {
 					return nil, errBodyTooLarge
 				}
-				b = append(b, rb.probe[0])
+				b = append(b, br.probe[0])
 			}
 			if err == io.EOF {
 				break
@@ -229,21 +229,17 @@ func (br *bodyReader) read(r *http.Request, limit int64) ([]byte, error) {
 	if r.ContentLength >= 0 && int64(len(b)) > r.ContentLength {
 		return nil, errors.New("body longer than its Content-Length")
 	}
-	rb.Reset(b)
-	r.Body = rb
+	// io.NopCloser over a *bytes.Reader: the one shape of a body that
+	// net/http's Transport, told the body's length, sends in the same write
+	// as the request's head. A handler that forwards r.Body with an
+	// http.Client (a proxy) then costs the peer one read, not two.
+	br.rd.Reset(b)
+	r.Body = io.NopCloser(&br.rd)
 	return b, nil
 }
 
 // initialBodyBuffer bounds the first allocation for a request body.
 const initialBodyBuffer = 4 << 10
-
-// replayBody hands the already-read body to the handler.
-type replayBody struct {
-	bytes.Reader
-	probe [1]byte
-}
-
-func (*replayBody) Close() error { return nil }
 
 var (
 	replayedTrue = []string{"true"}

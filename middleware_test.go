@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/testkit/enginetest"
+	"github.com/idem-go/idem/internal/testkit/wirecount"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/memory"
 	"github.com/idem-go/idem/store/storetest"
@@ -1158,5 +1160,40 @@ func TestWriterUsedAfterTheHandlerReturned(t *testing.T) {
 	h.ServeHTTP(replay, r3)
 	if replay.Code != http.StatusOK || replay.Body.Len() != 0 || replay.Header().Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("replay %d %q %v", replay.Code, replay.Body, replay.Header())
+	}
+}
+
+// TestForwardedBodyInOneWrite: a handler that forwards the body it is
+// given with an http.Client sends it in the same write as the request's
+// head: the middleware hands on a body net/http knows to be in memory.
+func TestForwardedBodyInOneWrite(t *testing.T) {
+	t.Parallel()
+	for _, size := range []int{300, 3000} { // in the small array, and apart
+		body := `{"note":"` + strings.Repeat("x", size-11) + `"}`
+		up := wirecount.NewUpstream(t)
+		f := newFixture(t, idem.Config{}, func(w http.ResponseWriter, r *http.Request) {
+			out, err := http.NewRequestWithContext(r.Context(), http.MethodPost, up.URL, r.Body)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			out.ContentLength = r.ContentLength
+			resp, err := up.Transport.RoundTrip(out)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			resp.Body.Close()
+			w.WriteHeader(resp.StatusCode)
+		})
+		if w := f.do(post(`"k`+strconv.Itoa(size)+`"`, body)); w.Code != http.StatusCreated {
+			t.Fatalf("%d bytes: %d %s", size, w.Code, w.Body)
+		}
+		if got := up.Body(); got != body {
+			t.Errorf("%d bytes: the upstream got %q", size, got)
+		}
+		if n := up.Writes(); n != 1 {
+			t.Errorf("%d bytes: the request took %d writes; want 1 (head and body together)", size, n)
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"net/http/httptrace"
 	"net/http/httputil"
 	"net/url"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -93,35 +94,29 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	})
 	pr.Out = pr.Out.WithContext(ctx)
 	hideKeyFromTransport(pr.Out.Header)
-	inMemoryBody(pr.Out, pr.In.Body)
+	if pr.Out.Body != nil && isNopCloser(pr.In.Body) {
+		// The engine hands the handler the body it read as an io.NopCloser
+		// over a *bytes.Reader, which the transport writes in the same
+		// write as the request's head; the reverse proxy wraps it in a
+		// type of its own, for which the transport flushes the head first
+		// (a second write, and a second read and wakeup on the upstream).
+		// The wrapper keeps the transport from closing the incoming body,
+		// and closing a NopCloser does nothing: the body goes out as the
+		// engine made it.
+		pr.Out.Body = pr.In.Body
+	}
 }
 
-// maxInlineBody bounds the body inMemoryBody copies: past a few pages, the
-// request head's own write no longer matters.
-const maxInlineBody = 16 << 10
+// nopCloserTypes are the types io.NopCloser returns (with and without
+// WriteTo).
+var nopCloserTypes = [...]reflect.Type{
+	reflect.TypeOf(io.NopCloser(nil)),
+	reflect.TypeOf(io.NopCloser(bytes.NewReader(nil))),
+}
 
-// inMemoryBody hands the transport the body of out, which the engine
-// already holds in memory and passes on as in, as a *bytes.Reader: net/http's
-// Transport writes a body of that type in the same write as the request's
-// head, and flushes the head first for any other (the reverse proxy wraps
-// the body in one of its own), which costs a second write, and a second read
-// and wakeup on the upstream, for every request.
-func inMemoryBody(out *http.Request, in io.Reader) {
-	b, ok := in.(interface {
-		io.Reader
-		Len() int
-	})
-	if !ok || out.Body == nil || out.ContentLength <= 0 || out.ContentLength > maxInlineBody ||
-		int64(b.Len()) != out.ContentLength {
-		return
-	}
-	buf := make([]byte, out.ContentLength)
-	if n, err := io.ReadFull(b, buf); err != nil {
-		// Not all there after all: send what was read, then the rest.
-		out.Body = io.NopCloser(io.MultiReader(bytes.NewReader(buf[:n]), b))
-		return
-	}
-	out.Body = io.NopCloser(bytes.NewReader(buf))
+func isNopCloser(r io.Reader) bool {
+	t := reflect.TypeOf(r)
+	return t == nopCloserTypes[0] || t == nopCloserTypes[1]
 }
 
 // hideKeyFromTransport stops net/http's Transport from silently sending
