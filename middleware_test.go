@@ -1168,7 +1168,7 @@ func TestWriterUsedAfterTheHandlerReturned(t *testing.T) {
 // head: the middleware hands on a body net/http knows to be in memory.
 func TestForwardedBodyInOneWrite(t *testing.T) {
 	t.Parallel()
-	for _, size := range []int{300, 3000} { // in the small array, and apart
+	for _, size := range []int{300, 3000} {
 		body := `{"note":"` + strings.Repeat("x", size-11) + `"}`
 		up := wirecount.NewUpstream(t)
 		f := newFixture(t, idem.Config{}, func(w http.ResponseWriter, r *http.Request) {
