@@ -143,40 +143,63 @@ func TestProxyAsyncTwoProxies(t *testing.T) {
 
 // A worker that loses its lease while the upstream runs: the sweeper of
 // another proxy moves the record to unknown (the default lease policy),
-// the late answer is refused, and nothing runs again.
+// keeping its fence. The worker's late answer then settles that record, as
+// the execution the fence names; had an operator settled it first, the
+// late answer is refused and the operator's kept. Nothing runs again.
 func TestProxyAsyncLeaseLost(t *testing.T) {
-	api, up := newReportAPI(t)
-	hold := make(chan struct{})
-	api.hold["slow"] = hold
-	clock := storetest.NewClock()
-	dsn := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
-	cfgA := asyncProxyConfig(up, dsn, 1)
-	cfgA.StoreClock = clock.Now
-	cfgB := asyncProxyConfig(up, dsn, 0) // accepts only
-	cfgB.StoreClock = clock.Now
-	_, _, stopA := startStoppable(t, cfgA)
-	b, baseB, _ := startStoppable(t, cfgB)
-	c := client(t)
-	loc := wantProxyAccepted(t, send(t, c, "POST", baseB+"/v1/reports", "slow", `{}`, "X-Tenant", "acme"), "first request")
-	<-api.started // A's worker forwarded it
-	wantProxyAccepted(t, send(t, c, "GET", baseB+loc, "", "", "X-Tenant", "acme"), "status while it runs")
-	clock.Advance(time.Hour)
-	n, err := b.maint.SweepOnce(context.Background())
-	if err != nil || n != 1 {
-		t.Fatalf("sweep: %d %v", n, err)
-	}
-	close(hold)
-	stopA() // waits for A's worker to try to record the answer
-	for _, r := range []reply{
-		send(t, c, "GET", baseB+loc, "", "", "X-Tenant", "acme"),
-		send(t, c, "POST", baseB+"/v1/reports", "slow", `{}`, "X-Tenant", "acme"),
-	} {
-		if r.status != http.StatusConflict || !strings.Contains(string(r.body), idem.SlugOutcomeUnknown) {
-			t.Fatalf("after the lease was lost: %d %s", r.status, r.body)
-		}
-	}
-	if got := api.count("slow"); got != 1 {
-		t.Fatalf("upstream ran %d times, want once", got)
+	for _, operatorFirst := range []bool{false, true} {
+		t.Run(fmt.Sprintf("operator_first=%v", operatorFirst), func(t *testing.T) {
+			api, up := newReportAPI(t)
+			hold := make(chan struct{})
+			api.hold["slow"] = hold
+			clock := storetest.NewClock()
+			dsn := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
+			cfgA := asyncProxyConfig(up, dsn, 1)
+			cfgA.StoreClock = clock.Now
+			cfgB := asyncProxyConfig(up, dsn, 0) // accepts only
+			cfgB.StoreClock = clock.Now
+			_, _, stopA := startStoppable(t, cfgA)
+			b, baseB, _ := startStoppable(t, cfgB)
+			c := client(t)
+			loc := wantProxyAccepted(t, send(t, c, "POST", baseB+"/v1/reports", "slow", `{}`, "X-Tenant", "acme"), "first request")
+			<-api.started // A's worker forwarded it
+			wantProxyAccepted(t, send(t, c, "GET", baseB+loc, "", "", "X-Tenant", "acme"), "status while it runs")
+			clock.Advance(time.Hour)
+			n, err := b.maint.SweepOnce(context.Background())
+			if err != nil || n != 1 {
+				t.Fatalf("sweep: %d %v", n, err)
+			}
+			scope := (&idem.Request{Tenant: headerTenant(t, b, "acme"), Method: "POST", Route: "/v1/reports"}).Scope()
+			rec, err := b.Store().Get(context.Background(), scope, "slow")
+			if err != nil || rec.State != store.StateUnknown {
+				t.Fatalf("after the sweep: %s %v", rec.State, err)
+			}
+			want := `{"report":"slow"`
+			if operatorFirst {
+				want = `{"settled":"by an operator"}`
+				err := b.Store().Resolve(context.Background(), store.ResolveParams{
+					FenceParams: store.FenceParams{Scope: scope, Key: "slow", Fence: rec.Fence},
+					To:          store.StateCompleted,
+					Response:    &store.Response{Status: http.StatusCreated, Body: []byte(want)},
+				})
+				if err != nil {
+					t.Fatalf("operator's settlement: %v", err)
+				}
+			}
+			close(hold)
+			stopA() // waits for A's worker to try to record the answer
+			for _, r := range []reply{
+				send(t, c, "GET", baseB+loc, "", "", "X-Tenant", "acme"),
+				send(t, c, "POST", baseB+"/v1/reports", "slow", `{}`, "X-Tenant", "acme"),
+			} {
+				if r.status != http.StatusCreated || !strings.HasPrefix(string(r.body), want) {
+					t.Fatalf("after the lease was lost: %d %s, want 201 %s...", r.status, r.body, want)
+				}
+			}
+			if got := api.count("slow"); got != 1 {
+				t.Fatalf("upstream ran %d times, want once", got)
+			}
+		})
 	}
 }
 
