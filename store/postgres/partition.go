@@ -60,9 +60,10 @@ import (
 // expiry past reap_after; pending, unknown and live records), and drops
 // the partition (DETACH, then DROP). A terminal record past its expiry is
 // therefore removed only once its partition's range has passed, up to
-// Config.Partitions after its expiry (Reserve treats it as absent
-// meanwhile, as on the plain table), and Reap's Limit does not bound the
-// records of a dropped partition.
+// Config.Partitions after its expiry, or after the move that took it out
+// of a retiring partition (to greatest(expires_at, now)) when it had one
+// (Reserve treats it as absent meanwhile, as on the plain table), and
+// Reap's Limit does not bound the records of a dropped partition.
 
 //go:embed partitioned/records.sql
 var partitionedTable string
