@@ -88,3 +88,10 @@ func (s *Store) CacheNode() string { return s.cache.node }
 // SlowInvalidations makes the store's replay cache apply each
 // invalidation d late.
 func (s *Store) SlowInvalidations(d time.Duration) { s.cache.slow.Store(int64(d)) }
+
+// The statements that open the pipelines run with sequential scans off,
+// for the test that runs those statements after them.
+var (
+	SQLNoSeqScan        = sqlNoSeqScan
+	SQLBatchLockTimeout = sqlBatchLockTimeout
+)

@@ -214,17 +214,26 @@ var partitionScans = map[string]bool{
 
 var paramRe = regexp.MustCompile(`\$(\d+)`)
 
-// checkPlan prepares sql and explains its generic plan with every
-// parameter NULL, with sequential scans off when the store runs it so.
-func checkPlan(t *testing.T, conn *pgx.Conn, name, sql string, noSeqScan bool) {
-	t.Helper()
-	ctx := context.Background()
+// nullArgs is the argument list that executes the prepared sql with every
+// parameter NULL: "" when it has none.
+func nullArgs(sql string) string {
 	n := 0
 	for _, m := range paramRe.FindAllStringSubmatch(sql, -1) {
 		var v int
 		fmt.Sscan(m[1], &v)
 		n = max(n, v)
 	}
+	if n == 0 {
+		return ""
+	}
+	return "(" + strings.TrimSuffix(strings.Repeat("NULL, ", n), ", ") + ")"
+}
+
+// checkPlan prepares sql and explains its generic plan with every
+// parameter NULL, with sequential scans off when the store runs it so.
+func checkPlan(t *testing.T, conn *pgx.Conn, name, sql string, noSeqScan bool) {
+	t.Helper()
+	ctx := context.Background()
 	stmt := "plan_" + strings.NewReplacer(" ", "_", ",", "").Replace(name)
 	if _, err := conn.Exec(ctx, "DEALLOCATE ALL"); err != nil {
 		t.Fatal(err)
@@ -232,11 +241,7 @@ func checkPlan(t *testing.T, conn *pgx.Conn, name, sql string, noSeqScan bool) {
 	if _, err := conn.Exec(ctx, "PREPARE "+stmt+" AS "+sql); err != nil {
 		t.Fatalf("prepare %s: %v", name, err)
 	}
-	args := strings.TrimSuffix(strings.Repeat("NULL, ", n), ", ")
-	explain := "EXPLAIN EXECUTE " + stmt
-	if n > 0 {
-		explain += "(" + args + ")"
-	}
+	explain := "EXPLAIN EXECUTE " + stmt + nullArgs(sql)
 	seq := "on"
 	if noSeqScan {
 		seq = "off"

@@ -262,8 +262,9 @@ WHERE scope = $1 AND key = $2 AND state = 'in_progress' AND fence = $3`
 // long as the connection: planned on an almost empty table (a service's
 // first requests), a sequential scan looks cheaper than a probe of the
 // primary key per input row, and would stay once the table holds
-// millions of rows. No statement of a batch wants a sequential scan.
-const sqlBatchLockTimeout = `SELECT set_config('lock_timeout', $1, true), set_config('enable_seqscan', 'off', true)`
+// millions of rows. No statement of a batch wants a sequential scan
+// (nor JIT, see noSeqScanSettings).
+const sqlBatchLockTimeout = `SELECT set_config('lock_timeout', $1, true), ` + noSeqScanSettings
 
 // sqlGet reads the request an unknown record keeps (an operator settles
 // it from that), and none of a pending or in-progress one (the worker's,
@@ -340,8 +341,10 @@ moved AS (
 SELECT ` + recordColumns + ` FROM swept`
 
 // sqlSweepLock takes the sweep mark until the end of the transaction, and
-// turns sequential scans off as sqlNoSeqScan does.
-const sqlSweepLock = `SELECT set_config('enable_seqscan', 'off', true) FROM {schema}idem_sweep_mark FOR UPDATE`
+// turns sequential scans and JIT off as sqlNoSeqScan does: the sweep reads
+// idem_sweep_mark whole, a disabled scan that would make the server
+// compile it at every pass while it holds the mark.
+const sqlSweepLock = `SELECT ` + noSeqScanSettings + ` FROM {schema}idem_sweep_mark FOR UPDATE`
 
 // sweepWalk bounds the leases one sweep walks; records sharing one lease
 // end (a batch's reservations) must be fewer, or the mark would not pass
