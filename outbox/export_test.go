@@ -30,3 +30,9 @@ func (o *Outbox[TTx]) JobCount(ctx context.Context) (int, error) {
 	}
 	return len(res.Jobs), nil
 }
+
+// RecordDelivery records a delivery of a message as a worker does once
+// its Deliverer answered, and returns the downstream id the table keeps.
+func (o *Outbox[TTx]) RecordDelivery(ctx context.Context, key, kind string, fence, jobID int64, downstreamID string, attempt int) (string, error) {
+	return o.db.record(ctx, Message{Key: key, Kind: kind, Fence: fence}, jobID, downstreamID, attempt)
+}

@@ -447,3 +447,35 @@ func TestKeyFor(t *testing.T) {
 		seen[k] = in
 	}
 }
+
+// The first downstream id recorded for a message stays, with the attempt
+// that delivered it: a second delivery of the same message (two workers, or
+// a crash between the record and River's completion that runs the job
+// again) is told the id already kept and cannot replace it.
+func TestFirstDownstreamIDWins(t *testing.T) {
+	forEachDB(t, firstDownstreamIDWins[pgx.Tx], firstDownstreamIDWins[*sql.Tx])
+}
+
+func firstDownstreamIDWins[TTx any](t *testing.T, db database[TTx]) {
+	ctx := context.Background()
+	ob := db.newOutbox(t, testConfig(httpDeliverer{"http://127.0.0.1:1"}, &logBuffer{}, newMeterRecorder()))
+	for i, try := range []struct {
+		id      string
+		attempt int
+	}{{"ch_first", 1}, {"ch_second", 2}, {"ch_third", 3}} {
+		kept, err := ob.RecordDelivery(ctx, "k1", "charge", 7, 42, try.id, try.attempt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if kept != "ch_first" {
+			t.Fatalf("delivery %d recorded %q: the table keeps %q, want ch_first", i+1, try.id, kept)
+		}
+	}
+	d, err := ob.Delivery(ctx, "k1", "charge")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.State != outbox.Delivered || d.DownstreamID != "ch_first" || d.Attempts != 1 {
+		t.Fatalf("delivery %+v, want delivered as ch_first at attempt 1", d)
+	}
+}
