@@ -393,6 +393,14 @@ func (x *Execution) retry(ctx context.Context, op storeOp, f func(context.Contex
 	e := x.e
 	var p store.ResolveParams
 	settle := func(ctx context.Context) error { return e.store.Resolve(ctx, p) }
+	try := func() error { // the transition, or Resolve once settling
+		if !r.settling {
+			return e.call(ctx, op, true, f)
+		}
+		err := e.call(ctx, opResolve, true, settle)
+		r.resolved = err == nil
+		return err
+	}
 	pause := completionRetry
 	maxPause := min(completionRetryMax, max(e.cfg.Lease/10, completionRetry))
 	for {
@@ -405,9 +413,8 @@ func (x *Execution) retry(ctx context.Context, op storeOp, f func(context.Contex
 			// will be again. Whether it is unknown with it, only the
 			// Resolve can tell, atomically.
 			r.settling, p = true, own()
-			err = e.call(ctx, opResolve, true, settle)
+			err = try()
 			r.attempts++
-			r.resolved = err == nil
 			continue
 		case !transient(err) || (x.lost.Load() && !r.settling):
 			return err
@@ -417,12 +424,7 @@ func (x *Execution) retry(ctx context.Context, op storeOp, f func(context.Contex
 			return err
 		}
 		sleep(context.Background(), e.clk, wait)
-		if r.settling {
-			err = e.call(ctx, opResolve, true, settle)
-			r.resolved = err == nil
-		} else {
-			err = e.call(ctx, op, true, f)
-		}
+		err = try()
 		r.attempts++
 		pause = min(pause*2, maxPause)
 	}
