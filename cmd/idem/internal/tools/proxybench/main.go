@@ -180,6 +180,7 @@ type sliceResult struct {
 	lat     []time.Duration // HTTP variants
 	avgLat  time.Duration   // pgbench
 	walB    float64         // WAL bytes per op, PostgreSQL only
+	cpu     cpuTimes        // CPU time spent during the slice, by whom
 }
 
 func run(o options) error {
@@ -198,6 +199,7 @@ func run(o options) error {
 	defer os.RemoveAll(dir)
 	var (
 		procs   []*exec.Cmd
+		pids    = map[string]int{} // by URL, the processes spawned
 		schemas []string
 		pg      *pgx.Conn
 	)
@@ -241,6 +243,7 @@ func run(o options) error {
 		if err := benchnet.WaitListening(addr); err != nil {
 			return "", fmt.Errorf("%s %s: %w", filepath.Base(bin), strings.Join(args, " "), err)
 		}
+		pids["http://"+addr] = cmd.Process.Pid
 		return "http://" + addr, nil
 	}
 
@@ -271,6 +274,7 @@ func run(o options) error {
 		if err := benchnet.WaitListening(addr); err != nil {
 			return "", fmt.Errorf("peer %s (%s): %w", p.name, line, err)
 		}
+		pids["http://"+addr] = cmd.Process.Pid // sh execs the command: the same process
 		return "http://" + addr, nil
 	}
 	idemProxy := func(bin, store string, extra ...string) (string, error) {
@@ -383,12 +387,19 @@ func run(o options) error {
 		}
 	}
 	variants = slices.DeleteFunc(variants, func(v *variant) bool { return !wanted(v.name) })
+	postmaster := 0
+	if pg != nil {
+		if postmaster, err = postmasterPID(ctx, pg); err != nil {
+			return err
+		}
+	}
 	for _, v := range variants {
 		if v.url != "" {
 			if err := httpVariant(ctx, v, o); err != nil {
 				return err
 			}
 		}
+		wrapCPU(cpuMeter{proxy: pids[v.url], upstream: pids[up], postmaster: postmaster}, v)
 		if v.schema != "" {
 			wrapWAL(pg, v)
 		}

@@ -1,0 +1,213 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// cpuTimes is the CPU time spent during one slice, by whom: the variant's
+// proxy process, the PostgreSQL server (every process of the cluster the
+// store uses, exited backends included), the upstream, this process (the
+// load) with its children that ended in the slice (pgbench), and the
+// whole machine's busy and idle time. It answers what a request costs in
+// CPU, and who pays, where throughput alone cannot: on two cores the load,
+// the upstream, the proxy and the database all share them.
+type cpuTimes struct {
+	proxy, db, upstream, load time.Duration
+	busy, idle                time.Duration
+}
+
+func (c cpuTimes) sub(d cpuTimes) cpuTimes {
+	return cpuTimes{c.proxy - d.proxy, c.db - d.db, c.upstream - d.upstream, c.load - d.load, c.busy - d.busy, c.idle - d.idle}
+}
+
+func (c cpuTimes) add(d cpuTimes) cpuTimes {
+	return cpuTimes{c.proxy + d.proxy, c.db + d.db, c.upstream + d.upstream, c.load + d.load, c.busy + d.busy, c.idle + d.idle}
+}
+
+// userHZ is the unit of the times in /proc (USER_HZ), 100 on every Linux
+// architecture Go runs on.
+const userHZ = 100
+
+func ticks(n int64) time.Duration { return time.Duration(n) * time.Second / userHZ }
+
+// procStat is what cpu accounting reads of /proc/PID/stat.
+type procStat struct {
+	ppid           int
+	utime, stime   int64 // the process's own
+	cutime, cstime int64 // its children's that it waited for
+	comm           string
+	ok             bool
+}
+
+func readProcStat(pid int) procStat {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return procStat{}
+	}
+	return parseProcStat(b)
+}
+
+// parseProcStat reads a /proc/PID/stat line. The command name is in
+// parentheses and may hold spaces or parentheses itself, so the fields
+// are counted from the last ')'.
+func parseProcStat(b []byte) procStat {
+	open, end := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
+	if open < 0 || end < open {
+		return procStat{}
+	}
+	f := strings.Fields(string(b[end+1:]))
+	// f[0] is the state (field 3): ppid is field 4, utime 14, stime 15,
+	// cutime 16, cstime 17.
+	if len(f) < 15 {
+		return procStat{}
+	}
+	n := func(i int) int64 { v, _ := strconv.ParseInt(f[i], 10, 64); return v }
+	return procStat{ppid: int(n(1)), utime: n(11), stime: n(12), cutime: n(13), cstime: n(14),
+		comm: string(b[open+1 : end]), ok: true}
+}
+
+// processCPU is a process's own CPU time; 0 for pid 0 or a process gone.
+func processCPU(pid int) time.Duration {
+	if pid <= 0 {
+		return 0
+	}
+	s := readProcStat(pid)
+	return ticks(s.utime + s.stime)
+}
+
+// clusterCPU is the CPU time of a PostgreSQL cluster: its postmaster's,
+// every live child's, and, through the postmaster's children counters,
+// that of every backend that has exited (pgbench's, a closed pool's).
+func clusterCPU(postmaster int) time.Duration {
+	if postmaster <= 0 {
+		return 0
+	}
+	pm := readProcStat(postmaster)
+	if !pm.ok {
+		return 0
+	}
+	total := pm.utime + pm.stime + pm.cutime + pm.cstime
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == postmaster {
+			continue
+		}
+		if s := readProcStat(pid); s.ok && s.ppid == postmaster {
+			total += s.utime + s.stime
+		}
+	}
+	return ticks(total)
+}
+
+// machineCPU is the machine's busy and idle time from /proc/stat (idle
+// counts I/O wait).
+func machineCPU() (busy, idle time.Duration) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	line, _, _ := bytes.Cut(b, []byte("\n"))
+	f := strings.Fields(string(line))
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0, 0
+	}
+	var v [8]int64
+	for i := range v {
+		v[i], _ = strconv.ParseInt(f[i+1], 10, 64)
+	}
+	// user nice system idle iowait irq softirq steal
+	return ticks(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]), ticks(v[3] + v[4])
+}
+
+// selfCPU is this process's CPU time and that of its children waited for.
+func selfCPU() time.Duration {
+	var self, children syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &self)
+	_ = syscall.Getrusage(syscall.RUSAGE_CHILDREN, &children)
+	tv := func(t syscall.Timeval) time.Duration { return time.Duration(t.Nano()) }
+	return tv(self.Utime) + tv(self.Stime) + tv(children.Utime) + tv(children.Stime)
+}
+
+// cpuMeter samples the CPU of one variant's processes.
+type cpuMeter struct {
+	proxy, upstream, postmaster int
+}
+
+func (m cpuMeter) sample() cpuTimes {
+	busy, idle := machineCPU()
+	return cpuTimes{proxy: processCPU(m.proxy), db: clusterCPU(m.postmaster), upstream: processCPU(m.upstream),
+		load: selfCPU(), busy: busy, idle: idle}
+}
+
+// postmasterPID is the pid of the postmaster of pg's server, when it runs
+// on this machine (its backend is a process here whose parent is the
+// postmaster); 0 otherwise.
+func postmasterPID(ctx context.Context, pg *pgx.Conn) (int, error) {
+	var backend int
+	if err := pg.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend); err != nil {
+		return 0, err
+	}
+	s := readProcStat(backend)
+	if !s.ok || s.comm != "postgres" {
+		return 0, nil // another machine's server, or a pooler in between
+	}
+	return s.ppid, nil
+}
+
+// wrapCPU measures the CPU time spent during each slice of v.
+func wrapCPU(m cpuMeter, v *variant) {
+	wrap := func(f func(context.Context, options) (sliceResult, error)) func(context.Context, options) (sliceResult, error) {
+		if f == nil {
+			return nil
+		}
+		return func(ctx context.Context, o options) (sliceResult, error) {
+			before := m.sample()
+			res, err := f(ctx, o)
+			res.cpu = m.sample().sub(before)
+			return res, err
+		}
+	}
+	v.new, v.replay = wrap(v.new), wrap(v.replay)
+}
+
+// cpuTable prints the CPU time per request of one phase, by whom, summed
+// over the slices: the shares say where a variant's time goes, and the
+// total is what one request costs the machine.
+func cpuTable(w io.Writer, variants []*variant, results map[string][]sliceResult, phase string) {
+	fmt.Fprintf(w, "\nCPU per %s, µs (summed over the slices; database: the whole PostgreSQL cluster; load: the load generator and pgbench; other: the rest of the machine's busy time):\n\n", phase)
+	fmt.Fprintln(w, "| variant | proxy | database | upstream | load | other | busy | idle |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
+	for _, v := range variants {
+		var sum cpuTimes
+		ops := 0
+		for _, r := range results[v.name] {
+			sum = sum.add(r.cpu)
+			ops += r.ops
+		}
+		if ops == 0 || sum.busy == 0 {
+			continue
+		}
+		per := func(d time.Duration) string {
+			return strconv.FormatFloat(float64(d.Nanoseconds())/1e3/float64(ops), 'f', 0, 64)
+		}
+		other := sum.busy - sum.proxy - sum.db - sum.upstream - sum.load
+		px := per(sum.proxy)
+		if v.name == "pgbench" {
+			px = "–"
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", v.name, px, per(sum.db), per(sum.upstream),
+			per(sum.load), per(other), per(sum.busy), per(sum.idle))
+	}
+}
