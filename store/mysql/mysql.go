@@ -4,10 +4,10 @@
 // # Servers
 //
 // Tested on MariaDB 10.11. The SQL is written to run unchanged on MySQL 8.0
-// and later; the comments in queries.sql name the places where the two
-// servers differ. It needs FOR UPDATE SKIP LOCKED (MariaDB >= 10.6,
-// MySQL >= 8.0) and enforced CHECK constraints (MariaDB >= 10.2,
-// MySQL >= 8.0.16).
+// and later; the comments in queries.sql and queries.go name the places
+// where the two servers differ. It needs FOR UPDATE SKIP LOCKED
+// (MariaDB >= 10.6, MySQL >= 8.0) and enforced CHECK constraints
+// (MariaDB >= 10.2, MySQL >= 8.0.16).
 //
 // # Round trips
 //

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/idem-go/idem/store"
@@ -22,26 +21,15 @@ var _ store.ActiveCounter = (*Store)(nil)
 // computed in Go (storekit.ApplyPending, the claim and expiry rules) from the
 // row read under its lock and written back whole.
 
-// pendingQuery compiles a statement of this file, with {record_columns}.
-func pendingQuery(name, text string) *query {
-	qq, err := compile(name, strings.ReplaceAll(text, "{record_columns}", q("record_columns").sql))
-	if err != nil {
-		panic(err)
-	}
-	return qq
-}
-
-const pendingNow = `COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6))`
-
 var (
-	qPendingNow = pendingQuery("pending_now", `SELECT `+pendingNow)
+	qPendingNow = mustCompile("pending_now", `SELECT `+sqlNow)
 
-	qPendingLock = pendingQuery("pending_lock", `
+	qPendingLock = mustCompile("pending_lock", `
 SELECT {record_columns}, queue, request FROM idem_records
 WHERE scope = :scope AND `+"`key`"+` = :key
 FOR UPDATE`)
 
-	qPendingInsert = pendingQuery("pending_insert", `
+	qPendingInsert = mustCompile("pending_insert", `
 INSERT INTO idem_records (scope, `+"`key`"+`, fingerprint, state, fence, lease_policy, locked_until,
     recovery_point, response_status, response_headers, response_body, response_body_omitted,
     last_error, attempts, created_at, updated_at, completed_at, expires_at, reconcile_after,
@@ -51,7 +39,7 @@ VALUES (:scope, :key, :fingerprint, :state, :fence, :lease_policy, :locked_until
     :last_error, :attempts, :created_at, :updated_at, :completed_at, :expires_at, :reconcile_after,
     :reconcile_attempts, :dead_lettered_at, :queue, :request, :tenant)`)
 
-	qPendingWrite = pendingQuery("pending_write", `
+	qPendingWrite = mustCompile("pending_write", `
 UPDATE idem_records SET
     fingerprint = :fingerprint, state = :state, fence = :fence, lease_policy = :lease_policy,
     locked_until = :locked_until, recovery_point = :recovery_point,
@@ -64,16 +52,16 @@ UPDATE idem_records SET
     row_version = row_version + 1
 WHERE scope = :scope AND `+"`key`"+` = :key AND fence = :old_fence AND state = :old_state`)
 
-	qClaimSelect = pendingQuery("claim_select", `
-SELECT {record_columns}, queue, request, `+pendingNow+` FROM idem_records
-WHERE state = 'pending' AND queue = :queue AND locked_until > `+pendingNow+`
+	qClaimSelect = mustCompile("claim_select", `
+SELECT {record_columns}, queue, request, `+sqlNow+` FROM idem_records
+WHERE state = 'pending' AND queue = :queue AND locked_until > `+sqlNow+`
 ORDER BY created_at
 LIMIT :limit
 FOR UPDATE SKIP LOCKED`)
 
-	qExpireSelect = pendingQuery("expire_pending_select", `
-SELECT {record_columns}, queue, request, `+pendingNow+` FROM idem_records
-WHERE state = 'pending' AND locked_until <= `+pendingNow+`
+	qExpireSelect = mustCompile("expire_pending_select", `
+SELECT {record_columns}, queue, request, `+sqlNow+` FROM idem_records
+WHERE state = 'pending' AND locked_until <= `+sqlNow+`
 ORDER BY locked_until
 LIMIT :limit
 FOR UPDATE SKIP LOCKED`)

@@ -49,7 +49,6 @@ var (
 	qTenantLock     = q("tenant_lock")
 	qTenantCheck    = q("tenant_check")
 	qCountActive    = q("count_active")
-	qComplete       = q("complete")
 	qRelease        = q("release")
 	qMarkUnknown    = q("mark_unknown")
 	qCheckpoint     = q("checkpoint")
@@ -59,12 +58,8 @@ var (
 	qDelete         = q("delete")
 	qSweepSelect    = q("sweep_select")
 	qSweepUpdate    = q("sweep_update")
-	qReapDelete     = q("reap_delete")
-	qReapSoft       = q("reap_soft")
-	qReapAbandon    = q("reap_abandon")
 	qListUnknownDue = q("list_unknown_due")
 	qListUnknownAll = q("list_unknown_all")
-	qResolve        = q("resolve")
 	qDefer          = q("defer")
 	qDeadLetter     = q("dead_letter")
 	qMigrateLock    = q("migrate_lock")
@@ -84,6 +79,111 @@ var (
 		sql:    "START TRANSACTION; " + qReserveUpsert.sql + "; " + qReserveSelect.sql + "; COMMIT",
 		params: append(append([]string(nil), qReserveUpsert.params...), qReserveSelect.params...),
 	}
+)
+
+// The statements that share a piece of logic with another are composed
+// here, each piece written once, in the form of queries.sql's blocks
+// (:name parameters, {record_columns}); pending.go composes the queue's
+// statements the same way.
+
+// mustCompile compiles a statement written in Go, with {record_columns}.
+func mustCompile(name, text string) *query {
+	qq, err := compile(name, strings.ReplaceAll(text, "{record_columns}", q("record_columns").sql))
+	if err != nil {
+		panic(err)
+	}
+	return qq
+}
+
+// sqlNow is the statement's instant, as every statement reads it (see
+// queries.sql).
+const sqlNow = `COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6))`
+
+// settling is what giving a record its outcome writes over it, whoever
+// gives it (the lease holder, the reaper abandoning it, the settlement of an
+// unknown one): the answer (NULLs for failed_retryable; see responseArgs),
+// and no request kept for a worker, as that request may name the caller.
+const settling = `queue = NULL,
+    request = NULL,
+    response_status = :status,
+    response_headers = :headers,
+    response_body = :body,
+    response_body_omitted = :body_omitted`
+
+// completing is the SET list that completes a record with an answer, in
+// every statement that does (complete, reap_abandon); its arguments are the
+// statement's own last_error and new expires_at.
+func completing(lastError, expires string) string {
+	return `state = 'completed',
+    ` + settling + `,
+    last_error = ` + lastError + `,
+    completed_at = ` + sqlNow + `,
+    updated_at = ` + sqlNow + `,
+    expires_at = ` + expires
+}
+
+// renewedExpiry is the expiry a completion or a settlement gives a record:
+// :ttl_us microseconds from now, or the record's own expiry when :ttl_us is
+// not positive.
+const renewedExpiry = `IF(:ttl_us > 0,
+        DATE_ADD(` + sqlNow + `, INTERVAL :ttl_us MICROSECOND),
+        expires_at)`
+
+// reapDue picks up to :limit terminal records past expiry: reap_delete's
+// and reap_soft's WHERE clause. No ORDER BY: any bounded batch will do, and
+// ordering across two states would sort every candidate. DELETE ... LIMIT
+// and UPDATE ... LIMIT are logged row-based (binlog format MIXED, the
+// MariaDB default, or ROW, the MySQL default).
+const reapDue = `
+WHERE state IN ('completed', 'failed_retryable')
+  AND expires_at <= ` + sqlNow + `
+LIMIT :limit`
+
+var (
+	qComplete = mustCompile("complete", `
+UPDATE idem_records SET
+    `+completing("''", renewedExpiry)+`,
+    row_version = row_version + 1
+WHERE scope = :scope AND `+"`key`"+` = :key AND state = 'in_progress' AND fence = :fence`)
+
+	// qResolve settles an unknown record. A settled outcome has no error;
+	// a retryable one keeps why it left in_progress until a retry reclaims
+	// it.
+	qResolve = mustCompile("resolve", `
+UPDATE idem_records SET
+    state = :to,
+    `+settling+`,
+    completed_at = IF(:to = 'completed', `+sqlNow+`, NULL),
+    last_error = IF(:to = 'completed', '', last_error),
+    updated_at = `+sqlNow+`,
+    expires_at = `+renewedExpiry+`,
+    reconcile_after = NULL,
+    dead_lettered_at = NULL,
+    row_version = row_version + 1
+WHERE scope = :scope AND `+"`key`"+` = :key AND state = 'unknown' AND fence = :fence`)
+
+	qReapDelete = mustCompile("reap_delete", `DELETE FROM idem_records`+reapDue)
+
+	qReapSoft = mustCompile("reap_soft", `
+UPDATE idem_records SET
+    state = 'expired',
+    updated_at = `+sqlNow+`,
+    row_version = row_version + 1`+reapDue)
+
+	// qReapAbandon completes up to :limit unknown records past expiry, and
+	// in_progress ones past expiry whose lease expired too (a holder that
+	// still renews its lease is alive, not abandoned), with the abandoned
+	// answer.
+	qReapAbandon = mustCompile("reap_abandon", `
+UPDATE idem_records SET
+    `+completing("'abandoned'", `DATE_ADD(`+sqlNow+`, INTERVAL :ttl_us MICROSECOND)`)+`,
+    reconcile_after = NULL,
+    dead_lettered_at = NULL,
+    row_version = row_version + 1
+WHERE state IN ('in_progress', 'unknown')
+  AND expires_at <= `+sqlNow+`
+  AND (state = 'unknown' OR locked_until <= `+sqlNow+`)
+LIMIT :limit`)
 )
 
 func mustLoadQueries(src string) map[string]*query {

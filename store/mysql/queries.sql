@@ -1,4 +1,7 @@
--- Every statement of the MySQL/MariaDB store.
+-- The statements of the MySQL/MariaDB store that share no piece of logic
+-- with another. Those that do (the SET list that completes a record, the
+-- reaper's choice of expired records) are composed in queries.go from
+-- pieces written once, and the queue's in pending.go, in the same form.
 --
 -- Each block starts with "-- name: NAME". Parameters are written :name and
 -- compiled to positional ? placeholders when the package loads; one name may
@@ -7,7 +10,7 @@
 --
 -- Time: :now is NULL when the store uses the server's clock and a UTC
 -- 'YYYY-MM-DD hh:mm:ss.ffffff' string when a Clock is injected, so every
--- statement reads the time as
+-- statement reads the time as (sqlNow in queries.go)
 --     COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6))
 -- UTC_TIMESTAMP, not NOW(): NOW() follows the session time_zone. All calls in
 -- one statement return the same instant.
@@ -157,26 +160,6 @@ FROM idem_records
 WHERE scope = :scope AND `key` = :key
 FOR UPDATE
 
--- name: complete
-UPDATE idem_records SET
-    state = 'completed',
-    -- The request kept for a worker may name the caller: a terminal
-    -- record drops it.
-    queue = NULL,
-    request = NULL,
-    response_status = :status,
-    response_headers = :headers,
-    response_body = :body,
-    response_body_omitted = :body_omitted,
-    last_error = '',
-    completed_at = COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)),
-    updated_at = COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)),
-    expires_at = IF(:ttl_us > 0,
-        DATE_ADD(COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)), INTERVAL :ttl_us MICROSECOND),
-        expires_at),
-    row_version = row_version + 1
-WHERE scope = :scope AND `key` = :key AND state = 'in_progress' AND fence = :fence
-
 -- name: release
 UPDATE idem_records SET
     state = 'failed_retryable',
@@ -249,46 +232,6 @@ UPDATE idem_records SET
     row_version = row_version + 1
 WHERE scope = :scope AND `key` = :key AND state = 'in_progress' AND fence = :fence
 
--- name: reap_delete
--- No ORDER BY: any bounded batch will do, and ordering across two states
--- would sort every candidate. DELETE ... LIMIT is logged row-based (binlog
--- format MIXED, the MariaDB default, or ROW, the MySQL default).
-DELETE FROM idem_records
-WHERE state IN ('completed', 'failed_retryable')
-  AND expires_at <= COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6))
-LIMIT :limit
-
--- name: reap_soft
-UPDATE idem_records SET
-    state = 'expired',
-    updated_at = COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)),
-    row_version = row_version + 1
-WHERE state IN ('completed', 'failed_retryable')
-  AND expires_at <= COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6))
-LIMIT :limit
-
--- name: reap_abandon
-UPDATE idem_records SET
-    state = 'completed',
-    queue = NULL,
-    request = NULL,
-    response_status = :status,
-    response_headers = :headers,
-    response_body = :body,
-    response_body_omitted = :body_omitted,
-    last_error = 'abandoned',
-    completed_at = COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)),
-    updated_at = COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)),
-    expires_at = DATE_ADD(COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)), INTERVAL :ttl_us MICROSECOND),
-    reconcile_after = NULL,
-    dead_lettered_at = NULL,
-    row_version = row_version + 1
-WHERE state IN ('in_progress', 'unknown')
-  AND expires_at <= COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6))
-  -- A holder that still renews its lease is alive, not abandoned.
-  AND (state = 'unknown' OR locked_until <= COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)))
-LIMIT :limit
-
 -- name: list_unknown_due
 SELECT {record_columns}
 FROM idem_records
@@ -304,28 +247,6 @@ FROM idem_records
 WHERE state = 'unknown'
 ORDER BY reconcile_after, scope, `key`
 LIMIT :limit
-
--- name: resolve
-UPDATE idem_records SET
-    state = :to,
-    queue = NULL,
-    request = NULL,
-    response_status = :status,
-    response_headers = :headers,
-    response_body = :body,
-    response_body_omitted = :body_omitted,
-    completed_at = IF(:to = 'completed', COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)), NULL),
-    -- A settled outcome has no error; a retryable one keeps why it left
-    -- in_progress until a retry reclaims it.
-    last_error = IF(:to = 'completed', '', last_error),
-    updated_at = COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)),
-    expires_at = IF(:ttl_us > 0,
-        DATE_ADD(COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)), INTERVAL :ttl_us MICROSECOND),
-        expires_at),
-    reconcile_after = NULL,
-    dead_lettered_at = NULL,
-    row_version = row_version + 1
-WHERE scope = :scope AND `key` = :key AND state = 'unknown' AND fence = :fence
 
 -- name: defer
 UPDATE idem_records SET
