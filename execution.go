@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -192,7 +193,11 @@ func (x *Execution) renew() {
 	case errors.Is(err, store.ErrLeaseLost):
 		x.lost.Store(true)
 		if !x.ending {
-			e.log.Error("idem: lease lost while the handler ran", "scope", x.scope, "key", x.key, "fence", x.fence)
+			// A warning: the outcome is still recorded if a sweeper
+			// moved the record to unknown under this fence (see end);
+			// report logs an error if it cannot be.
+			e.log.Warn("idem: lease lost while the handler ran (it lapsed on the store's clock); the outcome can still be recorded if the record went unknown under this execution's fence",
+				"scope", x.scope, "key", x.key, "fence", x.fence)
 		}
 	case isAnswer(err):
 		e.log.Error("idem: lease renewal refused", "scope", x.scope, "key", x.key, "fence", x.fence, "err", err)
@@ -445,9 +450,17 @@ func (x *Execution) report(ctx context.Context, op storeOp, what store.State, st
 	case errors.Is(err, store.ErrLeaseLost), errors.Is(err, store.ErrNotFound), r.settling && errors.Is(err, store.ErrStateConflict):
 		// Not a failure of the store: the record moved on without us
 		// (taken over after a stall, deleted by an operator, or swept and
-		// settled by a reconciler or an operator first).
+		// settled by a reconciler or an operator first). An answer (a
+		// completion or a release) that even the settlement could not
+		// record is an error: retries will not get what the client got.
+		// A MarkUnknown has no answer to keep: the record is already
+		// reconciliation's, another execution's, or gone.
+		level := slog.LevelError
+		if op == opMarkUnknown {
+			level = slog.LevelWarn
+		}
 		e.obs.FinishFailed(ctx, opNames[op])
-		e.log.Warn("idem: outcome not recorded: this execution no longer holds the record",
+		e.log.Log(ctx, level, "idem: outcome not recorded: this execution no longer holds the record",
 			"scope", x.scope, "key", x.key, "fence", x.fence, "outcome", what)
 	case transient(err):
 		e.obs.FinishFailed(ctx, opNames[op])

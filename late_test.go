@@ -15,7 +15,6 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/testkit/enginetest"
 	"github.com/idem-go/idem/internal/testkit/obstest"
-	"github.com/idem-go/idem/internal/testkit/testenv"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/memory"
 	"github.com/idem-go/idem/store/storetest"
@@ -31,10 +30,12 @@ type late struct {
 	t           *testing.T
 	engineClock *stepClock
 	storeClock  *storetest.Clock
+	mem         *memory.Store // what another proxy or an operator acts on
 	s           *enginetest.Flaky
+	e           *idem.Engine
 	h           http.Handler
 	obs         *obstest.Recorder
-	logs        testenv.Buffer
+	logs        enginetest.Logs
 	calls       atomic.Int64
 	entered     chan int64
 	answers     [3]chan reply // by call number, 1 and 2
@@ -46,26 +47,43 @@ type reply struct {
 }
 
 func newLate(t *testing.T, policy store.LeasePolicy) *late {
+	return newLateWith(t, idem.Config{LeasePolicy: policy})
+}
+
+// newLateWith makes a late with cfg, its engine over the memory store
+// through an enginetest.Flaky, unless cfg.Async (a Flaky keeps no queue).
+func newLateWith(t *testing.T, cfg idem.Config) *late {
 	t.Helper()
 	l := &late{t: t, engineClock: newStepClock(), storeClock: storetest.NewClock(), obs: &obstest.Recorder{}, entered: make(chan int64, 2)}
 	for i := range l.answers {
 		l.answers[i] = make(chan reply, 1)
 	}
-	l.s = &enginetest.Flaky{Store: memory.New(memory.Config{Clock: l.storeClock.Now})}
-	e, err := idem.New(l.s, idem.Config{Lease: lateLease, LeasePolicy: policy, Observer: l.obs,
-		Logger: slog.New(slog.NewTextHandler(&l.logs, nil))})
-	if err != nil {
+	l.mem = memory.New(memory.Config{Clock: l.storeClock.Now})
+	l.s = &enginetest.Flaky{Store: l.mem}
+	var s store.Store = l.s
+	if cfg.Async {
+		s = l.mem
+	}
+	cfg.Lease, cfg.Observer, cfg.Logger = lateLease, l.obs, slog.New(&l.logs)
+	var err error
+	if l.e, err = idem.New(s, cfg); err != nil {
 		t.Fatal(err)
 	}
-	idem.SetClock(e, l.engineClock)
-	l.h = e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	idem.SetClock(l.e, l.engineClock)
+	l.h = l.e.Middleware(l.handler())
+	return l
+}
+
+// handler tells entered its call number and answers what answers holds
+// for it, once it does.
+func (l *late) handler() http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
 		n := l.calls.Add(1)
 		l.entered <- n
 		a := <-l.answers[n]
 		w.WriteHeader(a.status)
 		io.WriteString(w, a.body)
-	}))
-	return l
+	}
 }
 
 // start sends a keyed request in the background and waits until its
@@ -85,7 +103,7 @@ func (l *late) start(key string, n int64) <-chan *httptest.ResponseRecorder {
 func (l *late) sweep(key string) store.Record {
 	l.t.Helper()
 	l.storeClock.Advance(lateLease + time.Second)
-	swept, err := l.s.SweepExpiredLeases(context.Background(), store.SweepParams{Limit: 10})
+	swept, err := l.mem.SweepExpiredLeases(context.Background(), store.SweepParams{Limit: 10})
 	if err != nil || len(swept) != 1 || swept[0].Key != key || swept[0].State != store.StateUnknown {
 		l.t.Fatalf("sweep: %v %+v, want %s unknown", err, swept, key)
 	}
@@ -93,7 +111,7 @@ func (l *late) sweep(key string) store.Record {
 }
 
 func (l *late) get(key string) (store.Record, error) {
-	return l.s.Get(context.Background(), "0:POST /v1/slow", key)
+	return l.mem.Get(context.Background(), "0:POST /v1/slow", key)
 }
 
 // replayed fails unless a retry of key replays status and body.
@@ -103,6 +121,27 @@ func (l *late) replayed(key string, status int, body string) {
 	if w.Code != status || w.Body.String() != body || w.Header().Get("Idempotent-Replayed") != "true" {
 		l.t.Fatalf("retry: %d %q replayed=%q, want %d %q replayed", w.Code, w.Body, w.Header().Get("Idempotent-Replayed"), status, body)
 	}
+}
+
+// settle settles the swept record as an operator would, with 200
+// "operator".
+func (l *late) settle(swept store.Record) {
+	l.t.Helper()
+	op := store.Response{Status: http.StatusOK, Header: http.Header{}, Body: []byte("operator")}
+	if err := l.mem.Resolve(context.Background(), store.ResolveParams{FenceParams: store.FenceParams{Scope: swept.Scope, Key: swept.Key, Fence: swept.Fence},
+		To: store.StateCompleted, Response: &op}); err != nil {
+		l.t.Fatal(err)
+	}
+}
+
+// logged reports whether a record at level has a message containing part.
+func (l *late) logged(level slog.Level, part string) bool {
+	for _, m := range l.logs.At(level) {
+		if strings.Contains(m, part) {
+			return true
+		}
+	}
+	return false
 }
 
 // A completion that reaches the store after a sweeper moved the record to
@@ -127,8 +166,8 @@ func TestLateCompletionSettlesItsOwnUnknownRecord(t *testing.T) {
 	if n := l.calls.Load(); n != 1 {
 		t.Fatalf("the handler ran %d times", n)
 	}
-	if !strings.Contains(l.logs.String(), "settling this execution's own unknown record") {
-		t.Fatalf("no log of the settlement: %s", l.logs.String())
+	if !l.logged(slog.LevelWarn, "settling this execution's own unknown record") {
+		t.Fatalf("no warning of the settlement: %q", l.logs.At(slog.LevelWarn))
 	}
 	if got := l.obs.Events()["reconcile_resolved"]; got != 1 {
 		t.Fatalf("reconcile_resolved = %d, want 1", got)
@@ -183,8 +222,8 @@ func TestLateCompletionOfARecordTakenOverIsRefused(t *testing.T) {
 		t.Fatalf("record after the first's late completion: %v %+v, want the second's answer", err, rec)
 	}
 	l.replayed("k", http.StatusCreated, "second")
-	if !strings.Contains(l.logs.String(), "no longer holds the record") || l.obs.FinishFailures()["complete"] != 1 {
-		t.Fatalf("the refused completion was not reported: %v %s", l.obs.FinishFailures(), l.logs.String())
+	if !l.logged(slog.LevelError, "no longer holds the record") || l.obs.FinishFailures()["complete"] != 1 {
+		t.Fatalf("the refused completion was not reported: %v %q", l.obs.FinishFailures(), l.logs.At(slog.LevelError))
 	}
 }
 
@@ -195,7 +234,7 @@ func TestLateCompletionOfADeletedRecordIsRefused(t *testing.T) {
 	l := newLate(t, store.LeaseUnknown)
 	done := l.start("k", 1)
 	l.sweep("k")
-	if err := l.s.Delete(context.Background(), "0:POST /v1/slow", "k"); err != nil {
+	if err := l.mem.Delete(context.Background(), "0:POST /v1/slow", "k"); err != nil {
 		t.Fatal(err)
 	}
 	l.answers[1] <- reply{http.StatusCreated, "made"}
@@ -215,16 +254,67 @@ func TestLateCompletionOfARecordAnOperatorSettledIsRefused(t *testing.T) {
 	l := newLate(t, store.LeaseUnknown)
 	done := l.start("k", 1)
 	swept := l.sweep("k")
-	op := store.Response{Status: http.StatusOK, Header: http.Header{}, Body: []byte("operator")}
-	if err := l.s.Resolve(context.Background(), store.ResolveParams{FenceParams: store.FenceParams{Scope: swept.Scope, Key: swept.Key, Fence: swept.Fence},
-		To: store.StateCompleted, Response: &op}); err != nil {
-		t.Fatal(err)
-	}
+	l.settle(swept)
 	l.answers[1] <- reply{http.StatusCreated, "made"}
 	<-done
 	l.replayed("k", http.StatusOK, "operator")
 	if l.obs.FinishFailures()["complete"] != 1 || l.obs.Events()["reconcile_resolved"] != 0 {
 		t.Fatalf("finish failures %v, events %v: want the completion refused", l.obs.FinishFailures(), l.obs.Events())
+	}
+}
+
+// The heartbeat that finds the lease lost (it lapsed on the store's clock)
+// warns: the execution may still record its outcome. An error is logged
+// only when the answer cannot be recorded, the settlement refused too.
+func TestLeaseLostLogsAnErrorOnlyWhenTheAnswerIsNotRecorded(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name     string
+		policy   store.LeasePolicy
+		cut      func(l *late) // what becomes of the record while the handler runs
+		recorded bool
+	}{
+		{"swept", store.LeaseUnknown, func(l *late) { l.sweep("k") }, true},
+		{"swept and settled by an operator", store.LeaseUnknown, func(l *late) { l.settle(l.sweep("k")) }, false},
+		{"swept and deleted", store.LeaseUnknown, func(l *late) {
+			l.sweep("k")
+			if err := l.mem.Delete(context.Background(), "0:POST /v1/slow", "k"); err != nil {
+				l.t.Fatal(err)
+			}
+		}, false},
+		{"taken over", store.LeaseRetry, func(l *late) {
+			l.storeClock.Advance(lateLease + time.Second)
+			second := l.start("k", 2)
+			l.answers[2] <- reply{http.StatusCreated, "second"}
+			<-second
+		}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			l := newLate(t, c.policy)
+			done := l.start("k", 1)
+			c.cut(l)
+			l.engineClock.Advance(lateLease / 3) // the heartbeat, whose renewal is refused
+			if !l.logged(slog.LevelWarn, "lease lost while the handler ran") {
+				t.Fatalf("no warning of the lost lease; warnings %q, errors %q", l.logs.At(slog.LevelWarn), l.logs.At(slog.LevelError))
+			}
+			l.answers[1] <- reply{http.StatusCreated, "first"}
+			if w := <-done; w.Code != http.StatusCreated || w.Body.String() != "first" {
+				t.Fatalf("answer: %d %q", w.Code, w.Body)
+			}
+			errs := l.logs.At(slog.LevelError)
+			if c.recorded {
+				if len(errs) != 0 || l.obs.Events()["reconcile_resolved"] != 1 {
+					t.Fatalf("errors logged %q, events %v: want none, the answer recorded", errs, l.obs.Events())
+				}
+				l.replayed("k", http.StatusCreated, "first")
+				return
+			}
+			if want := "idem: outcome not recorded: this execution no longer holds the record"; len(errs) != 1 || errs[0] != want ||
+				l.obs.FinishFailures()["complete"] != 1 {
+				t.Fatalf("errors logged %q, finish failures %v: want one, %q", errs, l.obs.FinishFailures(), want)
+			}
+		})
 	}
 }
 
@@ -256,16 +346,10 @@ func TestCompletionOutlastingTheLeaseSettlesItsOwnUnknownRecord(t *testing.T) {
 func TestCompletionOutlastingTheLeaseKeepsAnOperatorsSettlement(t *testing.T) {
 	t.Parallel()
 	l := newLate(t, store.LeaseUnknown)
-	op := store.Response{Status: http.StatusOK, Header: http.Header{}, Body: []byte("operator")}
-	l.outlast(func(swept store.Record) {
-		if err := l.s.Resolve(context.Background(), store.ResolveParams{FenceParams: store.FenceParams{Scope: swept.Scope, Key: swept.Key, Fence: swept.Fence},
-			To: store.StateCompleted, Response: &op}); err != nil {
-			t.Fatal(err)
-		}
-	})
+	l.outlast(l.settle)
 	l.replayed("k", http.StatusOK, "operator")
-	if l.obs.FinishFailures()["complete"] != 1 || !strings.Contains(l.logs.String(), "no longer holds the record") {
-		t.Fatalf("finish failures %v: want the completion refused; logs %s", l.obs.FinishFailures(), l.logs.String())
+	if l.obs.FinishFailures()["complete"] != 1 || !l.logged(slog.LevelError, "no longer holds the record") {
+		t.Fatalf("finish failures %v: want the completion refused; errors logged %q", l.obs.FinishFailures(), l.logs.At(slog.LevelError))
 	}
 }
 

@@ -134,7 +134,7 @@ func TestPathsThatCannotNameARecord(t *testing.T) {
 	for _, ns := range stores {
 		t.Run(ns.Name, func(t *testing.T) {
 			t.Parallel()
-			logs := &enginetest.ErrorCounter{}
+			logs := &enginetest.Logs{}
 			obs := &obstest.Recorder{}
 			e, err := idem.New(ns.Open(t, nil), idem.Config{Logger: slog.New(logs), Observer: obs})
 			if err != nil {
@@ -165,8 +165,8 @@ func TestPathsThatCannotNameARecord(t *testing.T) {
 					t.Fatalf("handler ran %d times, want 1", calls.Load())
 				}
 			}
-			if n := logs.N.Load(); n != 0 {
-				t.Fatalf("%d ERROR records for a client's bad request", n)
+			if errs := logs.At(slog.LevelError); len(errs) != 0 {
+				t.Fatalf("ERROR records for a client's bad request: %q", errs)
 			}
 			if errs := obs.StoreErrors(); len(errs) != 0 {
 				t.Fatalf("store errors counted for a client's bad request: %v", errs)

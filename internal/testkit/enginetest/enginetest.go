@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -133,25 +134,42 @@ func takeFailure(n *atomic.Int64) bool {
 	}
 }
 
-// ErrorCounter is a slog.Handler that counts ERROR records.
-type ErrorCounter struct{ N atomic.Int64 }
+// Logs is a slog.Handler that keeps every record it is given, for tests of
+// what is logged and how loudly. Safe for concurrent use.
+type Logs struct {
+	mu      sync.Mutex
+	records []slog.Record
+}
 
-// Enabled reports true: every record is looked at.
-func (c *ErrorCounter) Enabled(context.Context, slog.Level) bool { return true }
+// Enabled reports true: every record is kept.
+func (l *Logs) Enabled(context.Context, slog.Level) bool { return true }
 
-// Handle counts r if it is an ERROR.
-func (c *ErrorCounter) Handle(_ context.Context, r slog.Record) error {
-	if r.Level >= slog.LevelError {
-		c.N.Add(1)
-	}
+// Handle keeps r.
+func (l *Logs) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.records = append(l.records, r.Clone())
 	return nil
 }
 
-// WithAttrs returns c.
-func (c *ErrorCounter) WithAttrs([]slog.Attr) slog.Handler { return c }
+// WithAttrs returns l.
+func (l *Logs) WithAttrs([]slog.Attr) slog.Handler { return l }
 
-// WithGroup returns c.
-func (c *ErrorCounter) WithGroup(string) slog.Handler { return c }
+// WithGroup returns l.
+func (l *Logs) WithGroup(string) slog.Handler { return l }
+
+// At returns the messages of the records logged at level, in order.
+func (l *Logs) At(level slog.Level) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, r := range l.records {
+		if r.Level == level {
+			out = append(out, r.Message)
+		}
+	}
+	return out
+}
 
 // Problem is an RFC 9457 problem document.
 type Problem struct {
