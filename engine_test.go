@@ -212,6 +212,52 @@ func TestLeaseLostIsReported(t *testing.T) {
 	<-done
 }
 
+// A handler that completed the key in its own transaction (CompleteTx,
+// then Committed) holds no lease any more: the heartbeat stops, so a
+// renewal due before the handler returns neither reports the lease lost
+// nor logs it.
+func TestCommittedStopsTheHeartbeat(t *testing.T) {
+	t.Parallel()
+	clk := newStepClock()
+	s := memory.New(memory.Config{Clock: clk.Now})
+	logs := &enginetest.Logs{}
+	e, err := idem.New(s, idem.Config{Lease: 30 * time.Second, Logger: slog.New(logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	idem.SetClock(e, clk)
+	committed, proceed := make(chan *idem.Execution, 1), make(chan struct{})
+	h := e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		x := idem.FromContext(r.Context())
+		// What CompleteTx does in the handler's transaction, on a store
+		// without transactions.
+		resp := store.Response{Status: http.StatusCreated, Header: http.Header{}, Body: []byte("made")}
+		if err := s.Complete(r.Context(), x.CompleteParams(resp)); err != nil {
+			t.Error(err)
+		}
+		x.Committed()
+		committed <- x
+		<-proceed
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "made")
+	}))
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() { done <- sendKeyed(h, "k") }()
+	x := <-committed
+	clk.Advance(11 * time.Second) // past the renewal that was due at 10s
+	if x.LeaseLost() || len(logs.At(slog.LevelWarn)) != 0 || len(logs.At(slog.LevelError)) != 0 {
+		t.Fatalf("LeaseLost %v, warnings %q, errors %q after the handler's own completion: want none",
+			x.LeaseLost(), logs.At(slog.LevelWarn), logs.At(slog.LevelError))
+	}
+	close(proceed)
+	if w := <-done; w.Code != http.StatusCreated || w.Body.String() != "made" {
+		t.Fatalf("answer: %d %q", w.Code, w.Body)
+	}
+	if w := sendKeyed(h, "k"); w.Code != http.StatusCreated || w.Body.String() != "made" || w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry: %d %q, want the stored answer replayed", w.Code, w.Body)
+	}
+}
+
 // A failed renewal is retried soon, not a whole Lease/3 later: a short
 // outage must not eat the lease.
 func TestRenewalRetriesSoonAfterAFailure(t *testing.T) {

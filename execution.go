@@ -164,8 +164,12 @@ func (x *Execution) CompleteParams(resp store.Response) store.CompleteParams {
 }
 
 // Committed records that CompleteTx committed: the engine will not store
-// the response again.
-func (x *Execution) Committed() { x.committed.Store(true) }
+// the response again, and stops renewing the lease, which the completion
+// ended (a renewal now would find it lost).
+func (x *Execution) Committed() {
+	x.committed.Store(true)
+	x.finish()
+}
 
 // renew extends the lease and schedules the next renewal: Lease/3 after a
 // success, sooner after a failure so that a short outage does not eat the
