@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -315,6 +316,83 @@ func TestLeaseLostLogsAnErrorOnlyWhenTheAnswerIsNotRecorded(t *testing.T) {
 				t.Fatalf("errors logged %q, finish failures %v: want one, %q", errs, l.obs.FinishFailures(), want)
 			}
 		})
+	}
+}
+
+// newLateWorker makes a late whose engine accepts requests asynchronously
+// (202) and a worker that runs them with the late handler.
+func newLateWorker(t *testing.T) (*late, *idem.Worker) {
+	t.Helper()
+	l := newLateWith(t, idem.Config{Async: true, LeasePolicy: store.LeaseUnknown})
+	w, err := l.e.NewWorker(idem.WorkerConfig{Handler: l.handler(), Concurrency: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := sendKeyed(l.h, "k"); got.Code != http.StatusAccepted {
+		t.Fatalf("accept: %d %s", got.Code, got.Body)
+	}
+	return l, w
+}
+
+// runOnce runs w once in the background and waits until its handler (call
+// 1) runs; the channel gets RunOnce's error once the outcome is recorded.
+func (l *late) runOnce(w *idem.Worker) <-chan error {
+	l.t.Helper()
+	ran := make(chan error, 1)
+	go func() {
+		n, err := w.RunOnce(context.Background())
+		if err == nil && n != 1 {
+			err = fmt.Errorf("RunOnce ran %d requests, want 1", n)
+		}
+		ran <- err
+	}()
+	if got := <-l.entered; got != 1 {
+		l.t.Fatalf("handler call %d entered, want 1", got)
+	}
+	return ran
+}
+
+// A worker's completion that reaches the store after a sweeper moved the
+// record to unknown settles it under the worker's fence, as a synchronous
+// execution's does: the client's retry replays the worker's answer.
+func TestLateWorkerCompletionSettlesItsOwnUnknownRecord(t *testing.T) {
+	t.Parallel()
+	l, w := newLateWorker(t)
+	ran := l.runOnce(w)
+	swept := l.sweep("k")
+	l.answers[1] <- reply{http.StatusCreated, "made"}
+	if err := <-ran; err != nil {
+		t.Fatal(err)
+	}
+	rec, err := l.get("k")
+	if err != nil || rec.State != store.StateCompleted || rec.Fence != swept.Fence || rec.Response == nil || string(rec.Response.Body) != "made" {
+		t.Fatalf("record: %v %+v, want completed with the worker's answer under fence %d", err, rec, swept.Fence)
+	}
+	l.replayed("k", http.StatusCreated, "made")
+	if n := l.calls.Load(); n != 1 {
+		t.Fatalf("the handler ran %d times", n)
+	}
+	if l.obs.Events()["reconcile_resolved"] != 1 || len(l.obs.FinishFailures()) != 0 || len(l.logs.At(slog.LevelError)) != 0 {
+		t.Fatalf("events %v, finish failures %v, errors logged %q: want the settlement counted and no failure",
+			l.obs.Events(), l.obs.FinishFailures(), l.logs.At(slog.LevelError))
+	}
+}
+
+// A record an operator settled after the sweep keeps the operator's
+// answer: the worker's late completion does not overwrite it.
+func TestLateWorkerCompletionOfARecordAnOperatorSettledIsRefused(t *testing.T) {
+	t.Parallel()
+	l, w := newLateWorker(t)
+	ran := l.runOnce(w)
+	l.settle(l.sweep("k"))
+	l.answers[1] <- reply{http.StatusCreated, "made"}
+	if err := <-ran; err != nil {
+		t.Fatal(err)
+	}
+	l.replayed("k", http.StatusOK, "operator")
+	if l.obs.FinishFailures()["complete"] != 1 || l.obs.Events()["reconcile_resolved"] != 0 || !l.logged(slog.LevelError, "no longer holds the record") {
+		t.Fatalf("finish failures %v, events %v, errors logged %q: want the completion refused",
+			l.obs.FinishFailures(), l.obs.Events(), l.logs.At(slog.LevelError))
 	}
 }
 
