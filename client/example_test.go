@@ -120,9 +120,9 @@ func ExampleTransport_onRetry() {
 
 // AttemptTimeout bounds each attempt, where http.Client.Timeout bounds the
 // whole call: the first attempt here outlasts it, is abandoned and retried
-// under the same key, and the server, which waits for the first execution
-// (Config.Wait), answers the retry with its result. The charge is made
-// once.
+// under the same key, and the server answers the retry with the first
+// execution's result (waiting for it, Config.Wait, if it is still running).
+// The charge is made once.
 func ExampleTransport_attemptTimeout() {
 	var charges atomic.Int32
 	engine, err := idem.New(memory.New(memory.Config{}), idem.Config{Wait: 5 * time.Second})
@@ -131,7 +131,10 @@ func ExampleTransport_attemptTimeout() {
 	}
 	api := httptest.NewServer(engine.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n := charges.Add(1)
-		time.Sleep(300 * time.Millisecond) // a slow payment provider
+		// A payment provider slower than the client's patience, whatever
+		// the machine's speed: it answers once the client has given up on
+		// the attempt (its connection closed).
+		<-r.Context().Done()
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"id":"ch_%d"}`, n)
 	})))
