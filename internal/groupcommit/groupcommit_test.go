@@ -165,6 +165,61 @@ func TestNoDeadlineMeansNone(t *testing.T) {
 	}
 }
 
+// TestCallerLeavingKeepsTheBatch: a caller that gives up once its call is
+// in a batch gets its context's error at once, and ends neither the
+// batch's context nor its other calls. The batch's statements run on one
+// connection for every call: a context ending there would stop the
+// others' statements too (pgx cancels the statement and closes the
+// connection).
+func TestCallerLeavingKeepsTheBatch(t *testing.T) {
+	gate, running, left := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var batchErr error
+	g := groupcommit.New(1, 8,
+		func(ctx context.Context, o *op) {
+			if o.n == 0 {
+				<-gate
+			}
+			o.alone = true
+		},
+		func(ctx context.Context, ops []*op) {
+			close(running)
+			<-left
+			batchErr = ctx.Err()
+			for _, o := range ops {
+				o.batch = len(ops)
+			}
+		})
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = g.Do(context.Background(), &op{n: 0}) })
+	waitQueue(t, g, 0, 0)
+	// The first call queued, whose context the batch's derives from, is
+	// the one that leaves.
+	leaving, stay := &op{n: 1}, &op{n: 2}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	leftErr := make(chan error, 1)
+	go func() { leftErr <- g.Do(ctx, leaving) }()
+	waitQueue(t, g, 0, 1)
+	var stayErr error
+	wg.Go(func() { stayErr = g.Do(context.Background(), stay) })
+	waitQueue(t, g, 0, 2)
+	close(gate)
+	<-running
+	cancel()
+	if err := <-leftErr; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the call that left: %v, want context.Canceled", err)
+	}
+	close(left)
+	wg.Wait()
+	g.Wait()
+	if batchErr != nil {
+		t.Errorf("the batch's context ended with its first caller's: %v", batchErr)
+	}
+	if stayErr != nil || stay.batch != 2 {
+		t.Errorf("the call that stayed: %+v %v, want its batch of 2 done", stay, stayErr)
+	}
+}
+
 // With Unstall, calls queued behind a slot whose work hangs run in an
 // extra slot once the queue has not moved for the while; without it they
 // wait for the hung slot (TestGroup).

@@ -37,7 +37,7 @@ func (s *Store) CheckDurability(ctx context.Context) (store.Durability, error) {
 	var inRecovery bool
 	var replicas int
 	if err := s.pool.QueryRow(ctx, durabilitySQL).Scan(&syncCommit, &standbyNames, &fsync, &inRecovery, &replicas); err != nil {
-		return store.Durability{}, wrap("check durability", err)
+		return store.Durability{}, wrap(ctx, "check durability", err)
 	}
 	return pgDurability(syncCommit, standbyNames, fsync, inRecovery, replicas), nil
 }

@@ -33,7 +33,7 @@ func (s *Store) List(ctx context.Context, p store.ListParams) ([]store.Record, *
 	q, args := listsql.Build(listDialect, table, recordColumns, p)
 	recs, err := s.queryIndexed(ctx, sqlNoSeqScan, q, args, collectRecords)
 	if err != nil {
-		return nil, nil, wrap("list", err)
+		return nil, nil, wrap(ctx, "list", err)
 	}
 	recs, next := storekit.Page(recs, p.Limit)
 	return recs, next, nil

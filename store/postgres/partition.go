@@ -223,7 +223,7 @@ func (s *Store) checkTableKind(ctx context.Context) error {
 		// partitioned table (no unique index on (scope, key)).
 		return nil
 	case err != nil:
-		return wrap("open", err)
+		return wrap(ctx, "open", err)
 	case kind == nil:
 		return nil
 	case *kind != "p" && s.partitioned():
@@ -233,7 +233,7 @@ func (s *Store) checkTableKind(ctx context.Context) error {
 	case *kind == "p" && !s.partitioned():
 		parts, err := s.partitions(ctx, s.pool)
 		if err != nil {
-			return wrap("open", err)
+			return wrap(ctx, "open", err)
 		}
 		s.cfg.Partitions = DefaultPartitions
 		if len(parts) > 0 {
@@ -350,10 +350,10 @@ func (s *Store) EnsurePartitions(ctx context.Context) error {
 	}
 	now, err := s.instant(ctx)
 	if err != nil {
-		return wrap("ensure partitions", err)
+		return wrap(ctx, "ensure partitions", err)
 	}
 	if err := s.ensurePartitions(ctx, now); err != nil {
-		return wrap("ensure partitions", err)
+		return wrap(ctx, "ensure partitions", err)
 	}
 	return nil
 }

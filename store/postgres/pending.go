@@ -251,7 +251,7 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 				return res, nil
 			}
 			if !errors.Is(err, pgx.ErrNoRows) {
-				return store.ReserveResult{}, wrap("reserve pending", err)
+				return store.ReserveResult{}, wrap(ctx, "reserve pending", err)
 			}
 		}
 		// A duplicate that changes nothing is answered from a plain read,
@@ -263,7 +263,7 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 		case err == nil && storekit.Decide(&rec, &p.ReserveParams, now) == storekit.ActExisting:
 			return store.ReserveResult{Outcome: store.Existing, Record: rec}, nil
 		case err != nil && !errors.Is(err, pgx.ErrNoRows):
-			return store.ReserveResult{}, wrap("reserve pending", err)
+			return store.ReserveResult{}, wrap(ctx, "reserve pending", err)
 		}
 		var res store.ReserveResult
 		var gone bool
@@ -275,7 +275,7 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 		case errors.Is(err, store.ErrOverCap):
 			return store.ReserveResult{}, err
 		case err != nil:
-			return store.ReserveResult{}, wrap("reserve pending", err)
+			return store.ReserveResult{}, wrap(ctx, "reserve pending", err)
 		case !gone:
 			return res, nil
 		}
@@ -349,7 +349,7 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) ([]store.Record,
 	}
 	out, err := s.queryIndexed(ctx, sqlNoSeqScan, s.pq().claim, []any{p.Queue, s.now(), p.Limit, storekit.Micros(p.Lease)}, collectPending)
 	if err != nil {
-		return nil, wrap("claim", err)
+		return nil, wrap(ctx, "claim", err)
 	}
 	storekit.SortRecords(out, storekit.ByCreated)
 	return out, nil
@@ -371,7 +371,7 @@ func (s *Store) ExpirePending(ctx context.Context, p store.ExpirePendingParams) 
 	out, err := s.queryIndexed(ctx, sqlNoSeqScan, s.pq().expire, []any{s.now(), p.Limit, p.Response.Status, headers, body,
 		p.Response.BodyOmitted, storekit.Micros(p.TTL)}, collectPending)
 	if err != nil {
-		return nil, wrap("expire pending", err)
+		return nil, wrap(ctx, "expire pending", err)
 	}
 	storekit.SortRecords(out, storekit.ByDeadline)
 	return out, nil

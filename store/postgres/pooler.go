@@ -98,7 +98,7 @@ func checkPoolMode(ctx context.Context, pool *pgxpool.Pool, skip bool) error {
 		if skip {
 			return nil
 		}
-		return wrap("open", err)
+		return wrap(ctx, "open", err)
 	}
 	defer conn.Release()
 	pooled, err := behindPooler(ctx, conn.Conn())
@@ -106,7 +106,7 @@ func checkPoolMode(ctx context.Context, pool *pgxpool.Pool, skip bool) error {
 	case err != nil && skip:
 		return nil
 	case err != nil:
-		return wrap("open", err)
+		return wrap(ctx, "open", err)
 	case pooled:
 		return errors.Join(store.ErrInvalidParams, errPoolerMode)
 	}

@@ -51,6 +51,40 @@
 // the rest serve Get, maintenance and reruns. Size the pool of [New] the
 // same way, and mind max_connections across all instances.
 //
+// # Calls whose context ends
+//
+// A call whose context ends while its statement runs returns the context's
+// error, and its statement stops on the server too: pgx interrupts the
+// connection, sends PostgreSQL a cancel request and closes the connection
+// (the pool opens another when it needs one). The server rolls back what
+// the statement did, so a call that gave up does not go on waiting for a
+// row lock, hold the sweep's lock, or commit later. Behind pgbouncer the
+// request goes to the pooler, which forwards it to the server connection
+// that runs the statement. The pools of [Open] keep this, pgx's default.
+//
+// The statements of a batch (see below) run under a context of the batch,
+// which ends at the latest deadline of its calls and which no call's
+// cancellation ends: a caller that gives up does not stop the other calls'
+// statements. Its own statement still runs in the batch, and its outcome
+// is unknown to that caller, as for any statement abandoned in flight.
+//
+// A pool given to [New] is the caller's: the store changes none of its
+// settings. Keep pgx's default there too, or choose a
+// pgconn.Config.BuildContextWatcherHandler that still stops the statement
+// on the server. pgconn.CancelRequestContextWatcherHandler sends the cancel
+// request and keeps the connection; the store then reports the context's
+// error all the same, and its replay cache's own connection keeps pgx's
+// default (its waits for notifications end by their context every second,
+// which must not wait for a cancel request's deadline). Do not use that
+// handler through pgbouncer 1.18 (Debian 12's): the handler closes the
+// cancel request's connection as soon as the statement returns, often
+// before pgbouncer has finished with the request, and pgbouncer 1.18 then
+// exits with a fatal error (it did within four cancellations, in each of
+// three runs). Later pgbouncer releases fixed that crash; make sure yours
+// has before you pair the two. A delay before the handler acts (the DeadlineDelay
+// of pgx's default handler, the CancelRequestDelay of the other) holds the
+// call, and its statement on the server, that much longer.
+//
 // # Transactions
 //
 // [Store.ReserveTx], [Store.CompleteTx] and [Store.CheckpointTx] run the same
@@ -241,7 +275,7 @@ func Open(ctx context.Context, url string, cfg Config) (*Store, error) {
 		pcfg.MaxConns = DefaultMaxConns
 	}
 	if err := choosePoolMode(ctx, url, pcfg); err != nil {
-		return nil, wrap("open", err)
+		return nil, wrap(ctx, "open", err)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
@@ -257,7 +291,9 @@ func Open(ctx context.Context, url string, cfg Config) (*Store, error) {
 }
 
 // New returns a Store on an existing pool. The caller keeps ownership of
-// the pool: Close does not close it.
+// the pool: Close does not close it, and New changes none of its settings
+// (see "Calls whose context ends" in the package documentation for the
+// one that decides what a timed-out statement does on the server).
 func New(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	if pool == nil {
 		return nil, errors.Join(store.ErrInvalidParams, errors.New("idem/postgres: nil pool"))
@@ -329,7 +365,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 		return migrate.ApplyIn(ctx, tx, all, migrationTables)
 	})
 	if err != nil {
-		return wrap("migrate", err)
+		return wrap(ctx, "migrate", err)
 	}
 	return nil
 }
@@ -418,7 +454,7 @@ func (s *Store) reserve(ctx context.Context, q querier, p store.ReserveParams) (
 				over, err := s.atCap(ctx, q, &p)
 				switch {
 				case err != nil:
-					return store.ReserveResult{}, wrap("reserve", err)
+					return store.ReserveResult{}, wrap(ctx, "reserve", err)
 				case over && refusals > 0:
 					return store.ReserveResult{}, store.ErrOverCap
 				case over:
@@ -439,7 +475,7 @@ func (s *Store) reserve(ctx context.Context, q querier, p store.ReserveParams) (
 			continue // the row moved to another partition while this statement waited for it
 		}
 		if err != nil {
-			return store.ReserveResult{}, wrap("reserve", err)
+			return store.ReserveResult{}, wrap(ctx, "reserve", err)
 		}
 		switch action {
 		case "created", "replace":
@@ -542,7 +578,7 @@ func (s *Store) fenced(ctx context.Context, q querier, op, sql string, f store.F
 		r = s.run(ctx, q, false, sql, args) // guarded by the fence: safe to run again
 	}
 	if r.err != nil {
-		return wrap(op, r.err)
+		return wrap(ctx, op, r.err)
 	}
 	if r.tag.RowsAffected() == 0 {
 		return fmt.Errorf("idem/postgres: %s: %w", op, store.ErrLeaseLost)
@@ -561,7 +597,7 @@ func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error
 		return store.Record{}, fmt.Errorf("idem/postgres: get: %w", store.ErrNotFound)
 	}
 	if err != nil {
-		return store.Record{}, wrap("get", err)
+		return store.Record{}, wrap(ctx, "get", err)
 	}
 	return rec, nil
 }
@@ -573,7 +609,7 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 	}
 	tag, err := s.pool.Exec(ctx, s.q.delete, scope, key)
 	if err != nil {
-		return wrap("delete", err)
+		return wrap(ctx, "delete", err)
 	}
 	if tag.RowsAffected() == 0 {
 		// Absent, or in progress: tell which (the operator's path only).
@@ -595,7 +631,7 @@ func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]
 	recs, err := s.queryIndexed(ctx, s.q.sweepLock, s.q.sweep,
 		[]any{p.Limit, s.now(), storekit.Micros(p.Grace), sweepWalk}, collectRecords)
 	if err != nil {
-		return nil, wrap("sweep", err)
+		return nil, wrap(ctx, "sweep", err)
 	}
 	return recs, nil
 }
@@ -620,7 +656,7 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 	if s.partitioned() && !p.Soft {
 		res, err := s.reapPartitioned(ctx, p, abandon)
 		if err != nil {
-			return res, wrap("reap", err)
+			return res, wrap(ctx, "reap", err)
 		}
 		return res, nil
 	}
@@ -632,7 +668,7 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 	}
 	n, err := s.execIndexed(ctx, sql, p.Limit, now)
 	if err != nil {
-		return res, wrap("reap", err)
+		return res, wrap(ctx, "reap", err)
 	}
 	res.Deleted = int(n)
 	left := p.Limit - res.Deleted
@@ -641,7 +677,7 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 	}
 	n, err = s.execIndexed(ctx, s.q.reapAbandon, append([]any{left, now}, abandon...)...)
 	if err != nil {
-		return res, wrap("reap", err)
+		return res, wrap(ctx, "reap", err)
 	}
 	res.Abandoned = int(n)
 	return res, nil
@@ -654,7 +690,7 @@ func (s *Store) ListUnknown(ctx context.Context, p store.ListUnknownParams) ([]s
 	}
 	recs, err := s.queryIndexed(ctx, sqlNoSeqScan, s.q.listUnknown, []any{p.DueOnly, p.Limit, s.now()}, collectRecords)
 	if err != nil {
-		return nil, wrap("list unknown", err)
+		return nil, wrap(ctx, "list unknown", err)
 	}
 	return recs, nil
 }
@@ -687,7 +723,7 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 	err = s.pool.QueryRow(ctx, s.q.resolve, p.Scope, p.Key, s.now(),
 		string(p.To), status, headers, body, omitted, storekit.Micros(p.TTL), p.Fence).Scan(&resolved, &state, &fence)
 	if err != nil {
-		return wrap("resolve", err)
+		return wrap(ctx, "resolve", err)
 	}
 	if !resolved && fence != nil && *fence != p.Fence {
 		return fmt.Errorf("idem/postgres: resolve: the record's fence is %d, not %d: %w", *fence, p.Fence, store.ErrLeaseLost)
@@ -715,7 +751,7 @@ func (s *Store) Defer(ctx context.Context, p store.DeferParams) error {
 		row = s.pool.QueryRow(ctx, s.q.deferQ, p.Scope, p.Key, s.now(), storekit.Micros(p.Delay), p.Error)
 	}
 	if err := row.Scan(&deferred, &state, nil); err != nil {
-		return wrap("defer", err)
+		return wrap(ctx, "defer", err)
 	}
 	return unknownOutcome("defer", deferred, state)
 }
@@ -737,7 +773,7 @@ func unknownOutcome(op string, done bool, state *string) error {
 // Ping implements store.Store.
 func (s *Store) Ping(ctx context.Context) error {
 	if err := s.pool.Ping(ctx); err != nil {
-		return wrap("ping", err)
+		return wrap(ctx, "ping", err)
 	}
 	return nil
 }
@@ -760,8 +796,11 @@ func (s *Store) Close() error {
 // wrap maps a driver error at the store boundary. Constraint violations are
 // parameters the schema refuses; transient failures (see transient) are
 // marked retryable; everything else (context cancellation, other server
-// errors) is returned wrapped so the engine fails closed.
-func wrap(op string, err error) error {
+// errors) is returned wrapped so the engine fails closed. A statement that
+// the server cancelled because ctx ended reports ctx's error (see
+// contextEnded).
+func wrap(ctx context.Context, op string, err error) error {
+	err = contextEnded(ctx, err)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
@@ -776,6 +815,26 @@ func wrap(op string, err error) error {
 		err = store.Retryable(err)
 	}
 	return fmt.Errorf("idem/postgres: %s: %w", op, err)
+}
+
+// contextEnded returns ctx's error, with err behind it, for a statement
+// that the server cancelled (SQLSTATE 57014, query_canceled) once ctx had
+// ended. With pgx's default, a context that ends during a statement closes
+// the connection (pgx sends the server a cancel request first) and the call
+// fails with the context's error. A pool given to New may instead keep its
+// connections with pgconn.CancelRequestContextWatcherHandler, which only
+// sends the cancel request: the call then fails with the server's
+// cancellation. Both say that the caller gave up, and the engine must be
+// told so in the same way (it retries a final transition whose own
+// deadline passed, and tells a caller that left from a store that failed).
+// A statement cancelled while ctx is live (statement_timeout, an
+// operator's pg_cancel_backend) keeps the server's error.
+func contextEnded(ctx context.Context, err error) error {
+	var pgErr *pgconn.PgError
+	if ctx.Err() == nil || !errors.As(err, &pgErr) || pgErr.Code != "57014" {
+		return err
+	}
+	return fmt.Errorf("%w (the server cancelled the statement: %w)", ctx.Err(), err)
 }
 
 // transient reports failures that say nothing about the record: the

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 
 	"github.com/idem-go/idem/store"
 )
@@ -195,6 +197,15 @@ func (s *Store) startCache(ctx context.Context) error {
 	}
 	c := &replayCache{s: s, node: newNodeID(), budget: s.cfg.ReplayCache, log: slog.Default(),
 		byKey: map[cacheID]*list.Element{}, done: make(chan struct{})}
+	// pgx's default reaction to a context's end, whatever the pool's: the
+	// wait for notifications ends by its context every cacheRenew, with a
+	// server that has nothing to stop. A pool given to New with
+	// pgconn.CancelRequestContextWatcherHandler would make each of those
+	// waits send a cancel request and last its DeadlineDelay longer, and
+	// renewals that late let the registration lapse.
+	cfg.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()}
+	}
 	// Named, so that an operator tells it from the pool's connections.
 	cfg.RuntimeParams["application_name"] = "idem replay cache " + c.node
 	conn, err := c.connect(ctx, cfg)
@@ -219,7 +230,7 @@ var errListenPooler = errors.New("idem/postgres: ReplayCache: the listening conn
 func (c *replayCache) connect(ctx context.Context, cfg *pgx.ConnConfig) (*pgx.Conn, error) {
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return nil, wrap("replay cache", err)
+		return nil, wrap(ctx, "replay cache", err)
 	}
 	if err := c.register(ctx, conn); err != nil {
 		conn.Close(context.WithoutCancel(ctx))
@@ -232,23 +243,23 @@ func (c *replayCache) register(ctx context.Context, conn *pgx.Conn) error {
 	pooled, err := behindPooler(ctx, conn)
 	switch {
 	case err != nil:
-		return wrap("replay cache", err)
+		return wrap(ctx, "replay cache", err)
 	case pooled:
 		return errListenPooler
 	}
 	var channel string
 	if err := conn.QueryRow(ctx, sqlCacheChannel, c.s.cfg.Schema).Scan(&channel); err != nil {
-		return wrap("replay cache", err)
+		return wrap(ctx, "replay cache", err)
 	}
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
-		return wrap("replay cache", err)
+		return wrap(ctx, "replay cache", err)
 	}
 	// Registered after LISTEN holds: an invalidation numbered before seen
 	// committed before the registration, and the cache is empty.
 	c.evict(cacheID{}, true)
 	sent := monoNow()
 	if _, err := conn.Exec(ctx, c.s.q.cacheRegister, c.node, cacheLease.Microseconds()); err != nil {
-		return wrap("replay cache", err)
+		return wrap(ctx, "replay cache", err)
 	}
 	c.validUntil.Store(sent + int64(cacheLease-cacheMargin))
 	return nil
@@ -353,7 +364,7 @@ func (s *Store) invalidate(ctx context.Context, scope, key string) error {
 	var seq int64
 	var behind int
 	if err := s.pool.QueryRow(ctx, s.q.cacheNotify, scope, key, s.cfg.Schema).Scan(&seq, &behind); err != nil {
-		return wrap(invalidationOp, err)
+		return wrap(ctx, invalidationOp, err)
 	}
 	if behind == 0 {
 		return nil
@@ -363,11 +374,11 @@ func (s *Store) invalidate(ctx context.Context, scope, key string) error {
 	for {
 		select {
 		case <-ctx.Done():
-			return wrap(invalidationOp, ctx.Err())
+			return wrap(ctx, invalidationOp, ctx.Err())
 		case <-wait.C:
 		}
 		if err := s.pool.QueryRow(ctx, s.q.cacheBehind, seq).Scan(&behind); err != nil {
-			return wrap(invalidationOp, err)
+			return wrap(ctx, invalidationOp, err)
 		}
 		if behind == 0 {
 			return nil

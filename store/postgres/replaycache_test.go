@@ -178,29 +178,14 @@ func TestReplayCacheStopsWithoutItsConnection(t *testing.T) {
 	schema := newSchema(t)
 	s := cachedStore(t, schema, nil)
 	ctx := context.Background()
-	p := reserveParams("k")
-	r, err := s.Reserve(ctx, p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Complete(ctx, store.CompleteParams{FenceParams: fence(r), Response: store.Response{Status: 201}, TTL: time.Hour}); err != nil {
-		t.Fatal(err)
-	}
-	replay := func() int64 {
-		t.Helper()
-		before := s.CacheHits()
-		if _, err := s.Reserve(ctx, p); err != nil {
-			t.Fatal(err)
-		}
-		return s.CacheHits() - before
-	}
+	_, replay := completedKey(t, s)
 	replay()
 	if replay() != 1 {
 		t.Fatal("no replay from memory")
 	}
 	conn := adminConn(t)
 	var cut int
-	err = conn.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+	err := conn.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
 		WHERE application_name = 'idem replay cache ' || $1`, s.CacheNode()).Scan(&cut)
 	if err != nil || cut != 1 {
 		t.Fatalf("cutting the listening connection: %d cut, %v", cut, err)
@@ -217,6 +202,30 @@ func TestReplayCacheStopsWithoutItsConnection(t *testing.T) {
 			t.Fatal("the cache did not serve again after reconnecting")
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// completedKey completes a key on s and returns its parameters and a
+// replay of it, which reports whether the replay came from memory (1) or
+// not (0).
+func completedKey(t *testing.T, s *postgres.Store) (store.ReserveParams, func() int64) {
+	t.Helper()
+	ctx := t.Context()
+	p := reserveParams("k")
+	r, err := s.Reserve(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Complete(ctx, store.CompleteParams{FenceParams: fence(r), Response: store.Response{Status: 201}, TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	return p, func() int64 {
+		t.Helper()
+		before := s.CacheHits()
+		if _, err := s.Reserve(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		return s.CacheHits() - before
 	}
 }
 
@@ -258,21 +267,9 @@ func TestReplayCacheBehindPooler(t *testing.T) {
 	}
 	defer s.Close()
 	ctx := context.Background()
-	p := reserveParams("k")
-	r, err := s.Reserve(ctx, p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Complete(ctx, store.CompleteParams{FenceParams: fence(r), Response: store.Response{Status: 201}, TTL: time.Hour}); err != nil {
-		t.Fatal(err)
-	}
-	for range 2 {
-		if _, err := s.Reserve(ctx, p); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if s.CacheHits() != 1 {
-		t.Fatalf("%d replays from memory, want 1", s.CacheHits())
+	p, replay := completedKey(t, s)
+	if n := replay() + replay(); n != 1 {
+		t.Fatalf("%d replays from memory, want 1", n)
 	}
 	operator, err := postgres.Open(ctx, pooled, postgres.Config{Schema: schema, MaxConns: 2, SkipMigrate: true})
 	if err != nil {

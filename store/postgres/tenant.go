@@ -140,7 +140,7 @@ func (s *Store) CountActive(ctx context.Context, limit int) (int, error) {
 	}
 	var n int64
 	if err := s.pool.QueryRow(ctx, s.q.countActive, limit).Scan(&n); err != nil {
-		return 0, wrap("count active", err)
+		return 0, wrap(ctx, "count active", err)
 	}
 	return int(n), nil
 }
