@@ -90,7 +90,7 @@ func TestProxyProtectionFlags(t *testing.T) {
 	t.Parallel()
 	cfg, _, _, err := parseProxyFlags([]string{"--upstream", "http://x"}, io.Discard)
 	if err != nil || cfg.BreakerFailures != 5 || cfg.BreakerOpen != time.Second || cfg.BreakerMaxOpen != 30*time.Second ||
-		cfg.TenantRate != 0 || cfg.TenantMaxActive != 0 {
+		cfg.TenantRate != 0 || cfg.TenantMaxActive != 0 || cfg.StoreActiveRecount != idem.DefaultStoreActiveRecount {
 		t.Fatalf("defaults: %+v %v", cfg, err)
 	}
 	cfg, _, _, err = parseProxyFlags([]string{"--upstream", "http://x", "--breaker-failures", "0"}, io.Discard)
@@ -98,7 +98,7 @@ func TestProxyProtectionFlags(t *testing.T) {
 		t.Fatalf("--breaker-failures 0 must turn the breaker off: %d %v", cfg.BreakerFailures, err)
 	}
 	for _, bad := range [][]string{
-		{"--tenant-rate", "-1"}, {"--tenant-max-active", "-2"}, {"--tenant-burst", "-1"}, {"--store-max-active", "-1"},
+		{"--tenant-rate", "-1"}, {"--tenant-max-active", "-2"}, {"--tenant-burst", "-1"}, {"--store-max-active", "-1"}, {"--store-active-recount", "0s"}, {"--store-active-recount", "-1s"},
 		{"--breaker-failures", "-1"}, {"--breaker-open", "0s"}, {"--breaker-open", "1m", "--breaker-max-open", "1s"},
 	} {
 		if _, _, _, err := parseProxyFlags(append([]string{"--upstream", "http://x"}, bad...), io.Discard); err == nil {
@@ -137,9 +137,9 @@ func TestProxyStoreBoundAgainstFreshCredentials(t *testing.T) {
 
 func testProxyStoreBound(t *testing.T, dsn string) {
 	cfg, _, _, err := parseProxyFlags([]string{"--upstream", "http://x", "--store-max-active", "2",
-		"--tenant-from", "header:X-Api-Key", "--wait", "0s"}, io.Discard)
-	if err != nil || cfg.StoreMaxActive != 2 {
-		t.Fatalf("parsed %d, %v", cfg.StoreMaxActive, err)
+		"--store-active-recount", "250ms", "--tenant-from", "header:X-Api-Key", "--wait", "0s"}, io.Discard)
+	if err != nil || cfg.StoreMaxActive != 2 || cfg.StoreActiveRecount != 250*time.Millisecond {
+		t.Fatalf("parsed %d every %v, %v", cfg.StoreMaxActive, cfg.StoreActiveRecount, err)
 	}
 	release := make(chan struct{})
 	held := make(chan struct{}, 2)

@@ -235,8 +235,10 @@ var proxyFlags = []proxyFlag{
 		func(a *proxyArgs) any { return &a.cfg.NewKeyBurst }},
 	{"tenant-max-active", 0, "`records` a tenant may hold waiting for a worker (--async), in progress or awaiting reconciliation, across every proxy on the store (over it: 429 tenant-over-cap); 0: no cap",
 		func(a *proxyArgs) any { return &a.cfg.TenantMaxActive }},
-	{"store-max-active", 0, "`records` held waiting for a worker, in progress or awaiting reconciliation across the whole store, whatever the tenant (over it: 503 over-capacity; counted every second, so proxies together may pass it briefly); 0: no bound",
+	{"store-max-active", 0, "`records` held waiting for a worker, in progress or awaiting reconciliation across the whole store, whatever the tenant (over it: 503 over-capacity; counted every --store-active-recount, so proxies together may pass it briefly); 0: no bound",
 		func(a *proxyArgs) any { return &a.cfg.StoreMaxActive }},
+	{"store-active-recount", idem.DefaultStoreActiveRecount, "how old the count behind --store-max-active may be: shorter keeps proxies sharing a store closer to the bound, for one counting query per proxy that often",
+		func(a *proxyArgs) any { return &a.cfg.StoreActiveRecount }},
 	{"breaker-failures", idem.DefaultBreakerFailures, "store failures in a row that open the circuit breaker (503 at once, without waiting for the store); 0: no breaker",
 		func(a *proxyArgs) any { return &a.breakerFailures }},
 	{"breaker-open", idem.DefaultBreakerOpen, "first interval the circuit breaker stays open before one request probes the store; it doubles while probes fail",
@@ -417,6 +419,8 @@ func (a *proxyArgs) settleStore(fs *flag.FlagSet) error {
 		return usageErr(fs, "--store-batches must be -1 (no batching), 0 (the store's default) or a number of store batches")
 	case cfg.TenantRate < 0 || cfg.TenantBurst < 0 || cfg.TenantMaxActive < 0 || cfg.StoreMaxActive < 0:
 		return usageErr(fs, "--tenant-rate, --tenant-burst, --tenant-max-active and --store-max-active must not be negative")
+	case cfg.StoreActiveRecount <= 0:
+		return usageErr(fs, "--store-active-recount must be positive")
 	case cfg.NewKeyRate < 0 || cfg.NewKeyBurst < 0:
 		return usageErr(fs, "--new-key-rate and --new-key-burst must not be negative")
 	case a.breakerFailures < 0:
