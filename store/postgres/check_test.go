@@ -3,12 +3,15 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/postgres"
 )
 
@@ -104,5 +107,76 @@ func TestRecordCheckRejects(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRecordCheckUpgrade applies migration 010 to a table that holds
+// records written under the four constraints it replaces, as an upgrade
+// does: the store is put back as migration 009 left it (the four
+// constraints, no function, 010 not recorded), with in-progress and
+// completed records in it, and migrated again. The records stay, the
+// constraints are swapped, the store keeps working, and VALIDATE
+// CONSTRAINT, which checks every existing row, passes.
+func TestRecordCheckUpgrade(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, schema := openSchema(t, postgres.Config{MaxBatches: -1})
+	for i := range 6 {
+		p := reserveParams(fmt.Sprintf("before-%d", i))
+		res, err := s.Reserve(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 0 {
+			if err := s.Complete(ctx, store.CompleteParams{FenceParams: fence(res), Response: okResponse(), TTL: time.Hour}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	conn := adminConn(t)
+	table := pgx.Identifier{schema, "idem_records"}.Sanitize()
+	back := `ALTER TABLE ` + table + ` DROP CONSTRAINT idem_records_valid,
+		ADD CONSTRAINT idem_records_state_check CHECK (state IN
+			('in_progress', 'completed', 'failed_retryable', 'unknown', 'expired', 'pending')),
+		ADD CONSTRAINT idem_records_lease_policy_check CHECK (lease_policy IN ('unknown', 'retry', 'resume')),
+		ADD CONSTRAINT idem_records_fence_check CHECK (fence > 0),
+		ADD CONSTRAINT idem_records_completed_check CHECK
+			(state <> 'completed' OR (response_status IS NOT NULL AND completed_at IS NOT NULL));
+		DROP FUNCTION ` + pgx.Identifier{schema, "idem_record_valid"}.Sanitize() + `;
+		DELETE FROM ` + pgx.Identifier{schema, "idem_migrations"}.Sanitize() + ` WHERE version = 10`
+	if _, err := conn.Exec(ctx, back); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatalf("migration 010 over existing records: %v", err)
+	}
+	var checks []string
+	rows, err := conn.Query(ctx, `SELECT conname FROM pg_constraint WHERE conrelid = $1::regclass AND contype = 'c' ORDER BY conname`, table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if checks, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(checks, []string{"idem_records_valid"}) {
+		t.Errorf("CHECK constraints after the upgrade: %v", checks)
+	}
+	var n int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&n); err != nil || n != 6 {
+		t.Fatalf("%d records after the upgrade (%v), want 6", n, err)
+	}
+	if _, err := conn.Exec(ctx, `ALTER TABLE `+table+` VALIDATE CONSTRAINT idem_records_valid`); err != nil {
+		t.Errorf("the records written before the upgrade fail the new constraint: %v", err)
+	}
+	res, err := s.Reserve(ctx, reserveParams("after"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Complete(ctx, store.CompleteParams{FenceParams: fence(res), Response: okResponse(), TTL: time.Hour}); err != nil {
+		t.Fatalf("a completion after the upgrade: %v", err)
+	}
+	r, err := s.Get(ctx, reserveParams("before-0").Scope, "before-0")
+	if err != nil || r.State != store.StateCompleted || r.Response == nil || r.Response.Status != 201 {
+		t.Errorf("a record completed before the upgrade reads %+v, %v", r, err)
 	}
 }
