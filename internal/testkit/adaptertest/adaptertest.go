@@ -81,6 +81,11 @@ type App struct {
 	URL    string
 	Engine *idem.Engine
 	Hooks  *Hooks
+	// client is the server's own (httptest.Server.Client): the subtests
+	// run in parallel, and each server's Close closes the idle connections
+	// of http.DefaultTransport, which broke another subtest's request
+	// about to reuse one ("CloseIdleConnections called").
+	client *http.Client
 }
 
 // Start builds the application on a fresh memory store and serves it.
@@ -93,7 +98,7 @@ func Start(t *testing.T, build Build) *App {
 	h := &Hooks{counts: map[string]int{}, entered: make(chan struct{}), release: make(chan struct{})}
 	srv := httptest.NewServer(build(t, e, h))
 	t.Cleanup(srv.Close)
-	return &App{URL: srv.URL, Engine: e, Hooks: h}
+	return &App{URL: srv.URL, Engine: e, Hooks: h, client: srv.Client()}
 }
 
 // Answer is a response as the client saw it.
@@ -138,7 +143,7 @@ func (a *App) post(path, key, body string) (Answer, error) {
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := a.client.Do(req)
 	if err != nil {
 		return Answer{}, err
 	}

@@ -118,7 +118,10 @@ func (a *AsyncApp) Do(method, path, tenant, key, body string, hdr ...string) Ans
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Add(hdr[i], hdr[i+1])
 	}
-	resp, err := http.DefaultClient.Do(req)
+	// The server's own client: a parallel test closing its server closes
+	// the idle connections of http.DefaultTransport, which can break a
+	// request about to reuse one.
+	resp, err := a.Srv.Client().Do(req)
 	if err != nil {
 		a.t.Fatal(err)
 	}
