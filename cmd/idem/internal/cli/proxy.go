@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,6 +22,7 @@ import (
 	"golang.org/x/sync/semaphore"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/heapfloor"
 	"github.com/idem-go/idem/cmd/idem/internal/storeurl"
 	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/otelidem"
@@ -550,5 +552,16 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return refusedUsage(stderr, err)
 	}
+	defer paceCollector(cfg.GCHeadroom, os.Getenv)()
 	return p.Serve(ctx)
+}
+
+// paceCollector starts the heap floor of --gc-headroom, unless it is 0 or
+// the environment sets GOGC: the operator's choice of pace stands. It
+// returns what undoes it.
+func paceCollector(headroom int64, getenv func(string) string) (stop func()) {
+	if headroom <= 0 || getenv("GOGC") != "" {
+		return func() {}
+	}
+	return heapfloor.Start(uint64(headroom)).Stop
 }

@@ -97,6 +97,11 @@ type ProxyConfig struct {
 	// UpstreamTimeout bounds the wait for the upstream's response headers
 	// once the request was sent. Defaults to 60s; negative means no limit.
 	UpstreamTimeout time.Duration
+	// GCHeadroom is the heap growth the proxy command allows between
+	// garbage collections while its live heap is smaller (package
+	// heapfloor); zero leaves Go's default pace. NewProxy ignores it: the
+	// collector's pace is the process's, set by the command.
+	GCHeadroom int64
 	// ShutdownTimeout bounds the graceful shutdown: in-flight requests
 	// get this long to finish. Defaults to 20s.
 	ShutdownTimeout time.Duration
@@ -171,6 +176,7 @@ const (
 	defaultListen           = "127.0.0.1:8080"
 	defaultUpstreamTimeout  = 60 * time.Second
 	defaultShutdownTimeout  = 20 * time.Second
+	defaultGCHeadroom       = "32MiB"
 	defaultMaxHeaderBytes   = 64 << 10
 	defaultBodyTimeout      = 30 * time.Second
 	defaultMaxBufferedBytes = 64 << 20

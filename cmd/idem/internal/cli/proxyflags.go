@@ -143,6 +143,7 @@ type proxyArgs struct {
 	keyReused, inProgress                        statusFlag
 	maxResponse, maxHeader, maxBuffered, maxBody byteSize
 	replayCache                                  sizeOrOff
+	gcHeadroom                                   sizeOrOff
 	fields, methods, asyncKeep                   listFlag
 	breakerFailures                              int
 	tenantSecretFile, fpSecretFile               string
@@ -274,6 +275,8 @@ var proxyFlags = []proxyFlag{
 		func(a *proxyArgs) any { return &a.maxBody }},
 	{"upstream-timeout", defaultUpstreamTimeout, "wait for the upstream's response headers (after it, the outcome is unknown); 0 for no limit",
 		func(a *proxyArgs) any { return &a.cfg.UpstreamTimeout }},
+	{"gc-headroom", defaultGCHeadroom, "heap `size` the proxy may allocate between garbage collections while what it keeps alive is smaller (Go's default collects each time the heap doubles, at least every 4 MB: every few dozen requests of a proxy whose store is a database); 0, or GOGC in the environment: Go's default",
+		func(a *proxyArgs) any { return &a.gcHeadroom }},
 	{"shutdown-timeout", defaultShutdownTimeout, "time in-flight requests get to finish at shutdown",
 		func(a *proxyArgs) any { return &a.cfg.ShutdownTimeout }},
 	{"admin", "", "`address` of the admin server (/healthz, /readyz, /metrics); off when empty", func(a *proxyArgs) any { return &a.cfg.Admin }},
@@ -461,6 +464,7 @@ func (a *proxyArgs) settleLimits(fs *flag.FlagSet) error {
 	cfg.MaxHeaderBytes = int(min(a.maxHeader, 1<<30))
 	cfg.MaxBufferedBytes = int64(a.maxBuffered)
 	cfg.StoreReplayCache = int64(a.replayCache)
+	cfg.GCHeadroom = int64(a.gcHeadroom)
 	if cfg.BodyTimeout == 0 {
 		cfg.BodyTimeout = -1 // the flag's 0 means no limit
 	}

@@ -6,6 +6,9 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"runtime"
+	"runtime/debug"
+	rtmetrics "runtime/metrics"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -368,5 +371,70 @@ func TestProxyStoreTimeoutFlagOnALockedStore(t *testing.T) {
 	}
 	if n := api.calls.Load(); n != 0 {
 		t.Errorf("upstream called %d times while the store was locked", n)
+	}
+}
+
+func TestProxyGCHeadroomFlag(t *testing.T) {
+	for _, c := range []struct {
+		flag string
+		want int64
+	}{{"", 32 << 20}, {"0", 0}, {"64MiB", 64 << 20}} {
+		args := []string{"--upstream", "http://x", "--store", "memory:", "--single-tenant"}
+		if c.flag != "" {
+			args = append(args, "--gc-headroom", c.flag)
+		}
+		cfg, _, _, err := parseProxyFlags(args, io.Discard)
+		if err != nil || cfg.GCHeadroom != c.want {
+			t.Errorf("--gc-headroom %q: %d, %v; want %d", c.flag, cfg.GCHeadroom, err, c.want)
+		}
+	}
+	if _, _, _, err := parseProxyFlags([]string{"--upstream", "http://x", "--gc-headroom", "-1"}, io.Discard); !errors.Is(err, ErrUsage) {
+		t.Errorf("--gc-headroom -1: %v, want a usage error", err)
+	}
+
+	// The collector's pace, as the runtime reports it after a collection
+	// (the floor adjusts it just after, on the runtime's cleanup goroutine).
+	percent := func() uint64 {
+		s := []rtmetrics.Sample{{Name: "/gc/gogc:percent"}}
+		rtmetrics.Read(s)
+		return s[0].Value.Uint64()
+	}
+	settled := func(want func(uint64) bool) uint64 {
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			runtime.GC()
+			if p := percent(); want(p) || time.Now().After(deadline) {
+				return p
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	noGOGC := func(string) string { return "" }
+	withGOGC := func(k string) string {
+		if k == "GOGC" {
+			return "150"
+		}
+		return ""
+	}
+	for _, c := range []struct {
+		name     string
+		headroom int64
+		getenv   func(string) string
+	}{{"--gc-headroom 0", 0, noGOGC}, {"GOGC set", 1 << 30, withGOGC}} {
+		stop := paceCollector(c.headroom, c.getenv)
+		if p := settled(func(p uint64) bool { return p != 100 }); p != 100 {
+			t.Errorf("%s: GC percent %d after a collection, want Go's 100 left alone", c.name, p)
+		}
+		stop()
+	}
+	// A headroom far above this test's heap: the pace slows.
+	stop := paceCollector(1<<30, noGOGC)
+	if p := settled(func(p uint64) bool { return p > 100 }); p <= 100 {
+		t.Errorf("--gc-headroom 1GiB: GC percent %d after a collection, want more than 100", p)
+	}
+	stop()
+	if p := percent(); p != 100 {
+		t.Errorf("after the proxy stopped: GC percent %d, want 100", p)
 	}
 }

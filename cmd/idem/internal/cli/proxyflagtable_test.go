@@ -19,7 +19,7 @@ import (
 var flagSample = map[string]string{
 	"lease-policy": "retry", "key-required": "true", "key-reused-status": "409", "in-progress-status": "409",
 	"max-response-bytes": "2MiB", "fields": "amount", "echo-key": "true", "tenant-from": "authorization",
-	"max-header-bytes": "1KiB", "max-buffered-bytes": "128MiB", "store-replay-cache": "64MiB", "methods": "PUT", "max-body": "2MiB",
+	"max-header-bytes": "1KiB", "max-buffered-bytes": "128MiB", "store-replay-cache": "64MiB", "gc-headroom": "64MiB", "methods": "PUT", "max-body": "2MiB",
 	"async": "POST /v1/reports", "async-keep-headers": "Cookie",
 }
 
