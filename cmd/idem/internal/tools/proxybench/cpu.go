@@ -140,6 +140,35 @@ func selfCPU() time.Duration {
 	return tv(self.Utime) + tv(self.Stime) + tv(children.Utime) + tv(children.Stime)
 }
 
+// peakRSS is the largest resident set pid has had (VmHWM), in bytes; 0
+// when it cannot be read.
+func peakRSS(pid int) int64 {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+	if err != nil {
+		return 0
+	}
+	return parsePeakRSS(b)
+}
+
+func parsePeakRSS(status []byte) int64 {
+	for line := range bytes.Lines(status) {
+		rest, ok := bytes.CutPrefix(line, []byte("VmHWM:"))
+		if !ok {
+			continue
+		}
+		f := bytes.Fields(rest)
+		if len(f) != 2 || string(f[1]) != "kB" {
+			return 0
+		}
+		kb, err := strconv.ParseInt(string(f[0]), 10, 64)
+		if err != nil {
+			return 0
+		}
+		return kb << 10
+	}
+	return 0
+}
+
 // cpuMeter samples the CPU of one variant's processes.
 type cpuMeter struct {
 	proxy, upstream, postmaster int
@@ -176,6 +205,7 @@ func wrapCPU(m cpuMeter, v *variant) {
 			before := m.sample()
 			res, err := f(ctx, o)
 			res.cpu = m.sample().sub(before)
+			res.peakRSS = peakRSS(m.proxy)
 			return res, err
 		}
 	}
@@ -187,14 +217,16 @@ func wrapCPU(m cpuMeter, v *variant) {
 // total is what one request costs the machine.
 func cpuTable(w io.Writer, variants []*variant, results map[string][]sliceResult, phase string) {
 	fmt.Fprintf(w, "\nCPU per %s, µs (summed over the slices; database: the whole PostgreSQL cluster; load: the load generator and pgbench; other: the rest of the machine's busy time):\n\n", phase)
-	fmt.Fprintln(w, "| variant | proxy | database | upstream | load | other | busy | idle |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| variant | proxy | database | upstream | load | other | busy | idle | proxy's peak RSS, MB |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|")
 	for _, v := range variants {
 		var sum cpuTimes
 		ops := 0
+		var rss int64
 		for _, r := range results[v.name] {
 			sum = sum.add(r.cpu)
 			ops += r.ops
+			rss = max(rss, r.peakRSS)
 		}
 		if ops == 0 || sum.busy == 0 {
 			continue
@@ -203,11 +235,14 @@ func cpuTable(w io.Writer, variants []*variant, results map[string][]sliceResult
 			return strconv.FormatFloat(float64(d.Nanoseconds())/1e3/float64(ops), 'f', 0, 64)
 		}
 		other := sum.busy - sum.proxy - sum.db - sum.upstream - sum.load
-		px := per(sum.proxy)
+		px, mem := per(sum.proxy), "–"
 		if v.name == "pgbench" {
 			px = "–"
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", v.name, px, per(sum.db), per(sum.upstream),
-			per(sum.load), per(other), per(sum.busy), per(sum.idle))
+		if rss > 0 {
+			mem = strconv.FormatFloat(float64(rss)/(1<<20), 'f', 0, 64)
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", v.name, px, per(sum.db), per(sum.upstream),
+			per(sum.load), per(other), per(sum.busy), per(sum.idle), mem)
 	}
 }

@@ -86,3 +86,29 @@ func burn() {
 	fmt.Println("burnt", x > 0)
 	io.Copy(io.Discard, os.Stdin)
 }
+
+func TestPeakRSS(t *testing.T) {
+	status := []byte("Name:\tidem\nVmPeak:\t  900000 kB\nVmHWM:\t   61234 kB\nVmRSS:\t   50000 kB\n")
+	if got := parsePeakRSS(status); got != 61234<<10 {
+		t.Errorf("VmHWM 61234 kB parsed as %d bytes", got)
+	}
+	for _, bad := range []string{"", "VmRSS:\t 5 kB\n", "VmHWM:\t 5 pages\n", "VmHWM:\t x kB\n"} {
+		if got := parsePeakRSS([]byte(bad)); got != 0 {
+			t.Errorf("%q parsed as %d", bad, got)
+		}
+	}
+	if _, err := os.Stat("/proc/self/status"); err != nil {
+		t.Skip("no /proc here")
+	}
+	// Touch 64 MiB: the peak must count them.
+	b := make([]byte, 64<<20)
+	for i := range b {
+		b[i] = 1
+	}
+	if got := peakRSS(os.Getpid()); got < 64<<20 {
+		t.Errorf("peak RSS %d bytes after touching 64 MiB", got)
+	}
+	if b[len(b)-1] != 1 {
+		t.Fatal("unreachable")
+	}
+}

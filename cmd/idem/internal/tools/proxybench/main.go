@@ -18,6 +18,10 @@
 // never seen before on every request; replay slices repeat one completed
 // key per client.
 //
+// On Linux it reports where each request's CPU time went (the proxy, the
+// whole PostgreSQL cluster, the upstream, the load generator, idle time;
+// read from /proc around every slice), and each proxy's peak resident set.
+//
 // For PostgreSQL variants it also reports, per new request, the WAL the
 // server wrote (pg_current_wal_lsn; the whole cluster, so anything else
 // writing at the time counts too: the median slice is printed) and, from
@@ -181,6 +185,7 @@ type sliceResult struct {
 	avgLat  time.Duration   // pgbench
 	walB    float64         // WAL bytes per op, PostgreSQL only
 	cpu     cpuTimes        // CPU time spent during the slice, by whom
+	peakRSS int64           // the proxy's largest resident set so far, bytes
 }
 
 func run(o options) error {
