@@ -552,16 +552,17 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return refusedUsage(stderr, err)
 	}
-	defer paceCollector(cfg.GCHeadroom, os.Getenv)()
+	stop, _ := paceCollector(cfg.GCHeadroom, os.Getenv)
+	defer stop()
 	return p.Serve(ctx)
 }
 
 // paceCollector starts the heap floor of --gc-headroom, unless it is 0 or
 // the environment sets GOGC: the operator's choice of pace stands. It
-// returns what undoes it.
-func paceCollector(headroom int64, getenv func(string) string) (stop func()) {
+// returns what undoes it, and whether it started one.
+func paceCollector(headroom int64, getenv func(string) string) (stop func(), started bool) {
 	if headroom <= 0 || getenv("GOGC") != "" {
-		return func() {}
+		return func() {}, false
 	}
-	return heapfloor.Start(uint64(headroom)).Stop
+	return heapfloor.Start(uint64(headroom)).Stop, true
 }

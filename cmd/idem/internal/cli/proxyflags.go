@@ -275,7 +275,7 @@ var proxyFlags = []proxyFlag{
 		func(a *proxyArgs) any { return &a.maxBody }},
 	{"upstream-timeout", defaultUpstreamTimeout, "wait for the upstream's response headers (after it, the outcome is unknown); 0 for no limit",
 		func(a *proxyArgs) any { return &a.cfg.UpstreamTimeout }},
-	{"gc-headroom", defaultGCHeadroom, "heap `size` the proxy may allocate between garbage collections while what it keeps alive is smaller (Go's default collects each time the heap doubles, at least every 4 MB: every few dozen requests of a proxy whose store is a database); 0, or GOGC in the environment: Go's default",
+	{"gc-headroom", defaultGCHeadroom, "heap `size` the proxy may allocate between garbage collections while what it keeps alive is smaller (Go's default collects each time the heap doubles, from 4 MiB on: every few dozen requests of a proxy whose store is a database); 0, or GOGC in the environment: Go's default",
 		func(a *proxyArgs) any { return &a.gcHeadroom }},
 	{"shutdown-timeout", defaultShutdownTimeout, "time in-flight requests get to finish at shutdown",
 		func(a *proxyArgs) any { return &a.cfg.ShutdownTimeout }},
