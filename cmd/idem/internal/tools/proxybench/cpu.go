@@ -1,18 +1,15 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/procfs"
 )
 
 // cpuTimes is the CPU time spent during one slice, by whom: the variant's
@@ -36,54 +33,29 @@ func (c cpuTimes) add(d cpuTimes) cpuTimes {
 }
 
 // userHZ is the unit of the times in /proc (USER_HZ), 100 on every Linux
-// architecture Go runs on.
+// architecture Go runs on, as procfs assumes too.
 const userHZ = 100
 
-func ticks(n int64) time.Duration { return time.Duration(n) * time.Second / userHZ }
-
-// procStat is what cpu accounting reads of /proc/PID/stat.
-type procStat struct {
-	ppid           int
-	utime, stime   int64 // the process's own
-	cutime, cstime int64 // its children's that it waited for
-	comm           string
-	ok             bool
-}
-
-func readProcStat(pid int) procStat {
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+// procStat reads a process's /proc/PID/stat; ok is false when it cannot.
+func procStat(pid int) (s procfs.ProcStat, ok bool) {
+	p, err := procfs.NewProc(pid)
 	if err != nil {
-		return procStat{}
+		return s, false
 	}
-	return parseProcStat(b)
+	s, err = p.Stat()
+	return s, err == nil
 }
 
-// parseProcStat reads a /proc/PID/stat line. The command name is in
-// parentheses and may hold spaces or parentheses itself, so the fields
-// are counted from the last ')'.
-func parseProcStat(b []byte) procStat {
-	open, end := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
-	if open < 0 || end < open {
-		return procStat{}
-	}
-	f := strings.Fields(string(b[end+1:]))
-	// f[0] is the state (field 3): ppid is field 4, utime 14, stime 15,
-	// cutime 16, cstime 17.
-	if len(f) < 15 {
-		return procStat{}
-	}
-	n := func(i int) int64 { v, _ := strconv.ParseInt(f[i], 10, 64); return v }
-	return procStat{ppid: int(n(1)), utime: n(11), stime: n(12), cutime: n(13), cstime: n(14),
-		comm: string(b[open+1 : end]), ok: true}
-}
+// seconds turns the CPU seconds procfs reports into a duration.
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 // processCPU is a process's own CPU time; 0 for pid 0 or a process gone.
 func processCPU(pid int) time.Duration {
 	if pid <= 0 {
 		return 0
 	}
-	s := readProcStat(pid)
-	return ticks(s.utime + s.stime)
+	s, _ := procStat(pid)
+	return seconds(s.CPUTime())
 }
 
 // clusterCPU is the CPU time of a PostgreSQL cluster: its postmaster's,
@@ -93,42 +65,38 @@ func clusterCPU(postmaster int) time.Duration {
 	if postmaster <= 0 {
 		return 0
 	}
-	pm := readProcStat(postmaster)
-	if !pm.ok {
+	pm, ok := procStat(postmaster)
+	if !ok {
 		return 0
 	}
-	total := pm.utime + pm.stime + pm.cutime + pm.cstime
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == postmaster {
+	// The children's counters are in clock ticks (CPUTime converts only
+	// the process's own).
+	total := pm.CPUTime() + float64(pm.CUTime+pm.CSTime)/userHZ
+	procs, _ := procfs.AllProcs()
+	for _, p := range procs {
+		if p.PID == postmaster {
 			continue
 		}
-		if s := readProcStat(pid); s.ok && s.ppid == postmaster {
-			total += s.utime + s.stime
+		if s, err := p.Stat(); err == nil && s.PPID == postmaster {
+			total += s.CPUTime()
 		}
 	}
-	return ticks(total)
+	return seconds(total)
 }
 
 // machineCPU is the machine's busy and idle time from /proc/stat (idle
 // counts I/O wait).
 func machineCPU() (busy, idle time.Duration) {
-	b, err := os.ReadFile("/proc/stat")
+	fs, err := procfs.NewDefaultFS()
 	if err != nil {
 		return 0, 0
 	}
-	line, _, _ := bytes.Cut(b, []byte("\n"))
-	f := strings.Fields(string(line))
-	if len(f) < 9 || f[0] != "cpu" {
+	st, err := fs.Stat()
+	if err != nil {
 		return 0, 0
 	}
-	var v [8]int64
-	for i := range v {
-		v[i], _ = strconv.ParseInt(f[i+1], 10, 64)
-	}
-	// user nice system idle iowait irq softirq steal
-	return ticks(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]), ticks(v[3] + v[4])
+	c := st.CPUTotal
+	return seconds(c.User + c.Nice + c.System + c.IRQ + c.SoftIRQ + c.Steal), seconds(c.Idle + c.Iowait)
 }
 
 // selfCPU is this process's CPU time and that of its children waited for.
@@ -143,30 +111,15 @@ func selfCPU() time.Duration {
 // peakRSS is the largest resident set pid has had (VmHWM), in bytes; 0
 // when it cannot be read.
 func peakRSS(pid int) int64 {
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+	p, err := procfs.NewProc(pid)
 	if err != nil {
 		return 0
 	}
-	return parsePeakRSS(b)
-}
-
-func parsePeakRSS(status []byte) int64 {
-	for line := range bytes.Lines(status) {
-		rest, ok := bytes.CutPrefix(line, []byte("VmHWM:"))
-		if !ok {
-			continue
-		}
-		f := bytes.Fields(rest)
-		if len(f) != 2 || string(f[1]) != "kB" {
-			return 0
-		}
-		kb, err := strconv.ParseInt(string(f[0]), 10, 64)
-		if err != nil {
-			return 0
-		}
-		return kb << 10
+	st, err := p.NewStatus()
+	if err != nil {
+		return 0
 	}
-	return 0
+	return int64(st.VmHWM)
 }
 
 // cpuMeter samples the CPU of one variant's processes.
@@ -188,11 +141,11 @@ func postmasterPID(ctx context.Context, pg *pgx.Conn) (int, error) {
 	if err := pg.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend); err != nil {
 		return 0, err
 	}
-	s := readProcStat(backend)
-	if !s.ok || s.comm != "postgres" {
+	s, ok := procStat(backend)
+	if !ok || s.Comm != "postgres" {
 		return 0, nil // another machine's server, or a pooler in between
 	}
-	return s.ppid, nil
+	return s.PPID, nil
 }
 
 // wrapCPU measures the CPU time spent during each slice of v.

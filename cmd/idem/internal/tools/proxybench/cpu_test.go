@@ -11,23 +11,11 @@ import (
 	"time"
 )
 
-func TestParseProcStat(t *testing.T) {
-	// A command name may hold spaces and parentheses.
-	line := []byte("4242 (post (gres) x) S 17 4242 4242 0 -1 4194560 100 0 0 0 250 75 30 12 20 0 1 0 100 0 0\n")
-	s := parseProcStat(line)
-	if !s.ok || s.comm != "post (gres) x" || s.ppid != 17 || s.utime != 250 || s.stime != 75 || s.cutime != 30 || s.cstime != 12 {
-		t.Errorf("parsed %+v", s)
-	}
-	for _, bad := range []string{"", "4242 no parentheses", "4242 (short) S 1 2"} {
-		if s := parseProcStat([]byte(bad)); s.ok {
-			t.Errorf("%q parsed as %+v", bad, s)
-		}
-	}
-}
-
 // TestCPUAccounting checks the readings against work done: a child that
 // burns CPU shows in its own counter while it runs and in this process's
 // children counter once waited for, and the machine was busy meanwhile.
+// This process stands for a postmaster: clusterCPU counts its live child,
+// then the same CPU through its children counter once the child exited.
 func TestCPUAccounting(t *testing.T) {
 	if os.Getenv("PROXYBENCH_BURN") != "" {
 		burn()
@@ -39,6 +27,7 @@ func TestCPUAccounting(t *testing.T) {
 	const work = 300 * time.Millisecond
 	busy0, _ := machineCPU()
 	self0 := selfCPU()
+	cluster0 := clusterCPU(os.Getpid())
 	cmd := exec.Command(os.Args[0], "-test.run=^TestCPUAccounting$")
 	cmd.Env = append(os.Environ(), "PROXYBENCH_BURN=1")
 	stdin, err := cmd.StdinPipe()
@@ -56,6 +45,7 @@ func TestCPUAccounting(t *testing.T) {
 		t.Fatal(err)
 	}
 	running := processCPU(cmd.Process.Pid)
+	clusterRunning := clusterCPU(os.Getpid())
 	stdin.Close()
 	if err := cmd.Wait(); err != nil {
 		t.Fatal(err)
@@ -69,6 +59,12 @@ func TestCPUAccounting(t *testing.T) {
 	}
 	if busy1, _ := machineCPU(); busy1-busy0 < running-10*time.Millisecond {
 		t.Errorf("the machine was busy for %v, less than the child alone (%v)", busy1-busy0, running)
+	}
+	if d := clusterRunning - cluster0; d < running {
+		t.Errorf("the cluster grew by %v while its child had burnt %v", d, running)
+	}
+	if d := clusterCPU(os.Getpid()) - cluster0; d < running {
+		t.Errorf("the cluster grew by %v once its child exited, less than the %v it burnt", d, running)
 	}
 	if processCPU(0) != 0 || clusterCPU(0) != 0 {
 		t.Error("pid 0 must read as no time")
@@ -89,15 +85,6 @@ func burn() {
 }
 
 func TestPeakRSS(t *testing.T) {
-	status := []byte("Name:\tidem\nVmPeak:\t  900000 kB\nVmHWM:\t   61234 kB\nVmRSS:\t   50000 kB\n")
-	if got := parsePeakRSS(status); got != 61234<<10 {
-		t.Errorf("VmHWM 61234 kB parsed as %d bytes", got)
-	}
-	for _, bad := range []string{"", "VmRSS:\t 5 kB\n", "VmHWM:\t 5 pages\n", "VmHWM:\t x kB\n"} {
-		if got := parsePeakRSS([]byte(bad)); got != 0 {
-			t.Errorf("%q parsed as %d", bad, got)
-		}
-	}
 	if _, err := os.Stat("/proc/self/status"); err != nil {
 		t.Skip("no /proc here")
 	}
