@@ -7,10 +7,12 @@
 // It opens two stores on fresh schemas (their own migrations make the
 // tables), fills one with -n completed records by server-side INSERT ...
 // SELECT FROM generate_series (expiries spread over the next 24 h in
-// insertion order, as a day of traffic leaves them), then VACUUM ANALYZE.
-// Reserve+Complete of new keys, replays (Reserve of a completed key, a
-// random one of the table) and Get run in slices that alternate between the
-// two schemas, with -workers clients and with one. Then a store whose clock
+// insertion order, as a day of traffic leaves them), then VACUUM ANALYZE
+// and a CHECKPOINT.
+// Reserve+Complete of new keys, replays (Reserve of a completed key: a
+// random one of the later half of the table, and, as replay-recent, of its
+// last 1%, where retries land) and Get run in slices that alternate between
+// the two schemas, with -workers clients and with one. Then a store whose clock
 // is 24h/-days ahead reaps, through maintenance.Maintainer.ReapOnce with
 // the product's batch size, the records of the first "day"; the report gives
 // its time, WAL and the table's sizes and dead tuples, then VACUUM's time

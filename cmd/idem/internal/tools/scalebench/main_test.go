@@ -130,8 +130,9 @@ func TestSmokeVersus(t *testing.T) {
 }
 
 func checkSmoke(t *testing.T, r map[string]map[string]float64, out string, partitioned bool) {
-	for _, name := range []string{"fill/large", "size/large", "fill/empty", "latency/new/2", "latency/new/1",
-		"latency/replay/2", "latency/replay/1", "latency/get/2", "latency/get/1", "reap",
+	for _, name := range []string{"fill/large", "size/large", "fill/empty", "checkpoint", "latency/new/2", "latency/new/1",
+		"latency/replay/2", "latency/replay/1", "latency/replay-recent/2", "latency/replay-recent/1",
+		"latency/get/2", "latency/get/1", "reap",
 		"size/reaped", "vacuum", "size/vacuumed", "fill/next_day", "size/next_day"} {
 		if r[name] == nil {
 			t.Errorf("report has no %s:\n%s", name, out)
@@ -141,8 +142,10 @@ func checkSmoke(t *testing.T, r map[string]map[string]float64, out string, parti
 	if d := r["reap"]["deleted"]; d < 600 || d > 700 {
 		t.Errorf("reaper deleted %v records, want about 667", d)
 	}
-	if l := r["latency/replay/1"]; l["large_ops"] == 0 || l["empty_ops"] == 0 || l["p50_ratio"] <= 0 {
-		t.Errorf("replay latencies %v", l)
+	for _, name := range []string{"latency/replay/1", "latency/replay-recent/1"} {
+		if l := r[name]; l["large_ops"] == 0 || l["empty_ops"] == 0 || l["p50_ratio"] <= 0 {
+			t.Errorf("%s: %v", name, l)
+		}
 	}
 	// The plain reaper leaves one dead tuple per record it deleted, the
 	// partitioned one none. The latency slices' completions leave dead
@@ -177,6 +180,22 @@ func TestRunRefusesBadOptions(t *testing.T) {
 	} {
 		if err := run(context.Background(), o, &bytes.Buffer{}); err == nil {
 			t.Errorf("run(%+v) = nil, want an error", o)
+		}
+	}
+}
+
+// TestPicks: replays draw from the later half of the fill, recent ones
+// from its last 1%, and a table of one record still has one to draw.
+func TestPicks(t *testing.T) {
+	for range 1000 {
+		if i := later(1000); i < 500 || i >= 1000 {
+			t.Fatalf("later(1000) = %d, want 500..999", i)
+		}
+		if i := recent(1000); i < 990 || i >= 1000 {
+			t.Fatalf("recent(1000) = %d, want 990..999", i)
+		}
+		if i := recent(50); i != 49 {
+			t.Fatalf("recent(50) = %d, want 49", i)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"os"
 	"slices"
 	"time"
 
@@ -13,17 +14,31 @@ import (
 	"github.com/idem-go/idem/store"
 )
 
-// op is one measured call; i is a random record of the fill (replay, get).
+// op is one measured call; i is a random record of the fill (replay, get),
+// drawn by pick from the table's rows (later when nil).
 type op struct {
 	name string
 	call func(ctx context.Context, s store.Store, i int) error
+	pick func(rows int) int
+}
+
+// later draws from the later half of the fill, which expires in 12h or
+// more: a record anywhere in the last half day of traffic.
+func later(rows int) int { return rows/2 + rand.IntN(rows-rows/2) }
+
+// recent draws from the last 1% of the fill (at least one record), the
+// last quarter hour of a day of traffic: where a client's retry of a
+// request lands, seconds to minutes after it.
+func recent(rows int) int {
+	n := max(rows/100, 1)
+	return rows - n + rand.IntN(n)
 }
 
 var response = store.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}},
 	Body: []byte(`{"id":"00000000-0000-0000-0000-000000000000","status":"created"}`)}
 
 var ops = []op{
-	{"new", func(ctx context.Context, s store.Store, _ int) error {
+	{name: "new", call: func(ctx context.Context, s store.Store, _ int) error {
 		k := randHex(16)
 		res, err := s.Reserve(ctx, store.ReserveParams{Scope: scopeOf(rand.IntN(1000)), Key: k,
 			Fingerprint: k, Lease: 30 * time.Second, TTL: 24 * time.Hour, LeasePolicy: store.LeaseUnknown})
@@ -36,18 +51,22 @@ var ops = []op{
 		return s.Complete(ctx, store.CompleteParams{Response: response, TTL: 24 * time.Hour,
 			FenceParams: store.FenceParams{Scope: res.Record.Scope, Key: k, Fence: res.Record.Fence}})
 	}},
-	{"replay", func(ctx context.Context, s store.Store, i int) error {
-		res, err := s.Reserve(ctx, store.ReserveParams{Scope: scopeOf(i), Key: keyOf(i),
-			Fingerprint: fingerprintOf(i), Lease: 30 * time.Second, TTL: 24 * time.Hour, LeasePolicy: store.LeaseUnknown})
-		if err == nil && (res.Outcome != store.Existing || res.Record.State != store.StateCompleted) {
-			err = fmt.Errorf("replay of %d: outcome %v, state %v", i, res.Outcome, res.Record.State)
-		}
-		return err
-	}},
-	{"get", func(ctx context.Context, s store.Store, i int) error {
+	{name: "replay", call: replay},
+	{name: "replay-recent", call: replay, pick: recent},
+	{name: "get", call: func(ctx context.Context, s store.Store, i int) error {
 		_, err := s.Get(ctx, scopeOf(i), keyOf(i))
 		return err
 	}},
+}
+
+// replay reserves record i of the fill again, as a retry of its request.
+func replay(ctx context.Context, s store.Store, i int) error {
+	res, err := s.Reserve(ctx, store.ReserveParams{Scope: scopeOf(i), Key: keyOf(i),
+		Fingerprint: fingerprintOf(i), Lease: 30 * time.Second, TTL: 24 * time.Hour, LeasePolicy: store.LeaseUnknown})
+	if err == nil && (res.Outcome != store.Existing || res.Record.State != store.StateCompleted) {
+		err = fmt.Errorf("replay of %d: outcome %v, state %v", i, res.Outcome, res.Record.State)
+	}
+	return err
 }
 
 // emptyKeys is how many records the empty schema holds for its replays
@@ -58,6 +77,7 @@ const emptyKeys = 1000
 // alternating between the schemas, and prints p50/p99 and the ratios of
 // the second's to the first's.
 func (b *bench) latencies(ctx context.Context, first, second *schema) error {
+	b.checkpoint(ctx)
 	for _, o := range ops {
 		for _, workers := range []int{b.o.workers, 1} {
 			var lat [2][]time.Duration
@@ -81,12 +101,29 @@ func (b *bench) latencies(ctx context.Context, first, second *schema) error {
 	return nil
 }
 
+// checkpoint writes out what the fill left dirty in shared_buffers before
+// the slices start, so that they do not share the disk with a checkpoint
+// of the fill (with a large shared_buffers that is gigabytes). It needs
+// the pg_checkpoint role or a superuser; without, the run goes on and says
+// so on stderr.
+func (b *bench) checkpoint(ctx context.Context) {
+	t := time.Now()
+	if _, err := b.admin.Exec(ctx, "CHECKPOINT"); err != nil {
+		fmt.Fprintf(os.Stderr, "checkpoint skipped: %v\n", err)
+		return
+	}
+	fmt.Fprintf(b.w, "checkpoint seconds=%.1f\n", time.Since(t).Seconds())
+}
+
 // slice runs o with workers closed-loop clients for one slice. Calls are
 // never cut: a client starts none after the end of the slice.
 func (b *bench) slice(ctx context.Context, s store.Store, o op, workers, rows int) ([]time.Duration, error) {
+	pick := o.pick
+	if pick == nil {
+		pick = later
+	}
 	lat, _, err := benchloop.Run(workers, b.o.slice, func(int) error {
-		// The later half of the fill, which expires in 12h or more.
-		return o.call(ctx, s, rows/2+rand.IntN(rows-rows/2))
+		return o.call(ctx, s, pick(rows))
 	})
 	return lat, err
 }
