@@ -87,7 +87,6 @@ func (f *Floor) Stop() {
 	}
 	f.stopped = true
 	f.cleanup.Stop()
-	f.percent = f.orig
 	debug.SetGCPercent(f.orig)
 }
 

@@ -185,7 +185,8 @@ func TestRunRefusesBadOptions(t *testing.T) {
 }
 
 // TestPicks: replays draw from the later half of the fill, recent ones
-// from its last 1%, and a table of one record still has one to draw.
+// from its last 1%, and on a table of fewer than 100 records from its
+// last record.
 func TestPicks(t *testing.T) {
 	for range 1000 {
 		if i := later(1000); i < 500 || i >= 1000 {
