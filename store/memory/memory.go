@@ -36,6 +36,8 @@ type Store struct {
 	// scope of the last call.
 	scopes map[string]*records
 	last   *records
+	// cold holds the completed records the collector never traces.
+	cold cold
 	// tenants indexes the records by tenant, for the cap on active
 	// records (ReserveParams.MaxActive). It is built at the first capped
 	// call and kept from then on; nil until then, so a store that never
@@ -54,7 +56,7 @@ func New(cfg Config) *Store {
 	if c == nil {
 		c = time.Now
 	}
-	return &Store{clock: c, scopes: make(map[string]*records)}
+	return &Store{clock: c, scopes: make(map[string]*records), cold: newCold()}
 }
 
 // now reads the clock at the resolution every store keeps, so that the
@@ -76,11 +78,16 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := id{p.Scope, p.Key}
-	e := s.find(k)
+	e, rs, slot := s.lookup(k)
 	var r store.Record
 	act := storekit.ActCreate
-	if e != nil {
-		r = e.record()
+	exists := e != nil || slot >= 0
+	if exists {
+		if e != nil {
+			r = e.record()
+		} else {
+			r = s.cold.record(rs, slot)
+		}
 		act = storekit.Decide(&r, &p, now)
 	}
 	if err := storekit.CheckCap(&p, act, s.counter(p.Tenant)); err != nil {
@@ -88,18 +95,22 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 	}
 	fresh := func(fence int64) store.ReserveResult {
 		t := at(now)
-		n := s.put(k, e != nil, p.Tenant, &entry{
+		n := s.put(k, exists, p.Tenant, &entry{
 			key: p.Key, fp: p.Fingerprint, state: stInProgress, fence: fence, policy: policyOf(p.LeasePolicy),
 			lockedUntil: at(after(now, p.Lease)), attempts: 1, createdAt: t, updatedAt: t, expiresAt: at(after(now, p.TTL)),
 		})
 		return store.ReserveResult{Outcome: store.Created, Record: n.record()}
 	}
-	if e == nil {
+	if !exists {
 		return fresh(storekit.NextFence(0, now)), nil
 	}
+	if act == storekit.ActCreate {
+		return fresh(storekit.NextFence(r.Fence, now)), nil
+	}
+	if e == nil && act != storekit.ActExisting {
+		e = s.thaw(rs, slot)
+	}
 	switch act {
-	case storekit.ActCreate:
-		return fresh(storekit.NextFence(e.fence, now)), nil
 	case storekit.ActReclaim:
 		e.take(now, p.Lease, p.TTL, true)
 		return store.ReserveResult{Outcome: store.Reclaimed, Record: e.record()}, nil
@@ -153,7 +164,9 @@ func (s *Store) counter(tenant string) func() (int, error) {
 		if s.tenants == nil {
 			s.tenants = make(map[string]map[id]*entry)
 			for e := range s.all() {
-				s.index(id{e.scope, e.key}, e)
+				if !e.frozen { // cold records are never active
+					s.index(id{e.scope, e.key}, e)
+				}
 			}
 		}
 		n := 0
@@ -166,17 +179,20 @@ func (s *Store) counter(tenant string) func() (int, error) {
 	}
 }
 
-// forget removes the record k from the maps, if it is there.
+// forget removes the record k, if it is there.
 func (s *Store) forget(k id) {
-	e := s.find(k)
-	if e == nil {
-		return
+	if e := s.hot(k); e != nil {
+		s.unindex(k, e.tenant)
 	}
 	s.remove(k)
-	if t := s.tenants[e.tenant]; t != nil {
+}
+
+// unindex removes the record k of tenant from the tenant index.
+func (s *Store) unindex(k id, tenant string) {
+	if t := s.tenants[tenant]; t != nil {
 		delete(t, k)
 		if len(t) == 0 {
-			delete(s.tenants, e.tenant)
+			delete(s.tenants, tenant)
 		}
 	}
 }
@@ -228,7 +244,7 @@ func (s *Store) held(ctx context.Context, valid error, fp store.FenceParams, f f
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r := s.find(id{fp.Scope, fp.Key})
+	r := s.hot(id{fp.Scope, fp.Key}) // a cold record is never in progress
 	if r == nil || r.state != stInProgress || r.fence != fp.Fence {
 		return store.ErrLeaseLost
 	}
@@ -241,7 +257,8 @@ func (s *Store) held(ctx context.Context, valid error, fp store.FenceParams, f f
 func (s *Store) Complete(ctx context.Context, p store.CompleteParams) error {
 	return s.held(ctx, p.Validate(), p.FenceParams, func(r *entry, now time.Time) {
 		p.Response.Header = s.share(p.Response.Header)
-		s.complete(r, now, p.Response, p.TTL)
+		r.updatedAt = at(now)
+		s.complete(r, now, p.Response, p.TTL, true)
 	})
 }
 
@@ -265,14 +282,19 @@ func (s *Store) share(h map[string][]string) map[string][]string {
 	return s.header
 }
 
-// complete makes e a completed record of resp.
-func (s *Store) complete(e *entry, now time.Time, resp store.Response, ttl time.Duration) {
+// complete makes e a completed record of resp, made cold if freeze and it
+// is of a kind kept cold: then e is no longer the store's, and the caller
+// must not change it further.
+func (s *Store) complete(e *entry, now time.Time, resp store.Response, ttl time.Duration, freeze bool) {
 	e.state = stCompleted
 	e.setRequest(nil)
 	e.answer(resp)
 	e.completedAt = at(now)
 	if ttl > 0 {
 		e.expiresAt = at(after(now, ttl))
+	}
+	if freeze && s.freeze(e) {
+		return
 	}
 	if e.pack() {
 		s.rekey(e)
@@ -325,11 +347,13 @@ func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r := s.find(id{scope, key})
-	if r == nil {
-		return store.Record{}, store.ErrNotFound
+	switch e, rs, slot := s.lookup(id{scope, key}); {
+	case e != nil:
+		return e.record(), nil
+	case slot >= 0:
+		return s.cold.record(rs, slot), nil
 	}
-	return r.record(), nil
+	return store.Record{}, store.ErrNotFound
 }
 
 // Delete implements store.Store.
@@ -343,10 +367,10 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := id{scope, key}
-	switch r := s.find(k); {
-	case r == nil:
+	switch e, _, slot := s.lookup(k); {
+	case e == nil && slot < 0:
 		return store.ErrNotFound
-	case r.state == stInProgress:
+	case e != nil && e.state == stInProgress:
 		return store.ErrStateConflict
 	}
 	s.forget(k)
@@ -371,6 +395,10 @@ func (s *Store) scan(ctx context.Context, valid error, limit int, keep func(e *e
 	var rs []*entry
 	for e := range s.all() {
 		if keep(e, t) {
+			if e.frozen {
+				c := *e
+				e = &c
+			}
 			rs = append(rs, e)
 		}
 	}
@@ -385,6 +413,9 @@ func (s *Store) scan(ctx context.Context, valid error, limit int, keep func(e *e
 		return rs[i].key < rs[j].key
 	})
 	for _, e := range rs[:min(limit, len(rs))] {
+		if e.frozen {
+			e = s.find(id{e.scope, e.key})
+		}
 		visit(e, now)
 	}
 	return nil
@@ -421,7 +452,7 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 			s.forget(id{e.scope, e.key})
 			res.Deleted++
 		default: // in_progress whose holder died, or unknown: abandoned
-			s.complete(e, now, p.Abandoned, p.AbandonedTTL)
+			s.complete(e, now, p.Abandoned, p.AbandonedTTL, false)
 			e.expiresAt = at(after(now, p.AbandonedTTL)) // even for a zero ttl
 			e.settle()
 			e.setError("abandoned")
@@ -475,7 +506,7 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 	return s.unknown(ctx, p.Scope, p.Key, p.Fence, func(e *entry, now time.Time) {
 		e.settle()
 		if p.To == store.StateCompleted {
-			s.complete(e, now, *p.Response, p.TTL)
+			s.complete(e, now, *p.Response, p.TTL, false)
 			e.setError("")
 			return
 		}

@@ -22,10 +22,14 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := id{p.Scope, p.Key}
-	e := s.find(k)
+	e, rs, slot := s.lookup(k)
 	var prev *store.Record
-	if e != nil {
+	switch {
+	case e != nil:
 		r := e.record()
+		prev = &r
+	case slot >= 0:
+		r := s.cold.record(rs, slot)
 		prev = &r
 	}
 	out, r, write, err := storekit.ApplyPending(prev, &p, now, s.counter(p.Tenant))
@@ -35,9 +39,12 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 	case out == store.Created:
 		n := new(entry)
 		n.set(&r)
-		s.put(k, e != nil, p.Tenant, n)
+		s.put(k, prev != nil, p.Tenant, n)
 		r.Scope = n.scope
 	case write:
+		if e == nil {
+			e = s.thaw(rs, slot)
+		}
 		if e.set(&r) {
 			s.rekey(e)
 		}
@@ -67,7 +74,7 @@ func (s *Store) ExpirePending(ctx context.Context, p store.ExpirePendingParams) 
 	err := s.scan(ctx, p.Validate(), p.Limit, func(e *entry, now micros) bool {
 		return e.state == stPending && !now.before(e.lockedUntil)
 	}, func(e *entry) micros { return e.lockedUntil }, func(e *entry, now time.Time) {
-		s.complete(e, now, p.Response, p.TTL)
+		s.complete(e, now, p.Response, p.TTL, false)
 		e.setError(store.ExpiredPendingError)
 		e.updatedAt = at(now)
 		out = append(out, e.record())

@@ -19,15 +19,17 @@ import (
 // handed out point to it (see record). What most records never set is kept
 // apart (see extra).
 type entry struct {
-	key, fp  string
-	scope    string
-	tenant   string // ReserveParams.Tenant at creation
-	more     *extra // nil while all its fields are zero
-	resp     store.Response
-	state    stateCode
-	policy   policyCode
-	hasResp  bool // resp is the record's Response
-	packed   bool // key, fp and resp.Body are views of one allocation
+	key, fp string
+	scope   string
+	tenant  string // ReserveParams.Tenant at creation
+	more    *extra // nil while all its fields are zero
+	resp    store.Response
+	state   stateCode
+	policy  policyCode
+	hasResp bool // resp is the record's Response
+	packed  bool // key, fp and resp.Body are views of one allocation
+	// frozen: a view of a cold record (see Store.all), not stored itself
+	frozen   bool
 	attempts int32
 	fence    int64
 
@@ -161,8 +163,27 @@ func (m micros) before(n micros) bool { return m < n }
 // record returns the record e holds. Its response, when it has one, is
 // the entry's own: callers must not modify it (see Store).
 func (e *entry) record() store.Record {
+	r := e.fields()
+	switch {
+	case e.frozen:
+		r.Response = e.response()
+	case e.hasResp:
+		r.Response = &e.resp
+	}
+	return r
+}
+
+// response returns a copy of e's response, for a view of a cold record:
+// the view's own field is not the record's, and is not kept.
+func (e *entry) response() *store.Response {
+	resp := e.resp
+	return &resp
+}
+
+// fields returns the record e holds without its response.
+func (e *entry) fields() store.Record {
 	m := e.rare()
-	r := store.Record{
+	return store.Record{
 		Scope: e.scope, Key: e.key, Fingerprint: e.fp, State: states[e.state], Fence: e.fence, LeasePolicy: policies[e.policy],
 		LockedUntil: e.lockedUntil.time(), RecoveryPoint: m.recoveryPoint, LastError: m.lastError,
 		Attempts: int(e.attempts), CreatedAt: e.createdAt.time(), UpdatedAt: e.updatedAt.time(),
@@ -170,10 +191,6 @@ func (e *entry) record() store.Record {
 		ReconcileAfter: m.reconcileAfter.time(), ReconcileAttempts: m.reconciles,
 		DeadLetteredAt: m.deadLetteredAt.time(), Request: m.request,
 	}
-	if e.hasResp {
-		r.Response = &e.resp
-	}
-	return r
 }
 
 // set makes e hold r, a record built by storekit, keeping e's text where

@@ -1,0 +1,324 @@
+package memory
+
+import (
+	"encoding/binary"
+	"hash/maphash"
+	"net/http"
+	"slices"
+	"unsafe"
+
+	"github.com/idem-go/idem/store"
+)
+
+// cold keeps completed records in memory the garbage collector never
+// traces. A store holds mostly completed records (a day of answers), and
+// a collection traces every object with pointers it finds, each time: as
+// entries, those records were most of the collector's work in a busy
+// process. Here a record is a slot in one pointer-free array, its key,
+// fingerprint and body are bytes in large pointer-free chunks, and the
+// index is a map from a hash of the key to a slot (kept per scope, see
+// records), whose keys and values hold no pointer either. The tenant and
+// the header are small indices into tables of the few distinct values a
+// store sees.
+//
+// Only a record completed by Complete and holding nothing beyond an
+// answer of moderate size is moved here (see freeze): every other record,
+// and any record about to change, is an entry. A record is read here
+// without being moved (record, entry); find moves it back to an entry
+// (thaw) before any transition, so the store's transitions are written
+// once, for entries.
+//
+// The bytes of a chunk are never written again once written: strings and
+// slices over them, handed out in records, stay valid and immutable after
+// their record is gone (the collector keeps a chunk while they point into
+// it).
+type cold struct {
+	seed   maphash.Seed
+	slots  []slot
+	free   []int32 // unused slots
+	chunks []chunk
+	cur    int32   // the chunk being filled; -1 before the first
+	spare  []int32 // chunks emptied and dropped, whose index is free
+	// tenants and headers are the interned values slots refer to, with
+	// their indices by value; lastHeader is the header map interned last,
+	// which the store's sharing (see Store.share) makes the common one.
+	tenants    []string
+	tenantOf   map[string]int32
+	headers    []http.Header
+	headerOf   map[string]int32
+	lastHeader unsafe.Pointer
+	lastIndex  int32
+	// Tests: disabled keeps every record an entry; collide hashes every
+	// key alike, so that lookups go through the chains.
+	disabled, collide bool
+}
+
+// slot is one cold record. It holds no pointer.
+type slot struct {
+	hash uint64 // of the key, with the store's seed
+	next int32  // the next slot of the same scope and hash; -1 ends the chain
+	// The record's text: key, fingerprint and body, in this order, at off
+	// in chunks[chunk].
+	chunk             int32
+	off               uint32
+	klen, fplen, blen uint32
+	tenant, header    int32 // indices into tenants and headers; header -1 is nil
+	status, attempts  int32
+	policy            policyCode
+	omitted, nilBody  bool
+	fence             int64
+	lockedUntil       micros
+	createdAt         micros
+	updatedAt         micros
+	completedAt       micros
+	expiresAt         micros
+}
+
+type chunk struct {
+	b    []byte // what was written; its capacity is the chunk's size
+	live int    // bytes of records still here
+}
+
+const (
+	chunkSize = 256 << 10
+	// maxColdText bounds the text of a record moved here: a larger answer
+	// stays an entry, so that a chunk holds many records and one kept
+	// record cannot keep a chunk of mostly dead bytes alive.
+	maxColdText = 8 << 10
+	// maxHeaders bounds the distinct headers interned. A store whose
+	// answers carry headers that differ each time (a request id) keeps
+	// records beyond it as entries.
+	maxHeaders = 1024
+)
+
+func newCold() cold {
+	return cold{seed: maphash.MakeSeed(), cur: -1, tenantOf: make(map[string]int32), headerOf: make(map[string]int32)}
+}
+
+func (c *cold) hash(key string) uint64 {
+	if c.collide {
+		return 1
+	}
+	return maphash.String(c.seed, key)
+}
+
+// text returns the text of slot i.
+func (c *cold) text(i int32) []byte {
+	sl := &c.slots[i]
+	return c.chunks[sl.chunk].b[sl.off : sl.off+sl.klen+sl.fplen+sl.blen : sl.off+sl.klen+sl.fplen+sl.blen]
+}
+
+func (c *cold) key(i int32) string {
+	sl := &c.slots[i]
+	t := c.text(i)
+	return unsafe.String(&t[0], sl.klen)
+}
+
+// find returns the slot of key in rs, -1 if there is none.
+func (c *cold) find(rs *records, key string) int32 {
+	if len(rs.cold) == 0 {
+		return -1
+	}
+	head, ok := rs.cold[c.hash(key)]
+	if !ok {
+		return -1
+	}
+	for i := head; i >= 0; i = c.slots[i].next {
+		if c.key(i) == key {
+			return i
+		}
+	}
+	return -1
+}
+
+// entry sets e to the record of slot i in rs. Its strings and body are
+// views of the slot's text.
+func (c *cold) entry(rs *records, i int32, e *entry) {
+	sl := &c.slots[i]
+	t := c.text(i)
+	*e = entry{
+		key: unsafe.String(&t[0], sl.klen), scope: rs.scope, tenant: c.tenants[sl.tenant],
+		state: stCompleted, policy: sl.policy, hasResp: true, packed: true,
+		attempts: sl.attempts, fence: sl.fence, lockedUntil: sl.lockedUntil, createdAt: sl.createdAt,
+		updatedAt: sl.updatedAt, completedAt: sl.completedAt, expiresAt: sl.expiresAt,
+	}
+	if sl.fplen > 0 {
+		e.fp = unsafe.String(&t[sl.klen], sl.fplen)
+	}
+	e.resp = store.Response{Status: int(sl.status), BodyOmitted: sl.omitted}
+	if sl.header >= 0 {
+		e.resp.Header = c.headers[sl.header]
+	}
+	if !sl.nilBody {
+		e.resp.Body = t[sl.klen+sl.fplen:]
+	}
+}
+
+// record returns the record of slot i in rs, with a response of its own.
+func (c *cold) record(rs *records, i int32) store.Record {
+	var e entry
+	c.entry(rs, i, &e)
+	r := e.fields()
+	r.Response = e.response()
+	return r
+}
+
+// freeze moves e, a record just completed, here, if it is of a kind kept
+// here and its header can be interned; it reports whether it did. The
+// caller removes the entry from its maps.
+func (c *cold) freeze(rs *records, e *entry) bool {
+	n := len(e.key) + len(e.fp) + len(e.resp.Body)
+	if c.disabled || e.state != stCompleted || !e.hasResp || (e.more != nil && *e.more != none) || n > maxColdText ||
+		e.resp.Status != int(int32(e.resp.Status)) {
+		return false
+	}
+	hdr, ok := c.header(e.resp.Header)
+	if !ok {
+		return false
+	}
+	ch, off := c.write(n, e.key, e.fp, e.resp.Body)
+	h := c.hash(e.key)
+	i := c.slot()
+	c.slots[i] = slot{
+		hash: h, next: -1, chunk: ch, off: off,
+		klen: uint32(len(e.key)), fplen: uint32(len(e.fp)), blen: uint32(len(e.resp.Body)),
+		tenant: c.tenant(e.tenant), header: hdr, status: int32(e.resp.Status), attempts: e.attempts,
+		policy: e.policy, omitted: e.resp.BodyOmitted, nilBody: e.resp.Body == nil, fence: e.fence,
+		lockedUntil: e.lockedUntil, createdAt: e.createdAt, updatedAt: e.updatedAt,
+		completedAt: e.completedAt, expiresAt: e.expiresAt,
+	}
+	if rs.cold == nil {
+		rs.cold = make(map[uint64]int32)
+	}
+	if head, ok := rs.cold[h]; ok {
+		c.slots[i].next = head
+	}
+	rs.cold[h] = i
+	rs.frozen++
+	return true
+}
+
+// remove drops slot i of rs.
+func (c *cold) remove(rs *records, i int32) {
+	sl := &c.slots[i]
+	h := sl.hash
+	switch head := rs.cold[h]; {
+	case head == i && sl.next < 0:
+		delete(rs.cold, h)
+	case head == i:
+		rs.cold[h] = sl.next
+	default:
+		p := head
+		for c.slots[p].next != i {
+			p = c.slots[p].next
+		}
+		c.slots[p].next = sl.next
+	}
+	rs.frozen--
+	ch := &c.chunks[sl.chunk]
+	ch.live -= int(sl.klen + sl.fplen + sl.blen)
+	if ch.live == 0 && sl.chunk != c.cur {
+		ch.b = nil
+		c.spare = append(c.spare, sl.chunk)
+	}
+	*sl = slot{}
+	c.free = append(c.free, i)
+}
+
+// slot returns an unused slot.
+func (c *cold) slot() int32 {
+	if n := len(c.free); n > 0 {
+		i := c.free[n-1]
+		c.free = c.free[:n-1]
+		return i
+	}
+	c.slots = append(c.slots, slot{})
+	return int32(len(c.slots) - 1)
+}
+
+// write appends the n bytes of key, fp and body to the current chunk, or
+// to a new one when they do not fit, and returns where they are.
+func (c *cold) write(n int, key, fp string, body []byte) (int32, uint32) {
+	if c.cur < 0 || cap(c.chunks[c.cur].b)-len(c.chunks[c.cur].b) < n {
+		old := c.cur
+		c.cur = c.chunk()
+		if old >= 0 && c.chunks[old].live == 0 {
+			c.chunks[old].b = nil
+			c.spare = append(c.spare, old)
+		}
+	}
+	ch := &c.chunks[c.cur]
+	off := len(ch.b)
+	ch.b = append(append(append(ch.b, key...), fp...), body...)
+	ch.live += n
+	return c.cur, uint32(off)
+}
+
+// chunk returns the index of a new, empty chunk.
+func (c *cold) chunk() int32 {
+	ch := chunk{b: make([]byte, 0, chunkSize)}
+	if n := len(c.spare); n > 0 {
+		i := c.spare[n-1]
+		c.spare = c.spare[:n-1]
+		c.chunks[i] = ch
+		return i
+	}
+	c.chunks = append(c.chunks, ch)
+	return int32(len(c.chunks) - 1)
+}
+
+func (c *cold) tenant(t string) int32 {
+	if i, ok := c.tenantOf[t]; ok {
+		return i
+	}
+	c.tenants = append(c.tenants, t)
+	i := int32(len(c.tenants) - 1)
+	c.tenantOf[t] = i
+	return i
+}
+
+// header returns the index of h among the interned headers, interning it
+// if there is room; ok is false if there is not.
+func (c *cold) header(h http.Header) (i int32, ok bool) {
+	if h == nil {
+		return -1, true
+	}
+	p := *(*unsafe.Pointer)(unsafe.Pointer(&h))
+	if p == c.lastHeader {
+		return c.lastIndex, true
+	}
+	k := headerText(h)
+	i, ok = c.headerOf[k]
+	if !ok {
+		if len(c.headers) == maxHeaders {
+			return 0, false
+		}
+		c.headers = append(c.headers, h)
+		i = int32(len(c.headers) - 1)
+		c.headerOf[k] = i
+	}
+	c.lastHeader, c.lastIndex = p, i
+	return i, true
+}
+
+// headerText is h as one string, equal for equal headers only: the names
+// in order, each with its values, every name, count and value prefixed by
+// its length.
+func headerText(h http.Header) string {
+	names := make([]string, 0, len(h))
+	for k := range h {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	var b []byte
+	for _, k := range names {
+		b = binary.AppendUvarint(b, uint64(len(k)))
+		b = append(b, k...)
+		b = binary.AppendUvarint(b, uint64(len(h[k])))
+		for _, v := range h[k] {
+			b = binary.AppendUvarint(b, uint64(len(v)))
+			b = append(b, v...)
+		}
+	}
+	return string(b)
+}

@@ -1,0 +1,320 @@
+package memory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"reflect"
+	"runtime"
+	"runtime/metrics"
+	"strings"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+
+	"github.com/idem-go/idem/store"
+)
+
+// TestColdMatchesEntries runs random sequences of calls against two
+// stores on one clock: one that keeps completed records cold, with every
+// key hashing alike so that each lookup walks a chain, and one that keeps
+// every record an entry. Every answer must be the same.
+func TestColdMatchesEntries(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		now := time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
+		clock := func() time.Time { return now }
+		cold, plain := New(Config{Clock: clock}), New(Config{Clock: clock})
+		cold.cold.collide = true
+		plain.cold.disabled = true
+		ctx := context.Background()
+		keys := []string{"a", "b", "c", "d"}
+		scopes := []string{"s1", "s2"}
+		headers := []http.Header{nil, {"Content-Type": {"application/json"}}, {"Content-Type": {"text/plain"}, "X-A": {"1", "2"}}}
+		fences := map[id]int64{}
+		same := func(what string, a, b any) {
+			if !reflect.DeepEqual(a, b) {
+				rt.Fatalf("%s: cold store %#v, entries %#v", what, a, b)
+			}
+		}
+		sameErr := func(what string, a, b error) {
+			if (a == nil) != (b == nil) || (a != nil && a.Error() != b.Error()) {
+				rt.Fatalf("%s: cold store %v, entries %v", what, a, b)
+			}
+		}
+		pick := func() id {
+			return id{rapid.SampledFrom(scopes).Draw(rt, "scope"), rapid.SampledFrom(keys).Draw(rt, "key")}
+		}
+		rt.Repeat(map[string]func(*rapid.T){
+			"reserve": func(rt *rapid.T) {
+				k := pick()
+				p := store.ReserveParams{Scope: k.scope, Key: k.key, Fingerprint: rapid.SampledFrom([]string{"f1", "f2"}).Draw(rt, "fp"),
+					Lease: time.Minute, TTL: time.Duration(rapid.IntRange(1, 3).Draw(rt, "ttl")) * time.Hour,
+					LeasePolicy: rapid.SampledFrom([]store.LeasePolicy{store.LeaseUnknown, store.LeaseRetry}).Draw(rt, "policy"),
+					Tenant: rapid.SampledFrom([]string{"t1", "t2"}).Draw(rt, "tenant")}
+				if rapid.Bool().Draw(rt, "capped") {
+					p.MaxActive = 2
+				}
+				a, errA := cold.Reserve(ctx, p)
+				b, errB := plain.Reserve(ctx, p)
+				sameErr("reserve", errA, errB)
+				same("reserve", a, b)
+				if errA == nil && a.Outcome.Acquired() {
+					fences[k] = a.Record.Fence
+				}
+			},
+			"complete": func(rt *rapid.T) {
+				k := pick()
+				body := []byte(nil)
+				if n := rapid.IntRange(-1, 3).Draw(rt, "body"); n >= 0 {
+					body = []byte(strings.Repeat("x", n*5000)) // 15000 bytes: too large to be cold
+				}
+				p := store.CompleteParams{FenceParams: store.FenceParams{Scope: k.scope, Key: k.key, Fence: fences[k]},
+					Response: store.Response{Status: rapid.SampledFrom([]int{200, 201, 500}).Draw(rt, "status"),
+						Header: headers[rapid.IntRange(0, len(headers)-1).Draw(rt, "header")], Body: body},
+					TTL: time.Duration(rapid.IntRange(0, 2).Draw(rt, "ttl")) * time.Hour}
+				sameErr("complete", cold.Complete(ctx, p), plain.Complete(ctx, p))
+			},
+			"release": func(rt *rapid.T) {
+				k := pick()
+				p := store.ReleaseParams{FenceParams: store.FenceParams{Scope: k.scope, Key: k.key, Fence: fences[k]}, Error: "e"}
+				sameErr("release", cold.Release(ctx, p), plain.Release(ctx, p))
+			},
+			"checkpoint": func(rt *rapid.T) {
+				k := pick()
+				p := store.CheckpointParams{FenceParams: store.FenceParams{Scope: k.scope, Key: k.key, Fence: fences[k]}, RecoveryPoint: "p"}
+				sameErr("checkpoint", cold.Checkpoint(ctx, p), plain.Checkpoint(ctx, p))
+			},
+			"get": func(rt *rapid.T) {
+				k := pick()
+				a, errA := cold.Get(ctx, k.scope, k.key)
+				b, errB := plain.Get(ctx, k.scope, k.key)
+				sameErr("get", errA, errB)
+				same("get", a, b)
+			},
+			"delete": func(rt *rapid.T) {
+				k := pick()
+				sameErr("delete", cold.Delete(ctx, k.scope, k.key), plain.Delete(ctx, k.scope, k.key))
+			},
+			"list": func(rt *rapid.T) {
+				p := store.ListParams{Limit: 100, ScopePrefix: rapid.SampledFrom([]string{"", "s1"}).Draw(rt, "prefix")}
+				a, _, errA := cold.List(ctx, p)
+				b, _, errB := plain.List(ctx, p)
+				sameErr("list", errA, errB)
+				same("list", a, b)
+				seen := map[*store.Response]bool{}
+				for _, r := range a {
+					if r.Response != nil && seen[r.Response] {
+						rt.Fatalf("two listed records share one response: %+v", r)
+					}
+					seen[r.Response] = true
+				}
+			},
+			"reap": func(rt *rapid.T) {
+				p := store.ReapParams{Limit: rapid.IntRange(1, 3).Draw(rt, "limit"), Soft: rapid.Bool().Draw(rt, "soft"),
+					Abandoned: store.Response{Status: 500}, AbandonedTTL: time.Hour}
+				a, errA := cold.Reap(ctx, p)
+				b, errB := plain.Reap(ctx, p)
+				sameErr("reap", errA, errB)
+				same("reap", a, b)
+			},
+			"sweep": func(rt *rapid.T) {
+				p := store.SweepParams{Limit: 10}
+				a, errA := cold.SweepExpiredLeases(ctx, p)
+				b, errB := plain.SweepExpiredLeases(ctx, p)
+				sameErr("sweep", errA, errB)
+				same("sweep", a, b)
+			},
+			"count": func(rt *rapid.T) {
+				a, errA := cold.CountActive(ctx, 100)
+				b, errB := plain.CountActive(ctx, 100)
+				sameErr("count", errA, errB)
+				same("count", a, b)
+			},
+			"time": func(rt *rapid.T) {
+				now = now.Add(time.Duration(rapid.IntRange(1, 240).Draw(rt, "minutes")) * time.Minute)
+			},
+			"": func(rt *rapid.T) {
+				if n, m := cold.count(), plain.count(); n != m {
+					rt.Fatalf("cold store counts %d records, entries %d", n, m)
+				}
+				if plain.cold.slots != nil {
+					rt.Fatal("the store without cold records made one")
+				}
+				if err := cold.check(); err != nil {
+					rt.Fatal(err)
+				}
+			},
+		})
+	})
+}
+
+// check checks the cold records' structure: every chain holds slots of
+// its hash and the scope's count of them, every slot is in one chain or
+// free, and the tenant index holds entries only.
+func (s *Store) check() error {
+	inChain := map[int32]bool{}
+	for _, rs := range s.scopes {
+		n := 0
+		for h, head := range rs.cold {
+			if head < 0 {
+				return fmt.Errorf("scope %q: an empty chain for hash %x", rs.scope, h)
+			}
+			for i := head; i >= 0; i = s.cold.slots[i].next {
+				if sl := s.cold.slots[i]; sl.hash != h || s.cold.hash(s.cold.key(i)) != h {
+					return fmt.Errorf("scope %q: slot %d of hash %x in the chain of %x", rs.scope, i, sl.hash, h)
+				}
+				if _, hot := rs.byKey[s.cold.key(i)]; hot {
+					return fmt.Errorf("scope %q: key %q both cold and an entry", rs.scope, s.cold.key(i))
+				}
+				inChain[i] = true
+				n++
+			}
+		}
+		if n != rs.frozen {
+			return fmt.Errorf("scope %q: %d cold records in its chains, %d counted", rs.scope, n, rs.frozen)
+		}
+	}
+	if len(inChain)+len(s.cold.free) != len(s.cold.slots) {
+		return fmt.Errorf("%d slots in chains and %d free, of %d", len(inChain), len(s.cold.free), len(s.cold.slots))
+	}
+	for _, t := range s.tenants {
+		for k, e := range t {
+			if e.frozen || s.hot(k) != e {
+				return fmt.Errorf("the tenant index holds %v, which is not the store's entry", k)
+			}
+		}
+	}
+	return nil
+}
+
+// complete reserves and completes key in scope with body and header.
+func complete(t *testing.T, s *Store, scope, key string, body []byte, h http.Header) {
+	t.Helper()
+	ctx := t.Context()
+	res, err := s.Reserve(ctx, store.ReserveParams{Scope: scope, Key: key, Fingerprint: "fp-" + key,
+		Lease: time.Minute, TTL: time.Hour, LeasePolicy: store.LeaseUnknown, Tenant: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = s.Complete(ctx, store.CompleteParams{FenceParams: store.FenceParams{Scope: scope, Key: key, Fence: res.Record.Fence},
+		Response: store.Response{Status: 201, Header: h, Body: body}})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestColdRecordsAreNotTraced checks what cold records cost the garbage
+// collector: completed records add almost no bytes it must scan and no
+// objects, where each was two objects and some 130 scanned bytes as an
+// entry.
+func TestColdRecordsAreNotTraced(t *testing.T) {
+	const n = 20000
+	s := New(Config{})
+	h := http.Header{"Content-Type": {"application/json"}}
+	scan := []metrics.Sample{{Name: "/gc/scan/heap:bytes"}, {Name: "/gc/heap/objects:objects"}}
+	runtime.GC()
+	metrics.Read(scan)
+	scan0, objects0 := scan[0].Value.Uint64(), scan[1].Value.Uint64()
+	for i := range n {
+		complete(t, s, "POST /v1/charges", fmt.Sprintf("key-%d", i), []byte(`{"id":"ch_1"}`), h)
+	}
+	runtime.GC()
+	metrics.Read(scan)
+	scanned := (float64(scan[0].Value.Uint64()) - float64(scan0)) / n
+	objects := (float64(scan[1].Value.Uint64()) - float64(objects0)) / n
+	if rs := s.scopes["POST /v1/charges"]; rs == nil || rs.frozen != n || len(rs.byKey) != 0 {
+		t.Fatalf("the completed records are not all cold: %+v", rs)
+	}
+	// Bounds well above what the cold records cost (about 0.1 byte and
+	// 0.004 objects per record: the growing slices), and well below what
+	// entries cost.
+	if scanned > 8 || objects > 0.1 {
+		t.Errorf("per completed record: %.2f bytes to scan, %.3f objects; want at most 8 and 0.1", scanned, objects)
+	}
+	runtime.KeepAlive(s)
+}
+
+// TestColdLimits checks which completed records stay entries: an answer
+// larger than maxColdText, and answers whose header cannot be interned
+// once maxHeaders distinct ones are. They are still found.
+func TestColdLimits(t *testing.T) {
+	s := New(Config{})
+	complete(t, s, "s", "big", make([]byte, maxColdText), nil)
+	for i := range maxHeaders + 2 {
+		complete(t, s, "s", fmt.Sprintf("h%d", i), nil, http.Header{"Request-Id": {fmt.Sprint(i)}})
+	}
+	rs := s.scopes["s"]
+	if _, ok := rs.byKey["big"]; !ok {
+		t.Error("a record larger than maxColdText is cold")
+	}
+	if rs.frozen != maxHeaders || len(rs.byKey) != 3 {
+		t.Errorf("%d cold records and %d entries, want %d and 3", rs.frozen, len(rs.byKey), maxHeaders)
+	}
+	for _, k := range []string{"big", "h0", fmt.Sprintf("h%d", maxHeaders+1)} {
+		r, err := s.Get(t.Context(), "s", k)
+		if err != nil || r.Response == nil || r.Fingerprint != "fp-"+k {
+			t.Errorf("Get %s: %+v, %v", k, r, err)
+		}
+	}
+}
+
+// TestColdChunksAreDropped checks that a chunk whose records are all
+// gone is dropped and its index reused, so a store whose records come and
+// go does not grow.
+func TestColdChunksAreDropped(t *testing.T) {
+	s := New(Config{})
+	body := make([]byte, 4000)
+	n := 3 * chunkSize / 4000
+	for i := range n {
+		complete(t, s, "s", fmt.Sprint(i), body, nil)
+	}
+	if len(s.cold.chunks) < 3 {
+		t.Fatalf("%d chunks for %d records of %d bytes", len(s.cold.chunks), n, len(body))
+	}
+	for i := range n {
+		if err := s.Delete(t.Context(), "s", fmt.Sprint(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, ch := range s.cold.chunks {
+		if int32(i) != s.cold.cur && (ch.b != nil || ch.live != 0) {
+			t.Errorf("chunk %d kept: %d bytes, %d live", i, len(ch.b), ch.live)
+		}
+	}
+	if len(s.cold.free) != len(s.cold.slots) || len(s.scopes) != 0 {
+		t.Errorf("%d free slots of %d, %d scopes left", len(s.cold.free), len(s.cold.slots), len(s.scopes))
+	}
+	chunks := len(s.cold.chunks)
+	for i := range n {
+		complete(t, s, "s", fmt.Sprint(i), body, nil)
+	}
+	if len(s.cold.chunks) != chunks {
+		t.Errorf("%d chunks after refilling, want the %d there were", len(s.cold.chunks), chunks)
+	}
+}
+
+// TestColdRecordIsImmutable checks that what Get returns for a cold record
+// stays as it was after the record is deleted and its bytes' chunk
+// reused, and that the response is the caller's own.
+func TestColdRecordIsImmutable(t *testing.T) {
+	s := New(Config{})
+	complete(t, s, "s", "k", []byte("first answer"), nil)
+	r, err := s.Get(t.Context(), "s", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(t.Context(), "s", "k"); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 * chunkSize / 100 {
+		complete(t, s, "s", fmt.Sprint(i), make([]byte, 100), nil)
+	}
+	if r.Key != "k" || r.Fingerprint != "fp-k" || string(r.Response.Body) != "first answer" {
+		t.Errorf("a record read before its delete changed: %+v %q", r, r.Response.Body)
+	}
+	if _, err := s.Get(t.Context(), "s", "k"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("Get after delete: %v", err)
+	}
+}
