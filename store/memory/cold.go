@@ -33,8 +33,12 @@ import (
 // their record is gone (the collector keeps a chunk while they point into
 // it).
 type cold struct {
-	seed   maphash.Seed
-	slots  []slot
+	seed maphash.Seed
+	// pages hold the slots, slot i at pages[i/pageSlots][i%pageSlots]:
+	// one growing array would be copied, and its new memory faulted in,
+	// at every doubling.
+	pages  []*[pageSlots]slot
+	n      int32   // slots in use or free
 	free   []int32 // unused slots
 	chunks []chunk
 	cur    int32   // the chunk being filled; -1 before the first
@@ -80,6 +84,7 @@ type chunk struct {
 }
 
 const (
+	pageSlots = 1 << 12
 	chunkSize = 256 << 10
 	// maxColdText bounds the text of a record moved here: a larger answer
 	// stays an entry, so that a chunk holds many records and one kept
@@ -90,6 +95,9 @@ const (
 	// records beyond it as entries.
 	maxHeaders = 1024
 )
+
+// at returns slot i.
+func (c *cold) at(i int32) *slot { return &c.pages[i/pageSlots][i%pageSlots] }
 
 func newCold() cold {
 	return cold{seed: maphash.MakeSeed(), cur: -1, tenantOf: make(map[string]int32), headerOf: make(map[string]int32)}
@@ -104,12 +112,12 @@ func (c *cold) hash(key string) uint64 {
 
 // text returns the text of slot i.
 func (c *cold) text(i int32) []byte {
-	sl := &c.slots[i]
+	sl := c.at(i)
 	return c.chunks[sl.chunk].b[sl.off : sl.off+sl.klen+sl.fplen+sl.blen : sl.off+sl.klen+sl.fplen+sl.blen]
 }
 
 func (c *cold) key(i int32) string {
-	sl := &c.slots[i]
+	sl := c.at(i)
 	t := c.text(i)
 	return unsafe.String(&t[0], sl.klen)
 }
@@ -123,7 +131,7 @@ func (c *cold) find(rs *records, key string) int32 {
 	if !ok {
 		return -1
 	}
-	for i := head; i >= 0; i = c.slots[i].next {
+	for i := head; i >= 0; i = c.at(i).next {
 		if c.key(i) == key {
 			return i
 		}
@@ -134,7 +142,7 @@ func (c *cold) find(rs *records, key string) int32 {
 // entry sets e to the record of slot i in rs. Its strings and body are
 // views of the slot's text.
 func (c *cold) entry(rs *records, i int32, e *entry) {
-	sl := &c.slots[i]
+	sl := c.at(i)
 	t := c.text(i)
 	*e = entry{
 		key: unsafe.String(&t[0], sl.klen), scope: rs.scope, tenant: c.tenants[sl.tenant],
@@ -179,7 +187,7 @@ func (c *cold) freeze(rs *records, e *entry) bool {
 	ch, off := c.write(n, e.key, e.fp, e.resp.Body)
 	h := c.hash(e.key)
 	i := c.slot()
-	c.slots[i] = slot{
+	*c.at(i) = slot{
 		hash: h, next: -1, chunk: ch, off: off,
 		klen: uint32(len(e.key)), fplen: uint32(len(e.fp)), blen: uint32(len(e.resp.Body)),
 		tenant: c.tenant(e.tenant), header: hdr, status: int32(e.resp.Status), attempts: e.attempts,
@@ -191,7 +199,7 @@ func (c *cold) freeze(rs *records, e *entry) bool {
 		rs.cold = make(map[uint64]int32)
 	}
 	if head, ok := rs.cold[h]; ok {
-		c.slots[i].next = head
+		c.at(i).next = head
 	}
 	rs.cold[h] = i
 	rs.frozen++
@@ -200,7 +208,7 @@ func (c *cold) freeze(rs *records, e *entry) bool {
 
 // remove drops slot i of rs.
 func (c *cold) remove(rs *records, i int32) {
-	sl := &c.slots[i]
+	sl := c.at(i)
 	h := sl.hash
 	switch head := rs.cold[h]; {
 	case head == i && sl.next < 0:
@@ -209,10 +217,10 @@ func (c *cold) remove(rs *records, i int32) {
 		rs.cold[h] = sl.next
 	default:
 		p := head
-		for c.slots[p].next != i {
-			p = c.slots[p].next
+		for c.at(p).next != i {
+			p = c.at(p).next
 		}
-		c.slots[p].next = sl.next
+		c.at(p).next = sl.next
 	}
 	rs.frozen--
 	ch := &c.chunks[sl.chunk]
@@ -225,15 +233,18 @@ func (c *cold) remove(rs *records, i int32) {
 	c.free = append(c.free, i)
 }
 
-// slot returns an unused slot.
+// slot returns the index of an unused slot.
 func (c *cold) slot() int32 {
 	if n := len(c.free); n > 0 {
 		i := c.free[n-1]
 		c.free = c.free[:n-1]
 		return i
 	}
-	c.slots = append(c.slots, slot{})
-	return int32(len(c.slots) - 1)
+	if c.n%pageSlots == 0 {
+		c.pages = append(c.pages, new([pageSlots]slot))
+	}
+	c.n++
+	return c.n - 1
 }
 
 // write appends the n bytes of key, fp and body to the current chunk, or

@@ -52,7 +52,7 @@ func TestColdMatchesEntries(t *testing.T) {
 				p := store.ReserveParams{Scope: k.scope, Key: k.key, Fingerprint: rapid.SampledFrom([]string{"f1", "f2"}).Draw(rt, "fp"),
 					Lease: time.Minute, TTL: time.Duration(rapid.IntRange(1, 3).Draw(rt, "ttl")) * time.Hour,
 					LeasePolicy: rapid.SampledFrom([]store.LeasePolicy{store.LeaseUnknown, store.LeaseRetry}).Draw(rt, "policy"),
-					Tenant: rapid.SampledFrom([]string{"t1", "t2"}).Draw(rt, "tenant")}
+					Tenant:      rapid.SampledFrom([]string{"t1", "t2"}).Draw(rt, "tenant")}
 				if rapid.Bool().Draw(rt, "capped") {
 					p.MaxActive = 2
 				}
@@ -139,7 +139,7 @@ func TestColdMatchesEntries(t *testing.T) {
 				if n, m := cold.count(), plain.count(); n != m {
 					rt.Fatalf("cold store counts %d records, entries %d", n, m)
 				}
-				if plain.cold.slots != nil {
+				if plain.cold.n != 0 {
 					rt.Fatal("the store without cold records made one")
 				}
 				if err := cold.check(); err != nil {
@@ -161,8 +161,8 @@ func (s *Store) check() error {
 			if head < 0 {
 				return fmt.Errorf("scope %q: an empty chain for hash %x", rs.scope, h)
 			}
-			for i := head; i >= 0; i = s.cold.slots[i].next {
-				if sl := s.cold.slots[i]; sl.hash != h || s.cold.hash(s.cold.key(i)) != h {
+			for i := head; i >= 0; i = s.cold.at(i).next {
+				if sl := s.cold.at(i); sl.hash != h || s.cold.hash(s.cold.key(i)) != h {
 					return fmt.Errorf("scope %q: slot %d of hash %x in the chain of %x", rs.scope, i, sl.hash, h)
 				}
 				if _, hot := rs.byKey[s.cold.key(i)]; hot {
@@ -176,8 +176,8 @@ func (s *Store) check() error {
 			return fmt.Errorf("scope %q: %d cold records in its chains, %d counted", rs.scope, n, rs.frozen)
 		}
 	}
-	if len(inChain)+len(s.cold.free) != len(s.cold.slots) {
-		return fmt.Errorf("%d slots in chains and %d free, of %d", len(inChain), len(s.cold.free), len(s.cold.slots))
+	if len(inChain)+len(s.cold.free) != int(s.cold.n) {
+		return fmt.Errorf("%d slots in chains and %d free, of %d", len(inChain), len(s.cold.free), int(s.cold.n))
 	}
 	for _, t := range s.tenants {
 		for k, e := range t {
@@ -283,8 +283,8 @@ func TestColdChunksAreDropped(t *testing.T) {
 			t.Errorf("chunk %d kept: %d bytes, %d live", i, len(ch.b), ch.live)
 		}
 	}
-	if len(s.cold.free) != len(s.cold.slots) || len(s.scopes) != 0 {
-		t.Errorf("%d free slots of %d, %d scopes left", len(s.cold.free), len(s.cold.slots), len(s.scopes))
+	if len(s.cold.free) != int(s.cold.n) || len(s.scopes) != 0 {
+		t.Errorf("%d free slots of %d, %d scopes left", len(s.cold.free), int(s.cold.n), len(s.scopes))
 	}
 	chunks := len(s.cold.chunks)
 	for i := range n {

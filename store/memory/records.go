@@ -131,7 +131,7 @@ func (s *Store) all() iter.Seq[*entry] {
 				}
 			}
 			for _, head := range rs.cold {
-				for i := head; i >= 0; i = s.cold.slots[i].next {
+				for i := head; i >= 0; i = s.cold.at(i).next {
 					s.cold.entry(rs, i, &c)
 					c.frozen = true
 					if !yield(&c) {
