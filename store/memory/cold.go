@@ -50,7 +50,7 @@ type cold struct {
 	tenantOf   map[string]int32
 	headers    []http.Header
 	headerOf   map[string]int32
-	lastHeader unsafe.Pointer
+	lastHeader http.Header
 	lastIndex  int32
 	// Tests: disabled keeps every record an entry; collide hashes every
 	// key alike, so that lookups go through the chains.
@@ -294,8 +294,7 @@ func (c *cold) header(h http.Header) (i int32, ok bool) {
 	if h == nil {
 		return -1, true
 	}
-	p := *(*unsafe.Pointer)(unsafe.Pointer(&h))
-	if p == c.lastHeader {
+	if same(h, c.lastHeader) {
 		return c.lastIndex, true
 	}
 	k := headerText(h)
@@ -308,13 +307,18 @@ func (c *cold) header(h http.Header) (i int32, ok bool) {
 		i = int32(len(c.headers) - 1)
 		c.headerOf[k] = i
 	}
-	c.lastHeader, c.lastIndex = p, i
+	c.lastHeader, c.lastIndex = h, i // kept, so its address names no other map
 	return i, true
 }
 
+// same reports whether a and b are the same map (not merely equal ones).
+func same(a, b http.Header) bool {
+	return *(*unsafe.Pointer)(unsafe.Pointer(&a)) == *(*unsafe.Pointer)(unsafe.Pointer(&b))
+}
+
 // headerText is h as one string, equal for equal headers only: the names
-// in order, each with its values, every name, count and value prefixed by
-// its length.
+// in order, each with its values, every name and value prefixed by its
+// length, and the values by their count plus one (zero: a nil list).
 func headerText(h http.Header) string {
 	names := make([]string, 0, len(h))
 	for k := range h {
@@ -323,10 +327,15 @@ func headerText(h http.Header) string {
 	slices.Sort(names)
 	var b []byte
 	for _, k := range names {
+		vs := h[k]
 		b = binary.AppendUvarint(b, uint64(len(k)))
 		b = append(b, k...)
-		b = binary.AppendUvarint(b, uint64(len(h[k])))
-		for _, v := range h[k] {
+		if vs == nil {
+			b = append(b, 0)
+			continue
+		}
+		b = binary.AppendUvarint(b, uint64(len(vs))+1)
+		for _, v := range vs {
 			b = binary.AppendUvarint(b, uint64(len(v)))
 			b = append(b, v...)
 		}

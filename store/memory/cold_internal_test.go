@@ -11,17 +11,20 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"pgregory.net/rapid"
 
 	"github.com/idem-go/idem/store"
 )
 
-// TestColdMatchesEntries runs random sequences of calls against two
+// TestColdMatchesEntries runs random sequences of every call against two
 // stores on one clock: one that keeps completed records cold, with every
 // key hashing alike so that each lookup walks a chain, and one that keeps
-// every record an entry. Every answer must be the same.
+// every record an entry. Every answer must be the same, and the cold
+// records' structure sound after each step (check).
 func TestColdMatchesEntries(t *testing.T) {
+	madeCold := false
 	rapid.Check(t, func(rt *rapid.T) {
 		now := time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
 		clock := func() time.Time { return now }
@@ -31,8 +34,16 @@ func TestColdMatchesEntries(t *testing.T) {
 		ctx := context.Background()
 		keys := []string{"a", "b", "c", "d"}
 		scopes := []string{"s1", "s2"}
-		headers := []http.Header{nil, {"Content-Type": {"application/json"}}, {"Content-Type": {"text/plain"}, "X-A": {"1", "2"}}}
+		headers := []http.Header{nil, {"Content-Type": {"application/json"}}, {"Content-Type": {"text/plain"}, "X-A": {"1", "2"}},
+			{"X-Empty": {}}, {"X-Empty": nil}}
 		fences := map[id]int64{}
+		hdr := func(i int) http.Header {
+			if i == len(headers) {
+				return http.Header{}
+			}
+			return headers[i].Clone() // a map of its own each time, as an engine's would be
+		}
+		queue := "q"
 		same := func(what string, a, b any) {
 			if !reflect.DeepEqual(a, b) {
 				rt.Fatalf("%s: cold store %#v, entries %#v", what, a, b)
@@ -49,13 +60,7 @@ func TestColdMatchesEntries(t *testing.T) {
 		rt.Repeat(map[string]func(*rapid.T){
 			"reserve": func(rt *rapid.T) {
 				k := pick()
-				p := store.ReserveParams{Scope: k.scope, Key: k.key, Fingerprint: rapid.SampledFrom([]string{"f1", "f2"}).Draw(rt, "fp"),
-					Lease: time.Minute, TTL: time.Duration(rapid.IntRange(1, 3).Draw(rt, "ttl")) * time.Hour,
-					LeasePolicy: rapid.SampledFrom([]store.LeasePolicy{store.LeaseUnknown, store.LeaseRetry}).Draw(rt, "policy"),
-					Tenant:      rapid.SampledFrom([]string{"t1", "t2"}).Draw(rt, "tenant")}
-				if rapid.Bool().Draw(rt, "capped") {
-					p.MaxActive = 2
-				}
+				p := reserve(rt, k, time.Minute)
 				a, errA := cold.Reserve(ctx, p)
 				b, errB := plain.Reserve(ctx, p)
 				sameErr("reserve", errA, errB)
@@ -66,13 +71,17 @@ func TestColdMatchesEntries(t *testing.T) {
 			},
 			"complete": func(rt *rapid.T) {
 				k := pick()
+				if r, err := plain.Get(ctx, k.scope, k.key); err == nil && rapid.Bool().Draw(rt, "current") {
+					fences[k] = r.Fence // most completions are the holder's
+				}
 				body := []byte(nil)
 				if n := rapid.IntRange(-1, 3).Draw(rt, "body"); n >= 0 {
 					body = []byte(strings.Repeat("x", n*5000)) // 15000 bytes: too large to be cold
 				}
+				omitted := body == nil && rapid.Bool().Draw(rt, "omitted")
 				p := store.CompleteParams{FenceParams: store.FenceParams{Scope: k.scope, Key: k.key, Fence: fences[k]},
 					Response: store.Response{Status: rapid.SampledFrom([]int{200, 201, 500}).Draw(rt, "status"),
-						Header: headers[rapid.IntRange(0, len(headers)-1).Draw(rt, "header")], Body: body},
+						Header: hdr(rapid.IntRange(0, len(headers)).Draw(rt, "header")), Body: body, BodyOmitted: omitted},
 					TTL: time.Duration(rapid.IntRange(0, 2).Draw(rt, "ttl")) * time.Hour}
 				sameErr("complete", cold.Complete(ctx, p), plain.Complete(ctx, p))
 			},
@@ -132,6 +141,81 @@ func TestColdMatchesEntries(t *testing.T) {
 				sameErr("count", errA, errB)
 				same("count", a, b)
 			},
+			"pending": func(rt *rapid.T) {
+				k := pick()
+				p := store.PendingParams{ReserveParams: reserve(rt, k, time.Duration(rapid.IntRange(1, 90).Draw(rt, "lease"))*time.Minute),
+					Request: store.PendingRequest{Queue: queue, Method: "POST", Target: "/x", Body: []byte("req")}}
+				a, errA := cold.ReservePending(ctx, p)
+				b, errB := plain.ReservePending(ctx, p)
+				sameErr("pending", errA, errB)
+				same("pending", a, b)
+			},
+			"claim": func(rt *rapid.T) {
+				p := store.ClaimParams{Queue: queue, Limit: rapid.IntRange(1, 3).Draw(rt, "limit"), Lease: time.Minute}
+				a, errA := cold.Claim(ctx, p)
+				b, errB := plain.Claim(ctx, p)
+				sameErr("claim", errA, errB)
+				same("claim", a, b)
+				for _, r := range a {
+					fences[id{r.Scope, r.Key}] = r.Fence
+				}
+			},
+			"expirePending": func(rt *rapid.T) {
+				p := store.ExpirePendingParams{Limit: 3, Response: store.Response{Status: 408, Header: hdr(1)}, TTL: time.Duration(rapid.IntRange(0, 1).Draw(rt, "ttl")) * time.Hour}
+				a, errA := cold.ExpirePending(ctx, p)
+				b, errB := plain.ExpirePending(ctx, p)
+				sameErr("expirePending", errA, errB)
+				same("expirePending", a, b)
+			},
+			"markUnknown": func(rt *rapid.T) {
+				k := pick()
+				p := store.ReleaseParams{FenceParams: store.FenceParams{Scope: k.scope, Key: k.key, Fence: fences[k]}, Error: "u"}
+				sameErr("markUnknown", cold.MarkUnknown(ctx, p), plain.MarkUnknown(ctx, p))
+			},
+			"extend": func(rt *rapid.T) {
+				k := pick()
+				p := store.ExtendParams{FenceParams: store.FenceParams{Scope: k.scope, Key: k.key, Fence: fences[k]}, Lease: time.Hour}
+				sameErr("extend", cold.Extend(ctx, p), plain.Extend(ctx, p))
+			},
+			"resolve": func(rt *rapid.T) {
+				k := pick()
+				f := fences[k]
+				if r, err := plain.Get(ctx, k.scope, k.key); err == nil && rapid.Bool().Draw(rt, "current") {
+					f = r.Fence
+				}
+				if f == 0 {
+					f = 1
+				}
+				p := store.ResolveParams{FenceParams: store.FenceParams{Scope: k.scope, Key: k.key, Fence: f},
+					To:  rapid.SampledFrom([]store.State{store.StateCompleted, store.StateFailedRetryable}).Draw(rt, "to"),
+					TTL: time.Duration(rapid.IntRange(0, 1).Draw(rt, "ttl")) * time.Hour}
+				if p.To == store.StateCompleted {
+					p.Response = &store.Response{Status: 200, Header: hdr(2), Body: []byte("resolved")}
+				}
+				sameErr("resolve", cold.Resolve(ctx, p), plain.Resolve(ctx, p))
+			},
+			"defer": func(rt *rapid.T) {
+				k := pick()
+				p := store.DeferParams{Scope: k.scope, Key: k.key, Delay: time.Minute, Error: "d", DeadLetter: rapid.Bool().Draw(rt, "dead")}
+				sameErr("defer", cold.Defer(ctx, p), plain.Defer(ctx, p))
+			},
+			"listUnknown": func(rt *rapid.T) {
+				p := store.ListUnknownParams{Limit: 10, DueOnly: rapid.Bool().Draw(rt, "due")}
+				a, errA := cold.ListUnknown(ctx, p)
+				b, errB := plain.ListUnknown(ctx, p)
+				sameErr("listUnknown", errA, errB)
+				same("listUnknown", a, b)
+			},
+			"getAll": func(rt *rapid.T) {
+				for _, sc := range scopes {
+					for _, key := range keys {
+						a, errA := cold.Get(ctx, sc, key)
+						b, errB := plain.Get(ctx, sc, key)
+						sameErr("getAll", errA, errB)
+						same("getAll", a, b)
+					}
+				}
+			},
 			"time": func(rt *rapid.T) {
 				now = now.Add(time.Duration(rapid.IntRange(1, 240).Draw(rt, "minutes")) * time.Minute)
 			},
@@ -142,12 +226,30 @@ func TestColdMatchesEntries(t *testing.T) {
 				if plain.cold.n != 0 {
 					rt.Fatal("the store without cold records made one")
 				}
+				if cold.cold.n > 0 {
+					madeCold = true
+				}
 				if err := cold.check(); err != nil {
 					rt.Fatal(err)
 				}
 			},
 		})
 	})
+	if !madeCold {
+		t.Fatal("no run made a cold record")
+	}
+}
+
+// reserve draws the parameters of a reservation of k with lease.
+func reserve(rt *rapid.T, k id, lease time.Duration) store.ReserveParams {
+	p := store.ReserveParams{Scope: k.scope, Key: k.key, Fingerprint: rapid.SampledFrom([]string{"f1", "f2"}).Draw(rt, "fp"),
+		Lease: lease, TTL: time.Duration(rapid.IntRange(1, 3).Draw(rt, "ttl")) * time.Hour,
+		LeasePolicy: rapid.SampledFrom([]store.LeasePolicy{store.LeaseUnknown, store.LeaseRetry}).Draw(rt, "policy"),
+		Tenant:      rapid.SampledFrom([]string{"t1", "t2"}).Draw(rt, "tenant")}
+	if rapid.Bool().Draw(rt, "capped") {
+		p.MaxActive = 2
+	}
+	return p
 }
 
 // check checks the cold records' structure: every chain holds slots of
@@ -305,6 +407,9 @@ func TestColdRecordIsImmutable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if again, _ := s.Get(t.Context(), "s", "k"); again.Response == r.Response {
+		t.Error("two reads of a cold record share one response")
+	}
 	if err := s.Delete(t.Context(), "s", "k"); err != nil {
 		t.Fatal(err)
 	}
@@ -316,5 +421,59 @@ func TestColdRecordIsImmutable(t *testing.T) {
 	}
 	if _, err := s.Get(t.Context(), "s", "k"); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("Get after delete: %v", err)
+	}
+}
+
+// TestColdEdges checks what random sequences reach rarely: header values
+// that are an empty list and none, a thawed record holding no view of its
+// chunk, and refusals of cold records that leave them cold.
+func TestColdEdges(t *testing.T) {
+	ctx := t.Context()
+	s := New(Config{})
+	complete(t, s, "s", "empty", nil, http.Header{"X": {}})
+	complete(t, s, "s", "other", nil, http.Header{"Y": {"1"}}) // not shared with the last (see Store.share)
+	complete(t, s, "s", "nil", nil, http.Header{"X": nil})
+	for k, want := range map[string][]string{"empty": {}, "nil": nil} {
+		r, err := s.Get(ctx, "s", k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := r.Response.Header["X"]; got == nil != (want == nil) {
+			t.Errorf("record %s: header X %#v, want %#v", k, got, want)
+		}
+	}
+
+	complete(t, s, "s", "k", []byte("answer"), nil)
+	rs := s.scopes["s"]
+	slot := s.cold.find(rs, "k")
+	chunk := s.cold.chunks[s.cold.at(slot).chunk].b
+	start, end := uintptr(unsafe.Pointer(unsafe.SliceData(chunk))), uintptr(unsafe.Pointer(unsafe.SliceData(chunk)))+uintptr(cap(chunk))
+	inChunk := func(p *byte) bool { return uintptr(unsafe.Pointer(p)) >= start && uintptr(unsafe.Pointer(p)) < end }
+
+	for _, refuse := range []func() error{
+		func() error {
+			return s.Resolve(ctx, store.ResolveParams{FenceParams: store.FenceParams{Scope: "s", Key: "k", Fence: 1}, To: store.StateFailedRetryable})
+		},
+		func() error {
+			return s.Defer(ctx, store.DeferParams{Scope: "s", Key: "k", Delay: time.Minute, Error: "x"})
+		},
+	} {
+		if err := refuse(); !errors.Is(err, store.ErrLeaseLost) && !errors.Is(err, store.ErrStateConflict) {
+			t.Errorf("settling a completed record: %v", err)
+		}
+	}
+	if s.cold.find(rs, "k") < 0 {
+		t.Error("a refused settlement made the record an entry")
+	}
+
+	e := s.find(id{"s", "k"}) // made an entry, to be changed
+	if e == nil || s.cold.find(rs, "k") >= 0 {
+		t.Fatal("find did not make the cold record an entry")
+	}
+	if inChunk(unsafe.StringData(e.key)) || inChunk(unsafe.StringData(e.fp)) || inChunk(unsafe.SliceData(e.resp.Body)) {
+		t.Error("the entry still points into the chunk, which it keeps alive")
+	}
+	if e.key != "k" || e.fp != "fp-k" || string(e.resp.Body) != "answer" {
+		t.Errorf("entry %q %q %q", e.key, e.fp, e.resp.Body)
 	}
 }

@@ -484,7 +484,14 @@ func (s *Store) unknown(ctx context.Context, scope, key string, fence int64, f f
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := s.find(id{scope, key})
+	e, _, slot := s.lookup(id{scope, key})
+	if e == nil && slot >= 0 {
+		// Completed, so refused below: judged without making it an entry.
+		if fence > 0 && s.cold.at(slot).fence != fence {
+			return store.ErrLeaseLost
+		}
+		return store.ErrStateConflict
+	}
 	switch {
 	case e == nil:
 		return store.ErrNotFound

@@ -68,10 +68,13 @@ func (s *Store) find(k id) *entry {
 	return e
 }
 
-// thaw makes the cold record in slot i of rs an entry.
+// thaw makes the cold record in slot i of rs an entry, with its text
+// copied out of the chunk, which it would otherwise keep alive.
 func (s *Store) thaw(rs *records, i int32) *entry {
 	e := new(entry)
 	s.cold.entry(rs, i, e)
+	e.packed = false
+	e.pack()
 	s.cold.remove(rs, i)
 	rs.byKey[e.key] = e
 	if s.tenants != nil {
