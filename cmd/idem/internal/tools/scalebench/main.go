@@ -27,6 +27,10 @@
 // partition. In both modes the fill's expiries start at a boundary of those
 // days, so that the day the reaper retires holds the same records.
 //
+// With -keys ordered the keys are time-ordered, as UUIDv7 lays them out
+// (a 48-bit time, then random bits): record i's time is i, and new keys
+// take times after every record's. The default, random, is UUIDv4-like.
+//
 // With -versus the run compares the two tables at one size instead: it
 // fills a plain and a partitioned table with -n records each, alternates
 // the latency slices between them (labels plain and partitioned), then
@@ -63,6 +67,7 @@ type options struct {
 	keep           bool
 	partitioned    bool
 	versus         bool
+	keys           string    // random or ordered
 	base           time.Time // the first expiry of the fill, at a day's boundary
 }
 
@@ -82,6 +87,7 @@ func main() {
 	flag.BoolVar(&o.keep, "keep", false, "keep the schemas")
 	flag.BoolVar(&o.partitioned, "partitioned", false, "tables partitioned by retention, one partition per simulated day")
 	flag.BoolVar(&o.versus, "versus", false, "compare a plain and a partitioned table of -n records each")
+	flag.StringVar(&o.keys, "keys", "random", "`layout` of the keys: random (as UUIDv4) or ordered (time-ordered, as UUIDv7)")
 	flag.Parse()
 	if err := run(context.Background(), o, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "scalebench:", err)
@@ -92,6 +98,14 @@ func main() {
 func run(ctx context.Context, o options, w io.Writer) error {
 	if o.n < o.days || o.days < 1 || o.chunk < 1 || o.rounds < 1 || o.workers < 1 || o.batch < 1 || o.slice <= 0 {
 		return fmt.Errorf("need n >= days >= 1 and positive chunk, rounds, workers, batch, slice")
+	}
+	switch o.keys {
+	case "random", "":
+		orderedKeys = false
+	case "ordered":
+		orderedKeys = true
+	default:
+		return fmt.Errorf("-keys %q: want random or ordered", o.keys)
 	}
 	admin, err := pgxpool.New(ctx, o.url)
 	if err != nil {
@@ -242,12 +256,29 @@ func (b *bench) drop(s *schema) {
 	}
 }
 
+// orderedKeys is -keys ordered.
+var orderedKeys bool
+
 // The records of the fill: record i has key keyOf(i) in scope scopeOf(i),
-// so that the replay slices can name existing ones.
+// so that the replay slices can name existing ones. A random key is the
+// MD5 of "k" and i as a UUID; an ordered one puts i where UUIDv7 has its
+// time, in the first 12 hex digits, then the version and variant digits
+// and that MD5's first 18 digits. sqlFill makes the same keys.
 func keyOf(i int) string {
 	h := md5.Sum(fmt.Appendf(nil, "k%d", i))
 	x := hex.EncodeToString(h[:])
+	if orderedKeys {
+		t := fmt.Sprintf("%012x", i)
+		return t[:8] + "-" + t[8:] + "-7" + x[:3] + "-8" + x[3:6] + "-" + x[6:18]
+	}
 	return x[:8] + "-" + x[8:12] + "-" + x[12:16] + "-" + x[16:20] + "-" + x[20:]
+}
+
+// sqlKey is keyOf(i) in SQL, for -keys random and ordered.
+var sqlKey = map[bool]string{
+	false: `md5('k' || i)::uuid::text`,
+	true: `(SELECT substr(t, 1, 8) || '-' || substr(t, 9, 4) || '-7' || substr(m, 1, 3) || '-8' || substr(m, 4, 3) || '-' || substr(m, 7, 12)
+		FROM (SELECT lpad(to_hex(i), 12, '0') AS t, md5('k' || i) AS m) AS k)`,
 }
 
 func scopeOf(i int) string { return fmt.Sprintf("tenant-%d", i%1000) }
@@ -264,7 +295,7 @@ const sqlFill = `
 INSERT INTO %s (scope, key, fingerprint, state, fence, lease_policy, locked_until,
 	response_status, response_headers, response_body, attempts, created_at, updated_at,
 	completed_at, expires_at, reap_after)
-SELECT 'tenant-' || (i %% 1000), md5('k' || i)::uuid::text, md5('fp' || i), 'completed',
+SELECT 'tenant-' || (i %% 1000), %s, md5('fp' || i), 'completed',
 	(extract(epoch FROM t.c) * 1000000)::bigint, 'unknown', t.c + interval '30 seconds',
 	201, '{"Content-Type": ["application/json"]}',
 	convert_to('{"id":"' || md5('k' || i) || '","status":"created"}', 'UTF8'), 1,
@@ -277,7 +308,7 @@ func (b *bench) fill(ctx context.Context, s *schema, stage string, from, n, spre
 	for lo := from; lo < from+n; lo += b.o.chunk {
 		hi := min(lo+b.o.chunk, from+n) - 1
 		t := time.Now()
-		if _, err := b.admin.Exec(ctx, fmt.Sprintf(sqlFill, s.table), lo, hi, spread, b.o.base); err != nil {
+		if _, err := b.admin.Exec(ctx, fmt.Sprintf(sqlFill, s.table, sqlKey[orderedKeys]), lo, hi, spread, b.o.base); err != nil {
 			return fmt.Errorf("fill: %w", err)
 		}
 		fmt.Fprintf(os.Stderr, "filled %d..%d in %v\n", lo, hi, time.Since(t).Round(time.Millisecond))

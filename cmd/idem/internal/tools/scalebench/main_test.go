@@ -200,3 +200,50 @@ func TestPicks(t *testing.T) {
 		}
 	}
 }
+
+// TestKeys checks that the fill's SQL makes the keys keyOf names, in both
+// layouts, that ordered keys sort as their records were created and new
+// ones after them all, and that a small run with ordered keys completes:
+// its replays find the fill's records by keyOf.
+func TestKeys(t *testing.T) {
+	url := testenv.PostgresURL(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	defer func() { orderedKeys = false }()
+	for _, ordered := range []bool{false, true} {
+		orderedKeys = ordered
+		prev := ""
+		for _, i := range []int{0, 1, 9, 10, 255, 256, 99_999, 10_000_000, 1 << 40} {
+			var got string
+			if err := conn.QueryRow(ctx, "SELECT "+sqlKey[ordered]+" FROM (SELECT $1::bigint AS i) AS s", i).Scan(&got); err != nil {
+				t.Fatal(err)
+			}
+			if want := keyOf(i); got != want || len(got) != 36 {
+				t.Errorf("ordered=%v, record %d: SQL makes %q, keyOf %q", ordered, i, got, want)
+			}
+			if ordered && got <= prev {
+				t.Errorf("ordered key of %d (%s) sorts before the one before it (%s)", i, got, prev)
+			}
+			prev = got
+		}
+		if ordered && newKey() <= keyOf(1<<39) {
+			t.Error("a new ordered key sorts before a record's")
+		}
+	}
+
+	var out bytes.Buffer
+	o := options{url: url, n: 1200, chunk: 1000, days: 3, rounds: 1, slice: 50 * time.Millisecond, workers: 2, batch: 100, keys: "ordered"}
+	if err := run(ctx, o, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "latency op=replay-recent") {
+		t.Errorf("no replays in the report:\n%s", out.String())
+	}
+	if err := run(ctx, options{url: url, n: 10, chunk: 10, days: 1, rounds: 1, slice: time.Millisecond, workers: 1, batch: 1, keys: "v4"}, &out); err == nil {
+		t.Error("-keys v4 was accepted")
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/idem-go/idem/cmd/idem/internal/tools/benchloop"
@@ -39,7 +40,7 @@ var response = store.Response{Status: 201, Header: http.Header{"Content-Type": {
 
 var ops = []op{
 	{name: "new", call: func(ctx context.Context, s store.Store, _ int) error {
-		k := randHex(16)
+		k := newKey()
 		res, err := s.Reserve(ctx, store.ReserveParams{Scope: scopeOf(rand.IntN(1000)), Key: k,
 			Fingerprint: k, Lease: 30 * time.Second, TTL: 24 * time.Hour, LeasePolicy: store.LeaseUnknown})
 		if err != nil {
@@ -57,6 +58,20 @@ var ops = []op{
 		_, err := s.Get(ctx, scopeOf(i), keyOf(i))
 		return err
 	}},
+}
+
+// newKeys numbers the new keys of -keys ordered: after every record's,
+// those of the fill and of the next day's inserts included.
+var newKeys atomic.Int64
+
+func init() { newKeys.Store(1 << 40) }
+
+// newKey returns a key no record has.
+func newKey() string {
+	if orderedKeys {
+		return keyOf(int(newKeys.Add(1)))
+	}
+	return randHex(16)
 }
 
 // replay reserves record i of the fill again, as a retry of its request.
