@@ -14,7 +14,7 @@ import (
 // traces. A store holds mostly completed records (a day of answers), and
 // a collection traces every object with pointers it finds, each time: as
 // entries, those records were most of the collector's work in a busy
-// process. Here a record is a slot in one pointer-free array, its key,
+// process. Here a record is a slot in pointer-free pages of slots, its key,
 // fingerprint and body are bytes in large pointer-free chunks, and the
 // index is a map from a hash of the key to a slot (kept per scope, see
 // records), whose keys and values hold no pointer either. The tenant and
