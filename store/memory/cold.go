@@ -43,6 +43,9 @@ type cold struct {
 	chunks []chunk
 	cur    int32   // the chunk being filled; -1 before the first
 	spare  []int32 // chunks emptied and dropped, whose index is free
+	// live is the bytes of the records' text, held the size of the chunks
+	// kept for them (see compact).
+	live, held int
 	// tenants and headers are the interned values slots refer to, with
 	// their indices by value; lastHeader is the header map interned last,
 	// which the store's sharing (see Store.share) makes the common one.
@@ -52,6 +55,9 @@ type cold struct {
 	headerOf   map[string]int32
 	lastHeader http.Header
 	lastIndex  int32
+	// size, maxText and slack are chunkSize, maxColdText and
+	// compactSlack, which tests make small.
+	size, maxText, slack int
 	// Tests: disabled keeps every record an entry; collide hashes every
 	// key alike, so that lookups go through the chains.
 	disabled, collide bool
@@ -90,6 +96,9 @@ const (
 	// stays an entry, so that a chunk holds many records and one kept
 	// record cannot keep a chunk of mostly dead bytes alive.
 	maxColdText = 8 << 10
+	// compactSlack is how far held may exceed twice live, at least,
+	// before compact runs: a small store is never compacted.
+	compactSlack = 4 * chunkSize
 	// maxHeaders bounds the distinct headers interned. A store whose
 	// answers carry headers that differ each time (a request id) keeps
 	// records beyond it as entries.
@@ -100,7 +109,8 @@ const (
 func (c *cold) at(i int32) *slot { return &c.pages[i/pageSlots][i%pageSlots] }
 
 func newCold() cold {
-	return cold{seed: maphash.MakeSeed(), cur: -1, tenantOf: make(map[string]int32), headerOf: make(map[string]int32)}
+	return cold{seed: maphash.MakeSeed(), cur: -1, tenantOf: make(map[string]int32), headerOf: make(map[string]int32),
+		size: chunkSize, maxText: maxColdText, slack: compactSlack}
 }
 
 func (c *cold) hash(key string) uint64 {
@@ -176,7 +186,7 @@ func (c *cold) record(rs *records, i int32) store.Record {
 // caller removes the entry from its maps.
 func (c *cold) freeze(rs *records, e *entry) bool {
 	n := len(e.key) + len(e.fp) + len(e.resp.Body)
-	if c.disabled || e.state != stCompleted || !e.hasResp || (e.more != nil && *e.more != none) || n > maxColdText ||
+	if c.disabled || e.state != stCompleted || !e.hasResp || (e.more != nil && *e.more != none) || n > c.maxText ||
 		e.resp.Status != int(int32(e.resp.Status)) {
 		return false
 	}
@@ -223,14 +233,69 @@ func (c *cold) remove(rs *records, i int32) {
 		c.at(p).next = sl.next
 	}
 	rs.frozen--
-	ch := &c.chunks[sl.chunk]
-	ch.live -= int(sl.klen + sl.fplen + sl.blen)
-	if ch.live == 0 && sl.chunk != c.cur {
-		ch.b = nil
-		c.spare = append(c.spare, sl.chunk)
-	}
+	c.release(sl.chunk, int(sl.klen+sl.fplen+sl.blen))
 	*sl = slot{}
 	c.free = append(c.free, i)
+	if c.held > 2*c.live+max(c.slack, c.live/4) {
+		c.compact()
+	}
+}
+
+// release notes that n bytes of chunk ch are no longer a record's, and
+// drops the chunk once it holds none and is not being filled.
+func (c *cold) release(ch int32, n int) {
+	c.chunks[ch].live -= n
+	c.live -= n
+	if c.chunks[ch].live == 0 && ch != c.cur {
+		c.drop(ch)
+	}
+}
+
+// drop forgets chunk ch, which holds no record; its index is reused.
+func (c *cold) drop(ch int32) {
+	c.held -= cap(c.chunks[ch].b)
+	c.chunks[ch].b = nil
+	c.spare = append(c.spare, ch)
+}
+
+// compact copies the records of the chunks less than half full into a new
+// chunk, so that those chunks are dropped: a few long-lived
+// records among many short-lived ones (routes with different TTLs) would
+// otherwise keep every chunk they were written to, at 256 KiB each. It
+// runs when the chunks exceed twice the size of the records in them by a
+// quarter of that size (or by compactSlack, for a small store). It leaves
+// them at most twice that size plus the chunk being filled, so that
+// between two of its passes over the slots about a ninth of the records'
+// bytes, at least, were removed. The bytes are copied, not moved: what was
+// handed out keeps pointing into the old chunk, which the collector keeps
+// while it is referenced, and no chunk is written where it was written
+// before.
+func (c *cold) compact() {
+	// The chunk being filled may be as sparse as any: the records moved
+	// go to a new one.
+	c.cur = -1
+	sparse := make([]bool, len(c.chunks))
+	for i := range c.chunks {
+		switch ch := &c.chunks[i]; {
+		case ch.b == nil:
+		case ch.live == 0:
+			c.drop(int32(i))
+		default:
+			sparse[i] = 2*ch.live < cap(ch.b)
+		}
+	}
+	for i := range c.n {
+		sl := c.at(i)
+		if sl.klen == 0 || int(sl.chunk) >= len(sparse) || !sparse[sl.chunk] {
+			continue // unused (every key has a byte), or where it stays
+		}
+		t := c.text(i)
+		old := sl.chunk
+		sl.chunk, sl.off = c.write(len(t), "", "", t)
+		if c.release(old, len(t)); c.chunks[old].b == nil {
+			sparse[old] = false // dropped: its index may come back for a new chunk
+		}
+	}
 }
 
 // slot returns the index of an unused slot.
@@ -254,20 +319,21 @@ func (c *cold) write(n int, key, fp string, body []byte) (int32, uint32) {
 		old := c.cur
 		c.cur = c.chunk()
 		if old >= 0 && c.chunks[old].live == 0 {
-			c.chunks[old].b = nil
-			c.spare = append(c.spare, old)
+			c.drop(old)
 		}
 	}
 	ch := &c.chunks[c.cur]
 	off := len(ch.b)
 	ch.b = append(append(append(ch.b, key...), fp...), body...)
 	ch.live += n
+	c.live += n
 	return c.cur, uint32(off)
 }
 
 // chunk returns the index of a new, empty chunk.
 func (c *cold) chunk() int32 {
-	ch := chunk{b: make([]byte, 0, chunkSize)}
+	ch := chunk{b: make([]byte, 0, c.size)}
+	c.held += c.size
 	if n := len(c.spare); n > 0 {
 		i := c.spare[n-1]
 		c.spare = c.spare[:n-1]
