@@ -140,12 +140,13 @@ func TestManyGoroutines(t *testing.T) {
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
 	const headroom = 16 * mib
 	release := make(chan struct{})
-	var wg sync.WaitGroup
+	var wg, grown sync.WaitGroup
+	grown.Add(2000)
 	for range 2000 {
-		wg.Go(func() { deep(64, release) })
+		wg.Go(func() { deep(64, &grown, release) })
 	}
 	defer func() { close(release); wg.Wait() }()
-	time.Sleep(50 * time.Millisecond) // let their stacks grow
+	grown.Wait() // every stack at its depth, however slowly they were scheduled
 
 	f := Start(headroom)
 	defer f.Stop()
@@ -158,13 +159,15 @@ func TestManyGoroutines(t *testing.T) {
 	}
 }
 
-// deep grows its goroutine's stack by n frames of 256 bytes, then waits.
-func deep(n int, release chan struct{}) byte {
+// deep grows its goroutine's stack by n frames of 256 bytes, says so on
+// grown, then waits for release.
+func deep(n int, grown *sync.WaitGroup, release chan struct{}) byte {
 	var pad [256]byte
 	pad[n%256] = byte(n)
 	if n > 0 {
-		return deep(n-1, release) + pad[(n+1)%256]
+		return deep(n-1, grown, release) + pad[(n+1)%256]
 	}
+	grown.Done()
 	<-release
 	return pad[0]
 }
