@@ -19,7 +19,9 @@ import (
 // index is a map from a hash of the key to a slot (kept per scope, see
 // records), whose keys and values hold no pointer either. The tenant and
 // the header are small indices into tables of the few distinct values a
-// store sees.
+// store sees; a header that differs from answer to answer (a Location, a
+// request id) is kept in the record's text once the table is full, and
+// read from there.
 //
 // Only a record completed by Complete and holding nothing beyond an
 // answer of moderate size is moved here (see freeze): every other record,
@@ -55,9 +57,9 @@ type cold struct {
 	headerOf   map[string]int32
 	lastHeader http.Header
 	lastIndex  int32
-	// size, maxText and slack are chunkSize, maxColdText and
-	// compactSlack, which tests make small.
-	size, maxText, slack int
+	// size, maxText, slack and maxHeaders are chunkSize, maxColdText,
+	// compactSlack and maxHeaders, which tests make small.
+	size, maxText, slack, maxHeaders int
 	// Tests: disabled keeps every record an entry; collide hashes every
 	// key alike, so that lookups go through the chains.
 	disabled, collide bool
@@ -67,21 +69,23 @@ type cold struct {
 type slot struct {
 	hash uint64 // of the key, with the store's seed
 	next int32  // the next slot of the same scope and hash; -1 ends the chain
-	// The record's text: key, fingerprint and body, in this order, at off
-	// in chunks[chunk].
-	chunk             int32
-	off               uint32
-	klen, fplen, blen uint32
-	tenant, header    int32 // indices into tenants and headers; header -1 is nil
-	status, attempts  int32
-	policy            policyCode
-	omitted, nilBody  bool
-	fence             int64
-	lockedUntil       micros
-	createdAt         micros
-	updatedAt         micros
-	completedAt       micros
-	expiresAt         micros
+	// The record's text: key, fingerprint, header (when inline) and body,
+	// in this order, at off in chunks[chunk].
+	chunk                   int32
+	off                     uint32
+	klen, fplen, hlen, blen uint32
+	// tenant and header are indices into tenants and headers; header is
+	// noHeader for a nil one and inlineHeader for one in the text.
+	tenant, header   int32
+	status, attempts int32
+	policy           policyCode
+	omitted, nilBody bool
+	fence            int64
+	lockedUntil      micros
+	createdAt        micros
+	updatedAt        micros
+	completedAt      micros
+	expiresAt        micros
 }
 
 type chunk struct {
@@ -99,10 +103,15 @@ const (
 	// compactSlack is how far held may exceed twice live, at least,
 	// before compact runs: a small store is never compacted.
 	compactSlack = 4 * chunkSize
-	// maxHeaders bounds the distinct headers interned. A store whose
-	// answers carry headers that differ each time (a request id) keeps
-	// records beyond it as entries.
+	// maxHeaders bounds the distinct headers interned. Past it, a header
+	// not interned is kept in its record's text (headerText).
 	maxHeaders = 1024
+)
+
+// The header of a slot that is not an index into cold.headers.
+const (
+	noHeader     = -1
+	inlineHeader = -2
 )
 
 // at returns slot i.
@@ -110,7 +119,7 @@ func (c *cold) at(i int32) *slot { return &c.pages[i/pageSlots][i%pageSlots] }
 
 func newCold() cold {
 	return cold{seed: maphash.MakeSeed(), cur: -1, tenantOf: make(map[string]int32), headerOf: make(map[string]int32),
-		size: chunkSize, maxText: maxColdText, slack: compactSlack}
+		size: chunkSize, maxText: maxColdText, slack: compactSlack, maxHeaders: maxHeaders}
 }
 
 func (c *cold) hash(key string) uint64 {
@@ -123,8 +132,12 @@ func (c *cold) hash(key string) uint64 {
 // text returns the text of slot i.
 func (c *cold) text(i int32) []byte {
 	sl := c.at(i)
-	return c.chunks[sl.chunk].b[sl.off : sl.off+sl.klen+sl.fplen+sl.blen : sl.off+sl.klen+sl.fplen+sl.blen]
+	end := sl.off + sl.size()
+	return c.chunks[sl.chunk].b[sl.off:end:end]
 }
+
+// size is the length of the slot's text.
+func (sl *slot) size() uint32 { return sl.klen + sl.fplen + sl.hlen + sl.blen }
 
 func (c *cold) key(i int32) string {
 	sl := c.at(i)
@@ -150,8 +163,9 @@ func (c *cold) find(rs *records, key string) int32 {
 }
 
 // entry sets e to the record of slot i in rs. Its strings and body are
-// views of the slot's text.
-func (c *cold) entry(rs *records, i int32, e *entry) {
+// views of the slot's text. Without header, an inline header is left nil
+// (reading it allocates a map): for visits that read no answer.
+func (c *cold) entry(rs *records, i int32, e *entry, header bool) {
 	sl := c.at(i)
 	t := c.text(i)
 	*e = entry{
@@ -164,42 +178,45 @@ func (c *cold) entry(rs *records, i int32, e *entry) {
 		e.fp = unsafe.String(&t[sl.klen], sl.fplen)
 	}
 	e.resp = store.Response{Status: int(sl.status), BodyOmitted: sl.omitted}
-	if sl.header >= 0 {
+	switch {
+	case sl.header >= 0:
 		e.resp.Header = c.headers[sl.header]
+	case sl.header == inlineHeader && header:
+		e.resp.Header = parseHeader(t[sl.klen+sl.fplen : sl.klen+sl.fplen+sl.hlen])
 	}
 	if !sl.nilBody {
-		e.resp.Body = t[sl.klen+sl.fplen:]
+		e.resp.Body = t[sl.klen+sl.fplen+sl.hlen:]
 	}
 }
 
 // record returns the record of slot i in rs, with a response of its own.
 func (c *cold) record(rs *records, i int32) store.Record {
 	var e entry
-	c.entry(rs, i, &e)
+	c.entry(rs, i, &e, true)
 	r := e.fields()
 	r.Response = e.response()
 	return r
 }
 
 // freeze moves e, a record just completed, here, if it is of a kind kept
-// here and its header can be interned; it reports whether it did. The
-// caller removes the entry from its maps.
+// here; it reports whether it did. The caller removes the entry from its
+// maps.
 func (c *cold) freeze(rs *records, e *entry) bool {
-	n := len(e.key) + len(e.fp) + len(e.resp.Body)
-	if c.disabled || e.state != stCompleted || !e.hasResp || (e.more != nil && *e.more != none) || n > c.maxText ||
-		e.resp.Status != int(int32(e.resp.Status)) {
+	if c.disabled || e.state != stCompleted || !e.hasResp || (e.more != nil && *e.more != none) ||
+		len(e.key)+len(e.fp)+len(e.resp.Body) > c.maxText || e.resp.Status != int(int32(e.resp.Status)) {
 		return false
 	}
-	hdr, ok := c.header(e.resp.Header)
-	if !ok {
+	hdr, inline := c.header(e.resp.Header)
+	n := len(e.key) + len(e.fp) + len(inline) + len(e.resp.Body)
+	if n > c.maxText {
 		return false
 	}
-	ch, off := c.write(n, e.key, e.fp, e.resp.Body)
+	ch, off := c.write(n, e.key, e.fp, inline, e.resp.Body)
 	h := c.hash(e.key)
 	i := c.slot()
 	*c.at(i) = slot{
 		hash: h, next: -1, chunk: ch, off: off,
-		klen: uint32(len(e.key)), fplen: uint32(len(e.fp)), blen: uint32(len(e.resp.Body)),
+		klen: uint32(len(e.key)), fplen: uint32(len(e.fp)), hlen: uint32(len(inline)), blen: uint32(len(e.resp.Body)),
 		tenant: c.tenant(e.tenant), header: hdr, status: int32(e.resp.Status), attempts: e.attempts,
 		policy: e.policy, omitted: e.resp.BodyOmitted, nilBody: e.resp.Body == nil, fence: e.fence,
 		lockedUntil: e.lockedUntil, createdAt: e.createdAt, updatedAt: e.updatedAt,
@@ -233,7 +250,7 @@ func (c *cold) remove(rs *records, i int32) {
 		c.at(p).next = sl.next
 	}
 	rs.frozen--
-	c.release(sl.chunk, int(sl.klen+sl.fplen+sl.blen))
+	c.release(sl.chunk, int(sl.size()))
 	*sl = slot{}
 	c.free = append(c.free, i)
 	if c.held > 2*c.live+max(c.slack, c.live/4) {
@@ -291,7 +308,7 @@ func (c *cold) compact() {
 		}
 		t := c.text(i)
 		old := sl.chunk
-		sl.chunk, sl.off = c.write(len(t), "", "", t)
+		sl.chunk, sl.off = c.write(len(t), "", "", "", t)
 		if c.release(old, len(t)); c.chunks[old].b == nil {
 			sparse[old] = false // dropped: its index may come back for a new chunk
 		}
@@ -312,9 +329,9 @@ func (c *cold) slot() int32 {
 	return c.n - 1
 }
 
-// write appends the n bytes of key, fp and body to the current chunk, or
-// to a new one when they do not fit, and returns where they are.
-func (c *cold) write(n int, key, fp string, body []byte) (int32, uint32) {
+// write appends the n bytes of key, fp, hdr and body to the current
+// chunk, or to a new one when they do not fit, and returns where they are.
+func (c *cold) write(n int, key, fp, hdr string, body []byte) (int32, uint32) {
 	if c.cur < 0 || cap(c.chunks[c.cur].b)-len(c.chunks[c.cur].b) < n {
 		old := c.cur
 		c.cur = c.chunk()
@@ -324,7 +341,7 @@ func (c *cold) write(n int, key, fp string, body []byte) (int32, uint32) {
 	}
 	ch := &c.chunks[c.cur]
 	off := len(ch.b)
-	ch.b = append(append(append(ch.b, key...), fp...), body...)
+	ch.b = append(append(append(append(ch.b, key...), fp...), hdr...), body...)
 	ch.live += n
 	c.live += n
 	return c.cur, uint32(off)
@@ -355,26 +372,27 @@ func (c *cold) tenant(t string) int32 {
 }
 
 // header returns the index of h among the interned headers, interning it
-// if there is room; ok is false if there is not.
-func (c *cold) header(h http.Header) (i int32, ok bool) {
+// if there is room. If there is not, it returns inlineHeader and h's text,
+// to be kept with the record.
+func (c *cold) header(h http.Header) (int32, string) {
 	if h == nil {
-		return -1, true
+		return noHeader, ""
 	}
 	if same(h, c.lastHeader) {
-		return c.lastIndex, true
+		return c.lastIndex, ""
 	}
 	k := headerText(h)
-	i, ok = c.headerOf[k]
+	i, ok := c.headerOf[k]
 	if !ok {
-		if len(c.headers) == maxHeaders {
-			return 0, false
+		if len(c.headers) >= c.maxHeaders {
+			return inlineHeader, k
 		}
 		c.headers = append(c.headers, h)
 		i = int32(len(c.headers) - 1)
 		c.headerOf[k] = i
 	}
 	c.lastHeader, c.lastIndex = h, i // kept, so its address names no other map
-	return i, true
+	return i, ""
 }
 
 // same reports whether a and b are the same map (not merely equal ones).
@@ -407,4 +425,33 @@ func headerText(h http.Header) string {
 		}
 	}
 	return string(b)
+}
+
+// parseHeader reads a header written by headerText. Its strings are copies:
+// the map may outlive the chunk's other records, and must not keep it.
+func parseHeader(b []byte) http.Header {
+	h := make(http.Header)
+	next := func() int {
+		v, n := binary.Uvarint(b)
+		b = b[n:]
+		return int(v)
+	}
+	for len(b) > 0 {
+		n := next()
+		k := string(b[:n])
+		b = b[n:]
+		count := next()
+		if count == 0 {
+			h[k] = nil
+			continue
+		}
+		vs := make([]string, count-1)
+		for j := range vs {
+			n := next()
+			vs[j] = string(b[:n])
+			b = b[n:]
+		}
+		h[k] = vs
+	}
+	return h
 }

@@ -32,8 +32,10 @@ func TestColdMatchesEntries(t *testing.T) {
 		cold, plain := New(Config{Clock: clock}), New(Config{Clock: clock})
 		cold.cold.collide = true
 		// Chunks of a few records, compacted whenever they are more than
-		// twice the records' size: records move between chunks often.
-		cold.cold.size, cold.cold.maxText, cold.cold.slack = 16, 16, 0
+		// twice (and a quarter) the records' size: records move between
+		// chunks often.
+		cold.cold.size, cold.cold.maxText, cold.cold.slack = 64, 64, 0
+		cold.cold.maxHeaders = 2 // the other headers are kept in the records' text
 		plain.cold.disabled = true
 		ctx := context.Background()
 		keys := []string{"a", "b", "c", "d"}
@@ -305,8 +307,8 @@ func (s *Store) check() error {
 	perChunk := map[int32]int{}
 	for i := range inChain {
 		sl := s.cold.at(i)
-		live += int(sl.klen + sl.fplen + sl.blen)
-		perChunk[sl.chunk] += int(sl.klen + sl.fplen + sl.blen)
+		live += int(sl.size())
+		perChunk[sl.chunk] += int(sl.size())
 	}
 	for i, ch := range s.cold.chunks {
 		held += cap(ch.b)
@@ -383,27 +385,67 @@ func TestColdRecordsAreNotTraced(t *testing.T) {
 	runtime.KeepAlive(s)
 }
 
-// TestColdLimits checks which completed records stay entries: an answer
-// larger than maxColdText, and answers whose header cannot be interned
-// once maxHeaders distinct ones are. They are still found.
+// TestColdLimits checks what the cold records hold: an answer larger than
+// maxColdText stays an entry; answers whose headers differ each time are
+// cold, the first maxHeaders with their header interned and the others
+// with it in their text, and each reads back its own.
 func TestColdLimits(t *testing.T) {
 	s := New(Config{})
 	complete(t, s, "s", "big", make([]byte, maxColdText), nil)
+	header := func(i int) http.Header {
+		return http.Header{"Location": {fmt.Sprint("/v1/charges/", i)}, "Vary": {"Accept", ""}, "X-None": nil}
+	}
 	for i := range maxHeaders + 2 {
-		complete(t, s, "s", fmt.Sprintf("h%d", i), nil, http.Header{"Request-Id": {fmt.Sprint(i)}})
+		complete(t, s, "s", fmt.Sprintf("h%d", i), []byte("body"), header(i))
 	}
 	rs := s.scopes["s"]
 	if _, ok := rs.byKey["big"]; !ok {
 		t.Error("a record larger than maxColdText is cold")
 	}
-	if rs.frozen != maxHeaders || len(rs.byKey) != 3 {
-		t.Errorf("%d cold records and %d entries, want %d and 3", rs.frozen, len(rs.byKey), maxHeaders)
+	if rs.frozen != maxHeaders+2 || len(rs.byKey) != 1 || len(s.cold.headers) != maxHeaders {
+		t.Errorf("%d cold records, %d entries, %d headers interned; want %d, 1, %d", rs.frozen, len(rs.byKey), len(s.cold.headers), maxHeaders+2, maxHeaders)
 	}
-	for _, k := range []string{"big", "h0", fmt.Sprintf("h%d", maxHeaders+1)} {
+	inline := 0
+	for i := range maxHeaders + 2 {
+		k := fmt.Sprintf("h%d", i)
+		if s.cold.at(s.cold.find(rs, k)).header == inlineHeader {
+			inline++
+		}
 		r, err := s.Get(t.Context(), "s", k)
-		if err != nil || r.Response == nil || r.Fingerprint != "fp-"+k {
+		if err != nil || r.Fingerprint != "fp-"+k || string(r.Response.Body) != "body" || !reflect.DeepEqual(r.Response.Header, header(i)) {
 			t.Errorf("Get %s: %+v, %v", k, r, err)
 		}
+	}
+	if inline != 2 {
+		t.Errorf("%d headers kept in the records' text, want 2", inline)
+	}
+	if r, err := s.Get(t.Context(), "s", "big"); err != nil || r.Response == nil {
+		t.Errorf("Get big: %+v, %v", r, err)
+	}
+	// Listed, and made an entry again, the inline header reads the same.
+	listed := 0
+	for p := (store.ListParams{Limit: 1000}); ; {
+		page, next, err := s.List(t.Context(), p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range page {
+			var i int
+			if _, err := fmt.Sscanf(r.Key, "h%d", &i); err == nil && !reflect.DeepEqual(r.Response.Header, header(i)) {
+				t.Errorf("listed %s with header %v", r.Key, r.Response.Header)
+			}
+		}
+		if listed += len(page); next == nil {
+			break
+		}
+		p.After = next
+	}
+	if listed != maxHeaders+3 {
+		t.Errorf("listed %d records, want %d", listed, maxHeaders+3)
+	}
+	last := fmt.Sprintf("h%d", maxHeaders+1)
+	if e := s.find(id{"s", last}); e == nil || !reflect.DeepEqual(e.resp.Header, header(maxHeaders+1)) {
+		t.Errorf("made an entry, %s has header %v", last, e.resp.Header)
 	}
 }
 
@@ -533,7 +575,7 @@ func TestColdCompaction(t *testing.T) {
 	now := time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
 	clock := func() time.Time { return now }
 	cold, plain := New(Config{Clock: clock}), New(Config{Clock: clock})
-	cold.cold.size, cold.cold.maxText, cold.cold.slack = 64, 64, 0
+	cold.cold.size, cold.cold.maxText, cold.cold.slack, cold.cold.maxHeaders = 96, 96, 0, 3
 	plain.cold.disabled = true
 	rng := mathrand.New(mathrand.NewPCG(1, 2))
 	key := func() string { return fmt.Sprintf("k%d", rng.IntN(200)) }
@@ -553,8 +595,12 @@ func TestColdCompaction(t *testing.T) {
 				continue
 			}
 			body := []byte(strings.Repeat(string(rune('a'+step%26)), rng.IntN(20)))
+			var h http.Header // none, or a Location of its own (kept in the text once 3 are interned)
+			if rng.IntN(2) == 0 {
+				h = http.Header{"Location": {fmt.Sprint("/", step)}}
+			}
 			c := store.CompleteParams{FenceParams: store.FenceParams{Scope: "s", Key: k, Fence: a.Record.Fence},
-				Response: store.Response{Status: 201, Body: body}}
+				Response: store.Response{Status: 201, Header: h, Body: body}}
 			if errA, errB := cold.Complete(ctx, c), plain.Complete(ctx, c); errA != nil || errB != nil {
 				t.Fatalf("step %d: complete %s: %v, %v", step, k, errA, errB)
 			}

@@ -18,7 +18,7 @@ func (s *Store) List(ctx context.Context, p store.ListParams) ([]store.Record, *
 	}
 	s.mu.Lock()
 	all := make([]store.Record, 0, s.count())
-	for e := range s.all() {
+	for e := range s.all(true) {
 		if r := e.record(); storekit.Match(&p, &r) {
 			all = append(all, r)
 		}

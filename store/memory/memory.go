@@ -163,7 +163,7 @@ func (s *Store) counter(tenant string) func() (int, error) {
 	return func() (int, error) {
 		if s.tenants == nil {
 			s.tenants = make(map[string]map[id]*entry)
-			for e := range s.all() {
+			for e := range s.all(false) {
 				if !e.frozen { // cold records are never active
 					s.index(id{e.scope, e.key}, e)
 				}
@@ -393,7 +393,7 @@ func (s *Store) scan(ctx context.Context, valid error, limit int, keep func(e *e
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var rs []*entry
-	for e := range s.all() {
+	for e := range s.all(false) {
 		if keep(e, t) {
 			if e.frozen {
 				c := *e
@@ -561,7 +561,7 @@ func (s *Store) CountActive(ctx context.Context, limit int) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := 0
-	for e := range s.all() {
+	for e := range s.all(false) {
 		if n == limit {
 			break
 		}

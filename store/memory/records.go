@@ -72,7 +72,7 @@ func (s *Store) find(k id) *entry {
 // copied out of the chunk, which it would otherwise keep alive.
 func (s *Store) thaw(rs *records, i int32) *entry {
 	e := new(entry)
-	s.cold.entry(rs, i, e)
+	s.cold.entry(rs, i, e, true)
 	e.packed = false
 	e.pack()
 	s.cold.remove(rs, i)
@@ -124,7 +124,9 @@ func (s *Store) remove(k id) {
 // all visits every record. A cold record is visited as an entry marked
 // frozen that is valid only until the next one: a caller that keeps it
 // copies it, and one that changes it first makes it an entry (find).
-func (s *Store) all() iter.Seq[*entry] {
+// Without header, a cold record's header kept in its text is not read
+// (see cold.entry).
+func (s *Store) all(header bool) iter.Seq[*entry] {
 	return func(yield func(*entry) bool) {
 		var c entry
 		for _, rs := range s.scopes {
@@ -135,7 +137,7 @@ func (s *Store) all() iter.Seq[*entry] {
 			}
 			for _, head := range rs.cold {
 				for i := head; i >= 0; i = s.cold.at(i).next {
-					s.cold.entry(rs, i, &c)
+					s.cold.entry(rs, i, &c, header)
 					c.frozen = true
 					if !yield(&c) {
 						return
