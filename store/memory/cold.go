@@ -306,12 +306,12 @@ func (c *cold) compact() {
 		if sl.klen == 0 || int(sl.chunk) >= len(sparse) || !sparse[sl.chunk] {
 			continue // unused (every key has a byte), or where it stays
 		}
+		// A slot not visited yet is in a chunk not dropped yet, so an
+		// index that write reuses for a new chunk is never one of theirs.
 		t := c.text(i)
 		old := sl.chunk
 		sl.chunk, sl.off = c.write(len(t), "", "", "", t)
-		if c.release(old, len(t)); c.chunks[old].b == nil {
-			sparse[old] = false // dropped: its index may come back for a new chunk
-		}
+		c.release(old, len(t))
 	}
 }
 

@@ -35,7 +35,7 @@ func TestColdMatchesEntries(t *testing.T) {
 		// twice (and a quarter) the records' size: records move between
 		// chunks often.
 		cold.cold.size, cold.cold.maxText, cold.cold.slack = 64, 64, 0
-		cold.cold.maxHeaders = 2 // the other headers are kept in the records' text
+		cold.cold.maxHeaders = 1 // the other headers are kept in the records' text
 		plain.cold.disabled = true
 		ctx := context.Background()
 		keys := []string{"a", "b", "c", "d"}
