@@ -7,17 +7,18 @@ import (
 	"github.com/idem-go/idem/store"
 )
 
-// entry is one record, laid out for the garbage collector, which traces
-// every record the store keeps at every cycle: a store of a day's answers
-// holds millions. Its pointers come first (the collector scans an object
-// up to its last pointer), times are integers (a time.Time is 24 bytes
-// with a pointer the collector checks), and a completed record's key,
-// fingerprint and body share one allocation (see pack): a completed record
-// is two objects, the entry and its text, where store.Record fields would
-// make four and twice the bytes. The response is kept in the entry, so
-// that completing a record allocates nothing but its text and the records
-// handed out point to it (see record). What most records never set is kept
-// apart (see extra).
+// entry is one record as the store changes it: every record in flight,
+// and the completed ones not kept cold (see cold), which holds most of a
+// day's answers where the collector does not trace them. An entry is laid
+// out for the collector all the same: its pointers come first (the
+// collector scans an object up to its last pointer), times are integers
+// (a time.Time is 24 bytes with a pointer the collector checks), and a
+// completed record's key, fingerprint and body share one allocation (see
+// pack): a completed entry is two objects, the entry and its text, where
+// store.Record fields would make four and twice the bytes. The response is
+// kept in the entry, so that completing it allocates nothing but its text
+// and the records handed out point to it (see record). What most records
+// never set is kept apart (see extra).
 type entry struct {
 	key, fp string
 	scope   string
