@@ -79,15 +79,9 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 	defer s.mu.Unlock()
 	k := id{p.Scope, p.Key}
 	e, rs, slot := s.lookup(k)
-	var r store.Record
+	r, exists := s.read(e, rs, slot)
 	act := storekit.ActCreate
-	exists := e != nil || slot >= 0
 	if exists {
-		if e != nil {
-			r = e.record()
-		} else {
-			r = s.cold.record(rs, slot)
-		}
 		act = storekit.Decide(&r, &p, now)
 	}
 	if err := storekit.CheckCap(&p, act, s.counter(p.Tenant)); err != nil {
@@ -248,8 +242,10 @@ func (s *Store) held(ctx context.Context, valid error, fp store.FenceParams, f f
 	if r == nil || r.state != stInProgress || r.fence != fp.Fence {
 		return store.ErrLeaseLost
 	}
-	f(r, now)
+	// Stamped first: Complete may hand the record to the cold records,
+	// after which r is no longer the store's.
 	r.updatedAt = at(now)
+	f(r, now)
 	return nil
 }
 
@@ -257,7 +253,6 @@ func (s *Store) held(ctx context.Context, valid error, fp store.FenceParams, f f
 func (s *Store) Complete(ctx context.Context, p store.CompleteParams) error {
 	return s.held(ctx, p.Validate(), p.FenceParams, func(r *entry, now time.Time) {
 		p.Response.Header = s.share(p.Response.Header)
-		r.updatedAt = at(now)
 		s.complete(r, now, p.Response, p.TTL, true)
 	})
 }
@@ -347,13 +342,11 @@ func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	switch e, rs, slot := s.lookup(id{scope, key}); {
-	case e != nil:
-		return e.record(), nil
-	case slot >= 0:
-		return s.cold.record(rs, slot), nil
+	r, ok := s.read(s.lookup(id{scope, key}))
+	if !ok {
+		return store.Record{}, store.ErrNotFound
 	}
-	return store.Record{}, store.ErrNotFound
+	return r, nil
 }
 
 // Delete implements store.Store.

@@ -24,12 +24,7 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 	k := id{p.Scope, p.Key}
 	e, rs, slot := s.lookup(k)
 	var prev *store.Record
-	switch {
-	case e != nil:
-		r := e.record()
-		prev = &r
-	case slot >= 0:
-		r := s.cold.record(rs, slot)
+	if r, ok := s.read(e, rs, slot); ok {
 		prev = &r
 	}
 	out, r, write, err := storekit.ApplyPending(prev, &p, now, s.counter(p.Tenant))

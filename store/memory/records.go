@@ -1,6 +1,10 @@
 package memory
 
-import "iter"
+import (
+	"iter"
+
+	"github.com/idem-go/idem/store"
+)
 
 // records holds the records of one scope by key. The store keeps a map of
 // them by scope: a key is then one string, whose hash and comparison are
@@ -47,6 +51,17 @@ func (s *Store) lookup(k id) (e *entry, rs *records, slot int32) {
 		return e, rs, -1
 	}
 	return nil, rs, s.cold.find(rs, k.key)
+}
+
+// read returns the record lookup found, and whether it found one.
+func (s *Store) read(e *entry, rs *records, slot int32) (store.Record, bool) {
+	switch {
+	case e != nil:
+		return e.record(), true
+	case slot >= 0:
+		return s.cold.record(rs, slot), true
+	}
+	return store.Record{}, false
 }
 
 // hot returns the entry of the record k, nil if it is cold or absent.
