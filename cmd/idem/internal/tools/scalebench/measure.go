@@ -60,16 +60,14 @@ var ops = []op{
 	}},
 }
 
-// newKeys numbers the new keys of -keys ordered: after every record's,
-// those of the fill and of the next day's inserts included.
+// newKeys counts the new keys of -keys ordered, numbered from 1<<40: after
+// every record's, those of the fill and of the next day's inserts included.
 var newKeys atomic.Int64
-
-func init() { newKeys.Store(1 << 40) }
 
 // newKey returns a key no record has.
 func newKey() string {
 	if orderedKeys {
-		return keyOf(int(newKeys.Add(1)))
+		return keyOf(1<<40 + int(newKeys.Add(1)))
 	}
 	return randHex(16)
 }
