@@ -67,7 +67,7 @@ func (c *callCtx) cause() error {
 			return err
 		}
 	}
-	if !c.clk.Now().Before(c.deadline) {
+	if c.clk.Until(c.deadline) <= 0 {
 		return context.DeadlineExceeded
 	}
 	return nil
@@ -84,7 +84,7 @@ func (c *callCtx) Done() <-chan struct{} {
 			close(c.done)
 			return c.done
 		}
-		c.timer = c.clk.AfterFunc(c.deadline.Sub(c.clk.Now()), func() { c.cancel(context.DeadlineExceeded) })
+		c.timer = c.clk.AfterFunc(c.clk.Until(c.deadline), func() { c.cancel(context.DeadlineExceeded) })
 		if !c.detached && c.parent.Done() != nil {
 			c.stopParent = context.AfterFunc(c.parent, func() { c.cancel(c.parent.Err()) })
 		}

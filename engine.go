@@ -47,6 +47,9 @@ type Engine struct {
 	// reuse shares scopes and stored headers between calls (see reuse);
 	// engines made by With share it.
 	reuse *reuse
+	// beats queues the executions' first renewals; each engine has its
+	// own (their leases differ).
+	beats *heartbeats
 }
 
 // New returns an engine over s.
@@ -76,7 +79,7 @@ func New(s store.Store, cfg Config) (*Engine, error) {
 		obs: obs, sname: StoreName(s), clk: wallClock{},
 		limiter: newTenantLimiter(set.TenantRate, set.TenantBurst), global: newTenantLimiter(set.NewKeyRate, set.NewKeyBurst),
 		bound: newActiveBound(s, &set), breaker: newBreaker(&set, obs), dur: dur, reads: &sharedReads{m: map[string]*sharedRead{}},
-		reuse: newReuse()}, nil
+		reuse: newReuse(), beats: newHeartbeats(set.Lease)}, nil
 }
 
 // With returns an engine for a route that needs other settings (an optional
@@ -110,6 +113,7 @@ func (e *Engine) With(modify func(*Config)) (*Engine, error) {
 	}
 	d := *e
 	d.cfg = set
+	d.beats = newHeartbeats(set.Lease)
 	d.hasher = fingerprint.New(set.Secret)
 	d.log = set.Logger
 	d.obs = observerOr(set.Observer)

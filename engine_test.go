@@ -15,6 +15,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/testkit/enginetest"
+	"github.com/idem-go/idem/internal/testkit/obstest"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/memory"
 	"github.com/idem-go/idem/store/storetest"
@@ -61,6 +62,8 @@ func (c *stepClock) Now() time.Time {
 	defer c.mu.Unlock()
 	return c.now
 }
+
+func (c *stepClock) Until(t time.Time) time.Duration { return t.Sub(c.Now()) }
 
 func (c *stepClock) AfterFunc(d time.Duration, f func()) idem.Timer {
 	c.mu.Lock()
@@ -173,6 +176,76 @@ func TestHeartbeatRenewsAThirdIntoTheLease(t *testing.T) {
 	once.Do(func() { close(release) })
 	if w := <-done; w.Code != http.StatusCreated {
 		t.Fatalf("original: %d", w.Code)
+	}
+}
+
+// Executions started at different times are each renewed a third into
+// their own lease (the engine queues first renewals behind one timer), and
+// one that ended first is not renewed at all.
+func TestHeartbeatsKeepEachExecutionsTime(t *testing.T) {
+	t.Parallel()
+	clk := newStepClock()
+	s := memory.New(memory.Config{Clock: clk.Now})
+	obs := &obstest.Recorder{}
+	e, err := idem.New(s, idem.Config{Lease: 30 * time.Second, LeasePolicy: store.LeaseRetry, Observer: obs, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	idem.SetClock(e, clk)
+	holds := map[string]chan struct{}{"a": make(chan struct{}), "b": make(chan struct{}), "c": make(chan struct{})}
+	h := e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-holds[idem.FromContext(r.Context()).Key()]
+		w.WriteHeader(http.StatusCreated)
+	}))
+	t0 := clk.Now()
+	start := func(key string) chan *httptest.ResponseRecorder {
+		done := make(chan *httptest.ResponseRecorder, 1)
+		go func() { done <- sendKeyed(h, key) }()
+		waitFor(t, "reservation of "+key, func() bool {
+			_, err := s.Get(context.Background(), "0:POST /v1/slow", key)
+			return err == nil
+		})
+		return done
+	}
+	lockedUntil := func(key string) time.Duration {
+		rec, err := s.Get(context.Background(), "0:POST /v1/slow", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rec.LockedUntil.Sub(t0)
+	}
+	a := start("a")
+	clk.Advance(5 * time.Second)
+	b := start("b")
+	c := start("c")
+	close(holds["c"]) // c ends before its first renewal
+	if w := <-c; w.Code != http.StatusCreated {
+		t.Fatalf("c: %d", w.Code)
+	}
+	clk.Advance(5 * time.Second) // +10s: a's renewal
+	if got := lockedUntil("a"); got != 40*time.Second {
+		t.Fatalf("a's lease runs until +%v, want +40s (renewed at +10s)", got)
+	}
+	if got := lockedUntil("b"); got != 35*time.Second {
+		t.Fatalf("b's lease runs until +%v, want +35s (not renewed before +15s)", got)
+	}
+	clk.Advance(5 * time.Second) // +15s: b's renewal
+	if got := lockedUntil("b"); got != 45*time.Second {
+		t.Fatalf("b's lease runs until +%v, want +45s (renewed at +15s)", got)
+	}
+	clk.Advance(5 * time.Second) // +20s: a's second renewal, from its own timer
+	if got := lockedUntil("a"); got != 50*time.Second {
+		t.Fatalf("a's lease runs until +%v, want +50s (renewed again at +20s)", got)
+	}
+	close(holds["a"])
+	close(holds["b"])
+	for _, d := range []chan *httptest.ResponseRecorder{a, b} {
+		if w := <-d; w.Code != http.StatusCreated {
+			t.Fatalf("%d", w.Code)
+		}
+	}
+	if n := obs.StoreCalls()["extend"]; n != 3 {
+		t.Fatalf("%d renewals, want 3: a's two and b's one", n)
 	}
 }
 

@@ -36,13 +36,16 @@ type Execution struct {
 	point  string
 	resume bool
 
-	mu        sync.Mutex
-	ending    bool // a final transition is under way; renewals go on
-	finished  bool // the heartbeat is stopped for good
-	heartbeat timer
-	leaseEnd  time.Time // when the lease lapses, by the engine's clock (an estimate from below)
-	failures  int       // renewals failed in a row
-	lost      atomic.Bool
+	mu       sync.Mutex
+	ending   bool // a final transition is under way; renewals go on
+	finished bool // the heartbeat is stopped for good
+	// heartbeat renews the lease once the first renewal fell due; until
+	// then (nil) x waits in the engine's heartbeats, linked through prev
+	// and next.
+	heartbeat  timer
+	prev, next *Execution
+	leaseEnd   time.Time // when the lease lapses, by the engine's clock (an estimate from below)
+	failures   int       // renewals failed in a row
 
 	// call is what the summary of the request is made from should its
 	// outcome become unknown (see summary): references to the call's own
@@ -51,6 +54,7 @@ type Execution struct {
 	call callRef
 
 	uncertain atomic.Pointer[string]
+	lost      atomic.Bool
 	committed atomic.Bool
 	// expires is when the stored answer's record expires at the earliest
 	// (UnixNano; 0 before the answer is stored): the TTL from the start of
@@ -84,7 +88,7 @@ func (x *Execution) attach(ctx context.Context) context.Context {
 }
 
 // newExecution sets up x (unused until now; nil allocates one) for a lease
-// reserved at start, and starts its heartbeat.
+// reserved at start, and queues its first renewal.
 func (e *Engine) newExecution(x *Execution, res store.ReserveResult, start time.Time) *Execution {
 	if x == nil {
 		x = new(Execution)
@@ -92,10 +96,19 @@ func (e *Engine) newExecution(x *Execution, res store.ReserveResult, start time.
 	x.e, x.scope, x.key, x.fence = e, res.Record.Scope, res.Record.Key, res.Record.Fence
 	x.point, x.resume = res.Record.RecoveryPoint, res.Outcome == store.TakenOver
 	x.leaseEnd = start.Add(e.cfg.Lease)
-	x.mu.Lock()
-	x.heartbeat = e.clk.AfterFunc(e.cfg.Lease/3, x.renew)
-	x.mu.Unlock()
+	e.beats.add(e.clk, x, e.cfg.Lease/3)
 	return x
+}
+
+// startHeartbeat gives x, queued in the engine's heartbeats until its
+// first renewal fell due, a timer of its own that renews the lease now
+// and that renew then resets.
+func (x *Execution) startHeartbeat(clk clock) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if !x.finished {
+		x.heartbeat = clk.AfterFunc(0, x.renew)
+	}
 }
 
 // Key returns the client's idempotency key.
@@ -296,7 +309,11 @@ func (x *Execution) finish() {
 	defer x.mu.Unlock()
 	if !x.finished {
 		x.finished = true
-		x.heartbeat.Stop()
+		if x.heartbeat != nil {
+			x.heartbeat.Stop()
+		} else {
+			x.e.beats.remove(x)
+		}
 	}
 }
 
