@@ -1,12 +1,14 @@
 package idem
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"io"
 	"log/slog"
 	"mime"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -255,7 +257,7 @@ var (
 // this request's own.
 func replay(w http.ResponseWriter, resp *store.Response, expires time.Time, stripe bool, keep string) {
 	src := resp.Header
-	if _, ok := src["Connection"]; ok {
+	if len(httpfield.Connection(src)) > 0 {
 		src = httpfield.Replayable(src) // drops the headers it names too
 	}
 	h := w.Header()
@@ -447,3 +449,15 @@ func (rw *recorder) send() {
 
 // Unwrap lets http.ResponseController reach the underlying writer.
 func (rw *recorder) Unwrap() http.ResponseWriter { return rw.w }
+
+// ErrHijack is what a handler under an idempotency key gets when it tries
+// to take over its connection (http.Hijacker, or Hijack through an
+// http.ResponseController): whatever it would then send goes around the
+// engine, which could neither record it nor replay it. The handler can
+// still answer through the ResponseWriter.
+var ErrHijack = errors.New("idem: a request under an idempotency key cannot hijack its connection")
+
+// Hijack refuses (see ErrHijack). Without it, ResponseController would
+// reach the client's writer through Unwrap, and the engine would store the
+// empty answer it saw.
+func (rw *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) { return nil, nil, ErrHijack }

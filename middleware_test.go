@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -135,6 +136,116 @@ func TestHopByHopHeadersNotReplayed(t *testing.T) {
 	}
 	if w.Header().Get("X-Public") != "2" {
 		t.Fatalf("replay lost X-Public: %v", w.Header())
+	}
+}
+
+// A field written under another spelling of its name (net/http sends map
+// keys as written; clients read names without regard to case) is filtered
+// as its canonical name would be: a retry never gets the first caller's
+// cookie, nor a hop-by-hop field.
+func TestNonCanonicalFieldNamesNotReplayed(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, idem.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h["set-cookie"] = []string{"session=alice"}
+		h["SET-COOKIE2"] = []string{"a=b"}
+		h["connection"] = []string{"x-private"}
+		h["X-Private"] = []string{"1"}
+		h["keep-alive"] = []string{"timeout=5"}
+		h["date"] = []string{"Mon, 02 Jan 2006 15:04:05 GMT"}
+		h["x-public"] = []string{"2"}
+		w.WriteHeader(200)
+	})
+	if w := f.do(post(uuid, `{}`)); w.Header().Get("Idempotent-Replayed") != "" {
+		t.Fatalf("first: %v", w.Header())
+	}
+	w := f.do(post(uuid, `{}`))
+	if w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("not a replay: %d %v", w.Code, w.Header())
+	}
+	for k := range w.Header() {
+		for _, bad := range []string{"Set-Cookie", "Set-Cookie2", "Connection", "X-Private", "Keep-Alive", "Date"} {
+			if strings.EqualFold(k, bad) {
+				t.Errorf("replay carried %s: %v", k, w.Header()[k])
+			}
+		}
+	}
+	if got := w.Header()["x-public"]; len(got) != 1 || got[0] != "2" {
+		t.Fatalf("replay lost x-public (kept as spelled): %v", w.Header())
+	}
+}
+
+// A handler under a key cannot hijack its connection: what it would send
+// on it could be neither recorded nor replayed. It gets idem.ErrHijack, by
+// either way of asking, and can still answer; a request without a key
+// passes through and may hijack.
+func TestHijackRefusedUnderAKey(t *testing.T) {
+	t.Parallel()
+	e, err := idem.New(memory.New(memory.Config{}), idem.Config{Logger: slog.New(slog.DiscardHandler), KeyRequired: idem.Bool(false)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int64
+	srv := httptest.NewServer(e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		conn, _, err1 := http.NewResponseController(w).Hijack()
+		if r.Header.Get("Idempotency-Key") == "" {
+			// No key: the connection is the handler's.
+			if err1 != nil {
+				t.Errorf("hijack without a key: %v", err1)
+				return
+			}
+			conn.Close()
+			return
+		}
+		if err1 == nil {
+			conn.Close()
+			t.Errorf("hijacked under a key")
+			return
+		}
+		hj, ok := w.(http.Hijacker)
+		if !ok {
+			t.Errorf("the writer is no http.Hijacker")
+			return
+		}
+		_, _, err2 := hj.Hijack()
+		if !errors.Is(err1, idem.ErrHijack) || !errors.Is(err2, idem.ErrHijack) {
+			t.Errorf("hijack under a key: %v, %v; want idem.ErrHijack", err1, err2)
+		}
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "answered")
+	})))
+	defer srv.Close()
+	send := func(key string) (*http.Response, string, error) {
+		req, _ := http.NewRequest("POST", srv.URL+"/v1/upgrade", strings.NewReader(`{}`))
+		req.Header.Set("Content-Type", "application/json")
+		if key != "" {
+			req.Header.Set("Idempotency-Key", key)
+		}
+		c := srv.Client()
+		c.Timeout = 10 * time.Second
+		resp, err := c.Do(req)
+		if err != nil {
+			return nil, "", err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		return resp, string(b), err
+	}
+	for i, replayed := range []string{"", "true"} {
+		resp, body, err := send(`"h1"`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != 201 || body != "answered" || resp.Header.Get("Idempotent-Replayed") != replayed {
+			t.Fatalf("request %d: %d %q %v", i, resp.StatusCode, body, resp.Header)
+		}
+	}
+	if _, _, err := send(""); err == nil {
+		t.Fatal("without a key the handler hijacked and closed the connection, yet a response arrived")
+	}
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("handler ran %d times, want 2 (once under the key, once without)", n)
 	}
 }
 
@@ -987,6 +1098,8 @@ func TestReplayFiltersStoredHeaders(t *testing.T) {
 		TTL: time.Hour, Response: store.Response{Status: 201, Body: []byte("ok"), Header: http.Header{
 			"Set-Cookie": {"session=other-callers"}, "Connection": {"X-Hop"}, "X-Hop": {"1"},
 			"X-Bad": {"a\nb"}, "X-Good": {"yes"},
+			// Other spellings, as a tool that kept the handler's map might.
+			"set-cookie": {"session=lowercase"}, "connection": {"x-hop2"}, "X-Hop2": {"2"}, "transfer-encoding": {"chunked"},
 		}}})
 	if err != nil {
 		t.Fatal(err)
@@ -999,7 +1112,7 @@ func TestReplayFiltersStoredHeaders(t *testing.T) {
 	if w.Code != 201 || w.Header().Get("X-Good") != "yes" || w.Header().Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("replay: %d %v", w.Code, w.Header())
 	}
-	for _, h := range []string{"Set-Cookie", "Connection", "X-Hop", "X-Bad"} {
+	for _, h := range []string{"Set-Cookie", "Connection", "X-Hop", "X-Bad", "set-cookie", "connection", "X-Hop2", "transfer-encoding"} {
 		if _, ok := w.Header()[h]; ok {
 			t.Fatalf("replay carried %s", h)
 		}

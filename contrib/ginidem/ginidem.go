@@ -22,7 +22,6 @@ package ginidem
 
 import (
 	"bufio"
-	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -78,8 +77,8 @@ func Middleware(e *idem.Engine) gin.HandlerFunc {
 
 // writer is the gin.ResponseWriter handlers see during an execution: it
 // keeps gin's lazy status (WriteHeader records, the first write sends) and
-// writes through the engine's recorder w. Hijack, CloseNotify and Pusher
-// are those of the client's writer.
+// writes through the engine's recorder w. CloseNotify and Pusher are
+// those of the client's writer; Hijack is the recorder's, which refuses.
 type writer struct {
 	gin.ResponseWriter // the client's, for what is not the answer
 	w                  http.ResponseWriter
@@ -127,11 +126,12 @@ func (gw *writer) Flush() {
 	http.NewResponseController(gw.w).Flush()
 }
 
-// errHijack: a connection taken over mid-execution has no answer the
-// engine could record or replay.
-var errHijack = errors.New("ginidem: a request under an idempotency key cannot hijack its connection")
-
-func (gw *writer) Hijack() (net.Conn, *bufio.ReadWriter, error) { return nil, nil, errHijack }
+// Hijack is refused by the engine's recorder (idem.ErrHijack): a
+// connection taken over mid-execution has no answer it could record or
+// replay.
+func (gw *writer) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	return http.NewResponseController(gw.w).Hijack()
+}
 
 // Unwrap lets http.ResponseController reach the recorder.
 func (gw *writer) Unwrap() http.ResponseWriter { return gw.w }

@@ -1,15 +1,20 @@
 package ginidem_test
 
 import (
+	"errors"
 	"io"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/gin-gonic/gin"
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/contrib/ginidem"
 	"github.com/idem-go/idem/internal/testkit/adaptertest"
+	"github.com/idem-go/idem/store/memory"
 )
 
 func init() { gin.SetMode(gin.ReleaseMode) }
@@ -55,3 +60,31 @@ func app(t *testing.T, e *idem.Engine, h *adaptertest.Hooks) http.Handler {
 }
 
 func TestAdapter(t *testing.T) { adaptertest.Run(t, app) }
+
+// A handler under a key that asks gin's writer to hijack the connection is
+// refused with idem.ErrHijack (the engine could neither record nor replay
+// what it would send on it), and can still answer.
+func TestHijackIsRefused(t *testing.T) {
+	e, err := idem.New(memory.New(memory.Config{}), idem.Config{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := gin.New()
+	r.POST("/upgrade", ginidem.Middleware(e), func(c *gin.Context) {
+		_, _, err := c.Writer.Hijack()
+		if !errors.Is(err, idem.ErrHijack) {
+			t.Errorf("hijack under a key: %v, want idem.ErrHijack", err)
+		}
+		c.String(http.StatusCreated, "answered")
+	})
+	for _, replayed := range []string{"", "true"} {
+		req := httptest.NewRequest("POST", "/upgrade", strings.NewReader(`{}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", `"g1"`)
+		w := httptest.NewRecorder()
+		r.ServeHTTP(w, req)
+		if w.Code != http.StatusCreated || w.Body.String() != "answered" || w.Header().Get("Idempotent-Replayed") != replayed {
+			t.Fatalf("%d %q %v", w.Code, w.Body, w.Header())
+		}
+	}
+}

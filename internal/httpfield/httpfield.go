@@ -23,9 +23,32 @@ var unreplayable = map[string]bool{
 	"Idempotent-Replayed": true, "Idempotent-Body-Omitted": true,
 }
 
-// ReplayableName reports whether a header of this canonical name may be
-// kept for replay (Connection-named headers aside; see Replayable).
-func ReplayableName(name string) bool { return !unreplayable[name] }
+// ReplayableName reports whether a header of this name may be kept for
+// replay (Connection-named headers aside; see Replayable). Names are
+// compared in their canonical form: a handler may write a field under any
+// spelling (w.Header()["set-cookie"]), net/http sends it as written, and
+// clients read names without regard to case.
+func ReplayableName(name string) bool {
+	if unreplayable[name] {
+		return false
+	}
+	// CanonicalHeaderKey returns a name already in canonical form as it is,
+	// without allocating.
+	c := http.CanonicalHeaderKey(name)
+	return c == name || !unreplayable[c]
+}
+
+// Connection returns the values of h's Connection field, under any
+// spelling of its name: the fields it names are hop-by-hop too.
+func Connection(h http.Header) []string {
+	named := h["Connection"]
+	for k, v := range h {
+		if len(k) == len("Connection") && k != "Connection" && strings.EqualFold(k, "Connection") {
+			named = append(named[:len(named):len(named)], v...)
+		}
+	}
+	return named
+}
 
 // Replayable returns the headers of h that a stored answer may keep:
 // it drops the unreplayable ones, those named by h's Connection header, and
@@ -41,7 +64,7 @@ func Replayable(h http.Header) http.Header {
 	if len(h) == 0 {
 		return nil
 	}
-	named := h["Connection"]
+	named := Connection(h)
 	out := make(http.Header, len(h))
 	for k, v := range h {
 		if keeps(named, k, v) {
@@ -54,7 +77,7 @@ func Replayable(h http.Header) http.Header {
 // keeps reports whether Replayable keeps the field k: v of a header whose
 // Connection field is named.
 func keeps(named []string, k string, v []string) bool {
-	return !unreplayable[k] && !listed(named, k) && Valid(k, v)
+	return ReplayableName(k) && !listed(named, k) && Valid(k, v)
 }
 
 // IsReplayable reports whether r, a header Replayable returned, is what
@@ -64,7 +87,7 @@ func IsReplayable(r, h http.Header) bool {
 	if len(h) == 0 || r == nil {
 		return len(h) == 0 && r == nil
 	}
-	named := h["Connection"]
+	named := Connection(h)
 	n := 0
 	for k, v := range h {
 		if !keeps(named, k, v) {
@@ -108,11 +131,11 @@ func tokenByte(c byte) bool {
 	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
 }
 
-// listed reports whether a Connection header lists name.
+// listed reports whether a Connection header lists name (in any spelling).
 func listed(connection []string, name string) bool {
 	for _, line := range connection {
 		for tok := range strings.SplitSeq(line, ",") {
-			if http.CanonicalHeaderKey(strings.TrimSpace(tok)) == name {
+			if strings.EqualFold(strings.TrimSpace(tok), name) {
 				return true
 			}
 		}

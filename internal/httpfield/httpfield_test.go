@@ -66,3 +66,36 @@ func TestIsReplayable(t *testing.T) {
 		}
 	}
 }
+
+// Names are judged in their canonical form: net/http sends a map key as
+// written, and clients read names without regard to case.
+func TestOtherSpellings(t *testing.T) {
+	h := http.Header{
+		"set-cookie":        {"s=1"},
+		"CONTENT-LENGTH":    {"3"},
+		"transfer-encoding": {"chunked"},
+		"connection":        {"x-private"},
+		"Connection":        {"X-Other"},
+		"X-Private":         {"secret"},
+		"x-other":           {"secret"},
+		"x-kept":            {"yes"},
+	}
+	got := httpfield.Replayable(h)
+	if len(got) != 1 || got["x-kept"] == nil {
+		t.Fatalf("kept %v, want x-kept alone, as spelled", got)
+	}
+	if !httpfield.IsReplayable(got, h) {
+		t.Error("IsReplayable disagrees with Replayable")
+	}
+	for _, n := range []string{"set-cookie", "SET-COOKIE", "date", "Keep-alive", "idempotent-replayed"} {
+		if httpfield.ReplayableName(n) {
+			t.Errorf("ReplayableName(%q) = true", n)
+		}
+	}
+	if !httpfield.ReplayableName("x-kept") || !httpfield.ReplayableName("Content-Type") {
+		t.Error("an ordinary name judged unreplayable")
+	}
+	if c := httpfield.Connection(h); len(c) != 2 {
+		t.Errorf("Connection found %q, want the values of both spellings", c)
+	}
+}
