@@ -18,6 +18,13 @@ var (
 	SQLComplete = sqlComplete
 )
 
+// The replay cache's lock and channel, for a test that plays another
+// invalidation by hand.
+var (
+	SQLCacheLock    = sqlCacheLock
+	SQLCacheChannel = sqlCacheChannel
+)
+
 // Filled is a statement of queries.go with its placeholders filled for the
 // plain table of schema ("": the search_path's), without the tenant cap.
 func Filled(sql, schema string) string { return placeholders(schema, false, false).Replace(sql) }

@@ -399,6 +399,14 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 	if c == nil {
 		return s.reserve(ctx, s.pool, p)
 	}
+	// The database path's refusals come first: memory answers only what
+	// the statement would.
+	if err := p.Validate(); err != nil {
+		return store.ReserveResult{}, err
+	}
+	if p.MaxActive > 0 && !s.cfg.TenantCap {
+		return store.ReserveResult{}, s.capUnsupported("reserve")
+	}
 	rec, epoch, ok := c.lookup(&p, s.clockNow())
 	if ok {
 		return store.ReserveResult{Outcome: store.Existing, Record: rec}, nil
@@ -613,7 +621,16 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 	}
 	if tag.RowsAffected() == 0 {
 		// Absent, or in progress: tell which (the operator's path only).
-		if _, err := s.Get(ctx, scope, key); err != nil {
+		_, err := s.Get(ctx, scope, key)
+		if errors.Is(err, store.ErrNotFound) {
+			// Perhaps deleted by an earlier call whose invalidation failed
+			// (it returned an error, and this is its retry): the caches are
+			// told again, or they could replay the record until it expires.
+			if ierr := s.invalidate(ctx, scope, key); ierr != nil {
+				return ierr
+			}
+		}
+		if err != nil {
 			return err
 		}
 		return fmt.Errorf("idem/postgres: delete: %w", store.ErrStateConflict)

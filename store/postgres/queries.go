@@ -499,8 +499,19 @@ func cacheChannel(schema string) string {
 	return `'idem_cache_' || substr(md5(coalesce(nullif(` + schema + `::text, ''), current_schema())), 1, 16)`
 }
 
-// sqlCacheRegister registers a cache (removing those gone for an hour):
-// seen is the last invalidation numbered so far. $1 node, $2 lease µs.
+// sqlCacheLock orders the invalidations of a schema: taken by each
+// notification's transaction before it numbers the invalidation, and by a
+// registration before it reads the last number, and held until commit, so
+// that numbers commit (and notifications reach the caches) in their order,
+// and no number below the one a registration reads is still uncommitted.
+// A cache that applied number v has then applied every invalidation
+// committed since it listened up to v. The key is the sequence's: one
+// lock per schema.
+const sqlCacheLock = `SELECT pg_advisory_xact_lock(hashtextextended('idem.cache.' || '{schema}idem_cache_seq'::regclass::oid::text, 0))`
+
+// sqlCacheRegister registers a cache (removing those gone for an hour),
+// under sqlCacheLock: seen is the last invalidation numbered and committed
+// so far. $1 node, $2 lease µs.
 const sqlCacheRegister = `
 WITH gone AS (
 	DELETE FROM {schema}idem_cache_nodes WHERE alive_until < statement_timestamp() - interval '1 hour'
@@ -521,8 +532,8 @@ const sqlCacheLeave = `DELETE FROM {schema}idem_cache_nodes WHERE node = $1`
 
 // sqlCacheNotify numbers an invalidation of (scope $1, key $2) and
 // notifies it, in a transaction of its own that starts after the change
-// committed: a cache that applied a number at least this one's has
-// applied this notification. It also counts the caches alive (none has
+// committed and holds sqlCacheLock: a cache that applied a number at least
+// this one's has applied this notification. It also counts the caches alive (none has
 // applied a number not yet given), so that a schema without any costs
 // the invalidation one round trip. $3 Config.Schema.
 var sqlCacheNotify = `
@@ -591,7 +602,7 @@ type queries struct {
 	reserveCapped, active, countActive string
 
 	// The replay cache's (replaycache.go).
-	cacheRegister, cacheRenew, cacheLeave, cacheNotify, cacheBehind string
+	cacheLock, cacheRegister, cacheRenew, cacheLeave, cacheNotify, cacheBehind string
 
 	// A partitioned table's (partition.go): the key locks, and the
 	// reaper's statements on the DEFAULT partition and on the one it
@@ -626,6 +637,7 @@ func newQueries(schema string, tenantCap, partitioned bool) queries {
 		active:        r.Replace(sqlActiveAlone),
 		countActive:   r.Replace(sqlCountActive),
 
+		cacheLock:     r.Replace(sqlCacheLock),
 		cacheRegister: r.Replace(sqlCacheRegister),
 		cacheRenew:    r.Replace(sqlCacheRenew),
 		cacheLeave:    r.Replace(sqlCacheLeave),

@@ -195,6 +195,19 @@ func (s *Store) startCache(ctx context.Context) error {
 		}
 		cfg = lc
 	}
+	if s.cfg.Schema == "" {
+		// The statements name the tables through the search_path, which
+		// the pool's connections may set for themselves (AfterConnect, a
+		// role's setting): the listening connection, which has none of
+		// those, uses the schema the pool resolves.
+		var schema *string
+		if err := s.pool.QueryRow(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
+			return wrap(ctx, "replay cache", err)
+		}
+		if schema != nil {
+			cfg.RuntimeParams["search_path"] = pgx.Identifier{*schema}.Sanitize()
+		}
+	}
 	c := &replayCache{s: s, node: newNodeID(), budget: s.cfg.ReplayCache, log: slog.Default(),
 		byKey: map[cacheID]*list.Element{}, done: make(chan struct{})}
 	// pgx's default reaction to a context's end, whatever the pool's: the
@@ -254,16 +267,31 @@ func (c *replayCache) register(ctx context.Context, conn *pgx.Conn) error {
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
 		return wrap(ctx, "replay cache", err)
 	}
-	// Registered after LISTEN holds: an invalidation numbered before seen
-	// committed before the registration, and the cache is empty.
-	c.evict(cacheID{}, true)
+	// Registered after LISTEN holds, under the lock that orders
+	// invalidations: every one numbered up to seen has committed (its
+	// change before it), and the cache is emptied after that, so a record
+	// kept from now on was read after each of them. Those committed since
+	// LISTEN also arrive, and evict again.
 	sent := monoNow()
-	if _, err := conn.Exec(ctx, c.s.q.cacheRegister, c.node, cacheLease.Microseconds()); err != nil {
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, c.s.q.cacheLock); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, c.s.q.cacheRegister, c.node, cacheLease.Microseconds())
+		return err
+	})
+	if err != nil {
 		return wrap(ctx, "replay cache", err)
 	}
+	c.evict(cacheID{}, true)
 	c.validUntil.Store(sent + int64(cacheLease-cacheMargin))
 	return nil
 }
+
+// errUnregistered: a renewal found no registration of this cache (removed
+// by another node's registration after this one stalled for an hour):
+// invalidations no longer wait for it, so it must not serve.
+var errUnregistered = errors.New("the cache's registration is gone")
 
 // listen applies invalidations and renews the registration until stopped;
 // on a broken connection it stops serving, and connects again.
@@ -297,7 +325,11 @@ func (c *replayCache) listen(ctx context.Context, cfg *pgx.ConnConfig, conn *pgx
 			break
 		}
 		sent := monoNow()
-		if _, err := conn.Exec(ctx, c.s.q.cacheRenew, c.node, seen, cacheLease.Microseconds()); err != nil {
+		tag, err := conn.Exec(ctx, c.s.q.cacheRenew, c.node, seen, cacheLease.Microseconds())
+		if err == nil && tag.RowsAffected() == 0 {
+			err = errUnregistered
+		}
+		if err != nil {
 			conn = c.lost(conn, err)
 			continue
 		}
@@ -348,6 +380,7 @@ func (c *replayCache) close() {
 	c.validUntil.Store(0)
 	c.stop()
 	<-c.done
+	c.validUntil.Store(0) // a renewal may have finished meanwhile
 }
 
 // invalidationOp names a failure of invalidate: the change itself has
@@ -363,7 +396,13 @@ const invalidationOp = "the record changed, but telling the replay caches failed
 func (s *Store) invalidate(ctx context.Context, scope, key string) error {
 	var seq int64
 	var behind int
-	if err := s.pool.QueryRow(ctx, s.q.cacheNotify, scope, key, s.cfg.Schema).Scan(&seq, &behind); err != nil {
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, s.q.cacheLock); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, s.q.cacheNotify, scope, key, s.cfg.Schema).Scan(&seq, &behind)
+	})
+	if err != nil {
 		return wrap(ctx, invalidationOp, err)
 	}
 	if behind == 0 {

@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/testkit/pgdb"
@@ -281,5 +283,224 @@ func TestReplayCacheBehindPooler(t *testing.T) {
 	}
 	if got, err := s.Reserve(ctx, p); err != nil || got.Outcome != store.Created {
 		t.Fatalf("after the delete through the pooler: %v %v, want a new record", got.Outcome, err)
+	}
+}
+
+// TestReplayCacheInvalidationsCommitInOrder: invalidations commit in the
+// order of their numbers, so a cache that applied one has applied every
+// earlier one. Here an invalidation (played by hand, as the store's own
+// transaction runs it) holds its number uncommitted: an operator's Delete
+// of another key waits for it instead of taking the next number and
+// committing first, and once the Delete returns the cache has applied
+// both. Before the lock, the Delete returned as soon as the cache applied
+// its own later number, with the earlier one still to come.
+func TestReplayCacheInvalidationsCommitInOrder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := newSchema(t)
+	s := cachedStore(t, schema, nil)
+	operator := openStore(t, schema, nil)
+	var keys []store.ReserveParams
+	for _, k := range []string{"a", "b"} {
+		p := reserveParams(k)
+		r, err := operator.Reserve(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := operator.Complete(ctx, store.CompleteParams{FenceParams: fence(r), Response: store.Response{Status: 201}, TTL: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 { // read, then answered from memory
+			if _, err := s.Reserve(ctx, p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		keys = append(keys, p)
+	}
+	if s.CacheHits() != 2 {
+		t.Fatalf("%d replays from memory, want 2", s.CacheHits())
+	}
+	a, b := keys[0], keys[1]
+	x := adminConn(t)
+	tx, err := x.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, postgres.Filled(postgres.SQLCacheLock, schema)); err != nil {
+		t.Fatal(err)
+	}
+	var v int64
+	if err := tx.QueryRow(ctx, `SELECT nextval('`+pgx.Identifier{schema, "idem_cache_seq"}.Sanitize()+`')`).Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- operator.Delete(ctx, b.Scope, b.Key) }()
+	select {
+	case err := <-done:
+		t.Fatalf("Delete returned (%v) while an invalidation numbered before its own was uncommitted", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	var channel string
+	if err := tx.QueryRow(ctx, postgres.SQLCacheChannel, schema).Scan(&channel); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, channel, fmt.Sprintf("%d %d %s%s", v, len(a.Scope), a.Scope, a.Key)); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	hits := s.CacheHits()
+	if _, err := s.Reserve(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	if s.CacheHits() != hits {
+		t.Fatal("the Delete returned, yet the cache still holds a record whose earlier invalidation it had not applied")
+	}
+}
+
+// TestReplayCacheDeleteRetriedAfterAFailedInvalidation: a Delete whose
+// DELETE committed but whose invalidation failed returns an error; the
+// operator's retry finds nothing to delete, and still tells the caches, so
+// none replays the record from then on.
+func TestReplayCacheDeleteRetriedAfterAFailedInvalidation(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := newSchema(t)
+	s := cachedStore(t, schema, nil)
+	operator := openStore(t, schema, nil)
+	p, replay := completedKey(t, s)
+	replay()
+	if replay() != 1 {
+		t.Fatal("not answered from memory")
+	}
+	// The registry is held for a moment: the invalidation cannot run.
+	tx, err := adminConn(t).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `LOCK TABLE `+pgx.Identifier{schema, "idem_cache_nodes"}.Sanitize()+` IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	dctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	err = operator.Delete(dctx, p.Scope, p.Key)
+	cancel()
+	tx.Rollback(ctx)
+	if err == nil || !strings.Contains(err.Error(), "telling the replay caches failed") {
+		t.Fatalf("first delete: %v, want the invalidation's failure", err)
+	}
+	if err := operator.Delete(ctx, p.Scope, p.Key); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("retry: %v, want not found", err)
+	}
+	if replay() != 0 {
+		t.Fatal("the record is deleted and the retry returned, yet the cache replays it")
+	}
+}
+
+// TestReplayCacheStopsWithoutItsRegistration: a cache whose registration
+// was removed (another node's start removes those gone for an hour: here
+// this one's, backdated) no longer serves, since invalidations stop waiting
+// for it; it registers again and serves once more.
+func TestReplayCacheStopsWithoutItsRegistration(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := newSchema(t)
+	s := cachedStore(t, schema, nil)
+	p, replay := completedKey(t, s)
+	replay()
+	if replay() != 1 {
+		t.Fatal("not answered from memory")
+	}
+	nodes := pgx.Identifier{schema, "idem_cache_nodes"}.Sanitize()
+	admin := adminConn(t)
+	if _, err := admin.Exec(ctx, `DELETE FROM `+nodes+` WHERE node = $1`, s.CacheNode()); err != nil {
+		t.Fatal(err)
+	}
+	// Within a renewal the cache learns it and stops, then registers again
+	// (emptied); a Delete from now on waits for it.
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		var n int
+		if err := admin.QueryRow(ctx, `SELECT count(*) FROM `+nodes+` WHERE node = $1`, s.CacheNode()).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the cache did not register again within a minute")
+		}
+	}
+	if replay() != 0 {
+		t.Fatal("a cache that lost its registration answered from memory what it held before")
+	}
+	if err := openStore(t, schema, nil).Delete(ctx, p.Scope, p.Key); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Reserve(ctx, p); err != nil || got.Outcome == store.Existing {
+		t.Fatalf("after the delete: %v %v", got.Outcome, err)
+	}
+}
+
+// TestReplayCacheSchemaFromThePool: without Config.Schema the tables are
+// the search_path's, which the pool's connections may set for themselves
+// (here AfterConnect); the listening connection registers and listens in
+// that same schema, so a Delete there reaches the cache.
+func TestReplayCacheSchemaFromThePool(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	a, b := newSchema(t), newSchema(t)
+	openStore(t, b, nil) // b has idem's tables too
+	cfg, err := pgxpool.ParseConfig(withSearchPath(t, b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, "SET search_path TO "+pgx.Identifier{a}.Sanitize())
+		return err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	s, err := postgres.New(ctx, pool, postgres.Config{ReplayCache: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	p, replay := completedKey(t, s)
+	replay()
+	if replay() != 1 {
+		t.Fatal("not answered from memory")
+	}
+	if err := openStore(t, a, nil).Delete(ctx, p.Scope, p.Key); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Reserve(ctx, p); err != nil || got.Outcome == store.Existing {
+		t.Fatalf("deleted in %s, yet answered %v (%v)", a, got.Outcome, err)
+	}
+}
+
+// TestReplayCacheRefusesWhatTheDatabaseWould: parameters the store refuses
+// are refused before the cache is asked, as the statement would refuse
+// them.
+func TestReplayCacheRefusesWhatTheDatabaseWould(t *testing.T) {
+	t.Parallel()
+	s := cachedStore(t, newSchema(t), nil)
+	p, replay := completedKey(t, s)
+	replay()
+	for _, bad := range []func(*store.ReserveParams){
+		func(p *store.ReserveParams) { p.Lease = 0 },
+		func(p *store.ReserveParams) { p.MaxActive = 5 }, // without TenantCap
+	} {
+		q := p
+		bad(&q)
+		if got, err := s.Reserve(context.Background(), q); err == nil {
+			t.Fatalf("refused parameters answered %v", got.Outcome)
+		}
 	}
 }
