@@ -230,8 +230,16 @@ func (p *parser) str() error {
 	i := p.push(nString, p.pos)
 	var flags uint8
 	for p.pos < len(p.src) {
-		c := p.src[p.pos]
-		switch {
+		// The common bytes in a tight loop on locals; the others below.
+		src, pos := p.src, p.pos
+		for pos < len(src) && plainByte[src[pos]] {
+			pos++
+		}
+		p.pos = pos
+		if pos == len(src) {
+			break
+		}
+		switch c := src[pos]; {
 		case c == '"':
 			p.nodes[i].flags = flags
 			p.close(i)
@@ -244,11 +252,9 @@ func (p *parser) str() error {
 			if err := p.escape(); err != nil {
 				return err
 			}
-		case c < utf8.RuneSelf:
-			p.pos++
 		default:
 			flags |= fNonASCII
-			r, size := utf8.DecodeRune(p.src[p.pos:])
+			r, size := utf8.DecodeRune(src[pos:])
 			if r == utf8.RuneError && size <= 1 {
 				return p.fail("invalid UTF-8 in string")
 			}
@@ -257,6 +263,15 @@ func (p *parser) str() error {
 	}
 	return p.fail("unterminated string")
 }
+
+// plainByte marks the bytes a string holds as they are: ASCII other than
+// control characters, the quote and the backslash.
+var plainByte = func() (t [256]bool) {
+	for c := 0x20; c < utf8.RuneSelf; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
 
 func (p *parser) escape() error {
 	if p.pos+1 >= len(p.src) {
