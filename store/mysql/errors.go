@@ -23,6 +23,8 @@ const (
 	// ER_DUP_FIELDNAME: an ADD COLUMN that already ran (migrations run again
 	// after a crash between their DDL and their idem_migrations row).
 	errDupFieldName = 1060
+	// ER_DUP_KEYNAME: a CREATE INDEX that already ran, likewise.
+	errDupKeyName = 1061
 )
 
 // maxAttempts bounds the retries of a statement or transaction that lost a
@@ -97,6 +99,7 @@ func retryable(err error) bool {
 	}
 	switch errorNumber(err) {
 	case errDeadlock,
+		1020, // ER_CHECKREAD: the row changed since the transaction's snapshot (innodb_snapshot_isolation)
 		1205, // ER_LOCK_WAIT_TIMEOUT
 		1040, // ER_CON_COUNT_ERROR: too many connections
 		1053, // ER_SERVER_SHUTDOWN

@@ -81,8 +81,10 @@ func (s *Store) Migrate(ctx context.Context) error {
 			return err
 		}
 		for _, stmt := range stmts {
-			if _, err := conn.ExecContext(ctx, stmt); err != nil && errorNumber(err) != errDupFieldName {
-				return err
+			if _, err := conn.ExecContext(ctx, stmt); err != nil {
+				if n := errorNumber(err); n != errDupFieldName && n != errDupKeyName {
+					return err
+				}
 			}
 		}
 		return nil

@@ -874,3 +874,98 @@ func TestConformanceTx(t *testing.T) {
 		},
 	})
 }
+
+// TestMigrationsRunAgain: DDL commits on its own, so a crash between a
+// migration's statements and its idem_migrations row leaves it to run
+// again at the next Open; every migration must take that (an index or a
+// column already there is the step done).
+func TestMigrationsRunAgain(t *testing.T) {
+	t.Parallel()
+	cfg := newDatabase(t)
+	s := openStore(t, cfg, nil)
+	if _, err := s.DB().ExecContext(t.Context(), "DELETE FROM idem_migrations"); err != nil {
+		t.Fatal(err)
+	}
+	again, err := Open(context.Background(), cfg.FormatDSN(), Config{})
+	if err != nil {
+		t.Fatalf("open after every migration's row was lost: %v", err)
+	}
+	defer again.Close()
+	mustReserve(t, again, reserveParams("after"), store.Created)
+}
+
+// TestCapAtAnExpiry: a capped Reserve decides whether it makes one more
+// record active and then writes, at one instant of the server's clock. A
+// completed record of the key that expires between the two must not count
+// as live in the check and be replaced by the write: the tenant would hold
+// one active record past its cap.
+func TestCapAtAnExpiry(t *testing.T) {
+	t.Parallel()
+	s := openStore(t, newDatabase(t), nil) // the server's clock
+	ctx := t.Context()
+	capped := func(k string) store.ReserveParams {
+		p := reserveParams(k)
+		p.Tenant, p.MaxActive = "t", 1
+		return p
+	}
+	b := mustReserve(t, s, capped("B"), store.Created)
+	if err := s.Complete(ctx, store.CompleteParams{FenceParams: fence(b), Response: okResponse("b"), TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	mustReserve(t, s, capped("A"), store.Created) // at the cap
+	for d := 0; d < 5000; d += 10 {
+		if _, err := s.DB().ExecContext(ctx, "UPDATE idem_records SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND WHERE `key` = 'B'", d); err != nil {
+			t.Fatal(err)
+		}
+		// Live, B is answered (existing); expired, it would be one more
+		// active record at the cap, refused. Never created.
+		res, err := s.Reserve(ctx, capped("B"))
+		if err == nil && res.Outcome == store.Created {
+			var n int
+			if err := s.DB().QueryRowContext(ctx, "SELECT COUNT(*) FROM idem_records WHERE tenant = 't' AND state IN ('pending', 'in_progress', 'unknown')").Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			t.Fatalf("expiry %d µs ahead: B was created again past the cap of 1: the tenant holds %d active records", d, n)
+		}
+		if err != nil && !errors.Is(err, store.ErrOverCap) {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestSnapshotConflictIsRetryable: with innodb_snapshot_isolation (the
+// default from MariaDB 11.6), a caller's REPEATABLE READ transaction whose
+// snapshot is older than the record's last change (here a renewal of the
+// lease) fails with error 1020 at CompleteTx: the caller's to retry, like
+// PostgreSQL's serialization failures.
+func TestSnapshotConflictIsRetryable(t *testing.T) {
+	t.Parallel()
+	cfg := newDatabase(t)
+	cfg.Params = map[string]string{"innodb_snapshot_isolation": "ON"}
+	s := openStore(t, cfg, nil)
+	ctx := t.Context()
+	var on string
+	if err := s.DB().QueryRowContext(ctx, "SELECT @@innodb_snapshot_isolation").Scan(&on); err != nil {
+		t.Skipf("this server has no innodb_snapshot_isolation: %v", err)
+	}
+	r := mustReserve(t, s, reserveParams("snap"), store.Created)
+	tx, err := s.DB().BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	var n int
+	if err := tx.QueryRowContext(ctx, "SELECT COUNT(*) FROM idem_records").Scan(&n); err != nil { // the snapshot
+		t.Fatal(err)
+	}
+	if err := s.Extend(ctx, store.ExtendParams{FenceParams: fence(r), Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	err = s.CompleteTx(ctx, tx, store.CompleteParams{FenceParams: fence(r), Response: okResponse("x"), TTL: time.Hour})
+	if err == nil {
+		t.Skip("the server let the transaction write past its snapshot (snapshot isolation off)")
+	}
+	if !store.IsRetryable(err) {
+		t.Fatalf("CompleteTx past the snapshot: %v, not retryable", err)
+	}
+}

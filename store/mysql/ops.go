@@ -85,7 +85,11 @@ func (s *Store) reserveArgs(p store.ReserveParams) args {
 // which must keep one session (a transaction or a pinned connection) so
 // that the read sees the upsert's LAST_INSERT_ID.
 func (s *Store) reserveIn(ctx context.Context, q querier, p store.ReserveParams) (store.ReserveResult, error) {
-	a := s.reserveArgs(p)
+	return reserveWith(ctx, q, s.reserveArgs(p))
+}
+
+// reserveWith is reserveIn with its arguments (reserveArgs) given.
+func reserveWith(ctx context.Context, q querier, a args) (store.ReserveResult, error) {
 	up, err := qReserveUpsert.bind(a)
 	if err != nil {
 		return store.ReserveResult{}, err

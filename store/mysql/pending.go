@@ -182,15 +182,12 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 				return err
 			}
 		}
-		var now dbTime
-		a, err := qPendingNow.bind(args{"now": s.nowArg()})
+		now, err := s.instant(ctx, tx)
 		if err != nil {
 			return err
 		}
-		if err := tx.QueryRowContext(ctx, qPendingNow.sql, a...).Scan(&now); err != nil {
-			return err
-		}
-		if a, err = qPendingLock.bind(s.idArgs(p.Scope, p.Key)); err != nil {
+		a, err := qPendingLock.bind(s.idArgs(p.Scope, p.Key))
+		if err != nil {
 			return err
 		}
 		var prev *store.Record
@@ -201,7 +198,7 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 		case !errors.Is(err, sql.ErrNoRows):
 			return err
 		}
-		out, r, write, err := storekit.ApplyPending(prev, &p, now.t.Truncate(store.Resolution), func() (int, error) {
+		out, r, write, err := storekit.ApplyPending(prev, &p, now.Truncate(store.Resolution), func() (int, error) {
 			n, _, err := tenantCheck(ctx, tx, capArgs)
 			return n, err
 		})

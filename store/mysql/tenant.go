@@ -3,6 +3,7 @@ package mysql
 import (
 	"context"
 	"database/sql"
+	"time"
 
 	"github.com/idem-go/idem/store"
 )
@@ -38,6 +39,15 @@ func (s *Store) reserveCappedIn(ctx context.Context, q querier, p store.ReserveP
 	if err := lockTenant(ctx, q, a); err != nil {
 		return store.ReserveResult{}, err
 	}
+	// One instant for the check and the write: with the server's clock each
+	// statement would read its own, and a record expiring between them would
+	// count as live in the check and be replaced by the write, one active
+	// record past the cap.
+	now, err := s.instant(ctx, q)
+	if err != nil {
+		return store.ReserveResult{}, err
+	}
+	a["now"] = now.Format(datetimeLayout)
 	active, activates, err := tenantCheck(ctx, q, a)
 	if err != nil {
 		return store.ReserveResult{}, err
@@ -45,7 +55,21 @@ func (s *Store) reserveCappedIn(ctx context.Context, q querier, p store.ReserveP
 	if activates && active >= p.MaxActive {
 		return store.ReserveResult{}, store.ErrOverCap
 	}
-	return s.reserveIn(ctx, q, p)
+	return reserveWith(ctx, q, a)
+}
+
+// instant reads the store's instant once: the injected clock's, or the
+// server's, in UTC.
+func (s *Store) instant(ctx context.Context, q querier) (time.Time, error) {
+	a, err := qPendingNow.bind(args{"now": s.nowArg()})
+	if err != nil {
+		return time.Time{}, err
+	}
+	var now dbTime
+	if err := q.QueryRowContext(ctx, qPendingNow.sql, a...).Scan(&now); err != nil {
+		return time.Time{}, err
+	}
+	return now.t.UTC(), nil
 }
 
 // lockTenant locks the tenant's row of idem_tenants until the end of the
