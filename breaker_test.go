@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -270,5 +271,50 @@ func TestBreakerConfigErrors(t *testing.T) {
 		if _, err := idem.New(memory.New(memory.Config{}), cfg); err == nil || !strings.Contains(err.Error(), "Breaker") {
 			t.Errorf("%s: %v, want an error naming the field", name, err)
 		}
+	}
+}
+
+// A completion whose answer was lost is recognised by reading the record
+// back; the store's circuit breaker, opened meanwhile by other requests'
+// reservations during the same outage, must not refuse that read (it is a
+// running execution's), or an answer that is stored would be reported as
+// not recorded: no Idempotency-Key-Expires, an error in the log.
+func TestLostCompletionAnswerRecognisedWithTheBreakerOpen(t *testing.T) {
+	t.Parallel()
+	s := &enginetest.Flaky{Store: memory.New(memory.Config{})}
+	var logs bytes.Buffer
+	e, err := idem.New(s, idem.Config{BreakerOpen: time.Minute, BreakerMaxOpen: time.Minute,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	started, release := make(chan struct{}), make(chan struct{})
+	h := e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Idempotency-Key") == "k" {
+			close(started)
+			<-release
+		}
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "made")
+	}))
+	first := make(chan *http.Response, 1)
+	go func() { first <- sendKeyed(h, "k").Result() }()
+	<-started
+	s.Down.Store(true) // an outage: other requests' reserves fail and open the breaker
+	for i := range 6 {
+		if w := sendKeyed(h, fmt.Sprint("other", i)); w.Code != http.StatusServiceUnavailable {
+			t.Fatalf("other request during the outage: %d", w.Code)
+		}
+	}
+	s.Down.Store(false) // the store is back; the breaker stays open for a minute
+	s.LoseAnswers.Store(1)
+	close(release)
+	resp := <-first
+	rec, err := s.Store.Get(context.Background(), "0:POST /v1/slow", "k")
+	if err != nil || rec.State != store.StateCompleted || string(rec.Response.Body) != "made" {
+		t.Fatalf("record: %v %v", rec.State, err)
+	}
+	if resp.Header.Get("Idempotency-Key-Expires") == "" || strings.Contains(logs.String(), "no longer holds") {
+		t.Fatalf("a stored answer reported as not recorded; logs:\n%s", logs.String())
 	}
 }

@@ -922,7 +922,10 @@ func (e *Engine) callIn(cctx *callCtx, ctx context.Context, op storeOp, detached
 func (e *Engine) callAt(cctx *callCtx, ctx context.Context, op storeOp, detached bool, f func(context.Context) error) (time.Time, error) {
 	start := e.clk.Now()
 	probe := false
-	if b := e.breaker; b != nil && gated(op) {
+	// A detached call is a running execution's (its final transition, or
+	// the read that tells whether one landed): never refused.
+	gate := gated(op) && !detached
+	if b := e.breaker; b != nil && gate {
 		var wait time.Duration
 		var ok bool
 		if probe, wait, ok = b.allow(start); !ok {
@@ -939,7 +942,7 @@ func (e *Engine) callAt(cctx *callCtx, ctx context.Context, op storeOp, detached
 		now = e.clk.Now()
 		e.obs.StoreCall(ctx, opNames[op], now.Sub(start), failed)
 	}
-	if b := e.breaker; b != nil && gated(op) {
+	if b := e.breaker; b != nil && gate {
 		r := resultOK
 		switch {
 		case failed && !detached && ctx.Err() != nil:
