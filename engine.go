@@ -758,20 +758,21 @@ func (e *Engine) await(ctx context.Context, tenant, scope, route, key, fp string
 			})
 			return rec, err
 		})
-		switch {
-		case errors.Is(err, store.ErrNotFound):
-			// Deleted by an operator while we waited: start over.
-			return e.begin(ctx, nil, tenant, scope, route, key, fp)
-		case err != nil:
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
 			return decision{}, err
 		}
 		now := e.clk.Now()
-		if r.State != store.StateInProgress || r.LeaseExpired(now) {
-			// Settled, or its holder died: begin applies the store's rules
-			// (replay, reclaim, takeover or unknown) atomically.
-			return e.begin(ctx, nil, tenant, scope, route, key, fp)
-		}
-		if !now.Add(pause).Before(deadline) {
+		if err != nil || r.State != store.StateInProgress || r.LeaseExpired(now) {
+			// Deleted by an operator while we waited, settled, or its holder
+			// died: begin applies the store's rules (create, replay,
+			// reclaim, takeover or unknown) atomically.
+			d, err := e.begin(ctx, nil, tenant, scope, route, key, fp)
+			if err != nil || d.verdict != InProgress || d.exec != nil || !e.clk.Now().Add(pause).Before(deadline) {
+				return d, err
+			}
+			// Another duplicate (or a new request) took the key first:
+			// its answer is waited for as the first one's was.
+		} else if !now.Add(pause).Before(deadline) {
 			return decide(fp, store.ReserveResult{Record: r}), nil
 		}
 		if err := sleep(ctx, e.clk, pause); err != nil {

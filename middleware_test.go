@@ -1310,3 +1310,65 @@ func TestForwardedBodyInOneWrite(t *testing.T) {
 		}
 	}
 }
+
+// Two duplicates wait (Config.Wait 10s) for a first execution that is
+// released (503), and read it back in one shared read. Both then ask the
+// store again: one reclaims the key and runs the request again; the other,
+// finding it in progress again, waits for that execution's answer as it
+// did for the first one's (it used to answer 409 at once, with nearly all
+// of its wait left).
+func TestWaiterWaitsForTheWaiterThatReclaimed(t *testing.T) {
+	t.Parallel()
+	s := &enginetest.Flaky{Store: memory.New(memory.Config{}), GetGate: make(chan struct{})}
+	e, err := idem.New(s, idem.Config{Wait: 10 * time.Second, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int64
+	entered := make(chan int64, 2)
+	release := [3]chan struct{}{nil, make(chan struct{}), make(chan struct{})}
+	h := e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := calls.Add(1)
+		entered <- n
+		<-release[n]
+		if n == 1 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "made")
+	}))
+	first := make(chan *httptest.ResponseRecorder, 1)
+	go func() { first <- sendKeyed(h, "k") }()
+	<-entered
+	dups := make(chan *httptest.ResponseRecorder, 2)
+	for range 2 {
+		go func() { dups <- sendKeyed(h, "k") }()
+	}
+	// Both duplicates found the key in progress; the first one's read is
+	// held, and the other joins it.
+	for s.Reserves.Load() < 3 || s.Gets.Load() < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond)
+	close(release[1]) // the first answers 503: released
+	if w := <-first; w.Code != http.StatusServiceUnavailable {
+		t.Fatalf("first: %d", w.Code)
+	}
+	close(s.GetGate) // both read the released record
+	if n := <-entered; n != 2 {
+		t.Fatalf("execution %d", n)
+	}
+	select {
+	case w := <-dups:
+		close(release[2])
+		t.Fatalf("a waiting duplicate answered %d %q while the second execution ran, most of its wait left", w.Code, w.Body)
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(release[2])
+	for range 2 {
+		if w := <-dups; w.Code != http.StatusCreated || w.Body.String() != "made" {
+			t.Fatalf("duplicate: %d %q", w.Code, w.Body)
+		}
+	}
+}
