@@ -43,8 +43,8 @@ func (s *Store) List(ctx context.Context, p store.ListParams) ([]store.Record, *
 		cands = append(cands, c...)
 		// Only the first Limit+1 in list order can be on the page.
 		if len(cands) > 4*(p.Limit+1) {
-			sortCands(cands)
-			cands = cands[:p.Limit+1]
+			cands = sortCands(cands)
+			cands = cands[:min(len(cands), p.Limit+1)]
 		}
 	}
 	scan := func(ctx context.Context, c goredis.UniversalClient) error {
@@ -59,7 +59,7 @@ func (s *Store) List(ctx context.Context, p store.ListParams) ([]store.Record, *
 	if err != nil {
 		return nil, nil, fmt.Errorf("idem/redis: list: %w", err)
 	}
-	sortCands(cands)
+	cands = sortCands(cands)
 	cands = cands[:min(len(cands), p.Limit+1)]
 
 	pipe := s.client.Pipeline()
@@ -86,6 +86,9 @@ func (s *Store) List(ctx context.Context, p store.ListParams) ([]store.Record, *
 		}
 	}
 	slices.SortFunc(out, func(a, b store.Record) int { return storekit.CompareList(store.CursorOf(&a), store.CursorOf(&b)) })
+	// A record re-created between two SCAN steps was a candidate twice,
+	// at two positions: it is read twice, alike.
+	out = slices.CompactFunc(out, func(a, b store.Record) bool { return a.Scope == b.Scope && a.Key == b.Key })
 	out, next := storekit.Page(out, p.Limit)
 	return out, next, nil
 }
@@ -95,8 +98,12 @@ type listCand struct {
 	member string
 }
 
-func sortCands(c []listCand) {
+// sortCands puts c in list order and drops repeats: SCAN may return a key
+// more than once (when the keyspace's table shrinks during the scan), and
+// a repeat has the same position as its first.
+func sortCands(c []listCand) []listCand {
 	slices.SortFunc(c, func(a, b listCand) int { return storekit.CompareList(a.pos, b.pos) })
+	return slices.CompactFunc(c, func(a, b listCand) bool { return a.member == b.member })
 }
 
 // scanRecords walks the record keys of one node and hands keep the ones

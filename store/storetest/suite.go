@@ -1555,6 +1555,14 @@ func testDeadLetter(t *testing.T, h Harness) {
 		t.Fatalf("dead-lettered: %+v", d)
 	}
 	wantTime(t, "DeadLetteredAt", d.DeadLetteredAt, e.clock.Now())
+	// A later Defer without DeadLetter (another reconciler's late attempt)
+	// leaves it dead-lettered: listed for operators, never due.
+	if err := e.s.Defer(e.ctx, store.DeferParams{Scope: "s", Key: "dead", Error: "late attempt", Delay: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if d := e.get("s", "dead"); !d.DeadLettered() || d.State != store.StateUnknown {
+		t.Fatalf("deferred after its dead letter: %s, DeadLetteredAt %v", d.State, d.DeadLetteredAt)
+	}
 	e.clock.Advance(100 * 365 * 24 * time.Hour)
 	due, err := e.s.ListUnknown(e.ctx, store.ListUnknownParams{DueOnly: true, Limit: 10})
 	if err != nil || len(due) != 1 || due[0].Key != "live" {

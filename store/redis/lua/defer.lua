@@ -19,6 +19,9 @@ if ARGV[5] == '1' then
   ra = DEAD
 else
   redis.call('HSET', rk, 'ra', num(ra), 'le', ARGV[4], 'ua', num(now))
+  if redis.call('HEXISTS', rk, 'dla') == 1 then
+    ra = DEAD -- dead-lettered before: never due again, still listed
+  end
 end
 settle(idx, rk, UNKNOWN, v[2], tonumber(v[3]), ra, tonumber(v[4]), now, grace)
 return 0
