@@ -2,6 +2,7 @@ package idem_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"strings"
 	"testing"
@@ -122,3 +123,32 @@ func TestAsyncConfig(t *testing.T) {
 
 // noQueue hides a store's queue.
 type noQueue struct{ store.Store }
+
+// partialClaim claims as the memory store does, then reports a failure
+// with what it claimed: a store whose claim runs in several steps (a
+// cluster's masters), one of which failed.
+type partialClaim struct{ *memory.Store }
+
+var errStep = errors.New("one master timed out")
+
+func (p partialClaim) Claim(ctx context.Context, c store.ClaimParams) ([]store.Record, error) {
+	recs, err := p.Store.Claim(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	return recs, errStep
+}
+
+// A worker runs the records a claim returns with its failure: they are in
+// progress under its fence, and nobody else would run them.
+func TestAsyncWorkerRunsWhatAFailedClaimReturned(t *testing.T) {
+	a := enginetest.NewAsyncApp(t, partialClaim{memory.New(memory.Config{})}, idem.Config{})
+	a.Post("acme", "k", `{"x":1}`)
+	n, err := a.Worker.RunOnce(context.Background())
+	if n != 1 || !errors.Is(err, errStep) {
+		t.Fatalf("RunOnce: %d %v, want the claimed request run and the failure reported", n, err)
+	}
+	if runs, _, _ := a.Runs("k"); runs != 1 {
+		t.Fatalf("the claimed request ran %d times", runs)
+	}
+}

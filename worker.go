@@ -100,16 +100,16 @@ func (w *Worker) runBatch(ctx context.Context, limit int) (int, error) {
 		recs, err = e.store.(store.Queue).Claim(ctx, store.ClaimParams{Queue: w.cfg.Queue, Limit: limit, Lease: e.cfg.Lease})
 		return err
 	})
-	if err != nil {
-		return 0, err
-	}
+	// A store that claims in several steps (a cluster's masters) returns
+	// what it claimed with the failure of a step: those records are this
+	// worker's to run.
 	e.obs.Event(ctx, "async_claimed", int64(len(recs)))
 	var wg sync.WaitGroup
 	for _, r := range recs {
 		wg.Go(func() { w.run(ctx, r, start) })
 	}
 	wg.Wait()
-	return len(recs), nil
+	return len(recs), err
 }
 
 // Start runs Concurrency loops that claim and run requests until ctx ends

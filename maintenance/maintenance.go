@@ -244,9 +244,7 @@ func (m *Maintainer) SweepOnce(ctx context.Context) (int, error) {
 			recs, err = m.store.SweepExpiredLeases(ctx, store.SweepParams{Limit: m.cfg.BatchSize, Grace: m.cfg.SweepGrace})
 			return err
 		})
-		if err != nil {
-			return false, err
-		}
+		// Records moved before a failure come with it (a cluster's masters).
 		for _, r := range recs {
 			m.cfg.Logger.Warn("idem: zombie lease swept; outcome unknown until reconciled",
 				"scope", r.Scope, "key", r.Key, "fence", r.Fence, "locked_until", r.LockedUntil)
@@ -254,7 +252,7 @@ func (m *Maintainer) SweepOnce(ctx context.Context) (int, error) {
 		total += len(recs)
 		m.obs.count(ctx, "zombies_swept", len(recs))
 		m.obs.count(ctx, "reconcile_scheduled", len(recs))
-		return len(recs) == m.cfg.BatchSize, nil
+		return err == nil && len(recs) == m.cfg.BatchSize, err
 	})
 	return total, err
 }
@@ -280,17 +278,14 @@ func (m *Maintainer) ReapOnce(ctx context.Context) (store.ReapResult, error) {
 			})
 			return err
 		})
-		if err != nil {
-			return false, err
-		}
-		total.Deleted += res.Deleted
+		total.Deleted += res.Deleted // with a failure, what was done before it
 		total.Abandoned += res.Abandoned
 		m.obs.count(ctx, "ttl_pruned", res.Deleted)
 		m.obs.count(ctx, "abandoned", res.Abandoned)
 		if res.Abandoned > 0 {
 			m.cfg.Logger.Warn("idem: abandoned records closed with a timeout answer", "count", res.Abandoned)
 		}
-		return res.Deleted+res.Abandoned >= m.cfg.BatchSize, nil
+		return err == nil && res.Deleted+res.Abandoned >= m.cfg.BatchSize, err
 	})
 	return total, err
 }

@@ -27,16 +27,14 @@ func (m *Maintainer) ExpirePendingOnce(ctx context.Context) (int, error) {
 			})
 			return err
 		})
-		if err != nil {
-			return false, err
-		}
+		// Records ended before a failure come with it (store.Queue).
 		for _, r := range recs {
 			m.cfg.Logger.Warn("idem: asynchronous request not claimed in time; ended with a timeout answer",
 				"scope", r.Scope, "key", r.Key, "deadline", r.LockedUntil)
 		}
 		total += len(recs)
 		m.obs.count(ctx, "pending_expired", len(recs))
-		return len(recs) == m.cfg.BatchSize, nil
+		return err == nil && len(recs) == m.cfg.BatchSize, err
 	})
 	return total, err
 }

@@ -127,13 +127,17 @@ type Queue interface {
 	// deadline has not passed, oldest first, to in_progress: a new fence,
 	// LockedUntil = now + p.Lease, Attempts+1. It returns them with their
 	// Request. Each pending record is claimed by exactly one caller, however
-	// many claim at once on however many handles.
+	// many claim at once on however many handles. A store that claims in
+	// several steps (a cluster's masters) may return, with the failure of
+	// a step, the records the others claimed: they are the caller's to
+	// run.
 	Claim(ctx context.Context, p ClaimParams) ([]Record, error)
 
 	// ExpirePending ends up to p.Limit pending records whose claim
 	// deadline (LockedUntil) passed: they become completed with
-	// p.Response and LastError "pending_expired", and are returned. Safe
-	// to run from several instances at once: each record is ended once.
+	// p.Response and LastError "pending_expired", and are returned (with
+	// a failure, those ended before it, as for Claim). Safe to run from
+	// several instances at once: each record is ended once.
 	ExpirePending(ctx context.Context, p ExpirePendingParams) ([]Record, error)
 }
 

@@ -396,7 +396,9 @@ type Store interface {
 	// expired more than p.Grace ago and whose policy is unknown to unknown (LastError
 	// "lease_expired", due for reconciliation now) and returns them. Records under retry or resume
 	// stay in_progress for a retry to take over. Safe to run from several
-	// instances at once: each record is moved once.
+	// instances at once: each record is moved once. A store that moves
+	// records in several steps (a cluster's masters) may return, with the
+	// failure of a step, those the others moved; Reap counts them likewise.
 	SweepExpiredLeases(ctx context.Context, p SweepParams) ([]Record, error)
 
 	// Reap deletes (or soft-expires) up to p.Limit terminal records past

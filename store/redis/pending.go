@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 
@@ -116,15 +117,15 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) ([]store.Record,
 		return nil, wrap("claim", err)
 	}
 	args := []any{s.now(), s.graceMS(), storekit.Micros(p.Lease), p.Queue}
-	replies, err := s.batch(ctx, s.shardCalls(cands, scriptClaim,
+	// In a cluster the shards' calls go to several masters: the records
+	// claimed by those that succeeded are returned with the failure of the
+	// others (they are the caller's to run).
+	replies, err := s.writes(ctx, s.shardCalls(cands, scriptClaim,
 		func(sh int) []string { return []string{s.queueKey(sh, p.Queue), s.deadlineKey(sh)} },
 		func(int) []any { return args }))
-	if err != nil {
-		return nil, wrap("claim", err)
-	}
-	out, err := decodeBatch("claim", replies)
+	out, derr := decodeBatch("claim", replies)
 	storekit.SortRecords(out, storekit.ByCreated)
-	return out, err
+	return out, cmp.Or(derr, wrap("claim", err))
 }
 
 // ExpirePending implements store.Queue.
@@ -141,15 +142,12 @@ func (s *Store) ExpirePending(ctx context.Context, p store.ExpirePendingParams) 
 		return nil, wrap("expire pending", err)
 	}
 	now := s.now()
-	replies, err := s.batch(ctx, s.shardCalls(cands, scriptExpirePending,
+	replies, err := s.writes(ctx, s.shardCalls(cands, scriptExpirePending,
 		func(sh int) []string { return []string{s.deadlineKey(sh)} },
 		func(sh int) []any {
 			return append([]any{now, s.graceMS(), storekit.Micros(p.TTL), s.tag(sh)}, resp...)
 		}))
-	if err != nil {
-		return nil, wrap("expire pending", err)
-	}
-	out, err := decodeBatch("expire pending", replies)
+	out, derr := decodeBatch("expire pending", replies)
 	storekit.SortRecords(out, storekit.ByDeadline)
-	return out, err
+	return out, cmp.Or(derr, wrap("expire pending", err))
 }

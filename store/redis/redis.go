@@ -236,6 +236,9 @@ func (s *Store) graceMS() int64 { return s.cfg.ExpiryGrace.Milliseconds() }
 // wrap prefixes an error with the operation and marks the transient ones
 // retryable (store.IsRetryable).
 func wrap(op string, err error) error {
+	if err == nil {
+		return nil
+	}
 	if retryable(err) {
 		err = store.Retryable(err)
 	}
@@ -387,7 +390,7 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 	if err := store.CheckID(scope, key); err != nil {
 		return fmt.Errorf("idem/redis: delete: %w", err)
 	}
-	n, err := scriptDelete.Run(ctx, s.client, s.scriptKeys(scope, key)).Int64()
+	n, err := s.eval(ctx, scriptDelete, s.scriptKeys(scope, key)).Int64()
 	if err != nil {
 		return wrap("delete", err)
 	}

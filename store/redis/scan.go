@@ -42,6 +42,10 @@ type call struct {
 // batch runs the calls in one pipeline with EVALSHA, then reruns with EVAL
 // (through Script.Run) any call that met a server without the script cached.
 // A NOSCRIPT call did not run, so running it again is safe.
+//
+// It returns every call's reply, nil for those that failed, and the first
+// failure: in a cluster the calls go to several masters, and those that
+// succeeded made their changes whatever became of the others.
 func (s *Store) batch(ctx context.Context, calls []call) ([]any, error) {
 	pipe := s.client.Pipeline()
 	cmds := make([]*goredis.Cmd, len(calls))
@@ -50,17 +54,40 @@ func (s *Store) batch(ctx context.Context, calls []call) ([]any, error) {
 	}
 	_, _ = pipe.Exec(ctx) // errors are read per command below
 	out := make([]any, len(calls))
+	var first error
 	for i, cmd := range cmds {
 		v, err := cmd.Result()
 		if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
 			v, err = calls[i].script.Run(ctx, s.client, calls[i].keys, calls[i].args...).Result()
 		}
 		if err != nil {
-			return nil, err
+			first = cmp.Or(first, err)
+			continue
 		}
 		out[i] = v
 	}
-	return out, nil
+	return out, first
+}
+
+// writes runs calls that change records, as batch does. With
+// Config.WaitReplicas each runs on its own through eval instead, which
+// waits for the replicas of its master: a pipeline over several masters
+// has no one connection whose writes a WAIT would count.
+func (s *Store) writes(ctx context.Context, calls []call) ([]any, error) {
+	if s.cfg.WaitReplicas <= 0 {
+		return s.batch(ctx, calls)
+	}
+	out := make([]any, len(calls))
+	var first error
+	for i, c := range calls {
+		v, err := s.eval(ctx, c.script, c.keys, c.args...).Result()
+		if err != nil {
+			first = cmp.Or(first, err)
+			continue
+		}
+		out[i] = v
+	}
+	return out, first
 }
 
 // candidates runs phase 1 over the named indexes of every shard and returns
@@ -257,17 +284,16 @@ func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]
 	if err != nil {
 		return nil, wrap("sweep", err)
 	}
-	replies, err := s.batch(ctx, s.perShard(cands, scriptSweep, []any{s.now(), s.graceMS(), lag}))
-	if err != nil {
-		return nil, wrap("sweep", err)
-	}
+	// The records of the calls that succeeded are moved, and returned
+	// with the failure of the others.
+	replies, err := s.writes(ctx, s.perShard(cands, scriptSweep, []any{s.now(), s.graceMS(), lag}))
 	var out []store.Record
 	for _, reply := range replies {
 		recs, _ := reply.([]any)
 		for _, r := range recs {
-			rec, err := decodeRecord(r)
-			if err != nil {
-				return nil, fmt.Errorf("idem/redis: sweep: %w", err)
+			rec, derr := decodeRecord(r)
+			if derr != nil {
+				return out, fmt.Errorf("idem/redis: sweep: %w", derr)
 			}
 			out = append(out, rec)
 		}
@@ -275,7 +301,7 @@ func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]
 	slices.SortFunc(out, func(a, b store.Record) int {
 		return cmp.Or(a.LockedUntil.Compare(b.LockedUntil), cmp.Compare(a.Scope, b.Scope), cmp.Compare(a.Key, b.Key))
 	})
-	return out, nil
+	return out, wrap("sweep", err)
 }
 
 // Reap implements store.Store.
@@ -292,12 +318,12 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 		return store.ReapResult{}, wrap("reap", err)
 	}
 	args := append([]any{s.now(), s.graceMS(), flag(p.Soft), storekit.Micros(p.AbandonedTTL)}, resp...)
-	replies, err := s.batch(ctx, s.perShard(cands, scriptReap, args))
-	if err != nil {
-		return store.ReapResult{}, wrap("reap", err)
-	}
+	replies, err := s.writes(ctx, s.perShard(cands, scriptReap, args))
 	var res store.ReapResult
 	for _, reply := range replies {
+		if reply == nil {
+			continue // its call failed (err)
+		}
 		counts, _ := reply.([]any)
 		if len(counts) != 2 {
 			return res, fmt.Errorf("idem/redis: reap: malformed reply %v", reply)
@@ -307,7 +333,7 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 		res.Deleted += int(d)
 		res.Abandoned += int(a)
 	}
-	return res, nil
+	return res, wrap("reap", err)
 }
 
 // ListUnknown implements store.Store. It reads without changing anything;
