@@ -41,6 +41,9 @@ var (
 	probRequestFailed = &problemType{slug: SlugRequestFailed, status: http.StatusConflict,
 		title:  "The request failed without effect; send it again with the same Idempotency-Key to run it again",
 		stripe: "The request failed without effect; retry it with the same Idempotent Key."}
+	probInterrupted = &problemType{slug: SlugInterrupted, status: http.StatusConflict,
+		title:  "The worker running the request stopped before recording its outcome; send it again with the same Idempotency-Key to run it again",
+		stripe: "The request was interrupted before it finished; retry it with the same Idempotent Key."}
 )
 
 // sensitiveRequest are request headers an asynchronous request never keeps
@@ -232,6 +235,17 @@ func (e *Engine) StatusHandler() http.Handler {
 			}
 			e.WriteProblem(w, e.problem(probStore, 0))
 		case store.StatePending, store.StateInProgress:
+			if rec.LeaseExpired(e.clk.Now()) {
+				// Its worker died. Under policy unknown the sweeper moves
+				// it to unknown; under retry or resume no worker claims it
+				// again, but a retry of the request takes it over.
+				if rec.LeasePolicy == store.LeaseUnknown {
+					e.WriteProblem(w, e.problem(probUnknown, 0))
+				} else {
+					e.WriteProblem(w, e.problem(probInterrupted, 0))
+				}
+				return
+			}
 			w.Header().Set("Location", e.StatusLocation(method, route, key))
 			e.WriteProblem(w, e.problem(probAccepted, 0))
 		case store.StateUnknown:

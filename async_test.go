@@ -3,8 +3,11 @@ package idem_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -150,5 +153,64 @@ func TestAsyncWorkerRunsWhatAFailedClaimReturned(t *testing.T) {
 	}
 	if runs, _, _ := a.Runs("k"); runs != 1 {
 		t.Fatalf("the claimed request ran %d times", runs)
+	}
+}
+
+// An asynchronous request whose worker died, under LeasePolicy retry: no
+// worker claims it again and the sweeper leaves it alone, so its status
+// resource says so (request-interrupted) instead of "will be processed";
+// a retry with the key queues it again, and a worker runs it.
+func TestAsyncStatusOfADeadWorkersRequest(t *testing.T) {
+	clk := newStepClock()
+	s := memory.New(memory.Config{Clock: clk.Now})
+	e, err := idem.New(s, idem.Config{Async: true, LeasePolicy: store.LeaseRetry, Lease: time.Second,
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	idem.SetClock(e, clk)
+	h := e.Middleware(http.NotFoundHandler())
+	w := sendKeyed(h, "k")
+	loc := w.Header().Get("Location")
+	if w.Code != http.StatusAccepted || loc == "" {
+		t.Fatalf("accept: %d", w.Code)
+	}
+	var runs atomic.Int64
+	wk, err := e.NewWorker(idem.WorkerConfig{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if runs.Add(1) == 1 {
+			idem.FromContext(r.Context()).Abandon() // the worker's process dies here
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	status := func() *httptest.ResponseRecorder {
+		st := httptest.NewRecorder()
+		e.StatusHandler().ServeHTTP(st, httptest.NewRequest("GET", loc, nil))
+		return st
+	}
+	if n, err := wk.RunOnce(context.Background()); n != 1 || err != nil {
+		t.Fatalf("RunOnce %d %v", n, err)
+	}
+	if st := status(); st.Code != http.StatusAccepted {
+		t.Fatalf("status while the lease holds: %d %s", st.Code, st.Body)
+	}
+	clk.Advance(time.Hour)
+	if n, _ := wk.RunOnce(context.Background()); n != 0 {
+		t.Fatalf("claimed again: %d", n)
+	}
+	if st := status(); st.Code != http.StatusConflict || !strings.Contains(st.Body.String(), idem.SlugInterrupted) {
+		t.Fatalf("status of a request nobody will run: %d %s", st.Code, st.Body)
+	}
+	if w := sendKeyed(h, "k"); w.Code != http.StatusAccepted {
+		t.Fatalf("retry: %d %s", w.Code, w.Body)
+	}
+	if n, err := wk.RunOnce(context.Background()); n != 1 || err != nil {
+		t.Fatalf("RunOnce after the retry: %d %v", n, err)
+	}
+	if st := status(); st.Code != http.StatusCreated {
+		t.Fatalf("status after the second run: %d %s", st.Code, st.Body)
 	}
 }

@@ -50,6 +50,7 @@ const (
 	SlugAccepted         = "request-accepted"
 	SlugRequestNotFound  = "request-not-found"
 	SlugRequestFailed    = "request-failed"
+	SlugInterrupted      = "request-interrupted"
 	SlugPendingExpired   = "request-not-run-in-time"
 	SlugRateLimited      = "tenant-rate-limited"
 	SlugOverCap          = "tenant-over-cap"
@@ -133,7 +134,7 @@ var stripeTypes = map[string]*problemType{}
 func init() {
 	for _, p := range []*problemType{probKeyMissing, probKeyMalformed, probKeyRepeated, probBodyTooLarge,
 		probBodyUnreadable, probInvalidBody, probScopeTooLong, probScopeInvalid, probKeyReused,
-		probInProgress, probUnknown, probStore, probNotDurable, probAccepted, probRequestNotFound, probRequestFailed, probRateLimited, probOverCap, probNewKeysLimited, probOverCapacity} {
+		probInProgress, probUnknown, probStore, probNotDurable, probAccepted, probRequestNotFound, probRequestFailed, probInterrupted, probRateLimited, probOverCap, probNewKeysLimited, probOverCapacity} {
 		stripeTypes[p.slug] = p
 	}
 }
