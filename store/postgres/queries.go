@@ -520,13 +520,17 @@ INSERT INTO {schema}idem_cache_nodes (node, seen, alive_until)
 SELECT $1, CASE WHEN is_called THEN last_value ELSE 0 END,
 	statement_timestamp() + $2::bigint * interval '1 microsecond'
 FROM {schema}idem_cache_seq
-ON CONFLICT (node) DO UPDATE SET seen = EXCLUDED.seen, alive_until = EXCLUDED.alive_until`
+ON CONFLICT (node) DO UPDATE SET seen = EXCLUDED.seen, alive_until = EXCLUDED.alive_until
+RETURNING statement_timestamp()`
 
 // sqlCacheRenew: $1 node, $2 the last invalidation applied, $3 lease µs.
+// No row: the registration is gone. The database's clock comes back for
+// the cache's expiry checks.
 const sqlCacheRenew = `
-UPDATE {schema}idem_cache_nodes SET seen = greatest(seen, $2), 
+UPDATE {schema}idem_cache_nodes SET seen = greatest(seen, $2),
 	alive_until = statement_timestamp() + $3::bigint * interval '1 microsecond'
-WHERE node = $1`
+WHERE node = $1
+RETURNING statement_timestamp()`
 
 const sqlCacheLeave = `DELETE FROM {schema}idem_cache_nodes WHERE node = $1`
 

@@ -66,6 +66,9 @@ type replayCache struct {
 	epoch uint64
 
 	validUntil atomic.Int64 // UnixNano (monotonic base below); 0: not serving
+	// skew is how far the database's clock may be ahead of this
+	// process's, at the last renewal (ns; see measureSkew).
+	skew atomic.Int64
 	// slow delays each invalidation before it is applied (tests: a
 	// process that is slow to apply must still be waited for).
 	slow atomic.Int64
@@ -117,6 +120,7 @@ func (c *replayCache) lookup(p *store.ReserveParams, now time.Time) (_ store.Rec
 		return store.Record{}, c.epoch, false
 	}
 	e := el.Value.(*cacheEntry)
+	now = now.Add(time.Duration(c.skew.Load()))
 	if e.rec.Fingerprint != p.Fingerprint || !now.Add(cacheExpiryMargin).Before(e.rec.ExpiresAt) {
 		return store.Record{}, c.epoch, false
 	}
@@ -272,17 +276,18 @@ func (c *replayCache) register(ctx context.Context, conn *pgx.Conn) error {
 	// change before it), and the cache is emptied after that, so a record
 	// kept from now on was read after each of them. Those committed since
 	// LISTEN also arrive, and evict again.
-	sent := monoNow()
+	sent, wall := monoNow(), time.Now()
+	var dbNow time.Time
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, c.s.q.cacheLock); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, c.s.q.cacheRegister, c.node, cacheLease.Microseconds())
-		return err
+		return tx.QueryRow(ctx, c.s.q.cacheRegister, c.node, cacheLease.Microseconds()).Scan(&dbNow)
 	})
 	if err != nil {
 		return wrap(ctx, "replay cache", err)
 	}
+	c.measureSkew(wall, dbNow)
 	c.evict(cacheID{}, true)
 	c.validUntil.Store(sent + int64(cacheLease-cacheMargin))
 	return nil
@@ -324,15 +329,17 @@ func (c *replayCache) listen(ctx context.Context, cfg *pgx.ConnConfig, conn *pgx
 		if ctx.Err() != nil {
 			break
 		}
-		sent := monoNow()
-		tag, err := conn.Exec(ctx, c.s.q.cacheRenew, c.node, seen, cacheLease.Microseconds())
-		if err == nil && tag.RowsAffected() == 0 {
+		sent, wall := monoNow(), time.Now()
+		var dbNow time.Time
+		err = conn.QueryRow(ctx, c.s.q.cacheRenew, c.node, seen, cacheLease.Microseconds()).Scan(&dbNow)
+		if errors.Is(err, pgx.ErrNoRows) {
 			err = errUnregistered
 		}
 		if err != nil {
 			conn = c.lost(conn, err)
 			continue
 		}
+		c.measureSkew(wall, dbNow)
 		c.validUntil.Store(sent + int64(cacheLease-cacheMargin))
 	}
 	if conn != nil {
@@ -341,6 +348,19 @@ func (c *replayCache) listen(ctx context.Context, cfg *pgx.ConnConfig, conn *pgx
 		conn.Close(dctx)
 		cancel()
 	}
+}
+
+// measureSkew notes how far the database's clock (dbNow, read by a
+// statement sent at sent by this process's clock) may be ahead of this
+// process's, so that a record is answered from memory only until the
+// database's clock says it expires (less cacheExpiryMargin). The answer
+// came back within the round trip: the database's clock is at most dbNow
+// minus sent ahead. With Config.Clock both sides share one clock.
+func (c *replayCache) measureSkew(sent, dbNow time.Time) {
+	if c.s.cfg.Clock != nil {
+		return
+	}
+	c.skew.Store(int64(max(dbNow.Sub(sent), 0)))
 }
 
 // lost stops serving after a failure of the listening connection.
