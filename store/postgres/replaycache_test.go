@@ -231,6 +231,16 @@ func completedKey(t *testing.T, s *postgres.Store) (store.ReserveParams, func() 
 	}
 }
 
+// cachedKey is completedKey, replayed until the cache answers it.
+func cachedKey(t *testing.T, s *postgres.Store) (store.ReserveParams, func() int64) {
+	t.Helper()
+	p, replay := completedKey(t, s)
+	if n := replay() + replay(); n != 1 {
+		t.Fatalf("%d replays from memory, want 1", n)
+	}
+	return p, replay
+}
+
 // TestReplayCacheBehindPooler: behind pgbouncer in transaction mode a
 // LISTEN does not hold, so a cache without Config.ListenURL is refused at
 // Open; with a direct ListenURL it answers from memory, and a Delete made
@@ -269,10 +279,7 @@ func TestReplayCacheBehindPooler(t *testing.T) {
 	}
 	defer s.Close()
 	ctx := context.Background()
-	p, replay := completedKey(t, s)
-	if n := replay() + replay(); n != 1 {
-		t.Fatalf("%d replays from memory, want 1", n)
-	}
+	p, _ := cachedKey(t, s)
 	operator, err := postgres.Open(ctx, pooled, postgres.Config{Schema: schema, MaxConns: 2, SkipMigrate: true})
 	if err != nil {
 		t.Fatal(err)
@@ -373,11 +380,7 @@ func TestReplayCacheDeleteRetriedAfterAFailedInvalidation(t *testing.T) {
 	schema := newSchema(t)
 	s := cachedStore(t, schema, nil)
 	operator := openStore(t, schema, nil)
-	p, replay := completedKey(t, s)
-	replay()
-	if replay() != 1 {
-		t.Fatal("not answered from memory")
-	}
+	p, replay := cachedKey(t, s)
 	// The registry is held for a moment: the invalidation cannot run.
 	tx, err := adminConn(t).Begin(ctx)
 	if err != nil {
@@ -410,11 +413,7 @@ func TestReplayCacheStopsWithoutItsRegistration(t *testing.T) {
 	ctx := context.Background()
 	schema := newSchema(t)
 	s := cachedStore(t, schema, nil)
-	p, replay := completedKey(t, s)
-	replay()
-	if replay() != 1 {
-		t.Fatal("not answered from memory")
-	}
+	p, replay := cachedKey(t, s)
 	nodes := pgx.Identifier{schema, "idem_cache_nodes"}.Sanitize()
 	admin := adminConn(t)
 	if _, err := admin.Exec(ctx, `DELETE FROM `+nodes+` WHERE node = $1`, s.CacheNode()); err != nil {
@@ -472,11 +471,7 @@ func TestReplayCacheSchemaFromThePool(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	p, replay := completedKey(t, s)
-	replay()
-	if replay() != 1 {
-		t.Fatal("not answered from memory")
-	}
+	p, _ := cachedKey(t, s)
 	if err := openStore(t, a, nil).Delete(ctx, p.Scope, p.Key); err != nil {
 		t.Fatal(err)
 	}
@@ -491,8 +486,7 @@ func TestReplayCacheSchemaFromThePool(t *testing.T) {
 func TestReplayCacheRefusesWhatTheDatabaseWould(t *testing.T) {
 	t.Parallel()
 	s := cachedStore(t, newSchema(t), nil)
-	p, replay := completedKey(t, s)
-	replay()
+	p, _ := cachedKey(t, s)
 	for _, bad := range []func(*store.ReserveParams){
 		func(p *store.ReserveParams) { p.Lease = 0 },
 		func(p *store.ReserveParams) { p.MaxActive = 5 }, // without TenantCap
