@@ -268,7 +268,7 @@ func (x *Execution) complete(ctx context.Context, resp store.Response, streamed 
 // failed_retryable, keeping its expiry as Release does (see end).
 func (x *Execution) release(ctx context.Context, reason string) error {
 	return x.end(ctx, opRelease, store.StateFailedRetryable, false, func(ctx context.Context) error {
-		return x.e.store.Release(ctx, store.ReleaseParams{FenceParams: x.fenceParams(), Error: reason})
+		return x.e.store.Release(ctx, store.ReleaseParams{FenceParams: x.fenceParams(), Error: store.ErrorText(reason)})
 	}, func() store.ResolveParams {
 		return store.ResolveParams{FenceParams: x.fenceParams(), To: store.StateFailedRetryable}
 	})
@@ -277,7 +277,7 @@ func (x *Execution) release(ctx context.Context, reason string) error {
 // markUnknown sends the record to reconciliation.
 func (x *Execution) markUnknown(ctx context.Context, reason string) error {
 	x.e.log.Warn("idem: outcome unknown", "scope", x.scope, "key", x.key, "fence", x.fence, "reason", reason)
-	p := store.ReleaseParams{FenceParams: x.fenceParams(), Error: reason, Request: x.summary()}
+	p := store.ReleaseParams{FenceParams: x.fenceParams(), Error: store.ErrorText(reason), Request: x.summary()}
 	err := x.end(ctx, opMarkUnknown, store.StateUnknown, false, func(ctx context.Context) error {
 		return x.e.store.MarkUnknown(ctx, p)
 	}, nil)

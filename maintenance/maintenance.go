@@ -224,8 +224,11 @@ func (m *Maintainer) call(ctx context.Context, o op, f func(context.Context) err
 	cctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
 	err := f(cctx)
 	cancel()
+	// A definite answer about the record or the call (invalid parameters
+	// included: a resolver's verdict the store refuses) is not the store
+	// failing, and must not stop a pass.
 	answer := errors.Is(err, store.ErrLeaseLost) || errors.Is(err, store.ErrNotFound) ||
-		errors.Is(err, store.ErrStateConflict)
+		errors.Is(err, store.ErrStateConflict) || errors.Is(err, store.ErrInvalidParams)
 	m.obs.storeOp(ctx, o, m.cfg.Clock.Now().Sub(start), err != nil && !answer)
 	if err == nil || answer {
 		return err
@@ -345,12 +348,12 @@ func (m *Maintainer) reconcileBatch(ctx context.Context, out *ReconcileResult) (
 		}
 		why := "resolver could not tell yet"
 		if rerr != nil {
-			why = rerr.Error()
+			why = store.ErrorText(rerr.Error())
 			m.obs.count(ctx, "reconcile_failed", 1)
 		}
 		attempt := r.ReconcileAttempts + 1
 		if attempt >= m.cfg.MaxReconcileAttempts {
-			why = "dead-lettered after " + plural.Count(attempt, "attempt", "attempts") + ": " + why
+			why = store.ErrorText("dead-lettered after " + plural.Count(attempt, "attempt", "attempts") + ": " + why)
 			err = m.deadLetter(ctx, r, why)
 			if err == nil {
 				out.DeadLettered++

@@ -163,6 +163,26 @@ func (p *DeferParams) Validate() error {
 	return nil
 }
 
+// MaxErrorBytes bounds the text ErrorText keeps for a record's LastError.
+const MaxErrorBytes = 1024
+
+// ErrorText makes s storable as a record's LastError by every store
+// (ReleaseParams.Error, DeferParams.Error): valid UTF-8 without NUL (text
+// columns of SQL databases refuse the others), at most MaxErrorBytes,
+// cut at a character. Callers pass what they did not write themselves
+// through it: a handler's reason, a resolver's error.
+func ErrorText(s string) string {
+	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "")
+	if len(s) <= MaxErrorBytes {
+		return s
+	}
+	cut := MaxErrorBytes
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
+}
+
 // Resolution is the finest time every store keeps: times and durations are
 // stored in whole microseconds, durations rounded up (storekit.Micros).
 const Resolution = time.Microsecond

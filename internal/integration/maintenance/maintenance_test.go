@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/testkit/enginetest"
@@ -220,6 +221,47 @@ func TestReconciler(t *testing.T) {
 			}
 			if err := m.M.Settle(context.Background(), enginetest.Scope, "pending", fenceOf(t, m, "pending"), maintenance.Resolution{Outcome: maintenance.DidNotHappen}); !errors.Is(err, store.ErrStateConflict) {
 				t.Fatalf("settling a completed record: %v", err)
+			}
+		})
+	}
+}
+
+// A record the reconciler cannot settle (a verdict the store refuses, a
+// resolver's error no text column takes) is one failed attempt on that
+// record, deferred and in the end dead-lettered like any other: it never
+// stops the pass, which goes on to the records after it.
+func TestReconcilerGoesPastARecordItCannotSettle(t *testing.T) {
+	for _, ns := range realStores(t) {
+		t.Run(ns.Name, func(t *testing.T) {
+			t.Parallel()
+			raw := "provider said: \x00\xff" + strings.Repeat("é", 2000)
+			resolver := maintenance.ResolverFunc(func(ctx context.Context, r store.Record) (maintenance.Resolution, error) {
+				switch r.Key {
+				case "refused":
+					return maintenance.Resolution{Outcome: maintenance.Happened, Response: &store.Response{}}, nil // no status
+				case "garbled":
+					return maintenance.Resolution{}, errors.New(raw)
+				}
+				return maintenance.Resolution{Outcome: maintenance.DidNotHappen}, nil
+			})
+			m := enginetest.NewMaint(t, ns, maintenance.Config{Resolver: resolver, ReconcileBackoff: time.Minute,
+				MaxReconcileAttempts: 2}, idem.Config{})
+			m.Unknown("refused", "garbled", "good")
+			res, err := m.M.ReconcileOnce(context.Background())
+			if err != nil || res.Resolved != 1 || res.Deferred != 2 {
+				t.Fatalf("reconcile: %+v %v", res, err)
+			}
+			rec, err := m.Record("garbled")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !utf8.ValidString(rec.LastError) || strings.ContainsRune(rec.LastError, 0) || len(rec.LastError) > store.MaxErrorBytes ||
+				!strings.HasPrefix(rec.LastError, "provider said: ") {
+				t.Fatalf("stored error: %d bytes %q...", len(rec.LastError), rec.LastError[:min(40, len(rec.LastError))])
+			}
+			m.Clock.Advance(time.Minute)
+			if res, err := m.M.ReconcileOnce(context.Background()); err != nil || res.DeadLettered != 2 {
+				t.Fatalf("second attempt: %+v %v, want both dead-lettered", res, err)
 			}
 		})
 	}
