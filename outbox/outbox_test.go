@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -477,5 +478,67 @@ func firstDownstreamIDWins[TTx any](t *testing.T, db database[TTx]) {
 	}
 	if d.State != outbox.Delivered || d.DownstreamID != "ch_first" || d.Attempts != 1 {
 		t.Fatalf("delivery %+v, want delivered as ch_first at attempt 1", d)
+	}
+}
+
+// A provider that performs the effect and answers just as the attempt's
+// DeliveryTimeout ends: its id is recorded anyway (the write has its own
+// time), so the message is delivered once, never dead-lettered, although
+// this was its last allowed attempt.
+func TestDeliveredAtTheDeadlineIsRecorded(t *testing.T) {
+	t.Parallel()
+	db := newSQLiteDB(t)
+	down := newDownstream(t)
+	logs, meters := &logBuffer{}, newMeterRecorder()
+	var dead atomic.Bool
+	cfg := testConfig(outbox.DelivererFunc(func(ctx context.Context, msg outbox.Message) (string, error) {
+		id, err := httpDeliverer{down.srv.URL}.Deliver(context.WithoutCancel(ctx), msg)
+		<-ctx.Done() // the provider's answer arrives at the deadline
+		return id, err
+	}), logs, meters)
+	cfg.MaxAttempts = 1
+	cfg.DeliveryTimeout = 300 * time.Millisecond
+	cfg.OnDead = func(context.Context, outbox.Message, error) error { dead.Store(true); return nil }
+	o := db.newOutbox(t, cfg)
+	msg := outbox.Message{Kind: "charge", Key: "k1", Fence: 1, Payload: json.RawMessage(`{}`)}
+	enqueue(t, db, o, msg)
+	start(t, o)
+	d := waitState(t, o, "k1", "charge", outbox.Delivered, 20*time.Second)
+	if _, effects, _ := down.stats("k1"); effects != 1 || d.DownstreamID == "" {
+		t.Fatalf("delivery %+v with %d effects, want one effect and its id recorded", d, effects)
+	}
+	if dead.Load() || meters.get(outbox.MetricDead, "charge") != 0 {
+		t.Fatal("a delivered message was dead-lettered")
+	}
+}
+
+// OnDead gets a context of its own: the last attempt's may have expired
+// (a provider that hung), and OnDead writes what settles the message.
+func TestOnDeadGetsALiveContext(t *testing.T) {
+	t.Parallel()
+	db := newSQLiteDB(t)
+	logs, meters := &logBuffer{}, newMeterRecorder()
+	ctxErr := make(chan error, 1)
+	cfg := testConfig(outbox.DelivererFunc(func(ctx context.Context, msg outbox.Message) (string, error) {
+		<-ctx.Done() // the provider hangs
+		return "", ctx.Err()
+	}), logs, meters)
+	cfg.MaxAttempts = 1
+	cfg.DeliveryTimeout = 200 * time.Millisecond
+	cfg.OnDead = func(ctx context.Context, msg outbox.Message, lastErr error) error {
+		ctxErr <- ctx.Err()
+		return nil
+	}
+	o := db.newOutbox(t, cfg)
+	enqueue(t, db, o, outbox.Message{Kind: "charge", Key: "k2", Fence: 1})
+	start(t, o)
+	waitState(t, o, "k2", "charge", outbox.Dead, 20*time.Second)
+	select {
+	case err := <-ctxErr:
+		if err != nil {
+			t.Fatalf("OnDead ran with an ended context: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("OnDead was not called")
 	}
 }

@@ -81,11 +81,19 @@ func (w *worker[TTx]) Work(ctx context.Context, job *river.Job[jobArgs]) error {
 	if err != nil {
 		return o.failed(ctx, log, job, msg, err)
 	}
-	stored, err := o.db.record(ctx, msg, job.ID, id, job.Attempt)
+	// The effect happened: its id is recorded whatever is left of the
+	// attempt's time (the provider may have answered at its very end).
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+	stored, err := o.db.record(rctx, msg, job.ID, id, job.Attempt)
+	cancel()
 	if err != nil {
-		// The effect happened but is not recorded: the retry calls the
-		// provider again with the same key, which answers the same id.
-		return o.failed(ctx, log, job, msg, fmt.Errorf("record downstream id %q: %w", id, err))
+		// Not recorded: the next run calls the provider again with the
+		// same key, which answers the same id. That run costs no attempt:
+		// a delivery that happened must never be dead-lettered.
+		o.obs.add(ctx, o.obs.retried, msg.Kind)
+		log.WarnContext(ctx, "outbox: delivered, but recording the downstream id failed; the provider will be asked again with the same key",
+			"downstream_id", id, "err", err)
+		return river.JobSnooze(recordRetry)
 	}
 	if stored != id {
 		log.WarnContext(ctx, "outbox: provider answered another id than the one recorded for this key; keeping the recorded one",
@@ -95,6 +103,14 @@ func (w *worker[TTx]) Work(ctx context.Context, job *river.Job[jobArgs]) error {
 	log.InfoContext(ctx, "outbox: delivered", "downstream_id", stored)
 	return nil
 }
+
+const (
+	// recordTimeout bounds the write of a downstream id once delivered.
+	recordTimeout = 10 * time.Second
+	// recordRetry is how soon a delivery whose id could not be recorded
+	// runs again.
+	recordRetry = time.Second
+)
 
 // deliver calls d, turning a panic into an error so it is counted and
 // retried like any failed attempt.
@@ -119,7 +135,11 @@ func (o *Outbox[TTx]) failed(ctx context.Context, log *slog.Logger, job *river.J
 		o.obs.add(ctx, o.obs.dead, msg.Kind)
 		log.ErrorContext(ctx, "outbox: dead-lettered after its last attempt", "max_attempts", job.MaxAttempts, "err", err)
 		if o.cfg.OnDead != nil {
-			if herr := o.cfg.OnDead(ctx, msg, err); herr != nil {
+			// Its own time: the attempt's may be over (a delivery that
+			// timed out), and OnDead settles what waited on the message.
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), o.cfg.DeliveryTimeout)
+			defer cancel()
+			if herr := o.cfg.OnDead(dctx, msg, err); herr != nil {
 				log.ErrorContext(ctx, "outbox: OnDead failed", "err", herr)
 			}
 		}
