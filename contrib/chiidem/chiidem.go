@@ -33,6 +33,7 @@ package chiidem
 
 import (
 	"net/http"
+	"strings"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/idem-go/idem"
@@ -68,17 +69,49 @@ func Middleware(e *idem.Engine) func(http.Handler) http.Handler {
 // Route returns the full pattern of the route root serves r with
 // ("/d/{id}/capture", across mounted subrouters), or "" when no route
 // matches r's method and path.
+//
+// The lookup is chi's own, on the path chi routes: the routing context's
+// RoutePath when a middleware rewrote it (StripSlashes, CleanPath,
+// URLFormat) or a mount set it, below the subrouters already matched;
+// else the request's path.
 func Route(root chi.Routes, r *http.Request) string {
-	path := r.URL.RawPath
-	if path == "" {
-		path = r.URL.Path
-	}
-	if path == "" {
-		path = "/"
-	}
 	method := r.Method
-	if rctx := chi.RouteContext(r.Context()); rctx != nil && rctx.RouteMethod != "" {
-		method = rctx.RouteMethod // a middleware rerouted the method (GetHead)
+	routes, prefix, path := root, "", ""
+	if rctx := chi.RouteContext(r.Context()); rctx != nil {
+		if rctx.RouteMethod != "" {
+			method = rctx.RouteMethod // a middleware rerouted the method (GetHead)
+		}
+		path = rctx.RoutePath
+		for _, pattern := range rctx.RoutePatterns {
+			sub := mounted(routes, pattern)
+			if sub == nil {
+				break
+			}
+			routes, prefix = sub, prefix+strings.TrimSuffix(pattern, "/*")
+		}
 	}
-	return root.Find(chi.NewRouteContext(), method, path)
+	if path == "" {
+		path = r.URL.RawPath
+		if path == "" {
+			path = r.URL.Path
+		}
+		if path == "" {
+			path = "/"
+		}
+	}
+	if found := routes.Find(chi.NewRouteContext(), method, path); found != "" {
+		return prefix + found
+	}
+	return ""
+}
+
+// mounted returns the subrouter mounted on routes at pattern ("/d/*"),
+// nil when pattern is not a mount.
+func mounted(routes chi.Routes, pattern string) chi.Routes {
+	for _, rt := range routes.Routes() {
+		if rt.Pattern == pattern && rt.SubRoutes != nil {
+			return rt.SubRoutes
+		}
+	}
+	return nil
 }

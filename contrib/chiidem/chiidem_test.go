@@ -138,3 +138,40 @@ func TestRoute(t *testing.T) {
 		}
 	}
 }
+
+// chi's path-rewriting middleware (StripSlashes here) make chi route on
+// the routing context's RoutePath, not the request's path: the route is
+// looked up there too, at the root and inside a mounted subrouter, so a
+// keyed POST to "/d/charges/" is protected (run once, replayed, a missing
+// key refused), not passed through as if it matched no route.
+func TestRewrittenPaths(t *testing.T) {
+	for name, mount := range map[string]func(r chi.Router, mw func(http.Handler) http.Handler, h http.HandlerFunc){
+		"at the root": func(r chi.Router, mw func(http.Handler) http.Handler, h http.HandlerFunc) {
+			r.Use(mw)
+			r.Post("/d/charges", h)
+		},
+		"in a subrouter": func(r chi.Router, mw func(http.Handler) http.Handler, h http.HandlerFunc) {
+			r.Route("/d", func(r chi.Router) {
+				r.Use(mw)
+				r.Post("/charges", h)
+			})
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			app := adaptertest.Start(t, func(t *testing.T, e *idem.Engine, h *adaptertest.Hooks) http.Handler {
+				r := chi.NewRouter()
+				r.Use(middleware.StripSlashes)
+				mount(r, chiidem.Middleware(e), func(w http.ResponseWriter, r *http.Request) {
+					writeJSON(w, http.StatusCreated, map[string]any{"op": "charge", "n": h.Count("/d/charges")})
+				})
+				return r
+			})
+			first := app.Post(t, "/d/charges/", "k", `{}`)
+			again := app.Post(t, "/d/charges/", "k", `{}`)
+			nokey := app.Post(t, "/d/charges/", "", `{}`)
+			if n := app.Hooks.Runs("/d/charges"); n != 1 || first.Status != http.StatusCreated || !again.Replayed() || nokey.Status != http.StatusBadRequest {
+				t.Fatalf("handler ran %d times; statuses %d, %d (replayed %v); without a key %d", n, first.Status, again.Status, again.Replayed(), nokey.Status)
+			}
+		})
+	}
+}
