@@ -103,7 +103,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idem-go/idem"
 	"google.golang.org/grpc"
@@ -321,6 +323,7 @@ func (i *interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 	)
 	a := i.e.Run(ctx, c, func(ctx context.Context) idem.Result {
 		resp, herr = handler(ctx, req)
+		herr = asSent(herr)
 		if x := idem.FromContext(ctx); x == nil || x == outer {
 			return idem.Result{} // passed through: nothing is recorded
 		}
@@ -380,6 +383,30 @@ func (i *interceptor) refused(ctx context.Context, a idem.Answer) error {
 			"idempotency: "+a.Problem.Title+" (tenant and method name)", 0)
 	}
 	return status.Errorf(codes.Internal, "idempotency: cannot fingerprint the request: %s", a.Problem.Detail)
+}
+
+// asSent returns err as grpc-go sends it, so that Classify judges, the
+// record keeps and a replay sends the status the first client got: an
+// error that carries no status is one from a context (wrapped or not:
+// DeadlineExceeded or Canceled) or Unknown, as grpc-go makes it; and a
+// message that is not UTF-8 (which google.rpc.Status cannot hold, so the
+// record could not be stored) has its invalid bytes replaced.
+func asSent(err error) error {
+	if err == nil {
+		return nil
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		st = status.FromContextError(err)
+	}
+	if !utf8.ValidString(st.Message()) {
+		p := st.Proto()
+		p.Message = strings.ToValidUTF8(p.Message, "\uFFFD")
+		st = status.FromProto(p)
+	} else if ok {
+		return err
+	}
+	return st.Err()
 }
 
 // result is the record of the handler's answer: the response policy in
