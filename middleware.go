@@ -7,12 +7,10 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"mime"
 	"net"
 	"net/http"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/idem-go/idem/internal/httpfield"
@@ -348,7 +346,7 @@ func (rw *recorder) WriteHeader(code int) {
 	rw.wroteHeader = true
 	rw.status = code
 	h := rw.w.Header()
-	if code == http.StatusSwitchingProtocols || isEventStream(h) {
+	if code == http.StatusSwitchingProtocols || httpfield.IsEventStream(h) {
 		rw.stream()
 		return
 	}
@@ -358,15 +356,6 @@ func (rw *recorder) WriteHeader(code int) {
 			rw.body = make([]byte, 0, n)
 		}
 	}
-}
-
-func isEventStream(h http.Header) bool {
-	ct := h["Content-Type"]
-	if len(ct) == 0 || !strings.HasPrefix(ct[0], "text/event-stream") {
-		return false
-	}
-	t, _, err := mime.ParseMediaType(ct[0])
-	return err == nil && t == "text/event-stream"
 }
 
 // stream switches to sending as written: the header now, and what was

@@ -7,6 +7,7 @@
 package httpfield
 
 import (
+	"mime"
 	"net/http"
 	"slices"
 	"strings"
@@ -141,4 +142,16 @@ func listed(connection []string, name string) bool {
 		}
 	}
 	return false
+}
+
+// IsEventStream reports whether h announces an event stream
+// (text/event-stream): an answer sent as it is written, never stored
+// first.
+func IsEventStream(h http.Header) bool {
+	ct := h["Content-Type"]
+	if len(ct) == 0 || !strings.HasPrefix(ct[0], "text/event-stream") {
+		return false
+	}
+	t, _, err := mime.ParseMediaType(ct[0])
+	return err == nil && t == "text/event-stream"
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/heapfloor"
 	"github.com/idem-go/idem/cmd/idem/internal/storeurl"
+	"github.com/idem-go/idem/internal/httpfield"
 	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/otelidem"
 	"github.com/idem-go/idem/store"
@@ -309,18 +310,37 @@ func (p *Proxy) attach(s store.Store) error {
 		}
 	}
 	p.asyncEngine, p.worker = ae, w
-	g := &guarded{main: e.Middleware(p.rp), routes: make([]http.Handler, len(engines))}
+	keyed := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { p.rp.ServeHTTP(heldFlushes{w}, r) })
+	g := &guarded{main: e.Middleware(keyed), routes: make([]http.Handler, len(engines))}
 	if ae != nil {
-		g.async = ae.Middleware(p.rp)
+		g.async = ae.Middleware(keyed)
 	}
 	for i, re := range engines {
 		if re != nil {
-			g.routes[i] = re.Middleware(p.rp)
+			g.routes[i] = re.Middleware(keyed)
 		}
 	}
 	p.guarded.Store(g)
 	return nil
 }
+
+// heldFlushes is the writer the reverse proxy gets under a key. The
+// reverse proxy flushes after every write when the upstream's answer has
+// no length (chunked, or HTTP/2 without content-length), and under a key a
+// flush makes the engine send the answer as written, before it is stored:
+// a client could get an answer its retries never replay. Only an event
+// stream's flushes go through; any other answer is sent once stored, or
+// as written past the size the engine stores.
+type heldFlushes struct{ http.ResponseWriter }
+
+func (w heldFlushes) FlushError() error {
+	if httpfield.IsEventStream(w.Header()) {
+		return http.NewResponseController(w.ResponseWriter).Flush()
+	}
+	return nil
+}
+
+func (w heldFlushes) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // Backoff of the background opener.
 const (

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -852,5 +853,82 @@ func TestProxyStripeShouldRetry(t *testing.T) {
 	r = send(t, c, "POST", hung+"/v1/charges", "k", `{}`)
 	if r.status != http.StatusConflict || stripeCode(t, r) != "outcome-unknown" || r.header.Get("Stripe-Should-Retry") != "false" {
 		t.Errorf("retry after the hang-up: %d %s, Stripe-Should-Retry %q", r.status, r.body, r.header.Get("Stripe-Should-Retry"))
+	}
+}
+
+// An upstream answer without a length (chunked) makes the reverse proxy
+// flush after every write; under a key the answer still reaches the
+// client only once it is stored, and its retry replays it. (Each flush
+// used to send the answer as written, before its record was stored.)
+func TestProxyChunkedAnswerStoredBeforeItIsSent(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	hold := make(chan struct{})
+	release := sync.OnceFunc(func() { close(hold) })
+	defer release()
+	var calls atomic.Int64
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				br := bufio.NewReader(conn)
+				req, err := http.ReadRequest(br)
+				if err != nil {
+					return
+				}
+				io.Copy(io.Discard, req.Body)
+				calls.Add(1)
+				chunk := `{"id":"ch_1"}`
+				fmt.Fprintf(conn, "HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", len(chunk), chunk)
+				<-hold // the last chunk comes later
+				fmt.Fprintf(conn, "0\r\n\r\n")
+			}()
+		}
+	}()
+	p, base := startProxy(t, ProxyConfig{Upstream: "http://" + ln.Addr().String(), Store: "memory:"})
+	c := client(t)
+	headers := make(chan *http.Response, 1) // as soon as the answer's header arrives
+	go func() {
+		req, _ := http.NewRequest("POST", base+"/v1/charges", strings.NewReader(`{"amount":1}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", `"c1"`)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Error(err)
+			close(headers)
+			return
+		}
+		headers <- resp
+	}()
+	for calls.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	select {
+	case resp := <-headers:
+		rec, _ := p.Store().Get(context.Background(), scopeOf("", "POST", "/v1/charges"), "c1")
+		t.Fatalf("the client got %v while the record is %s", resp.Status, rec.State)
+	case <-time.After(300 * time.Millisecond):
+	}
+	release()
+	resp := <-headers
+	if resp == nil {
+		t.Fatal("no answer")
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusCreated || string(body) != `{"id":"ch_1"}` {
+		t.Fatalf("first answer: %d %q %v", resp.StatusCode, body, err)
+	}
+	r, err := trySend(context.Background(), c, "POST", base+"/v1/charges", "c1", `{"amount":1}`)
+	if err != nil || r.status != http.StatusCreated || string(r.body) != `{"id":"ch_1"}` || calls.Load() != 1 {
+		t.Fatalf("retry: %d %q %v, upstream calls %d", r.status, r.body, err, calls.Load())
 	}
 }
