@@ -847,8 +847,12 @@ func (e *Engine) settle(ctx context.Context, x *Execution, res *Result) {
 	}
 	x.expires.Store(0) // a CompleteParams whose transaction did not commit
 
-	if r := x.uncertain.Load(); r != nil {
-		x.markUnknown(ctx, *r)
+	switch d := x.declared.Load(); {
+	case d != nil && d.notRun:
+		x.release(ctx, d.reason)
+		return
+	case d != nil:
+		x.markUnknown(ctx, d.reason)
 		return
 	}
 	outcome, reason := res.Outcome, res.Reason

@@ -53,7 +53,9 @@ type Execution struct {
 	// whose record keeps the whole request.
 	call callRef
 
-	uncertain atomic.Pointer[string]
+	// declared is the outcome the handler declared (Uncertain,
+	// NotExecuted), nil when none.
+	declared atomic.Pointer[declaration]
 	lost      atomic.Bool
 	committed atomic.Bool
 	// expires is when the stored answer's record expires at the earliest
@@ -164,7 +166,22 @@ func (x *Execution) Checkpointed(point string) { x.point = point }
 // Uncertain declares that the operation may have had effects that cannot
 // be confirmed (a payment gateway timed out, a commit's outcome was lost):
 // the record goes to unknown for reconciliation whatever the response.
-func (x *Execution) Uncertain(reason string) { x.uncertain.Store(&reason) }
+func (x *Execution) Uncertain(reason string) { x.declared.Store(&declaration{reason: reason}) }
+
+// NotExecuted declares that the operation had no effect at all (the
+// request never left: a connection refused before anything was sent): the
+// key is released for a retry whatever the response is, even one that
+// Config.StoreServerErrors would keep. An Uncertain declaration, made
+// before or after, wins over it.
+func (x *Execution) NotExecuted(reason string) {
+	x.declared.CompareAndSwap(nil, &declaration{reason: reason, notRun: true})
+}
+
+// declaration is an outcome the handler declared.
+type declaration struct {
+	reason string
+	notRun bool // NotExecuted; else Uncertain
+}
 
 // CompleteParams returns the parameters for a store's CompleteTx with the
 // response the handler is about to send, so the business write and the

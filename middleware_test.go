@@ -1373,3 +1373,31 @@ func TestWaiterWaitsForTheWaiterThatReclaimed(t *testing.T) {
 		}
 	}
 }
+
+// NotExecuted releases the key whatever the answer, even one that
+// StoreServerErrors keeps; an Uncertain declaration, before or after it,
+// wins.
+func TestNotExecutedReleases(t *testing.T) {
+	t.Parallel()
+	for name, tc := range map[string]struct {
+		declare func(x *idem.Execution)
+		want    store.State
+	}{
+		"not executed":          {func(x *idem.Execution) { x.NotExecuted("connection refused") }, store.StateFailedRetryable},
+		"uncertain first":       {func(x *idem.Execution) { x.Uncertain("timed out"); x.NotExecuted("refused") }, store.StateUnknown},
+		"uncertain after":       {func(x *idem.Execution) { x.NotExecuted("refused"); x.Uncertain("timed out") }, store.StateUnknown},
+		"neither (kept as 502)": {func(*idem.Execution) {}, store.StateCompleted},
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(t, idem.Config{StoreServerErrors: true}, func(w http.ResponseWriter, r *http.Request) {
+				tc.declare(idem.FromContext(r.Context()))
+				w.WriteHeader(http.StatusBadGateway)
+			})
+			f.do(post(uuid, `{}`))
+			rec, err := f.store.Get(context.Background(), "0:POST /v1/charges", strings.Trim(uuid, `"`))
+			if err != nil || rec.State != tc.want {
+				t.Fatalf("record: %s %v, want %s", rec.State, err, tc.want)
+			}
+		})
+	}
+}

@@ -285,6 +285,39 @@ func TestProxyConcurrentDuplicates(t *testing.T) {
 	})
 }
 
+// With --store-server-errors (5xx answers kept, as Stripe's v1 API keeps
+// them) a request that never reached the upstream is still released: its
+// 502 is the proxy's, not the upstream's, and the retry runs once the
+// upstream is up (it used to replay the 502 for the key's whole TTL).
+func TestProxyUpstreamRefusedReleasesTheKeyWhenServerErrorsAreKept(t *testing.T) {
+	t.Parallel()
+	addr := testenv.FreeAddr(t)
+	cfg := ProxyConfig{Upstream: "http://" + addr, Store: "memory:"}
+	cfg.StoreServerErrors = true
+	p, base := startProxy(t, cfg)
+	c := client(t)
+	if r := send(t, c, "POST", base+"/v1/charges", "k", `{"amount":5}`); r.status != http.StatusBadGateway {
+		t.Fatalf("refused upstream: %d %s, want 502", r.status, r.body)
+	}
+	rec, err := p.Store().Get(context.Background(), scopeOf("", "POST", "/v1/charges"), "k")
+	if err != nil || rec.State != store.StateFailedRetryable {
+		t.Fatalf("record after a refused upstream: %s, %v; want failed_retryable (nothing was sent)", rec.State, err)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("listen on %s again: %v", addr, err)
+	}
+	api := &chargeAPI{}
+	up := httptest.NewUnstartedServer(api)
+	up.Listener.Close()
+	up.Listener = ln
+	up.Start()
+	t.Cleanup(up.Close)
+	if r := send(t, c, "POST", base+"/v1/charges", "k", `{"amount":5}`); r.status != http.StatusCreated || api.calls.Load() != 1 {
+		t.Fatalf("retry once the upstream is up: %d %s (replayed %q), upstream calls %d", r.status, r.body, r.header.Get("Idempotent-Replayed"), api.calls.Load())
+	}
+}
+
 func TestProxyUpstreamRefusedReleasesTheKey(t *testing.T) {
 	t.Parallel()
 	eachStore(t, func(t *testing.T, dsn string) {

@@ -153,6 +153,9 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error)
 		detail = "The upstream failed after the request was sent; its outcome is unknown, so it will not be executed again until it is reconciled."
 	case x != nil:
 		prob = probUpstreamUnreachable
+		// Released whatever the response policy: with --store-server-errors
+		// the 502 would be kept and replayed, though nothing ran.
+		x.NotExecuted("upstream unreachable before the request was sent: " + err.Error())
 		p.log.Warn("idem proxy: upstream unreachable; the key is released for a retry",
 			"method", r.Method, "path", r.URL.Path, "key", x.Key(), "err", err)
 		detail = "The request could not be sent to the upstream and was not executed; it can be retried."
