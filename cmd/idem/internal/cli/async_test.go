@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -457,5 +458,45 @@ func TestProxyStatusServesAsyncOnly(t *testing.T) {
 	})
 	if r.status != http.StatusCreated {
 		t.Fatalf("status read of an asynchronous request: %d %s", r.status, r.body)
+	}
+}
+
+// An asynchronous request whose upstream answer breaks off (a length the
+// upstream did not keep): the worker's request has no server behind it,
+// and the reverse proxy only logged the failure, so the fragment was
+// stored as the completed answer. It is uncertain: the record goes to
+// unknown, for reconciliation.
+func TestProxyAsyncCutAnswerIsUnknown(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int64
+	up := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", "100")
+		w.WriteHeader(http.StatusCreated)
+		w.Write([]byte(`{"report":"par`))
+		http.NewResponseController(w).Flush()
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			conn.Close()
+		}
+	}))
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
+	p, base := startProxy(t, asyncProxyConfig(up.URL, dsn, 1))
+	c := client(t)
+	loc := wantProxyAccepted(t, send(t, c, "POST", base+"/v1/reports", "r1", `{"n":1}`, "X-Tenant", "acme"), "first")
+	var last reply
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		last = send(t, c, "GET", base+loc, "", "", "X-Tenant", "acme")
+		if last.status != http.StatusAccepted {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	tenant, _ := p.tenants.tenant(&http.Request{Header: http.Header{"X-Tenant": {"acme"}}})
+	rec, err := p.Store().Get(context.Background(), scopeOf(tenant, "POST", "/v1/reports"), "r1")
+	if err != nil || rec.State != store.StateUnknown || calls.Load() != 1 {
+		t.Fatalf("status resource %d %q; record %s (%v), upstream calls %d; want unknown after one call", last.status, last.body, rec.State, err, calls.Load())
 	}
 }

@@ -213,9 +213,10 @@ func (p *Proxy) buildHandler(tp trace.TracerProvider) (err error) {
 	}
 	p.transport = newTransport(p.cfg.UpstreamTimeout)
 	p.rp = &httputil.ReverseProxy{
-		Rewrite:      p.rewrite,
-		Transport:    p.transport,
-		ErrorHandler: p.upstreamError,
+		Rewrite:        p.rewrite,
+		ModifyResponse: markCutAnswers,
+		Transport:      p.transport,
+		ErrorHandler:   p.upstreamError,
 		ErrorLog:     slog.NewLogLogger(p.cfg.Logger.Handler(), slog.LevelWarn),
 		BufferPool:   copyBuffers{},
 	}

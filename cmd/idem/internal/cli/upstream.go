@@ -136,6 +136,33 @@ func hideKeyFromTransport(h http.Header) {
 	}
 }
 
+// markCutAnswers makes an answer whose body breaks off (the upstream died
+// part way, a length it did not keep) uncertain under a key: the upstream
+// ran the request, and what came back is not its whole answer. On the
+// client's path the reverse proxy also aborts the handler; a worker's
+// request (an asynchronous route) has no server behind it, and the
+// reverse proxy then only logs the failure and returns, as if the answer
+// were whole.
+func markCutAnswers(res *http.Response) error {
+	if x := idem.FromContext(res.Request.Context()); x != nil {
+		res.Body = &cutBody{ReadCloser: res.Body, x: x}
+	}
+	return nil
+}
+
+type cutBody struct {
+	io.ReadCloser
+	x *idem.Execution
+}
+
+func (b *cutBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF {
+		b.x.Uncertain("the upstream's answer broke off: " + err.Error())
+	}
+	return n, err
+}
+
 // upstreamError answers a request the upstream did not answer. The 502 is a
 // 5xx, so under the response policy the engine releases the key (a retry
 // runs again) unless the request may have reached the upstream: then the
