@@ -217,8 +217,8 @@ func (p *Proxy) buildHandler(tp trace.TracerProvider) (err error) {
 		ModifyResponse: markCutAnswers,
 		Transport:      p.transport,
 		ErrorHandler:   p.upstreamError,
-		ErrorLog:     slog.NewLogLogger(p.cfg.Logger.Handler(), slog.LevelWarn),
-		BufferPool:   copyBuffers{},
+		ErrorLog:       slog.NewLogLogger(p.cfg.Logger.Handler(), slog.LevelWarn),
+		BufferPool:     copyBuffers{},
 	}
 	// Without spans (no provider given, no collector configured) the
 	// server span would record nothing, and the caller's traceparent
