@@ -42,9 +42,10 @@ func Middleware(e *idem.Engine) echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c *echo.Context) error {
 			route := c.Path()
-			if route == "" {
-				// No route matched: there is nothing to protect, and a key
-				// must not be spent on echo's 404 or 405.
+			if name := c.RouteInfo().Name; route == "" || name == echo.NotFoundRouteName || name == echo.MethodNotAllowedRouteName {
+				// No route matched (echo names the path of a partial match
+				// on a 404 or 405): there is nothing to protect, and a key
+				// must not be spent on echo's answer.
 				return next(c)
 			}
 			origReq, origRes := c.Request(), c.Response()

@@ -85,3 +85,21 @@ func TestErrorHandlerRendersOnce(t *testing.T) {
 		t.Fatalf("error handler calls %d, handler runs %d; want 1 and 1", calls, app.Hooks.Runs("/d/charges"))
 	}
 }
+
+// A POST to a route that echo serves for other methods only: echo answers
+// 405 with the route's path in c.Path(), and the middleware passes it
+// through untouched (no key demanded, nothing stored under one).
+func TestMethodNotAllowedPassesThrough(t *testing.T) {
+	app := adaptertest.Start(t, func(t *testing.T, e *idem.Engine, h *adaptertest.Hooks) http.Handler {
+		ec := echo.New()
+		ec.Use(echoidem.Middleware(e))
+		ec.PUT("/items/:id", func(c *echo.Context) error { return c.NoContent(http.StatusNoContent) })
+		return ec
+	})
+	nokey := app.Post(t, "/items/1", "", `{}`)
+	keyed := app.Post(t, "/items/1", "k", `{}`)
+	again := app.Post(t, "/items/1", "k", `{}`)
+	if nokey.Status != http.StatusMethodNotAllowed || keyed.Status != http.StatusMethodNotAllowed || again.Replayed() {
+		t.Fatalf("no key: %d; keyed: %d; again: %d (replayed %v)", nokey.Status, keyed.Status, again.Status, again.Replayed())
+	}
+}
