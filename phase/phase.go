@@ -73,12 +73,19 @@ func check[T any](phases []Phase[T]) error {
 // names none of the phases (the handler's phases were renamed while a
 // request was in flight) is an error, and so are an empty or a repeated
 // name: no phase runs.
+//
+// With no execution (x nil: a request without a key that the engine let
+// through, under the Stripe profile or KeyRequired false) the phases run
+// in their transactions from the first, with no recovery point to keep.
 func Run[T any](ctx context.Context, x *idem.Execution, db Store[T], phases ...Phase[T]) error {
 	if err := check(phases); err != nil {
 		return err
 	}
-	start := 0
-	if rp := x.RecoveryPoint(); rp != "" {
+	start, rp := 0, ""
+	if x != nil {
+		rp = x.RecoveryPoint()
+	}
+	if rp != "" {
 		start = -1
 		for i, p := range phases {
 			if p.Name == rp {
@@ -102,12 +109,17 @@ func Run[T any](ctx context.Context, x *idem.Execution, db Store[T], phases ...P
 					return err
 				}
 			}
+			if x == nil {
+				return nil
+			}
 			return db.CheckpointTx(ctx, tx, x.CheckpointParams(p.Name))
 		})
 		if err != nil {
 			return fmt.Errorf("phase %s: %w", p.Name, err)
 		}
-		x.Checkpointed(p.Name)
+		if x != nil {
+			x.Checkpointed(p.Name)
+		}
 	}
 	return nil
 }
