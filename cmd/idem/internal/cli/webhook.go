@@ -320,16 +320,17 @@ func (h *webhook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// Nothing of an unsigned body is read: it might be anyone's.
-	mac, err := h.verify(sig, body)
-	if err != nil {
+	if err := h.verify(sig, body); err != nil {
 		h.refuse(w, r, probWebhookUnauthorized, err)
 		return
 	}
-	// A signature is taken once: a captured delivery sent again within the
-	// tolerance is refused (past it, its timestamp is). Forgotten again
-	// when nothing was decided, so the sender's retry of the same delivery
-	// is taken.
-	seen := sig.ts + "." + mac
+	// A delivery (its timestamp and body, under whichever signature it
+	// came: a sender rotating secrets signs each under both) is taken
+	// once: sent again within the tolerance it is refused (past it, its
+	// timestamp is). Forgotten again when nothing was decided, so the
+	// sender's retry of the same delivery is taken.
+	sum := sha256.Sum256(body)
+	seen := sig.ts + "." + hex.EncodeToString(sum[:])
 	if !h.replays.add(seen, time.Unix(sig.sec, 0).Add(h.cfg.Tolerance), h.cfg.Now()) {
 		h.p.log.Warn("idem webhook: delivery replayed; refused", "remote", r.RemoteAddr, "t", sig.ts)
 		probWebhookReplayed.write(w, "sign every delivery anew (a new timestamp)")
@@ -465,18 +466,17 @@ func (h *webhook) signature(headers []string) (webhookSig, error) {
 	return sig, nil
 }
 
-// verify checks the body against the signature under the secrets and
-// returns the signature that matched, in hex.
-func (h *webhook) verify(sig webhookSig, body []byte) (string, error) {
+// verify checks the body against the signature under the secrets.
+func (h *webhook) verify(sig webhookSig, body []byte) error {
 	for _, secret := range h.cfg.Secrets {
 		want := webhookSignature(secret, sig.ts, body)
 		for _, v := range sig.sigs {
 			if hmac.Equal(v, want) {
-				return hex.EncodeToString(v), nil
+				return nil
 			}
 		}
 	}
-	return "", errors.New("no v1 signature matches")
+	return errors.New("no v1 signature matches")
 }
 
 // maxSignatureHeader bounds the signature header: a timestamp and a few

@@ -165,9 +165,9 @@ func TestWebhookSettlesHappened(t *testing.T) {
 		if n := api.calls.Load(); n != 1 {
 			t.Fatalf("upstream called %d times, want 1", n)
 		}
-		// The same delivery again (a replay within the tolerance, or the
-		// provider's retry), signed under the next secret this time.
-		r = deliver(t, c, admin, sign(time.Now(), body, testWebhookNext), body)
+		// The same answer delivered again (the provider's retry, signed
+		// anew: a later timestamp), under the next secret this time.
+		r = deliver(t, c, admin, sign(time.Now().Add(time.Second), body, testWebhookNext), body)
 		if r.status != http.StatusOK || !strings.Contains(string(r.body), `"repeated":true`) {
 			t.Fatalf("repeated delivery: %d %s, want 200 repeated", r.status, r.body)
 		}
@@ -488,5 +488,27 @@ func TestWebhookReplayCacheForgetsUndecided(t *testing.T) {
 	}
 	if _, ok := c.until["a"]; ok {
 		t.Fatal("an expired signature was kept")
+	}
+}
+
+// During a rotation a sender signs each delivery under both secrets. A
+// captured delivery sent again is refused whichever of its signatures it
+// carries: the delivery is its timestamp and body, not the signature that
+// matched (with only its second signature, it used to be taken again).
+func TestWebhookReplayUnderTheOtherSignature(t *testing.T) {
+	t.Parallel()
+	p, _, admin, _ := unknownProxyRecord(t, "memory:", "order-x")
+	c := client(t)
+	body := fenced(t, p, scopeOf("", "POST", "/v1/charges?mode=fast"), "order-x",
+		`{"key":"order-x","route":"/v1/charges?mode=fast","outcome":"not_happened"}`)
+	both := sign(time.Now(), body, testWebhookSecret, testWebhookNext)
+	if r := deliver(t, c, admin, both, body); r.status != http.StatusOK {
+		t.Fatalf("first delivery: %d %s", r.status, r.body)
+	}
+	parts := strings.Split(both, ",") // t=..., v1=first, v1=second
+	for name, sig := range map[string]string{"both": both, "the first": parts[0] + "," + parts[1], "the second": parts[0] + "," + parts[2]} {
+		if r := deliver(t, c, admin, sig, body); r.status != http.StatusConflict || problemType(t, r) != idem.ProblemBase+"webhook-replayed" {
+			t.Errorf("the delivery again with %s signature: %d %s, want 409 webhook-replayed", name, r.status, r.body)
+		}
 	}
 }
