@@ -13,7 +13,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -468,19 +467,7 @@ func TestProxyStatusServesAsyncOnly(t *testing.T) {
 // unknown, for reconciliation.
 func TestProxyAsyncCutAnswerIsUnknown(t *testing.T) {
 	t.Parallel()
-	var calls atomic.Int64
-	up := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		calls.Add(1)
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Content-Length", "100")
-		w.WriteHeader(http.StatusCreated)
-		w.Write([]byte(`{"report":"par`))
-		http.NewResponseController(w).Flush()
-		conn, _, err := http.NewResponseController(w).Hijack()
-		if err == nil {
-			conn.Close()
-		}
-	}))
+	up, calls := cutUpstream(t, `{"report":"par`)
 	dsn := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
 	p, base := startProxy(t, asyncProxyConfig(up.URL, dsn, 1))
 	c := client(t)

@@ -285,6 +285,23 @@ func TestProxyConcurrentDuplicates(t *testing.T) {
 	})
 }
 
+// upstreamAt starts the charge API on addr, where nothing listened until
+// now (an upstream coming up).
+func upstreamAt(t *testing.T, addr string) *chargeAPI {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("listen on %s again: %v", addr, err)
+	}
+	api := &chargeAPI{}
+	up := httptest.NewUnstartedServer(api)
+	up.Listener.Close()
+	up.Listener = ln
+	up.Start()
+	t.Cleanup(up.Close)
+	return api
+}
+
 // With --store-server-errors (5xx answers kept, as Stripe's v1 API keeps
 // them) a request that never reached the upstream is still released: its
 // 502 is the proxy's, not the upstream's, and the retry runs once the
@@ -303,16 +320,7 @@ func TestProxyUpstreamRefusedReleasesTheKeyWhenServerErrorsAreKept(t *testing.T)
 	if err != nil || rec.State != store.StateFailedRetryable {
 		t.Fatalf("record after a refused upstream: %s, %v; want failed_retryable (nothing was sent)", rec.State, err)
 	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		t.Fatalf("listen on %s again: %v", addr, err)
-	}
-	api := &chargeAPI{}
-	up := httptest.NewUnstartedServer(api)
-	up.Listener.Close()
-	up.Listener = ln
-	up.Start()
-	t.Cleanup(up.Close)
+	api := upstreamAt(t, addr)
 	if r := send(t, c, "POST", base+"/v1/charges", "k", `{"amount":5}`); r.status != http.StatusCreated || api.calls.Load() != 1 {
 		t.Fatalf("retry once the upstream is up: %d %s (replayed %q), upstream calls %d", r.status, r.body, r.header.Get("Idempotent-Replayed"), api.calls.Load())
 	}
@@ -341,16 +349,7 @@ func TestProxyUpstreamRefusedReleasesTheKey(t *testing.T) {
 		}
 
 		// The upstream comes up on that address: the retry runs.
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			t.Fatalf("listen on %s again: %v", addr, err)
-		}
-		api := &chargeAPI{}
-		up := httptest.NewUnstartedServer(api)
-		up.Listener.Close()
-		up.Listener = ln
-		up.Start()
-		t.Cleanup(up.Close)
+		api := upstreamAt(t, addr)
 
 		r = send(t, c, "POST", base+"/v1/charges", "k", `{"amount":5}`)
 		if r.status != http.StatusCreated || api.calls.Load() != 1 {
@@ -431,23 +430,30 @@ func TestProxyUpstreamFailsAfterSend(t *testing.T) {
 	})
 }
 
+// cutUpstream answers 201 announcing 100 bytes, sends fragment, and
+// closes the connection: an upstream that dies part way through its
+// answer. calls counts the requests it took.
+func cutUpstream(t *testing.T, fragment string) (up *httptest.Server, calls *atomic.Int64) {
+	calls = new(atomic.Int64)
+	up = newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", "100")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, fragment)
+		http.NewResponseController(w).Flush()
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			conn.Close()
+		}
+	}))
+	return up, calls
+}
+
 // An upstream that dies part way through its answer has executed the
 // request: the record becomes unknown, and the retry does not run it again.
 func TestProxyUpstreamDiesMidResponse(t *testing.T) {
 	t.Parallel()
-	var calls atomic.Int64
-	up := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		calls.Add(1)
-		w.Header().Set("Content-Length", "100")
-		w.WriteHeader(http.StatusCreated)
-		io.WriteString(w, `{"id":"ch_`)
-		http.NewResponseController(w).Flush()
-		conn, _, err := http.NewResponseController(w).Hijack()
-		if err != nil {
-			panic(err)
-		}
-		conn.Close()
-	}))
+	up, calls := cutUpstream(t, `{"id":"ch_`)
 	p, base := startProxy(t, ProxyConfig{Upstream: up.URL, Store: "memory:"})
 	c := client(t)
 	if r, err := trySend(context.Background(), c, "POST", base+"/v1/charges", "cut", `{}`); err == nil && len(r.body) == 100 {
