@@ -55,7 +55,7 @@ type Execution struct {
 
 	// declared is the outcome the handler declared (Uncertain,
 	// NotExecuted), nil when none.
-	declared atomic.Pointer[declaration]
+	declared  atomic.Pointer[declaration]
 	lost      atomic.Bool
 	committed atomic.Bool
 	// expires is when the stored answer's record expires at the earliest
