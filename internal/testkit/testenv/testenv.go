@@ -17,6 +17,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	mrand "math/rand/v2"
 	"net"
 	"net/url"
 	"os"
@@ -119,10 +120,31 @@ func PgbouncerURL(tb testing.TB, database string) string {
 	return u.String()
 }
 
-// FreeAddr returns a loopback address nobody listens on right now (another
-// process may take it before the caller listens).
+// FreeAddr returns a loopback address nobody listens on right now, for a
+// server the test starts later (another process may still take it before
+// the server listens).
+//
+// The port is below the kernel's ephemeral range: a port the kernel hands
+// out for 127.0.0.1:0 comes from that range, where every outgoing
+// connection of the machine takes its local port too, and a test that
+// makes thousands of connections (the fault tests) can take it before the
+// server binds it. Below the range, only another test's pick can; a port
+// is handed out once per process.
 func FreeAddr(tb testing.TB) string {
 	tb.Helper()
+	low := ephemeralLow()
+	for range 200 {
+		port := 10000 + mrand.IntN(low-10000)
+		if _, taken := handedPorts.LoadOrStore(port, true); taken {
+			continue
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		return ln.Addr().String()
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
@@ -130,6 +152,25 @@ func FreeAddr(tb testing.TB) string {
 	addr := ln.Addr().String()
 	ln.Close()
 	return addr
+}
+
+var handedPorts sync.Map // port -> true: handed out by FreeAddr in this process
+
+// ephemeralLow is the first port of the kernel's ephemeral range (Linux's
+// default, 32768, where the range cannot be read).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 32768
+	}
+	if n, err := strconv.Atoi(f[0]); err == nil && n > 11000 {
+		return n
+	}
+	return 32768
 }
 
 // WithParam returns the URL u with its query parameter k set to v.
