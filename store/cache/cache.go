@@ -13,7 +13,10 @@
 //
 // Losing the cache (a flush, a restart, Redis down) changes no answer, only
 // its speed: every cache error falls through to the backing store. An
-// operator Delete or a Resolve through this store removes the cache entry;
+// operator Delete or a Resolve through this store replaces the cache entry
+// with a tombstone for MaxTTL, which entries are never written over: a
+// replay that read the record before the change cannot write the old
+// answer back (meanwhile that key's replays come from the backing store);
 // a Delete made directly on the backing store (bypassing this wrapper)
 // leaves the entry answering replays for at most MaxTTL, so keep MaxTTL
 // short when operators cache-bust, and pass the cache to `idem delete`.
@@ -109,6 +112,9 @@ func (s *Store) lookup(ctx context.Context, scope, key string, now time.Time) (s
 		}
 		return store.Record{}, false
 	}
+	if string(b) == tombstone {
+		return store.Record{}, false
+	}
 	var e entry
 	if err := json.Unmarshal(b, &e); err != nil {
 		s.cfg.Logger.Warn("idem/cache: unreadable entry ignored", "err", err)
@@ -129,17 +135,27 @@ func (s *Store) fill(ctx context.Context, r store.Record, now time.Time) {
 	}
 	b, err := json.Marshal(entry{Record: r, Until: now.Add(ttl)})
 	if err == nil {
-		err = s.rdb.Set(ctx, s.key(r.Scope, r.Key), b, ttl).Err()
+		// Only where nothing is: not over the tombstone of an
+		// invalidation applied since this record was read.
+		err = s.rdb.SetNX(ctx, s.key(r.Scope, r.Key), b, ttl).Err()
 	}
 	if err != nil && ctx.Err() == nil {
 		s.cfg.Logger.Warn("idem/cache: write failed", "err", err)
 	}
 }
 
-// invalidate drops the entry of a record whose answer changed. A failure
-// is returned: leaving a stale entry behind must not pass silently.
+// tombstone is what invalidate leaves in place of an entry, for MaxTTL: a
+// replay that read the record from the backing store before the change
+// and writes its entry after the invalidation (fill writes only where
+// nothing is) must not bring the old answer back. For that while the key
+// is answered from the backing store.
+const tombstone = "-"
+
+// invalidate replaces the entry of a record whose answer changed with a
+// tombstone. A failure is returned: leaving a stale entry behind must not
+// pass silently.
 func (s *Store) invalidate(ctx context.Context, scope, key string) error {
-	if err := s.rdb.Del(ctx, s.key(scope, key)).Err(); err != nil {
+	if err := s.rdb.Set(ctx, s.key(scope, key), tombstone, s.cfg.MaxTTL).Err(); err != nil {
 		return errors.Join(errors.New("idem/cache: could not drop the cache entry"), err)
 	}
 	return nil

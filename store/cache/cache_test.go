@@ -97,12 +97,19 @@ func (f *fixture) completed(t *testing.T) {
 	}
 }
 
+// cached reports whether the cache holds an entry (an invalidation's
+// tombstone is none).
 func (f *fixture) cached(t *testing.T) bool {
-	n, err := f.rdb.Keys(context.Background(), f.prefix+"*").Result()
+	keys, err := f.rdb.Keys(context.Background(), f.prefix+"*").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return len(n) > 0
+	for _, k := range keys {
+		if v, err := f.rdb.Get(context.Background(), k).Result(); err == nil && v != cache.Tombstone {
+			return true
+		}
+	}
+	return false
 }
 
 func TestReplayServedFromCache(t *testing.T) {
@@ -255,5 +262,58 @@ func BenchmarkCacheReplay(b *testing.B) {
 		}
 		c.Delete(ctx, "s", "k")
 		s.Close()
+	}
+}
+
+// gate lets the backing Reserve answer, then holds the answer until released.
+type gate struct {
+	store.Store
+	answered, release chan struct{}
+}
+
+func (g *gate) Reserve(ctx context.Context, p store.ReserveParams) (store.ReserveResult, error) {
+	res, err := g.Store.Reserve(ctx, p)
+	if g.answered != nil {
+		close(g.answered)
+		<-g.release
+		g.answered = nil
+	}
+	return res, err
+}
+
+// A replay that read the record from the backing store before an operator's
+// Delete through the wrapper writes its entry only after the Delete's
+// invalidation: the invalidation's tombstone keeps it out, and the next
+// request finds the key free (the old entry used to be written back and
+// replayed for up to MaxTTL).
+func TestFillAfterDeleteIsKeptOut(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	// Completed in the backing store, no cache entry yet.
+	res, err := f.backing.Reserve(ctx, params("fp"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.backing.Complete(ctx, store.CompleteParams{FenceParams: store.FenceParams{Scope: "s", Key: "k", Fence: res.Record.Fence},
+		Response: store.Response{Status: 201, Body: []byte(`{"id":1}`)}}); err != nil {
+		t.Fatal(err)
+	}
+	g := &gate{Store: f.backing, answered: make(chan struct{}), release: make(chan struct{})}
+	c := cache.New(g, f.rdb, cache.Config{Prefix: f.prefix, Clock: f.clock.Now, Logger: quiet})
+	done := make(chan struct{})
+	go func() { defer close(done); c.Reserve(ctx, params("fp")) }() // a replay, read from SQLite
+	<-g.answered
+	if err := c.Delete(ctx, "s", "k"); err != nil { // operator cache-bust through the wrapper
+		t.Fatal(err)
+	}
+	close(g.release)
+	<-done
+	if _, err := f.backing.Get(ctx, "s", "k"); err == nil {
+		t.Fatal("record still in the backing store")
+	}
+	res, err = c.Reserve(ctx, params("fp"))
+	if err != nil || res.Outcome != store.Created {
+		t.Fatalf("after a Delete through the cache: %v %s %v, want Created (the backing store has no record)",
+			res.Outcome, res.Record.State, err)
 	}
 }
