@@ -122,14 +122,20 @@ func (s *Store) lookup(ctx context.Context, scope, key string, now time.Time) (s
 	}
 	r := e.Record
 	if r.State != store.StateCompleted || r.Scope != scope || r.Key != key ||
-		!now.Before(e.Until) || !now.Before(r.ExpiresAt) {
+		!now.Before(e.Until) || !now.Add(expiryMargin).Before(r.ExpiresAt) {
 		return store.Record{}, false
 	}
 	return r, true
 }
 
+// expiryMargin: a record is answered from the cache only until this long
+// before its expiry, which the backing store judged by its own clock (a
+// database's): a process clock a little behind it must not replay what
+// the store calls expired.
+const expiryMargin = time.Second
+
 func (s *Store) fill(ctx context.Context, r store.Record, now time.Time) {
-	ttl := min(r.ExpiresAt.Sub(now), s.cfg.MaxTTL)
+	ttl := min(r.ExpiresAt.Sub(now)-expiryMargin, s.cfg.MaxTTL)
 	if ttl < time.Millisecond {
 		return
 	}

@@ -317,3 +317,25 @@ func TestFillAfterDeleteIsKeptOut(t *testing.T) {
 			res.Outcome, res.Record.State, err)
 	}
 }
+
+// A record within a second of its expiry is no longer answered from the
+// cache: the backing store judges expiry by its own clock (a database's),
+// which may be a little ahead of this process's.
+func TestNoCachedAnswerAtTheEdgeOfExpiry(t *testing.T) {
+	f := newFixture(t)
+	f.c = cache.New(f.backing, f.rdb, cache.Config{Prefix: f.prefix, Clock: f.clock.Now, MaxTTL: 48 * time.Hour, Logger: quiet})
+	f.completed(t) // retention 1h
+	// Answers from the cache are told apart by removing the record from
+	// the backing store behind the cache's back.
+	if err := f.backing.Delete(context.Background(), "s", "k"); err != nil {
+		t.Fatal(err)
+	}
+	f.clock.Advance(time.Hour - 2*time.Second)
+	if res, err := f.c.Reserve(context.Background(), params("fp")); err != nil || res.Outcome != store.Existing {
+		t.Fatalf("2s before expiry: %v %v, want the cached answer", res.Outcome, err)
+	}
+	f.clock.Advance(1500 * time.Millisecond)
+	if res, err := f.c.Reserve(context.Background(), params("fp")); err != nil || res.Outcome != store.Created {
+		t.Fatalf("0.5s before expiry: %v %v, want the backing store's answer", res.Outcome, err)
+	}
+}
