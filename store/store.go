@@ -121,7 +121,10 @@ type Record struct {
 	ExpiresAt time.Time
 	// ReconcileAfter is when an unknown record is next due for
 	// reconciliation; zero for other states.
-	ReconcileAfter    time.Time
+	ReconcileAfter time.Time
+	// ReconcileAttempts counts the reconciler's attempts (Defer) on the
+	// current execution's unknown outcome: a new execution of the key (a
+	// creation, a reclaim, a takeover) starts from 0.
 	ReconcileAttempts int
 	// DeadLetteredAt is when the reconciler gave up on an unknown record
 	// (Defer with DeadLetter); zero otherwise. A dead-lettered record stays

@@ -211,6 +211,9 @@ func (e *entry) take(now time.Time, lease, ttl time.Duration, reclaim bool) {
 	e.attempts++
 	e.lockedUntil = at(after(now, lease))
 	e.setError("")
+	if e.more != nil {
+		e.more.reconciles = 0 // a new execution: its own reconciliation, if any
+	}
 	e.updatedAt = at(now)
 }
 

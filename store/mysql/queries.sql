@@ -117,7 +117,7 @@ INSERT INTO idem_records (
         WHEN LAST_INSERT_ID() = 4 THEN VALUES(updated_at)
         ELSE reconcile_after
     END,
-    reconcile_attempts    = IF(LAST_INSERT_ID() = 1, 0, reconcile_attempts),
+    reconcile_attempts    = IF(LAST_INSERT_ID() IN (1, 2, 3), 0, reconcile_attempts),
     row_version           = row_version + (LAST_INSERT_ID() <> 0)
 
 -- name: tenant_lock

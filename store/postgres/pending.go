@@ -90,7 +90,7 @@ UPDATE {schema}idem_records AS r SET
 	created_at = CASE WHEN $10 THEN $3::timestamptz ELSE r.created_at END,
 	completed_at = NULL,
 	reconcile_after = NULL,
-	reconcile_attempts = CASE WHEN $10 THEN 0 ELSE r.reconcile_attempts END,
+	reconcile_attempts = 0,
 	dead_lettered_at = NULL
 WHERE scope = $1 AND key = $2
 RETURNING ` + pendingColumns

@@ -113,7 +113,7 @@ upd AS (
 		reap_after = CASE WHEN cur.action IN ('replace', 'reclaim')
 			THEN c.now + $5::bigint * interval '1 microsecond' ELSE r.reap_after END,
 		reconcile_after = CASE WHEN cur.action = 'to_unknown' THEN c.now END,
-		reconcile_attempts = CASE WHEN cur.action = 'replace' THEN 0 ELSE r.reconcile_attempts END
+		reconcile_attempts = CASE WHEN cur.action = 'to_unknown' THEN r.reconcile_attempts ELSE 0 END
 	FROM cur, clock c
 	WHERE r.scope = $1 AND r.key = $2
 		AND cur.action <> 'none'

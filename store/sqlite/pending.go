@@ -43,6 +43,7 @@ const qPendingRequeue = `UPDATE idem_records SET
 	fence = max(fence + 1, ?5),
 	locked_until = ?4,
 	last_error = '',
+	reconcile_attempts = 0,
 	updated_at = ?5,
 	expires_at = coalesce(?6, expires_at),
 	queue = ?7,

@@ -84,6 +84,7 @@ const qReclaim = `UPDATE idem_records SET
 	locked_until = ?4,
 	expires_at = ?6,
 	last_error = '',
+	reconcile_attempts = 0,
 	updated_at = ?5
 WHERE scope = ?1 AND key = ?2 AND state = 'failed_retryable' AND fingerprint = ?3
 	AND expires_at > ?5
@@ -96,6 +97,7 @@ const qTakeOver = `UPDATE idem_records SET
 	fence = max(fence + 1, ?5),
 	attempts = attempts + 1,
 	locked_until = ?4,
+	reconcile_attempts = 0,
 	updated_at = ?5
 WHERE scope = ?1 AND key = ?2 AND state = 'in_progress' AND fingerprint = ?3
 	AND lease_policy IN ('retry', 'resume') AND locked_until <= ?5

@@ -111,6 +111,7 @@ func ApplyPending(prev *store.Record, p *store.PendingParams, now time.Time, act
 	r.Fence = NextFence(r.Fence, now)
 	r.LockedUntil = after(p.Lease)
 	r.LastError = ""
+	r.ReconcileAttempts = 0 // a new execution: its own reconciliation, if any
 	r.UpdatedAt = now
 	r.Response, r.CompletedAt = nil, time.Time{}
 	r.Request = &req

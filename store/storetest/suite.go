@@ -197,6 +197,7 @@ func run(t *testing.T, h Harness) {
 	t.Run("DurationsRoundUp", func(t *testing.T) { testRounding(t, h) })
 	t.Run("SweepGrace", func(t *testing.T) { testSweepGrace(t, h) })
 	t.Run("DeadLetter", func(t *testing.T) { testDeadLetter(t, h) })
+	t.Run("ReconcileAttemptsPerExecution", func(t *testing.T) { testReconcileAttemptsPerExecution(t, h) })
 	t.Run("List", func(t *testing.T) { testList(t, h) })
 	t.Run("ListInvalid", func(t *testing.T) { testListInvalid(t, h) })
 	t.Run("StoreClock", func(t *testing.T) { testStoreClock(t, h) })
@@ -1527,6 +1528,39 @@ func testSweepGrace(t *testing.T, h Harness) {
 	e.clock.Advance(lease + grace)
 	if got := sweep(); len(got) != 1 || got[0].State != store.StateUnknown {
 		t.Fatalf("sweep once the grace passed: %v", keys(got))
+	}
+}
+
+// testReconcileAttemptsPerExecution: ReconcileAttempts counts the attempts
+// to reconcile one execution's unknown outcome. A new execution of the key
+// (a reclaim once the record was settled failed_retryable) starts from 0,
+// or a reconciler would dead-letter it early.
+func testReconcileAttemptsPerExecution(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	r := e.create("s", "k", "fp", store.LeaseUnknown)
+	if err := e.s.MarkUnknown(e.ctx, store.ReleaseParams{FenceParams: fenceOf(r), Error: "timeout"}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := e.s.Defer(e.ctx, store.DeferParams{Scope: "s", Key: "k", Delay: time.Minute, Error: "not yet"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := e.get("s", "k"); got.ReconcileAttempts != 2 {
+		t.Fatalf("after two deferrals: %d attempts", got.ReconcileAttempts)
+	}
+	if err := e.s.Resolve(e.ctx, store.ResolveParams{FenceParams: e.fenceNow("s", "k"), To: store.StateFailedRetryable}); err != nil {
+		t.Fatal(err)
+	}
+	res := e.reserve(e.s, e.reserveP("s", "k", "fp", store.LeaseUnknown))
+	if res.Outcome != store.Reclaimed || res.Record.ReconcileAttempts != 0 {
+		t.Fatalf("reclaimed: %v with %d attempts, want 0", res.Outcome, res.Record.ReconcileAttempts)
+	}
+	if err := e.s.MarkUnknown(e.ctx, store.ReleaseParams{FenceParams: fenceOf(res.Record), Error: "timeout again"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.get("s", "k"); got.State != store.StateUnknown || got.ReconcileAttempts != 0 {
+		t.Fatalf("the new execution's unknown outcome: %s with %d attempts, want 0", got.State, got.ReconcileAttempts)
 	}
 }
 

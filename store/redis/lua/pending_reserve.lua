@@ -70,7 +70,7 @@ else
   return {0, all}
 end
 redis.call('HSET', rk, 'st', PENDING, 'f', num(next_fence(fence, now)), 'lu', num(now + wait),
-  'le', '', 'ua', num(now), 'q', queue, 'rq', request)
+  'le', '', 'rat', '0', 'ua', num(now), 'q', queue, 'rq', request)
 redis.call('HDEL', rk, 'ra', 'rs', 'rh', 'rb', 'ro', 'cpa')
 queued(tonumber(r.ca))
 return result(outcome)

@@ -56,7 +56,7 @@ end
 if st == FAILED then
   -- The policy stays the one fixed when the record was created.
   redis.call('HSET', rk, 'st', IN_PROGRESS, 'f', num(next_fence(fence, now)), 'at', num(at + 1),
-    'lu', num(now + lease), 'ea', num(now + ttl), 'le', '', 'ua', num(now))
+    'lu', num(now + lease), 'ea', num(now + ttl), 'le', '', 'rat', '0', 'ua', num(now))
   redis.call('HDEL', rk, 'ra')
   settle(idx, rk, IN_PROGRESS, rpol, now + lease, 0, now + ttl, now, grace)
   return result(2)
@@ -69,7 +69,7 @@ if st == IN_PROGRESS and lu <= now then
     return result(0)
   end
   -- retry / resume: a new fence; recovery_point is kept for resume.
-  redis.call('HSET', rk, 'f', num(next_fence(fence, now)), 'at', num(at + 1), 'lu', num(now + lease), 'le', '', 'ua', num(now))
+  redis.call('HSET', rk, 'f', num(next_fence(fence, now)), 'at', num(at + 1), 'lu', num(now + lease), 'le', '', 'rat', '0', 'ua', num(now))
   settle(idx, rk, IN_PROGRESS, rpol, now + lease, 0, ea, now, grace)
   return result(3)
 end
