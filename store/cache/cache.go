@@ -112,7 +112,7 @@ func (s *Store) lookup(ctx context.Context, scope, key string, now time.Time) (s
 		}
 		return store.Record{}, false
 	}
-	if string(b) == tombstone {
+	if string(b) == Tombstone {
 		return store.Record{}, false
 	}
 	var e entry
@@ -150,18 +150,18 @@ func (s *Store) fill(ctx context.Context, r store.Record, now time.Time) {
 	}
 }
 
-// tombstone is what invalidate leaves in place of an entry, for MaxTTL: a
-// replay that read the record from the backing store before the change
-// and writes its entry after the invalidation (fill writes only where
-// nothing is) must not bring the old answer back. For that while the key
-// is answered from the backing store.
-const tombstone = "-"
+// Tombstone is the value an invalidation leaves under an entry's Redis
+// key, for MaxTTL: a replay that read the record from the backing store
+// before the change and writes its entry after the invalidation (entries
+// are written only where nothing is) must not bring the old answer back.
+// For that while the key's replays come from the backing store.
+const Tombstone = "-"
 
 // invalidate replaces the entry of a record whose answer changed with a
 // tombstone. A failure is returned: leaving a stale entry behind must not
 // pass silently.
 func (s *Store) invalidate(ctx context.Context, scope, key string) error {
-	if err := s.rdb.Set(ctx, s.key(scope, key), tombstone, s.cfg.MaxTTL).Err(); err != nil {
+	if err := s.rdb.Set(ctx, s.key(scope, key), Tombstone, s.cfg.MaxTTL).Err(); err != nil {
 		return errors.Join(errors.New("idem/cache: could not drop the cache entry"), err)
 	}
 	return nil

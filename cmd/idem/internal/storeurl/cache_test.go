@@ -15,6 +15,7 @@ import (
 	"github.com/idem-go/idem/cmd/idem/internal/storeurl"
 	"github.com/idem-go/idem/internal/testkit/testenv"
 	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/cache"
 )
 
 func TestParseCache(t *testing.T) {
@@ -137,8 +138,10 @@ func TestOpenWithCache(t *testing.T) {
 	if err := s.Delete(ctx, "s", "k"); err != nil {
 		t.Fatal(err)
 	}
-	if keys := entries(); len(keys) != 0 {
-		t.Errorf("Delete left %v", keys)
+	for _, k := range entries() {
+		if v, err := rdb.Get(ctx, k).Result(); err == nil && v != cache.Tombstone {
+			t.Errorf("Delete left the entry %s", k)
+		}
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
