@@ -399,19 +399,16 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 	if c == nil {
 		return s.reserve(ctx, s.pool, p)
 	}
-	// The database path's refusals come first: memory answers only what
-	// the statement would.
-	if err := p.Validate(); err != nil {
+	// The refusals come first: memory answers only what the statement
+	// would.
+	if err := s.checkReserve(&p); err != nil {
 		return store.ReserveResult{}, err
-	}
-	if p.MaxActive > 0 && !s.cfg.TenantCap {
-		return store.ReserveResult{}, s.capUnsupported("reserve")
 	}
 	rec, epoch, ok := c.lookup(&p, s.clockNow())
 	if ok {
 		return store.ReserveResult{Outcome: store.Existing, Record: rec}, nil
 	}
-	res, err := s.reserve(ctx, s.pool, p)
+	res, err := s.reserveChecked(ctx, s.pool, p)
 	if err == nil && res.Outcome == store.Existing {
 		c.keep(&res.Record, epoch)
 	}
@@ -442,10 +439,27 @@ func (s *Store) ReserveTx(ctx context.Context, tx pgx.Tx, p store.ReserveParams)
 // the key and failing closed is safer than looping.
 const maxReserveRuns = 5
 
-func (s *Store) reserve(ctx context.Context, q querier, p store.ReserveParams) (store.ReserveResult, error) {
+// checkReserve refuses what no reservation statement may run: invalid
+// parameters, a tenant cap on a table without one.
+func (s *Store) checkReserve(p *store.ReserveParams) error {
 	if err := p.Validate(); err != nil {
+		return err
+	}
+	if p.MaxActive > 0 && !s.cfg.TenantCap {
+		return s.capUnsupported("reserve")
+	}
+	return nil
+}
+
+func (s *Store) reserve(ctx context.Context, q querier, p store.ReserveParams) (store.ReserveResult, error) {
+	if err := s.checkReserve(&p); err != nil {
 		return store.ReserveResult{}, err
 	}
+	return s.reserveChecked(ctx, q, p)
+}
+
+// reserveChecked is reserve once checkReserve passed.
+func (s *Store) reserveChecked(ctx context.Context, q querier, p store.ReserveParams) (store.ReserveResult, error) {
 	refusals := 0
 	for run := 0; run < maxReserveRuns; run++ {
 		if run > 0 {
@@ -453,9 +467,6 @@ func (s *Store) reserve(ctx context.Context, q querier, p store.ReserveParams) (
 		}
 		args := []any{p.Scope, p.Key, p.Fingerprint, storekit.Micros(p.Lease), storekit.Micros(p.TTL), string(p.LeasePolicy), s.now(), p.Tenant}
 		var op *batchOp
-		if p.MaxActive > 0 && !s.cfg.TenantCap {
-			return store.ReserveResult{}, s.capUnsupported("reserve")
-		}
 		if p.MaxActive > 0 {
 			var refused bool
 			if op, refused = s.reserveCapped(ctx, q, &p, args); refused {

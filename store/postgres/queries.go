@@ -536,10 +536,10 @@ const sqlCacheLeave = `DELETE FROM {schema}idem_cache_nodes WHERE node = $1`
 
 // sqlCacheNotify numbers an invalidation of (scope $1, key $2) and
 // notifies it, in a transaction of its own that starts after the change
-// committed and holds sqlCacheLock: a cache that applied a number at least
-// this one's has applied this notification. It also counts the caches alive (none has
-// applied a number not yet given), so that a schema without any costs
-// the invalidation one round trip. $3 Config.Schema.
+// committed and holds sqlCacheLock: a cache that applied a number at
+// least this one's has applied this notification. It also counts the
+// caches alive (none has applied a number not yet given), so that a
+// schema without any costs little more. $3 Config.Schema.
 var sqlCacheNotify = `
 SELECT n.v, (SELECT count(*) FROM {schema}idem_cache_nodes
 	WHERE seen < n.v AND alive_until > statement_timestamp())
