@@ -83,7 +83,7 @@ func (e *Engine) handle(w http.ResponseWriter, r *http.Request, route string, co
 	}
 	c := Call{
 		Tenant: e.cfg.Tenant(r), Method: method, Route: route, Target: r.URL.RequestURI(),
-		Keys: keys, ContentType: r.Header.Get("Content-Type"), Header: r.Header,
+		Keys: keys, ContentType: firstValue(r.Header["Content-Type"]), Header: r.Header,
 	}
 	a := e.run(r.Context(), &c, h)
 	switch a.Verdict {
@@ -110,6 +110,15 @@ func (e *Engine) handle(w http.ResponseWriter, r *http.Request, route string, co
 	}
 	h.rec.done = true
 	return h.ran
+}
+
+// firstValue is h.Get(name)'s answer for a name in canonical form, from
+// h[name]: Get would canonicalise the name again on every request.
+func firstValue(values []string) string {
+	if len(values) == 0 {
+		return ""
+	}
+	return values[0]
 }
 
 // httpCall is the HTTP side of one call: the request, the handler and the

@@ -33,10 +33,27 @@ func ReplayableName(name string) bool {
 	if unreplayable[name] {
 		return false
 	}
-	// CanonicalHeaderKey returns a name already in canonical form as it is,
-	// without allocating.
-	c := http.CanonicalHeaderKey(name)
-	return c == name || !unreplayable[c]
+	if isCanonical(name) {
+		return true
+	}
+	return !unreplayable[http.CanonicalHeaderKey(name)]
+}
+
+// isCanonical reports whether http.CanonicalHeaderKey would return name
+// as it is because its letters already have their canonical case (upper
+// first and after each '-', lower elsewhere). It is a shortcut only: a
+// false answer says nothing (CanonicalHeaderKey also leaves alone a name
+// with bytes outside a token).
+func isCanonical(name string) bool {
+	upper := true
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if upper && 'a' <= c && c <= 'z' || !upper && 'A' <= c && c <= 'Z' {
+			return false
+		}
+		upper = c == '-'
+	}
+	return true
 }
 
 // Connection returns the values of h's Connection field, under any
@@ -110,7 +127,7 @@ func Valid(name string, values []string) bool {
 		return false
 	}
 	for i := 0; i < len(name); i++ {
-		if !tokenByte(name[i]) {
+		if !tokenBytes[name[i]] {
 			return false
 		}
 	}
@@ -124,13 +141,15 @@ func Valid(name string, values []string) bool {
 	return true
 }
 
-func tokenByte(c byte) bool {
-	switch {
-	case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		return true
+// tokenBytes marks the bytes of an RFC 9110 token.
+var tokenBytes = func() (t [256]bool) {
+	for c := range t {
+		b := byte(c)
+		t[c] = 'a' <= b && b <= 'z' || 'A' <= b && b <= 'Z' || '0' <= b && b <= '9' ||
+			strings.IndexByte("!#$%&'*+-.^_`|~", b) >= 0
 	}
-	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
-}
+	return t
+}()
 
 // listed reports whether a Connection header lists name (in any spelling).
 func listed(connection []string, name string) bool {

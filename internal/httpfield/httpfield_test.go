@@ -2,7 +2,10 @@ package httpfield_test
 
 import (
 	"net/http"
+	"slices"
 	"testing"
+
+	"pgregory.net/rapid"
 
 	"github.com/idem-go/idem/internal/httpfield"
 )
@@ -99,4 +102,41 @@ func TestOtherSpellings(t *testing.T) {
 	if c := httpfield.Connection(h); len(c) != 2 {
 		t.Errorf("Connection found %q, want the values of both spellings", c)
 	}
+}
+
+// TestReplayableNameAgreesWithCanonicalForm checks ReplayableName against
+// its definition, the canonical form's membership in the unreplayable set:
+// for every spelling of the unreplayable names that differs in the case of
+// one or two letters, and for arbitrary strings of letters, dashes and
+// bytes outside a token.
+func TestReplayableNameAgreesWithCanonicalForm(t *testing.T) {
+	unreplayable := []string{"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
+		"Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Set-Cookie", "Set-Cookie2",
+		"Date", "Content-Length", "Idempotent-Replayed", "Idempotent-Body-Omitted"}
+	check := func(t interface{ Fatalf(string, ...any) }, name string) {
+		want := !slices.Contains(unreplayable, http.CanonicalHeaderKey(name))
+		if got := httpfield.ReplayableName(name); got != want {
+			t.Fatalf("ReplayableName(%q) = %v, want %v", name, got, want)
+		}
+	}
+	flip := func(b []byte, i int) {
+		if c := b[i] | 0x20; 'a' <= c && c <= 'z' {
+			b[i] ^= 0x20
+		}
+	}
+	for _, base := range unreplayable {
+		for i := range base {
+			for j := i; j < len(base); j++ {
+				b := []byte(base)
+				flip(b, i)
+				if j > i {
+					flip(b, j)
+				}
+				check(t, string(b))
+			}
+		}
+	}
+	rapid.Check(t, func(t *rapid.T) {
+		check(t, rapid.StringOfN(rapid.SampledFrom([]rune("aZtE-_ 2é\x00")), 0, 12, -1).Draw(t, "name"))
+	})
 }
