@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"time"
 
 	"github.com/riverqueue/river"
 )
@@ -36,3 +37,6 @@ func (o *Outbox[TTx]) JobCount(ctx context.Context) (int, error) {
 func (o *Outbox[TTx]) RecordDelivery(ctx context.Context, key, kind string, fence, jobID int64, downstreamID string, attempt int) (string, error) {
 	return o.db.record(ctx, Message{Key: key, Kind: kind, Fence: fence}, jobID, downstreamID, attempt)
 }
+
+// DeliveryTimeout is the delivery timeout cfg gets once defaulted.
+func DeliveryTimeout(cfg Config) time.Duration { return cfg.withDefaults().DeliveryTimeout }

@@ -98,8 +98,9 @@ type Config struct {
 	// jitter (1s, 16s, 81s, ...).
 	Backoff func(attempt int) time.Duration
 	// DeliveryTimeout bounds one attempt: its context is cancelled after
-	// it. Defaults to 1 minute, or RescueAfter when that is shorter; at
-	// most RescueAfter.
+	// it. Defaults to 1 minute, or half of RescueAfter when that is
+	// shorter, so that an attempt cut off at its timeout is recorded before
+	// the rescuer could start it again; at most RescueAfter.
 	DeliveryTimeout time.Duration
 	// RescueAfter is how long a delivery may run before it is presumed
 	// dead (its process crashed) and retried; River's RescueStuckJobsAfter.
@@ -156,7 +157,7 @@ func (c Config) withDefaults() Config {
 		c.RescueAfter = DefaultRescueAfter
 	}
 	if c.DeliveryTimeout == 0 {
-		c.DeliveryTimeout = min(DefaultDeliveryTimeout, c.RescueAfter)
+		c.DeliveryTimeout = min(DefaultDeliveryTimeout, c.RescueAfter/2)
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = DefaultPollInterval

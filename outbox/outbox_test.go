@@ -396,6 +396,21 @@ func TestConfigValidation(t *testing.T) {
 	}
 }
 
+// The default delivery timeout leaves a margin below RescueAfter: an
+// attempt cut off at its timeout still records its outcome before the
+// rescuer may presume it dead and start it again.
+func TestDefaultDeliveryTimeoutBelowRescue(t *testing.T) {
+	for _, c := range []struct{ rescue, want time.Duration }{
+		{0, time.Minute}, // the default RescueAfter, 5 minutes
+		{90 * time.Second, 45 * time.Second},
+		{time.Second, 500 * time.Millisecond},
+	} {
+		if got := outbox.DeliveryTimeout(outbox.Config{RescueAfter: c.rescue}); got != c.want {
+			t.Errorf("RescueAfter %s: DeliveryTimeout %s, want %s", c.rescue, got, c.want)
+		}
+	}
+}
+
 // Processes starting together migrate the same database once; Migrate is
 // then a no-op.
 func TestMigrateConcurrently(t *testing.T) {
