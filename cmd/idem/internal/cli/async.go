@@ -44,7 +44,7 @@ func newAsyncRoutes(patterns []string, protected map[string]bool, table *routeTa
 		}
 		canon := canonPattern(pat)
 		if err == nil {
-			err = register(r.mux, canon, http.NotFoundHandler())
+			err = register(r.mux, canon, asyncMark{})
 		}
 		if err != nil {
 			return nil, fmt.Errorf("proxy: --async %q: %w", pat, err)
@@ -59,7 +59,7 @@ func newAsyncRoutes(patterns []string, protected map[string]bool, table *routeTa
 			}
 			canon := canonPattern(rt.Pattern)
 			if _, ok := r.routes[canon]; !ok {
-				if err := register(r.mux, canon, http.NotFoundHandler()); err != nil {
+				if err := register(r.mux, canon, asyncMark{}); err != nil {
 					return nil, fmt.Errorf("proxy: route %q: %w", rt.Pattern, err)
 				}
 			}
@@ -125,13 +125,25 @@ func register(mux *http.ServeMux, pattern string, h http.Handler) (err error) {
 	return nil
 }
 
+// asyncMark is the handler of every pattern in asyncRoutes' mux: the mux
+// answers a request it would redirect with a handler of its own.
+type asyncMark struct{}
+
+func (asyncMark) ServeHTTP(http.ResponseWriter, *http.Request) {}
+
 // match reports whether r is on an asynchronous route, and which route of
-// the config file's table it is (-1: an --async pattern of no route).
+// the config file's table it is (-1: an --async pattern of no route). As
+// for the other routes (routeTable.match), a request whose path the mux
+// would redirect (not clean, or missing a trailing slash) matches none:
+// the upstream may not read its path as the mux does.
 func (a *asyncRoutes) match(r *http.Request) (int, bool) {
 	if a == nil {
 		return 0, false
 	}
-	_, pattern := a.mux.Handler(r)
+	h, pattern := a.mux.Handler(r)
+	if _, ok := h.(asyncMark); !ok {
+		return 0, false
+	}
 	i, ok := a.routes[pattern]
 	return i, ok
 }

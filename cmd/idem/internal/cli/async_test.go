@@ -487,3 +487,28 @@ func TestProxyAsyncCutAnswerIsUnknown(t *testing.T) {
 		t.Fatalf("status resource %d %q; record %s (%v), upstream calls %d; want unknown after one call", last.status, last.body, rec.State, err, calls.Load())
 	}
 }
+
+// An asynchronous pattern matches a path as the other routes do: a path
+// the mux would redirect (not clean, or without its trailing slash)
+// matches no route, whatever pattern it would reach after the redirect.
+func TestAsyncRoutesMatchCleanPathsOnly(t *testing.T) {
+	routes, err := newAsyncRoutes([]string{"POST /v1/reports", "POST /v1/batch/"}, map[string]bool{"POST": true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]bool{
+		"/v1/reports":          true,
+		"/v1/batch/7":          true,
+		"/v1/x/../reports":     false,
+		"/v1//reports":         false,
+		"/v1/./reports":        false,
+		"/v1/batch":            false,
+		"/v1/batch/../reports": false,
+	} {
+		r := httptest.NewRequest(http.MethodPost, "http://api.test/", nil)
+		r.URL.Path = path
+		if _, got := routes.match(r); got != want {
+			t.Errorf("POST %s: async %v, want %v", path, got, want)
+		}
+	}
+}

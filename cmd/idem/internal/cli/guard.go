@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -34,6 +35,8 @@ var (
 		title: "The tenant header does not hold a valid tenant id"}
 	probTargetInvalid = proxyProblem{slug: "target-invalid", status: http.StatusBadRequest,
 		title: "The request target holds bytes that must be percent-encoded"}
+	probPathEscapes = proxyProblem{slug: "path-dot-segment", status: http.StatusBadRequest,
+		title: "The request path holds a . or .. segment, which could leave the upstream's base path"}
 	probTargetTooLong = proxyProblem{slug: "target-too-long", status: http.StatusRequestURITooLong,
 		title: "The request target is too long for an idempotent request"}
 	probOverloaded = proxyProblem{slug: "overloaded", status: http.StatusServiceUnavailable, retry: true,
@@ -118,6 +121,10 @@ func (p *Proxy) guard(w http.ResponseWriter, r *http.Request) {
 	}
 	if !upperToken(r.Method) {
 		p.refuse(w, r, probMethodCase, "")
+		return
+	}
+	if p.basePath && hasDotSegment(r.URL.Path) {
+		p.refuse(w, r, probPathEscapes, "")
 		return
 	}
 	if p.serveStatus(w, r) {
@@ -282,6 +289,20 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 		b.rc.SetReadDeadline(time.Time{})
 	}
 	return n, err
+}
+
+// hasDotSegment reports whether a decoded request path has a "." or ".."
+// segment, a backslash taken as a separator too (some servers read it as
+// one). The reverse proxy appends the path to the upstream's base path as
+// it is, so an upstream that resolves dot-segments would serve
+// /base/../admin as /admin.
+func hasDotSegment(path string) bool {
+	for seg := range strings.FieldsFuncSeq(path, func(c rune) bool { return c == '/' || c == '\\' }) {
+		if seg == "." || seg == ".." {
+			return true
+		}
+	}
+	return false
 }
 
 // proxyRoute is the route of a proxied request: its path as sent, plus the

@@ -12,7 +12,9 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -392,4 +394,55 @@ type safeBuffer struct{ testenv.Buffer }
 
 func (s *safeBuffer) logger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(s, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// readProblem reads one response from conn and its body.
+func readProblem(t *testing.T, conn net.Conn) (*http.Response, string) {
+	t.Helper()
+	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("reading the answer: %v", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp, string(body)
+}
+
+// Under an upstream with a base path, a path with a dot-segment is refused
+// before anything is reserved or forwarded, keyed or not: the reverse proxy
+// appends the path to the base as sent, and an upstream that resolves
+// /api/../admin would serve a path outside its base. Without a base path
+// such a request passes (TestProxyConfigFile).
+func TestProxyRefusesDotSegmentsUnderBasePath(t *testing.T) {
+	t.Parallel()
+	var seen []string
+	var mu sync.Mutex
+	up := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.RequestURI)
+		mu.Unlock()
+		w.WriteHeader(http.StatusCreated)
+	}))
+	_, base := startProxy(t, ProxyConfig{Upstream: up.URL + "/api", Store: "memory:"})
+	for _, path := range []string{"/../admin", "/v1/./charges", "/v1/%2e%2e/admin", "/v1/%2E./admin", "/v1/..%5cadmin", "/v1/..%2fadmin", "/.."} {
+		for _, head := range []string{"GET " + path + " HTTP/1.1\r\nHost: x", // unprotected: straight to the upstream otherwise
+			"POST " + path + " HTTP/1.1\r\nHost: x\r\nIdempotency-Key: \"dots\"\r\nContent-Length: 2"} {
+			resp, body := readProblem(t, rawRequest(t, base, head, []byte("{}")))
+			if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "path-dot-segment") {
+				t.Errorf("%.40q: %d %s, want 400 path-dot-segment", head, resp.StatusCode, body)
+			}
+		}
+	}
+	c := client(t)
+	for _, path := range []string{"/v1/charges", "/v1/..charges", "/v1/ch..arges/.x"} {
+		if r := send(t, c, "POST", base+path, "ok"+path, `{}`); r.status != http.StatusCreated {
+			t.Errorf("POST %s: %d %s", path, r.status, r.body)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"/api/v1/charges", "/api/v1/..charges", "/api/v1/ch..arges/.x"}; !slices.Equal(seen, want) {
+		t.Errorf("upstream saw %q, want %q", seen, want)
+	}
 }

@@ -35,10 +35,13 @@ import (
 // of an httputil.ReverseProxy to the upstream, behind a guard that names
 // the caller's tenant and bounds what a client may make the proxy hold.
 type Proxy struct {
-	cfg       ProxyConfig
-	log       *slog.Logger
-	dsn       storeurl.DSN
-	upstream  *url.URL
+	cfg      ProxyConfig
+	log      *slog.Logger
+	dsn      storeurl.DSN
+	upstream *url.URL
+	// basePath: the upstream URL has a path, under which every request
+	// must stay (hasDotSegment).
+	basePath  bool
 	transport *http.Transport
 	rp        http.Handler // the reverse proxy alone
 	handler   http.Handler // the guard in front of everything
@@ -113,7 +116,7 @@ func NewProxy(ctx context.Context, cfg ProxyConfig) (_ *Proxy, err error) {
 	if err := cfg.settleResolver(); err != nil {
 		return nil, err
 	}
-	p := &Proxy{cfg: cfg, log: cfg.Logger, upstream: up, dsn: dsn, tenants: tn,
+	p := &Proxy{cfg: cfg, log: cfg.Logger, upstream: up, basePath: strings.Trim(up.Path, "/") != "", dsn: dsn, tenants: tn,
 		buffers: semaphore.NewWeighted(cfg.MaxBufferedBytes)}
 	// Undo what was set up if a later step fails.
 	defer func() {
