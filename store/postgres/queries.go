@@ -539,13 +539,15 @@ const sqlCacheLeave = `DELETE FROM {schema}idem_cache_nodes WHERE node = $1`
 // committed and holds sqlCacheLock: a cache that applied a number at
 // least this one's has applied this notification. It also counts the
 // caches alive (none has applied a number not yet given), so that a
-// schema without any costs little more. $3 Config.Schema.
+// schema without any costs little more. $3 Config.Schema; $4 the bytes
+// of the scope in UTF-8, as the listener receives it: in a database of
+// another encoding octet_length would count the server's bytes.
 var sqlCacheNotify = `
 SELECT n.v, (SELECT count(*) FROM {schema}idem_cache_nodes
 	WHERE seen < n.v AND alive_until > statement_timestamp())
 FROM (SELECT nextval('{schema}idem_cache_seq') AS v) n
 CROSS JOIN LATERAL pg_notify(` + cacheChannel("$3") + `,
-	n.v::text || ' ' || octet_length($1::text) || ' ' || $1::text || $2::text)`
+	n.v::text || ' ' || $4::int || ' ' || $1::text || $2::text)`
 
 // sqlCacheBehind counts the caches alive that have not applied
 // invalidation $1.

@@ -420,7 +420,7 @@ func (s *Store) invalidate(ctx context.Context, scope, key string) error {
 		if _, err := tx.Exec(ctx, s.q.cacheLock); err != nil {
 			return err
 		}
-		return tx.QueryRow(ctx, s.q.cacheNotify, scope, key, s.cfg.Schema).Scan(&seq, &behind)
+		return tx.QueryRow(ctx, s.q.cacheNotify, scope, key, s.cfg.Schema, len(scope)).Scan(&seq, &behind)
 	})
 	if err != nil {
 		return wrap(ctx, invalidationOp, err)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem"
@@ -496,5 +497,61 @@ func TestReplayCacheRefusesWhatTheDatabaseWould(t *testing.T) {
 		if got, err := s.Reserve(context.Background(), q); err == nil {
 			t.Fatalf("refused parameters answered %v", got.Outcome)
 		}
+	}
+}
+
+// TestReplayCacheInAnotherEncoding: in a LATIN1 database an invalidation
+// of a scope with non-ASCII characters still reaches the cache, whose
+// listener receives the notification in UTF-8 (the scope's bytes are
+// counted there, not in the server's encoding).
+func TestReplayCacheInAnotherEncoding(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	admin := adminConn(t)
+	_, err := admin.Exec(ctx, `CREATE DATABASE idem_latin1 ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0`)
+	var pgErr *pgconn.PgError
+	if err != nil && !(errors.As(err, &pgErr) && (pgErr.Code == "42P04" || pgErr.Code == "23505")) {
+		t.Fatal(err) // 42P04 exists already; 23505 another test run created it meanwhile
+	}
+	u, err := url.Parse(testURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/idem_latin1"
+	q := u.Query()
+	q.Set("client_encoding", "UTF8") // pgx's simple protocol needs it; the server's default is LATIN1
+	u.RawQuery = q.Encode()
+	schema := pgdb.Schema(t, u.String())
+	open := func(cache int64) *postgres.Store {
+		s, err := postgres.Open(ctx, u.String(), postgres.Config{Schema: schema, MaxConns: 4, ReplayCache: cache})
+		if err != nil {
+			t.Fatalf("open: %v", err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	cached, operator := open(1<<20), open(0)
+	p := reserveParams("k")
+	p.Scope = "café POST /paiements"
+	r, err := cached.Reserve(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cached.Complete(ctx, store.CompleteParams{FenceParams: fence(r), Response: store.Response{Status: 201}, TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := cached.Reserve(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if cached.CacheHits() != 1 {
+		t.Fatalf("%d replays from memory, want 1", cached.CacheHits())
+	}
+	if err := operator.Delete(ctx, p.Scope, p.Key); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := cached.Reserve(ctx, p); err != nil || got.Outcome == store.Existing {
+		t.Fatalf("deleted, yet answered %v (%v)", got.Outcome, err)
 	}
 }
