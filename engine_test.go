@@ -360,6 +360,29 @@ func TestRenewalRetriesSoonAfterAFailure(t *testing.T) {
 	<-done
 }
 
+// The log of an outcome not recorded in time says what the lease policy
+// makes of the record: under retry and resume it never becomes unknown.
+func TestCompletionGivesUpLogsThePolicy(t *testing.T) {
+	t.Parallel()
+	for policy, want := range map[store.LeasePolicy]string{
+		store.LeaseRetry:  "the next retry after its lease expires runs the request again",
+		store.LeaseResume: "the next retry after its lease expires resumes the request",
+	} {
+		s := &enginetest.Flaky{Store: memory.New(memory.Config{})}
+		s.FailCompletes.Store(1 << 30)
+		s.ExtendsAlways.Store(true)
+		var logs bytes.Buffer
+		e, err := idem.New(s, idem.Config{Lease: 300 * time.Millisecond, LeasePolicy: policy, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sendKeyed(e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})), "k")
+		if got := logs.String(); !strings.Contains(got, want) || strings.Contains(got, "unknown") {
+			t.Errorf("%s: logged %s", policy, got)
+		}
+	}
+}
+
 // When the store stays down until the lease would lapse, the engine gives
 // up: the client gets the answer it earned, nothing is released, and the
 // record becomes unknown once its lease expires.
@@ -381,7 +404,7 @@ func TestCompletionGivesUpWhenTheLeaseWouldLapse(t *testing.T) {
 	if w := sendKeyed(h, "k"); w.Code != http.StatusCreated || w.Body.String() != "made" {
 		t.Fatalf("answer when the store is down: %d %q", w.Code, w.Body)
 	}
-	if !strings.Contains(logs.String(), "could not record the outcome in time") {
+	if !strings.Contains(logs.String(), "could not record the outcome in time; the record becomes unknown") {
 		t.Fatalf("no log of the lost outcome: %s", logs.String())
 	}
 	storeClock.Advance(time.Second)

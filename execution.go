@@ -473,6 +473,18 @@ func (x *Execution) retry(ctx context.Context, op storeOp, f func(context.Contex
 	}
 }
 
+// afterLapse says what becomes of a record whose lease lapses under
+// policy p.
+func afterLapse(p store.LeasePolicy) string {
+	switch p {
+	case store.LeaseRetry:
+		return "the next retry after its lease expires runs the request again"
+	case store.LeaseResume:
+		return "the next retry after its lease expires resumes the request"
+	}
+	return "the record becomes unknown when its lease expires"
+}
+
 // report logs and counts how a final transition ended.
 func (x *Execution) report(ctx context.Context, op storeOp, what store.State, streamed bool, err error, r retries) {
 	e := x.e
@@ -502,7 +514,7 @@ func (x *Execution) report(ctx context.Context, op storeOp, what store.State, st
 			"scope", x.scope, "key", x.key, "fence", x.fence, "outcome", what)
 	case transient(err):
 		e.obs.FinishFailed(ctx, opNames[op])
-		e.log.Error("idem: could not record the outcome in time; the record becomes unknown when its lease expires",
+		e.log.Error("idem: could not record the outcome in time; "+afterLapse(e.cfg.LeasePolicy),
 			"scope", x.scope, "key", x.key, "fence", x.fence, "outcome", what, "attempts", r.attempts,
 			"answer_already_sent", streamed, "err", err)
 	default:
