@@ -725,6 +725,45 @@ func TestBodyWithoutGetBody(t *testing.T) {
 	})
 }
 
+// A body without GetBody is read before the first attempt; a source that
+// blocks does not hold the call past its context, as net/http's own
+// transport does not.
+func TestBodyWithoutGetBodyContextEnds(t *testing.T) {
+	t.Parallel()
+	a := &api{}
+	srv, _ := server(t, a, idem.Config{}, nil)
+	tr, _ := clienttest.NewTransport(t, clienttest.NewClock())
+	src, feed := io.Pipe()
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/charges", src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		resp, err := tr.RoundTrip(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		var ce *client.Error
+		if !errors.Is(err, context.DeadlineExceeded) || !errors.As(err, &ce) || ce.Attempts != 0 {
+			t.Errorf("err %v; want the context's error before any attempt", err)
+		}
+	case <-time.After(5 * time.Second):
+		feed.Close() // lets the call end
+		<-done
+		t.Fatal("the call outlived its context by 5s, waiting for the body")
+	}
+	if got := a.received(); len(got) != 0 {
+		t.Errorf("the server received %+v", got)
+	}
+}
+
 // Every attempt failed to connect: the error carries the key, so the
 // caller can come back later without risking a second execution.
 func TestNetworkErrorsExhausted(t *testing.T) {

@@ -85,10 +85,11 @@
 // Every attempt sends the whole body again. A request made by
 // http.NewRequest from a bytes.Buffer, bytes.Reader or strings.Reader has
 // GetBody, which the transport uses. A body without GetBody is read into
-// memory once, up to MaxBufferBytes (1 MiB by default, the idem
-// middleware's default body limit); a larger one is sent once, streamed,
-// without retries, because it could not be sent again. Every response the
-// transport does not return is drained a little and closed.
+// memory once, within the request's context, up to MaxBufferBytes (1 MiB
+// by default, the idem middleware's default body limit); a larger one is
+// sent once, streamed, without retries, because it could not be sent
+// again. Every response the transport does not return is drained a
+// little and closed.
 //
 // # What the caller learns
 //

@@ -528,9 +528,16 @@ func newReplayer(req *http.Request, limit int64) (*replayer, error) {
 		r.replayable = false
 		return r, nil
 	}
+	// The request's context bounds the wait for the caller's source as it
+	// bounds the attempts: closing the body ends a Read that blocks.
+	stop := context.AfterFunc(req.Context(), func() { req.Body.Close() })
 	buf, err := io.ReadAll(io.LimitReader(req.Body, limit+1))
-	if err != nil {
+	if !stop() {
+		err = context.Cause(req.Context()) // and the body is closed
+	} else if err != nil {
 		req.Body.Close()
+	}
+	if err != nil {
 		return nil, fmt.Errorf("client: reading the request body: %w", err)
 	}
 	if int64(len(buf)) > limit {
