@@ -68,11 +68,13 @@ func check[T any](phases []Phase[T]) error {
 // transaction of db that also advances the recovery point.
 //
 // A phase that fails rolls back and Run returns its error; the recovery
-// point stays at the last committed phase. If the failed phase's foreign
-// side effect may have happened, call x.Uncertain. A recovery point that
-// names none of the phases (the handler's phases were renamed while a
-// request was in flight) is an error, and so are an empty or a repeated
-// name: no phase runs.
+// point stays at the last committed phase. Once x's lease is known lost
+// (Execution.LeaseLost), no further phase begins: Run returns an error
+// wrapping store.ErrLeaseLost. If the failed phase's foreign side effect
+// may have happened, call x.Uncertain. A recovery point that names none
+// of the phases (the handler's phases were renamed while a request was in
+// flight) is an error, and so are an empty or a repeated name: no phase
+// runs.
 //
 // With no execution (x nil: a request without a key that the engine let
 // through, under the Stripe profile or KeyRequired false) the phases run
@@ -98,6 +100,13 @@ func Run[T any](ctx context.Context, x *idem.Execution, db Store[T], phases ...P
 		}
 	}
 	for _, p := range phases[start:] {
+		if x != nil && x.LeaseLost() {
+			// Another execution holds the key (or it left in_progress):
+			// this phase's recovery point could not commit, and its
+			// foreign side effect would be made by a holder that has no
+			// right to it.
+			return fmt.Errorf("phase %s: %w", p.Name, store.ErrLeaseLost)
+		}
 		if p.Foreign != nil {
 			if err := p.Foreign(ctx); err != nil {
 				return fmt.Errorf("phase %s: %w", p.Name, err)
