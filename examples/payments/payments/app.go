@@ -7,8 +7,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"maps"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -104,7 +107,7 @@ func newApp[TTx any](ctx context.Context, cfg Config, st txStore[TTx], db conn[T
 	}
 	a.payments, err = base.With(func(c *idem.Config) {
 		// The fingerprint covers what the handler reads, nothing else.
-		c.Fields = []string{"amount", "currency", "customer"}
+		c.Fields = paymentFields
 	})
 	if err != nil {
 		return nil, err
@@ -171,6 +174,29 @@ type paymentRequest struct {
 	Customer string `json:"customer"`
 }
 
+// paymentFields are the members of a paymentRequest: the payment engine's
+// fingerprint covers them, and the handler reads nothing else.
+var paymentFields = []string{"amount", "currency", "customer"}
+
+// decodeMembers decodes the JSON object in r into v from the members
+// named exactly as in names, ignoring the others. encoding/json alone
+// would also fill a field from a member whose name differs only in case
+// ("Amount", "AMOUNT"), which a fingerprint over names does not see: two
+// bodies with one fingerprint could then be read as two different
+// requests.
+func decodeMembers(r io.Reader, v any, names []string) error {
+	var members map[string]json.RawMessage
+	if err := json.NewDecoder(r).Decode(&members); err != nil {
+		return err
+	}
+	maps.DeleteFunc(members, func(name string, _ json.RawMessage) bool { return !slices.Contains(names, name) })
+	b, err := json.Marshal(members)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, v)
+}
+
 const maxAmount = 99_999_999
 
 func (in *paymentRequest) invalid() string {
@@ -206,7 +232,7 @@ func isCurrency(s string) bool {
 func (a *app[TTx]) createPayment(w http.ResponseWriter, r *http.Request) {
 	x := idem.FromContext(r.Context())
 	var in paymentRequest
-	if err := json.NewDecoder(r.Body).Decode(&in); err != nil {
+	if err := decodeMembers(r.Body, &in, paymentFields); err != nil {
 		problem(w, http.StatusBadRequest, "invalid-request", "The request body is not a valid payment", err.Error())
 		return
 	}

@@ -105,6 +105,33 @@ func TestKeyReusedWithAnotherAmount(t *testing.T) {
 	})
 }
 
+// The handler reads the members the fingerprint covers, by their exact
+// names: encoding/json would also take "AMOUNT" or "Amount" for amount, a
+// member the fingerprint does not see, so a key reused with another amount
+// would be replayed instead of refused, and a payment could be made for an
+// amount other than the one its fingerprint holds.
+func TestPaymentReadsOnlyFingerprintedMembers(t *testing.T) {
+	forEachDB(t, func(t *testing.T, dsn string) {
+		e := newEnv(t, dsn, nil)
+		first := e.post("/v1/payments", "acct_1", "k-case", `{"amount":1000,"AMOUNT":1,"currency":"eur","customer":"cus_1"}`)
+		expect(t, first, http.StatusCreated, "")
+		if p := decode[Payment](t, first); p.Amount != 1000 {
+			t.Fatalf("created %+v; want the amount of the member named amount", p)
+		}
+		w := e.post("/v1/payments", "acct_1", "k-case", `{"amount":1000,"currency":"eur","customer":"cus_1"}`)
+		if w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "true" || w.Body.String() != first.Body.String() {
+			t.Fatalf("retry: %d %s; want the replay of %s", w.Code, w.Body, first.Body)
+		}
+
+		w = e.post("/v1/payments", "acct_1", "k-folded", `{"Amount":1000,"currency":"eur","customer":"cus_1"}`)
+		expect(t, w, http.StatusBadRequest, ProblemBase+"invalid-request")
+		w = e.post("/v1/payments", "acct_1", "k-folded", `{"Amount":2000,"currency":"eur","customer":"cus_1"}`)
+		if w.Code == http.StatusCreated {
+			t.Fatalf("key reused with another amount: %d %s", w.Code, w.Body)
+		}
+	})
+}
+
 // The provider fails twice: the outbox retries with the same key and the
 // card is charged once, on the third call.
 func TestProviderFailsTwiceThenSucceeds(t *testing.T) {
