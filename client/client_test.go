@@ -501,6 +501,32 @@ func TestNotRetried(t *testing.T) {
 	clienttest.CheckAllClosed(t, tracker)
 }
 
+// A replayed answer is the stored one: a retry with the key would get it
+// again, whatever its status, so it ends the call even where the status
+// alone (a 503 with Retry-After, stored by a server that keeps 5xx) would
+// be retried.
+func TestReplayedAnswerNotRetried(t *testing.T) {
+	t.Parallel()
+	a := &api{}
+	srv, _ := server(t, a, idem.Config{StoreServerErrors: true}, nil)
+	c := clienttest.NewClock()
+	tr, tracker := clienttest.NewTransport(t, c)
+	resp, _, err := clienttest.Post(t, context.Background(), tr, srv.URL+"/v1/charges", bodyUnavailable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusServiceUnavailable || !client.Replayed(resp) || client.Attempts(resp) != 2 {
+		t.Errorf("%d replayed=%v after %d attempts; want the replayed 503 after 2", resp.StatusCode, client.Replayed(resp), client.Attempts(resp))
+	}
+	if n := a.executions.Load(); n != 1 {
+		t.Errorf("%d executions, want 1", n)
+	}
+	if d := c.Delays(); !slices.Equal(d, []time.Duration{time.Second}) {
+		t.Errorf("waits %v, want one of 1s", d)
+	}
+	clienttest.CheckAllClosed(t, tracker)
+}
+
 // A plain 409 without Retry-After is a business conflict, not a wait.
 func TestPlainConflictWithoutRetryAfter(t *testing.T) {
 	t.Parallel()

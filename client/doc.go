@@ -43,6 +43,10 @@
 //     could not send the request to its upstream, nothing ran and the key
 //     was released.
 //
+// A replayed answer (Idempotent-Replayed: true) is never retried, whatever
+// its status: it is the stored answer, which every retry with the key gets
+// again (a server that keeps 5xx replays a 503).
+//
 // Nothing else is: not 422 (the key was used with another request), not
 // 400 or any other 4xx, not other 2xx or 3xx, not other 5xx. Other 502s
 // and every 504 are returned: a gateway error says the gateway lost touch

@@ -46,6 +46,10 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.during(n)
 	}
 	switch string(body) {
+	case bodyUnavailable:
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, "provider down", http.StatusServiceUnavailable)
+		return
 	case bodyBad:
 		http.Error(w, "bad amount", http.StatusBadRequest)
 		return
@@ -65,6 +69,8 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 const (
 	bodyBad       = `{"amount":"bad"}`
 	bodyUncertain = `{"gateway":"times out"}`
+	// bodyUnavailable gets a 503 with Retry-After from the handler.
+	bodyUnavailable = `{"provider":"down"}`
 )
 
 // seen records the key of every request in front of everything else, also

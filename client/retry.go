@@ -27,6 +27,11 @@ func (s *settings) classify(ctx context.Context, resp *http.Response, err error)
 		}
 		return ReasonNetwork, 0, true
 	}
+	if Replayed(resp) {
+		// The stored answer: every retry with this key gets it again,
+		// whatever its status (a server that keeps 5xx replays them).
+		return "", 0, false
+	}
 	after, hasAfter := retryAfter(resp.Header, s.Now())
 	switch resp.StatusCode {
 	case http.StatusTooManyRequests:
