@@ -307,7 +307,9 @@ type ReconcileResult struct {
 // A record that is not settled is asked again after ReconcileBackoff,
 // doubled at each further attempt up to ReconcileMaxBackoff; at its
 // MaxReconcileAttempts-th attempt it is dead-lettered instead: no pass asks
-// about it again, and only Settle resolves it.
+// about it again, and only Settle resolves it. Maintainers that ask about
+// one record at once count one attempt, and an attempt about a record
+// that ran again since it was listed counts for nothing.
 func (m *Maintainer) ReconcileOnce(ctx context.Context) (ReconcileResult, error) {
 	var total ReconcileResult
 	if m.cfg.Resolver == nil {
@@ -351,20 +353,26 @@ func (m *Maintainer) reconcileBatch(ctx context.Context, out *ReconcileResult) (
 			why = store.ErrorText(rerr.Error())
 			m.obs.count(ctx, "reconcile_failed", 1)
 		}
+		// The attempt is about r as listed. The store refuses it, changing
+		// nothing, when another maintainer deferred or settled r
+		// meanwhile, or r ran again under a new fence: someone else
+		// handled it, so it is neither counted nor logged here, and the
+		// pass goes on.
+		p := store.DeferParams{FenceParams: store.FenceParams{Scope: r.Scope, Key: r.Key, Fence: r.Fence},
+			Attempts: r.ReconcileAttempts, Error: why}
 		attempt := r.ReconcileAttempts + 1
 		if attempt >= m.cfg.MaxReconcileAttempts {
-			why = store.ErrorText("dead-lettered after " + plural.Count(attempt, "attempt", "attempts") + ": " + why)
-			err = m.deadLetter(ctx, r, why)
+			p.Error = store.ErrorText("dead-lettered after " + plural.Count(attempt, "attempt", "attempts") + ": " + why)
+			err = m.deadLetter(ctx, p)
 			if err == nil {
 				out.DeadLettered++
 				m.obs.count(ctx, "reconcile_dead", 1)
 				m.cfg.Logger.Error("idem: unknown outcome dead-lettered; an operator must resolve it",
-					"scope", r.Scope, "key", r.Key, "fence", r.Fence, "reason", why)
+					"scope", r.Scope, "key", r.Key, "fence", r.Fence, "reason", p.Error)
 			}
 		} else {
-			err = m.call(ctx, opDefer, func(ctx context.Context) error {
-				return m.store.Defer(ctx, store.DeferParams{Scope: r.Scope, Key: r.Key, Delay: m.backoff(r.ReconcileAttempts), Error: why})
-			})
+			p.Delay = m.backoff(r.ReconcileAttempts)
+			err = m.call(ctx, opDefer, func(ctx context.Context) error { return m.store.Defer(ctx, p) })
 			if err == nil {
 				out.Deferred++
 			}
@@ -376,13 +384,12 @@ func (m *Maintainer) reconcileBatch(ctx context.Context, out *ReconcileResult) (
 	return len(recs), nil
 }
 
-// deadLetter takes r out of every automatic pass, for an operator to
-// settle: the store marks it (Record.DeadLettered) and ListUnknown's due
-// records never include it again.
-func (m *Maintainer) deadLetter(ctx context.Context, r store.Record, why string) error {
-	return m.call(ctx, opDefer, func(ctx context.Context) error {
-		return m.store.Defer(ctx, store.DeferParams{Scope: r.Scope, Key: r.Key, DeadLetter: true, Error: why})
-	})
+// deadLetter takes the record p names out of every automatic pass, for an
+// operator to settle: the store marks it (Record.DeadLettered) and
+// ListUnknown's due records never include it again.
+func (m *Maintainer) deadLetter(ctx context.Context, p store.DeferParams) error {
+	p.DeadLetter = true
+	return m.call(ctx, opDefer, func(ctx context.Context) error { return m.store.Defer(ctx, p) })
 }
 
 // backoff is the delay after a record's attempts+1-th unsettled attempt.

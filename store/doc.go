@@ -38,6 +38,16 @@
 // with [ErrLeaseLost], changing nothing, otherwise; so a worker that lost
 // its lease never overwrites the work of the worker that took it over.
 //
+// Resolve and Defer, which act on an unknown outcome, name the execution
+// they are about the same way: the fence the record had when its caller
+// was shown it. A record that ran again since has another fence, and they
+// fail with [ErrLeaseLost], changing nothing, so that a late verdict about
+// an older execution never settles, reschedules or dead-letters a newer
+// one. Defer also names the [Record.ReconcileAttempts] its caller was
+// shown, and fails with [ErrStateConflict], changing nothing, once another
+// reconciler has deferred the record since: several reconcilers asking
+// about one record count one attempt.
+//
 // A fence is never handed out twice for one (scope, key): a record created,
 // taken over, reclaimed or recreated at instant now gets max(now in
 // microseconds since the Unix epoch, previous fence + 1), where the

@@ -154,10 +154,13 @@ func (p *ResolveParams) Validate() error {
 
 // Validate checks a deferral.
 func (p *DeferParams) Validate() error {
-	if err := CheckID(p.Scope, p.Key); err != nil {
+	if err := p.FenceParams.Validate(); err != nil {
 		return err
 	}
-	if p.Delay < 0 {
+	switch {
+	case p.Attempts < 0:
+		return invalid("attempts must not be negative")
+	case p.Delay < 0:
 		return invalid("delay must not be negative")
 	}
 	return nil

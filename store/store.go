@@ -124,7 +124,9 @@ type Record struct {
 	ReconcileAfter time.Time
 	// ReconcileAttempts counts the reconciler's attempts (Defer) on the
 	// current execution's unknown outcome: a new execution of the key (a
-	// creation, a reclaim, a takeover) starts from 0.
+	// creation, a reclaim, a takeover) starts from 0. A Defer names the
+	// count it was shown (DeferParams.Attempts), so that an attempt is
+	// counted once however many reconcilers made it.
 	ReconcileAttempts int
 	// DeadLetteredAt is when the reconciler gave up on an unknown record
 	// (Defer with DeadLetter); zero otherwise. A dead-lettered record stays
@@ -331,11 +333,22 @@ type ResolveParams struct {
 // DeferParams reschedules an unknown record after a reconciliation attempt
 // that did not settle it: ReconcileAttempts+1, ReconcileAfter = now + Delay,
 // LastError = Error.
+//
+// Like a settlement, a deferral is about what its caller was shown when it
+// listed the record: the execution (Fence) and the attempts counted so far
+// (Attempts). A record whose fence has moved on since ran again, and an
+// attempt about the older execution must not count against the new one. A
+// record whose ReconcileAttempts has moved on was deferred meanwhile by
+// another reconciler that listed it too (every instance of a service runs
+// one): this attempt is already counted, and counting it twice would
+// dead-letter records early.
 type DeferParams struct {
-	Scope string
-	Key   string
-	Delay time.Duration
-	Error string
+	FenceParams
+	// Attempts is the record's ReconcileAttempts when the caller listed
+	// it.
+	Attempts int
+	Delay    time.Duration
+	Error    string
 	// DeadLetter gives up on the record instead of rescheduling it:
 	// ReconcileAttempts+1, LastError = Error, DeadLetteredAt = now, and
 	// Delay is ignored. The record stays unknown and is never due again;
@@ -428,8 +441,15 @@ type Store interface {
 	// when it has that fence but is not unknown.
 	Resolve(ctx context.Context, p ResolveParams) error
 
-	// Defer reschedules an unknown record's reconciliation, or dead-letters
-	// it (p.DeadLetter). ErrNotFound / ErrStateConflict as for Resolve.
+	// Defer reschedules the reconciliation of an unknown record whose fence
+	// is p.Fence and whose ReconcileAttempts is p.Attempts, or dead-letters
+	// it (p.DeadLetter); the record is checked in the same atomic step as
+	// it is changed. ErrNotFound when absent; ErrLeaseLost, changing
+	// nothing, when its fence is not p.Fence (the attempt is about another
+	// execution, whatever the record's state); ErrStateConflict, changing
+	// nothing, when it has that fence but is not unknown, or its
+	// ReconcileAttempts is not p.Attempts (another reconciler counted this
+	// attempt already).
 	Defer(ctx context.Context, p DeferParams) error
 
 	// Ping checks that the store is reachable.
@@ -443,8 +463,8 @@ var (
 	// ErrNotFound: no record for (scope, key).
 	ErrNotFound = errors.New("idem/store: record not found")
 	// ErrLeaseLost: the caller's fence is no longer current or the record
-	// left in_progress (for Resolve: the record's fence is not the
-	// settlement's); nothing was changed.
+	// left in_progress (for Resolve and Defer: the record's fence is not
+	// the caller's); nothing was changed.
 	ErrLeaseLost = errors.New("idem/store: lease lost")
 	// ErrStateConflict: the record is not in the state the operation needs.
 	ErrStateConflict = errors.New("idem/store: record is not in the required state")

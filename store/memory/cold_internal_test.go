@@ -183,7 +183,12 @@ func TestColdMatchesEntries(t *testing.T) {
 			},
 			"defer": func(rt *rapid.T) {
 				k := pick()
-				p := store.DeferParams{Scope: k.scope, Key: k.key, Delay: time.Minute, Error: "d", DeadLetter: rapid.Bool().Draw(rt, "dead")}
+				f, attempts := fences[k], rapid.IntRange(0, 2).Draw(rt, "attempts")
+				if r, err := plain.Get(ctx, k.scope, k.key); err == nil && rapid.Bool().Draw(rt, "current") {
+					f, attempts = r.Fence, r.ReconcileAttempts
+				}
+				p := store.DeferParams{FenceParams: store.FenceParams{Scope: k.scope, Key: k.key, Fence: max(f, 1)}, Attempts: attempts,
+					Delay: time.Minute, Error: "d", DeadLetter: rapid.Bool().Draw(rt, "dead")}
 				both("defer", func(s *Store) (any, error) { return nil, s.Defer(ctx, p) })
 			},
 			"listUnknown": func(rt *rapid.T) {
@@ -510,7 +515,7 @@ func TestColdEdges(t *testing.T) {
 			return s.Resolve(ctx, store.ResolveParams{FenceParams: store.FenceParams{Scope: "s", Key: "k", Fence: 1}, To: store.StateFailedRetryable})
 		},
 		func() error {
-			return s.Defer(ctx, store.DeferParams{Scope: "s", Key: "k", Delay: time.Minute, Error: "x"})
+			return s.Defer(ctx, store.DeferParams{FenceParams: store.FenceParams{Scope: "s", Key: "k", Fence: 1}, Delay: time.Minute, Error: "x"})
 		},
 	} {
 		if err := refuse(); !errors.Is(err, store.ErrLeaseLost) && !errors.Is(err, store.ErrStateConflict) {

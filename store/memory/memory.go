@@ -471,19 +471,24 @@ func (s *Store) ListUnknown(ctx context.Context, p store.ListUnknownParams) ([]s
 	return out, err
 }
 
-// unknown runs f on an unknown record; a positive fence must be the
-// record's (Resolve), zero takes any (Defer).
-func (s *Store) unknown(ctx context.Context, scope, key string, fence int64, f func(e *entry, now time.Time)) error {
+// anyAttempts is what Resolve passes to unknown for the attempts: a
+// settlement holds whatever the reconcilers counted.
+const anyAttempts = -1
+
+// unknown runs f on the unknown record p names, whose fence must be
+// p.Fence and, unless attempts is anyAttempts, whose ReconcileAttempts
+// must be attempts (Defer).
+func (s *Store) unknown(ctx context.Context, p store.FenceParams, attempts int, f func(e *entry, now time.Time)) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e, _, slot := s.lookup(id{scope, key})
+	e, _, slot := s.lookup(id{p.Scope, p.Key})
 	if e == nil && slot >= 0 {
 		// Completed, so refused below: judged without making it an entry.
-		if fence > 0 && s.cold.at(slot).fence != fence {
+		if s.cold.at(slot).fence != p.Fence {
 			return store.ErrLeaseLost
 		}
 		return store.ErrStateConflict
@@ -491,9 +496,11 @@ func (s *Store) unknown(ctx context.Context, scope, key string, fence int64, f f
 	switch {
 	case e == nil:
 		return store.ErrNotFound
-	case fence > 0 && e.fence != fence:
+	case e.fence != p.Fence:
 		return store.ErrLeaseLost
 	case e.state != stUnknown:
+		return store.ErrStateConflict
+	case attempts != anyAttempts && e.rare().reconciles != attempts:
 		return store.ErrStateConflict
 	}
 	f(e, now)
@@ -506,7 +513,7 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	return s.unknown(ctx, p.Scope, p.Key, p.Fence, func(e *entry, now time.Time) {
+	return s.unknown(ctx, p.FenceParams, anyAttempts, func(e *entry, now time.Time) {
 		e.settle()
 		if p.To == store.StateCompleted {
 			s.complete(e, now, *p.Response, p.TTL, false)
@@ -526,7 +533,7 @@ func (s *Store) Defer(ctx context.Context, p store.DeferParams) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	return s.unknown(ctx, p.Scope, p.Key, 0, func(e *entry, now time.Time) {
+	return s.unknown(ctx, p.FenceParams, p.Attempts, func(e *entry, now time.Time) {
 		m := e.x()
 		m.reconciles++
 		m.lastError = p.Error

@@ -424,7 +424,7 @@ func TestMaintenance(t *testing.T) {
 	if err != nil || len(due) != 3 {
 		t.Fatalf("list: %d %v", len(due), err)
 	}
-	if err := s.Defer(ctx, store.DeferParams{Scope: due[0].Scope, Key: due[0].Key, Delay: time.Hour, Error: "provider down"}); err != nil {
+	if err := s.Defer(ctx, store.DeferParams{FenceParams: fence(due[0]), Attempts: due[0].ReconcileAttempts, Delay: time.Hour, Error: "provider down"}); err != nil {
 		t.Fatal(err)
 	}
 	if due, _ = s.ListUnknown(ctx, store.ListUnknownParams{DueOnly: true, Limit: 10}); len(due) != 2 {
@@ -448,7 +448,7 @@ func TestMaintenance(t *testing.T) {
 	if err := s.Resolve(ctx, store.ResolveParams{FenceParams: store.FenceParams{Scope: due[0].Scope, Key: due[0].Key, Fence: due[0].Fence}, To: store.StateFailedRetryable}); !errors.Is(err, store.ErrStateConflict) {
 		t.Fatalf("resolve completed: %v", err)
 	}
-	if err := s.Defer(ctx, store.DeferParams{Scope: "nope", Key: "nope"}); !errors.Is(err, store.ErrNotFound) {
+	if err := s.Defer(ctx, store.DeferParams{FenceParams: store.FenceParams{Scope: "nope", Key: "nope", Fence: 1}}); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("defer absent: %v", err)
 	}
 

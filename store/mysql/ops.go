@@ -542,16 +542,19 @@ func (s *Store) Defer(ctx context.Context, p store.DeferParams) error {
 	}
 	a := s.idArgs(p.Scope, p.Key)
 	a["error"] = p.Error
+	a["fence"] = p.Fence
+	a["attempts"] = p.Attempts
 	if p.DeadLetter {
-		return s.unknownOnly(ctx, "dead letter", qDeadLetter, a, 0)
+		return s.unknownOnly(ctx, "dead letter", qDeadLetter, a, p.Fence)
 	}
 	a["delay_us"] = storekit.Micros(p.Delay)
-	return s.unknownOnly(ctx, "defer", qDefer, a, 0)
+	return s.unknownOnly(ctx, "defer", qDefer, a, p.Fence)
 }
 
-// unknownOnly runs an UPDATE guarded by state = 'unknown' (and, for a
-// positive fence, by the record's fence). Only when it matches nothing does
-// a second read tell ErrNotFound from ErrLeaseLost and ErrStateConflict.
+// unknownOnly runs an UPDATE guarded by state = 'unknown' and by the
+// record's fence (and whatever else the query checks). Only when it
+// matches nothing does a second read tell ErrNotFound from ErrLeaseLost and
+// ErrStateConflict.
 func (s *Store) unknownOnly(ctx context.Context, op string, qq *query, a args, fence int64) error {
 	n, err := s.exec(ctx, qq, a)
 	if err != nil {
@@ -571,8 +574,10 @@ func (s *Store) unknownOnly(ctx context.Context, op string, qq *query, a args, f
 		return store.ErrNotFound
 	case err != nil:
 		return wrap(op, err)
-	case fence > 0 && got != fence:
+	case got != fence:
 		return fmt.Errorf("%w: %s: the record's fence is %d, not %d", store.ErrLeaseLost, op, got, fence)
 	}
-	return fmt.Errorf("%w: %s: record is %s, not unknown", store.ErrStateConflict, op, state)
+	// The fence is the caller's: the record is not unknown, or what else
+	// the query checks (Defer's attempts) has moved on.
+	return fmt.Errorf("%w: %s: record is %s", store.ErrStateConflict, op, state)
 }

@@ -256,6 +256,7 @@ UPDATE idem_records SET
     updated_at = COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)),
     row_version = row_version + 1
 WHERE scope = :scope AND `key` = :key AND state = 'unknown'
+  AND fence = :fence AND reconcile_attempts = :attempts
 
 -- name: dead_letter
 UPDATE idem_records SET
@@ -265,6 +266,7 @@ UPDATE idem_records SET
     updated_at = COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)),
     row_version = row_version + 1
 WHERE scope = :scope AND `key` = :key AND state = 'unknown'
+  AND fence = :fence AND reconcile_attempts = :attempts
 
 -- name: migrate_lock
 -- GET_LOCK names are server-wide: the database name keeps stores in different

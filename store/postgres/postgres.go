@@ -753,10 +753,7 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 	if err != nil {
 		return wrap(ctx, "resolve", err)
 	}
-	if !resolved && fence != nil && *fence != p.Fence {
-		return fmt.Errorf("idem/postgres: resolve: the record's fence is %d, not %d: %w", *fence, p.Fence, store.ErrLeaseLost)
-	}
-	if err := unknownOutcome("resolve", resolved, state); err != nil {
+	if err := unknownOutcome("resolve", resolved, state, fence, p.Fence); err != nil {
 		return err
 	}
 	// The settled answer is new: no cache may hold an older one.
@@ -771,28 +768,33 @@ func (s *Store) Defer(ctx context.Context, p store.DeferParams) error {
 	var (
 		deferred bool
 		state    *string
+		fence    *int64
 		row      pgx.Row
 	)
 	if p.DeadLetter {
-		row = s.pool.QueryRow(ctx, s.q.deadLetter, p.Scope, p.Key, s.now(), p.Error)
+		row = s.pool.QueryRow(ctx, s.q.deadLetter, p.Scope, p.Key, s.now(), p.Error, p.Fence, p.Attempts)
 	} else {
-		row = s.pool.QueryRow(ctx, s.q.deferQ, p.Scope, p.Key, s.now(), storekit.Micros(p.Delay), p.Error)
+		row = s.pool.QueryRow(ctx, s.q.deferQ, p.Scope, p.Key, s.now(), storekit.Micros(p.Delay), p.Error, p.Fence, p.Attempts)
 	}
-	if err := row.Scan(&deferred, &state, nil); err != nil {
+	if err := row.Scan(&deferred, &state, &fence); err != nil {
 		return wrap(ctx, "defer", err)
 	}
-	return unknownOutcome("defer", deferred, state)
+	return unknownOutcome("defer", deferred, state, fence, p.Fence)
 }
 
-// unknownOutcome explains why an UPDATE guarded by state = 'unknown' did
-// not match. A state still reading "unknown" means a concurrent resolver
-// moved the record after this statement's snapshot.
-func unknownOutcome(op string, done bool, state *string) error {
+// unknownOutcome explains why an UPDATE of onUnknown guarded by the fence
+// want did not match, from the record's state and fence in the
+// statement's snapshot. A state still reading "unknown" under that fence
+// means that what else the statement checks (Defer's attempts) did not
+// hold, or that a concurrent call moved the record after the snapshot.
+func unknownOutcome(op string, done bool, state *string, fence *int64, want int64) error {
 	switch {
 	case done:
 		return nil
 	case state == nil:
 		return fmt.Errorf("idem/postgres: %s: %w", op, store.ErrNotFound)
+	case *fence != want:
+		return fmt.Errorf("idem/postgres: %s: the record's fence is %d, not %d: %w", op, *fence, want, store.ErrLeaseLost)
 	default:
 		return fmt.Errorf("idem/postgres: %s: record is %s: %w", op, *state, store.ErrStateConflict)
 	}

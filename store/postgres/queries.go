@@ -424,10 +424,10 @@ WHERE reconcile_after IS NOT NULL AND state = 'unknown'
 ORDER BY reconcile_after, scope, key
 LIMIT $2`
 
-// sqlResolve and sqlDefer also report the row's state from the snapshot so
-// that a miss can be told apart: absent (ErrNotFound) or not unknown
-// (ErrStateConflict), in the same round trip; sqlResolve, guarded by the
-// fence ($10) too, reports the row's fence for ErrLeaseLost.
+// sqlResolve, sqlDefer and sqlDeadLetter are guarded by the record's
+// fence too (sqlResolve $10, sqlDefer $6, sqlDeadLetter $5), and the last
+// two by the attempts their caller was shown (sqlDefer $7, sqlDeadLetter
+// $6): see onUnknown for how a miss is told apart.
 // $1 scope, $2 key, $3 now, then the operation's own.
 //
 // sqlResolve with a TTL ($9) sets expires_at and reap_after to now + TTL;
@@ -461,12 +461,14 @@ var sqlResolve = onUnknown(`state = $4,
 var sqlDefer = onUnknown(`reconcile_attempts = reconcile_attempts + 1,
 		reconcile_after = coalesce($3::timestamptz, statement_timestamp()) + $4::bigint * interval '1 microsecond',
 		last_error = $5,
-		updated_at = coalesce($3::timestamptz, statement_timestamp())`, "")
+		updated_at = coalesce($3::timestamptz, statement_timestamp())`,
+	` AND fence = $6::bigint AND reconcile_attempts = $7::integer`)
 
 var sqlDeadLetter = onUnknown(`reconcile_attempts = reconcile_attempts + 1,
 		dead_lettered_at = coalesce($3::timestamptz, statement_timestamp()),
 		last_error = $4,
-		updated_at = coalesce($3::timestamptz, statement_timestamp())`, "")
+		updated_at = coalesce($3::timestamptz, statement_timestamp())`,
+	` AND fence = $5::bigint AND reconcile_attempts = $6::integer`)
 
 // onUnknown is an UPDATE of an unknown record (the SET list set, and the
 // further conditions where) that also reports, from the statement's

@@ -415,7 +415,7 @@ func (s *Store) unknownOnly(ctx context.Context, op string, sc *goredis.Script, 
 	case codeAbsent:
 		return fmt.Errorf("idem/redis: %s: %w", op, store.ErrNotFound)
 	case codeFence:
-		return fmt.Errorf("idem/redis: %s: the record's fence is not the settlement's: %w", op, store.ErrLeaseLost)
+		return fmt.Errorf("idem/redis: %s: the record's fence is not the caller's: %w", op, store.ErrLeaseLost)
 	default:
 		return fmt.Errorf("idem/redis: %s: %w", op, store.ErrStateConflict)
 	}
@@ -445,5 +445,5 @@ func (s *Store) Defer(ctx context.Context, p store.DeferParams) error {
 		return fmt.Errorf("idem/redis: defer: %w", err)
 	}
 	return s.unknownOnly(ctx, "defer", scriptDefer, p.Scope, p.Key,
-		s.now(), s.graceMS(), storekit.Micros(p.Delay), p.Error, flag(p.DeadLetter))
+		s.now(), s.graceMS(), storekit.Micros(p.Delay), p.Error, flag(p.DeadLetter), p.Fence, p.Attempts)
 }

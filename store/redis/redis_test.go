@@ -518,7 +518,9 @@ func testSweepReapList(t *testing.T, open storetest.Opener) {
 
 	// Defer half of them: DueOnly lists the others, oldest first.
 	for i := range n / 2 {
-		if err := s.Defer(ctx, store.DeferParams{Scope: recs[i].Scope, Key: recs[i].Key, Delay: time.Hour, Error: "provider busy"}); err != nil {
+		p := store.DeferParams{FenceParams: store.FenceParams{Scope: recs[i].Scope, Key: recs[i].Key, Fence: recs[i].Fence},
+			Attempts: recs[i].ReconcileAttempts, Delay: time.Hour, Error: "provider busy"}
+		if err := s.Defer(ctx, p); err != nil {
 			t.Fatal(err)
 		}
 	}

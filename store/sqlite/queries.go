@@ -257,21 +257,24 @@ const qResolve = `UPDATE idem_records SET
 	dead_lettered_at = NULL
 WHERE scope = ?8 AND key = ?9 AND state = 'unknown' AND fence = ?2`
 
-// qDefer: ?3 reconcile_after, ?4 error, ?5 now.
+// qDefer reschedules an unknown record's reconciliation, if the attempt
+// is about its execution and not counted yet. ?3 reconcile_after,
+// ?4 error, ?5 now, ?6 fence, ?7 the attempts the caller was shown.
 const qDefer = `UPDATE idem_records SET
 	reconcile_attempts = reconcile_attempts + 1,
 	reconcile_after = ?3,
 	last_error = ?4,
 	updated_at = ?5
-WHERE scope = ?1 AND key = ?2 AND state = 'unknown'`
+WHERE scope = ?1 AND key = ?2 AND state = 'unknown' AND fence = ?6 AND reconcile_attempts = ?7`
 
-// qDeadLetter gives up on an unknown record. ?3 now, ?4 error.
+// qDeadLetter gives up on an unknown record, as qDefer. ?3 now,
+// ?4 error, ?5 fence, ?6 the attempts the caller was shown.
 const qDeadLetter = `UPDATE idem_records SET
 	reconcile_attempts = reconcile_attempts + 1,
 	dead_lettered_at = ?3,
 	last_error = ?4,
 	updated_at = ?3
-WHERE scope = ?1 AND key = ?2 AND state = 'unknown'`
+WHERE scope = ?1 AND key = ?2 AND state = 'unknown' AND fence = ?5 AND reconcile_attempts = ?6`
 
 // qPing reads the schema page, so it fails when the file cannot be read.
 const qPing = `SELECT count(*) FROM sqlite_schema`

@@ -379,16 +379,16 @@ func (s *Store) Defer(ctx context.Context, p store.DeferParams) error {
 	}
 	now := s.now()
 	if p.DeadLetter {
-		return s.settle(ctx, "dead letter", p.Scope, p.Key, 0, qDeadLetter, p.Scope, p.Key,
-			now.UnixMicro(), p.Error)
+		return s.settle(ctx, "dead letter", p.Scope, p.Key, p.Fence, qDeadLetter, p.Scope, p.Key,
+			now.UnixMicro(), p.Error, p.Fence, p.Attempts)
 	}
-	return s.settle(ctx, "defer", p.Scope, p.Key, 0, qDefer, p.Scope, p.Key,
-		after(now, p.Delay), p.Error, now.UnixMicro())
+	return s.settle(ctx, "defer", p.Scope, p.Key, p.Fence, qDefer, p.Scope, p.Key,
+		after(now, p.Delay), p.Error, now.UnixMicro(), p.Fence, p.Attempts)
 }
 
-// settle runs an update guarded by state = 'unknown' (and, for a positive
-// fence, by the record's fence) and, when it changes nothing, tells
-// ErrNotFound from ErrLeaseLost and ErrStateConflict within the same
+// settle runs an update guarded by state = 'unknown' and by the record's
+// fence (and whatever else the query checks) and, when it changes nothing,
+// tells ErrNotFound from ErrLeaseLost and ErrStateConflict within the same
 // transaction.
 func (s *Store) settle(ctx context.Context, op, scope, key string, fence int64, query string, args ...any) error {
 	err := s.inTx(ctx, func(tx querier) error {
@@ -403,7 +403,7 @@ func (s *Store) settle(ctx context.Context, op, scope, key string, fence int64, 
 			return store.ErrNotFound
 		case err != nil:
 			return err
-		case fence > 0 && got != fence:
+		case got != fence:
 			return fmt.Errorf("%w: the record's fence is %d, not %d", store.ErrLeaseLost, got, fence)
 		}
 		return fmt.Errorf("%w: state is %s", store.ErrStateConflict, state)

@@ -225,7 +225,7 @@ func TestReopenKeepsEveryField(t *testing.T) {
 	if err := s.MarkUnknown(ctx, store.ReleaseParams{FenceParams: fenceOf(unknown), Error: "timeout"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Defer(ctx, store.DeferParams{Scope: "s", Key: "unknown", Delay: time.Minute, Error: "again"}); err != nil {
+	if err := s.Defer(ctx, store.DeferParams{FenceParams: fenceOf(unknown), Delay: time.Minute, Error: "again"}); err != nil {
 		t.Fatal(err)
 	}
 

@@ -89,6 +89,19 @@ func fenceOf(r store.Record) store.FenceParams {
 	return store.FenceParams{Scope: r.Scope, Key: r.Key, Fence: r.Fence}
 }
 
+// deferOf is a reconciler's deferral of r as it was listed: its fence and
+// the attempts counted so far.
+func deferOf(r store.Record, delay time.Duration, why string) store.DeferParams {
+	return store.DeferParams{FenceParams: fenceOf(r), Attempts: r.ReconcileAttempts, Delay: delay, Error: why}
+}
+
+// deadLetterOf is a reconciler's dead letter of r as it was listed.
+func deadLetterOf(r store.Record, why string) store.DeferParams {
+	p := deferOf(r, 0, why)
+	p.DeadLetter = true
+	return p
+}
+
 func sampleResponse() store.Response {
 	h := http.Header{}
 	h.Add("Content-Type", "application/json")
@@ -122,6 +135,7 @@ func diffRecords(a, b store.Record) []string {
 	add("ExpiresAt", !a.ExpiresAt.Equal(b.ExpiresAt))
 	add("ReconcileAfter", !a.ReconcileAfter.Equal(b.ReconcileAfter))
 	add("ReconcileAttempts", a.ReconcileAttempts != b.ReconcileAttempts)
+	add("DeadLetteredAt", !a.DeadLetteredAt.Equal(b.DeadLetteredAt))
 	return d
 }
 
@@ -198,6 +212,10 @@ func run(t *testing.T, h Harness) {
 	t.Run("SweepGrace", func(t *testing.T) { testSweepGrace(t, h) })
 	t.Run("DeadLetter", func(t *testing.T) { testDeadLetter(t, h) })
 	t.Run("ReconcileAttemptsPerExecution", func(t *testing.T) { testReconcileAttemptsPerExecution(t, h) })
+	t.Run("DeferIsBoundToItsFence", func(t *testing.T) { testDeferFence(t, h) })
+	t.Run("DeferCountsAnAttemptOnce", func(t *testing.T) { testDeferAttempts(t, h) })
+	t.Run("DeferNeedsAnUnknownRecord", func(t *testing.T) { testDeferState(t, h) })
+	t.Run("ConcurrentDefersCountOnce", func(t *testing.T) { testConcurrentDefer(t, h) })
 	t.Run("List", func(t *testing.T) { testList(t, h) })
 	t.Run("ListInvalid", func(t *testing.T) { testListInvalid(t, h) })
 	t.Run("StoreClock", func(t *testing.T) { testStoreClock(t, h) })
@@ -977,7 +995,7 @@ func testReconcile(t *testing.T, h Harness) {
 		t.Fatalf("ListUnknown: %d records %v", len(list), keys(list))
 	}
 	// Defer u0: it is no longer due, and its attempts grow.
-	if err := e.s.Defer(e.ctx, store.DeferParams{Scope: "s", Key: "u0", Delay: time.Minute, Error: "provider 500"}); err != nil {
+	if err := e.s.Defer(e.ctx, deferOf(list[0], time.Minute, "provider 500")); err != nil {
 		t.Fatal(err)
 	}
 	d := e.get("s", "u0")
@@ -1023,7 +1041,7 @@ func testReconcile(t *testing.T, h Harness) {
 	if err := e.s.Resolve(e.ctx, store.ResolveParams{FenceParams: store.FenceParams{Scope: "s", Key: "nope", Fence: 1}, To: store.StateFailedRetryable}); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("Resolve of a missing record: %v, want ErrNotFound", err)
 	}
-	if err := e.s.Defer(e.ctx, store.DeferParams{Scope: "s", Key: "busy", Delay: time.Minute}); !errors.Is(err, store.ErrStateConflict) {
+	if err := e.s.Defer(e.ctx, deferOf(e.get("s", "busy"), time.Minute, "")); !errors.Is(err, store.ErrStateConflict) {
 		t.Fatalf("Defer of an in_progress record: %v, want ErrStateConflict", err)
 	}
 	if err := e.s.Resolve(e.ctx, store.ResolveParams{FenceParams: e.fenceNow("s", "u0"), To: store.StateCompleted}); !errors.Is(err, store.ErrInvalidParams) {
@@ -1368,7 +1386,7 @@ func (e *env) identityOps(scope, key string) map[string]error {
 		"Checkpoint":  e.s.Checkpoint(e.ctx, store.CheckpointParams{FenceParams: fp, RecoveryPoint: "p"}),
 		"Extend":      e.s.Extend(e.ctx, store.ExtendParams{FenceParams: fp, Lease: lease}),
 		"Resolve":     e.s.Resolve(e.ctx, store.ResolveParams{FenceParams: fp, To: store.StateFailedRetryable}),
-		"Defer":       e.s.Defer(e.ctx, store.DeferParams{Scope: scope, Key: key, Delay: time.Minute}),
+		"Defer":       e.s.Defer(e.ctx, store.DeferParams{FenceParams: fp, Delay: time.Minute}),
 	}
 }
 
@@ -1452,7 +1470,9 @@ func testInvalidEveryOp(t *testing.T, h Harness) {
 		"Resolve negative ttl":     e.s.Resolve(e.ctx, store.ResolveParams{FenceParams: fp, To: store.StateFailedRetryable, TTL: -1}),
 		"Resolve status 42":        e.s.Resolve(e.ctx, store.ResolveParams{FenceParams: fp, To: store.StateCompleted, Response: &bad}),
 		"Resolve to in_progress":   e.s.Resolve(e.ctx, store.ResolveParams{FenceParams: fp, To: store.StateInProgress}),
-		"Defer negative delay":     e.s.Defer(e.ctx, store.DeferParams{Scope: "s", Key: "k", Delay: -time.Second}),
+		"Defer fence 0":            e.s.Defer(e.ctx, store.DeferParams{FenceParams: zero, Delay: time.Second}),
+		"Defer negative attempts":  e.s.Defer(e.ctx, store.DeferParams{FenceParams: fp, Attempts: -1, Delay: time.Second}),
+		"Defer negative delay":     e.s.Defer(e.ctx, store.DeferParams{FenceParams: fp, Delay: -time.Second}),
 		"Reap status 42":           second(e.s.Reap(e.ctx, store.ReapParams{Limit: 1, Abandoned: bad})),
 		"Reap negative ttl":        second(e.s.Reap(e.ctx, store.ReapParams{Limit: 1, Abandoned: abandoned, AbandonedTTL: -1})),
 		"Sweep negative grace":     second(e.s.SweepExpiredLeases(e.ctx, store.SweepParams{Limit: 1, Grace: -time.Second})),
@@ -1489,7 +1509,7 @@ func testRounding(t *testing.T, h Harness) {
 	if err := e.s.MarkUnknown(e.ctx, store.ReleaseParams{FenceParams: fenceOf(r.Record)}); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.s.Defer(e.ctx, store.DeferParams{Scope: "s", Key: "k", Delay: time.Second + time.Nanosecond}); err != nil {
+	if err := e.s.Defer(e.ctx, deferOf(e.get("s", "k"), time.Second+time.Nanosecond, "")); err != nil {
 		t.Fatal(err)
 	}
 	wantTime(t, "ReconcileAfter after a Defer of 1s+1ns", e.get("s", "k").ReconcileAfter, now.Add(time.Second+time.Microsecond))
@@ -1542,7 +1562,7 @@ func testReconcileAttemptsPerExecution(t *testing.T, h Harness) {
 		t.Fatal(err)
 	}
 	for range 2 {
-		if err := e.s.Defer(e.ctx, store.DeferParams{Scope: "s", Key: "k", Delay: time.Minute, Error: "not yet"}); err != nil {
+		if err := e.s.Defer(e.ctx, deferOf(e.get("s", "k"), time.Minute, "not yet")); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -1581,7 +1601,7 @@ func testDeadLetter(t *testing.T, h Harness) {
 	if before.DeadLettered() {
 		t.Fatalf("a new unknown record is dead-lettered: %v", before.DeadLetteredAt)
 	}
-	if err := e.s.Defer(e.ctx, store.DeferParams{Scope: "s", Key: "dead", Error: "gave up after 20 attempts", DeadLetter: true}); err != nil {
+	if err := e.s.Defer(e.ctx, deadLetterOf(before, "gave up after 20 attempts")); err != nil {
 		t.Fatal(err)
 	}
 	d := e.get("s", "dead")
@@ -1589,9 +1609,10 @@ func testDeadLetter(t *testing.T, h Harness) {
 		t.Fatalf("dead-lettered: %+v", d)
 	}
 	wantTime(t, "DeadLetteredAt", d.DeadLetteredAt, e.clock.Now())
-	// A later Defer without DeadLetter (another reconciler's late attempt)
-	// leaves it dead-lettered: listed for operators, never due.
-	if err := e.s.Defer(e.ctx, store.DeferParams{Scope: "s", Key: "dead", Error: "late attempt", Delay: time.Minute}); err != nil {
+	// A later Defer without DeadLetter (a reconciler's late attempt, shown
+	// the record as it is now) leaves it dead-lettered: listed for
+	// operators, never due.
+	if err := e.s.Defer(e.ctx, deferOf(d, time.Minute, "late attempt")); err != nil {
 		t.Fatal(err)
 	}
 	if d := e.get("s", "dead"); !d.DeadLettered() || d.State != store.StateUnknown {
@@ -1622,15 +1643,15 @@ func testDeadLetter(t *testing.T, h Harness) {
 	if got := e.get("s", "dead"); got.State != store.StateCompleted || got.DeadLettered() {
 		t.Fatalf("resolved: %s, DeadLetteredAt %v", got.State, got.DeadLetteredAt)
 	}
-	if err := e.s.Defer(e.ctx, store.DeferParams{Scope: "s", Key: "dead", DeadLetter: true}); !errors.Is(err, store.ErrStateConflict) {
+	if err := e.s.Defer(e.ctx, deadLetterOf(e.get("s", "dead"), "")); !errors.Is(err, store.ErrStateConflict) {
 		t.Fatalf("dead-lettering a completed record: %v, want ErrStateConflict", err)
 	}
-	if err := e.s.Defer(e.ctx, store.DeferParams{Scope: "s", Key: "nope", DeadLetter: true}); !errors.Is(err, store.ErrNotFound) {
+	if err := e.s.Defer(e.ctx, store.DeferParams{FenceParams: store.FenceParams{Scope: "s", Key: "nope", Fence: 1}, DeadLetter: true}); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("dead-lettering a missing record: %v, want ErrNotFound", err)
 	}
 	// Past its ExpiresAt a dead-lettered record is abandoned like any
 	// unknown one, and is no longer dead-lettered.
-	if err := e.s.Defer(e.ctx, store.DeferParams{Scope: "s", Key: "live", DeadLetter: true}); err != nil {
+	if err := e.s.Defer(e.ctx, deadLetterOf(e.get("s", "live"), "")); err != nil {
 		t.Fatal(err)
 	}
 	if res, err := e.s.Reap(e.ctx, store.ReapParams{Limit: 10, Abandoned: abandoned, AbandonedTTL: time.Hour}); err != nil || res.Abandoned != 1 {
@@ -1638,5 +1659,181 @@ func testDeadLetter(t *testing.T, h Harness) {
 	}
 	if got := e.get("s", "live"); got.State != store.StateCompleted || got.DeadLettered() || got.LastError != "abandoned" {
 		t.Fatalf("abandoned dead-lettered record: %s, DeadLetteredAt %v, LastError %q", got.State, got.DeadLetteredAt, got.LastError)
+	}
+}
+
+// unknownRecord creates key's record and marks it unknown, as the
+// reconciler lists it.
+func (e *env) unknownRecord(key string) store.Record {
+	e.t.Helper()
+	r := e.create("s", key, "fp", store.LeaseUnknown)
+	if err := e.s.MarkUnknown(e.ctx, store.ReleaseParams{FenceParams: fenceOf(r), Error: "timeout"}); err != nil {
+		e.t.Fatal(err)
+	}
+	return e.get("s", key)
+}
+
+// testDeferFence: a reconciliation attempt is about one execution. Once
+// the record ran again (settled failed_retryable, reclaimed with a new
+// fence, unknown again), a deferral or a dead letter naming the older
+// fence changes nothing, whatever the record's state.
+func testDeferFence(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	listed := e.unknownRecord("k")
+	// Meanwhile a webhook settles it, a retry runs it again and that
+	// execution's outcome is unknown too.
+	if err := e.s.Resolve(e.ctx, store.ResolveParams{FenceParams: fenceOf(listed), To: store.StateFailedRetryable}); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(time.Second)
+	res := e.reserve(e.s, e.reserveP("s", "k", "fp", store.LeaseUnknown))
+	if res.Outcome != store.Reclaimed || res.Record.Fence == listed.Fence {
+		t.Fatalf("retry: %v fence %d, want reclaimed under a new fence", res.Outcome, res.Record.Fence)
+	}
+	if err := e.s.MarkUnknown(e.ctx, store.ReleaseParams{FenceParams: fenceOf(res.Record), Error: "timeout again"}); err != nil {
+		t.Fatal(err)
+	}
+	again := e.get("s", "k")
+	e.refusesDeferrals(listed, store.ErrLeaseLost, again, "of the older execution")
+	// The fence is checked whatever the state: the record in progress
+	// under a newer fence.
+	if err := e.s.Resolve(e.ctx, store.ResolveParams{FenceParams: fenceOf(again), To: store.StateFailedRetryable}); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(time.Second)
+	running := e.reserve(e.s, e.reserveP("s", "k", "fp", store.LeaseUnknown)).Record
+	if err := e.s.Defer(e.ctx, deadLetterOf(again, "gave up")); !errors.Is(err, store.ErrLeaseLost) {
+		t.Fatalf("dead letter of an older execution while a newer one runs: %v, want ErrLeaseLost", err)
+	}
+	e.mustUnchanged(running, "a dead letter of an older execution")
+	// The current execution's attempts count.
+	if err := e.s.MarkUnknown(e.ctx, store.ReleaseParams{FenceParams: fenceOf(running), Error: "timeout"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.s.Defer(e.ctx, deferOf(e.get("s", "k"), time.Minute, "not yet")); err != nil {
+		t.Fatalf("Defer of the current execution: %v", err)
+	}
+	if got := e.get("s", "k"); got.ReconcileAttempts != 1 || got.LastError != "not yet" {
+		t.Fatalf("deferred: %d attempts, LastError %q", got.ReconcileAttempts, got.LastError)
+	}
+}
+
+// refusesDeferrals checks that both a Defer and a dead letter about the
+// record as listed fail with want and leave the record as it is now.
+func (e *env) refusesDeferrals(listed store.Record, want error, now store.Record, what string) {
+	e.t.Helper()
+	for name, p := range map[string]store.DeferParams{
+		"Defer":       deferOf(listed, time.Hour, "again"),
+		"dead letter": deadLetterOf(listed, "gave up"),
+	} {
+		if err := e.s.Defer(e.ctx, p); !errors.Is(err, want) {
+			e.t.Fatalf("%s %s: %v, want %v", name, what, err, want)
+		}
+		e.mustUnchanged(now, name+" "+what)
+	}
+}
+
+// testDeferAttempts: a deferral names the attempts its reconciler was
+// shown. Two reconcilers that listed the same record count one attempt:
+// the second one's deferral or dead letter changes nothing.
+func testDeferAttempts(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	listed := e.unknownRecord("k")
+	e.clock.Advance(time.Second)
+	if err := e.s.Defer(e.ctx, deferOf(listed, time.Minute, "first")); err != nil {
+		t.Fatal(err)
+	}
+	counted := e.get("s", "k")
+	if counted.ReconcileAttempts != 1 {
+		t.Fatalf("after a deferral: %d attempts, want 1", counted.ReconcileAttempts)
+	}
+	e.refusesDeferrals(listed, store.ErrStateConflict, counted, "of an attempt already counted")
+	// The next attempt, shown the record as it is now, counts.
+	e.clock.Advance(time.Minute)
+	if err := e.s.Defer(e.ctx, deadLetterOf(counted, "gave up")); err != nil {
+		t.Fatalf("dead letter of the next attempt: %v", err)
+	}
+	dead := e.get("s", "k")
+	if dead.ReconcileAttempts != 2 || !dead.DeadLettered() || dead.LastError != "gave up" {
+		t.Fatalf("dead-lettered: %d attempts, DeadLetteredAt %v, LastError %q", dead.ReconcileAttempts, dead.DeadLetteredAt, dead.LastError)
+	}
+	if err := e.s.Defer(e.ctx, deadLetterOf(counted, "gave up again")); !errors.Is(err, store.ErrStateConflict) {
+		t.Fatalf("a second dead letter of one attempt: %v, want ErrStateConflict", err)
+	}
+	e.mustUnchanged(dead, "a second dead letter of one attempt")
+}
+
+// testDeferState: only an unknown record is deferred or dead-lettered;
+// one in any other state is refused and unchanged: with ErrStateConflict
+// when named with its own fence and attempts, with ErrLeaseLost when named
+// with another fence (the fence is checked first, whatever the state).
+func testDeferState(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	e.create("s", "running", "fp", store.LeaseUnknown)
+	done := e.create("s", "done", "fp", store.LeaseUnknown)
+	e.complete(done, sampleResponse())
+	failed := e.create("s", "failed", "fp", store.LeaseUnknown)
+	if err := e.s.Release(e.ctx, store.ReleaseParams{FenceParams: fenceOf(failed), Error: "upstream 503"}); err != nil {
+		t.Fatal(err)
+	}
+	settled := e.unknownRecord("settled")
+	if err := e.s.Resolve(e.ctx, store.ResolveParams{FenceParams: fenceOf(settled), To: store.StateFailedRetryable}); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(time.Second)
+	for _, key := range []string{"running", "done", "failed", "settled"} {
+		before := e.get("s", key)
+		for name, p := range map[string]store.DeferParams{
+			"Defer":       deferOf(before, time.Minute, "not yet"),
+			"dead letter": deadLetterOf(before, "gave up"),
+		} {
+			if err := e.s.Defer(e.ctx, p); !errors.Is(err, store.ErrStateConflict) {
+				t.Fatalf("%s of the %s record: %v, want ErrStateConflict", name, key, err)
+			}
+			e.mustUnchanged(before, name+" of the "+key+" record")
+			p.Fence--
+			if err := e.s.Defer(e.ctx, p); !errors.Is(err, store.ErrLeaseLost) {
+				t.Fatalf("%s of the %s record under another fence: %v, want ErrLeaseLost", name, key, err)
+			}
+			e.mustUnchanged(before, name+" of the "+key+" record under another fence")
+		}
+	}
+	if err := e.s.Defer(e.ctx, store.DeferParams{FenceParams: store.FenceParams{Scope: "s", Key: "nope", Fence: 1}, Delay: time.Minute}); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Defer of a missing record: %v, want ErrNotFound", err)
+	}
+}
+
+// testConcurrentDefer: reconcilers that listed one record and defer it at
+// once, from two handles when the store shares them, count one attempt.
+func testConcurrentDefer(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	handles := []store.Store{e.s}
+	if h.Shared {
+		handles = append(handles, e.open(t, e.clock.Now))
+	}
+	for _, dead := range []bool{false, true} {
+		key := fmt.Sprint("dead-", dead)
+		listed := e.unknownRecord(key)
+		p := deferOf(listed, time.Minute, "not yet")
+		p.DeadLetter = dead
+		const n = 16
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() { errs[i] = handles[i%len(handles)].Defer(e.ctx, p) })
+		}
+		wg.Wait()
+		won := 0
+		for i, err := range errs {
+			switch {
+			case err == nil:
+				won++
+			case !errors.Is(err, store.ErrStateConflict):
+				t.Fatalf("%s: racer %d: %v, want nil or ErrStateConflict", key, i, err)
+			}
+		}
+		if got := e.get("s", key); won != 1 || got.ReconcileAttempts != 1 || got.DeadLettered() != dead {
+			t.Fatalf("%s: %d deferrals applied, %d attempts, dead-lettered %v; want 1, 1, %v", key, won, got.ReconcileAttempts, got.DeadLettered(), dead)
+		}
 	}
 }

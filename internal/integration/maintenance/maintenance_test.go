@@ -3,6 +3,8 @@ package maintenance_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -264,6 +266,126 @@ func TestReconcilerGoesPastARecordItCannotSettle(t *testing.T) {
 				t.Fatalf("second attempt: %+v %v, want both dead-lettered", res, err)
 			}
 		})
+	}
+}
+
+// Maintainers that list one due record at once (every instance of a
+// service runs one) and both fail to settle it count one attempt: the
+// record is deferred or dead-lettered once, and dead-lettered after
+// MaxReconcileAttempts attempts, not after half of them.
+func TestReconcilersCountOneAttempt(t *testing.T) {
+	for _, ns := range realStores(t) {
+		for _, maxAttempts := range []int{10, 1} { // deferred; dead-lettered
+			t.Run(fmt.Sprintf("%s/MaxReconcileAttempts=%d", ns.Name, maxAttempts), func(t *testing.T) {
+				t.Parallel()
+				// The provider answers once both maintainers asked it: both
+				// listed the record before either deferred it.
+				var asked atomic.Int32
+				both := make(chan struct{})
+				resolver := maintenance.ResolverFunc(func(ctx context.Context, r store.Record) (maintenance.Resolution, error) {
+					if asked.Add(1) == 2 {
+						close(both)
+					}
+					select {
+					case <-both:
+						return maintenance.Resolution{Outcome: maintenance.StillUnknown}, nil
+					case <-ctx.Done():
+						return maintenance.Resolution{}, ctx.Err()
+					}
+				})
+				logs := &enginetest.Logs{}
+				cfg := maintenance.Config{Resolver: resolver, MaxReconcileAttempts: maxAttempts, Logger: slog.New(logs)}
+				m := enginetest.NewMaint(t, ns, cfg, idem.Config{})
+				other := m.Maintainer(cfg)
+				m.Unknown("k")
+				results := make(chan maintenance.ReconcileResult, 2)
+				errc := make(chan error, 2)
+				for _, mt := range []*maintenance.Maintainer{m.M, other} {
+					go func() {
+						res, err := mt.ReconcileOnce(context.Background())
+						results <- res
+						errc <- err
+					}()
+				}
+				var total maintenance.ReconcileResult
+				for range 2 {
+					if err := <-errc; err != nil {
+						t.Fatal(err)
+					}
+					res := <-results
+					total.Resolved += res.Resolved
+					total.Deferred += res.Deferred
+					total.DeadLettered += res.DeadLettered
+				}
+				dead := maxAttempts == 1
+				want := maintenance.ReconcileResult{Deferred: 1}
+				if dead {
+					want = maintenance.ReconcileResult{DeadLettered: 1}
+				}
+				if asked.Load() != 2 || total != want {
+					t.Fatalf("two passes asked %d times and counted %+v, want 2 and %+v", asked.Load(), total, want)
+				}
+				rec, err := m.Record("k")
+				if err != nil || rec.ReconcileAttempts != 1 || rec.DeadLettered() != dead {
+					t.Fatalf("after both passes: %d attempts, dead-lettered %v (%v); want 1, %v", rec.ReconcileAttempts, rec.DeadLettered(), err, dead)
+				}
+				if logged := len(logs.At(slog.LevelError)); logged != total.DeadLettered {
+					t.Fatalf("%d dead letters logged, want %d", logged, total.DeadLettered)
+				}
+			})
+		}
+	}
+}
+
+// An attempt about an execution that is no longer the record's counts for
+// nothing: while the provider was asked, a webhook settled the record, a
+// retry ran it again under a new fence and its outcome is unknown too. The
+// older execution's attempt neither defers nor dead-letters the new one,
+// which the next pass asks about afresh.
+func TestReconcilerAttemptAboutAnOlderExecution(t *testing.T) {
+	for _, ns := range realStores(t) {
+		for _, maxAttempts := range []int{10, 1} { // deferred; dead-lettered
+			t.Run(fmt.Sprintf("%s/MaxReconcileAttempts=%d", ns.Name, maxAttempts), func(t *testing.T) {
+				t.Parallel()
+				var (
+					m     *enginetest.Maint
+					first int64 // the fence of the execution first listed
+				)
+				resolver := maintenance.ResolverFunc(func(ctx context.Context, r store.Record) (maintenance.Resolution, error) {
+					if r.Fence == first {
+						if err := m.M.Settle(ctx, enginetest.Scope, r.Key, r.Fence, maintenance.Resolution{Outcome: maintenance.DidNotHappen}); err != nil {
+							return maintenance.Resolution{}, err
+						}
+						m.Unknown(r.Key)
+					}
+					return maintenance.Resolution{Outcome: maintenance.StillUnknown}, nil
+				})
+				logs := &enginetest.Logs{}
+				m = enginetest.NewMaint(t, ns, maintenance.Config{Resolver: resolver, MaxReconcileAttempts: maxAttempts,
+					Logger: slog.New(logs)}, idem.Config{})
+				m.Unknown("k")
+				first = fenceOf(t, m, "k")
+				res, err := m.M.ReconcileOnce(context.Background())
+				if err != nil || res != (maintenance.ReconcileResult{}) {
+					t.Fatalf("pass about the older execution: %+v %v, want nothing counted", res, err)
+				}
+				rec, err := m.Record("k")
+				if err != nil || rec.Fence == first || rec.State != store.StateUnknown || rec.ReconcileAttempts != 0 ||
+					rec.DeadLettered() || rec.ReconcileAfter.After(m.Clock.Now()) {
+					t.Fatalf("the new execution after that pass: %+v %v; want unknown, due, with no attempt", rec, err)
+				}
+				if logged := logs.At(slog.LevelError); len(logged) != 0 {
+					t.Fatalf("logged %q about the older execution", logged)
+				}
+				want := maintenance.ReconcileResult{Deferred: 1}
+				if maxAttempts == 1 {
+					want = maintenance.ReconcileResult{DeadLettered: 1}
+				}
+				if res, err := m.M.ReconcileOnce(context.Background()); err != nil || res != want {
+					t.Fatalf("pass about the new execution: %+v %v, want %+v", res, err, want)
+				}
+			})
+		}
 	}
 }
 

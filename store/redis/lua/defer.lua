@@ -1,16 +1,20 @@
 -- defer: reschedules the reconciliation of an unknown record, or gives up on
--- it (dead letter: never due again).
--- ARGV: clock, grace_ms, delay_us, last_error, dead_letter ('1'/'0')
--- Returns 0 done, 1 absent, 2 not unknown.
+-- it (dead letter: never due again), if the attempt is about its execution
+-- (fence) and was not counted yet (the attempts the caller was shown).
+-- ARGV: clock, grace_ms, delay_us, last_error, dead_letter ('1'/'0'), fence, attempts
+-- Returns 0 done, 1 absent, 2 not unknown or attempts moved on, 3 another fence.
 local idx = {KEYS[1], KEYS[2], KEYS[3], KEYS[4]}
 local rk = KEYS[5]
 local now = clock(ARGV[1])
 local grace, ra = tonumber(ARGV[2]), now + tonumber(ARGV[3])
-local v = redis.call('HMGET', rk, 'st', 'pol', 'lu', 'ea')
+local v = redis.call('HMGET', rk, 'st', 'pol', 'lu', 'ea', 'f', 'rat')
 if not v[1] then
   return 1
 end
-if v[1] ~= UNKNOWN then
+if v[5] ~= ARGV[6] then
+  return 3
+end
+if v[1] ~= UNKNOWN or tonumber(v[6] or '0') ~= tonumber(ARGV[7]) then
   return 2
 end
 redis.call('HINCRBY', rk, 'rat', 1)

@@ -145,8 +145,12 @@ func TestConsoleBrowser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Store().Defer(context.Background(), store.DeferParams{Scope: scopeOf(tenant, "POST", "/v1/charges"),
-		Key: "order-43", DeadLetter: true, Error: "the resolver kept failing"}); err != nil {
+	given, err := p.Store().Get(context.Background(), scopeOf(tenant, "POST", "/v1/charges"), "order-43")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Store().Defer(context.Background(), store.DeferParams{FenceParams: store.FenceParams{Scope: given.Scope, Key: given.Key, Fence: given.Fence},
+		DeadLetter: true, Error: "the resolver kept failing"}); err != nil {
 		t.Fatal(err)
 	}
 

@@ -46,15 +46,14 @@ func reserve(t *testing.T, s store.Store, key string, lease time.Duration, polic
 }
 
 // unknownRecord makes an unknown record, due for reconciliation now.
-func unknownRecord(t *testing.T, s store.Store, key string) {
+// unknownRecord leaves key's record unknown and returns its fence.
+func unknownRecord(t *testing.T, s store.Store, key string) store.FenceParams {
 	t.Helper()
-	fence := reserve(t, s, key, time.Minute, store.LeaseUnknown)
-	err := s.MarkUnknown(context.Background(), store.ReleaseParams{
-		FenceParams: store.FenceParams{Scope: testScope, Key: key, Fence: fence}, Error: "upstream hung up",
-	})
-	if err != nil {
+	fence := store.FenceParams{Scope: testScope, Key: key, Fence: reserve(t, s, key, time.Minute, store.LeaseUnknown)}
+	if err := s.MarkUnknown(context.Background(), store.ReleaseParams{FenceParams: fence, Error: "upstream hung up"}); err != nil {
 		t.Fatal(err)
 	}
+	return fence
 }
 
 func completedRecord(t *testing.T, s store.Store, key string, ttl time.Duration) {
@@ -156,13 +155,13 @@ func TestReconcileList(t *testing.T) {
 	s := seeded(t, dsn, time.Now())
 	ctx := context.Background()
 	unknownRecord(t, s, "due")
-	unknownRecord(t, s, "later")
-	unknownRecord(t, s, "dead")
+	later := unknownRecord(t, s, "later")
+	dead := unknownRecord(t, s, "dead")
 	completedRecord(t, s, "done", time.Hour)
-	if err := s.Defer(ctx, store.DeferParams{Scope: testScope, Key: "later", Delay: time.Hour, Error: "resolver: cannot tell\nyet"}); err != nil {
+	if err := s.Defer(ctx, store.DeferParams{FenceParams: later, Delay: time.Hour, Error: "resolver: cannot tell\nyet"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Defer(ctx, store.DeferParams{Scope: testScope, Key: "dead", DeadLetter: true, Error: "dead-lettered after 10 attempts"}); err != nil {
+	if err := s.Defer(ctx, store.DeferParams{FenceParams: dead, DeadLetter: true, Error: "dead-lettered after 10 attempts"}); err != nil {
 		t.Fatal(err)
 	}
 

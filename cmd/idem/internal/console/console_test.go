@@ -239,10 +239,10 @@ func TestConsoleRefusesWithoutCredentials(t *testing.T) {
 
 // deadLetter makes an unknown record the reconciler gave up on.
 func (f *fixture) deadLetter(tenant, route, key string) string {
-	f.unknown(tenant, route, key)
+	fence := f.unknown(tenant, route, key)
 	scope := (&idem.Request{Tenant: tenant, Method: "POST", Route: route}).Scope()
-	if err := f.s.Defer(context.Background(), store.DeferParams{Scope: scope, Key: key, DeadLetter: true,
-		Error: "resolver kept failing"}); err != nil {
+	if err := f.s.Defer(context.Background(), store.DeferParams{FenceParams: store.FenceParams{Scope: scope, Key: key, Fence: fence},
+		DeadLetter: true, Error: "resolver kept failing"}); err != nil {
 		f.t.Fatal(err)
 	}
 	return scope
