@@ -837,6 +837,31 @@ func TestTLSErrorNotRetried(t *testing.T) {
 	}
 }
 
+// A key the caller set under another spelling of the header's name (a
+// direct map write) is the caller's key: the transport adds none of its
+// own, which would send two and get 400.
+func TestCallerKeyAnySpelling(t *testing.T) {
+	t.Parallel()
+	a := &api{}
+	srv, _ := server(t, a, idem.Config{}, failFirst(1, 503))
+	tr, _ := clienttest.NewTransport(t, clienttest.NewClock())
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/v1/charges", strings.NewReader(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	//lint:ignore SA1008 the caller's own spelling is the case under test
+	req.Header["idempotency-key"] = []string{`"order-43"`}
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 201 || client.Key(resp) != "order-43" {
+		t.Fatalf("%d, Key %q", resp.StatusCode, client.Key(resp))
+	}
+	checkOneKey(t, a, `"order-43"`, 2)
+}
+
 func TestCallerKey(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct{ sent, key string }{

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/internal/header"
+	"github.com/idem-go/idem/internal/httpfield"
 )
 
 // Defaults of the Transport fields.
@@ -328,7 +329,7 @@ func jitter(d time.Duration) time.Duration {
 // key is the idempotency key of req: the one it carries in s.Header, else
 // a new one, then with the header value to set.
 func (s *settings) key(req *http.Request) (key, value string, err error) {
-	if vs := req.Header.Values(s.Header); len(vs) > 0 {
+	if vs := httpfield.Values(req.Header, http.CanonicalHeaderKey(s.Header)); len(vs) > 0 {
 		if key, err = header.Parse(vs); err != nil {
 			return "", "", fmt.Errorf("client: the request's %s: %w", s.Header, err)
 		}

@@ -58,14 +58,20 @@ func isCanonical(name string) bool {
 
 // Connection returns the values of h's Connection field, under any
 // spelling of its name: the fields it names are hop-by-hop too.
-func Connection(h http.Header) []string {
-	named := h["Connection"]
+func Connection(h http.Header) []string { return Values(h, "Connection") }
+
+// Values returns the values of the field name (in canonical form) under
+// any spelling in h: a map written directly may hold "connection" or
+// "idempotency-key", which net/http sends as written and a server reads
+// without regard to case.
+func Values(h http.Header, name string) []string {
+	values := h[name]
 	for k, v := range h {
-		if len(k) == len("Connection") && k != "Connection" && strings.EqualFold(k, "Connection") {
-			named = append(named[:len(named):len(named)], v...)
+		if len(k) == len(name) && k != name && strings.EqualFold(k, name) {
+			values = append(values[:len(values):len(values)], v...)
 		}
 	}
-	return named
+	return values
 }
 
 // Replayable returns the headers of h that a stored answer may keep:
