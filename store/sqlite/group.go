@@ -16,7 +16,8 @@ import (
 // commit and one fsync. No timer holds a call back. A call whose
 // statements fail rolls back to its savepoint, so the others of its batch
 // are not affected; a batch whose commit fails has committed nothing, and
-// each of its calls then runs alone.
+// each of its calls then runs alone, unless the batch waited out another
+// process's write lock (busy): then each call fails with that error.
 
 // maxGroupOps bounds one batch; what is left waits for the next.
 const maxGroupOps = 128
@@ -66,7 +67,16 @@ func (s *Store) writeBatch(ctx context.Context, ops []*writeOp) {
 		}
 		return nil
 	})
-	if err != nil {
+	switch {
+	case err == nil:
+	case busy(err) || ctx.Err() != nil:
+		// Another process held the write lock past the busy timeout, or
+		// the callers' time is up: alone, each call would only wait for
+		// the same again, one after the other.
+		for _, op := range ops {
+			op.err = err
+		}
+	default:
 		for _, op := range ops {
 			s.writeAlone(ctx, op)
 		}

@@ -420,14 +420,23 @@ func (s *Store) settle(ctx context.Context, op, scope, key string, fence int64, 
 // process's shared cache; both roll back only the failed statement or
 // transaction.
 func wrap(op string, err error) error {
-	var e *msqlite.Error
-	if errors.As(err, &e) {
-		switch e.Code() & 0xff {
-		case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
-			err = store.Retryable(err)
-		}
+	if busy(err) {
+		err = store.Retryable(err)
 	}
 	return fmt.Errorf("idem/sqlite: %s: %w", op, err)
+}
+
+// busy reports whether err is SQLITE_BUSY or SQLITE_LOCKED (see wrap).
+func busy(err error) bool {
+	var e *msqlite.Error
+	if !errors.As(err, &e) {
+		return false
+	}
+	switch e.Code() & 0xff {
+	case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
+		return true
+	}
+	return false
 }
 
 // after is now plus d in unix microseconds, d rounded up as every store

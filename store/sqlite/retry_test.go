@@ -2,6 +2,7 @@ package sqlite_test
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
@@ -36,5 +37,50 @@ func TestBusyIsRetryable(t *testing.T) {
 	// Definite answers are not retryable.
 	if err := s.Delete(ctx, "s", "missing"); store.IsRetryable(err) {
 		t.Fatalf("Delete of a missing record: %v is retryable", err)
+	}
+}
+
+// TestBusyBatchFailsOnce: calls queued behind another process's write
+// lock run as one batch, and when that batch waits out the busy timeout
+// they all fail with it, as retryable. They are not run again one by one,
+// which would make the last of them wait the busy timeout once for every
+// call ahead of it.
+func TestBusyBatchFailsOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "idem.db")
+	const busy, queued = 300 * time.Millisecond, 8
+	s := open(t, path, sqlite.Config{BusyTimeout: busy})
+	holder := open(t, path, sqlite.Config{})
+	tx, err := holder.DB().BeginTx(ctx, nil) // immediate: takes the write lock
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	first := make(chan error, 1)
+	go func() {
+		_, err := s.Reserve(ctx, reserveP("first", "fp", store.LeaseUnknown))
+		first <- err
+	}()
+	waitGroupQueue(t, s, 0, 0)
+	began := time.Now()
+	errs := make(chan error, queued)
+	for i := range queued {
+		go func() {
+			_, err := s.Reserve(ctx, reserveP(fmt.Sprint("k", i), "fp", store.LeaseUnknown))
+			errs <- err
+		}()
+	}
+	for range queued {
+		if err := <-errs; !store.IsRetryable(err) {
+			t.Errorf("a queued Reserve: %v, want a retryable error", err)
+		}
+	}
+	// The lone call's busy timeout, then the batch's: not one for each.
+	if took := time.Since(began); took > 4*busy {
+		t.Errorf("the queued calls took %s to fail; the busy timeout is %s", took, busy)
+	}
+	if err := <-first; !store.IsRetryable(err) {
+		t.Errorf("the first Reserve: %v, want a retryable error", err)
 	}
 }
