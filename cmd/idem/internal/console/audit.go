@@ -25,7 +25,7 @@ const MaxReasonBytes = 500
 type action struct {
 	name       string // completed, not_happened, run_again or delete
 	scope, key string
-	fence      int64 // the execution the page showed (0 for delete)
+	fence      int64 // the execution the page showed (0 for a delete that names none)
 	status     int   // the answer's status, for completed
 	reason     string
 	res        maintenance.Resolution
@@ -46,9 +46,11 @@ func parseAction(f url.Values) (action, error) {
 		status, err := strconv.Atoi(raw)
 		switch {
 		case raw == "":
-			return a, errors.New("give the status the request was answered with (a number from 100 to 599): there is no default")
-		case err != nil || status < 100 || status > 599:
-			return a, fmt.Errorf("status %q: want a number from 100 to 599", raw)
+			return a, errors.New("give the status the request was answered with (a final status from 200 to 599): there is no default")
+		case err != nil || status < 200 || status > 599:
+			// An informational status is no answer: a replay of one would
+			// reach the client as an interim response and a 200.
+			return a, fmt.Errorf("status %q: want a final status from 200 to 599", raw)
 		}
 		hdr := http.Header{}
 		if ct := f.Get("content_type"); ct != "" {
@@ -74,11 +76,11 @@ func (a *action) refusal(rec *store.Record) string {
 	switch {
 	case a.name == "delete" && rec.State == store.StateInProgress:
 		return "the record is in progress: its holder may still be running; it can be deleted once it is settled or its lease expired"
-	case a.name == "delete":
-		return ""
-	case rec.State != store.StateUnknown:
+	case a.name != "delete" && rec.State != store.StateUnknown:
 		return fmt.Sprintf("the record is %s, not unknown: there is nothing to settle", rec.State)
-	case rec.Fence != a.fence:
+	case a.fence != 0 && rec.Fence != a.fence:
+		// A delete names the fence of the page it was sent from: the
+		// record may have run again since, with an answer nobody saw.
 		return fmt.Sprintf("the record ran again since the page showed fence %d (it is at fence %d): open the record again", a.fence, rec.Fence)
 	}
 	return ""
