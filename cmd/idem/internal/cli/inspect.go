@@ -6,9 +6,11 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/idem-go/idem/store"
@@ -82,7 +84,7 @@ func printRecord(w io.Writer, rec store.Record) error {
 		at("locked until", rec.LockedUntil)
 	}
 	if rec.RecoveryPoint != "" {
-		row("recovery point", "%s", rec.RecoveryPoint)
+		row("recovery point", "%s", printable(rec.RecoveryPoint, false))
 	}
 	row("attempts", "%d", rec.Attempts)
 	if rec.LastError != "" {
@@ -116,11 +118,7 @@ func printResponse(w io.Writer, r *store.Response) error {
 		return err
 	}
 	fmt.Fprintf(w, "\nresponse: %d %s\n", r.Status, http.StatusText(r.Status))
-	for _, name := range sortedKeys(r.Header) {
-		for _, v := range r.Header[name] {
-			fmt.Fprintf(w, "%s: %s\n", name, v)
-		}
-	}
+	printHeader(w, r.Header)
 	fmt.Fprintln(w)
 	var err error
 	switch text, ok := bodyText(r); {
@@ -129,7 +127,7 @@ func printResponse(w io.Writer, r *store.Response) error {
 	case len(r.Body) == 0:
 		_, err = fmt.Fprintln(w, "(empty body)")
 	case ok:
-		_, err = io.WriteString(w, text)
+		_, err = io.WriteString(w, printable(text, true))
 		if err == nil && !strings.HasSuffix(text, "\n") {
 			_, err = fmt.Fprintln(w)
 		}
@@ -146,4 +144,38 @@ func printResponse(w io.Writer, r *store.Response) error {
 		}
 	}
 	return err
+}
+
+// printHeader prints h, one "Name: value" line a value, in name order.
+func printHeader(w io.Writer, h http.Header) {
+	for _, name := range sortedKeys(h) {
+		for _, v := range h[name] {
+			fmt.Fprintf(w, "%s: %s\n", printable(name, false), printable(v, false))
+		}
+	}
+}
+
+// printable is s as a terminal may show it. What a record holds comes from
+// clients and upstreams; a control character in it (ESC starts sequences
+// that rewrite the screen, set the window title or write the clipboard), a
+// bidirectional override or a byte that is not UTF-8 is written as a Go
+// escape (\x1b, \u202e, \xff) instead. With lines (a body), line breaks,
+// tabs and the CR of a CRLF stay as they are.
+func printable(s string, lines bool) string {
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && n == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case lines && (r == '\n' || r == '\t' || r == '\r' && strings.HasPrefix(s[i+n:], "\n")),
+			!unicode.IsControl(r) && !unicode.Is(unicode.Bidi_Control, r):
+			b.WriteString(s[i : i+n])
+		default:
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		}
+		i += n
+	}
+	return b.String()
 }

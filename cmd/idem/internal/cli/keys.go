@@ -177,11 +177,11 @@ func printKeysPage(stdout, stderr io.Writer, page keysPage) error {
 		if v.DeadLetters {
 			state += " (dead-lettered)"
 		}
-		op := v.Method + " " + v.Route
+		op := printable(v.Method+" "+v.Route, false)
 		if v.Method == "" {
 			op = fmt.Sprintf("scope %q", v.Scope)
 		}
-		tenant := v.Tenant
+		tenant := printable(v.Tenant, false)
 		if tenant == "" {
 			tenant = "-"
 		}

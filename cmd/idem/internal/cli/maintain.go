@@ -239,9 +239,10 @@ RECONCILE_AFTER column. ATTEMPTS counts reconciliation attempts.`, stderr)
 	return nil
 }
 
-// oneLine keeps a table row on one line whatever an error message holds.
+// oneLine keeps a table row on one line whatever an error message holds,
+// and its control characters off the terminal (printable).
 func oneLine(s string) string {
-	return strings.Join(strings.Fields(s), " ")
+	return printable(strings.Join(strings.Fields(s), " "), false)
 }
 
 // headerFlag collects repeated --header 'Name: value' flags.

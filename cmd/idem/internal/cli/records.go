@@ -242,9 +242,10 @@ Prints the record of one key: its state, fence, attempts, times and last
 error and, once it completed, the stored answer every retry replays:
 status, headers and body. A body is printed as text when it is valid UTF-8
 and its Content-Type is textual (text/*, JSON, XML, form); otherwise its
-size, type and a hex preview of its first bytes. --body-out writes the
-body exactly as stored. --json prints one JSON object instead (the body as
-"body" text or "body_base64").
+size, type and a hex preview of its first bytes. Control characters in
+what a record holds (a terminal's escape sequences) are printed escaped,
+as \x1b; --body-out writes the body exactly as stored. --json prints one
+JSON object instead (the body as "body" text or "body_base64").
 
 `+keyHelp+"\n\n"+scopeHelp, stderr)
 	var k keyFlags

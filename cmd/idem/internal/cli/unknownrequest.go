@@ -82,20 +82,15 @@ func printRequest(w io.Writer, r *store.Record) error {
 	if q.Queue != "" {
 		kind = "asynchronous, kept whole"
 	}
-	fmt.Fprintf(w, "\nrequest (%s): %s %s\n", kind, q.Method, q.Target)
-	h := shownHeader(q.Header)
-	for _, name := range sortedKeys(h) {
-		for _, v := range h[name] {
-			fmt.Fprintf(w, "%s: %s\n", name, v)
-		}
-	}
+	fmt.Fprintf(w, "\nrequest (%s): %s %s\n", kind, printable(q.Method, false), printable(q.Target, false))
+	printHeader(w, shownHeader(q.Header))
 	size := console.BodySize(q)
 	var err error
 	switch shown, ok := console.ShownText(q.Body); {
 	case size == 0:
 		_, err = fmt.Fprintln(w, "\n(no body)")
 	case ok:
-		_, err = fmt.Fprintf(w, "\n%s\n", shown)
+		_, err = fmt.Fprintf(w, "\n%s\n", printable(shown, true))
 		if err == nil && len(shown) < size {
 			_, err = fmt.Fprintf(w, "(the first %d of %d bytes)\n", len(shown), size)
 		}
