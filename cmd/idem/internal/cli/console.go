@@ -17,13 +17,16 @@ func (p *Proxy) consoleTenant(credential string) (string, error) {
 }
 
 // consoleSettle settles an unknown record through package maintenance, as
-// `idem reconcile resolve` does, with the proxy's TTL.
+// `idem reconcile resolve` does, with the proxy's maintenance settings.
 func (p *Proxy) consoleSettle(ctx context.Context, scope, key string, fence int64, res maintenance.Resolution) error {
 	s := p.Store()
 	if s == nil {
 		return store.ErrNotFound
 	}
-	m, err := maintenance.New(s, maintenance.Config{TTL: p.cfg.TTL})
+	// The proxy's own settings: its store timeout bounds the call, and the
+	// settlement is logged and counted (reconcile_resolved) with the
+	// others.
+	m, err := maintenance.New(s, p.maintenanceConfig())
 	if err != nil {
 		return err
 	}

@@ -333,7 +333,8 @@ func checkAudit(t *testing.T, log string, c *http.Client, admin, tenant string) 
 	}
 	metrics := string(send(t, c, "GET", admin+"/metrics", "", "").body)
 	for _, re := range []string{`idem_console_actions_total\{action="completed",[^}]*result="ok"\} 1\n`,
-		`idem_console_actions_total\{action="login",[^}]*result="wrong_credentials"\} 1\n`} {
+		`idem_console_actions_total\{action="login",[^}]*result="wrong_credentials"\} 1\n`,
+		`idem_reconcile_resolved_total(\{[^}]*\})? 1\n`} {
 		if !regexp.MustCompile(re).MatchString(metrics) {
 			t.Errorf("no %s in:\n%s", re, grepLines(metrics, "idem_console"))
 		}
