@@ -849,7 +849,6 @@ func TestCallerKeyAnySpelling(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	//lint:ignore SA1008 the caller's own spelling is the case under test
 	req.Header["idempotency-key"] = []string{`"order-43"`}
 	resp, err := tr.RoundTrip(req)
 	if err != nil {
