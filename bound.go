@@ -51,6 +51,11 @@ func checkActiveBound(s store.Store, set *settings) error {
 	if _, ok := s.(store.ActiveCounter); !ok {
 		return fmt.Errorf("idem: StoreMaxActive: the %s store cannot count the records active across it (store.ActiveCounter); use a SQL store or leave the bound unset", StoreName(s))
 	}
+	if r, ok := s.(store.ActiveCountRefuser); ok {
+		if why := r.ActiveCountUnsupported(); why != "" {
+			return fmt.Errorf("idem: StoreMaxActive: %s; use a SQL store or leave the bound unset", why)
+		}
+	}
 	if r, ok := s.(store.CapRefuser); ok {
 		if why := r.TenantCapUnsupported(); why != "" {
 			return fmt.Errorf("idem: StoreMaxActive: %s", why)

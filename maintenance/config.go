@@ -44,11 +44,13 @@ type Config struct {
 	SweepInterval time.Duration
 
 	// SweepGrace is how long past its end a lease must be before the
-	// sweeper moves its record to unknown. A live holder whose renewal
+	// sweeper moves its record to unknown, or the reaper abandons it past
+	// its expiry (store.ReapParams.Grace). A live holder whose renewal
 	// failed during a store outage renews as soon as the store answers
-	// again; the grace keeps the sweeper from taking the record from it in
-	// that moment. A retry that finds the lease expired still decides at
-	// once (the store's Reserve does not wait). Defaults to 5s.
+	// again; the grace keeps the sweeper and the reaper from taking the
+	// record from it in that moment. A retry that finds the lease expired
+	// still decides at once (the store's Reserve does not wait). Defaults
+	// to 5s.
 	SweepGrace time.Duration
 
 	// ReapInterval is how often expired records are reaped. Defaults to

@@ -262,3 +262,32 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 }
+
+// The reaper spares an in-progress record past its expiry whose lease
+// ended within SweepGrace, as the sweeper does: its holder may be alive,
+// renewing once the store answers again.
+func TestReaperWaitsSweepGrace(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	m := enginetest.NewMaint(t, enginetest.Memory, maintenance.Config{}, idem.Config{TTL: time.Hour})
+	m.Send("long", true)
+	rec, err := m.Record("long")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The holder renews its lease past the record's expiry, then misses a
+	// renewal.
+	m.Clock.Advance(time.Hour - time.Second)
+	fence := store.FenceParams{Scope: rec.Scope, Key: rec.Key, Fence: rec.Fence}
+	if err := m.Store.Extend(ctx, store.ExtendParams{FenceParams: fence, Lease: 30 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	m.Clock.Advance(30*time.Second + maintenance.DefaultSweepGrace - time.Microsecond)
+	if res, err := m.M.ReapOnce(ctx); err != nil || res.Abandoned != 0 {
+		t.Fatalf("reap within the grace: %+v %v", res, err)
+	}
+	m.Clock.Advance(time.Microsecond)
+	if res, err := m.M.ReapOnce(ctx); err != nil || res.Abandoned != 1 {
+		t.Fatalf("reap once the grace passed: %+v %v, want 1 abandoned", res, err)
+	}
+}

@@ -277,7 +277,7 @@ func (m *Maintainer) ReapOnce(ctx context.Context) (store.ReapResult, error) {
 		err := m.call(ctx, opReap, func(ctx context.Context) (err error) {
 			res, err = m.store.Reap(ctx, store.ReapParams{
 				Limit: m.cfg.BatchSize, Soft: m.cfg.SoftExpire,
-				Abandoned: abandonedResponse, AbandonedTTL: m.cfg.AbandonedTTL,
+				Abandoned: abandonedResponse, AbandonedTTL: m.cfg.AbandonedTTL, Grace: m.cfg.SweepGrace,
 			})
 			return err
 		})

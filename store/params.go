@@ -128,6 +128,9 @@ func (p *ReapParams) Validate() error {
 	if p.AbandonedTTL < 0 {
 		return invalid("abandoned ttl must not be negative")
 	}
+	if p.Grace < 0 {
+		return invalid("grace must not be negative")
+	}
 	return p.Abandoned.Validate()
 }
 

@@ -300,6 +300,14 @@ type ReapParams struct {
 	// AbandonedTTL is how long an abandoned record stays (ExpiresAt =
 	// now + AbandonedTTL).
 	AbandonedTTL time.Duration
+	// Grace spares in_progress records whose lease ended less than Grace
+	// ago, as SweepParams.Grace does: only those with LockedUntil + Grace
+	// <= now are abandoned. A live holder whose renewal failed during a
+	// store outage renews once the store is back, and a request that ran
+	// past ExpiresAt must not have its record closed under it. Unknown and
+	// terminal records are not concerned. Zero spares none; negative is
+	// invalid.
+	Grace time.Duration
 }
 
 // ReapResult counts what Reap did.
@@ -350,9 +358,11 @@ type DeferParams struct {
 	Delay    time.Duration
 	Error    string
 	// DeadLetter gives up on the record instead of rescheduling it:
-	// ReconcileAttempts+1, LastError = Error, DeadLetteredAt = now, and
-	// Delay is ignored. The record stays unknown and is never due again;
-	// only Resolve (an operator) settles it.
+	// ReconcileAttempts+1, LastError = Error, DeadLetteredAt = now,
+	// ReconcileAfter kept, and Delay is ignored. The record stays unknown
+	// and is never due again; only Resolve (an operator) settles it. A
+	// later Defer without DeadLetter reschedules it as any unknown record
+	// (ReconcileAfter = now + Delay) and leaves it dead-lettered.
 	DeadLetter bool
 }
 
@@ -419,13 +429,16 @@ type Store interface {
 
 	// Reap deletes (or soft-expires) up to p.Limit terminal records past
 	// ExpiresAt, and turns unknown records past ExpiresAt, and in_progress
-	// ones past ExpiresAt whose lease expired too (a holder still renewing
-	// its lease is alive), into completed records holding p.Abandoned.
+	// ones past ExpiresAt whose lease expired more than p.Grace ago too (a
+	// holder still renewing its lease is alive), into completed records
+	// holding p.Abandoned.
 	Reap(ctx context.Context, p ReapParams) (ReapResult, error)
 
-	// ListUnknown returns unknown records, oldest ReconcileAfter first.
-	// With DueOnly it returns only those due (ReconcileAfter <= now) and
-	// never a dead-lettered one.
+	// ListUnknown returns unknown records, oldest ReconcileAfter first,
+	// dead-lettered ones included in that order at their ReconcileAfter
+	// (which a dead letter keeps; see DeferParams). With DueOnly it
+	// returns only those due (ReconcileAfter <= now) and never a
+	// dead-lettered one.
 	ListUnknown(ctx context.Context, p ListUnknownParams) ([]Record, error)
 
 	// List returns up to p.Limit records matching p's filters, newest
@@ -500,7 +513,9 @@ type CapRefuser interface {
 // them by state, implements it; the cache wrapper forwards it. A store
 // that also implements CapRefuser counts only while it accepts the tenant
 // cap (TenantCapUnsupported returns ""): the PostgreSQL store keeps the
-// index it counts with only under postgres.Config.TenantCap.
+// index it counts with only under postgres.Config.TenantCap. A store that
+// also implements ActiveCountRefuser counts only while
+// ActiveCountUnsupported returns "".
 type ActiveCounter interface {
 	// CountActive returns the number of active records, or limit when
 	// there are at least limit: a store may stop counting there, so the
@@ -508,6 +523,16 @@ type ActiveCounter interface {
 	// positive. The count is a snapshot, not a reservation: records made
 	// active after it are not in it.
 	CountActive(ctx context.Context, limit int) (int, error)
+}
+
+// ActiveCountRefuser is implemented by a store that implements
+// ActiveCounter whatever it wraps, but counts only when what it wraps does
+// (the cache wrapper over its backing store): ActiveCountUnsupported says
+// why it cannot count, or returns "" when it can, so that a configuration
+// that needs the count fails at start instead of at every new key. Such a
+// store's CountActive fails with ErrCapUnsupported when it cannot count.
+type ActiveCountRefuser interface {
+	ActiveCountUnsupported() string
 }
 
 // Limits every store accepts, whatever its schema, so that one request gets

@@ -21,7 +21,10 @@ func (s *Store) CheckDurability(ctx context.Context) (store.Durability, error) {
 		Warnings: []string{"the store behind the replay cache does not check its durability"}}, nil
 }
 
-var _ store.ActiveCounter = (*Store)(nil)
+var (
+	_ store.ActiveCounter      = (*Store)(nil)
+	_ store.ActiveCountRefuser = (*Store)(nil)
+)
 
 // CountActive forwards to the backing store, which holds every record
 // (the cache keeps completed answers only).
@@ -29,7 +32,19 @@ func (s *Store) CountActive(ctx context.Context, limit int) (int, error) {
 	if c, ok := s.Store.(store.ActiveCounter); ok {
 		return c.CountActive(ctx, limit)
 	}
-	return 0, fmt.Errorf("idem/cache: the store behind the replay cache does not count its active records: %w", store.ErrCapUnsupported)
+	return 0, fmt.Errorf("idem/cache: %s: %w", s.ActiveCountUnsupported(), store.ErrCapUnsupported)
+}
+
+// ActiveCountUnsupported says why the cache cannot count: it counts
+// exactly when its backing store does.
+func (s *Store) ActiveCountUnsupported() string {
+	if _, ok := s.Store.(store.ActiveCounter); !ok {
+		return fmt.Sprintf("the %T store behind the replay cache does not count its active records (store.ActiveCounter)", s.Store)
+	}
+	if r, ok := s.Store.(store.ActiveCountRefuser); ok {
+		return r.ActiveCountUnsupported()
+	}
+	return ""
 }
 
 var _ store.CapRefuser = (*Store)(nil)

@@ -420,7 +420,7 @@ func (s *Store) scan(ctx context.Context, valid error, limit int, keep func(e *e
 // SweepExpiredLeases implements store.Store.
 func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]store.Record, error) {
 	var out []store.Record
-	grace := micros(storekit.RoundUp(p.Grace) / store.Resolution)
+	grace := micros(storekit.Micros(p.Grace))
 	err := s.scan(ctx, p.Validate(), p.Limit, func(e *entry, now micros) bool {
 		return e.leaseExpired(now-grace) && e.policy == leaseUnknown
 	}, func(e *entry) micros { return e.lockedUntil }, func(e *entry, now time.Time) {
@@ -433,11 +433,12 @@ func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]
 // Reap implements store.Store.
 func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult, error) {
 	var res store.ReapResult
+	grace := micros(storekit.Micros(p.Grace))
 	err := s.scan(ctx, p.Validate(), p.Limit, func(e *entry, now micros) bool {
 		// Pending records are ended by ExpirePending at their deadline,
 		// as in every other store, never abandoned here.
 		return e.state != stExpired && e.state != stPending && !now.before(e.expiresAt) &&
-			(e.state != stInProgress || e.leaseExpired(now))
+			(e.state != stInProgress || e.leaseExpired(now-grace))
 	}, func(e *entry) micros { return e.expiresAt }, func(e *entry, now time.Time) {
 		switch {
 		case e.state.Terminal() && p.Soft:

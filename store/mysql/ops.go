@@ -449,7 +449,7 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 	if err := p.Validate(); err != nil {
 		return store.ReapResult{}, err
 	}
-	abandon := args{"now": s.nowArg(), "ttl_us": storekit.Micros(p.AbandonedTTL)}
+	abandon := args{"now": s.nowArg(), "ttl_us": storekit.Micros(p.AbandonedTTL), "grace_us": storekit.Micros(p.Grace)}
 	if err := responseArgs(abandon, &p.Abandoned); err != nil {
 		return store.ReapResult{}, err
 	}

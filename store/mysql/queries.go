@@ -171,9 +171,9 @@ UPDATE idem_records SET
     row_version = row_version + 1`+reapDue)
 
 	// qReapAbandon completes up to :limit unknown records past expiry, and
-	// in_progress ones past expiry whose lease expired too (a holder that
-	// still renews its lease is alive, not abandoned), with the abandoned
-	// answer.
+	// in_progress ones past expiry whose lease ended :grace_us ago too (a
+	// holder that still renews its lease is alive, not abandoned), with
+	// the abandoned answer.
 	qReapAbandon = mustCompile("reap_abandon", `
 UPDATE idem_records SET
     `+completing("'abandoned'", `DATE_ADD(`+sqlNow+`, INTERVAL :ttl_us MICROSECOND)`)+`,
@@ -182,7 +182,7 @@ UPDATE idem_records SET
     row_version = row_version + 1
 WHERE state IN ('in_progress', 'unknown')
   AND expires_at <= `+sqlNow+`
-  AND (state = 'unknown' OR locked_until <= `+sqlNow+`)
+  AND (state = 'unknown' OR locked_until <= DATE_SUB(`+sqlNow+`, INTERVAL :grace_us MICROSECOND))
 LIMIT :limit`)
 )
 

@@ -680,7 +680,7 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 		body = nil
 	}
 	// The abandon statement's parameters from $3 on.
-	abandon := []any{p.Abandoned.Status, headers, body, p.Abandoned.BodyOmitted, storekit.Micros(p.AbandonedTTL)}
+	abandon := []any{p.Abandoned.Status, headers, body, p.Abandoned.BodyOmitted, storekit.Micros(p.AbandonedTTL), storekit.Micros(p.Grace)}
 	if s.partitioned() && !p.Soft {
 		res, err := s.reapPartitioned(ctx, p, abandon)
 		if err != nil {

@@ -392,8 +392,10 @@ WHERE r.scope = batch.scope AND r.key = batch.key`
 
 // sqlReapAbandon turns in_progress and unknown records past expires_at into
 // completed records with the operator's response. An in_progress record
-// whose holder still renews its lease is not abandoned: its holder is alive.
-// $1 limit, $2 now, $3 status, $4 headers, $5 body, $6 body omitted, $7 ttl.
+// whose holder still renews its lease is not abandoned: its holder is alive,
+// and so may be one whose lease ended less than the grace ago.
+// $1 limit, $2 now, $3 status, $4 headers, $5 body, $6 body omitted, $7 ttl,
+// $8 grace (microseconds).
 var sqlReapAbandon = `
 WITH clock AS (
 	SELECT coalesce($2::timestamptz, statement_timestamp()) AS now
@@ -402,7 +404,8 @@ batch AS (
 	SELECT r.scope, r.key
 	FROM {schema}idem_records r, clock c
 	WHERE r.reap_after <= c.now AND r.expires_at <= c.now
-		AND (r.state = 'unknown' OR (r.state = 'in_progress' AND r.locked_until <= c.now))
+		AND (r.state = 'unknown' OR (r.state = 'in_progress'
+			AND r.locked_until <= c.now - $8::bigint * interval '1 microsecond'))
 	ORDER BY r.reap_after
 	LIMIT $1
 	FOR UPDATE OF r SKIP LOCKED

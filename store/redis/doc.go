@@ -30,10 +30,12 @@
 //
 //	<prefix>{<shard>}r:<len(scope)>:<scope><key>   the record (a hash)
 //	<prefix>{<shard>}i:lease     in_progress under policy unknown, by locked_until (sweeper)
-//	<prefix>{<shard>}i:unknown   unknown, by reconcile_after (reconciler)
+//	<prefix>{<shard>}i:unknown   unknown but not dead-lettered, by reconcile_after (reconciler)
 //	<prefix>{<shard>}i:term      completed and failed_retryable, by expires_at (reaper: delete)
 //	<prefix>{<shard>}i:open      unknown by expires_at, in_progress by the later of
 //	                             expires_at and locked_until (reaper: abandon)
+//	<prefix>{<shard>}i:dead      dead-lettered unknown, by reconcile_after (operators,
+//	                             listed with i:unknown)
 //
 // Because a record and its index entries share a slot, the script that
 // changes a record also updates its index entries, atomically: the indexes

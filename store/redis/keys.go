@@ -13,14 +13,16 @@ import (
 // another key: it is part of the data layout, not a tuning knob.
 const shardCount = 256
 
-// Index sorted sets of a shard, in the order the scripts expect them.
-var indexNames = [4]string{"lease", "unknown", "term", "open"}
+// Index sorted sets of a shard, in the order the scripts expect them
+// (lua/lib.lua: idx and REC).
+var indexNames = [5]string{"lease", "unknown", "term", "open", "dead"}
 
 const (
 	idxLease = iota
 	idxUnknown
 	idxTerm
 	idxOpen
+	idxDead
 )
 
 // shardOf spreads records over the shards by a hash of their identity.
@@ -44,7 +46,7 @@ func (s *Store) tag(shard int) string {
 	return s.cfg.Prefix + "{" + strconv.Itoa(shard) + "}"
 }
 
-// indexKeys returns the four index keys of a shard.
+// indexKeys returns the index keys of a shard.
 func (s *Store) indexKeys(shard int) []string {
 	t := s.tag(shard)
 	keys := make([]string, len(indexNames))
@@ -65,7 +67,7 @@ func (s *Store) recordKey(scope, key string) string {
 	return b.String()
 }
 
-// scriptKeys returns KEYS for a single-record script: the shard's four index
+// scriptKeys returns KEYS for a single-record script: the shard's index
 // keys, then the record.
 func (s *Store) scriptKeys(scope, key string) []string {
 	return append(s.indexKeys(shardOf(scope, key)), s.recordKey(scope, key))

@@ -267,6 +267,11 @@ func testReserveBranches(t *testing.T, open storetest.Opener) {
 		t.Fatalf("unknown: %+v", r)
 	}
 	checkIndexes(t, s)
+	// Dead-lettered: from the unknown index to the dead one.
+	if err := s.Defer(ctx, store.DeferParams{FenceParams: fence(unk), DeadLetter: true}); err != nil {
+		t.Fatal(err)
+	}
+	checkIndexes(t, s)
 }
 
 func testTakeOver(t *testing.T, open storetest.Opener) {
@@ -362,7 +367,7 @@ func testRedisTTL(t *testing.T, open storetest.Opener) {
 	}
 }
 
-// checkIndexes verifies that the four indexes of every shard hold exactly
+// checkIndexes verifies that the indexes of every shard hold exactly
 // the records that belong in them, with the right scores.
 func checkIndexes(t *testing.T, s *Store) {
 	t.Helper()
@@ -394,8 +399,11 @@ func checkIndexes(t *testing.T, s *Store) {
 			if rec.State == store.StateInProgress && rec.LeasePolicy == store.LeaseUnknown {
 				want[keys[idxLease]+" "+rk] = us(rec.LockedUntil)
 			}
-			if rec.State == store.StateUnknown {
+			if rec.State == store.StateUnknown && !rec.DeadLettered() {
 				want[keys[idxUnknown]+" "+rk] = us(rec.ReconcileAfter)
+			}
+			if rec.State == store.StateUnknown && rec.DeadLettered() {
+				want[keys[idxDead]+" "+rk] = us(rec.ReconcileAfter)
 			}
 			if rec.State.Terminal() {
 				want[keys[idxTerm]+" "+rk] = us(rec.ExpiresAt)

@@ -218,28 +218,18 @@ func parseEntries(shard int, reply any) ([]candidate, error) {
 	for i := 0; i+1 < len(flat); i += 2 {
 		member, _ := flat[i].(string)
 		raw, _ := flat[i+1].(string)
-		// Scores are integral microseconds below 2^53, exact in a float64,
-		// or +inf (a dead-lettered record).
+		// Scores are integral microseconds below 2^53, exact in a float64.
 		score, err := strconv.ParseFloat(raw, 64)
-		if err != nil {
-			return nil, fmt.Errorf("malformed index score %q: %w", raw, err)
+		if err != nil || math.IsInf(score, 0) || math.IsNaN(score) {
+			return nil, fmt.Errorf("malformed index score %q", raw)
 		}
-		c := candidate{shard: shard, member: member, score: math.MaxInt64}
-		if !math.IsInf(score, 1) {
-			c.score = int64(score)
-		}
-		out = append(out, c)
+		out = append(out, candidate{shard: shard, member: member, score: int64(score)})
 	}
 	return out, nil
 }
 
 // scoreArg is a score as a ZRANGEBYSCORE bound.
-func scoreArg(score int64) string {
-	if score == math.MaxInt64 {
-		return "+inf"
-	}
-	return strconv.FormatInt(score, 10)
-}
+func scoreArg(score int64) string { return strconv.FormatInt(score, 10) }
 
 func sortCandidates(c []candidate) {
 	slices.SortFunc(c, func(a, b candidate) int {
@@ -304,7 +294,9 @@ func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]
 	return out, wrap("sweep", err)
 }
 
-// Reap implements store.Store.
+// Reap implements store.Store. An in_progress record whose lease ended
+// within p.Grace is a candidate that the second phase spares: it takes a
+// place in the batch, which then does less than Limit.
 func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult, error) {
 	if err := p.Validate(); err != nil {
 		return store.ReapResult{}, err
@@ -317,7 +309,7 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 	if err != nil {
 		return store.ReapResult{}, wrap("reap", err)
 	}
-	args := append([]any{s.now(), s.graceMS(), flag(p.Soft), storekit.Micros(p.AbandonedTTL)}, resp...)
+	args := append([]any{s.now(), s.graceMS(), flag(p.Soft), storekit.Micros(p.AbandonedTTL), storekit.Micros(p.Grace)}, resp...)
 	replies, err := s.writes(ctx, s.perShard(cands, scriptReap, args))
 	var res store.ReapResult
 	for _, reply := range replies {
@@ -338,16 +330,18 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 
 // ListUnknown implements store.Store. It reads without changing anything;
 // a record whose state or schedule changed between the two phases is left
-// out (the next call sees it as it is then).
+// out (the next call sees it as it is then). Dead-lettered records have an
+// index of their own, which only the listing of every unknown record reads,
+// merged with the others by reconcile_after.
 func (s *Store) ListUnknown(ctx context.Context, p store.ListUnknownParams) ([]store.Record, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	due := ""
+	due, indexes := "", []int{idxUnknown, idxDead}
 	if p.DueOnly {
-		due = "0"
+		due, indexes = "0", indexes[:1]
 	}
-	cands, err := s.candidates(ctx, due, p.Limit, idxUnknown)
+	cands, err := s.candidates(ctx, due, p.Limit, indexes...)
 	if err != nil {
 		return nil, wrap("list unknown", err)
 	}
@@ -370,11 +364,8 @@ func (s *Store) ListUnknown(ctx context.Context, p store.ListUnknownParams) ([]s
 		if err != nil {
 			return nil, fmt.Errorf("idem/redis: list unknown: %w", err)
 		}
-		want := rec.ReconcileAfter.UnixMicro()
-		if rec.DeadLettered() {
-			want = math.MaxInt64
-		}
-		if rec.State != store.StateUnknown || want != cands[i].score {
+		if rec.State != store.StateUnknown || rec.ReconcileAfter.UnixMicro() != cands[i].score ||
+			(p.DueOnly && rec.DeadLettered()) {
 			continue
 		}
 		out = append(out, rec)

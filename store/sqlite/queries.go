@@ -216,9 +216,9 @@ const qReapSoft = `UPDATE idem_records SET
 ` + qReapDue
 
 // qReapAbandon completes up to ?2 unknown records past expiry, and
-// in_progress ones past expiry whose lease expired too (a holder still
-// renewing is alive), with the abandoned response. ?1 now, ?3 to ?6 the
-// response and ?7 the new expires_at, as qCompleted.
+// in_progress ones past expiry whose lease ended by ?8 (now less the
+// grace: a holder still renewing is alive), with the abandoned response.
+// ?1 now, ?3 to ?6 the response and ?7 the new expires_at, as qCompleted.
 const qReapAbandon = `UPDATE idem_records SET
 ` + qCompleted + `,
 	last_error = 'abandoned',
@@ -227,7 +227,7 @@ const qReapAbandon = `UPDATE idem_records SET
 WHERE rowid IN (
 	SELECT rowid FROM idem_records
 	WHERE state IN ('in_progress', 'unknown') AND expires_at <= ?1
-		AND (state = 'unknown' OR locked_until <= ?1)
+		AND (state = 'unknown' OR locked_until <= ?8)
 	ORDER BY expires_at
 	LIMIT ?2)`
 

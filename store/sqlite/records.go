@@ -314,7 +314,8 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 		out.Deleted = n
 		if left := p.Limit - n; left > 0 {
 			out.Abandoned, err = execCount(ctx, tx, qReapAbandon, now.UnixMicro(), left,
-				resp.status, resp.headers, resp.body, resp.omitted, after(now, p.AbandonedTTL))
+				resp.status, resp.headers, resp.body, resp.omitted, after(now, p.AbandonedTTL),
+				now.UnixMicro()-storekit.Micros(p.Grace))
 		}
 		return err
 	})

@@ -394,8 +394,14 @@ func testCountActive(t *testing.T, h Harness) {
 	e := newEnv(t, h)
 	c, ok := e.s.(store.ActiveCounter)
 	if h.NoActiveCount {
-		if ok {
+		r, refuses := e.s.(store.ActiveCountRefuser)
+		switch {
+		case ok && (!refuses || r.ActiveCountUnsupported() == ""):
 			t.Fatalf("%T implements store.ActiveCounter but the harness says it does not count", e.s)
+		case ok:
+			if _, err := c.CountActive(e.ctx, 1); !errors.Is(err, store.ErrCapUnsupported) {
+				t.Fatalf("CountActive on a store that refuses to count: %v, want ErrCapUnsupported", err)
+			}
 		}
 		return
 	}

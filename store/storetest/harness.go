@@ -43,7 +43,8 @@ type Harness struct {
 	// store.ErrCapUnsupported and changes nothing.
 	NoTenantCap bool
 	// NoActiveCount is true for a store that does not implement
-	// store.ActiveCounter (the suite checks that it does not).
+	// store.ActiveCounter, or refuses to count through
+	// store.ActiveCountRefuser (the suite checks that it does not count).
 	NoActiveCount bool
 	// ReapWidth, when positive, is the span of time a store's Reap
 	// retires at once (postgres.Config.Partitions): a record past its

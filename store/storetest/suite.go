@@ -198,6 +198,7 @@ func run(t *testing.T, h Harness) {
 	t.Run("ReapSoft", func(t *testing.T) { testReapSoft(t, h) })
 	t.Run("ReapBounded", func(t *testing.T) { testReapBounded(t, h) })
 	t.Run("ReapSparesLiveLease", func(t *testing.T) { testReapLiveLease(t, h) })
+	t.Run("ReapGrace", func(t *testing.T) { testReapGrace(t, h) })
 	t.Run("Sweep", func(t *testing.T) { testSweep(t, h) })
 	t.Run("SweepersRaceEachRecordOnce", func(t *testing.T) { testSweepRace(t, h) })
 	t.Run("Reconciliation", func(t *testing.T) { testReconcile(t, h) })
@@ -211,6 +212,7 @@ func run(t *testing.T, h Harness) {
 	t.Run("DurationsRoundUp", func(t *testing.T) { testRounding(t, h) })
 	t.Run("SweepGrace", func(t *testing.T) { testSweepGrace(t, h) })
 	t.Run("DeadLetter", func(t *testing.T) { testDeadLetter(t, h) })
+	t.Run("ListUnknownOrder", func(t *testing.T) { testListUnknownOrder(t, h) })
 	t.Run("ReconcileAttemptsPerExecution", func(t *testing.T) { testReconcileAttemptsPerExecution(t, h) })
 	t.Run("DeferIsBoundToItsFence", func(t *testing.T) { testDeferFence(t, h) })
 	t.Run("DeferCountsAnAttemptOnce", func(t *testing.T) { testDeferAttempts(t, h) })
@@ -887,6 +889,43 @@ func testReapLiveLease(t *testing.T, h Harness) {
 	}
 }
 
+// testReapGrace: like the sweeper, the reaper spares an in_progress record
+// past its expiry whose lease ended less than Grace ago (its holder may be
+// alive, renewing once the store answers again); an unknown record is
+// abandoned at its expiry whatever the grace.
+func testReapGrace(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	const grace = 10 * time.Second
+	r := e.create("s", "long", "fp", store.LeaseUnknown)
+	e.unknownRecord("unknown")
+	e.clock.Advance(ttl - time.Second)
+	if err := e.s.Extend(e.ctx, store.ExtendParams{FenceParams: fenceOf(r), Lease: lease + h.ReapWidth}); err != nil {
+		t.Fatal(err)
+	}
+	r = e.get("s", "long")
+	reap := func(want int) {
+		t.Helper()
+		res, err := e.s.Reap(e.ctx, store.ReapParams{Limit: 10, Grace: grace, Abandoned: abandoned, AbandonedTTL: time.Hour})
+		if err != nil || res.Abandoned != want {
+			t.Fatalf("Reap with grace at %v past the lease's end: %+v %v, want %d abandoned",
+				e.clock.Now().Sub(r.LockedUntil), res, err, want)
+		}
+	}
+	e.clock.Advance(lease + h.ReapWidth)
+	reap(1)
+	if got := e.get("s", "unknown"); got.State != store.StateCompleted || got.LastError != "abandoned" {
+		t.Fatalf("unknown record past expiry under a grace: %s %q", got.State, got.LastError)
+	}
+	e.clock.Advance(grace - time.Microsecond)
+	reap(0)
+	e.mustUnchanged(r, "Reap inside the grace")
+	e.clock.Advance(time.Microsecond + h.ReapWidth)
+	reap(1)
+	if got := e.get("s", "long"); got.State != store.StateCompleted || got.LastError != "abandoned" {
+		t.Fatalf("in_progress record once the grace passed: %s %q", got.State, got.LastError)
+	}
+}
+
 func testSweep(t *testing.T, h Harness) {
 	e := newEnv(t, h)
 	var zombies []store.Record
@@ -1475,6 +1514,7 @@ func testInvalidEveryOp(t *testing.T, h Harness) {
 		"Defer negative delay":     e.s.Defer(e.ctx, store.DeferParams{FenceParams: fp, Delay: -time.Second}),
 		"Reap status 42":           second(e.s.Reap(e.ctx, store.ReapParams{Limit: 1, Abandoned: bad})),
 		"Reap negative ttl":        second(e.s.Reap(e.ctx, store.ReapParams{Limit: 1, Abandoned: abandoned, AbandonedTTL: -1})),
+		"Reap negative grace":      second(e.s.Reap(e.ctx, store.ReapParams{Limit: 1, Abandoned: abandoned, Grace: -time.Second})),
 		"Sweep negative grace":     second(e.s.SweepExpiredLeases(e.ctx, store.SweepParams{Limit: 1, Grace: -time.Second})),
 		"ListUnknown negative":     second(e.s.ListUnknown(e.ctx, store.ListUnknownParams{Limit: -1})),
 		"Reserve negative ttl":     second(e.s.Reserve(e.ctx, store.ReserveParams{Scope: "s", Key: "k", Fingerprint: "fp", Lease: lease, TTL: -1, LeasePolicy: store.LeaseUnknown})),
@@ -1660,6 +1700,43 @@ func testDeadLetter(t *testing.T, h Harness) {
 	if got := e.get("s", "live"); got.State != store.StateCompleted || got.DeadLettered() || got.LastError != "abandoned" {
 		t.Fatalf("abandoned dead-lettered record: %s, DeadLetteredAt %v, LastError %q", got.State, got.DeadLetteredAt, got.LastError)
 	}
+}
+
+// testListUnknownOrder: ListUnknown lists by ReconcileAfter, oldest
+// first, dead-lettered records among the others at theirs (the operator's
+// listing without DueOnly), and its Limit keeps the oldest.
+func testListUnknownOrder(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	for _, k := range []string{"u0", "u1", "u2", "u3"} {
+		e.unknownRecord(k)
+		e.clock.Advance(time.Second)
+	}
+	for _, k := range []string{"u0", "u2"} {
+		if err := e.s.Defer(e.ctx, deadLetterOf(e.get("s", k), "gave up")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.s.Defer(e.ctx, deferOf(e.get("s", "u1"), time.Minute, "provider 500")); err != nil {
+		t.Fatal(err)
+	}
+	list := func(p store.ListUnknownParams, want string) {
+		t.Helper()
+		got, err := e.s.ListUnknown(e.ctx, p)
+		if err != nil || fmt.Sprint(keys(got)) != want {
+			t.Fatalf("ListUnknown(%+v) = %v %v, want %s", p, keys(got), err, want)
+		}
+	}
+	list(store.ListUnknownParams{Limit: 10}, "[u0 u2 u3 u1]")
+	list(store.ListUnknownParams{Limit: 2}, "[u0 u2]")
+	list(store.ListUnknownParams{DueOnly: true, Limit: 10}, "[u3]")
+	// A deferral of a dead-lettered record moves its ReconcileAfter, and
+	// its place in the listing, without making it due.
+	if err := e.s.Defer(e.ctx, deferOf(e.get("s", "u0"), 2*time.Minute, "late attempt")); err != nil {
+		t.Fatal(err)
+	}
+	list(store.ListUnknownParams{Limit: 10}, "[u2 u3 u1 u0]")
+	e.clock.Advance(time.Hour)
+	list(store.ListUnknownParams{DueOnly: true, Limit: 10}, "[u3 u1]")
 }
 
 // unknownRecord creates key's record and marks it unknown, as the

@@ -1,7 +1,7 @@
 -- checkpoint: sets recovery_point of an in_progress record (current fence).
 -- ARGV: clock, fence, recovery_point
 -- Returns 0 done, 1 absent, 2 not in_progress or another fence.
-local rk = KEYS[5]
+local rk = KEYS[REC]
 local now = clock(ARGV[1])
 local v = redis.call('HMGET', rk, 'st', 'f')
 if not v[1] then

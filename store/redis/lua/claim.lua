@@ -4,16 +4,15 @@
 -- here, so of two claimers that picked one record only one takes it.
 -- Entries whose record is gone or no longer pending in this queue are
 -- dropped from the queue index.
--- KEYS: the shard's four index keys, the queue index, the pending deadline
+-- KEYS: the shard's index keys, the queue index, the pending deadline
 -- index, then records.
 -- ARGV: clock, grace_ms, lease_us, queue
 -- Returns the HGETALL of every record claimed.
-local idx = {KEYS[1], KEYS[2], KEYS[3], KEYS[4]}
-local pq, pd = KEYS[5], KEYS[6]
+local pq, pd = KEYS[REC], KEYS[REC + 1]
 local now = clock(ARGV[1])
 local grace, lease, queue = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local out = {}
-for i = 7, #KEYS do
+for i = REC + 2, #KEYS do
   local rk = KEYS[i]
   local v = redis.call('HMGET', rk, 'st', 'q', 'lu', 'f', 'at', 'pol', 'ea')
   if v[1] ~= 'pending' or v[2] ~= queue then

@@ -1,8 +1,7 @@
 -- complete: in_progress (current fence) -> completed with a response.
 -- ARGV: clock, grace_ms, fence, ttl_us, status, header, body, has_body, omitted
 -- Returns 0 done, 1 absent, 2 not in_progress or another fence.
-local idx = {KEYS[1], KEYS[2], KEYS[3], KEYS[4]}
-local rk = KEYS[5]
+local rk = KEYS[REC]
 local now = clock(ARGV[1])
 local grace, ttl = tonumber(ARGV[2]), tonumber(ARGV[4])
 

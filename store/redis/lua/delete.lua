@@ -1,7 +1,6 @@
 -- delete: removes a record, with its index entries, unless it is in
 -- progress. Returns 1 deleted, 0 absent, 2 in progress (nothing changed).
-local idx = {KEYS[1], KEYS[2], KEYS[3], KEYS[4]}
-local rk = KEYS[5]
+local rk = KEYS[REC]
 local state = redis.call('HGET', rk, 'st')
 if not state then
   return 0

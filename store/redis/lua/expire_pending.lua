@@ -2,17 +2,16 @@
 -- given record still pending with its deadline passed becomes completed
 -- with the timeout answer; the check is made here, so concurrent callers
 -- end each record once.
--- KEYS: the shard's four index keys, the pending deadline index, then
+-- KEYS: the shard's index keys, the pending deadline index, then
 -- records.
 -- ARGV: clock, grace_ms, ttl_us (0 keeps expires_at), the shard's tag,
 -- then the response (see set_response)
 -- Returns the HGETALL of every record ended.
-local idx = {KEYS[1], KEYS[2], KEYS[3], KEYS[4]}
-local pd = KEYS[5]
+local pd = KEYS[REC]
 local now = clock(ARGV[1])
 local grace, ttl, tag = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local out = {}
-for i = 6, #KEYS do
+for i = REC + 1, #KEYS do
   local rk = KEYS[i]
   local v = redis.call('HMGET', rk, 'st', 'q', 'lu', 'ea', 'pol')
   if v[1] ~= 'pending' then

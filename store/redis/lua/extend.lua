@@ -1,8 +1,7 @@
 -- extend: renews the lease of an in_progress record (current fence).
 -- ARGV: clock, grace_ms, fence, lease_us
 -- Returns 0 done, 1 absent, 2 not in_progress or another fence.
-local idx = {KEYS[1], KEYS[2], KEYS[3], KEYS[4]}
-local rk = KEYS[5]
+local rk = KEYS[REC]
 local now = clock(ARGV[1])
 local grace, lu = tonumber(ARGV[2]), now + tonumber(ARGV[4])
 local v = redis.call('HMGET', rk, 'st', 'f', 'pol', 'ea')

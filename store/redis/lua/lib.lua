@@ -6,8 +6,14 @@
 --   * The clock argument is '' to use the Redis server's TIME, else the time
 --     passed by the caller (an injected clock).
 --   * Scripts that change one record get KEYS = {lease, unknown, term, open,
---     record}; batch scripts get the four index keys followed by records.
---     All of them share one hash slot (the record's index shard).
+--     dead, record}; batch scripts get the five index keys followed by
+--     records. All of them share one hash slot (the record's index shard).
+
+-- idx holds the shard's index keys that open KEYS (see settle) in every
+-- script but due.lua; REC is the position in KEYS of the first key after
+-- them (the record of a single-record script).
+local idx = {KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]}
+local REC = 6
 
 local IN_PROGRESS = 'in_progress'
 local COMPLETED = 'completed'
@@ -47,36 +53,35 @@ local function terminal(st)
   return st == COMPLETED or st == FAILED
 end
 
--- settle makes the four index memberships and the Redis TTL of a record agree
+-- settle makes the index memberships and the Redis TTL of a record agree
 -- with its new state. Every script that changes a record calls it in the same
 -- script, so the indexes are never stale.
 --   lease: in_progress under policy unknown, by locked_until (sweeper)
---   unknown: unknown, by reconcile_after (reconciler)
+--   unknown: unknown and not dead-lettered, by reconcile_after (reconciler)
 --   term: completed and failed_retryable, by expires_at (reaper: delete)
 --   open: unknown by expires_at, in_progress by the later of expires_at and
 --         locked_until (reaper: abandon; a holder still renewing its lease
 --         is alive and is spared)
--- A dead-lettered unknown record is never due: it stays in the unknown index
--- (operators list it) at the score +inf, which no due listing reaches.
-local DEAD = math.huge
-
-local function score(n)
-  if n == DEAD then
-    return '+inf'
-  end
-  return num(n)
-end
-
+--   dead: unknown and dead-lettered, by reconcile_after (never due; operators
+--         list it with the unknown index, in one reconcile_after order)
+-- Whether an unknown record is dead-lettered is read from the record, so
+-- the script sets dead_lettered_at ('dla') before it settles.
 local function settle(idx, rk, st, pol, lu, ra, ea, now, grace_ms)
   if st == IN_PROGRESS and pol == 'unknown' then
     redis.call('ZADD', idx[1], num(lu), rk)
   else
     redis.call('ZREM', idx[1], rk)
   end
-  if st == UNKNOWN then
-    redis.call('ZADD', idx[2], score(ra), rk)
+  local dead = st == UNKNOWN and redis.call('HEXISTS', rk, 'dla') == 1
+  if st == UNKNOWN and not dead then
+    redis.call('ZADD', idx[2], num(ra), rk)
   else
     redis.call('ZREM', idx[2], rk)
+  end
+  if dead then
+    redis.call('ZADD', idx[5], num(ra), rk)
+  else
+    redis.call('ZREM', idx[5], rk)
   end
   if terminal(st) then
     redis.call('ZADD', idx[3], num(ea), rk)
@@ -108,7 +113,7 @@ local function settle(idx, rk, st, pol, lu, ra, ea, now, grace_ms)
 end
 
 local function unindex(idx, rk)
-  for i = 1, 4 do
+  for i = 1, #idx do
     redis.call('ZREM', idx[i], rk)
   end
 end

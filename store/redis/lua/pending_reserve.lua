@@ -3,15 +3,14 @@
 -- reclaim or take over, the record becomes pending with the request, in
 -- the queue index of its queue (by created_at, the claim order) and the
 -- pending deadline index (by locked_until, the claim deadline).
--- KEYS: the shard's four index keys, the record, the queue index, the
+-- KEYS: the shard's index keys, the record, the queue index, the
 -- pending deadline index.
 -- ARGV: clock, scope, key, fingerprint, wait_us, ttl_us, policy, grace_ms,
 -- queue, request
 -- Returns {outcome, HGETALL} (0 existing, 1 created, 2 reclaimed, 3 taken
 -- over).
 local PENDING = 'pending'
-local idx = {KEYS[1], KEYS[2], KEYS[3], KEYS[4]}
-local rk, pq, pd = KEYS[5], KEYS[6], KEYS[7]
+local rk, pq, pd = KEYS[REC], KEYS[REC + 1], KEYS[REC + 2]
 local now = clock(ARGV[1])
 local scope, key, fp = ARGV[2], ARGV[3], ARGV[4]
 local wait, ttl, pol, grace = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])

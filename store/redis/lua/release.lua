@@ -3,8 +3,7 @@
 -- ARGV: clock, grace_ms, fence, target state, last_error, and for
 -- MarkUnknown the request summary ('' keeps the request the record holds).
 -- Returns 0 done, 1 absent, 2 not in_progress or another fence.
-local idx = {KEYS[1], KEYS[2], KEYS[3], KEYS[4]}
-local rk = KEYS[5]
+local rk = KEYS[REC]
 local now = clock(ARGV[1])
 local grace, to = tonumber(ARGV[2]), ARGV[4]
 

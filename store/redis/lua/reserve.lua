@@ -2,8 +2,7 @@
 -- ARGV: clock, scope, key, fingerprint, lease_us, ttl_us, policy, grace_ms
 -- Returns {outcome, HGETALL}; outcome follows store.ReserveOutcome
 -- (0 existing, 1 created, 2 reclaimed, 3 taken over).
-local idx = {KEYS[1], KEYS[2], KEYS[3], KEYS[4]}
-local rk = KEYS[5]
+local rk = KEYS[REC]
 local now = clock(ARGV[1])
 local scope, key, fp = ARGV[2], ARGV[3], ARGV[4]
 local lease, ttl, pol, grace = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])

@@ -1,8 +1,7 @@
 -- resolve: unknown -> completed (with a response) or failed_retryable.
 -- ARGV: clock, grace_ms, target state, ttl_us, status, header, body, has_body, omitted, fence
 -- Returns 0 done, 1 absent, 2 not unknown, 3 another fence.
-local idx = {KEYS[1], KEYS[2], KEYS[3], KEYS[4]}
-local rk = KEYS[5]
+local rk = KEYS[REC]
 local now = clock(ARGV[1])
 local grace, to, ttl = tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local v = redis.call('HMGET', rk, 'st', 'pol', 'lu', 'ea', 'f')

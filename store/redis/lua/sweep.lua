@@ -1,15 +1,14 @@
 -- sweep: moves the given records of one shard that are still in_progress,
 -- under policy unknown, with an expired lease, to unknown due now. The check
 -- is repeated here, so concurrent sweepers move each record once.
--- KEYS: the shard's four index keys, then records.
+-- KEYS: the shard's index keys, then records.
 -- ARGV: clock, grace_ms, sweep_grace_us (only leases that ended that long
 -- ago are swept)
 -- Returns the HGETALL of every record moved.
-local idx = {KEYS[1], KEYS[2], KEYS[3], KEYS[4]}
 local now = clock(ARGV[1])
 local grace, cutoff = tonumber(ARGV[2]), now - tonumber(ARGV[3])
 local out = {}
-for i = 5, #KEYS do
+for i = REC, #KEYS do
   local rk = KEYS[i]
   local v = redis.call('HMGET', rk, 'st', 'pol', 'lu', 'ea')
   if not v[1] then
