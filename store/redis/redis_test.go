@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"strings"
 	"sync"
@@ -140,6 +141,7 @@ var storeTests = []struct {
 	{"ResponseEncoding", testResponseEncoding},
 	{"RedisTTL", testRedisTTL},
 	{"EvictedIndexEntryTrimmed", testEvictedIndexEntryTrimmed},
+	{"LegacyDeadLetterListed", testLegacyDeadLetterListed},
 	{"SweepReapList", testSweepReapList},
 	{"SoftReap", testSoftReap},
 	{"ServerClock", testServerClock},
@@ -447,6 +449,47 @@ func keyInShard(scope string, shard int, not string) string {
 		if k != not && shardOf(scope, k) == shard {
 			return k
 		}
+	}
+}
+
+// An earlier build kept a dead-lettered record in the unknown index at the
+// score +inf. The operator's listing still shows it (last), the due
+// listing never does, and the next change to the record files it in the
+// dead index.
+func testLegacyDeadLetterListed(t *testing.T, open storetest.Opener) {
+	s, _ := newTestStore(t, open)
+	p := reserveParams("legacy")
+	rec := mustReserve(t, s, p, store.Created)
+	if err := s.MarkUnknown(ctx, store.ReleaseParams{FenceParams: fence(rec), Error: "timeout"}); err != nil {
+		t.Fatal(err)
+	}
+	dead := store.DeferParams{FenceParams: fence(rec), Error: "gave up", DeadLetter: true}
+	if err := s.Defer(ctx, dead); err != nil {
+		t.Fatal(err)
+	}
+	keys, rk := s.indexKeys(shardOf(p.Scope, p.Key)), s.recordKey(p.Scope, p.Key)
+	if err := s.client.ZRem(ctx, keys[idxDead], rk).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.client.ZAdd(ctx, keys[idxUnknown], goredis.Z{Score: math.Inf(1), Member: rk}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	listed, err := s.ListUnknown(ctx, store.ListUnknownParams{Limit: 10})
+	if err != nil || len(listed) != 1 || !listed[0].DeadLettered() {
+		t.Fatalf("operator's listing: %v, %v; want the dead-lettered record", listed, err)
+	}
+	if due, err := s.ListUnknown(ctx, store.ListUnknownParams{DueOnly: true, Limit: 10}); err != nil || len(due) != 0 {
+		t.Fatalf("due listing: %v, %v; want nothing", due, err)
+	}
+	again := store.DeferParams{FenceParams: fence(rec), Attempts: 1, Delay: time.Minute, Error: "again"}
+	if err := s.Defer(ctx, again); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.client.ZScore(ctx, keys[idxUnknown], rk).Result(); err != goredis.Nil {
+		t.Errorf("still in the unknown index at %v (%v)", n, err)
+	}
+	if _, err := s.client.ZScore(ctx, keys[idxDead], rk).Result(); err != nil {
+		t.Errorf("not in the dead index: %v", err)
 	}
 }
 

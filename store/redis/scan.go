@@ -218,18 +218,34 @@ func parseEntries(shard int, reply any) ([]candidate, error) {
 	for i := 0; i+1 < len(flat); i += 2 {
 		member, _ := flat[i].(string)
 		raw, _ := flat[i+1].(string)
-		// Scores are integral microseconds below 2^53, exact in a float64.
+		// Scores are integral microseconds below 2^53, exact in a float64,
+		// or +inf: a record dead-lettered by an earlier build, which kept
+		// dead letters in the unknown index at that score (legacyDead).
 		score, err := strconv.ParseFloat(raw, 64)
-		if err != nil || math.IsInf(score, 0) || math.IsNaN(score) {
+		if err != nil || math.IsInf(score, -1) || math.IsNaN(score) {
 			return nil, fmt.Errorf("malformed index score %q", raw)
 		}
-		out = append(out, candidate{shard: shard, member: member, score: int64(score)})
+		c := candidate{shard: shard, member: member, score: legacyDead}
+		if !math.IsInf(score, 1) {
+			c.score = int64(score)
+		}
+		out = append(out, c)
 	}
 	return out, nil
 }
 
+// legacyDead is the score of a record that an earlier build dead-lettered
+// in the unknown index (+inf). The operator's listing shows it last; the
+// next script that changes the record files it in the dead index.
+const legacyDead = math.MaxInt64
+
 // scoreArg is a score as a ZRANGEBYSCORE bound.
-func scoreArg(score int64) string { return strconv.FormatInt(score, 10) }
+func scoreArg(score int64) string {
+	if score == legacyDead {
+		return "+inf"
+	}
+	return strconv.FormatInt(score, 10)
+}
 
 func sortCandidates(c []candidate) {
 	slices.SortFunc(c, func(a, b candidate) int {
@@ -364,8 +380,8 @@ func (s *Store) ListUnknown(ctx context.Context, p store.ListUnknownParams) ([]s
 		if err != nil {
 			return nil, fmt.Errorf("idem/redis: list unknown: %w", err)
 		}
-		if rec.State != store.StateUnknown || rec.ReconcileAfter.UnixMicro() != cands[i].score ||
-			(p.DueOnly && rec.DeadLettered()) {
+		indexed := rec.ReconcileAfter.UnixMicro() == cands[i].score || cands[i].score == legacyDead && rec.DeadLettered()
+		if rec.State != store.StateUnknown || !indexed || (p.DueOnly && rec.DeadLettered()) {
 			continue
 		}
 		out = append(out, rec)
