@@ -235,7 +235,7 @@ func TestLateCompletionOfADeletedRecordIsRefused(t *testing.T) {
 	l := newLate(t, store.LeaseUnknown)
 	done := l.start("k", 1)
 	l.sweep("k")
-	if err := l.mem.Delete(context.Background(), "0:POST /v1/slow", "k"); err != nil {
+	if err := l.mem.Delete(context.Background(), store.DeleteParams{Scope: "0:POST /v1/slow", Key: "k"}); err != nil {
 		t.Fatal(err)
 	}
 	l.answers[1] <- reply{http.StatusCreated, "made"}
@@ -279,7 +279,7 @@ func TestLeaseLostLogsAnErrorOnlyWhenTheAnswerIsNotRecorded(t *testing.T) {
 		{"swept and settled by an operator", store.LeaseUnknown, func(l *late) { l.settle(l.sweep("k")) }, false},
 		{"swept and deleted", store.LeaseUnknown, func(l *late) {
 			l.sweep("k")
-			if err := l.mem.Delete(context.Background(), "0:POST /v1/slow", "k"); err != nil {
+			if err := l.mem.Delete(context.Background(), store.DeleteParams{Scope: "0:POST /v1/slow", Key: "k"}); err != nil {
 				l.t.Fatal(err)
 			}
 		}, false},

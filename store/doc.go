@@ -48,6 +48,12 @@
 // reconciler has deferred the record since: several reconcilers asking
 // about one record count one attempt.
 //
+// Delete may name an execution the same way ([DeleteParams].Fence), and
+// then fails with [ErrLeaseLost], changing nothing, when the record ran
+// again since: an operator who decided to delete what they were shown
+// never removes an answer they were not shown, which the next retry would
+// otherwise run the request again for.
+//
 // A fence is never handed out twice for one (scope, key): a record created,
 // taken over, reclaimed or recreated at instant now gets max(now in
 // microseconds since the Unix epoch, previous fence + 1), where the

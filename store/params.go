@@ -169,6 +169,18 @@ func (p *DeferParams) Validate() error {
 	return nil
 }
 
+// Validate checks a delete: the record's identity, and a fence that is
+// either one a store could have issued or zero (any execution).
+func (p *DeleteParams) Validate() error {
+	if err := CheckID(p.Scope, p.Key); err != nil {
+		return err
+	}
+	if p.Fence < 0 {
+		return invalid("fence must not be negative")
+	}
+	return nil
+}
+
 // MaxErrorBytes bounds the text ErrorText keeps for a record's LastError.
 const MaxErrorBytes = 1024
 

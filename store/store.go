@@ -366,6 +366,20 @@ type DeferParams struct {
 	DeadLetter bool
 }
 
+// DeleteParams removes a record (an operator's cache-bust).
+//
+// A delete is about what its caller was shown, like a settlement: Fence,
+// when positive, is the record's fence then (what Get, List or the
+// console's record page showed). A record whose fence has moved on since
+// ran again, perhaps with an answer nobody saw, and a delete decided about
+// the older execution must not remove it: the next retry would run the
+// request again. Zero deletes whatever execution the record holds.
+type DeleteParams struct {
+	Scope string
+	Key   string
+	Fence int64
+}
+
 // Store keeps idempotency records. Implementations must be safe for
 // concurrent use by many goroutines and, for durable stores, by many
 // processes sharing one database.
@@ -410,13 +424,18 @@ type Store interface {
 	// Get returns the record or ErrNotFound.
 	Get(ctx context.Context, scope, key string) (Record, error)
 
-	// Delete removes the record (operator cache-bust). ErrNotFound when there
-	// is none; ErrStateConflict, changing nothing, when it is in_progress:
-	// its holder may still be running. An in-progress record is swept to
-	// unknown once its lease expires, and can be deleted then. A record
-	// created after the delete gets a fence from the store clock, greater
-	// than every fence of the deleted one (see Fences).
-	Delete(ctx context.Context, scope, key string) error
+	// Delete removes the record (operator cache-bust); with a positive
+	// p.Fence, only if that is still the record's fence, checked in the
+	// same atomic step as the delete. ErrNotFound when there is none;
+	// ErrLeaseLost, changing nothing, when p.Fence is positive and the
+	// record's fence is another (it ran again since its caller was shown
+	// it, whatever its state); ErrStateConflict, changing nothing, when it
+	// is in_progress: its holder may still be running. An in-progress
+	// record is swept to unknown once its lease expires, and can be
+	// deleted then. A record created after the delete gets a fence from
+	// the store clock, greater than every fence of the deleted one (see
+	// Fences).
+	Delete(ctx context.Context, p DeleteParams) error
 
 	// SweepExpiredLeases moves up to p.Limit in_progress records whose lease
 	// expired more than p.Grace ago and whose policy is unknown to unknown (LastError
@@ -476,8 +495,8 @@ var (
 	// ErrNotFound: no record for (scope, key).
 	ErrNotFound = errors.New("idem/store: record not found")
 	// ErrLeaseLost: the caller's fence is no longer current or the record
-	// left in_progress (for Resolve and Defer: the record's fence is not
-	// the caller's); nothing was changed.
+	// left in_progress (for Resolve, Defer and a fenced Delete: the
+	// record's fence is not the caller's); nothing was changed.
 	ErrLeaseLost = errors.New("idem/store: lease lost")
 	// ErrStateConflict: the record is not in the state the operation needs.
 	ErrStateConflict = errors.New("idem/store: record is not in the required state")

@@ -167,13 +167,14 @@ func (s *Store) invalidate(ctx context.Context, scope, key string) error {
 	return nil
 }
 
-// Delete removes the record from the backing store and the cache.
-func (s *Store) Delete(ctx context.Context, scope, key string) error {
-	if err := store.CheckID(scope, key); err != nil {
+// Delete removes the record from the backing store (which checks
+// p.Fence) and the cache.
+func (s *Store) Delete(ctx context.Context, p store.DeleteParams) error {
+	if err := p.Validate(); err != nil {
 		return err
 	}
-	err := s.Store.Delete(ctx, scope, key)
-	if ierr := s.invalidate(ctx, scope, key); ierr != nil {
+	err := s.Store.Delete(ctx, p)
+	if ierr := s.invalidate(ctx, p.Scope, p.Key); ierr != nil {
 		return errors.Join(err, ierr)
 	}
 	return err

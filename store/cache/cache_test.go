@@ -120,7 +120,7 @@ func TestReplayServedFromCache(t *testing.T) {
 	}
 	// Prove the answer comes from Redis: remove the record from the backing
 	// store behind the cache's back.
-	if err := f.backing.Delete(context.Background(), "s", "k"); err != nil {
+	if err := f.backing.Delete(context.Background(), store.DeleteParams{Scope: "s", Key: "k"}); err != nil {
 		t.Fatal(err)
 	}
 	res, err := f.c.Reserve(context.Background(), params("fp"))
@@ -168,7 +168,7 @@ func TestCacheLossChangesNoAnswer(t *testing.T) {
 		t.Fatalf("new key with Redis down: %v %v", res.Outcome, err)
 	}
 	// But a Delete that cannot drop its cache entry says so.
-	if err := down.Delete(ctx, "s", "new"); err == nil {
+	if err := down.Delete(ctx, store.DeleteParams{Scope: "s", Key: "new"}); err == nil {
 		t.Fatal("Delete with Redis down reported success")
 	}
 }
@@ -176,7 +176,7 @@ func TestCacheLossChangesNoAnswer(t *testing.T) {
 func TestOperatorDeleteDropsTheEntry(t *testing.T) {
 	f := newFixture(t)
 	f.completed(t)
-	if err := f.c.Delete(context.Background(), "s", "k"); err != nil {
+	if err := f.c.Delete(context.Background(), store.DeleteParams{Scope: "s", Key: "k"}); err != nil {
 		t.Fatal(err)
 	}
 	if f.cached(t) {
@@ -186,7 +186,7 @@ func TestOperatorDeleteDropsTheEntry(t *testing.T) {
 	if err != nil || res.Outcome != store.Created {
 		t.Fatalf("after delete: %v %v", res.Outcome, err)
 	}
-	if err := f.c.Delete(context.Background(), "s", "missing"); !errors.Is(err, store.ErrNotFound) {
+	if err := f.c.Delete(context.Background(), store.DeleteParams{Scope: "s", Key: "missing"}); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("delete of a missing key: %v", err)
 	}
 }
@@ -260,7 +260,7 @@ func BenchmarkCacheReplay(b *testing.B) {
 				})
 			})
 		}
-		c.Delete(ctx, "s", "k")
+		c.Delete(ctx, store.DeleteParams{Scope: "s", Key: "k"})
 		s.Close()
 	}
 }
@@ -303,7 +303,7 @@ func TestFillAfterDeleteIsKeptOut(t *testing.T) {
 	done := make(chan struct{})
 	go func() { defer close(done); c.Reserve(ctx, params("fp")) }() // a replay, read from SQLite
 	<-g.answered
-	if err := c.Delete(ctx, "s", "k"); err != nil { // operator cache-bust through the wrapper
+	if err := c.Delete(ctx, store.DeleteParams{Scope: "s", Key: "k"}); err != nil { // operator cache-bust through the wrapper
 		t.Fatal(err)
 	}
 	close(g.release)
@@ -327,7 +327,7 @@ func TestNoCachedAnswerAtTheEdgeOfExpiry(t *testing.T) {
 	f.completed(t) // retention 1h
 	// Answers from the cache are told apart by removing the record from
 	// the backing store behind the cache's back.
-	if err := f.backing.Delete(context.Background(), "s", "k"); err != nil {
+	if err := f.backing.Delete(context.Background(), store.DeleteParams{Scope: "s", Key: "k"}); err != nil {
 		t.Fatal(err)
 	}
 	f.clock.Advance(time.Hour - 2*time.Second)

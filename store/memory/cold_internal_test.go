@@ -111,7 +111,11 @@ func TestColdMatchesEntries(t *testing.T) {
 			},
 			"delete": func(rt *rapid.T) {
 				k := pick()
-				both("delete", func(s *Store) (any, error) { return nil, s.Delete(ctx, k.scope, k.key) })
+				p := store.DeleteParams{Scope: k.scope, Key: k.key}
+				if rapid.Bool().Draw(rt, "fenced") {
+					p.Fence = fences[k] // an older fence once the key ran again
+				}
+				both("delete", func(s *Store) (any, error) { return nil, s.Delete(ctx, p) })
 			},
 			"list": func(rt *rapid.T) {
 				p := store.ListParams{Limit: 100, ScopePrefix: rapid.SampledFrom([]string{"", "s1"}).Draw(rt, "prefix")}
@@ -436,7 +440,7 @@ func TestColdChunksAreDropped(t *testing.T) {
 		t.Fatalf("%d chunks for %d records of %d bytes", len(s.cold.chunks), n, len(body))
 	}
 	for i := range n {
-		if err := s.Delete(t.Context(), "s", fmt.Sprint(i)); err != nil {
+		if err := s.Delete(t.Context(), store.DeleteParams{Scope: "s", Key: fmt.Sprint(i)}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -470,7 +474,7 @@ func TestColdRecordIsImmutable(t *testing.T) {
 	if again, _ := s.Get(t.Context(), "s", "k"); again.Response == r.Response {
 		t.Error("two reads of a cold record share one response")
 	}
-	if err := s.Delete(t.Context(), "s", "k"); err != nil {
+	if err := s.Delete(t.Context(), store.DeleteParams{Scope: "s", Key: "k"}); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 2 * chunkSize / 100 {
@@ -581,7 +585,7 @@ func TestColdCompaction(t *testing.T) {
 			if r, err := cold.Get(ctx, "s", k); err == nil && rng.IntN(20) == 0 {
 				held = append(held, r)
 			}
-			errA, errB := cold.Delete(ctx, "s", k), plain.Delete(ctx, "s", k)
+			errA, errB := cold.Delete(ctx, store.DeleteParams{Scope: "s", Key: k}), plain.Delete(ctx, store.DeleteParams{Scope: "s", Key: k})
 			if !errors.Is(errA, errB) && errA != errB {
 				t.Fatalf("step %d: delete %s: %v, entries %v", step, k, errA, errB)
 			}

@@ -353,8 +353,8 @@ func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error
 }
 
 // Delete implements store.Store.
-func (s *Store) Delete(ctx context.Context, scope, key string) error {
-	if err := store.CheckID(scope, key); err != nil {
+func (s *Store) Delete(ctx context.Context, p store.DeleteParams) error {
+	if err := p.Validate(); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
@@ -362,10 +362,20 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	k := id{scope, key}
-	switch e, _, slot := s.lookup(k); {
-	case e == nil && slot < 0:
+	k := id{p.Scope, p.Key}
+	e, _, slot := s.lookup(k)
+	var fence int64
+	switch {
+	case e != nil:
+		fence = e.fence
+	case slot >= 0:
+		fence = s.cold.at(slot).fence
+	default:
 		return store.ErrNotFound
+	}
+	switch {
+	case p.Fence > 0 && fence != p.Fence:
+		return store.ErrLeaseLost
 	case e != nil && e.state == stInProgress:
 		return store.ErrStateConflict
 	}

@@ -25,7 +25,7 @@ func TestScopeDroppedWithItsLastRecord(t *testing.T) {
 		}
 	}
 	for i, k := range []string{"a", "b"} {
-		if err := s.Delete(ctx, "s", k); err != nil {
+		if err := s.Delete(ctx, store.DeleteParams{Scope: "s", Key: k}); err != nil {
 			t.Fatal(err)
 		}
 		if n, want := len(s.scopes), 1-i; n != want {

@@ -472,7 +472,7 @@ func TestMaintenance(t *testing.T) {
 	if res, err = s.Reap(ctx, store.ReapParams{Limit: 10, Abandoned: okResponse("timeout"), AbandonedTTL: time.Hour}); err != nil || res.Deleted != 3 {
 		t.Fatalf("reap 3: %+v %v", res, err)
 	}
-	if err := s.Delete(ctx, retryP.Scope, retryP.Key); !errors.Is(err, store.ErrNotFound) {
+	if err := s.Delete(ctx, store.DeleteParams{Scope: retryP.Scope, Key: retryP.Key}); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("delete reaped: %v", err)
 	}
 }

@@ -340,22 +340,13 @@ func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error
 }
 
 // Delete implements [store.Store.Delete].
-func (s *Store) Delete(ctx context.Context, scope, key string) error {
-	if err := store.CheckID(scope, key); err != nil {
+func (s *Store) Delete(ctx context.Context, p store.DeleteParams) error {
+	if err := p.Validate(); err != nil {
 		return err
 	}
-	n, err := s.exec(ctx, qDelete, s.idArgs(scope, key))
-	if err != nil {
-		return wrap("delete", err)
-	}
-	if n == 0 {
-		// Absent, or in progress: tell which (the operator's path only).
-		if _, err := s.Get(ctx, scope, key); err != nil {
-			return err
-		}
-		return store.ErrStateConflict
-	}
-	return nil
+	a := s.idArgs(p.Scope, p.Key)
+	a["fence"] = p.Fence
+	return s.guarded(ctx, "delete", qDelete, a, p.Fence)
 }
 
 // exec runs an autocommit statement on the store's pool, retrying
@@ -532,7 +523,7 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 	if err := responseArgs(a, resp); err != nil {
 		return err
 	}
-	return s.unknownOnly(ctx, "resolve", qResolve, a, p.Fence)
+	return s.guarded(ctx, "resolve", qResolve, a, p.Fence)
 }
 
 // Defer implements [store.Store.Defer].
@@ -545,17 +536,18 @@ func (s *Store) Defer(ctx context.Context, p store.DeferParams) error {
 	a["fence"] = p.Fence
 	a["attempts"] = p.Attempts
 	if p.DeadLetter {
-		return s.unknownOnly(ctx, "dead letter", qDeadLetter, a, p.Fence)
+		return s.guarded(ctx, "dead letter", qDeadLetter, a, p.Fence)
 	}
 	a["delay_us"] = storekit.Micros(p.Delay)
-	return s.unknownOnly(ctx, "defer", qDefer, a, p.Fence)
+	return s.guarded(ctx, "defer", qDefer, a, p.Fence)
 }
 
-// unknownOnly runs an UPDATE guarded by state = 'unknown' and by the
-// record's fence (and whatever else the query checks). Only when it
-// matches nothing does a second read tell ErrNotFound from ErrLeaseLost and
-// ErrStateConflict.
-func (s *Store) unknownOnly(ctx context.Context, op string, qq *query, a args, fence int64) error {
+// guarded runs a statement guarded by the record's state and by its
+// fence (fence 0, Delete's, takes any), and whatever else the query
+// checks: Resolve and Defer need an unknown record, Delete one not in
+// progress. Only when it matches nothing does a second read tell
+// ErrNotFound from ErrLeaseLost and ErrStateConflict.
+func (s *Store) guarded(ctx context.Context, op string, qq *query, a args, fence int64) error {
 	n, err := s.exec(ctx, qq, a)
 	if err != nil {
 		return wrap(op, err)
@@ -574,10 +566,10 @@ func (s *Store) unknownOnly(ctx context.Context, op string, qq *query, a args, f
 		return store.ErrNotFound
 	case err != nil:
 		return wrap(op, err)
-	case got != fence:
+	case fence > 0 && got != fence:
 		return fmt.Errorf("%w: %s: the record's fence is %d, not %d", store.ErrLeaseLost, op, got, fence)
 	}
-	// The fence is the caller's: the record is not unknown, or what else
-	// the query checks (Defer's attempts) has moved on.
+	// The fence is the caller's: the record is not in the state the
+	// query needs, or what else it checks (Defer's attempts) has moved on.
 	return fmt.Errorf("%w: %s: record is %s", store.ErrStateConflict, op, state)
 }

@@ -209,7 +209,9 @@ WHERE scope = :scope AND `key` = :key
 SELECT state, fence FROM idem_records WHERE scope = :scope AND `key` = :key
 
 -- name: delete
+-- :fence is the fence the record must still have, 0 for any.
 DELETE FROM idem_records WHERE scope = :scope AND `key` = :key AND state <> 'in_progress'
+  AND (:fence = 0 OR fence = :fence)
 
 -- name: sweep_select
 -- SKIP LOCKED (MariaDB >= 10.6, MySQL >= 8.0) lets several sweepers share

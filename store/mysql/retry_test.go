@@ -62,7 +62,7 @@ func TestRefusedConnectionIsRetryable(t *testing.T) {
 	if _, err := down.Get(ctx, "s", "k"); !store.IsRetryable(err) {
 		t.Fatalf("Get with the server down: %v, want a retryable error", err)
 	}
-	if err := s.Delete(ctx, "s", "missing"); !errors.Is(err, store.ErrNotFound) || store.IsRetryable(err) {
+	if err := s.Delete(ctx, store.DeleteParams{Scope: "s", Key: "missing"}); !errors.Is(err, store.ErrNotFound) || store.IsRetryable(err) {
 		t.Fatalf("Delete of a missing record: %v, want a final ErrNotFound", err)
 	}
 }

@@ -622,31 +622,30 @@ func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error
 }
 
 // Delete implements store.Store.
-func (s *Store) Delete(ctx context.Context, scope, key string) error {
-	if err := store.CheckID(scope, key); err != nil {
+func (s *Store) Delete(ctx context.Context, p store.DeleteParams) error {
+	if err := p.Validate(); err != nil {
 		return err
 	}
-	tag, err := s.pool.Exec(ctx, s.q.delete, scope, key)
-	if err != nil {
+	var (
+		deleted bool
+		state   *string
+		fence   *int64
+	)
+	if err := s.pool.QueryRow(ctx, s.q.delete, p.Scope, p.Key, p.Fence).Scan(&deleted, &state, &fence); err != nil {
 		return wrap(ctx, "delete", err)
 	}
-	if tag.RowsAffected() == 0 {
-		// Absent, or in progress: tell which (the operator's path only).
-		_, err := s.Get(ctx, scope, key)
-		if errors.Is(err, store.ErrNotFound) {
-			// Perhaps deleted by an earlier call whose invalidation failed
-			// (it returned an error, and this is its retry): the caches are
-			// told again, or they could replay the record until it expires.
-			if ierr := s.invalidate(ctx, scope, key); ierr != nil {
-				return ierr
-			}
-		}
-		if err != nil {
+	if !deleted && state == nil {
+		// Perhaps deleted by an earlier call whose invalidation failed
+		// (it returned an error, and this is its retry): the caches are
+		// told again, or they could replay the record until it expires.
+		if err := s.invalidate(ctx, p.Scope, p.Key); err != nil {
 			return err
 		}
-		return fmt.Errorf("idem/postgres: delete: %w", store.ErrStateConflict)
 	}
-	return s.invalidate(ctx, scope, key)
+	if err := guardedOutcome("delete", deleted, state, fence, p.Fence); err != nil {
+		return err
+	}
+	return s.invalidate(ctx, p.Scope, p.Key)
 }
 
 // SweepExpiredLeases implements store.Store.
@@ -753,7 +752,7 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 	if err != nil {
 		return wrap(ctx, "resolve", err)
 	}
-	if err := unknownOutcome("resolve", resolved, state, fence, p.Fence); err != nil {
+	if err := guardedOutcome("resolve", resolved, state, fence, p.Fence); err != nil {
 		return err
 	}
 	// The settled answer is new: no cache may hold an older one.
@@ -779,21 +778,22 @@ func (s *Store) Defer(ctx context.Context, p store.DeferParams) error {
 	if err := row.Scan(&deferred, &state, &fence); err != nil {
 		return wrap(ctx, "defer", err)
 	}
-	return unknownOutcome("defer", deferred, state, fence, p.Fence)
+	return guardedOutcome("defer", deferred, state, fence, p.Fence)
 }
 
-// unknownOutcome explains why an UPDATE of onUnknown guarded by the fence
-// want did not match, from the record's state and fence in the
-// statement's snapshot. A state still reading "unknown" under that fence
-// means that what else the statement checks (Defer's attempts) did not
-// hold, or that a concurrent call moved the record after the snapshot.
-func unknownOutcome(op string, done bool, state *string, fence *int64, want int64) error {
+// guardedOutcome explains why a statement guarded by the record's state
+// and by the fence want (0, Delete's, takes any) did not match, from the
+// record's state and fence in the statement's snapshot (onUnknown,
+// sqlDelete). A state the statement takes under that fence means that
+// what else it checks (Defer's attempts) did not hold, or that a
+// concurrent call moved the record after the snapshot.
+func guardedOutcome(op string, done bool, state *string, fence *int64, want int64) error {
 	switch {
 	case done:
 		return nil
 	case state == nil:
 		return fmt.Errorf("idem/postgres: %s: %w", op, store.ErrNotFound)
-	case *fence != want:
+	case want > 0 && *fence != want:
 		return fmt.Errorf("idem/postgres: %s: the record's fence is %d, not %d: %w", op, *fence, want, store.ErrLeaseLost)
 	default:
 		return fmt.Errorf("idem/postgres: %s: record is %s: %w", op, *state, store.ErrStateConflict)

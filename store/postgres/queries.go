@@ -277,8 +277,20 @@ SELECT ` + recordColumns + `,
 FROM {schema}idem_records
 WHERE scope = $1 AND key = $2`
 
+// sqlDelete deletes a record not in progress whose fence is $3 (0: any)
+// and, like onUnknown, reports whether it did and the record's state and
+// fence from the statement's snapshot, so that a miss is told apart in the
+// same round trip.
 const sqlDelete = `
-DELETE FROM {schema}idem_records WHERE scope = $1 AND key = $2 AND state <> 'in_progress'`
+WITH del AS (
+	DELETE FROM {schema}idem_records
+	WHERE scope = $1 AND key = $2 AND state <> 'in_progress'
+		AND ($3::bigint = 0 OR fence = $3::bigint)
+	RETURNING 1
+)
+SELECT EXISTS (SELECT FROM del),
+	(SELECT state FROM {schema}idem_records WHERE scope = $1 AND key = $2),
+	(SELECT fence FROM {schema}idem_records WHERE scope = $1 AND key = $2)`
 
 // sqlSweep walks the leases that ended since the sweep mark
 // (idem_sweep_mark.swept_to) in the order they ended, through

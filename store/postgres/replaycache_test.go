@@ -86,7 +86,7 @@ func TestReplayCacheTwoProxies(t *testing.T) {
 	// for it, not only for the notification to be sent.
 	stores[1].SlowInvalidations(300 * time.Millisecond)
 	scope := (&idem.Request{Method: "POST", Route: "/v1/charges"}).Scope()
-	if err := operator.Delete(context.Background(), scope, "k"); err != nil {
+	if err := operator.Delete(context.Background(), store.DeleteParams{Scope: scope, Key: "k"}); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 2 {
@@ -286,7 +286,7 @@ func TestReplayCacheBehindPooler(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer operator.Close()
-	if err := operator.Delete(ctx, p.Scope, p.Key); err != nil {
+	if err := operator.Delete(ctx, store.DeleteParams{Scope: p.Scope, Key: p.Key}); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := s.Reserve(ctx, p); err != nil || got.Outcome != store.Created {
@@ -343,7 +343,7 @@ func TestReplayCacheInvalidationsCommitInOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- operator.Delete(ctx, b.Scope, b.Key) }()
+	go func() { done <- operator.Delete(ctx, store.DeleteParams{Scope: b.Scope, Key: b.Key}) }()
 	select {
 	case err := <-done:
 		t.Fatalf("Delete returned (%v) while an invalidation numbered before its own was uncommitted", err)
@@ -391,13 +391,13 @@ func TestReplayCacheDeleteRetriedAfterAFailedInvalidation(t *testing.T) {
 		t.Fatal(err)
 	}
 	dctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	err = operator.Delete(dctx, p.Scope, p.Key)
+	err = operator.Delete(dctx, store.DeleteParams{Scope: p.Scope, Key: p.Key})
 	cancel()
 	tx.Rollback(ctx)
 	if err == nil || !strings.Contains(err.Error(), "telling the replay caches failed") {
 		t.Fatalf("first delete: %v, want the invalidation's failure", err)
 	}
-	if err := operator.Delete(ctx, p.Scope, p.Key); !errors.Is(err, store.ErrNotFound) {
+	if err := operator.Delete(ctx, store.DeleteParams{Scope: p.Scope, Key: p.Key}); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("retry: %v, want not found", err)
 	}
 	if replay() != 0 {
@@ -437,7 +437,7 @@ func TestReplayCacheStopsWithoutItsRegistration(t *testing.T) {
 	if replay() != 0 {
 		t.Fatal("a cache that lost its registration answered from memory what it held before")
 	}
-	if err := openStore(t, schema, nil).Delete(ctx, p.Scope, p.Key); err != nil {
+	if err := openStore(t, schema, nil).Delete(ctx, store.DeleteParams{Scope: p.Scope, Key: p.Key}); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := s.Reserve(ctx, p); err != nil || got.Outcome == store.Existing {
@@ -473,7 +473,7 @@ func TestReplayCacheSchemaFromThePool(t *testing.T) {
 	}
 	defer s.Close()
 	p, _ := cachedKey(t, s)
-	if err := openStore(t, a, nil).Delete(ctx, p.Scope, p.Key); err != nil {
+	if err := openStore(t, a, nil).Delete(ctx, store.DeleteParams{Scope: p.Scope, Key: p.Key}); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := s.Reserve(ctx, p); err != nil || got.Outcome == store.Existing {
@@ -548,7 +548,7 @@ func TestReplayCacheInAnotherEncoding(t *testing.T) {
 	if cached.CacheHits() != 1 {
 		t.Fatalf("%d replays from memory, want 1", cached.CacheHits())
 	}
-	if err := operator.Delete(ctx, p.Scope, p.Key); err != nil {
+	if err := operator.Delete(ctx, store.DeleteParams{Scope: p.Scope, Key: p.Key}); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := cached.Reserve(ctx, p); err != nil || got.Outcome == store.Existing {

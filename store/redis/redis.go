@@ -386,25 +386,17 @@ func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error
 }
 
 // Delete implements store.Store.
-func (s *Store) Delete(ctx context.Context, scope, key string) error {
-	if err := store.CheckID(scope, key); err != nil {
+func (s *Store) Delete(ctx context.Context, p store.DeleteParams) error {
+	if err := p.Validate(); err != nil {
 		return fmt.Errorf("idem/redis: delete: %w", err)
 	}
-	n, err := s.eval(ctx, scriptDelete, s.scriptKeys(scope, key)).Int64()
-	if err != nil {
-		return wrap("delete", err)
-	}
-	switch n {
-	case 0:
-		return fmt.Errorf("idem/redis: delete: %w", store.ErrNotFound)
-	case 2:
-		return fmt.Errorf("idem/redis: delete: %w", store.ErrStateConflict)
-	}
-	return nil
+	return s.guarded(ctx, "delete", scriptDelete, p.Scope, p.Key, p.Fence)
 }
 
-// unknownOnly runs Resolve and Defer, which need an unknown record.
-func (s *Store) unknownOnly(ctx context.Context, op string, sc *goredis.Script, scope, key string, args ...any) error {
+// guarded runs a script guarded by the record's state and fence, and
+// tells its result codes apart: Resolve and Defer, which need an unknown
+// record, and Delete, which needs one not in progress.
+func (s *Store) guarded(ctx context.Context, op string, sc *goredis.Script, scope, key string, args ...any) error {
 	code, err := s.eval(ctx, sc, s.scriptKeys(scope, key), args...).Int64()
 	if err != nil {
 		return wrap(op, err)
@@ -436,7 +428,7 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 	}
 	args := append([]any{s.now(), s.graceMS(), string(p.To), storekit.Micros(p.TTL)}, rargs...)
 	args = append(args, p.Fence)
-	return s.unknownOnly(ctx, "resolve", scriptResolve, p.Scope, p.Key, args...)
+	return s.guarded(ctx, "resolve", scriptResolve, p.Scope, p.Key, args...)
 }
 
 // Defer implements store.Store.
@@ -444,6 +436,6 @@ func (s *Store) Defer(ctx context.Context, p store.DeferParams) error {
 	if err := p.Validate(); err != nil {
 		return fmt.Errorf("idem/redis: defer: %w", err)
 	}
-	return s.unknownOnly(ctx, "defer", scriptDefer, p.Scope, p.Key,
+	return s.guarded(ctx, "defer", scriptDefer, p.Scope, p.Key,
 		s.now(), s.graceMS(), storekit.Micros(p.Delay), p.Error, flag(p.DeadLetter), p.Fence, p.Attempts)
 }

@@ -725,7 +725,7 @@ func testInvalidParams(t *testing.T, open storetest.Opener) {
 	if _, err := s.Get(ctx, "s", "absent"); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("get absent: %v", err)
 	}
-	if err := s.Delete(ctx, "s", "absent"); !errors.Is(err, store.ErrNotFound) {
+	if err := s.Delete(ctx, store.DeleteParams{Scope: "s", Key: "absent"}); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("delete absent: %v", err)
 	}
 	if _, err := New(s.client, Config{Prefix: "a{b"}); err == nil {

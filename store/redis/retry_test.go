@@ -86,7 +86,7 @@ func TestRefusedConnectionIsRetryable(t *testing.T) {
 		t.Fatalf("Reserve with the server down: %v, want a retryable error", err)
 	}
 	live := newStoreOn(t)
-	if err := live.Delete(ctx, "s", "missing"); !errors.Is(err, store.ErrNotFound) || store.IsRetryable(err) {
+	if err := live.Delete(ctx, store.DeleteParams{Scope: "s", Key: "missing"}); !errors.Is(err, store.ErrNotFound) || store.IsRetryable(err) {
 		t.Fatalf("Delete of a missing record: %v, want a final ErrNotFound", err)
 	}
 }

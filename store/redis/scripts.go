@@ -46,5 +46,5 @@ const (
 	codeDone   = 0
 	codeAbsent = 1
 	codeState  = 2 // wrong state or fence
-	codeFence  = 3 // resolve, defer: another fence
+	codeFence  = 3 // resolve, defer, delete: another fence
 )

@@ -71,7 +71,7 @@ func TestWaitReplicasOnEveryWrite(t *testing.T) {
 			_, err := waiting.Reap(ctx, store.ReapParams{Limit: 10, Abandoned: store.Response{Status: 504}, AbandonedTTL: time.Hour})
 			return err
 		}},
-		{"Delete", func() error { return waiting.Delete(ctx, kept.Scope, kept.Key) }},
+		{"Delete", func() error { return waiting.Delete(ctx, store.DeleteParams{Scope: kept.Scope, Key: kept.Key}) }},
 	} {
 		if err := w.write(); err == nil || !store.IsRetryable(err) {
 			t.Errorf("%s with WaitReplicas 1 and no replica: %v, want a retryable failure", w.name, err)

@@ -179,7 +179,9 @@ const qExtend = `UPDATE idem_records SET
 	updated_at = ?5
 WHERE scope = ?1 AND key = ?2 AND state = 'in_progress' AND fence = ?3`
 
-const qDelete = `DELETE FROM idem_records WHERE scope = ?1 AND key = ?2 AND state <> 'in_progress'`
+// qDelete: ?3 the fence the record must still have, 0 for any.
+const qDelete = `DELETE FROM idem_records
+WHERE scope = ?1 AND key = ?2 AND state <> 'in_progress' AND (?3 = 0 OR fence = ?3)`
 
 const qState = `SELECT state, fence FROM idem_records WHERE scope = ?1 AND key = ?2`
 

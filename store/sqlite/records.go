@@ -252,21 +252,20 @@ func getRecord(ctx context.Context, q querier, scope, key string) (store.Record,
 	return scanRecord(q.QueryRowContext(ctx, qGet, scope, key))
 }
 
-// Delete implements [store.Store].
-func (s *Store) Delete(ctx context.Context, scope, key string) error {
-	if err := store.CheckID(scope, key); err != nil {
+// Delete implements [store.Store]. The statement checks the state and
+// fence; only a miss (the operator's path) reads the record, in the same
+// transaction, to tell why.
+func (s *Store) Delete(ctx context.Context, p store.DeleteParams) error {
+	if err := p.Validate(); err != nil {
 		return err
 	}
-	res, err := s.writer().ExecContext(ctx, qDelete, scope, key)
-	if err == nil {
-		var n int64
-		if n, err = res.RowsAffected(); err == nil && n == 0 {
-			// Absent, or in progress: tell which (the operator's path only).
-			if _, err = s.Get(ctx, scope, key); err == nil {
-				err = store.ErrStateConflict
-			}
+	err := s.inTx(ctx, func(tx querier) error {
+		n, err := execCount(ctx, tx, qDelete, p.Scope, p.Key, p.Fence)
+		if err != nil || n > 0 {
+			return err
 		}
-	}
+		return missed(ctx, tx, p.Scope, p.Key, p.Fence)
+	})
 	if err != nil {
 		return wrap("delete", err)
 	}
@@ -397,22 +396,30 @@ func (s *Store) settle(ctx context.Context, op, scope, key string, fence int64, 
 		if err != nil || n > 0 {
 			return err
 		}
-		var state string
-		var got int64
-		switch err := tx.QueryRowContext(ctx, qState, scope, key).Scan(&state, &got); {
-		case errors.Is(err, sql.ErrNoRows):
-			return store.ErrNotFound
-		case err != nil:
-			return err
-		case got != fence:
-			return fmt.Errorf("%w: the record's fence is %d, not %d", store.ErrLeaseLost, got, fence)
-		}
-		return fmt.Errorf("%w: state is %s", store.ErrStateConflict, state)
+		return missed(ctx, tx, scope, key, fence)
 	})
 	if err != nil {
 		return wrap(op, err)
 	}
 	return nil
+}
+
+// missed tells why a statement guarded by the record's state and fence
+// matched nothing, from the record as tx sees it: ErrNotFound,
+// ErrLeaseLost (another fence; fence 0, Delete's, takes any) or
+// ErrStateConflict (the state, or what else the statement checks).
+func missed(ctx context.Context, tx querier, scope, key string, fence int64) error {
+	var state string
+	var got int64
+	switch err := tx.QueryRowContext(ctx, qState, scope, key).Scan(&state, &got); {
+	case errors.Is(err, sql.ErrNoRows):
+		return store.ErrNotFound
+	case err != nil:
+		return err
+	case fence > 0 && got != fence:
+		return fmt.Errorf("%w: the record's fence is %d, not %d", store.ErrLeaseLost, got, fence)
+	}
+	return fmt.Errorf("%w: state is %s", store.ErrStateConflict, state)
 }
 
 // wrap prefixes an error with the operation and marks the transient ones

@@ -35,7 +35,7 @@ func TestBusyIsRetryable(t *testing.T) {
 		t.Fatalf("Reserve once the lock is released: %v", err)
 	}
 	// Definite answers are not retryable.
-	if err := s.Delete(ctx, "s", "missing"); store.IsRetryable(err) {
+	if err := s.Delete(ctx, store.DeleteParams{Scope: "s", Key: "missing"}); store.IsRetryable(err) {
 		t.Fatalf("Delete of a missing record: %v is retryable", err)
 	}
 }

@@ -165,7 +165,7 @@ func testList(t *testing.T, h Harness) {
 	if err != nil || next == nil {
 		t.Fatalf("first page: %v, next %v", err, next)
 	}
-	if err := e.s.Delete(e.ctx, first[2].Scope, first[2].Key); err != nil && first[2].State != store.StateInProgress {
+	if err := e.s.Delete(e.ctx, store.DeleteParams{Scope: first[2].Scope, Key: first[2].Key}); err != nil && first[2].State != store.StateInProgress {
 		t.Fatal(err)
 	}
 	e.clock.Advance(time.Second)

@@ -327,7 +327,7 @@ func testPendingRequeue(t *testing.T, h Harness) {
 		t.Fatalf("pending reserve over an expired record: %v fence %d", res.Outcome, res.Record.Fence)
 	}
 	// Delete of a pending record is allowed (nothing is running it).
-	if err := e.s.Delete(e.ctx, "s", "old"); err != nil {
+	if err := e.s.Delete(e.ctx, store.DeleteParams{Scope: "s", Key: "old"}); err != nil {
 		t.Fatalf("Delete of a pending record: %v", err)
 	}
 	if rs := e.claim(q, "q-old", 10); len(rs) != 0 {

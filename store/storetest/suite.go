@@ -205,6 +205,7 @@ func run(t *testing.T, h Harness) {
 	t.Run("ResolveIsBoundToItsFence", func(t *testing.T) { testResolveFence(t, h) })
 	t.Run("ResolveSettlesALapsedLeaseUnderItsFence", func(t *testing.T) { testResolveLapsed(t, h) })
 	t.Run("GetDelete", func(t *testing.T) { testGetDelete(t, h) })
+	t.Run("DeleteIsBoundToItsFence", func(t *testing.T) { testDeleteFence(t, h) })
 	t.Run("SurvivesReopen", func(t *testing.T) { testDurable(t, h) })
 	t.Run("InvalidParams", func(t *testing.T) { testInvalid(t, h) })
 	t.Run("IdentityLimits", func(t *testing.T) { testIdentityLimits(t, h) })
@@ -1216,7 +1217,7 @@ func testResolveLapsed(t *testing.T, h Harness) {
 	}
 
 	// Deleted by an operator: nothing is recreated.
-	if err := e.s.Delete(e.ctx, "s", "deleted"); err != nil {
+	if err := e.s.Delete(e.ctx, store.DeleteParams{Scope: "s", Key: "deleted"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.s.Resolve(e.ctx, store.ResolveParams{FenceParams: fenceOf(deleted), To: store.StateCompleted, Response: &resp, TTL: ttl}); !errors.Is(err, store.ErrNotFound) {
@@ -1240,17 +1241,17 @@ func testGetDelete(t *testing.T, h Harness) {
 	if _, err := e.s.Get(e.ctx, "s", "k"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("Get of a missing record: %v", err)
 	}
-	if err := e.s.Delete(e.ctx, "s", "k"); !errors.Is(err, store.ErrNotFound) {
+	if err := e.s.Delete(e.ctx, store.DeleteParams{Scope: "s", Key: "k"}); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("Delete of a missing record: %v", err)
 	}
 	r := e.create("s", "k", "fp", store.LeaseUnknown)
 	// In progress: its holder may be alive, so it is not deleted.
-	if err := e.s.Delete(e.ctx, "s", "k"); !errors.Is(err, store.ErrStateConflict) {
+	if err := e.s.Delete(e.ctx, store.DeleteParams{Scope: "s", Key: "k"}); !errors.Is(err, store.ErrStateConflict) {
 		t.Fatalf("Delete of an in-progress record: %v, want ErrStateConflict", err)
 	}
 	e.mustUnchanged(r, "a refused Delete")
 	e.complete(r, sampleResponse())
-	if err := e.s.Delete(e.ctx, "s", "k"); err != nil {
+	if err := e.s.Delete(e.ctx, store.DeleteParams{Scope: "s", Key: "k"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.s.Get(e.ctx, "s", "k"); !errors.Is(err, store.ErrNotFound) {
@@ -1259,6 +1260,73 @@ func testGetDelete(t *testing.T, h Harness) {
 	if res := e.reserve(e.s, e.reserveP("s", "k", "fp2", store.LeaseUnknown)); res.Outcome != store.Created {
 		t.Fatalf("Reserve after Delete: %v", res.Outcome)
 	}
+}
+
+// testDeleteFence: a delete that names the fence its operator was shown
+// removes the record only while it holds that execution. One that ran
+// again since (settled, retried and answered under a new fence) keeps its
+// answer: deleting it would let the next retry run the request again.
+func testDeleteFence(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	del := func(key string, fence int64) error {
+		return e.s.Delete(e.ctx, store.DeleteParams{Scope: "s", Key: key, Fence: fence})
+	}
+	gone := func(key, what string) {
+		t.Helper()
+		if _, err := e.s.Get(e.ctx, "s", key); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("Get after %s: %v, want ErrNotFound", what, err)
+		}
+	}
+
+	// The fence the record holds: deleted.
+	r := e.create("s", "current", "fp", store.LeaseUnknown)
+	e.complete(r, sampleResponse())
+	if err := del("current", r.Fence); err != nil {
+		t.Fatalf("Delete with the record's fence: %v", err)
+	}
+	gone("current", "a Delete with the record's fence")
+	if err := del("current", r.Fence); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("fenced Delete of a missing record: %v, want ErrNotFound", err)
+	}
+
+	// Shown unknown at one fence, then settled, retried and run again
+	// under a new fence: a Delete about the execution shown changes
+	// nothing, while the new one runs and once it answered.
+	first := e.create("s", "rerun", "fp", store.LeaseUnknown)
+	if err := e.s.MarkUnknown(e.ctx, store.ReleaseParams{FenceParams: fenceOf(first), Error: "timeout"}); err != nil {
+		t.Fatal(err)
+	}
+	shown := e.get("s", "rerun")
+	if err := e.s.Resolve(e.ctx, store.ResolveParams{FenceParams: fenceOf(shown), To: store.StateFailedRetryable}); err != nil {
+		t.Fatal(err)
+	}
+	again := e.reserve(e.s, e.reserveP("s", "rerun", "fp", store.LeaseUnknown))
+	if again.Outcome != store.Reclaimed || again.Record.Fence <= shown.Fence {
+		t.Fatalf("reclaim: %v fence %d (was %d)", again.Outcome, again.Record.Fence, shown.Fence)
+	}
+	if err := del("rerun", shown.Fence); !errors.Is(err, store.ErrLeaseLost) {
+		t.Fatalf("Delete about an older execution, the new one in progress: %v, want ErrLeaseLost", err)
+	}
+	e.mustUnchanged(again.Record, "a Delete about an older execution")
+	e.complete(again.Record, sampleResponse())
+	answered := e.get("s", "rerun")
+	if err := del("rerun", shown.Fence); !errors.Is(err, store.ErrLeaseLost) {
+		t.Fatalf("Delete about an older execution, the new one answered: %v, want ErrLeaseLost", err)
+	}
+	e.mustUnchanged(answered, "a Delete about an older execution")
+
+	// Fence 0: whatever execution the record holds.
+	if err := del("rerun", 0); err != nil {
+		t.Fatalf("Delete without a fence: %v", err)
+	}
+	gone("rerun", "a Delete without a fence")
+
+	// In progress under the fence named: refused for its state.
+	held := e.create("s", "held", "fp", store.LeaseUnknown)
+	if err := del("held", held.Fence); !errors.Is(err, store.ErrStateConflict) {
+		t.Fatalf("fenced Delete of an in-progress record: %v, want ErrStateConflict", err)
+	}
+	e.mustUnchanged(held, "a fenced Delete of an in-progress record")
 }
 
 func testDurable(t *testing.T, h Harness) {
@@ -1358,7 +1426,7 @@ func testFenceAcrossDelete(t *testing.T, h Harness) {
 		t.Fatalf("takeover: %v fence %d after %d", taken.Outcome, taken.Record.Fence, first.Fence)
 	}
 	e.complete(taken.Record, sampleResponse())
-	if err := e.s.Delete(e.ctx, "s", "k"); err != nil {
+	if err := e.s.Delete(e.ctx, store.DeleteParams{Scope: "s", Key: "k"}); err != nil {
 		t.Fatal(err)
 	}
 	e.clock.Advance(time.Millisecond)
@@ -1418,7 +1486,7 @@ func (e *env) identityOps(scope, key string) map[string]error {
 	return map[string]error{
 		"Reserve":     reserveErr,
 		"Get":         getErr,
-		"Delete":      e.s.Delete(e.ctx, scope, key),
+		"Delete":      e.s.Delete(e.ctx, store.DeleteParams{Scope: scope, Key: key}),
 		"Complete":    e.s.Complete(e.ctx, store.CompleteParams{FenceParams: fp, Response: resp}),
 		"Release":     e.s.Release(e.ctx, store.ReleaseParams{FenceParams: fp}),
 		"MarkUnknown": e.s.MarkUnknown(e.ctx, store.ReleaseParams{FenceParams: fp}),
@@ -1449,7 +1517,7 @@ func testIdentityLimits(t *testing.T, h Harness) {
 	if got := e.get(scope, key); got.State != store.StateCompleted || got.Fingerprint != p.Fingerprint {
 		t.Fatalf("record at the limits: %s", got.State)
 	}
-	if err := e.s.Delete(e.ctx, scope, key); err != nil {
+	if err := e.s.Delete(e.ctx, store.DeleteParams{Scope: scope, Key: key}); err != nil {
 		t.Fatalf("Delete at the limits: %v", err)
 	}
 
@@ -1512,6 +1580,7 @@ func testInvalidEveryOp(t *testing.T, h Harness) {
 		"Defer fence 0":            e.s.Defer(e.ctx, store.DeferParams{FenceParams: zero, Delay: time.Second}),
 		"Defer negative attempts":  e.s.Defer(e.ctx, store.DeferParams{FenceParams: fp, Attempts: -1, Delay: time.Second}),
 		"Defer negative delay":     e.s.Defer(e.ctx, store.DeferParams{FenceParams: fp, Delay: -time.Second}),
+		"Delete negative fence":    e.s.Delete(e.ctx, store.DeleteParams{Scope: fp.Scope, Key: fp.Key, Fence: -1}),
 		"Reap status 42":           second(e.s.Reap(e.ctx, store.ReapParams{Limit: 1, Abandoned: bad})),
 		"Reap negative ttl":        second(e.s.Reap(e.ctx, store.ReapParams{Limit: 1, Abandoned: abandoned, AbandonedTTL: -1})),
 		"Reap negative grace":      second(e.s.Reap(e.ctx, store.ReapParams{Limit: 1, Abandoned: abandoned, Grace: -time.Second})),

@@ -1,13 +1,20 @@
 -- delete: removes a record, with its index entries, unless it is in
--- progress. Returns 1 deleted, 0 absent, 2 in progress (nothing changed).
+-- progress or, for a positive fence, its fence is another (it ran again
+-- since the caller was shown it).
+-- ARGV: fence (0: any)
+-- Returns 0 deleted, 1 absent, 2 in progress, 3 another fence (nothing
+-- changed but for 0).
 local rk = KEYS[REC]
-local state = redis.call('HGET', rk, 'st')
-if not state then
-  return 0
+local v = redis.call('HMGET', rk, 'st', 'f')
+if not v[1] then
+  return 1
 end
-if state == IN_PROGRESS then
+if ARGV[1] ~= '0' and v[2] ~= ARGV[1] then
+  return 3
+end
+if v[1] == IN_PROGRESS then
   return 2
 end
 redis.call('DEL', rk)
 unindex(idx, rk)
-return 1
+return 0

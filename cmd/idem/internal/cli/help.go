@@ -62,6 +62,8 @@ var helpDocs = map[string]helpDoc{
 	}},
 	"delete": {examples: []string{
 		"idem delete --route /v1/charges order-42",
+		"# only if it has not run again since idem inspect showed fence 1732500000000000",
+		"idem delete --route /v1/charges --fence 1732500000000000 order-42",
 		"idem delete --store postgres://idem@db/idem --cache redis://cache:6379/0 --route /v1/charges order-42",
 	}},
 	"keys": {examples: []string{

@@ -312,19 +312,33 @@ func writeBody(rec store.Record, path string, stdout io.Writer) error {
 
 // runDelete is `idem delete`.
 func runDelete(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("delete", "[--cache URL] "+keySynopsis+`
+	fs := newFlags("delete", "[--fence N] [--cache URL] "+keySynopsis+`
+
+Deletes the record of one key: the next request with it runs again. An
+in-progress record is not deleted (its request may still be running).
+
+--fence N deletes the record only if its fence is still N, as idem inspect
+or the console showed it, checked by the store in the same step as the
+delete. A record that ran again since (released and retried, settled,
+taken over) has another fence, perhaps with an answer nobody looked at;
+it is kept, and the command fails. Without --fence, the record goes
+whatever ran since.
 
 With --cache (the proxy's --cache), the replay cache's entry goes too;
 without it, a cached replay keeps answering until the entry's max_ttl.`, stderr)
 	var k keyFlags
 	k.register(fs)
 	cache := cacheFlag(fs, "Redis `URL` of the proxy's replay cache, to drop its entry too: "+storeurl.CacheSupported)
+	fence := fs.Int64("fence", 0, "delete only if the record's fence is still `N` (idem inspect shows it)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
 	}
 	if err := cache.resolve(fs); err != nil {
 		return err
+	}
+	if setOn(fs)["fence"] && *fence <= 0 {
+		return usageErr(fs, "--fence must be positive")
 	}
 	scope, key, err := k.resolve(fs, pos)
 	if err != nil {
@@ -335,9 +349,16 @@ without it, a cached replay keeps answering until the entry's max_ttl.`, stderr)
 		return err
 	}
 	defer s.Close()
-	err = s.Delete(ctx, scope, key)
+	err = s.Delete(ctx, store.DeleteParams{Scope: scope, Key: key, Fence: *fence})
 	if errors.Is(err, store.ErrNotFound) {
 		return notFound(ctx, s, scope, key)
+	}
+	if errors.Is(err, store.ErrLeaseLost) {
+		now := ""
+		if rec, gerr := s.Get(ctx, scope, key); gerr == nil {
+			now = fmt.Sprintf(": it is %s with fence %d", rec.State, rec.Fence)
+		}
+		return fmt.Errorf("key %q in scope %q ran again since fence %d%s; nothing was deleted (look at it again)", key, scope, *fence, now)
 	}
 	if errors.Is(err, store.ErrStateConflict) {
 		return fmt.Errorf("key %q in scope %q is in progress and is not deleted: its request may still be running; "+

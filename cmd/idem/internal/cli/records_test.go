@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"path/filepath"
@@ -187,5 +188,52 @@ func TestDeleteRefusesInProgress(t *testing.T) {
 	}
 	if _, _, err := run("inspect", "--store", dsn, "--route", "/v1/charges", "busy"); err != nil {
 		t.Fatalf("the refused delete removed the record: %v", err)
+	}
+}
+
+// A delete decided about one execution never removes the next: the record
+// the operator looked at was settled, run again and answered since; idem
+// delete --fence with the fence they were shown fails and keeps the
+// answer, which the next retry replays instead of running the request
+// again.
+func TestDeleteBoundToFence(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := tempDSN(t)
+	s := seeded(t, dsn, time.Now())
+	shown := unknownRecord(t, s, "paid")
+	if err := s.Resolve(ctx, store.ResolveParams{FenceParams: shown, To: store.StateFailedRetryable}); err != nil {
+		t.Fatal(err)
+	}
+	fence := reserve(t, s, "paid", time.Minute, store.LeaseUnknown) // the retry runs again
+	if err := s.Complete(ctx, store.CompleteParams{FenceParams: store.FenceParams{Scope: testScope, Key: "paid", Fence: fence},
+		Response: store.Response{Status: 201, Body: []byte(`{"id":"ch_2"}`)}}); err != nil {
+		t.Fatal(err)
+	}
+	answered, err := s.Get(ctx, testScope, "paid")
+	if err != nil || answered.Fence == shown.Fence {
+		t.Fatalf("the retry: fence %d (was %d), %v", answered.Fence, shown.Fence, err)
+	}
+
+	out, _, err := run("delete", "--store", dsn, "--scope", testScope, "--fence", fmt.Sprint(shown.Fence), "paid")
+	if err == nil || errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), "ran again") ||
+		!strings.Contains(err.Error(), fmt.Sprint(answered.Fence)) || strings.Contains(out, "deleted key") {
+		t.Fatalf("delete with the fence of an older execution: %q %v", out, err)
+	}
+	if rec, err := s.Get(ctx, testScope, "paid"); err != nil || rec.State != store.StateCompleted || rec.Fence != answered.Fence {
+		t.Fatalf("after the refused delete: %+v %v", rec, err)
+	}
+
+	for _, bad := range []string{"0", "-1"} {
+		if _, _, err := run("delete", "--store", dsn, "--scope", testScope, "--fence", bad, "paid"); !errors.Is(err, ErrUsage) {
+			t.Errorf("--fence %s: %v, want ErrUsage", bad, err)
+		}
+	}
+	if out, _, err := run("delete", "--store", dsn, "--scope", testScope, "--fence", fmt.Sprint(answered.Fence), "paid"); err != nil ||
+		!strings.Contains(out, "deleted key") {
+		t.Fatalf("delete with the record's fence: %q %v", out, err)
+	}
+	if _, err := s.Get(ctx, testScope, "paid"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("after delete with the record's fence: %v", err)
 	}
 }

@@ -677,7 +677,9 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if a.name == "delete" {
-		err = h.cfg.Store().Delete(ctx, a.scope, a.key)
+		// The store checks the page's fence again, in the same step as the
+		// delete: the record may have run again since the Get above.
+		err = h.cfg.Store().Delete(ctx, store.DeleteParams{Scope: a.scope, Key: a.key, Fence: a.fence})
 	} else {
 		err = h.cfg.Settle(ctx, a.scope, a.key, a.fence, a.res)
 	}
@@ -691,7 +693,11 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusNotFound, fmt.Errorf("no record for key %q in scope %q", a.key, a.scope))
 		return
 	case errors.Is(err, store.ErrLeaseLost):
-		h.fail(w, r, http.StatusConflict, fmt.Errorf("key %q in scope %q ran again since the page showed fence %d: nothing was settled; open the record again", a.key, a.scope, a.fence))
+		done := "settled"
+		if a.name == "delete" {
+			done = "deleted"
+		}
+		h.fail(w, r, http.StatusConflict, fmt.Errorf("key %q in scope %q ran again since the page showed fence %d: nothing was %s; open the record again", a.key, a.scope, a.fence, done))
 		return
 	case errors.Is(err, store.ErrStateConflict):
 		h.fail(w, r, http.StatusConflict, fmt.Errorf("key %q in scope %q is not in a state this action takes", a.key, a.scope))

@@ -74,13 +74,9 @@ func TestConsoleSettlementWantsAFinalStatus(t *testing.T) {
 	auth := map[string]string{"Authorization": "Bearer " + token}
 	fence := f.unknown("t", "/v1/charges", "k")
 	scope := (&idem.Request{Tenant: "t", Method: "POST", Route: "/v1/charges"}).Scope()
-	_, body := f.do("GET", "/console/record?"+url.Values{"scope": {scope}, "key": {"k"}}.Encode(), nil, auth)
-	m := csrfRe.FindStringSubmatch(body)
-	if m == nil {
-		t.Fatal("no CSRF token on the record page")
-	}
+	csrf := f.recordCSRF(scope, "k", auth)
 	for _, status := range []string{"100", "102", "199"} {
-		act := url.Values{"csrf": {m[1]}, "scope": {scope}, "key": {"k"}, "fence": {fmt.Sprint(fence)}, "action": {"completed"},
+		act := url.Values{"csrf": {csrf}, "scope": {scope}, "key": {"k"}, "fence": {fmt.Sprint(fence)}, "action": {"completed"},
 			"status": {status}, "body": {`{"id":"ch_1"}`}, "confirm": {"yes"}}
 		if code, body := f.do("POST", "/console/act", act, auth); code != http.StatusBadRequest || !strings.Contains(body, "200 to 599") {
 			t.Errorf("completed with status %s: %d\n%s", status, code, body)

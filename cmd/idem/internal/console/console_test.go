@@ -65,7 +65,10 @@ func newFixture(t *testing.T) *fixture {
 }
 
 func newFixtureWith(t *testing.T, creds console.Credentials, addr string) *fixture {
-	s := memory.New(memory.Config{})
+	return newFixtureOn(t, memory.New(memory.Config{}), creds, addr)
+}
+
+func newFixtureOn(t *testing.T, s store.Store, creds console.Credentials, addr string) *fixture {
 	m, err := maintenance.New(s, maintenance.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -336,6 +339,72 @@ func (f *fixture) get(scope, key string) store.Record {
 	return rec
 }
 
+// racing is a store that runs then, once set, right after its next Get:
+// the record changes between the console's read and its write.
+type racing struct {
+	store.Store
+	mu   sync.Mutex
+	then func()
+}
+
+func (r *racing) Get(ctx context.Context, scope, key string) (store.Record, error) {
+	rec, err := r.Store.Get(ctx, scope, key)
+	r.mu.Lock()
+	then := r.then
+	r.then = nil
+	r.mu.Unlock()
+	if then != nil {
+		then()
+	}
+	return rec, err
+}
+
+// A delete from a page that showed one execution keeps the record when it
+// ran again after the console read it to confirm: the store checks the
+// page's fence in the same step as the delete, and the answer of the new
+// execution stays for the next retry to replay.
+func TestConsoleDeleteBoundToFenceAtomically(t *testing.T) {
+	mem := memory.New(memory.Config{})
+	r := &racing{Store: mem}
+	f := newFixtureOn(t, r, console.Credentials{Token: token}, "0.0.0.0:9090")
+	auth := map[string]string{"Authorization": "Bearer " + token}
+	first := f.unknown("t", "/v1/charges", "k")
+	scope := (&idem.Request{Tenant: "t", Method: "POST", Route: "/v1/charges"}).Scope()
+	csrf := f.recordCSRF(scope, "k", auth)
+	var answered store.Record
+	r.mu.Lock()
+	r.then = func() {
+		// Settled elsewhere, retried, and answered under a new fence.
+		ctx := context.Background()
+		if err := mem.Resolve(ctx, store.ResolveParams{FenceParams: store.FenceParams{Scope: scope, Key: "k", Fence: first}, To: store.StateFailedRetryable}); err != nil {
+			t.Error(err)
+			return
+		}
+		res, err := mem.Reserve(ctx, store.ReserveParams{Scope: scope, Key: "k", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, LeasePolicy: store.LeaseUnknown})
+		if err != nil || res.Outcome != store.Reclaimed {
+			t.Errorf("retry: %v %v", res.Outcome, err)
+			return
+		}
+		if err := mem.Complete(ctx, store.CompleteParams{FenceParams: store.FenceParams{Scope: scope, Key: "k", Fence: res.Record.Fence},
+			Response: store.Response{Status: http.StatusCreated, Body: []byte(`{"id":"ch_2"}`)}}); err != nil {
+			t.Error(err)
+		}
+		answered, _ = mem.Get(ctx, scope, "k")
+	}
+	r.mu.Unlock()
+	act := url.Values{"csrf": {csrf}, "scope": {scope}, "key": {"k"}, "fence": {fmt.Sprint(first)}, "action": {"delete"}, "confirm": {"yes"}}
+	code, body := f.do("POST", "/console/act", act, auth)
+	if code != http.StatusConflict || !strings.Contains(body, "ran again") || !strings.Contains(body, "nothing was deleted") {
+		t.Fatalf("a delete about the execution the page showed, the record answered since: %d\n%s", code, body)
+	}
+	if rec := f.get(scope, "k"); rec.State != store.StateCompleted || rec.Fence != answered.Fence || answered.Fence == first {
+		t.Fatalf("after the refused delete: %s fence %d (answered at %d, shown at %d)", rec.State, rec.Fence, answered.Fence, first)
+	}
+	if d := f.audits("delete"); len(d) != 1 || d[0]["result"] != "conflict" {
+		t.Fatalf("audit lines of the delete: %v", d)
+	}
+}
+
 // A settlement from a page that showed one execution is refused once the
 // record ran again (released, run, unknown again): 409, nothing changed.
 func TestConsoleSettlementBoundToFence(t *testing.T) {
@@ -343,12 +412,8 @@ func TestConsoleSettlementBoundToFence(t *testing.T) {
 	auth := map[string]string{"Authorization": "Bearer " + token}
 	first := f.unknown("t", "/v1/charges", "k")
 	scope := (&idem.Request{Tenant: "t", Method: "POST", Route: "/v1/charges"}).Scope()
-	_, body := f.do("GET", "/console/record?"+url.Values{"scope": {scope}, "key": {"k"}}.Encode(), nil, auth)
-	m := csrfRe.FindStringSubmatch(body)
-	if m == nil {
-		t.Fatal("no CSRF token on the record page")
-	}
-	act := url.Values{"csrf": {m[1]}, "scope": {scope}, "key": {"k"}, "fence": {fmt.Sprint(first)}, "action": {"not_happened"}, "confirm": {"yes"}}
+	csrf := f.recordCSRF(scope, "k", auth)
+	act := url.Values{"csrf": {csrf}, "scope": {scope}, "key": {"k"}, "fence": {fmt.Sprint(first)}, "action": {"not_happened"}, "confirm": {"yes"}}
 	if code, _ := f.do("POST", "/console/act", act, auth); code != http.StatusSeeOther {
 		t.Fatalf("not happened: %d", code)
 	}
@@ -373,6 +438,18 @@ func TestConsoleSettlementBoundToFence(t *testing.T) {
 	if code, _ := f.do("POST", "/console/act", act, auth); code != http.StatusBadRequest {
 		t.Fatalf("a settlement without a fence: %d, want 400", code)
 	}
+}
+
+// recordCSRF opens the record page of (scope, key) and returns the CSRF
+// token of its forms.
+func (f *fixture) recordCSRF(scope, key string, hdr map[string]string) string {
+	f.t.Helper()
+	_, body := f.do("GET", "/console/record?"+url.Values{"scope": {scope}, "key": {key}}.Encode(), nil, hdr)
+	m := csrfRe.FindStringSubmatch(body)
+	if m == nil {
+		f.t.Fatal("no CSRF token on the record page")
+	}
+	return m[1]
 }
 
 // doHost is do with another Host header.

@@ -87,7 +87,7 @@ func TestOpenWithUnreachableCache(t *testing.T) {
 	if err := s.Release(ctx, store.ReleaseParams{FenceParams: fence, Error: "test"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Delete(ctx, "s", "k"); err == nil || !strings.Contains(err.Error(), "could not drop the cache entry") {
+	if err := s.Delete(ctx, store.DeleteParams{Scope: "s", Key: "k"}); err == nil || !strings.Contains(err.Error(), "could not drop the cache entry") {
 		t.Errorf("Delete with the cache down: %v", err)
 	}
 	if _, err := s.Get(ctx, "s", "k"); !errors.Is(err, store.ErrNotFound) {
@@ -135,7 +135,7 @@ func TestOpenWithCache(t *testing.T) {
 	if keys := entries(); len(keys) != 1 {
 		t.Fatalf("cache entries %v, want 1 under %s", keys, prefix)
 	}
-	if err := s.Delete(ctx, "s", "k"); err != nil {
+	if err := s.Delete(ctx, store.DeleteParams{Scope: "s", Key: "k"}); err != nil {
 		t.Fatal(err)
 	}
 	for _, k := range entries() {

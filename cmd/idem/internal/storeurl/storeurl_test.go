@@ -157,7 +157,7 @@ func roundTrip(t *testing.T, s store.Store) {
 	if err := s.Release(ctx, store.ReleaseParams{FenceParams: fence, Error: "test"}); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	if err := s.Delete(ctx, "storeurl-test", "k"); err != nil {
+	if err := s.Delete(ctx, store.DeleteParams{Scope: "storeurl-test", Key: "k"}); err != nil {
 		t.Fatalf("Delete: %v", err)
 	}
 }
