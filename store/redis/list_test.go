@@ -36,11 +36,7 @@ func (repeatScan) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
 // the page, and the pages still hold every record once.
 func TestListWithRepeatedScanKeys(t *testing.T) {
 	t.Parallel()
-	opts, _ := redisServer(t)
-	client := goredis.NewClient(opts)
-	t.Cleanup(func() { _ = client.Close() })
-	prefix := freshPrefix(t, client)
-	client.AddHook(repeatScan{})
+	client, prefix := hookedClient(t, repeatScan{})
 	clock := storetest.NewClock()
 	s, err := New(client, Config{Prefix: prefix, Clock: clock.Now})
 	if err != nil {

@@ -30,6 +30,20 @@ func redisServer(t testing.TB) (*goredis.Options, string) {
 }
 
 // freshPrefix returns a random key prefix and deletes every key under it when
+// hookedClient connects to the test server with hooks added (faults a
+// test injects) and returns the client and a prefix no other test uses.
+func hookedClient(t *testing.T, hooks ...goredis.Hook) (*goredis.Client, string) {
+	t.Helper()
+	opts, _ := redisServer(t)
+	client := goredis.NewClient(opts)
+	t.Cleanup(func() { _ = client.Close() })
+	prefix := freshPrefix(t, client)
+	for _, h := range hooks {
+		client.AddHook(h)
+	}
+	return client, prefix
+}
+
 // the test ends, on every master of client.
 func freshPrefix(t testing.TB, client goredis.UniversalClient) string {
 	t.Helper()

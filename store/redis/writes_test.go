@@ -30,10 +30,7 @@ func pending(t *testing.T, s *Store, key string) {
 // run the request again).
 func TestWaitReplicasOnEveryWrite(t *testing.T) {
 	t.Parallel()
-	opts, _ := redisServer(t)
-	client := goredis.NewClient(opts)
-	t.Cleanup(func() { _ = client.Close() })
-	prefix := freshPrefix(t, client)
+	client, prefix := hookedClient(t)
 	clock := storetest.NewClock()
 	plain, err := New(client, Config{Prefix: prefix, Clock: clock.Now})
 	if err != nil {
@@ -103,12 +100,8 @@ func (h *failLastClaim) ProcessPipelineHook(next goredis.ProcessPipelineHook) go
 // in progress with no worker.
 func TestClaimReturnsWhatItClaimedBeforeAFailure(t *testing.T) {
 	t.Parallel()
-	opts, _ := redisServer(t)
-	client := goredis.NewClient(opts)
-	t.Cleanup(func() { _ = client.Close() })
-	prefix := freshPrefix(t, client)
 	hook := &failLastClaim{}
-	client.AddHook(hook)
+	client, prefix := hookedClient(t, hook)
 	s, err := New(client, Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
