@@ -65,8 +65,7 @@ import (
 	"github.com/idem-go/idem/internal/sqltx"
 	"github.com/idem-go/idem/store"
 
-	msqlite "modernc.org/sqlite" // registers the "sqlite" driver
-	sqlite3 "modernc.org/sqlite/lib"
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
 )
 
 //go:embed migrations/*.sql
@@ -238,8 +237,7 @@ func connect(ctx context.Context, db *sql.DB, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		err := db.PingContext(ctx)
-		var e *msqlite.Error
-		if err == nil || !errors.As(err, &e) || e.Code()&0xff != sqlite3.SQLITE_BUSY || time.Now().After(deadline) {
+		if err == nil || !busy(err) || time.Now().After(deadline) {
 			return err
 		}
 		select {
