@@ -291,6 +291,7 @@ type state struct {
 	scratch []byte            // form: decoded keys and values
 	w       sink              // where canonical bytes go; nil means h
 	guarded bool              // JSON: a written number failed the meaning guard
+	spaced  bool              // JSON: the document has whitespace between tokens
 	// JSON: work done on numbers, bounded per body (see maxSlowNumbers)
 	slowNumbers, parsedNumbers int
 	src                        []byte // JSON: the document

@@ -49,6 +49,10 @@ func FuzzCanonicalJSON(f *testing.F) {
 		if !json.Valid(data) {
 			t.Fatalf("accepted %q, encoding/json rejects it", data)
 		}
+		verbatim := verbatimOf(t, data)
+		if verbatim && (guarded || !bytes.Equal(out, data)) {
+			t.Fatalf("%q is hashed as sent, but its canonical form is %q (guarded=%v)", data, out, guarded)
+		}
 		if guarded {
 			return
 		}

@@ -30,6 +30,17 @@ func canonical(tb fataler, body []byte) ([]byte, bool, error) {
 	return out.Bytes(), s.guarded, nil
 }
 
+// verbatimOf parses body and reports whether Sum hashes it as sent, its
+// own canonical form.
+func verbatimOf(tb fataler, body []byte) bool {
+	tb.Helper()
+	s := New(nil).pool.Get().(*state)
+	if err := s.parse(body); err != nil {
+		return false
+	}
+	return s.verbatim()
+}
+
 func mustSum(tb fataler, h *Hasher, method, route, contentType, body string, fields ...string) string {
 	tb.Helper()
 	sum, err := h.Sum(Input{Method: method, Route: route, ContentType: contentType, Body: []byte(body), Fields: fields})

@@ -1,6 +1,7 @@
 package fingerprint
 
 import (
+	"bytes"
 	"fmt"
 	"net/url"
 	"reflect"
@@ -204,6 +205,72 @@ func TestJSONSpellingsAgree(t *testing.T) {
 			t.Fatalf("two spellings differ:\n%s\n%s", a.String(), b.String())
 		}
 	})
+}
+
+// TestJSONVerbatim: a body that Sum hashes as sent is byte for byte its
+// canonical form, so the shortcut never changes a fingerprint; and the
+// canonical spelling of a document is recognised as such whenever it holds
+// no escape and only numbers of at most 15 significant digits without an
+// exponent.
+func TestJSONVerbatim(t *testing.T) {
+	t.Parallel()
+	h := New(nil)
+	taken := 0
+	rapid.Check(t, func(t *rapid.T) {
+		v := genValue(t, 0)
+		var a strings.Builder
+		spell(t, &a, v)
+		ref, err := jcs.Transform([]byte(a.String()))
+		if err != nil {
+			t.Fatalf("jcs: %v", err)
+		}
+		for _, body := range [][]byte{[]byte(a.String()), ref} {
+			if !verbatimOf(t, body) {
+				continue
+			}
+			out, guarded, err := canonical(t, body)
+			if err != nil || guarded || !bytes.Equal(out, body) {
+				t.Fatalf("%s is hashed as sent, but its canonical form is %s (guarded=%v, %v)", body, out, guarded, err)
+			}
+		}
+		if verbatimOf(t, ref) {
+			taken++
+		} else if plainCanonical(ref) {
+			t.Fatalf("the canonical form %s is not recognised as one", ref)
+		}
+		if sa, sr := mustSum(t, h, "POST", "/", jsonType, a.String()), mustSum(t, h, "POST", "/", jsonType, string(ref)); sa != sr {
+			t.Fatalf("%s and its canonical form %s differ", a.String(), ref)
+		}
+	})
+	if taken == 0 {
+		t.Fatal("no canonical form was hashed as sent")
+	}
+}
+
+// plainCanonical reports whether a canonical JSON text holds no escape
+// and no number with an exponent or more than 15 digits: what verbatim
+// recognises.
+func plainCanonical(b []byte) bool {
+	inString, digits := false, 0
+	for _, c := range b {
+		switch {
+		case c == '\\':
+			return false
+		case c == '"':
+			inString = !inString
+		case inString:
+		case c == 'e' || c == 'E':
+			return false
+		case c >= '0' && c <= '9':
+			if digits++; digits > 15 {
+				return false
+			}
+		case c == '.' || c == '-':
+		default:
+			digits = 0
+		}
+	}
+	return true
 }
 
 // TestJSONMeaningDecides: two documents share a fingerprint exactly when
