@@ -575,12 +575,28 @@ func CheckID(scope, key string) error {
 		return errors.Join(ErrTooLong, fmt.Errorf("scope of %d bytes, the limit is %d", len(scope), MaxScopeBytes))
 	case len(key) > MaxKeyBytes:
 		return errors.Join(ErrTooLong, fmt.Errorf("key of %d bytes, the limit is %d", len(key), MaxKeyBytes))
-	case !utf8.ValidString(scope) || strings.IndexByte(scope, 0) >= 0:
+	case !storableText(scope):
 		return errors.Join(ErrInvalidParams, errors.New("scope is not valid UTF-8 without NUL"))
-	case !utf8.ValidString(key) || strings.IndexByte(key, 0) >= 0:
+	case !storableText(key):
 		return errors.Join(ErrInvalidParams, errors.New("key is not valid UTF-8 without NUL"))
 	}
 	return nil
+}
+
+// storableText reports whether s is valid UTF-8 without NUL. Scopes and
+// keys are short and almost always ASCII, checked on every request (by the
+// engine and again by the store): one pass over the bytes settles those,
+// and only text with a byte above 0x7F is decoded.
+func storableText(s string) bool {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == 0:
+			return false
+		case c >= utf8.RuneSelf:
+			return utf8.ValidString(s[i:]) && strings.IndexByte(s[i:], 0) < 0
+		}
+	}
+	return true
 }
 
 // Clock returns the current time. Stores use their own clock (the database
