@@ -142,7 +142,6 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"hash"
 	"strings"
@@ -247,9 +246,21 @@ func (h *Hasher) Sum(in Input) (string, error) {
 	}
 	s.flush()
 	var out [2 * sha256.Size]byte
-	hex.Encode(out[:], s.h.Sum(s.sum[:0]))
+	for i, b := range s.h.Sum(s.sum[:0]) {
+		out[2*i], out[2*i+1] = hexPairs[2*int(b)], hexPairs[2*int(b)+1]
+	}
 	return string(out[:]), nil
 }
+
+// hexPairs holds the two lowercase hex digits of every byte value in turn:
+// a fingerprint is written with one lookup per byte.
+var hexPairs = func() (t [512]byte) {
+	const digits = "0123456789abcdef"
+	for b := range 256 {
+		t[2*b], t[2*b+1] = digits[b>>4], digits[b&0xf]
+	}
+	return t
+}()
 
 // Large requests grow the scratch slices; they are dropped rather than kept
 // in the pool so one big body does not pin its memory for ever.
@@ -373,6 +384,9 @@ func (s *state) writeUvarint(n int) {
 
 // mediaKind maps a Content-Type value to the kind of canonical form.
 func mediaKind(contentType string) byte {
+	if contentType == "application/json" {
+		return kindJSON // by far the most common value, as sent
+	}
 	mt := contentType
 	if i := strings.IndexByte(mt, ';'); i >= 0 {
 		mt = mt[:i]
