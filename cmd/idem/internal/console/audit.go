@@ -86,6 +86,29 @@ func (a *action) refusal(rec *store.Record) string {
 	return ""
 }
 
+// failure is what the page says when the store did not take the action,
+// err being its error (the status is storeStatus's). When the store failed,
+// the change may have been made before it did: the page says so, and that
+// the form can be sent again, since the console refuses it once the record
+// is settled or gone, or ran again since the page showed its fence.
+func (a *action) failure(err error) error {
+	done := "settled"
+	if a.name == "delete" {
+		done = "deleted"
+	}
+	switch {
+	case storeFailed(err):
+		return fmt.Errorf("the store failed: %w; key %q in scope %q may or may not have been %s: open the record again to see where it stands, or send the form again (it is refused if the first one went through)", err, a.key, a.scope, done)
+	case errors.Is(err, store.ErrNotFound):
+		return fmt.Errorf("no record for key %q in scope %q", a.key, a.scope)
+	case errors.Is(err, store.ErrLeaseLost):
+		return fmt.Errorf("key %q in scope %q ran again since the page showed fence %d: nothing was %s; open the record again", a.key, a.scope, a.fence, done)
+	case errors.Is(err, store.ErrStateConflict):
+		return fmt.Errorf("key %q in scope %q is not in a state this action takes", a.key, a.scope)
+	}
+	return err
+}
+
 // cleanReason keeps a reason to one line of at most MaxReasonBytes.
 func cleanReason(s string) string {
 	s = strings.Join(strings.FieldsFunc(s, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }), " ")

@@ -67,6 +67,9 @@ type Config struct {
 	Store func() store.Store
 	// Settle settles an unknown record as `idem reconcile resolve` does,
 	// about the execution of the given fence (the one the page showed).
+	// An error that is no definite answer of the store (ErrNotFound,
+	// ErrLeaseLost, ErrStateConflict, ErrInvalidParams) is taken for the
+	// store failing.
 	Settle func(ctx context.Context, scope, key string, fence int64, res maintenance.Resolution) error
 	// Tenant turns a client's credential (its Authorization header value)
 	// into the tenant the proxy files its records under; nil when the proxy
@@ -488,6 +491,50 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, status int, err e
 	h.render(w, r, status, "error.html", map[string]any{"Error": err.Error()})
 }
 
+// storeStatus is the status of a page whose store call ended in err (not
+// nil). A definite answer about the record keeps its meaning: 404 when it
+// is absent, 409 when it ran again since the page showed it or is not in
+// the state the action takes, 400 for parameters the store refuses. Any
+// other error is the store failing (connection refused, a timeout, an
+// error of the database): no answer about the record nor about the
+// operator's input, so 502, the console's upstream having failed. Every
+// page that calls the store answers by this one mapping.
+func storeStatus(err error) int {
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return http.StatusNotFound
+	case errors.Is(err, store.ErrLeaseLost), errors.Is(err, store.ErrStateConflict):
+		return http.StatusConflict
+	case errors.Is(err, store.ErrInvalidParams):
+		return http.StatusBadRequest
+	}
+	return http.StatusBadGateway
+}
+
+// storeFailed reports whether err is the store failing rather than an
+// answer (see storeStatus).
+func storeFailed(err error) bool { return storeStatus(err) == http.StatusBadGateway }
+
+// getRecord reads (scope, key) for a page. When it cannot, it answers
+// (404 for no record, 502 when the store failed) and returns false.
+func (h *Handler) getRecord(w http.ResponseWriter, r *http.Request, scope, key string) (store.Record, bool) {
+	rec, err := h.cfg.Store().Get(r.Context(), scope, key)
+	if errors.Is(err, store.ErrInvalidParams) {
+		// No record is kept under a scope or key the store refuses (empty,
+		// too long).
+		err = store.ErrNotFound
+	}
+	switch {
+	case err == nil:
+		return rec, true
+	case storeFailed(err):
+		h.fail(w, r, storeStatus(err), fmt.Errorf("the store failed reading key %q in scope %q: %w; nothing was changed: try again", key, scope, err))
+	default:
+		h.fail(w, r, storeStatus(err), fmt.Errorf("no record for key %q in scope %q", key, scope))
+	}
+	return rec, false
+}
+
 // query turns the search form into ListParams.
 func (h *Handler) query(q url.Values) (store.ListParams, error) {
 	p := store.ListParams{Limit: 50, State: store.State(q.Get("state"))}
@@ -538,7 +585,10 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request, page string, p st
 	recs, next, err := h.filtered(r.Context(), p, keep)
 	if err != nil {
 		data["Error"] = err.Error()
-		h.render(w, r, http.StatusBadGateway, page, data)
+		if storeFailed(err) {
+			data["Error"] = "the store failed listing records: " + err.Error() + "; reload the page to try again"
+		}
+		h.render(w, r, storeStatus(err), page, data)
 		return
 	}
 	data["Records"] = views(recs, h.now())
@@ -620,14 +670,8 @@ func (h *Handler) deadLetters(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) record(w http.ResponseWriter, r *http.Request) {
-	scope, key := r.URL.Query().Get("scope"), r.URL.Query().Get("key")
-	rec, err := h.cfg.Store().Get(r.Context(), scope, key)
-	switch {
-	case errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrInvalidParams):
-		h.fail(w, r, http.StatusNotFound, fmt.Errorf("no record for key %q in scope %q", key, scope))
-		return
-	case err != nil:
-		h.fail(w, r, http.StatusBadGateway, err)
+	rec, ok := h.getRecord(w, r, r.URL.Query().Get("scope"), r.URL.Query().Get("key"))
+	if !ok {
 		return
 	}
 	h.render(w, r, http.StatusOK, "record.html", map[string]any{"R": view(rec, h.now())})
@@ -653,13 +697,8 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	before, err := h.cfg.Store().Get(ctx, a.scope, a.key)
-	switch {
-	case errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrInvalidParams):
-		h.fail(w, r, http.StatusNotFound, fmt.Errorf("no record for key %q in scope %q", a.key, a.scope))
-		return
-	case err != nil:
-		h.fail(w, r, http.StatusBadGateway, err)
+	before, ok := h.getRecord(w, r, a.scope, a.key)
+	if !ok {
 		return
 	}
 	confirmed := f.Get("confirm") == "yes"
@@ -688,22 +727,8 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request) {
 		after = &rec
 	}
 	h.audit(r, callerOf(r), a.entry(resultOf(err), &before, after, err))
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-		h.fail(w, r, http.StatusNotFound, fmt.Errorf("no record for key %q in scope %q", a.key, a.scope))
-		return
-	case errors.Is(err, store.ErrLeaseLost):
-		done := "settled"
-		if a.name == "delete" {
-			done = "deleted"
-		}
-		h.fail(w, r, http.StatusConflict, fmt.Errorf("key %q in scope %q ran again since the page showed fence %d: nothing was %s; open the record again", a.key, a.scope, a.fence, done))
-		return
-	case errors.Is(err, store.ErrStateConflict):
-		h.fail(w, r, http.StatusConflict, fmt.Errorf("key %q in scope %q is not in a state this action takes", a.key, a.scope))
-		return
-	case err != nil:
-		h.fail(w, r, http.StatusBadRequest, err)
+	if err != nil {
+		h.fail(w, r, storeStatus(err), a.failure(err))
 		return
 	}
 	if a.name == "delete" {

@@ -2,15 +2,19 @@ package console_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/console"
 	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/memory"
 )
 
 // A delete from a page that showed one execution is refused once the
@@ -83,6 +87,141 @@ func TestConsoleSettlementWantsAFinalStatus(t *testing.T) {
 		}
 		if rec := f.get(scope, "k"); rec.State != store.StateUnknown {
 			t.Fatalf("completed with status %s: the record is %s with %+v", status, rec.State, rec.Response)
+		}
+	}
+}
+
+// outage is a store whose operations named in fail return the error given
+// there instead of running: a failing store (connection refused, a
+// timeout) or a definite answer, as a test chooses.
+type outage struct {
+	store.Store
+	mu   sync.Mutex
+	fail map[string]error // by operation: get, list, resolve, delete
+}
+
+func (o *outage) set(op string, err error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.fail == nil {
+		o.fail = map[string]error{}
+	}
+	o.fail[op] = err
+}
+
+func (o *outage) fault(op string) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.fail[op]
+}
+
+func (o *outage) Get(ctx context.Context, scope, key string) (store.Record, error) {
+	if err := o.fault("get"); err != nil {
+		return store.Record{}, err
+	}
+	return o.Store.Get(ctx, scope, key)
+}
+
+func (o *outage) List(ctx context.Context, p store.ListParams) ([]store.Record, *store.Cursor, error) {
+	if err := o.fault("list"); err != nil {
+		return nil, nil, err
+	}
+	return o.Store.List(ctx, p)
+}
+
+func (o *outage) Resolve(ctx context.Context, p store.ResolveParams) error {
+	if err := o.fault("resolve"); err != nil {
+		return err
+	}
+	return o.Store.Resolve(ctx, p)
+}
+
+func (o *outage) Delete(ctx context.Context, p store.DeleteParams) error {
+	if err := o.fault("delete"); err != nil {
+		return err
+	}
+	return o.Store.Delete(ctx, p)
+}
+
+// A store that fails during a settlement or a delete (refused, timed out)
+// is no answer about the record nor about the operator's form: 502, a page
+// saying the store failed, the record as it was, and the same form goes
+// through once the store is back. A definite answer of the store keeps its
+// status: 404 absent, 409 ran again or not in the state the action takes,
+// 400 parameters it refuses. The pages that only read answer 502 likewise.
+func TestConsoleStoreFailureIsBadGateway(t *testing.T) {
+	mem := memory.New(memory.Config{})
+	o := &outage{Store: mem}
+	f := newFixtureOn(t, o, console.Credentials{Token: token}, "0.0.0.0:9090")
+	auth := map[string]string{"Authorization": "Bearer " + token}
+	ctx := context.Background()
+	refused := errors.New("dial tcp 10.0.0.7:5432: connect: connection refused")
+	for i, c := range []struct {
+		op, action string
+		err        error
+		code       int
+		says       string
+	}{
+		{"resolve", "not_happened", refused, http.StatusBadGateway, "store failed"},
+		{"resolve", "completed", context.DeadlineExceeded, http.StatusBadGateway, "store failed"},
+		{"resolve", "run_again", fmt.Errorf("%w: fence 3 is not 2", store.ErrLeaseLost), http.StatusConflict, "ran again"},
+		{"resolve", "not_happened", store.ErrStateConflict, http.StatusConflict, "not in a state"},
+		{"resolve", "not_happened", store.ErrNotFound, http.StatusNotFound, "no record"},
+		{"resolve", "not_happened", fmt.Errorf("%w: response too large", store.ErrInvalidParams), http.StatusBadRequest, "response too large"},
+		{"delete", "delete", refused, http.StatusBadGateway, "store failed"},
+		{"delete", "delete", context.DeadlineExceeded, http.StatusBadGateway, "store failed"},
+		{"delete", "delete", store.ErrLeaseLost, http.StatusConflict, "ran again"},
+		{"delete", "delete", store.ErrStateConflict, http.StatusConflict, "not in a state"},
+		{"delete", "delete", store.ErrNotFound, http.StatusNotFound, "no record"},
+	} {
+		key := fmt.Sprintf("k%d", i)
+		fence := f.unknown("t", "/v1/charges", key)
+		scope := (&idem.Request{Tenant: "t", Method: "POST", Route: "/v1/charges"}).Scope()
+		act := url.Values{"csrf": {f.recordCSRF(scope, key, auth)}, "scope": {scope}, "key": {key}, "fence": {fmt.Sprint(fence)},
+			"action": {c.action}, "status": {"201"}, "body": {`{"id":"ch_1"}`}, "confirm": {"yes"}}
+		o.set(c.op, c.err)
+		code, body := f.do("POST", "/console/act", act, auth)
+		if code != c.code || !strings.Contains(body, c.says) {
+			t.Errorf("%s, the store answering %v: %d, want %d saying %q\n%s", c.action, c.err, code, c.code, c.says, body)
+		}
+		if rec, err := mem.Get(ctx, scope, key); err != nil || rec.State != store.StateUnknown || rec.Fence != fence {
+			t.Fatalf("%s, the store answering %v: the record is %s fence %d, %v", c.action, c.err, rec.State, rec.Fence, err)
+		}
+		if code != http.StatusBadGateway {
+			o.set(c.op, nil)
+			continue
+		}
+		if !strings.Contains(body, "may or may not") || !strings.Contains(body, "again") {
+			t.Errorf("%s, the store failing: the page does not say the action may not have been done and can be sent again\n%s", c.action, body)
+		}
+		// The store is back: the same form goes through.
+		o.set(c.op, nil)
+		if code, body := f.do("POST", "/console/act", act, auth); code != http.StatusSeeOther {
+			t.Errorf("%s once the store is back: %d\n%s", c.action, code, body)
+		}
+	}
+	if n := f.actions("delete", "error"); n != 2 {
+		t.Errorf("idem.console.actions{action=delete,result=error} = %d, want 2", n)
+	}
+
+	// The pages that read: the record page, the confirmation page, the lists.
+	f.unknown("t", "/v1/charges", "k")
+	scope := (&idem.Request{Tenant: "t", Method: "POST", Route: "/v1/charges"}).Scope()
+	csrf := f.recordCSRF(scope, "k", auth)
+	o.set("get", refused)
+	o.set("list", refused)
+	for _, p := range []struct {
+		method, path string
+		form         url.Values
+	}{
+		{"GET", "/console/record?" + url.Values{"scope": {scope}, "key": {"k"}}.Encode(), nil},
+		{"POST", "/console/act", url.Values{"csrf": {csrf}, "scope": {scope}, "key": {"k"}, "action": {"delete"}}},
+		{"GET", "/console/", nil},
+		{"GET", "/console/unknown", nil},
+		{"GET", "/console/dead-letters", nil},
+	} {
+		if code, body := f.do(p.method, p.path, p.form, auth); code != http.StatusBadGateway || !strings.Contains(body, "store failed") {
+			t.Errorf("%s %s, the store failing: %d, want 502 saying the store failed\n%s", p.method, p.path, code, body)
 		}
 	}
 }
