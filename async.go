@@ -90,10 +90,13 @@ func headerNames(option string, names []string, errs *[]error) []string {
 }
 
 // checkAsync refuses an asynchronous engine over a store that keeps no
-// pending requests.
+// pending requests (store.AsQueue).
 func checkAsync(s store.Store, set *settings) error {
-	if _, ok := s.(store.Queue); set.Async && !ok {
-		return fmt.Errorf("idem: Async needs a store that keeps pending requests (store.Queue); %s does not", StoreName(s))
+	if !set.Async {
+		return nil
+	}
+	if _, why := store.AsQueue(s); why != "" {
+		return fmt.Errorf("idem: Async needs a store that keeps pending requests: %s", why)
 	}
 	return nil
 }

@@ -63,8 +63,8 @@ type Worker struct {
 // by engines over e's store, with e's settings (Lease, MaxResponseBytes,
 // the response policy, Observer).
 func (e *Engine) NewWorker(cfg WorkerConfig) (*Worker, error) {
-	if _, ok := e.store.(store.Queue); !ok {
-		return nil, fmt.Errorf("idem: a Worker needs a store that keeps pending requests (store.Queue); %s does not", e.sname)
+	if _, why := store.AsQueue(e.store); why != "" {
+		return nil, fmt.Errorf("idem: a Worker needs a store that keeps pending requests: %s", why)
 	}
 	if cfg.Handler == nil {
 		return nil, errors.New("idem: WorkerConfig.Handler is required")

@@ -12,10 +12,10 @@ import (
 // with idem.PendingTimeout (408), replayed to the client's retries and
 // status reads for TTL, batch after batch. It returns how many it ended
 // (counted as the event pending_expired). A store that keeps no pending
-// requests has none: 0.
+// requests (store.AsQueue) has none: 0.
 func (m *Maintainer) ExpirePendingOnce(ctx context.Context) (int, error) {
-	q, ok := m.store.(store.Queue)
-	if !ok {
+	q, _ := store.AsQueue(m.store)
+	if q == nil {
 		return 0, nil
 	}
 	total := 0

@@ -105,7 +105,9 @@ type ExpirePendingParams struct {
 }
 
 // Queue is implemented by stores that keep asynchronous requests. Every
-// store of this module implements it; the cache wrapper forwards it.
+// store of this module implements it; the cache wrapper forwards it, and
+// keeps them only when its backing store does (QueueRefuser). Whether a
+// store keeps them is decided by AsQueue, not by a type assertion.
 type Queue interface {
 	// ReservePending is Reserve for an asynchronous request, applying the
 	// rules of [Store.Reserve] in one atomic step, except that the
@@ -139,6 +141,32 @@ type Queue interface {
 	// a failure, those ended before it, as for Claim). Safe to run from
 	// several instances at once: each record is ended once.
 	ExpirePending(ctx context.Context, p ExpirePendingParams) ([]Record, error)
+}
+
+// QueueRefuser is implemented by a store that implements Queue whatever it
+// wraps, but keeps pending requests only when what it wraps does (the
+// cache wrapper over its backing store): QueueUnsupported says why it
+// keeps none, or returns "" when it does, so that a configuration that
+// needs a queue fails at start instead of at every asynchronous request.
+// Such a store's Queue methods fail when it keeps none.
+type QueueRefuser interface {
+	QueueUnsupported() string
+}
+
+// AsQueue returns s's queue and "" when s keeps pending requests: it
+// implements Queue and, if it implements QueueRefuser, QueueUnsupported
+// returns "". Otherwise it returns nil and why s keeps none.
+func AsQueue(s Store) (Queue, string) {
+	q, ok := s.(Queue)
+	if !ok {
+		return nil, fmt.Sprintf("the %T store keeps no pending requests (store.Queue)", s)
+	}
+	if r, ok := s.(QueueRefuser); ok {
+		if why := r.QueueUnsupported(); why != "" {
+			return nil, why
+		}
+	}
+	return q, ""
 }
 
 // Validate checks a pending reservation: the reservation's own rules and a

@@ -7,15 +7,29 @@ import (
 	"github.com/idem-go/idem/store"
 )
 
-var _ store.Queue = (*Store)(nil)
+var (
+	_ store.Queue        = (*Store)(nil)
+	_ store.QueueRefuser = (*Store)(nil)
+)
 
 // queue returns the backing store's queue.
 func (s *Store) queue() (store.Queue, error) {
-	q, ok := s.Store.(store.Queue)
-	if !ok {
-		return nil, fmt.Errorf("idem/cache: the backing store %T keeps no pending requests (store.Queue)", s.Store)
+	q, why := store.AsQueue(s.Store)
+	if q == nil {
+		return nil, fmt.Errorf("idem/cache: %s", why)
 	}
 	return q, nil
+}
+
+// QueueUnsupported says why the cache keeps no pending requests: it keeps
+// them exactly when its backing store does, so that an asynchronous
+// engine or a worker over a cache whose backing store keeps none is
+// refused when it is made instead of failing at every request.
+func (s *Store) QueueUnsupported() string {
+	if _, why := store.AsQueue(s.Store); why != "" {
+		return "behind the replay cache, " + why
+	}
+	return ""
 }
 
 // ReservePending answers replays from the cache, as Reserve does, and

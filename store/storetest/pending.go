@@ -28,9 +28,9 @@ func runPending(t *testing.T, h Harness) {
 
 func (e *env) queue() store.Queue {
 	e.t.Helper()
-	q, ok := e.s.(store.Queue)
-	if !ok {
-		e.t.Fatalf("%T does not implement store.Queue", e.s)
+	q, why := store.AsQueue(e.s)
+	if q == nil {
+		e.t.Fatalf("%T keeps no pending requests: %s", e.s, why)
 	}
 	return q
 }
@@ -123,9 +123,9 @@ func testPendingClaimOnce(t *testing.T, h Harness) {
 	e := newEnv(t, h)
 	handles := []store.Queue{e.queue()}
 	if h.Shared {
-		other, ok := e.open(t, e.clock.Now).(store.Queue)
-		if !ok {
-			t.Fatal("second handle does not implement store.Queue")
+		other, why := store.AsQueue(e.open(t, e.clock.Now))
+		if other == nil {
+			t.Fatalf("second handle keeps no pending requests: %s", why)
 		}
 		handles = append(handles, other)
 	}

@@ -175,8 +175,8 @@ func (p *Proxy) attachAsync(e *idem.Engine) (*idem.Engine, *idem.Worker, error) 
 	if p.async == nil {
 		return nil, nil, nil
 	}
-	if _, ok := e.Store().(store.Queue); !ok {
-		return nil, nil, errors.New("proxy: asynchronous routes need a store that keeps pending requests")
+	if _, why := store.AsQueue(e.Store()); why != "" {
+		return nil, nil, fmt.Errorf("proxy: asynchronous routes need a store that keeps pending requests: %s", why)
 	}
 	ae, err := idem.New(e.Store(), p.cfg.asyncEngineConfig(p.obs))
 	if err != nil {
