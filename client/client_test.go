@@ -451,6 +451,177 @@ func TestAttemptTimeout(t *testing.T) {
 	}
 }
 
+// An answer whose head arrives and whose problem body then stalls (a
+// server or a proxy that stops sending) holds the attempt no longer than
+// AttemptTimeout: the transport reads the start of that body to tell the
+// answer's case, and that read is part of the attempt. Every attempt times
+// out and is retried under the same key, and the call ends with the
+// timeout long before its context does.
+func TestAttemptTimeoutProblemBodyStalls(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		status int
+		slug   string
+	}{
+		{http.StatusConflict, "request-in-progress"},
+		{http.StatusBadGateway, "upstream-unreachable"},
+	} {
+		t.Run(fmt.Sprint(tc.status), func(t *testing.T) {
+			t.Parallel()
+			var (
+				mu   sync.Mutex
+				keys []string
+			)
+			stall := make(chan struct{})
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				keys = append(keys, r.Header.Get("Idempotency-Key"))
+				mu.Unlock()
+				w.Header().Set("Content-Type", "application/problem+json")
+				w.Header().Set("Content-Length", "4096") // more than is sent
+				w.WriteHeader(tc.status)
+				fmt.Fprintf(w, `{"type":"https://idem.example/problems.md#%s",`, tc.slug)
+				w.(http.Flusher).Flush()
+				<-stall
+			}))
+			t.Cleanup(srv.Close)
+			t.Cleanup(func() { close(stall) }) // before srv.Close, which waits for the handlers
+			tr, tracker := clienttest.NewTransport(t, clienttest.NewClock())
+			tr.AttemptTimeout, tr.MaxAttempts = 200*time.Millisecond, 3
+			tr.Now = time.Now // the deadline is on the real clock
+			var retries []client.Retry
+			tr.OnRetry = func(x client.Retry) { retries = append(retries, x) }
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader(`{"amount":1}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := tr.RoundTrip(req)
+			if ctx.Err() != nil {
+				t.Errorf("the call ended with its context (%v), not with the attempts' timeouts", ctx.Err())
+			}
+			if err == nil {
+				resp.Body.Close()
+				t.Fatalf("got %d after %d attempts; want the attempt timeout after 3", resp.StatusCode, client.Attempts(resp))
+			}
+			var ce *client.Error
+			if !errors.As(err, &ce) || ce.Attempts != 3 || !errors.Is(err, client.ErrAttemptTimeout) ||
+				errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "reading the answer") {
+				t.Errorf("err %v; want the attempt timeout while reading the answer, after 3 attempts", err)
+			}
+			if len(retries) != 2 {
+				t.Errorf("retries %+v, want 2", retries)
+			}
+			for _, x := range retries {
+				if x.Reason != client.ReasonNetwork || !errors.Is(x.Err, client.ErrAttemptTimeout) {
+					t.Errorf("retry %+v, want a network retry after ErrAttemptTimeout", x)
+				}
+			}
+			mu.Lock()
+			got := slices.Clone(keys)
+			mu.Unlock()
+			if len(got) != 3 {
+				t.Fatalf("the server received %d requests, want 3", len(got))
+			}
+			for i, k := range got {
+				if ce != nil && k != `"`+ce.Key+`"` {
+					t.Errorf("request %d carried key %s, want %q", i+1, k, ce.Key)
+				}
+			}
+			clienttest.CheckAllClosed(t, tracker)
+		})
+	}
+}
+
+// A retried answer whose body stalls after its head (a 503 whose sender
+// stopped) is drained before the next attempt for no longer than
+// AttemptTimeout: its connection is then closed, and the retries go on.
+func TestAttemptTimeoutBoundsTheDrain(t *testing.T) {
+	t.Parallel()
+	var requests atomic.Int32
+	stall := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "0")
+		if requests.Add(1) == 3 {
+			w.WriteHeader(http.StatusCreated)
+			return
+		}
+		w.Header().Set("Content-Length", "65536") // more than is sent
+		w.WriteHeader(http.StatusServiceUnavailable)
+		io.WriteString(w, "busy")
+		w.(http.Flusher).Flush()
+		select {
+		case <-stall:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(stall) })
+	tr, tracker := clienttest.NewTransport(t, clienttest.NewClock())
+	tr.AttemptTimeout, tr.MaxAttempts = 200*time.Millisecond, 3
+	tr.Now = time.Now // the deadline is on the real clock
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader(`{"amount":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := tr.RoundTrip(req)
+	if ctx.Err() != nil {
+		t.Errorf("the call ended with its context (%v): a drain held it", ctx.Err())
+	}
+	if err != nil {
+		t.Fatalf("err %v after %d requests, want the third attempt's 201", err, requests.Load())
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated || client.Attempts(resp) != 3 {
+		t.Errorf("%d after %d attempts, want 201 after 3", resp.StatusCode, client.Attempts(resp))
+	}
+	clienttest.CheckAllClosed(t, tracker)
+}
+
+// AttemptTimeout ends with the answer the caller gets: the body of a 201 is
+// the caller's to read, after RoundTrip returned and as slowly as it comes,
+// and is not cut by the timer.
+func TestAttemptTimeoutLeavesBodyToCaller(t *testing.T) {
+	t.Parallel()
+	rest := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"id":`)
+		w.(http.Flusher).Flush()
+		select {
+		case <-rest:
+			io.WriteString(w, `"ch_1"}`)
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(srv.Close)
+	var once sync.Once
+	more := func() { once.Do(func() { close(rest) }) }
+	t.Cleanup(more)
+	tr, tracker := clienttest.NewTransport(t, clienttest.NewClock())
+	tr.AttemptTimeout = 100 * time.Millisecond
+	req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, srv.URL, strings.NewReader(`{"amount":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * tr.AttemptTimeout) // the timer would have fired long ago
+	more()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusCreated || string(body) != `{"id":"ch_1"}` {
+		t.Errorf("%d %q, err %v; want the whole 201", resp.StatusCode, body, err)
+	}
+	resp.Body.Close()
+	clienttest.CheckAllClosed(t, tracker)
+}
+
 // Final answers are returned at once: retrying them could not change them.
 func TestNotRetried(t *testing.T) {
 	t.Parallel()

@@ -77,12 +77,19 @@
 // whole call: every attempt and every wait. A 1s client timeout in front of
 // an answer that takes 1s leaves no time for a retry; no wait is begun that
 // would end after the deadline. To bound each attempt instead, set
-// Transport.AttemptTimeout: an attempt without response headers by then is
-// abandoned and retried under the same key (a server that still runs the
-// first attempt answers the retry 409, or holds it until the answer is
-// stored and replays it), so the call as a whole can outlive a slow
-// attempt. Keep a context deadline or a client timeout, longer than
-// AttemptTimeout times MaxAttempts plus MaxDelay, as the call's own bound.
+// Transport.AttemptTimeout: it bounds sending the request, the response
+// headers and, for an answer whose case the transport reads from its body
+// (the problem documents above), the start of that body. An attempt that
+// has not got that far by then is abandoned and retried under the same
+// key (a server that still runs the first attempt answers the retry 409,
+// or holds it until the answer is stored and replays it), so the call as a
+// whole can outlive a slow attempt, or a server that sends an answer's
+// head and then stalls. The body of an answer that is retried is drained
+// for no longer than AttemptTimeout before the next attempt. The body of
+// the response returned is the caller's to read after the call, and
+// AttemptTimeout does not cut it. Keep a
+// context deadline or a client timeout, longer than AttemptTimeout times
+// MaxAttempts plus MaxDelay, as the call's own bound.
 //
 // # Bodies
 //

@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"mime"
 	"net"
@@ -17,8 +18,9 @@ import (
 )
 
 // classify decides whether an attempt's outcome is worth another attempt,
-// and returns the server's Retry-After as a wait (0 without one).
-func (s *settings) classify(ctx context.Context, resp *http.Response, err error) (Reason, time.Duration, bool) {
+// and returns the server's Retry-After as a wait (0 without one). slug is
+// the case resp's body names, read by send (see problemSlug).
+func (s *settings) classify(ctx context.Context, resp *http.Response, slug string, err error) (Reason, time.Duration, bool) {
 	if err != nil {
 		// The caller's own deadline or cancellation is final, whatever
 		// error the transport reported for it.
@@ -35,7 +37,7 @@ func (s *settings) classify(ctx context.Context, resp *http.Response, err error)
 	after, hasAfter := retryAfter(resp.Header, s.Now())
 	switch resp.StatusCode {
 	case http.StatusTooManyRequests:
-		if problemSlug(resp) == "lock_timeout" {
+		if slug == "lock_timeout" {
 			// The Stripe profile's answer to a key in use.
 			return ReasonInProgress, after, true
 		}
@@ -46,7 +48,7 @@ func (s *settings) classify(ctx context.Context, resp *http.Response, err error)
 		// InProgressStatus 202: a deferral, not the answer. Other 202s
 		// (an asynchronous route's acceptance, the application's own)
 		// are answers.
-		if problemSlug(resp) == "request-in-progress" {
+		if slug == "request-in-progress" {
 			return ReasonInProgress, after, true
 		}
 	case http.StatusBadGateway:
@@ -55,11 +57,11 @@ func (s *settings) classify(ctx context.Context, resp *http.Response, err error)
 		// upstream-failed, or one the application answered and the server
 		// released) may follow an effect behind the gateway, and a retry
 		// would run the request again.
-		if problemSlug(resp) == "upstream-unreachable" {
+		if slug == "upstream-unreachable" {
 			return ReasonUnreachable, after, true
 		}
 	case http.StatusConflict:
-		switch problemSlug(resp) {
+		switch slug {
 		case "request-in-progress", "idempotency_key_in_use":
 			return ReasonInProgress, after, true
 		case "outcome-unknown":
@@ -95,16 +97,38 @@ func retryableError(err error) bool {
 // maxProblemBytes bounds what is read of an answer's body to learn its type.
 const maxProblemBytes = 64 << 10
 
+// namesCase reports whether classify tells resp's case from its body: a
+// JSON answer, not replayed, with one of the statuses whose case classify
+// reads.
+func namesCase(resp *http.Response) bool {
+	switch resp.StatusCode {
+	case http.StatusAccepted, http.StatusConflict, http.StatusTooManyRequests, http.StatusBadGateway:
+	default:
+		return false
+	}
+	if Replayed(resp) {
+		return false
+	}
+	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	return mt == "application/json" || strings.HasSuffix(mt, "+json")
+}
+
 // problemSlug returns the case an answer names: the fragment of an RFC 9457
 // problem type (idem's "…/problems.md#request-in-progress"), or the code of
-// a Stripe-style error object. It reads the start of the body and puts it
-// back, so a response that is returned to the caller is whole.
-func problemSlug(resp *http.Response) string {
-	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
-	if mt != "application/json" && !strings.HasSuffix(mt, "+json") {
-		return ""
+// a Stripe-style error object; "" when classify does not read its case
+// (see namesCase). It reads the start of the body within ctx and puts it
+// back, so a response that is returned to the caller is whole. When ctx
+// ends first, the body is closed and the error wraps ctx's cause; a read
+// that fails otherwise is no error here: the caller gets its error after
+// the bytes before it.
+func problemSlug(ctx context.Context, resp *http.Response) (string, error) {
+	if !namesCase(resp) {
+		return "", nil
 	}
-	head, err := io.ReadAll(io.LimitReader(resp.Body, maxProblemBytes))
+	head, ended, err := readWithin(ctx, resp.Body, maxProblemBytes)
+	if ended {
+		return "", fmt.Errorf("client: reading the answer's body: %w", err)
+	}
 	resp.Body = struct {
 		io.Reader
 		io.Closer
@@ -116,12 +140,12 @@ func problemSlug(resp *http.Response) string {
 		} `json:"error"`
 	}
 	if json.Unmarshal(head, &doc) != nil {
-		return ""
+		return "", nil
 	}
 	if _, frag, ok := strings.Cut(doc.Type, "#"); ok {
-		return frag
+		return frag, nil
 	}
-	return doc.Error.Code
+	return doc.Error.Code, nil
 }
 
 // errReader hands the caller, in order, the error that stopped reading the

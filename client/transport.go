@@ -64,16 +64,21 @@ type Transport struct {
 	// server is still honoured, within MaxDelay). Defaults to 8s.
 	MaxBackoff time.Duration
 
-	// AttemptTimeout, when positive, bounds each attempt until its
-	// response headers arrive: an attempt that takes longer is abandoned,
-	// as a network failure wrapping ErrAttemptTimeout, and retried under
-	// the same key (if it ran, the retry gets its answer, or waits for it:
-	// the server still holds the key). http.Client.Timeout and a context
-	// deadline bound the whole call instead, every attempt and wait
-	// included: a client timeout shorter than a slow answer leaves no time
-	// for a retry. The abandoned attempt's connection is closed: the idem
-	// proxy finishes the upstream call all the same, but a handler behind
-	// the middleware that stops when its client leaves, before it
+	// AttemptTimeout, when positive, bounds each attempt: sending the
+	// request, its response headers and, for an answer whose case the
+	// transport reads from its body (a JSON 202, 409, 429 or 502 that is
+	// not replayed), the start of that body, up to 64 KiB. An attempt that
+	// takes longer is abandoned, as a network failure wrapping
+	// ErrAttemptTimeout, and retried under the same key (if it ran, the
+	// retry gets its answer, or waits for it: the server still holds the
+	// key). What the caller reads of the body of the response returned is
+	// not bounded by it: it reads that after RoundTrip returns, within the
+	// request's context and the client's Timeout. http.Client.Timeout and
+	// a context deadline bound the whole call instead, every attempt and
+	// wait included: a client timeout shorter than a slow answer leaves no
+	// time for a retry. The abandoned attempt's connection is closed: the
+	// idem proxy finishes the upstream call all the same, but a handler
+	// behind the middleware that stops when its client leaves, before it
 	// answered, leaves the outcome unknown (the retry gets 409
 	// #outcome-unknown), so keep AttemptTimeout above such a handler's
 	// usual time. Defaults to 0 (attempts are bounded only by those).
@@ -383,11 +388,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if err := body.attach(areq, attempt); err != nil {
 			return nil, &Error{Key: info.key, Attempts: attempt - 1, Err: err}
 		}
-		resp, err := s.send(areq)
+		resp, slug, err := s.send(areq)
 		if resp != nil && (resp.Request == nil || resp.Request.Context().Value(resultKey{}) != info) {
 			resp.Request = areq
 		}
-		reason, retryAfter, retry := s.classify(ctx, resp, err)
+		reason, retryAfter, retry := s.classify(ctx, resp, slug, err)
 		if !retry {
 			return finish(info, resp, err)
 		}
@@ -399,7 +404,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return finish(info, resp, err)
 		}
 		waited += delay
-		discard(resp)
+		s.discard(ctx, resp)
 		if s.OnRetry != nil {
 			s.OnRetry(Retry{Request: req, Key: info.key, Attempt: attempt, Reason: reason, Err: err, Delay: delay, Status: statusOf(resp)})
 		}
@@ -413,30 +418,50 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // Transport.AttemptTimeout.
 var ErrAttemptTimeout = errors.New("client: the attempt took longer than AttemptTimeout")
 
-// send makes one attempt, within AttemptTimeout when it is set. The bound
-// ends with the response headers: the body is the caller's to read, so
-// the attempt's context is released when the body is closed.
-func (s *settings) send(areq *http.Request) (*http.Response, error) {
+// send makes one attempt: it sends areq, reads the answer's head and,
+// when classify tells the answer's case from its body, the start of that
+// body, and returns that case (see problemSlug). AttemptTimeout, when it
+// is set, bounds all of it: an attempt it ends is an error wrapping
+// ErrAttemptTimeout. The rest of the body is the caller's to read, after
+// RoundTrip returns, and the bound does not reach it: the attempt's
+// context is released when the body is closed.
+func (s *settings) send(areq *http.Request) (*http.Response, string, error) {
 	if s.AttemptTimeout <= 0 {
-		return s.Base.RoundTrip(areq)
+		resp, err := s.Base.RoundTrip(areq)
+		if err != nil {
+			return nil, "", err
+		}
+		slug, err := problemSlug(areq.Context(), resp)
+		if err != nil {
+			return nil, "", err // and the body is closed
+		}
+		return resp, slug, nil
 	}
 	ctx, cancel := context.WithCancelCause(areq.Context())
 	stop := s.afterFunc(s.AttemptTimeout, func() { cancel(ErrAttemptTimeout) })
 	resp, err := s.Base.RoundTrip(areq.WithContext(ctx))
+	answered := err == nil
+	var slug string
+	if answered {
+		slug, err = problemSlug(ctx, resp) // an error closed the body
+	}
 	if !stop() {
 		// It fired: even a response that made it has a dead body.
-		if err == nil {
-			resp.Body.Close()
-			err = context.Cause(ctx)
+		if !answered {
+			err = fmt.Errorf("%w (%v): %w", ErrAttemptTimeout, s.AttemptTimeout, err)
+		} else {
+			if err == nil {
+				resp.Body.Close()
+			}
+			err = fmt.Errorf("%w (%v) reading the answer", ErrAttemptTimeout, s.AttemptTimeout)
 		}
-		err = fmt.Errorf("%w (%v): %w", ErrAttemptTimeout, s.AttemptTimeout, err)
 	}
 	if err != nil {
 		cancel(nil)
-		return nil, err
+		return nil, "", err
 	}
 	resp.Body = cancelOnClose{resp.Body, cancel}
-	return resp, nil
+	return resp, slug, nil
 }
 
 // cancelOnClose releases an attempt's context when its body is closed.
@@ -493,13 +518,23 @@ func doubled(base time.Duration, n int, limit time.Duration) time.Duration {
 }
 
 // discard drains a little of a response that will not be returned, so its
-// connection can be reused, and closes it.
-func discard(resp *http.Response) {
+// connection can be reused, and closes it. The drain is bounded as an
+// attempt is: a body that stalls after its head (a 503 whose sender
+// stopped) holds the retry for at most AttemptTimeout, and then its
+// connection is closed instead of reused.
+func (s *settings) discard(ctx context.Context, resp *http.Response) {
 	if resp == nil {
 		return
 	}
-	io.CopyN(io.Discard, resp.Body, 4<<10)
-	resp.Body.Close()
+	if s.AttemptTimeout > 0 {
+		var cancel context.CancelCauseFunc
+		ctx, cancel = context.WithCancelCause(ctx)
+		defer cancel(nil)
+		defer s.afterFunc(s.AttemptTimeout, func() { cancel(ErrAttemptTimeout) })()
+	}
+	if _, ended, _ := readWithin(ctx, resp.Body, 4<<10); !ended {
+		resp.Body.Close()
+	}
 }
 
 func closeBody(req *http.Request) {
@@ -530,15 +565,12 @@ func newReplayer(req *http.Request, limit int64) (*replayer, error) {
 		return r, nil
 	}
 	// The request's context bounds the wait for the caller's source as it
-	// bounds the attempts: closing the body ends a Read that blocks.
-	stop := context.AfterFunc(req.Context(), func() { req.Body.Close() })
-	buf, err := io.ReadAll(io.LimitReader(req.Body, limit+1))
-	if !stop() {
-		err = context.Cause(req.Context()) // and the body is closed
-	} else if err != nil {
-		req.Body.Close()
-	}
+	// bounds the attempts.
+	buf, ended, err := readWithin(req.Context(), req.Body, limit+1)
 	if err != nil {
+		if !ended {
+			req.Body.Close()
+		}
 		return nil, fmt.Errorf("client: reading the request body: %w", err)
 	}
 	if int64(len(buf)) > limit {
@@ -553,6 +585,26 @@ func newReplayer(req *http.Request, limit int64) (*replayer, error) {
 	req.Body.Close()
 	r.buf = buf
 	return r, nil
+}
+
+// readWithin reads r, up to limit bytes, for no longer than ctx lasts:
+// when ctx ends first, it closes r, which ends a Read that blocks, and
+// returns what it read, true, and ctx's cause; r is then closed and must
+// not be closed again. The transport reads this way the request body it
+// buffers (one without GetBody) and the start of an answer whose case
+// classify reads.
+func readWithin(ctx context.Context, r io.ReadCloser, limit int64) (b []byte, ended bool, err error) {
+	closed := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		r.Close()
+		close(closed)
+	})
+	b, err = io.ReadAll(io.LimitReader(r, limit))
+	if !stop() {
+		<-closed
+		return b, true, context.Cause(ctx)
+	}
+	return b, false, err
 }
 
 // attach sets the body of areq, the clone of the request for attempt.
