@@ -12,6 +12,7 @@ import (
 	"maps"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -133,6 +134,7 @@ func newApp[TTx any](ctx context.Context, cfg Config, st txStore[TTx], db conn[T
 	backoff := cfg.OutboxBackoff
 	a.ob, err = newOutbox(outbox.Config{
 		Deliverers: map[string]outbox.Deliverer{kindCharge: outbox.DelivererFunc(a.deliverCharge)},
+		OnDead:     a.chargeDead,
 		Backoff: func(attempt int) time.Duration {
 			return min(time.Duration(attempt)*backoff, time.Minute)
 		},
@@ -328,15 +330,75 @@ func (a *app[TTx]) deliverCharge(ctx context.Context, msg outbox.Message) (strin
 	if err != nil {
 		return "", err // retried with backoff, with the same key
 	}
-	err = a.st.InTx(ctx, func(tx TTx) error {
-		_, err := a.db.exec(ctx, tx, qChargeResult, msg.Key, ch.Status, ch.ID, ch.FailureCode)
-		return err
-	})
-	if err != nil {
-		return "", fmt.Errorf("record charge %s: %w", ch.ID, err)
+	if err := a.recordCharge(ctx, msg.Key, ch); err != nil {
+		return "", err
 	}
 	a.log.Info("payment charged", "payment", req.Payment, "charge", ch.ID, "status", ch.Status)
 	return ch.ID, nil
+}
+
+// recordCharge stores the provider's charge on the payment whose charge
+// key is key: succeeded or failed, with the charge id and the failure
+// code. It is the one write of a charge's result, for a delivery and for a
+// dead charge that the provider turns out to have made.
+func (a *app[TTx]) recordCharge(ctx context.Context, key string, ch providerObject) error {
+	err := a.st.InTx(ctx, func(tx TTx) error {
+		_, err := a.db.exec(ctx, tx, qChargeResult, key, ch.Status, ch.ID, ch.FailureCode)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("record charge %s: %w", ch.ID, err)
+	}
+	return nil
+}
+
+// maxReview bounds the reason stored on a payment in requires_review: the
+// last error may carry a deliverer's stack.
+const maxReview = 500
+
+// chargeDead is the outbox's OnDead: the last allowed attempt to charge a
+// payment failed. Failing the payment would be wrong: an attempt that went
+// unanswered may have charged the card, and a client that pays again
+// would then pay twice. The provider is asked for the charge made with
+// the payment's key (the lookup of reconciliation); if it has one, its
+// answer is recorded as deliverCharge records it. If it has none, or
+// cannot be asked, the payment goes to requires_review with the reason,
+// for an operator to settle (see Payment.Status). A charge recorded later
+// still settles it.
+func (a *app[TTx]) chargeDead(ctx context.Context, msg outbox.Message, lastErr error) error {
+	if msg.Kind != kindCharge {
+		return fmt.Errorf("dead message of kind %q: no payment waits on it", msg.Kind)
+	}
+	var req chargeRequest
+	_ = json.Unmarshal(msg.Payload, &req) // for the log only: the key finds the payment
+	ch, found, err := a.prov.find(ctx, "charges", msg.Key)
+	if found {
+		if err := a.recordCharge(ctx, msg.Key, ch); err != nil {
+			return err
+		}
+		a.log.Warn("charge dead-lettered, but the provider made it; its answer is recorded", "payment", req.Payment,
+			"charge", ch.ID, "status", ch.Status, "key", msg.Key)
+		return nil
+	}
+	reason := "charge dead-lettered: " + lastErr.Error()
+	if err != nil {
+		reason += "; asking the provider for it failed: " + err.Error()
+	} else {
+		reason += "; the provider has no charge with its key"
+	}
+	if len(reason) > maxReview {
+		reason = strings.ToValidUTF8(reason[:maxReview], "")
+	}
+	err = a.st.InTx(ctx, func(tx TTx) error {
+		_, err := a.db.exec(ctx, tx, qChargeReview, msg.Key, reason)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("payment %s to requires_review: %w", req.Payment, err)
+	}
+	a.log.Error("payment requires review: its charge was dead-lettered and the provider did not confirm it",
+		"payment", req.Payment, "key", msg.Key, "reason", reason)
+	return nil
 }
 
 // refundBody is the body of POST /v1/refunds.

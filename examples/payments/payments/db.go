@@ -74,8 +74,21 @@ type Payment struct {
 	Customer string `json:"customer"`
 	// Status is pending until the outbox has charged the card, then
 	// succeeded or failed; refunded once refunds cover the amount.
-	Status         string `json:"status"`
-	Charge         string `json:"charge,omitempty"`
+	//
+	// It is requires_review when every attempt to charge failed (the
+	// charge was dead-lettered) and the provider, asked for the charge
+	// made with the payment's key, did not show one: the card may or may
+	// not have been charged (an unanswered attempt may have landed, or be
+	// landing still), so the payment is neither succeeded nor failed, and
+	// it cannot be refunded. Failure holds the reason. An operator looks
+	// the key up in the provider's dashboard, then either has the charge
+	// delivered again (outbox.EnqueueTx of the dead message: the provider
+	// answers the charge it has, or makes it), which records succeeded or
+	// failed as a first delivery would, or settles the payment by hand.
+	Status string `json:"status"`
+	Charge string `json:"charge,omitempty"`
+	// Failure is the provider's failure code of a failed payment, or the
+	// reason of a payment in requires_review.
 	Failure        string `json:"failure,omitempty"`
 	AmountRefunded int64  `json:"amount_refunded"`
 	Created        int64  `json:"created"`

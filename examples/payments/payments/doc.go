@@ -16,6 +16,24 @@
 // that key (the provider deduplicates on it) and marks the payment
 // succeeded or failed with the provider's charge id.
 //
+// # Dead charges: requires_review
+//
+// A charge whose every attempt failed (the outbox's default of 10) is
+// dead-lettered, and the outbox's OnDead settles its payment. It never
+// marks it failed: an attempt that went unanswered may have charged the
+// card. It asks the provider for the charge made with the payment's key,
+// the lookup of reconciliation; if the provider has it, its answer is
+// recorded as a delivery records it (succeeded or failed). Otherwise, or
+// if the provider cannot be asked, the payment goes to requires_review,
+// with the reason in its failure, and cannot be refunded. An operator
+// looks the key (the payment's charge_key column, the log's key, the
+// outbox's DeadLetters) up in the provider's dashboard, then either
+// enqueues the dead message again (outbox.EnqueueTx with its key, kind,
+// fence and payload), whose delivery records succeeded or failed as a
+// first one would, or settles the payment by hand. A charge whose last
+// attempt crashed its process is dead-lettered without OnDead and leaves
+// its payment pending: DeadLetters lists it too.
+//
 // # Refunds in atomic phases
 //
 // POST /v1/refunds runs three phases with phase.Run on an engine with

@@ -2,11 +2,14 @@ package payments
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -14,12 +17,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/testkit/pgdb"
 	"github.com/idem-go/idem/internal/testkit/testenv"
 	"github.com/idem-go/idem/maintenance"
+	"github.com/idem-go/idem/outbox"
 	"github.com/idem-go/idem/store"
 	_ "github.com/jackc/pgx/v5/stdlib"
 )
@@ -177,20 +182,89 @@ func (e *env) payment(account, id string) Payment {
 	return p
 }
 
-// charged waits until the outbox has charged the payment and returns it.
+// charged waits until the outbox has charged the payment (or given up on
+// it) and returns it.
 func (e *env) charged(account, id string) Payment {
+	e.t.Helper()
+	return e.settled(account, id, "pending")
+}
+
+// settled waits until the payment has left status and returns it.
+func (e *env) settled(account, id, status string) Payment {
 	e.t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		p := e.payment(account, id)
-		if p.Status != "pending" {
+		if p.Status != status {
 			return p
 		}
 		if time.Now().After(deadline) {
-			e.t.Fatalf("payment %s still pending after 20s; provider %+v", id, e.prov.Stats())
+			e.t.Fatalf("payment %s still %s after 20s; provider %+v", id, status, e.prov.Stats())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// requeueCharge has the dead charge of a payment delivered again, as an
+// operator does: once River has discarded its job, the same message (key,
+// kind, fence, payload) is enqueued again.
+func (e *env) requeueCharge(id string) {
+	e.t.Helper()
+	switch a := e.svc.core.(type) {
+	case *app[*sql.Tx]:
+		requeueCharge(e.t, a, id)
+	case *app[pgx.Tx]:
+		requeueCharge(e.t, a, id)
+	default:
+		e.t.Fatalf("core %T", a)
+	}
+}
+
+func requeueCharge[TTx any](t *testing.T, a *app[TTx], id string) {
+	t.Helper()
+	ctx := t.Context()
+	p, err := scanPayment(a.db.read(ctx, qPaymentByID, id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	d, err := a.ob.Delivery(ctx, p.chargeKey, kindCharge)
+	for err == nil && d.State != outbox.Dead && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+		d, err = a.ob.Delivery(ctx, p.chargeKey, kindCharge)
+	}
+	if err != nil || d.State != outbox.Dead {
+		t.Fatalf("charge of %s: %+v %v; want dead", id, d, err)
+	}
+	payload, err := json.Marshal(chargeRequest{Amount: p.Amount, Currency: p.Currency, Customer: p.Customer, Payment: p.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = a.st.InTx(ctx, func(tx TTx) error {
+		return a.ob.EnqueueTx(ctx, tx, outbox.Message{Kind: kindCharge, Key: p.chargeKey, Fence: d.Fence, Payload: payload})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// proxyProvider serves a proxy in front of the provider at provider and
+// returns its URL: handle serves each call, passing it on to the provider
+// or not. A handler cuts a call's connection without an answer with
+// panic(http.ErrAbortHandler).
+func proxyProvider(t *testing.T, provider string, handle func(w http.ResponseWriter, r *http.Request, provider http.Handler)) string {
+	t.Helper()
+	u, err := url.Parse(provider)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &http.Transport{}
+	proxy := httputil.NewSingleHostReverseProxy(u)
+	proxy.Transport = tr
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { handle(w, r, proxy) }))
+	t.Cleanup(tr.CloseIdleConnections)
+	t.Cleanup(srv.Close)
+	return srv.URL
 }
 
 // newPayment creates a payment of amount and waits until it is charged.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/maintenance"
+	"github.com/idem-go/idem/outbox"
 	"github.com/idem-go/idem/store"
 )
 
@@ -173,6 +174,93 @@ func TestDeclinedCard(t *testing.T) {
 		}
 		w = e.post("/v1/refunds", "acct_1", "k-refund-declined", `{"payment":"`+p.ID+`","amount":100}`)
 		expect(t, w, http.StatusUnprocessableEntity, ProblemBase+"payment-not-refundable")
+	})
+}
+
+// The provider refuses every attempt to charge and makes nothing: the
+// charge is dead-lettered, the provider has no charge with its key, and
+// the payment goes to requires_review with the last error, never failed;
+// it cannot be refunded. Once the provider is back, the dead message
+// enqueued again settles the payment as a first delivery would.
+func TestDeadChargeRequiresReview(t *testing.T) {
+	forEachDB(t, func(t *testing.T, dsn string) {
+		e := newEnv(t, dsn, nil)
+		if err := e.prov.SetFaults(Faults{Fail: 1000}); err != nil {
+			t.Fatal(err)
+		}
+		w := e.post("/v1/payments", "acct_1", "k-dead", `{"amount":1200,"currency":"eur","customer":"cus_5"}`)
+		expect(t, w, http.StatusCreated, "")
+		p := e.charged("acct_1", decode[Payment](t, w).ID)
+		if p.Status != "requires_review" || p.Charge != "" || !strings.Contains(p.Failure, "injected failure") {
+			t.Fatalf("payment %+v; want requires_review with the last error", p)
+		}
+		if s := e.prov.Stats(); s.Calls != outbox.DefaultMaxAttempts || s.Failed != s.Calls || s.Charges != 0 {
+			t.Fatalf("provider: %+v; want %d failed calls and no charge", s, outbox.DefaultMaxAttempts)
+		}
+		expect(t, e.post("/v1/refunds", "acct_1", "k-refund-review", `{"payment":"`+p.ID+`","amount":100}`),
+			http.StatusUnprocessableEntity, ProblemBase+"payment-not-refundable")
+
+		if err := e.prov.SetFaults(Faults{}); err != nil {
+			t.Fatal(err)
+		}
+		e.requeueCharge(p.ID)
+		p = e.settled("acct_1", p.ID, "requires_review")
+		if p.Status != "succeeded" || p.Charge == "" || p.Failure != "" {
+			t.Fatalf("payment after the charge was delivered again: %+v; want succeeded", p)
+		}
+		if s := e.prov.Stats(); s.Charges != 1 {
+			t.Fatalf("provider: %+v", s)
+		}
+	})
+}
+
+// The provider cannot be reached at all, not even to be asked for the
+// charge: the payment goes to requires_review, with both errors.
+func TestDeadChargeUnreachableProviderRequiresReview(t *testing.T) {
+	forEachDB(t, func(t *testing.T, dsn string) {
+		e := newEnv(t, dsn, func(c *Config) {
+			c.ProviderURL = proxyProvider(t, c.ProviderURL, func(http.ResponseWriter, *http.Request, http.Handler) {
+				panic(http.ErrAbortHandler)
+			})
+		})
+		w := e.post("/v1/payments", "acct_1", "k-unreachable", `{"amount":1300,"currency":"eur","customer":"cus_6"}`)
+		expect(t, w, http.StatusCreated, "")
+		p := e.charged("acct_1", decode[Payment](t, w).ID)
+		if p.Status != "requires_review" || !strings.Contains(p.Failure, "asking the provider for it failed") {
+			t.Fatalf("payment %+v; want requires_review with the failed lookup", p)
+		}
+		if s := e.prov.Stats(); s.Calls != 0 {
+			t.Fatalf("provider: %+v; want no call", s)
+		}
+	})
+}
+
+// The provider makes the charge, but its answer never reaches the service:
+// every attempt's connection is cut after the provider answered. The
+// charge is dead-lettered, the provider, asked by the charge's key, has it,
+// and the payment is recorded succeeded with its charge id, as a delivery
+// would have recorded it; it can then be refunded.
+func TestDeadChargeMadeAtProviderIsRecorded(t *testing.T) {
+	forEachDB(t, func(t *testing.T, dsn string) {
+		e := newEnv(t, dsn, func(c *Config) {
+			c.ProviderURL = proxyProvider(t, c.ProviderURL, func(w http.ResponseWriter, r *http.Request, provider http.Handler) {
+				if r.Method == http.MethodPost && r.URL.Path == "/v1/charges" {
+					provider.ServeHTTP(httptest.NewRecorder(), r)
+					panic(http.ErrAbortHandler)
+				}
+				provider.ServeHTTP(w, r)
+			})
+		})
+		w := e.post("/v1/payments", "acct_1", "k-lost-answers", `{"amount":1400,"currency":"eur","customer":"cus_7"}`)
+		expect(t, w, http.StatusCreated, "")
+		p := e.charged("acct_1", decode[Payment](t, w).ID)
+		if p.Status != "succeeded" || p.Charge != "ch_000001" || p.Failure != "" {
+			t.Fatalf("payment %+v; want succeeded with the provider's charge", p)
+		}
+		if s := e.prov.Stats(); s.Charges != 1 || s.Calls < outbox.DefaultMaxAttempts || s.Replayed != s.Calls-1 {
+			t.Fatalf("provider: %+v; want one charge, made by the first of at least %d calls", s, outbox.DefaultMaxAttempts)
+		}
+		expect(t, e.post("/v1/refunds", "acct_1", "k-refund-lost", `{"payment":"`+p.ID+`","amount":400}`), http.StatusCreated, "")
 	})
 }
 

@@ -94,10 +94,18 @@ const (
 	qPaymentForRefundPostgres = qPayment + ` FOR UPDATE`
 )
 
-// qChargeResult records the provider's answer to the charge of a pending
-// payment; a redelivery finds it recorded and changes nothing.
+// qChargeResult records the provider's answer to the charge of a payment
+// still waiting for it: pending, or requires_review when the charge was
+// dead-lettered and an operator had it delivered again. A redelivery finds
+// it recorded and changes nothing.
 const qChargeResult = `UPDATE payments SET status = $2, charge_id = $3, failure = $4
-WHERE charge_key = $1 AND status = 'pending'`
+WHERE charge_key = $1 AND status IN ('pending', 'requires_review')`
+
+// qChargeReview puts the payment of a dead-lettered charge that the
+// provider does not know (or could not be asked about) in requires_review,
+// with the reason; a payment the provider's answer settled is left alone.
+const qChargeReview = `UPDATE payments SET status = 'requires_review', failure = $2
+WHERE charge_key = $1 AND status IN ('pending', 'requires_review')`
 
 // qRefundsHeld sums the refunds of a payment that are not failed: what is
 // already refunded or on its way.
