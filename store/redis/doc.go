@@ -53,8 +53,11 @@
 // shard re-checks each chosen record and changes it only if it still
 // qualifies. That re-check is the guard that
 // lets several sweepers and reapers run at once: each record is moved once,
-// and a record that changed in between is left alone. A batch may do less
-// than Limit when another instance took some of its candidates.
+// and a record that changed in between is left alone. A sweep may do less
+// than Limit when another instance took some of its candidates. Reap runs
+// the two phases again past the candidates it left alone (taken by another
+// instance, or in progress and spared by ReapParams.Grace), within a bound
+// of rounds: see Store.Reap.
 //
 // # Memory
 //

@@ -163,6 +163,7 @@ var storeTests = []struct {
 	{"InvalidParams", testInvalidParams},
 	{"CandidatePages", testCandidatePages},
 	{"LiveLeasesDoNotFillReapBatch", testLiveLeasesDoNotFillReapBatch},
+	{"ReapStepsOverSparedRecordsUpToABound", testReapSparedBound},
 }
 
 func runStoreTests(t *testing.T, newDatabase func(*testing.T) storetest.Opener) {
@@ -884,6 +885,60 @@ func testLiveLeasesDoNotFillReapBatch(t *testing.T, open storetest.Opener) {
 		t.Fatalf("reap once the holders died: %+v %v", res, err)
 	}
 	checkIndexes(t, s)
+}
+
+// A Reap call steps over up to (reapRounds-1)*Limit records its grace
+// spares: with that many first in the indexes, it still reaps the record
+// after them; with one more, it comes back short, and reaps it at the next
+// call once the grace has passed. The cases share one database, and one
+// that fails leaves records the next would reap: it ends the test.
+func testReapSparedBound(t *testing.T, open storetest.Opener) {
+	for _, spared := range []int{reapRounds - 1, reapRounds} {
+		ok := t.Run(fmt.Sprint(spared, " spared"), func(t *testing.T) {
+			s, clock := newTestStore(t, open)
+			var held []store.Record
+			for i := range spared {
+				held = append(held, mustReserve(t, s, reserveParams(fmt.Sprint(spared, "-held-", i)), store.Created))
+			}
+			clock.Advance(time.Minute)
+			done := mustReserve(t, s, reserveParams(fmt.Sprint(spared, "-done")), store.Created)
+			if err := s.Complete(ctx, store.CompleteParams{FenceParams: fence(done), Response: store.Response{Status: 201}}); err != nil {
+				t.Fatal(err)
+			}
+			// The holders' leases end past their expiry, before done
+			// expires.
+			clock.Advance(24*time.Hour - 2*time.Minute)
+			for _, r := range held {
+				if err := s.Extend(ctx, store.ExtendParams{FenceParams: fence(r), Lease: time.Minute + time.Second}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			clock.Advance(2 * time.Minute)
+			p := store.ReapParams{Limit: 1, Grace: time.Hour, Abandoned: store.Response{Status: 504}, AbandonedTTL: time.Hour}
+			want := store.ReapResult{Deleted: 1}
+			if spared > reapRounds-1 {
+				want = store.ReapResult{}
+			}
+			if res, err := s.Reap(ctx, p); err != nil || res != want {
+				t.Fatalf("Reap(Limit 1) behind %d spared records: %+v %v, want %+v", spared, res, err, want)
+			}
+			for _, r := range held {
+				if got, err := s.Get(ctx, r.Scope, r.Key); err != nil || got.State != store.StateInProgress {
+					t.Fatalf("spared %s: %s %v", r.Key, got.State, err)
+				}
+			}
+			clock.Advance(time.Hour)
+			p.Limit = spared + 1
+			want = store.ReapResult{Deleted: 1 - want.Deleted, Abandoned: spared}
+			if res, err := s.Reap(ctx, p); err != nil || res != want {
+				t.Fatalf("Reap once the grace passed: %+v %v, want %+v", res, err, want)
+			}
+			checkIndexes(t, s)
+		})
+		if !ok {
+			return
+		}
+	}
 }
 
 // IDEM_TEST_REDIS_ADDR may name a database (host:port/DB): the tests then

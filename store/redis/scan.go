@@ -116,6 +116,12 @@ func (s *Store) candidates(ctx context.Context, due string, limit int, indexes .
 // candidatesIn is candidates over the index keys keysOf returns for each
 // shard (the same number for every shard).
 func (s *Store) candidatesIn(ctx context.Context, due string, limit int, keysOf func(shard int) []string) ([]candidate, error) {
+	return s.candidatesFrom(ctx, due, "-inf", limit, keysOf)
+}
+
+// candidatesFrom is candidatesIn over the entries scored from up (a
+// ZRANGEBYSCORE bound: "-inf" or a number, included).
+func (s *Store) candidatesFrom(ctx context.Context, due, from string, limit int, keysOf func(shard int) []string) ([]candidate, error) {
 	now := s.now()
 	page := min(limit, max(8, 2*((limit+shardCount-1)/shardCount)))
 	nkeys := len(keysOf(0))
@@ -126,7 +132,7 @@ func (s *Store) candidatesIn(ctx context.Context, due string, limit int, keysOf 
 		keys := keysOf(sh)
 		args := []any{now, due, page, "+inf"}
 		for _, k := range keys {
-			args = append(args, "-inf")
+			args = append(args, from)
 			lists = append(lists, indexList{shard: sh, key: k})
 		}
 		calls[sh] = call{scriptDue, keys, args}
@@ -310,9 +316,21 @@ func (s *Store) SweepExpiredLeases(ctx context.Context, p store.SweepParams) ([]
 	return out, wrap("sweep", err)
 }
 
-// Reap implements store.Store. An in_progress record whose lease ended
-// within p.Grace is a candidate that the second phase spares: it takes a
-// place in the batch, which then does less than Limit.
+// reapRounds bounds the rounds of the two phases that one Reap call runs.
+const reapRounds = 8
+
+// Reap implements store.Store. Some candidates are left as they are by the
+// second phase: an in_progress record past its expiry whose lease ended
+// within p.Grace is due in the open index but spared, and another reaper
+// may have changed a record first. They take no place in the batch: while
+// the call has changed fewer than p.Limit records and the indexes hold due
+// entries it has not considered, it runs the two phases again, for what is
+// left of p.Limit, over the entries from the last one it considered on.
+// It runs at most reapRounds rounds, so one call steps over up to
+// (reapRounds-1)*p.Limit spared records before it comes back short, and
+// reads a bounded part of the indexes however many of them are due. Spared
+// records are few (requests running past their expiry whose lease ended
+// within the grace), and they are reapable once the grace has passed.
 func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult, error) {
 	if err := p.Validate(); err != nil {
 		return store.ReapResult{}, err
@@ -321,27 +339,77 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 	if err != nil {
 		return store.ReapResult{}, err
 	}
-	cands, err := s.candidates(ctx, "0", p.Limit, idxTerm, idxOpen)
-	if err != nil {
-		return store.ReapResult{}, wrap("reap", err)
+	keysOf := func(sh int) []string {
+		all := s.indexKeys(sh)
+		return []string{all[idxTerm], all[idxOpen]}
 	}
+	var res store.ReapResult
+	// The candidates considered by this call, with their scores then: a
+	// record is changed at most once per call, so a record abandoned with
+	// a short AbandonedTTL, due again in the term index, is not deleted by
+	// the call that abandoned it.
+	seen := make(map[string]int64)
+	from, ties := "-inf", 0
+	for range reapRounds {
+		want := p.Limit - res.Deleted - res.Abandoned
+		// The entries this call considered at the score the round starts
+		// from are read again, and a record it abandoned may be due again
+		// in the term index: ask for that many more, so that want of the
+		// entries read are new when the indexes hold that many.
+		ask := want + ties + res.Abandoned
+		cands, err := s.candidatesFrom(ctx, "0", from, ask, keysOf)
+		if err != nil {
+			return res, wrap("reap", err)
+		}
+		fresh := make([]candidate, 0, want)
+		for _, c := range cands {
+			if _, ok := seen[c.member]; !ok && len(fresh) < want {
+				fresh = append(fresh, c)
+			}
+		}
+		if len(fresh) == 0 {
+			break
+		}
+		for _, c := range fresh {
+			seen[c.member] = c.score
+		}
+		if err := s.reapRecords(ctx, fresh, &p, resp, &res); err != nil {
+			return res, err
+		}
+		if res.Deleted+res.Abandoned >= p.Limit || len(cands) < ask {
+			break // the batch is full, or no due entry is left after these
+		}
+		last := fresh[len(fresh)-1].score
+		from, ties = scoreArg(last), 0
+		for _, score := range seen {
+			if score == last {
+				ties++
+			}
+		}
+	}
+	return res, nil
+}
+
+// reapRecords runs the second phase of Reap over cands and adds what it
+// changed to res. The records of the calls that succeeded are changed, and
+// counted with the failure of the others.
+func (s *Store) reapRecords(ctx context.Context, cands []candidate, p *store.ReapParams, resp []any, res *store.ReapResult) error {
 	args := append([]any{s.now(), s.graceMS(), flag(p.Soft), storekit.Micros(p.AbandonedTTL), storekit.Micros(p.Grace)}, resp...)
 	replies, err := s.writes(ctx, s.perShard(cands, scriptReap, args))
-	var res store.ReapResult
 	for _, reply := range replies {
 		if reply == nil {
 			continue // its call failed (err)
 		}
 		counts, _ := reply.([]any)
 		if len(counts) != 2 {
-			return res, fmt.Errorf("idem/redis: reap: malformed reply %v", reply)
+			return fmt.Errorf("idem/redis: reap: malformed reply %v", reply)
 		}
 		d, _ := counts[0].(int64)
 		a, _ := counts[1].(int64)
 		res.Deleted += int(d)
 		res.Abandoned += int(a)
 	}
-	return res, wrap("reap", err)
+	return wrap("reap", err)
 }
 
 // ListUnknown implements store.Store. It reads without changing anything;

@@ -199,6 +199,7 @@ func run(t *testing.T, h Harness) {
 	t.Run("ReapBounded", func(t *testing.T) { testReapBounded(t, h) })
 	t.Run("ReapSparesLiveLease", func(t *testing.T) { testReapLiveLease(t, h) })
 	t.Run("ReapGrace", func(t *testing.T) { testReapGrace(t, h) })
+	t.Run("ReapStepsOverSparedRecords", func(t *testing.T) { testReapPastSpared(t, h) })
 	t.Run("Sweep", func(t *testing.T) { testSweep(t, h) })
 	t.Run("SweepersRaceEachRecordOnce", func(t *testing.T) { testSweepRace(t, h) })
 	t.Run("Reconciliation", func(t *testing.T) { testReconcile(t, h) })
@@ -924,6 +925,69 @@ func testReapGrace(t *testing.T, h Harness) {
 	reap(1)
 	if got := e.get("s", "long"); got.State != store.StateCompleted || got.LastError != "abandoned" {
 		t.Fatalf("in_progress record once the grace passed: %s %q", got.State, got.LastError)
+	}
+}
+
+// testReapPastSpared: the in_progress records a grace spares take no place
+// in a batch. With spared records first in expiry order and reapable ones
+// after them, a Reap whose Limit is the number of reapable records changes
+// them all (a batch shorter than Limit tells the caller that nothing is
+// left for now), and leaves the spared ones as they were.
+func testReapPastSpared(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	const spared = 7
+	grace := time.Minute + h.ReapWidth
+	var held []store.Record
+	for i := range spared {
+		held = append(held, e.create("s", fmt.Sprint("held", i), "fp", store.LeaseUnknown))
+	}
+	e.clock.Advance(lease)
+	// Reapable once their expiry passed: two terminal records and an
+	// unknown one, expiring after the spared records' leases end.
+	for _, k := range []string{"done", "failed"} {
+		r := e.create("s", k, "fp", store.LeaseUnknown)
+		if k == "done" {
+			e.complete(r, sampleResponse())
+		} else if err := e.s.Release(e.ctx, store.ReleaseParams{FenceParams: fenceOf(r), Error: "x"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.unknownRecord("unknown")
+	const reapable = 3
+	// The holders renew their leases past their records' expiry, then
+	// stop: their leases end a second before the reapable records expire.
+	e.clock.Advance(ttl - lease - time.Second)
+	for i, r := range held {
+		if err := e.s.Extend(e.ctx, store.ExtendParams{FenceParams: fenceOf(r), Lease: lease}); err != nil {
+			t.Fatal(err)
+		}
+		held[i] = e.get("s", r.Key)
+	}
+	e.clock.Advance(lease + time.Second + h.ReapWidth)
+	p := store.ReapParams{Limit: reapable, Grace: grace, Abandoned: abandoned, AbandonedTTL: ttl}
+	res, err := e.s.Reap(e.ctx, p)
+	if err != nil || res.Deleted != 2 || res.Abandoned != 1 {
+		t.Fatalf("Reap(Limit %d) behind %d spared records: %+v %v, want 2 deleted and 1 abandoned", reapable, spared, res, err)
+	}
+	for _, k := range []string{"done", "failed"} {
+		if _, err := e.s.Get(e.ctx, "s", k); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("%s after Reap: %v, want ErrNotFound", k, err)
+		}
+	}
+	if got := e.get("s", "unknown"); got.State != store.StateCompleted || got.LastError != "abandoned" {
+		t.Fatalf("unknown record after Reap: %s %q", got.State, got.LastError)
+	}
+	for _, r := range held {
+		e.mustUnchanged(r, "Reap inside the grace")
+	}
+	if res, err := e.s.Reap(e.ctx, p); err != nil || res != (store.ReapResult{}) {
+		t.Fatalf("Reap with only spared records left: %+v %v", res, err)
+	}
+	// Once the grace passed, the spared records are abandoned in turn.
+	e.clock.Advance(grace)
+	p.Limit = spared
+	if res, err := e.s.Reap(e.ctx, p); err != nil || res != (store.ReapResult{Abandoned: spared}) {
+		t.Fatalf("Reap once the grace passed: %+v %v, want %d abandoned", res, err, spared)
 	}
 }
 
