@@ -47,9 +47,12 @@ type Observer interface {
 
 	// Event counts n occurrences of a named event of the record's life:
 	// zombies_swept, ttl_pruned, abandoned, reconcile_scheduled,
-	// reconcile_resolved, reconcile_failed, reconcile_dead, async_claimed
-	// or pending_expired, and of the store's circuit breaker:
-	// breaker_opened, breaker_closed. The engine reports
+	// reconcile_resolved, reconcile_failed, reconcile_raced (an attempt
+	// the store refused to record because another reconciler, a webhook
+	// or an operator recorded one first, or the request ran again: not a
+	// failure, whatever the resolver answered), reconcile_dead,
+	// async_claimed or pending_expired, and of the store's circuit
+	// breaker: breaker_opened, breaker_closed. The engine reports
 	// reconcile_scheduled, the breaker's and reconcile_resolved for an
 	// execution that settled its own record (swept to unknown while its
 	// completion was under way), its Worker async_claimed; the

@@ -309,7 +309,11 @@ type ReconcileResult struct {
 // MaxReconcileAttempts-th attempt it is dead-lettered instead: no pass asks
 // about it again, and only Settle resolves it. Maintainers that ask about
 // one record at once count one attempt, and an attempt about a record
-// that ran again since it was listed counts for nothing.
+// that ran again since it was listed counts for nothing. An attempt the
+// store refuses to record (another maintainer, a webhook or an operator
+// recorded one first, or the record ran again) is reported to the
+// Observer as reconcile_raced, never as reconcile_failed, whatever the
+// Resolver answered.
 func (m *Maintainer) ReconcileOnce(ctx context.Context) (ReconcileResult, error) {
 	var total ReconcileResult
 	if m.cfg.Resolver == nil {
@@ -341,7 +345,8 @@ func (m *Maintainer) reconcileBatch(ctx context.Context, out *ReconcileResult) (
 			case err == nil:
 				out.Resolved++
 				continue
-			case errors.Is(err, store.ErrStateConflict) || errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrLeaseLost):
+			case raced(err):
+				m.obs.count(ctx, "reconcile_raced", 1)
 				continue // settled by someone else, or run again, meanwhile
 			case errors.Is(err, idem.ErrStore):
 				return len(recs), err
@@ -351,13 +356,13 @@ func (m *Maintainer) reconcileBatch(ctx context.Context, out *ReconcileResult) (
 		why := "resolver could not tell yet"
 		if rerr != nil {
 			why = store.ErrorText(rerr.Error())
-			m.obs.count(ctx, "reconcile_failed", 1)
 		}
 		// The attempt is about r as listed. The store refuses it, changing
 		// nothing, when another maintainer deferred or settled r
 		// meanwhile, or r ran again under a new fence: someone else
-		// handled it, so it is neither counted nor logged here, and the
-		// pass goes on.
+		// handled it, so it counts as raced (a resolver's failure
+		// included: the attempt that stands is the other's), is not
+		// logged here, and the pass goes on.
 		p := store.DeferParams{FenceParams: store.FenceParams{Scope: r.Scope, Key: r.Key, Fence: r.Fence},
 			Attempts: r.ReconcileAttempts, Error: why}
 		attempt := r.ReconcileAttempts + 1
@@ -377,11 +382,26 @@ func (m *Maintainer) reconcileBatch(ctx context.Context, out *ReconcileResult) (
 				out.Deferred++
 			}
 		}
+		if raced(err) {
+			m.obs.count(ctx, "reconcile_raced", 1)
+			continue
+		}
+		if rerr != nil {
+			m.obs.count(ctx, "reconcile_failed", 1)
+		}
 		if errors.Is(err, idem.ErrStore) {
 			return len(recs), err
 		}
 	}
 	return len(recs), nil
+}
+
+// raced reports whether the store refused to record an attempt because
+// the record is no longer as the attempt's reconciler listed it: another
+// maintainer, a webhook or an operator deferred, settled or deleted it
+// meanwhile, or it ran again under a new fence.
+func raced(err error) bool {
+	return errors.Is(err, store.ErrStateConflict) || errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrLeaseLost)
 }
 
 // deadLetter takes the record p names out of every automatic pass, for an

@@ -21,7 +21,8 @@
 //   - idem.finish.failures{op}: outcomes the engine could not record
 //   - idem.zombies_swept, idem.ttl_pruned, idem.abandoned,
 //     idem.reconcile_scheduled, idem.reconcile_resolved,
-//     idem.reconcile_failed, idem.reconcile_dead: the record's life
+//     idem.reconcile_failed, idem.reconcile_raced, idem.reconcile_dead:
+//     the record's life
 //   - idem.breaker_opened, idem.breaker_closed: the store's circuit breaker
 //
 // The spans, under the tracer github.com/idem-go/idem, one per step of a
@@ -90,6 +91,7 @@ var events = map[string]string{
 	"reconcile_scheduled": "Records scheduled for reconciliation.",
 	"reconcile_resolved":  "Unknown records settled by the resolver, a webhook, an operator, or the execution that held them, its outcome recorded late.",
 	"reconcile_failed":    "Reconciliation attempts that failed.",
+	"reconcile_raced":     "Reconciliation attempts not recorded because another reconciler, a webhook or an operator recorded one first, or the request ran again; not counted as failed.",
 	"reconcile_dead":      "Unknown records dead-lettered for an operator.",
 	"async_claimed":       "Asynchronous requests claimed by a worker.",
 	"pending_expired":     "Asynchronous requests no worker claimed in time, ended with a timeout answer.",

@@ -159,6 +159,7 @@ func TestFailuresAndEvents(t *testing.T) {
 	tel.obs.FinishFailed(ctx, "complete")
 	tel.obs.Event(ctx, "zombies_swept", 3)
 	tel.obs.Event(ctx, "reconcile_dead", 1)
+	tel.obs.Event(ctx, "reconcile_raced", 2)
 	_, end := tel.obs.Step(ctx, idem.Step{Name: idem.StepComplete, Store: "memory", Fence: 7})
 	end(idem.StepEnd{Fence: 7, Attempts: 3, Err: idem.ErrStore})
 
@@ -169,6 +170,7 @@ func TestFailuresAndEvents(t *testing.T) {
 		"idem.finish.failures{op=complete}": 1,
 		"idem.zombies_swept{}":              3,
 		"idem.reconcile_dead{}":             1,
+		"idem.reconcile_raced{}":            2,
 	} {
 		if sums[k] != want {
 			t.Errorf("%s = %d, want %d (all: %v)", k, sums[k], want, sums)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/testkit/enginetest"
+	"github.com/idem-go/idem/internal/testkit/obstest"
 	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 )
@@ -331,6 +333,86 @@ func TestReconcilersCountOneAttempt(t *testing.T) {
 				}
 				if logged := len(logs.At(slog.LevelError)); logged != total.DeadLettered {
 					t.Fatalf("%d dead letters logged, want %d", logged, total.DeadLettered)
+				}
+			})
+		}
+	}
+}
+
+// A reconciler whose attempt another reconciler recorded first counts it
+// as raced, not as its own failure: the provider failed for both, or for
+// this one after the other settled the record, and the other's deferral,
+// dead letter or settlement stands. Only the attempt the store took counts
+// as failed.
+func TestReconcilerRacedAttemptIsNotAFailure(t *testing.T) {
+	for _, ns := range realStores(t) {
+		for _, tc := range []struct {
+			name        string
+			maxAttempts int
+			other       maintenance.Outcome // the other reconciler's verdict; StillUnknown: its resolver fails
+			want        maintenance.ReconcileResult
+			otherEvents map[string]int64
+		}{
+			{"Deferred", 10, maintenance.StillUnknown, maintenance.ReconcileResult{Deferred: 1},
+				map[string]int64{"reconcile_failed": 1}},
+			{"DeadLettered", 1, maintenance.StillUnknown, maintenance.ReconcileResult{DeadLettered: 1},
+				map[string]int64{"reconcile_failed": 1, "reconcile_dead": 1}},
+			{"Settled", 10, maintenance.DidNotHappen, maintenance.ReconcileResult{Resolved: 1},
+				map[string]int64{"reconcile_resolved": 1}},
+		} {
+			t.Run(ns.Name+"/"+tc.name, func(t *testing.T) {
+				t.Parallel()
+				// The provider fails for the first reconciler once the
+				// other one, which listed the record too, recorded its
+				// attempt.
+				asked, recorded := make(chan struct{}), make(chan struct{})
+				slow := maintenance.ResolverFunc(func(ctx context.Context, r store.Record) (maintenance.Resolution, error) {
+					close(asked)
+					select {
+					case <-recorded:
+						return maintenance.Resolution{}, errors.New("provider returned 500")
+					case <-ctx.Done():
+						return maintenance.Resolution{}, ctx.Err()
+					}
+				})
+				fast := maintenance.ResolverFunc(func(ctx context.Context, r store.Record) (maintenance.Resolution, error) {
+					if tc.other == maintenance.StillUnknown {
+						return maintenance.Resolution{}, errors.New("provider returned 500")
+					}
+					return maintenance.Resolution{Outcome: tc.other}, nil
+				})
+				first, second := &obstest.Recorder{}, &obstest.Recorder{}
+				m := enginetest.NewMaint(t, ns, maintenance.Config{Resolver: slow, MaxReconcileAttempts: tc.maxAttempts, Observer: first}, idem.Config{})
+				other := m.Maintainer(maintenance.Config{Resolver: fast, MaxReconcileAttempts: tc.maxAttempts, Observer: second})
+				m.Unknown("k")
+				type result struct {
+					res maintenance.ReconcileResult
+					err error
+				}
+				done := make(chan result, 1)
+				go func() {
+					res, err := m.M.ReconcileOnce(context.Background())
+					done <- result{res, err}
+				}()
+				<-asked
+				if res, err := other.ReconcileOnce(context.Background()); err != nil || res != tc.want {
+					t.Fatalf("the other reconciler: %+v %v, want %+v", res, err, tc.want)
+				}
+				close(recorded)
+				if got := <-done; got.err != nil || got.res != (maintenance.ReconcileResult{}) {
+					t.Fatalf("the raced reconciler: %+v %v, want nothing counted", got.res, got.err)
+				}
+				events := func(r *obstest.Recorder) map[string]int64 {
+					got := r.Events()
+					delete(got, "reconcile_scheduled") // the sweep's
+					delete(got, "zombies_swept")
+					return got
+				}
+				if got, want := events(first), map[string]int64{"reconcile_raced": 1}; !maps.Equal(got, want) {
+					t.Errorf("the raced reconciler's events: %v, want %v", got, want)
+				}
+				if got := events(second); !maps.Equal(got, tc.otherEvents) {
+					t.Errorf("the other reconciler's events: %v, want %v", got, tc.otherEvents)
 				}
 			})
 		}
