@@ -486,21 +486,8 @@ func TestAttemptTimeoutProblemBodyStalls(t *testing.T) {
 			}))
 			t.Cleanup(srv.Close)
 			t.Cleanup(func() { close(stall) }) // before srv.Close, which waits for the handlers
-			tr, tracker := clienttest.NewTransport(t, clienttest.NewClock())
-			tr.AttemptTimeout, tr.MaxAttempts = 200*time.Millisecond, 3
-			tr.Now = time.Now // the deadline is on the real clock
 			var retries []client.Retry
-			tr.OnRetry = func(x client.Retry) { retries = append(retries, x) }
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader(`{"amount":1}`))
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp, err := tr.RoundTrip(req)
-			if ctx.Err() != nil {
-				t.Errorf("the call ended with its context (%v), not with the attempts' timeouts", ctx.Err())
-			}
+			resp, tracker, err := attemptTimedCall(t, srv.URL, func(x client.Retry) { retries = append(retries, x) })
 			if err == nil {
 				resp.Body.Close()
 				t.Fatalf("got %d after %d attempts; want the attempt timeout after 3", resp.StatusCode, client.Attempts(resp))
@@ -534,6 +521,29 @@ func TestAttemptTimeoutProblemBodyStalls(t *testing.T) {
 	}
 }
 
+// attemptTimedCall posts to url through a transport whose attempts are
+// bounded by AttemptTimeout (200ms, at most 3), on the real clock, within a
+// caller's deadline of 10s, and fails the test if that deadline, not the
+// attempts' bound, ended the call.
+func attemptTimedCall(t *testing.T, url string, onRetry func(client.Retry)) (*http.Response, *clienttest.Tracked, error) {
+	t.Helper()
+	tr, tracker := clienttest.NewTransport(t, clienttest.NewClock())
+	tr.AttemptTimeout, tr.MaxAttempts = 200*time.Millisecond, 3
+	tr.Now = time.Now // the deadline is on the real clock
+	tr.OnRetry = onRetry
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel) // after the test is done with the response
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(`{"amount":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := tr.RoundTrip(req)
+	if ctx.Err() != nil {
+		t.Errorf("the call ended with its context (%v), not with the attempts' bound", ctx.Err())
+	}
+	return resp, tracker, err
+}
+
 // A retried answer whose body stalls after its head (a 503 whose sender
 // stopped) is drained before the next attempt for no longer than
 // AttemptTimeout: its connection is then closed, and the retries go on.
@@ -558,19 +568,7 @@ func TestAttemptTimeoutBoundsTheDrain(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close)
 	t.Cleanup(func() { close(stall) })
-	tr, tracker := clienttest.NewTransport(t, clienttest.NewClock())
-	tr.AttemptTimeout, tr.MaxAttempts = 200*time.Millisecond, 3
-	tr.Now = time.Now // the deadline is on the real clock
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader(`{"amount":1}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := tr.RoundTrip(req)
-	if ctx.Err() != nil {
-		t.Errorf("the call ended with its context (%v): a drain held it", ctx.Err())
-	}
+	resp, tracker, err := attemptTimedCall(t, srv.URL, nil)
 	if err != nil {
 		t.Fatalf("err %v after %d requests, want the third attempt's 201", err, requests.Load())
 	}
