@@ -322,7 +322,8 @@ or the console showed it, checked by the store in the same step as the
 delete. A record that ran again since (released and retried, settled,
 taken over) has another fence, perhaps with an answer nobody looked at;
 it is kept, and the command fails. Without --fence, the record goes
-whatever ran since.
+whatever ran since. Either way the command prints what went: its state,
+its stored status and its fence.
 
 With --cache (the proxy's --cache), the replay cache's entry goes too;
 without it, a cached replay keeps answering until the entry's max_ttl.`, stderr)
@@ -349,7 +350,7 @@ without it, a cached replay keeps answering until the entry's max_ttl.`, stderr)
 		return err
 	}
 	defer s.Close()
-	err = s.Delete(ctx, store.DeleteParams{Scope: scope, Key: key, Fence: *fence})
+	gone, err := deleteRecord(ctx, s, scope, key, *fence)
 	if errors.Is(err, store.ErrNotFound) {
 		return notFound(ctx, s, scope, key)
 	}
@@ -367,8 +368,35 @@ without it, a cached replay keeps answering until the entry's max_ttl.`, stderr)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "deleted key %q in scope %q\n", key, scope)
+	what := string(gone.State)
+	if gone.Response != nil {
+		what += fmt.Sprintf(" (%d)", gone.Response.Status)
+	}
+	fmt.Fprintf(stdout, "deleted key %q in scope %q: it was %s, fence %d\n", key, scope, what, gone.Fence)
 	return nil
+}
+
+// deleteRecord deletes the record (scope, key) and returns it as it was.
+// The delete is always fenced with the execution it returns, so what the
+// command reports is what went: with fence 0 (no --fence) it reads the
+// record and deletes that execution, reading again if it ran again in
+// between (a few times: then the store's ErrLeaseLost is returned).
+func deleteRecord(ctx context.Context, s store.Store, scope, key string, fence int64) (store.Record, error) {
+	for tries := 1; ; tries++ {
+		rec, err := s.Get(ctx, scope, key)
+		if err != nil {
+			return rec, err
+		}
+		f := fence
+		if f == 0 {
+			f = rec.Fence
+		}
+		err = s.Delete(ctx, store.DeleteParams{Scope: scope, Key: key, Fence: f})
+		if errors.Is(err, store.ErrLeaseLost) && fence == 0 && tries < 3 {
+			continue
+		}
+		return rec, err
+	}
 }
 
 // recordView is the JSON form of a record printed by inspect. Times are

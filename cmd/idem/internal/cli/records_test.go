@@ -81,8 +81,8 @@ func TestMigrateInspectDelete(t *testing.T) {
 	}
 
 	out, _, err = run("delete", "--store", dsn, "--tenant", "", "--method", "POST", "--route", "/v1/charges", "order-1")
-	if err != nil || !strings.Contains(out, "deleted") {
-		t.Fatalf("delete: %q %v", out, err)
+	if err != nil || !strings.Contains(out, fmt.Sprintf("it was completed (201), fence %d", v.Fence)) {
+		t.Fatalf("delete: %q %v, want what went: completed (201), fence %d", out, err, v.Fence)
 	}
 	if _, _, err := run("inspect", "--store", dsn, "--scope", "0:POST /v1/charges", "order-1"); err == nil ||
 		!strings.Contains(err.Error(), "no record") {
@@ -230,7 +230,7 @@ func TestDeleteBoundToFence(t *testing.T) {
 		}
 	}
 	if out, _, err := run("delete", "--store", dsn, "--scope", testScope, "--fence", fmt.Sprint(answered.Fence), "paid"); err != nil ||
-		!strings.Contains(out, "deleted key") {
+		!strings.Contains(out, fmt.Sprintf("deleted key %q in scope %q: it was completed (201), fence %d", "paid", testScope, answered.Fence)) {
 		t.Fatalf("delete with the record's fence: %q %v", out, err)
 	}
 	if _, err := s.Get(ctx, testScope, "paid"); !errors.Is(err, store.ErrNotFound) {
