@@ -29,8 +29,19 @@ type backend[TTx any] interface {
 	// record stores downstreamID unless one is already recorded, and
 	// returns the recorded one.
 	record(ctx context.Context, m Message, jobID int64, downstreamID string, attempt int) (string, error)
-	// undelivered returns those of jobIDs that carry an undelivered message.
-	undelivered(ctx context.Context, jobIDs []int64) (map[int64]bool, error)
+	// undelivered returns those of jobIDs that carry an undelivered
+	// message, each with the time its dead letter was settled (zero if not).
+	undelivered(ctx context.Context, jobIDs []int64) (map[int64]time.Time, error)
+	// claimDead claims the dead message (key, kind) carried by jobID for
+	// one call of OnDead, for lease, and returns the claim's number (1 for
+	// the first). It returns errNoRow when the message is settled,
+	// delivered or carried by another job, or another claim holds it.
+	claimDead(ctx context.Context, key, kind string, jobID int64, lease time.Duration) (int, error)
+	// releaseDead ends claim number call without settling the message:
+	// no pass claims it again for wait.
+	releaseDead(ctx context.Context, key, kind string, jobID int64, call int, wait time.Duration) error
+	// settleDead records that OnDead returned nil for the message.
+	settleDead(ctx context.Context, key, kind string, jobID int64) error
 	// migrate applies River's migrations (through m) and the outbox's own.
 	migrate(ctx context.Context, m *rivermigrate.Migrator[TTx]) error
 }
@@ -44,6 +55,9 @@ type row struct {
 	attempts     int
 	createdAt    time.Time
 	deliveredAt  time.Time
+	// deadSettledAt is when OnDead returned nil for the dead letter of
+	// jobID; zero if it has not.
+	deadSettledAt time.Time
 }
 
 // pgBackend is the table on PostgreSQL, in the pool's search_path.
@@ -59,8 +73,9 @@ func (b pgBackend) lookup(ctx context.Context, key, kind string) (row, error) {
 		r           row
 		id          *string
 		deliveredAt *time.Time
+		settledAt   *time.Time
 	)
-	err := b.pool.QueryRow(ctx, pgLookup, key, kind).Scan(&r.fence, &r.jobID, &id, &r.attempts, &r.createdAt, &deliveredAt)
+	err := b.pool.QueryRow(ctx, pgLookup, key, kind).Scan(&r.fence, &r.jobID, &id, &r.attempts, &r.createdAt, &deliveredAt, &settledAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return row{}, errNoRow
 	}
@@ -73,6 +88,9 @@ func (b pgBackend) lookup(ctx context.Context, key, kind string) (row, error) {
 	if deliveredAt != nil {
 		r.deliveredAt = deliveredAt.UTC()
 	}
+	if settledAt != nil {
+		r.deadSettledAt = settledAt.UTC()
+	}
 	r.createdAt = r.createdAt.UTC()
 	return r, nil
 }
@@ -83,20 +101,43 @@ func (b pgBackend) record(ctx context.Context, m Message, jobID int64, downstrea
 	return stored, err
 }
 
-func (b pgBackend) undelivered(ctx context.Context, jobIDs []int64) (map[int64]bool, error) {
+func (b pgBackend) undelivered(ctx context.Context, jobIDs []int64) (map[int64]time.Time, error) {
 	rows, err := b.pool.Query(ctx, pgUndelivered, jobIDs)
 	if err != nil {
 		return nil, err
 	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		return nil, err
+	out := make(map[int64]time.Time, len(jobIDs))
+	var (
+		id        int64
+		settledAt *time.Time
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &settledAt}, func() error {
+		out[id] = time.Time{}
+		if settledAt != nil {
+			out[id] = settledAt.UTC()
+		}
+		return nil
+	})
+	return out, err
+}
+
+func (b pgBackend) claimDead(ctx context.Context, key, kind string, jobID int64, lease time.Duration) (int, error) {
+	var call int
+	err := b.pool.QueryRow(ctx, pgDeadClaim, key, kind, jobID, lease.Microseconds()).Scan(&call)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, errNoRow
 	}
-	out := make(map[int64]bool, len(ids))
-	for _, id := range ids {
-		out[id] = true
-	}
-	return out, nil
+	return call, err
+}
+
+func (b pgBackend) releaseDead(ctx context.Context, key, kind string, jobID int64, call int, wait time.Duration) error {
+	_, err := b.pool.Exec(ctx, pgDeadRelease, key, kind, jobID, call, wait.Microseconds())
+	return err
+}
+
+func (b pgBackend) settleDead(ctx context.Context, key, kind string, jobID int64) error {
+	_, err := b.pool.Exec(ctx, pgDeadSettle, key, kind, jobID)
+	return err
 }
 
 // migrate holds a session advisory lock while River migrates through the
@@ -148,8 +189,9 @@ func (b sqliteBackend) lookup(ctx context.Context, key, kind string) (row, error
 		id          sql.NullString
 		createdAt   int64
 		deliveredAt sql.NullInt64
+		settledAt   sql.NullInt64
 	)
-	err := b.db.QueryRowContext(ctx, sqliteLookup, key, kind).Scan(&r.fence, &r.jobID, &id, &r.attempts, &createdAt, &deliveredAt)
+	err := b.db.QueryRowContext(ctx, sqliteLookup, key, kind).Scan(&r.fence, &r.jobID, &id, &r.attempts, &createdAt, &deliveredAt, &settledAt)
 	if errors.Is(err, sql.ErrNoRows) {
 		return row{}, errNoRow
 	}
@@ -161,6 +203,9 @@ func (b sqliteBackend) lookup(ctx context.Context, key, kind string) (row, error
 	if deliveredAt.Valid {
 		r.deliveredAt = time.UnixMicro(deliveredAt.Int64).UTC()
 	}
+	if settledAt.Valid {
+		r.deadSettledAt = time.UnixMicro(settledAt.Int64).UTC()
+	}
 	return r, nil
 }
 
@@ -171,7 +216,7 @@ func (b sqliteBackend) record(ctx context.Context, m Message, jobID int64, downs
 	return stored, err
 }
 
-func (b sqliteBackend) undelivered(ctx context.Context, jobIDs []int64) (map[int64]bool, error) {
+func (b sqliteBackend) undelivered(ctx context.Context, jobIDs []int64) (map[int64]time.Time, error) {
 	ids, err := json.Marshal(jobIDs)
 	if err != nil {
 		return nil, err
@@ -181,15 +226,41 @@ func (b sqliteBackend) undelivered(ctx context.Context, jobIDs []int64) (map[int
 		return nil, err
 	}
 	defer rows.Close()
-	out := make(map[int64]bool, len(jobIDs))
+	out := make(map[int64]time.Time, len(jobIDs))
 	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
+		var (
+			id        int64
+			settledAt sql.NullInt64
+		)
+		if err := rows.Scan(&id, &settledAt); err != nil {
 			return nil, err
 		}
-		out[id] = true
+		out[id] = time.Time{}
+		if settledAt.Valid {
+			out[id] = time.UnixMicro(settledAt.Int64).UTC()
+		}
 	}
 	return out, rows.Err()
+}
+
+func (b sqliteBackend) claimDead(ctx context.Context, key, kind string, jobID int64, lease time.Duration) (int, error) {
+	now := time.Now()
+	var call int
+	err := b.db.QueryRowContext(ctx, sqliteDeadClaim, key, kind, jobID, now.UnixMicro(), now.Add(lease).UnixMicro()).Scan(&call)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, errNoRow
+	}
+	return call, err
+}
+
+func (b sqliteBackend) releaseDead(ctx context.Context, key, kind string, jobID int64, call int, wait time.Duration) error {
+	_, err := b.db.ExecContext(ctx, sqliteDeadRelease, key, kind, jobID, call, time.Now().Add(wait).UnixMicro())
+	return err
+}
+
+func (b sqliteBackend) settleDead(ctx context.Context, key, kind string, jobID int64) error {
+	_, err := b.db.ExecContext(ctx, sqliteDeadSettle, key, kind, jobID, time.Now().UnixMicro())
+	return err
 }
 
 // migrate runs River's migrations and the outbox's own in one transaction,

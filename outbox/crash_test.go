@@ -49,48 +49,8 @@ func testCrash[TTx any](t *testing.T, db database[TTx]) {
 
 	// The worker process takes the message, calls the provider, says so on
 	// stdout and hangs before returning to the outbox: killed there.
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperWorker$")
-	cmd.Env = append(os.Environ(), db.env...)
-	cmd.Env = append(cmd.Env, urlEnv+"="+os.Getenv(urlEnv), helperDownstreamEnv+"="+down.srv.URL)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var waitOnce sync.Once
-	wait := func() { waitOnce.Do(func() { cmd.Wait() }) } //nolint:errcheck // killed on purpose
-	t.Cleanup(func() {
-		cmd.Process.Kill() //nolint:errcheck // already dead when the test went well
-		wait()
-	})
-	firstID := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if id, ok := strings.CutPrefix(sc.Text(), deliveredLine); ok {
-				firstID <- id
-			}
-		}
-		close(firstID)
-	}()
-	var id string
-	select {
-	case id = <-firstID:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("the worker process did not deliver within 30s; its stderr:\n%s", stderr.String())
-	}
-	if id == "" {
-		wait()
-		t.Fatalf("the worker process exited before delivering; its stderr:\n%s", stderr.String())
-	}
-	if err := cmd.Process.Kill(); err != nil { // SIGKILL
-		t.Fatal(err)
-	}
-	wait()
+	id, kill := workerProcess(t, db, down.srv.URL)
+	kill()
 
 	if calls, effects, _ := down.stats(msg.Key); calls != 1 || effects != 1 {
 		t.Fatalf("before the restart: %d calls, %d effects; want 1, 1", calls, effects)
@@ -126,6 +86,59 @@ func testCrash[TTx any](t *testing.T, db database[TTx]) {
 	}
 	if got := meters.get(outbox.MetricDelivered, "charge"); got != 1 {
 		t.Errorf("%s = %d, want 1", outbox.MetricDelivered, got)
+	}
+}
+
+// workerProcess starts the worker process of the crash tests, this test
+// binary re-executed as TestHelperWorker: it takes the message waiting in
+// db, calls the provider at downURL, says so on stdout and hangs before
+// returning to the outbox. workerProcess returns once the provider
+// answered, with the downstream id it answered and a function that kills
+// the process (SIGKILL) and waits for it to exit.
+func workerProcess[TTx any](t *testing.T, db database[TTx], downURL string) (id string, kill func()) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperWorker$")
+	cmd.Env = append(os.Environ(), db.env...)
+	cmd.Env = append(cmd.Env, urlEnv+"="+os.Getenv(urlEnv), helperDownstreamEnv+"="+downURL)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var waitOnce sync.Once
+	wait := func() { waitOnce.Do(func() { cmd.Wait() }) } //nolint:errcheck // killed on purpose
+	t.Cleanup(func() {
+		cmd.Process.Kill() //nolint:errcheck // already dead when the test went well
+		wait()
+	})
+	firstID := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if id, ok := strings.CutPrefix(sc.Text(), deliveredLine); ok {
+				firstID <- id
+			}
+		}
+		close(firstID)
+	}()
+	select {
+	case id = <-firstID:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the worker process did not deliver within 30s; its stderr:\n%s", stderr.String())
+	}
+	if id == "" {
+		wait()
+		t.Fatalf("the worker process exited before delivering; its stderr:\n%s", stderr.String())
+	}
+	return id, func() {
+		if err := cmd.Process.Kill(); err != nil { // SIGKILL
+			t.Fatal(err)
+		}
+		wait()
 	}
 }
 

@@ -58,6 +58,26 @@
 // good once delivered) with the River job (pending or dead). Enqueuing a
 // dead message again delivers it anew.
 //
+// # Dead letters and OnDead
+//
+// [Config.OnDead] lets the application settle what waited on a message that
+// died (a payment to fail, or to review). A message dies in three ways: its
+// last allowed attempt fails in the worker; its last attempt crashes its
+// process, and River's rescuer discards the job after RescueAfter without
+// any worker running; or its job is cancelled. Only the first goes through
+// the worker, so OnDead is called from one place for all three: every
+// [Config.DeadLetterInterval], each started outbox with OnDead runs a
+// dead-letter pass that lists the dead jobs of its queue whose message is
+// neither delivered nor settled, claims each in idem_outbox, calls OnDead,
+// and records the message settled ([Delivery.SettledAt]) once OnDead
+// returned nil. An error, a panic or a crash leaves it unsettled, and a
+// later pass calls OnDead again (after an error or a panic, once
+// DeadLetterInterval, doubled at each failed call up to 5 minutes, has
+// passed): it is called at least once per dead
+// message, possibly more (it must be idempotent), and never again once
+// settled. The claim keeps the passes of several processes from calling it
+// for one message at once.
+//
 // # Observability
 //
 // Counters idem.outbox.delivered, idem.outbox.retried and idem.outbox.dead
@@ -65,7 +85,12 @@
 // "outbox: delivered", "outbox: delivery failed; will retry",
 // "outbox: dead-lettered after its last attempt" and
 // "outbox: already delivered; provider not called again", each with key,
-// kind, fence, job_id and attempt.
+// kind, fence, job_id and attempt. With OnDead, the dead-letter pass counts
+// a dead message and logs its dead-letter event the first time it claims
+// it (the worker logs "outbox: last attempt failed"), then logs
+// "outbox: dead letter settled" or "outbox: OnDead failed; a later pass
+// calls it again"; without OnDead the worker counts and logs the last
+// failed attempt.
 //
 // # PostgreSQL and SQLite
 //
@@ -103,7 +128,10 @@
 // its own River tables.
 //
 // A delivery whose process crashes during its last allowed attempt is
-// discarded by River's rescuer without returning to the worker: it is a dead
-// letter (DeadLetters lists it) but idem.outbox.dead does not count it and
-// no dead-letter event is logged.
+// discarded by River's rescuer without returning to the worker. The
+// dead-letter pass finds it like any other dead letter, counts it and calls
+// OnDead, once the rescuer has run (the delays above) and within
+// DeadLetterInterval after; its lastErr is the rescuer's. Without OnDead no
+// pass runs: DeadLetters lists it, but idem.outbox.dead does not count it
+// and no dead-letter event is logged.
 package outbox

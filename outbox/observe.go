@@ -38,7 +38,7 @@ func newObserver(mp metric.MeterProvider) (*observer, error) {
 		return nil, err
 	}
 	if o.dead, err = m.Int64Counter(MetricDead,
-		metric.WithDescription("Messages dead-lettered: their last allowed attempt failed.")); err != nil {
+		metric.WithDescription("Messages dead-lettered, each counted once.")); err != nil {
 		return nil, err
 	}
 	return o, nil

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -111,18 +112,52 @@ type Config struct {
 	// PollInterval is how often workers look for messages when no
 	// notification woke them (River's FetchPollInterval). Defaults to 1s.
 	PollInterval time.Duration
+	// DeadLetterInterval is how often a started outbox with OnDead runs
+	// its dead-letter pass, which looks for the dead-lettered messages of
+	// Queue not settled yet: it counts each in idem.outbox.dead and logs it
+	// the first time, calls OnDead, and records it settled once OnDead
+	// returned nil. It bounds how long after its death a message waits for
+	// OnDead. Defaults to PollInterval.
+	DeadLetterInterval time.Duration
 	// DeadLetterRetention is how long River keeps dead-lettered jobs, and
 	// so how long DeadLetters lists them (River's
 	// DiscardedJobRetentionPeriod); -1 keeps them until deleted. Another
 	// River client on the same tables cleans them with its own setting.
 	// Defaults to 7 days.
 	DeadLetterRetention time.Duration
-	// OnDead, when set, is called after a message's last allowed attempt
-	// failed, so the application can settle what waited on it (mark a
-	// payment failed, page an operator). It runs in the worker with the
-	// attempt's context; its error is logged. A delivery that crashed its
-	// process on the last attempt is discarded by River without this call;
-	// DeadLetters lists both.
+	// OnDead, when set, is called for every dead-lettered message, so the
+	// application can settle what waited on it (mark a payment failed,
+	// page an operator): one whose last allowed attempt failed, one whose
+	// last attempt crashed its process (River's rescuer discards it after
+	// RescueAfter, without a worker), and one whose job was cancelled
+	// (River's JobCancel). msg is the message as the worker decodes it;
+	// lastErr carries the error River recorded for the last attempt (for a
+	// crash, the rescuer's note that the job was stuck).
+	//
+	// It is called at least once for each dead message, until it returns
+	// nil, and then never again for it. The dead-letter pass calls it (see
+	// DeadLetterInterval), with a context of its own bounded by
+	// DeliveryTimeout; after an error or a panic, which are logged, a later
+	// pass calls it again, once DeadLetterInterval, doubled at each failed
+	// call up to 5 minutes, has passed. A claim keeps passes of several
+	// processes from calling it for one message at once, but a call that
+	// outlives its claim (DeliveryTimeout and 10 seconds), or a process
+	// that crashes between OnDead's return and the record of it, lets it
+	// be called again: it must be idempotent. A message enqueued again
+	// (EnqueueTx of the same key and kind) is a new delivery: OnDead is
+	// called again if it dies too, and no longer for the earlier death if
+	// that was not settled yet.
+	//
+	// The worker does not call it on the last attempt: one path for every
+	// way a message dies, which a crash cannot skip. The price is up to
+	// DeadLetterInterval of latency, small beside the retries before
+	// (hours with the default MaxAttempts and backoff).
+	//
+	// Set it in every process that starts the outbox, or in none: the pass
+	// runs where it is set, and the worker counts a message whose last
+	// attempt failed in idem.outbox.dead where it is not (a mix may count
+	// one twice). Without OnDead, no pass runs, and a message whose last
+	// attempt crashed is neither counted nor logged; DeadLetters lists it.
 	OnDead func(ctx context.Context, msg Message, lastErr error) error
 	// Logger receives delivery events and River's logs. Defaults to
 	// slog.Default().
@@ -162,6 +197,9 @@ func (c Config) withDefaults() Config {
 	if c.PollInterval == 0 {
 		c.PollInterval = DefaultPollInterval
 	}
+	if c.DeadLetterInterval == 0 {
+		c.DeadLetterInterval = c.PollInterval
+	}
 	if c.DeadLetterRetention == 0 {
 		c.DeadLetterRetention = DefaultDeadLetterRetention
 	}
@@ -183,6 +221,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("outbox: RescueAfter (%s) must be at least DeliveryTimeout (%s)", c.RescueAfter, c.DeliveryTimeout)
 	case c.PollInterval < time.Millisecond:
 		return fmt.Errorf("outbox: PollInterval must be at least 1ms, got %s", c.PollInterval)
+	case c.DeadLetterInterval < time.Millisecond:
+		return fmt.Errorf("outbox: DeadLetterInterval must be at least 1ms, got %s", c.DeadLetterInterval)
 	case c.DeadLetterRetention < -1:
 		return fmt.Errorf("outbox: DeadLetterRetention must be positive or -1, got %s", c.DeadLetterRetention)
 	}
@@ -202,8 +242,9 @@ const (
 	Pending State = "pending"
 	// Delivered: the provider answered and its id is recorded.
 	Delivered State = "delivered"
-	// Dead: dead-lettered after its last allowed attempt failed; an
-	// operator decides (EnqueueTx of the same message delivers it anew).
+	// Dead: dead-lettered after its last allowed attempt failed or
+	// crashed, or its job was cancelled. OnDead settles it; an operator
+	// may deliver it anew (EnqueueTx of the same message).
 	Dead State = "dead"
 )
 
@@ -222,6 +263,9 @@ type Delivery struct {
 	LastError   string
 	EnqueuedAt  time.Time
 	DeliveredAt time.Time // zero unless Delivered
+	// SettledAt is when OnDead returned nil for a Dead message (the
+	// dead-letter pass settled it); zero until then, and unless Dead.
+	SettledAt time.Time
 	// JobID is the River job carrying the message.
 	JobID int64
 }
@@ -245,6 +289,11 @@ type Outbox[TTx any] struct {
 	log    *slog.Logger
 	// delivers is false for an enqueue-only outbox (no Deliverers).
 	delivers bool
+
+	// The dead-letter pass, while started (deadletter.go).
+	passMu   sync.Mutex
+	passStop context.CancelFunc
+	passDone chan struct{}
 }
 
 // NewPostgres returns an outbox on pool. River's tables and the outbox's
@@ -370,8 +419,9 @@ func (o *Outbox[TTx]) check(msg Message) error {
 	return nil
 }
 
-// Start starts delivering in the background until Stop or until ctx is
-// done; ctx must outlive the deliveries (not a request's context).
+// Start starts delivering, and the dead-letter pass (see OnDead), in the
+// background until Stop or until ctx is done; ctx must outlive the
+// deliveries (not a request's context).
 func (o *Outbox[TTx]) Start(ctx context.Context) error {
 	if !o.delivers {
 		return errors.New("outbox: no Deliverers configured; this outbox only enqueues")
@@ -379,14 +429,27 @@ func (o *Outbox[TTx]) Start(ctx context.Context) error {
 	if err := o.client.Start(ctx); err != nil {
 		return fmt.Errorf("outbox: start: %w", err)
 	}
+	o.startDeadLetters(ctx)
 	return nil
 }
 
-// Stop stops taking new messages and waits for running deliveries to
-// return. If ctx is done first it returns ctx's error; the deliveries go on
-// until they return or their DeliveryTimeout cancels them.
+// Stop stops taking new messages and waits for running deliveries, and
+// the OnDead call of the dead-letter pass, to return. If ctx is done first
+// it returns ctx's error; the deliveries go on until they return or their
+// DeliveryTimeout cancels them, and so does the OnDead call.
 func (o *Outbox[TTx]) Stop(ctx context.Context) error {
-	if err := o.client.Stop(ctx); err != nil {
+	passDone := o.stopDeadLetters()
+	err := o.client.Stop(ctx)
+	if passDone != nil {
+		select {
+		case <-passDone:
+		case <-ctx.Done():
+			if err == nil {
+				err = ctx.Err()
+			}
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("outbox: stop: %w", err)
 	}
 	return nil
@@ -417,25 +480,26 @@ func (o *Outbox[TTx]) Delivery(ctx context.Context, key, kind string) (Delivery,
 	if errors.Is(err, river.ErrNotFound) {
 		// Undelivered and gone from River: discarded (or cancelled) and
 		// then cleaned after the retention period.
-		d.State, d.LastError = Dead, "job no longer in River's table"
+		d.State, d.LastError, d.SettledAt = Dead, "job no longer in River's table", r.deadSettledAt
 		return d, nil
 	}
 	if err != nil {
 		return Delivery{}, fmt.Errorf("outbox: delivery: %w", err)
 	}
-	fill(&d, job)
+	fill(&d, job, r.deadSettledAt)
 	return d, nil
 }
 
-// fill sets d's state, attempts and last error from its job.
-func fill(d *Delivery, job *rivertype.JobRow) {
+// fill sets d's state, attempts and last error from its job, and for a
+// dead one when it was settled (settledAt, from the outbox's row).
+func fill(d *Delivery, job *rivertype.JobRow, settledAt time.Time) {
 	d.Attempts = job.Attempt
 	if n := len(job.Errors); n > 0 {
 		d.LastError = job.Errors[n-1].Error
 	}
 	switch job.State {
 	case rivertype.JobStateDiscarded, rivertype.JobStateCancelled:
-		d.State = Dead
+		d.State, d.SettledAt = Dead, settledAt
 	default:
 		// A completed job without a recorded delivery cannot happen: the
 		// worker records before it returns success.
@@ -444,10 +508,11 @@ func fill(d *Delivery, job *rivertype.JobRow) {
 }
 
 // DeadLetters returns up to limit dead-lettered messages, most recently
-// dead first. They are read from River's job table (discarded and
-// cancelled jobs of the outbox's kind) and kept only while they still
-// carry an undelivered message: a message enqueued again after it died is
-// no longer listed. River keeps them for Config.DeadLetterRetention.
+// dead first, settled by OnDead or not (Delivery.SettledAt). They are read
+// from River's job table (discarded and cancelled jobs of the outbox's
+// kind) and kept only while they still carry an undelivered message: a
+// message enqueued again after it died is no longer listed. River keeps
+// them for Config.DeadLetterRetention.
 func (o *Outbox[TTx]) DeadLetters(ctx context.Context, limit int) ([]Delivery, error) {
 	if limit <= 0 {
 		return nil, nil
@@ -476,15 +541,16 @@ func (o *Outbox[TTx]) DeadLetters(ctx context.Context, limit int) ([]Delivery, e
 			return nil, fmt.Errorf("outbox: dead letters: %w", err)
 		}
 		for _, j := range res.Jobs {
-			if !live[j.ID] {
+			settledAt, ok := live[j.ID]
+			if !ok {
 				continue
 			}
-			var a jobArgs
-			if err := json.Unmarshal(j.EncodedArgs, &a); err != nil {
-				return nil, fmt.Errorf("outbox: dead letters: job %d: %w", j.ID, err)
+			m, err := messageOf(j)
+			if err != nil {
+				return nil, fmt.Errorf("outbox: dead letters: %w", err)
 			}
-			d := Delivery{Key: a.Key, Kind: a.MsgKind, Fence: a.Fence, JobID: j.ID, EnqueuedAt: j.CreatedAt.UTC()}
-			fill(&d, j)
+			d := Delivery{Key: m.Key, Kind: m.Kind, Fence: m.Fence, JobID: j.ID, EnqueuedAt: j.CreatedAt.UTC()}
+			fill(&d, j, settledAt)
 			if out = append(out, d); len(out) == limit {
 				return out, nil
 			}

@@ -243,16 +243,24 @@ func testPoisonMessagesAreDeadLettered[TTx any](t *testing.T, db database[TTx]) 
 	if dead.Attempts != 3 || !strings.Contains(dead.LastError, "422") {
 		t.Errorf("dead delivery = %+v; want 3 attempts and the provider's 422", dead)
 	}
+	// The dead-letter pass calls OnDead, then records each settled.
+	var letters []outbox.Delivery
+	eventually(t, 20*time.Second, "both dead letters settled", func() (bool, error) {
+		var err error
+		letters, err = ob.DeadLetters(ctx, 10)
+		settled := 0
+		for _, l := range letters {
+			if !l.SettledAt.IsZero() {
+				settled++
+			}
+		}
+		return settled == 2, err
+	})
 	deadMu.Lock()
 	if len(deadKeys) != 2 || !deadKeys[poison.Key] || !deadKeys[panics.Key] {
 		t.Errorf("OnDead saw %v; want the refused and the panicking message, each with its error", deadKeys)
 	}
 	deadMu.Unlock()
-
-	letters, err := ob.DeadLetters(ctx, 10)
-	if err != nil {
-		t.Fatal(err)
-	}
 	byKind := map[string]outbox.Delivery{}
 	for _, l := range letters {
 		byKind[l.Kind] = l
@@ -282,12 +290,15 @@ func testPoisonMessagesAreDeadLettered[TTx any](t *testing.T, db database[TTx]) 
 	down.setPoison(poison.Key, false)
 	enqueue(t, db, ob, poison)
 	waitState(t, ob, poison.Key, "charge", outbox.Delivered, 20*time.Second)
-	letters, err = ob.DeadLetters(ctx, 10)
+	letters, err := ob.DeadLetters(ctx, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(letters) != 1 || letters[0].Key != panics.Key {
-		t.Errorf("after redelivery, DeadLetters = %+v; want only the panicking message", letters)
+	if len(letters) != 1 || letters[0].Key != panics.Key || letters[0].SettledAt.IsZero() {
+		t.Errorf("after redelivery, DeadLetters = %+v; want only the panicking message, settled", letters)
+	}
+	if d, err := ob.Delivery(ctx, panics.Key, "explode"); err != nil || d.State != outbox.Dead || d.SettledAt.IsZero() {
+		t.Errorf("Delivery of the panicking message = %+v, %v; want dead and settled", d, err)
 	}
 	if _, effects, _ := down.stats(poison.Key); effects != 1 {
 		t.Errorf("%d effects, want 1", effects)
@@ -376,6 +387,7 @@ func TestConfigValidation(t *testing.T) {
 	for name, cfg := range map[string]outbox.Config{
 		"timeout over rescue": {Deliverers: map[string]outbox.Deliverer{"c": d}, DeliveryTimeout: time.Minute, RescueAfter: time.Second},
 		"negative attempts":   {Deliverers: map[string]outbox.Deliverer{"c": d}, MaxAttempts: -1},
+		"negative dead pass":  {Deliverers: map[string]outbox.Deliverer{"c": d}, DeadLetterInterval: -time.Second},
 		"nil deliverer":       {Deliverers: map[string]outbox.Deliverer{"c": nil}},
 		"empty kind":          {Deliverers: map[string]outbox.Deliverer{"": d}},
 	} {

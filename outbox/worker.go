@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
 )
 
 // jobKind is the River job kind of every outbox message; Message.Kind
@@ -33,6 +34,16 @@ func newJobArgs(m Message) jobArgs {
 
 func (a jobArgs) message() Message {
 	return Message{Kind: a.MsgKind, Key: a.Key, Fence: a.Fence, Payload: a.Payload}
+}
+
+// messageOf decodes the message of a job read from River's table, as River
+// decodes the args it hands the worker (JSON into jobArgs).
+func messageOf(job *rivertype.JobRow) (Message, error) {
+	var a jobArgs
+	if err := json.Unmarshal(job.EncodedArgs, &a); err != nil {
+		return Message{}, fmt.Errorf("job %d: %w", job.ID, err)
+	}
+	return a.message(), nil
 }
 
 // worker delivers one message per River job.
@@ -129,23 +140,19 @@ func deliver(ctx context.Context, d Deliverer, msg Message) (id string, err erro
 
 // failed counts and logs a failed attempt and returns err to River, which
 // retries it or, on the last allowed attempt, discards the job: that is
-// the dead letter.
+// the dead letter. With OnDead set, the dead-letter pass counts it and
+// calls OnDead (deadletter.go), as it does for one whose last attempt
+// crashed; without, it is counted here.
 func (o *Outbox[TTx]) failed(ctx context.Context, log *slog.Logger, job *river.Job[jobArgs], msg Message, err error) error {
-	if job.Attempt >= job.MaxAttempts {
-		o.obs.add(ctx, o.obs.dead, msg.Kind)
-		log.ErrorContext(ctx, "outbox: dead-lettered after its last attempt", "max_attempts", job.MaxAttempts, "err", err)
-		if o.cfg.OnDead != nil {
-			// Its own time: the attempt's may be over (a delivery that
-			// timed out), and OnDead settles what waited on the message.
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), o.cfg.DeliveryTimeout)
-			defer cancel()
-			if herr := o.cfg.OnDead(dctx, msg, err); herr != nil {
-				log.ErrorContext(ctx, "outbox: OnDead failed", "err", herr)
-			}
-		}
-	} else {
+	switch {
+	case job.Attempt < job.MaxAttempts:
 		o.obs.add(ctx, o.obs.retried, msg.Kind)
 		log.WarnContext(ctx, "outbox: delivery failed; will retry", "max_attempts", job.MaxAttempts, "err", err)
+	case o.cfg.OnDead != nil:
+		log.WarnContext(ctx, "outbox: last attempt failed", "max_attempts", job.MaxAttempts, "err", err)
+	default:
+		o.obs.add(ctx, o.obs.dead, msg.Kind)
+		log.ErrorContext(ctx, "outbox: dead-lettered after its last attempt", "max_attempts", job.MaxAttempts, "err", err)
 	}
 	return err
 }

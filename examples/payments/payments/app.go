@@ -357,17 +357,21 @@ func (a *app[TTx]) recordCharge(ctx context.Context, key string, ch providerObje
 const maxReview = 500
 
 // chargeDead is the outbox's OnDead: the last allowed attempt to charge a
-// payment failed. Failing the payment would be wrong: an attempt that went
-// unanswered may have charged the card, and a client that pays again
-// would then pay twice. The provider is asked for the charge made with
-// the payment's key (the lookup of reconciliation); if it has one, its
-// answer is recorded as deliverCharge records it. If it has none, or
-// cannot be asked, the payment goes to requires_review with the reason,
-// for an operator to settle (see Payment.Status). A charge recorded later
-// still settles it.
+// payment failed or crashed. Failing the payment would be wrong: an
+// attempt that went unanswered may have charged the card, and a client
+// that pays again would then pay twice. The provider is asked for the
+// charge made with the payment's key (the lookup of reconciliation); if it
+// has one, its answer is recorded as deliverCharge records it. If it has
+// none, or cannot be asked, the payment goes to requires_review with the
+// reason, for an operator to settle (see Payment.Status). A charge
+// recorded later still settles it. The outbox calls it at least once per
+// dead charge, again after an error: each of these steps is idempotent.
 func (a *app[TTx]) chargeDead(ctx context.Context, msg outbox.Message, lastErr error) error {
 	if msg.Kind != kindCharge {
-		return fmt.Errorf("dead message of kind %q: no payment waits on it", msg.Kind)
+		// Nothing of this service waits on it: an error would only have
+		// the outbox call again, for ever.
+		a.log.Error("dead outbox message of a kind no payment waits on", "kind", msg.Kind, "key", msg.Key, "err", lastErr)
+		return nil
 	}
 	var req chargeRequest
 	_ = json.Unmarshal(msg.Payload, &req) // for the log only: the key finds the payment

@@ -31,8 +31,11 @@
 // enqueues the dead message again (outbox.EnqueueTx with its key, kind,
 // fence and payload), whose delivery records succeeded or failed as a
 // first one would, or settles the payment by hand. A charge whose last
-// attempt crashed its process is dead-lettered without OnDead and leaves
-// its payment pending: DeadLetters lists it too.
+// attempt crashed its process is dead-lettered too (River's rescuer
+// discards it) and settled the same way: the outbox calls OnDead for every
+// dead charge, and again after an error (the database briefly down) until
+// it succeeds; the lookup and the move to requires_review are idempotent,
+// so a second call changes nothing.
 //
 // # Refunds in atomic phases
 //
