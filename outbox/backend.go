@@ -24,6 +24,9 @@ var migrationFS embed.FS
 type backend[TTx any] interface {
 	// enqueue writes the message's row in the caller's transaction.
 	enqueue(ctx context.Context, tx TTx, m Message, jobID int64) error
+	// inTx runs fn in a transaction of the outbox's database, committed
+	// when fn returns nil.
+	inTx(ctx context.Context, fn func(tx TTx) error) error
 	// lookup returns the message's row, or errNoRow.
 	lookup(ctx context.Context, key, kind string) (row, error)
 	// record stores downstreamID unless one is already recorded, and
@@ -66,6 +69,10 @@ type pgBackend struct{ pool *pgxpool.Pool }
 func (b pgBackend) enqueue(ctx context.Context, tx pgx.Tx, m Message, jobID int64) error {
 	_, err := tx.Exec(ctx, pgEnqueue, m.Key, m.Kind, m.Fence, jobID)
 	return err
+}
+
+func (b pgBackend) inTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, b.pool, fn)
 }
 
 func (b pgBackend) lookup(ctx context.Context, key, kind string) (row, error) {
@@ -181,6 +188,18 @@ type sqliteBackend struct{ db *sql.DB }
 func (b sqliteBackend) enqueue(ctx context.Context, tx *sql.Tx, m Message, jobID int64) error {
 	_, err := tx.ExecContext(ctx, sqliteEnqueue, m.Key, m.Kind, m.Fence, jobID, time.Now().UnixMicro())
 	return err
+}
+
+func (b sqliteBackend) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	tx, err := b.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		tx.Rollback()
+		return err
+	}
+	return tx.Commit()
 }
 
 func (b sqliteBackend) lookup(ctx context.Context, key, kind string) (row, error) {

@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -305,5 +306,52 @@ func TestOnDeadAgainAfterARedeliveryDies(t *testing.T) {
 	calls := rec.wait(t, msg.Key, 2, time.Minute)
 	if c := calls[1]; !sameMessage(c.msg, msg) || c.lastErr != "refused" {
 		t.Errorf("second OnDead call: message %+v, lastErr %q", c.msg, c.lastErr)
+	}
+}
+
+// An operator redelivers a dead message once what killed it is mended: a
+// new job with the full attempts carries the same key, fence and payload,
+// and the message is delivered. Redeliver refuses a message that is not
+// dead, and one the outbox does not know.
+func TestRedeliver(t *testing.T) {
+	forEachDB(t, testRedeliver[pgx.Tx], testRedeliver[*sql.Tx])
+}
+
+func testRedeliver[TTx any](t *testing.T, db database[TTx]) {
+	ctx := context.Background()
+	var mended atomic.Bool
+	var got atomic.Value
+	cfg, rec, _ := refusedOnce()
+	cfg.Deliverers["charge"] = outbox.DelivererFunc(func(_ context.Context, m outbox.Message) (string, error) {
+		if !mended.Load() {
+			return "", errors.New("provider down")
+		}
+		got.Store(m)
+		return "ch_" + m.Key, nil
+	})
+	o := db.newOutbox(t, cfg)
+	start(t, o)
+	msg := outbox.Message{Kind: "charge", Key: "k-redeliver", Fence: 7, Payload: json.RawMessage(`{"amount":5}`)}
+	enqueue(t, db, o, msg)
+	rec.wait(t, msg.Key, 1, time.Minute)
+	dead := waitState(t, o, msg.Key, "charge", outbox.Dead, time.Minute)
+
+	mended.Store(true)
+	d, err := o.Redeliver(ctx, msg.Key, "charge")
+	if err != nil || d.State != outbox.Pending || d.JobID == dead.JobID {
+		t.Fatalf("Redeliver: %+v %v; want pending on a new job (the dead one was %d)", d, err, dead.JobID)
+	}
+	d = waitState(t, o, msg.Key, "charge", outbox.Delivered, time.Minute)
+	if d.DownstreamID != "ch_k-redeliver" || d.Fence != msg.Fence {
+		t.Errorf("after the redelivery: %+v", d)
+	}
+	if m, _ := got.Load().(outbox.Message); !sameMessage(m, msg) {
+		t.Errorf("the deliverer got %+v, want %+v", m, msg)
+	}
+	if _, err := o.Redeliver(ctx, msg.Key, "charge"); !errors.Is(err, outbox.ErrNotDead) {
+		t.Errorf("Redeliver of a delivered message: %v, want ErrNotDead", err)
+	}
+	if _, err := o.Redeliver(ctx, "k-unknown", "charge"); !errors.Is(err, outbox.ErrNotFound) {
+		t.Errorf("Redeliver of an unknown message: %v, want ErrNotFound", err)
 	}
 }

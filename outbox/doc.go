@@ -73,10 +73,13 @@
 // returned nil. An error, a panic or a crash leaves it unsettled, and a
 // later pass calls OnDead again (after an error or a panic, once
 // DeadLetterInterval, doubled at each failed call up to 5 minutes, has
-// passed): it is called at least once per dead
-// message, possibly more (it must be idempotent), and never again once
-// settled. The claim keeps the passes of several processes from calling it
-// for one message at once.
+// passed): it is called at least once per dead message, possibly more (it
+// must be idempotent), and never again once settled. The claim keeps the
+// passes of several processes from calling it for one message at once.
+//
+// [Outbox.DeadLetters] lists the dead messages, and [Outbox.Redeliver]
+// enqueues one again (same key, fence and payload, a new job with the full
+// attempts) once an operator has mended what killed it.
 //
 // # Observability
 //

@@ -275,6 +275,9 @@ var (
 	ErrNotFound = errors.New("outbox: message not found")
 	// ErrInvalidMessage: EnqueueTx refused the message.
 	ErrInvalidMessage = errors.New("outbox: invalid message")
+	// ErrNotDead is Redeliver's answer for a message that is pending or
+	// delivered.
+	ErrNotDead = errors.New("outbox: message not dead")
 )
 
 // Outbox is a transactional outbox on one database. TTx is the database's
@@ -488,6 +491,42 @@ func (o *Outbox[TTx]) Delivery(ctx context.Context, key, kind string) (Delivery,
 	}
 	fill(&d, job, r.deadSettledAt)
 	return d, nil
+}
+
+// Redeliver enqueues a dead message again, as EnqueueTx of the same key,
+// kind, fence and payload would in a transaction of its own: a new job
+// with the full MaxAttempts, whose delivery records the message as a
+// first one would, and whose death, if it dies too, is a new dead letter
+// (OnDead is called for it). It is for an operator who has dealt with
+// what killed the message (a provider that was down). The payload comes
+// from the dead job, so a message whose job River has already cleaned
+// (after DeadLetterRetention) cannot be redelivered: it must be enqueued
+// again with EnqueueTx. It returns ErrNotFound for a message the outbox
+// does not know and ErrNotDead for one pending or delivered, and the
+// message's Delivery after it is enqueued.
+func (o *Outbox[TTx]) Redeliver(ctx context.Context, key, kind string) (Delivery, error) {
+	d, err := o.Delivery(ctx, key, kind)
+	if err != nil {
+		return Delivery{}, err
+	}
+	if d.State != Dead {
+		return d, fmt.Errorf("%w: %s %q is %s", ErrNotDead, kind, key, d.State)
+	}
+	job, err := o.client.JobGet(ctx, d.JobID)
+	if errors.Is(err, river.ErrNotFound) {
+		return d, fmt.Errorf("outbox: redeliver %s %q: its dead job %d is no longer kept (DeadLetterRetention); enqueue it again with EnqueueTx", kind, key, d.JobID)
+	}
+	if err != nil {
+		return d, fmt.Errorf("outbox: redeliver: %w", err)
+	}
+	msg, err := messageOf(job)
+	if err != nil {
+		return d, fmt.Errorf("outbox: redeliver: %w", err)
+	}
+	if err := o.db.inTx(ctx, func(tx TTx) error { return o.EnqueueTx(ctx, tx, msg) }); err != nil {
+		return d, err
+	}
+	return o.Delivery(ctx, key, kind)
 }
 
 // fill sets d's state, attempts and last error from its job, and for a

@@ -82,7 +82,7 @@ type Payment struct {
 	// landing still), so the payment is neither succeeded nor failed, and
 	// it cannot be refunded. Failure holds the reason. An operator looks
 	// the key up in the provider's dashboard, then either has the charge
-	// delivered again (outbox.EnqueueTx of the dead message: the provider
+	// delivered again (outbox.Redeliver of the dead message: the provider
 	// answers the charge it has, or makes it), which records succeeded or
 	// failed as a first delivery would, or settles the payment by hand.
 	Status string `json:"status"`

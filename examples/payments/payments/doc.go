@@ -28,8 +28,8 @@
 // with the reason in its failure, and cannot be refunded. An operator
 // looks the key (the payment's charge_key column, the log's key, the
 // outbox's DeadLetters) up in the provider's dashboard, then either
-// enqueues the dead message again (outbox.EnqueueTx with its key, kind,
-// fence and payload), whose delivery records succeeded or failed as a
+// enqueues the dead message again (outbox.Redeliver: its key, fence and
+// payload on a new job), whose delivery records succeeded or failed as a
 // first one would, or settles the payment by hand. A charge whose last
 // attempt crashed its process is dead-lettered too (River's rescuer
 // discards it) and settled the same way: the outbox calls OnDead for every
