@@ -144,7 +144,10 @@ type auditEntry struct {
 	reason         string
 	fence          int64
 	before, after  *store.Record // nil: absent
-	err            error
+	// afterUnread: the record could not be read after the action (the
+	// store failing), so after says nothing.
+	afterUnread bool
+	err         error
 }
 
 func (a *action) entry(result string, before, after *store.Record, err error) auditEntry {
@@ -171,7 +174,11 @@ func (h *Handler) audit(r *http.Request, who caller, e auditEntry) {
 		}
 		attrs = append(attrs, "reason", e.reason)
 		attrs = append(attrs, stateAttrs("before", e.before)...)
-		attrs = append(attrs, stateAttrs("after", e.after)...)
+		if e.afterUnread {
+			attrs = append(attrs, "state_after", "unread")
+		} else {
+			attrs = append(attrs, stateAttrs("after", e.after)...)
+		}
 	}
 	if e.err != nil {
 		attrs = append(attrs, "err", e.err.Error())

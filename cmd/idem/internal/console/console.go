@@ -722,11 +722,14 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request) {
 	} else {
 		err = h.cfg.Settle(ctx, a.scope, a.key, a.fence, a.res)
 	}
-	var after *store.Record
-	if rec, gerr := h.cfg.Store().Get(ctx, a.scope, a.key); gerr == nil {
-		after = &rec
+	e := a.entry(resultOf(err), &before, nil, err)
+	switch rec, gerr := h.cfg.Store().Get(ctx, a.scope, a.key); {
+	case gerr == nil:
+		e.after = &rec
+	case !errors.Is(gerr, store.ErrNotFound):
+		e.afterUnread = true // not known to be absent: the store failed
 	}
-	h.audit(r, callerOf(r), a.entry(resultOf(err), &before, after, err))
+	h.audit(r, callerOf(r), e)
 	if err != nil {
 		h.fail(w, r, storeStatus(err), a.failure(err))
 		return

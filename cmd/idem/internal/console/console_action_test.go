@@ -98,6 +98,9 @@ type outage struct {
 	store.Store
 	mu   sync.Mutex
 	fail map[string]error // by operation: get, list, resolve, delete
+	// spread: once an operation fails, every operation fails alike (the
+	// store went down during it and stays down).
+	spread bool
 }
 
 func (o *outage) set(op string, err error) {
@@ -112,7 +115,13 @@ func (o *outage) set(op string, err error) {
 func (o *outage) fault(op string) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return o.fail[op]
+	err := o.fail[op]
+	if err != nil && o.spread {
+		for _, other := range []string{"get", "list", "resolve", "delete"} {
+			o.fail[other] = err
+		}
+	}
+	return err
 }
 
 func (o *outage) Get(ctx context.Context, scope, key string) (store.Record, error) {
@@ -224,4 +233,26 @@ func TestConsoleStoreFailureIsBadGateway(t *testing.T) {
 			t.Errorf("%s %s, the store failing: %d, want 502 saying the store failed\n%s", p.method, p.path, code, body)
 		}
 	}
+}
+
+// A store that goes down during a delete and stays down: the audit line
+// says the record could not be read after the action (unread), not that
+// it is absent, which would read as a delete that went through.
+func TestConsoleAuditAfterAStoreFailure(t *testing.T) {
+	o := &outage{Store: memory.New(memory.Config{}), spread: true}
+	f := newFixtureOn(t, o, console.Credentials{Token: token}, "0.0.0.0:9090")
+	auth := map[string]string{"Authorization": "Bearer " + token}
+	fence := f.unknown("t", "/v1/charges", "k")
+	scope := (&idem.Request{Tenant: "t", Method: "POST", Route: "/v1/charges"}).Scope()
+	act := url.Values{"csrf": {f.recordCSRF(scope, "k", auth)}, "scope": {scope}, "key": {"k"}, "fence": {fmt.Sprint(fence)},
+		"action": {"delete"}, "confirm": {"yes"}}
+	o.set("delete", errors.New("dial tcp 10.0.0.7:5432: connect: connection refused"))
+	if code, body := f.do("POST", "/console/act", act, auth); code != http.StatusBadGateway {
+		t.Fatalf("delete with the store going down: %d\n%s", code, body)
+	}
+	lines := f.audits("delete")
+	if len(lines) != 1 {
+		t.Fatalf("%d audit lines for the delete, want 1", len(lines))
+	}
+	want(t, lines[0], map[string]any{"result": "error", "state_before": "unknown", "state_after": "unread"})
 }
