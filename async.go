@@ -145,7 +145,7 @@ func (e *Engine) accept(ctx context.Context, c *Call, scope, key, fp string) (de
 	if err != nil {
 		return decision{}, err
 	}
-	d := decide(fp, res)
+	d := decide(fp, &res)
 	outcome := reserveOutcome[d.verdict]
 	switch {
 	case d.verdict == Executed:

@@ -438,7 +438,7 @@ func (e *Engine) run(ctx context.Context, c *Call, op operation) Answer {
 	if err != nil {
 		return e.unavailable(ctx, &id, err)
 	}
-	return e.answer(ctx, c, op, &id, d)
+	return e.answer(ctx, c, op, &id, &d)
 }
 
 // callID is what identifies a call's record and request: the tenant and
@@ -539,7 +539,7 @@ func (e *Engine) unavailable(ctx context.Context, id *callID, err error) Answer 
 
 // answer carries out what the reservation decided: runs the operation
 // (settling its record before returning), or replays, refuses or defers.
-func (e *Engine) answer(ctx context.Context, c *Call, op operation, id *callID, d decision) Answer {
+func (e *Engine) answer(ctx context.Context, c *Call, op operation, id *callID, d *decision) Answer {
 	switch d.verdict {
 	case Executed:
 		d.exec.call = callRef{target: c.Target, header: c.Header, body: c.Body}
@@ -639,7 +639,7 @@ func (e *Engine) begin(ctx context.Context, sc *scratch, tenant, scope, route, k
 	if err != nil {
 		return decision{}, err
 	}
-	d := decide(fp, res)
+	d := decide(fp, &res)
 	outcome := reserveOutcome[d.verdict]
 	if d.verdict == Executed {
 		d.exec = e.newExecution(x, res, start)
@@ -716,20 +716,20 @@ var reserveOutcome = [len(verdictNames)]string{
 // decide applies the protocol to what Reserve found. The fingerprint is
 // checked before the state: a different request is refused even while the
 // first is in flight, and the first's record is untouched.
-func decide(fp string, res store.ReserveResult) decision {
+func decide(fp string, res *store.ReserveResult) decision {
 	if res.Outcome.Acquired() {
 		return decision{verdict: Executed, rec: res.Record}
 	}
-	r := res.Record
+	r := &res.Record
 	switch {
 	case r.Fingerprint != fp:
-		return decision{verdict: KeyReused, rec: r}
+		return decision{verdict: KeyReused, rec: *r}
 	case r.State == store.StateCompleted:
-		return decision{verdict: Replayed, rec: r}
+		return decision{verdict: Replayed, rec: *r}
 	case r.State == store.StateUnknown:
-		return decision{verdict: OutcomeUnknown, rec: r}
+		return decision{verdict: OutcomeUnknown, rec: *r}
 	}
-	return decision{verdict: InProgress, rec: r}
+	return decision{verdict: InProgress, rec: *r}
 }
 
 // await polls a record that is in progress until it leaves that state or
@@ -773,7 +773,7 @@ func (e *Engine) await(ctx context.Context, tenant, scope, route, key, fp string
 			// Another duplicate (or a new request) took the key first:
 			// its answer is waited for as the first one's was.
 		} else if !now.Add(pause).Before(deadline) {
-			return decide(fp, store.ReserveResult{Record: r}), nil
+			return decide(fp, &store.ReserveResult{Record: r}), nil
 		}
 		if err := sleep(ctx, e.clk, pause); err != nil {
 			return decision{}, err
