@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/idem-go/idem/internal/httpfield"
@@ -263,18 +264,17 @@ var (
 // stored header named keep ("" for none) is not replayed: w already holds
 // this request's own.
 func replay(w http.ResponseWriter, resp *store.Response, expires time.Time, stripe bool, keep string) {
-	src := resp.Header
-	if len(httpfield.Connection(src)) > 0 {
-		src = httpfield.Replayable(src) // drops the headers it names too
+	var buf [8]storedField // most answers have fewer fields: no allocation
+	fields, ok := replayFields(resp.Header, keep, buf[:0])
+	if !ok {
+		// Drops the fields the Connection field names, and that field.
+		fields, _ = replayFields(httpfield.Replayable(resp.Header), keep, buf[:0])
 	}
 	h := w.Header()
-	for k, v := range src {
-		if k == keep || !httpfield.ReplayableName(k) || !httpfield.Valid(k, v) {
-			continue
-		}
+	for _, f := range fields {
 		// A full slice expression: a later Add appends to a copy, never to
 		// the stored record's backing array.
-		h[k] = v[:len(v):len(v)]
+		h[f.name] = f.values[:len(f.values):len(f.values)]
 	}
 	h["Idempotent-Replayed"] = replayedTrue
 	if stripe {
@@ -288,6 +288,31 @@ func replay(w http.ResponseWriter, resp *store.Response, expires time.Time, stri
 	}
 	w.WriteHeader(resp.Status)
 	w.Write(resp.Body)
+}
+
+// storedField is one field of a stored answer.
+type storedField struct {
+	name   string
+	values []string
+}
+
+// replayFields appends to out the fields of a stored answer that a replay
+// writes: all but keep, those whose name httpfield.ReplayableName refuses
+// and those with values httpfield.Valid refuses. It reports false, at the
+// first Connection field in any spelling, when src must go through
+// httpfield.Replayable first, which drops the fields that one names: one
+// pass over src for the usual answer, which has none.
+func replayFields(src http.Header, keep string, out []storedField) ([]storedField, bool) {
+	for k, v := range src {
+		if len(k) == len("Connection") && strings.EqualFold(k, "Connection") {
+			return out, false
+		}
+		if k == keep || !httpfield.ReplayableName(k) || !httpfield.Valid(k, v) {
+			continue
+		}
+		out = append(out, storedField{k, v})
+	}
+	return out, true
 }
 
 // recorder captures a handler's answer. It buffers it until the engine
