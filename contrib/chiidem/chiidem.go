@@ -67,13 +67,15 @@ func Middleware(e *idem.Engine) func(http.Handler) http.Handler {
 }
 
 // Route returns the full pattern of the route root serves r with
-// ("/d/{id}/capture", across mounted subrouters), or "" when no route
-// matches r's method and path.
+// ("/d/{id}/capture", across mounted subrouters, as chi.Walk names it), or
+// "" when no route matches r's method and path.
 //
 // The lookup is chi's own, on the path chi routes: the routing context's
 // RoutePath when a middleware rewrote it (StripSlashes, CleanPath,
 // URLFormat) or a mount set it, below the subrouters already matched;
-// else the request's path.
+// else the request's path. A subrouter mounted at "/d" also serves "/d"
+// and "/d/", with its "/" route, through stubs that chi's Find reports as
+// routes of their own: the lookup goes on into the subrouter there.
 func Route(root chi.Routes, r *http.Request) string {
 	method := r.Method
 	routes, prefix, path := root, "", ""
@@ -82,13 +84,7 @@ func Route(root chi.Routes, r *http.Request) string {
 			method = rctx.RouteMethod // a middleware rerouted the method (GetHead)
 		}
 		path = rctx.RoutePath
-		for _, pattern := range rctx.RoutePatterns {
-			sub := mounted(routes, pattern)
-			if sub == nil {
-				break
-			}
-			routes, prefix = sub, prefix+strings.TrimSuffix(pattern, "/*")
-		}
+		routes, prefix, _ = below(routes, method, rctx.RoutePatterns)
 	}
 	if path == "" {
 		path = r.URL.RawPath
@@ -99,19 +95,67 @@ func Route(root chi.Routes, r *http.Request) string {
 			path = "/"
 		}
 	}
-	if found := routes.Find(chi.NewRouteContext(), method, path); found != "" {
-		return prefix + found
+	rctx := chi.NewRouteContext()
+	found := routes.Find(rctx, method, path)
+	if found == "" {
+		return ""
 	}
-	return ""
-}
-
-// mounted returns the subrouter mounted on routes at pattern ("/d/*"),
-// nil when pattern is not a mount.
-func mounted(routes chi.Routes, pattern string) chi.Routes {
-	for _, rt := range routes.Routes() {
-		if rt.Pattern == pattern && rt.SubRoutes != nil {
-			return rt.SubRoutes
+	if atMount(routes, method, path, rctx.RoutePatterns) {
+		if sub, at, stub := below(routes, method, rctx.RoutePatterns); stub {
+			// A mount's stub: chi serves it with the subrouter's "/".
+			if found = sub.Find(chi.NewRouteContext(), method, "/"); found == "" {
+				return ""
+			}
+			prefix += at
 		}
 	}
-	return nil
+	return prefix + found
+}
+
+// atMount reports whether the last of patterns, the patterns Find matched
+// for path one router after another, may be a mount's stub: whether a path
+// one segment longer reaches a mount there. It costs one lookup; telling a
+// stub for sure (below) walks the routers' trees, which only a request
+// that passes this test pays for.
+func atMount(routes chi.Routes, method, path string, patterns []string) bool {
+	probe := chi.NewRouteContext()
+	routes.Find(probe, method, strings.TrimSuffix(path, "/")+"/_")
+	n := len(patterns)
+	return len(probe.RoutePatterns) >= n &&
+		probe.RoutePatterns[n-1] == strings.TrimSuffix(patterns[n-1], "/")+"/*"
+}
+
+// below follows patterns, the patterns matched by one router after
+// another, from routes down through the subrouters they mount, and returns
+// the last router reached and its prefix ("/d/{acct}/x"). all reports that
+// every pattern led to a subrouter: for the patterns of a route found, the
+// last one is then a stub, and the route is that subrouter's "/".
+func below(routes chi.Routes, method string, patterns []string) (last chi.Routes, prefix string, all bool) {
+	for _, pattern := range patterns {
+		s, at := mounted(routes, method, pattern)
+		if s == nil {
+			return routes, prefix, false
+		}
+		routes, prefix = s, prefix+at
+	}
+	return routes, prefix, len(patterns) > 0
+}
+
+// mounted returns the subrouter mounted on routes at pattern, and its
+// prefix ("/d"), or nil when pattern is not a mount: "/d/*", or one of the
+// stubs "/d" and "/d/" by which Mount routes those paths to the
+// subrouter's "/", unless a route of routes serves method there itself
+// (chi lists no stub among its routes).
+func mounted(routes chi.Routes, method, pattern string) (chi.Routes, string) {
+	prefix := strings.TrimSuffix(strings.TrimSuffix(pattern, "*"), "/")
+	var sub chi.Routes
+	for _, rt := range routes.Routes() {
+		switch {
+		case rt.Pattern == prefix+"/*" && rt.SubRoutes != nil:
+			sub = rt.SubRoutes
+		case rt.Pattern == pattern && (rt.Handlers[method] != nil || rt.Handlers["*"] != nil):
+			return nil, "" // a route of its own on a stub's path
+		}
+	}
+	return sub, prefix
 }

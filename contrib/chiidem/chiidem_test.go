@@ -122,13 +122,29 @@ func TestRoute(t *testing.T) {
 	r.Post("/a/{id}", ok)
 	r.Route("/d", func(sr chi.Router) {
 		sr.Post("/charges", ok)
-		sr.Route("/{acct}/x", func(x chi.Router) { x.Post("/{id:[0-9]+}", ok) })
+		sr.Route("/{acct}/x", func(x chi.Router) {
+			x.Post("/", ok)
+			x.Post("/{id:[0-9]+}", ok)
+		})
 	})
+	r.Route("/e", func(sr chi.Router) { sr.Post("/x", ok) })
+	r.Route("/g", func(sr chi.Router) { sr.Post("/", ok) })
+	r.Put("/g", ok) // a route of its own on the stub's path, for PUT
+	r.Post("/f", ok)
+	r.Post("/f/*", ok) // a wildcard route, not a mount
 	for _, tc := range []struct{ method, path, want string }{
 		{"POST", "/a/7", "/a/{id}"},
 		{"POST", "/d/charges", "/d/charges"},
 		{"POST", "/d/acct_1/x/42", "/d/{acct}/x/{id:[0-9]+}"},
-		{"POST", "/d/acct_1/x/abc", ""}, // the regexp refuses it: 404
+		{"POST", "/d/acct_1/x/abc", ""},         // the regexp refuses it: 404
+		{"POST", "/d/acct_1/x", "/d/{acct}/x/"}, // the subrouter's "/", through the mount's stubs
+		{"POST", "/d/acct_1/x/", "/d/{acct}/x/"},
+		{"POST", "/e", ""}, // a stub, but the subrouter has no "/": 404
+		{"POST", "/e/", ""},
+		{"POST", "/g", "/g/"},
+		{"PUT", "/g", "/g"},
+		{"POST", "/f", "/f"},
+		{"POST", "/f/1", "/f/*"},
 		{"POST", "/nowhere", ""},
 		{"GET", "/a/7", ""}, // 405
 	} {
@@ -171,6 +187,56 @@ func TestRewrittenPaths(t *testing.T) {
 			nokey := app.Post(t, "/d/charges/", "", `{}`)
 			if n := app.Hooks.Runs("/d/charges"); n != 1 || first.Status != http.StatusCreated || !again.Replayed() || nokey.Status != http.StatusBadRequest {
 				t.Fatalf("handler ran %d times; statuses %d, %d (replayed %v); without a key %d", n, first.Status, again.Status, again.Replayed(), nokey.Status)
+			}
+		})
+	}
+}
+
+// A subrouter mounted at "/v1/charges" serves "/v1/charges" and
+// "/v1/charges/" with its "/" route (the usual place of a create), through
+// stubs chi registers beside the mount. The middleware, used at the root
+// or inside the subrouter, protects that route like any other: one run,
+// then replays, one record for both spellings of the path (the other
+// target is 422), a missing key refused. A subrouter without a "/" route
+// answers 404 there, untouched.
+func TestSubrouterRootRoute(t *testing.T) {
+	for name, atRoot := range map[string]bool{"at the root": true, "in a subrouter": false} {
+		t.Run(name, func(t *testing.T) {
+			app := adaptertest.Start(t, func(t *testing.T, e *idem.Engine, h *adaptertest.Hooks) http.Handler {
+				r := chi.NewRouter()
+				mw := chiidem.Middleware(e)
+				if atRoot {
+					r.Use(mw)
+				}
+				r.Route("/v1/charges", func(sr chi.Router) {
+					if !atRoot {
+						sr.Use(mw)
+					}
+					sr.Post("/", func(w http.ResponseWriter, r *http.Request) {
+						writeJSON(w, http.StatusCreated, map[string]any{"op": "charge", "n": h.Count("/v1/charges/")})
+					})
+				})
+				r.Route("/v1/refunds", func(sr chi.Router) {
+					if !atRoot {
+						sr.Use(mw)
+					}
+					sr.Post("/{id}", func(w http.ResponseWriter, r *http.Request) {})
+				})
+				return r
+			})
+			first := app.Post(t, "/v1/charges", "k", `{}`)
+			again := app.Post(t, "/v1/charges", "k", `{}`)
+			slash := app.Post(t, "/v1/charges/", "k", `{}`)
+			nokey := app.Post(t, "/v1/charges", "", `{}`)
+			if n := app.Hooks.Runs("/v1/charges/"); n != 1 || first.Status != http.StatusCreated || !again.Replayed() ||
+				slash.ProblemType() != "key-reused" || nokey.ProblemType() != "key-missing" {
+				t.Fatalf("handler ran %d times; statuses %d, %d (replayed %v), with a slash %d %s; without a key %d",
+					n, first.Status, again.Status, again.Replayed(), slash.Status, slash.Body, nokey.Status)
+			}
+			for _, key := range []string{"k", ""} {
+				if a := app.Post(t, "/v1/refunds", key, `{}`); a.Status != http.StatusNotFound {
+					t.Fatalf("POST /v1/refunds (key %q): %d %s; want chi's 404", key, a.Status, a.Body)
+				}
 			}
 		})
 	}
