@@ -42,10 +42,13 @@ func Middleware(e *idem.Engine) echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c *echo.Context) error {
 			route := c.Path()
-			if name := c.RouteInfo().Name; route == "" || name == echo.NotFoundRouteName || name == echo.MethodNotAllowedRouteName {
+			if ri := c.RouteInfo(); route == "" || ri.Method == echo.RouteNotFound ||
+				ri.Name == echo.NotFoundRouteName || ri.Name == echo.MethodNotAllowedRouteName {
 				// No route matched (echo names the path of a partial match
-				// on a 404 or 405): there is nothing to protect, and a key
-				// must not be spent on echo's answer.
+				// on a 404 or 405, and a group's or the application's
+				// RouteNotFound route serves a 404 under its own path):
+				// there is nothing to protect, and a key must not be spent
+				// on the 404 or 405.
 				return next(c)
 			}
 			origReq, origRes := c.Request(), c.Response()

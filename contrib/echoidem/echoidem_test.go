@@ -103,3 +103,29 @@ func TestMethodNotAllowedPassesThrough(t *testing.T) {
 		t.Fatalf("no key: %d; keyed: %d; again: %d (replayed %v)", nokey.Status, keyed.Status, again.Status, again.Replayed())
 	}
 }
+
+// A POST to a path under a group that no route of the group serves: echo
+// serves it with the 404 route the group registers for its middleware
+// (c.Path() "/d/*"), and the application's own RouteNotFound routes
+// likewise. The middleware passes them through untouched: echo's 404
+// without a key, and with one, nothing stored under it.
+func TestNotFoundRoutesPassThrough(t *testing.T) {
+	app := adaptertest.Start(t, func(t *testing.T, e *idem.Engine, h *adaptertest.Hooks) http.Handler {
+		ec := echo.New()
+		d := ec.Group("/d", echoidem.Middleware(e))
+		d.POST("/charges", func(c *echo.Context) error { return c.NoContent(http.StatusCreated) })
+		x := ec.Group("/x")
+		x.Use(echoidem.Middleware(e))
+		x.RouteNotFound("/*", func(c *echo.Context) error { return c.String(http.StatusNotFound, "no such thing") })
+		return ec
+	})
+	for _, path := range []string{"/d/nowhere", "/d", "/x/nowhere"} {
+		nokey := app.Post(t, path, "", `{}`)
+		keyed := app.Post(t, path, "k", `{}`)
+		again := app.Post(t, path, "k", `{}`)
+		if nokey.Status != http.StatusNotFound || keyed.Status != http.StatusNotFound || again.Status != http.StatusNotFound || again.Replayed() {
+			t.Fatalf("POST %s: no key %d %s; keyed %d; again %d (replayed %v); want 404s, none replayed",
+				path, nokey.Status, nokey.Body, keyed.Status, again.Status, again.Replayed())
+		}
+	}
+}
