@@ -14,6 +14,14 @@
 // for a missing or malformed key, 503 when the store is down) the chain is
 // aborted: no later handler runs.
 //
+// Errors attached with c.Error are answered by middleware that renders
+// c.Errors after the chain returned: put it after this middleware, so that
+// the error's answer is written inside the protocol and recorded under the
+// response policy. A chain that attaches an error and writes nothing
+// leaves its answer to middleware outside the protocol, which cannot be
+// recorded: the record goes to "outcome unknown" (a retry gets 409, never
+// an answer the first client did not get, nor a second execution).
+//
 // Order: put gin.Recovery() (or gin.Default()) before the middleware. A
 // panicking handler leaves its record "outcome unknown" (a retry gets 409,
 // never a second execution); the panic goes on up to gin's recovery, which
@@ -63,7 +71,18 @@ func Middleware(e *idem.Engine) gin.HandlerFunc {
 			}
 			gw := &writer{ResponseWriter: orig, w: w, status: http.StatusOK, size: -1}
 			c.Writer = gw
+			errs := len(c.Errors)
 			c.Next()
+			if !gw.Written() && len(c.Errors) > errs {
+				// gin's idiom for an error that middleware before this one
+				// renders once the chain returned (c.Error, then nothing
+				// written): that answer is written after the protocol and
+				// cannot be recorded, and the empty 200 recorded instead
+				// would be replayed to every retry. Nor is the key released:
+				// the handler may have taken effect before its error.
+				idem.FromContext(r.Context()).Uncertain("the handler chain attached an error (c.Error) and wrote no answer: " +
+					"middleware outside the protocol answers it, so the answer cannot be recorded")
+			}
 			// A handler that only set a status (c.Status(204)) leaves gin
 			// to send it after the chain, outside the protocol: send it
 			// here so that it is the recorded answer.

@@ -88,3 +88,52 @@ func TestHijackIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// gin's idiom for errors: a handler attaches its error with c.Error and
+// writes nothing; middleware renders c.Errors once the chain returned.
+// Placed before this middleware, it writes that answer outside the
+// protocol, where it cannot be recorded: the record goes to outcome
+// unknown, and a retry gets 409, not an empty 200 replayed as if it were
+// the answer the first client got. Placed after it, its answer is written
+// inside the protocol and recorded: the 402 is replayed.
+func TestErrorRenderedByMiddleware(t *testing.T) {
+	render := func(c *gin.Context) {
+		c.Next()
+		if len(c.Errors) > 0 {
+			c.JSON(http.StatusPaymentRequired, gin.H{"error": c.Errors.Last().Error()})
+		}
+	}
+	for name, inside := range map[string]bool{"before the middleware": false, "after the middleware": true} {
+		t.Run(name, func(t *testing.T) {
+			app := adaptertest.Start(t, func(t *testing.T, e *idem.Engine, h *adaptertest.Hooks) http.Handler {
+				r := gin.New()
+				if !inside {
+					r.Use(render)
+				}
+				v1 := r.Group("/v1", ginidem.Middleware(e))
+				if inside {
+					v1.Use(render)
+				}
+				v1.POST("/charges", func(c *gin.Context) {
+					h.Count("/v1/charges")
+					c.Error(errors.New("card declined"))
+				})
+				return r
+			})
+			first := app.Post(t, "/v1/charges", "k", `{}`)
+			again := app.Post(t, "/v1/charges", "k", `{}`)
+			if first.Status != http.StatusPaymentRequired || string(first.Body) != `{"error":"card declined"}` {
+				t.Fatalf("first: %d %q", first.Status, first.Body)
+			}
+			if n := app.Hooks.Runs("/v1/charges"); n != 1 {
+				t.Fatalf("handler ran %d times", n)
+			}
+			switch {
+			case inside && (!again.Replayed() || again.Status != first.Status || string(again.Body) != string(first.Body)):
+				t.Fatalf("retry: %d replayed=%v %q; want the first answer replayed", again.Status, again.Replayed(), again.Body)
+			case !inside && (again.Status != http.StatusConflict || again.ProblemType() != "outcome-unknown"):
+				t.Fatalf("retry: %d replayed=%v %q; want 409 outcome-unknown", again.Status, again.Replayed(), again.Body)
+			}
+		})
+	}
+}
