@@ -37,9 +37,9 @@ import (
 // connection works, and the cache answers from memory only until the
 // instant its last renewal was sent plus cacheLease minus cacheMargin:
 // before the database's alive_until, after which invalidate stops waiting
-// for it. A cache that lost its connection therefore stops answering
-// before anyone stops waiting for it, and empties itself before it answers
-// again.
+// for it. A cache that lost its connection, or whose renewals stalled past
+// that instant, therefore stops answering before anyone stops waiting for
+// it, and empties itself before it answers again.
 const (
 	cacheLease  = 3 * time.Second
 	cacheRenew  = time.Second
@@ -91,13 +91,19 @@ func monoNow() int64 { return int64(time.Since(base)) }
 // string.
 type cacheID struct{ scope, key string }
 
-// recordSize estimates the memory a record holds.
+// recordSize estimates the memory a record holds in the cache: its bytes,
+// and the structures around them, which outweigh the bytes of a usual
+// answer (a header or two, a short body): the entry with its list element
+// and map slot, the response, and the header's map with its slots.
 func recordSize(r *store.Record) int64 {
-	n := int64(len(r.Scope)+len(r.Key)+len(r.Fingerprint)+len(r.Response.Body)+len(r.LastError)+len(r.RecoveryPoint)) + 400
+	n := int64(len(r.Scope)+len(r.Key)+len(r.Fingerprint)+len(r.Response.Body)+len(r.LastError)+len(r.RecoveryPoint)) + 600
+	if r.Response.Header != nil {
+		n += 400 // the map and its first group of slots
+	}
 	for k, vs := range r.Response.Header {
-		n += int64(len(k)) + 16
+		n += int64(len(k)) + 48
 		for _, v := range vs {
-			n += int64(len(v)) + 16
+			n += int64(len(v)) + 24
 		}
 	}
 	return n
@@ -340,6 +346,14 @@ func (c *replayCache) listen(ctx context.Context, cfg *pgx.ConnConfig, conn *pgx
 			continue
 		}
 		c.measureSkew(wall, dbNow)
+		if monoNow() >= c.validUntil.Load() {
+			// The registration may have lapsed before this renewal:
+			// invalidations stopped waiting for this cache then, and
+			// their notifications may still be queued on the
+			// connection. As after a reconnection, it empties itself
+			// before it answers again.
+			c.evict(cacheID{}, true)
+		}
 		c.validUntil.Store(sent + int64(cacheLease-cacheMargin))
 	}
 	if conn != nil {

@@ -8,7 +8,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -553,5 +555,129 @@ func TestReplayCacheInAnotherEncoding(t *testing.T) {
 	}
 	if got, err := cached.Reserve(ctx, p); err != nil || got.Outcome == store.Existing {
 		t.Fatalf("deleted, yet answered %v (%v)", got.Outcome, err)
+	}
+}
+
+// TestReplayCacheEmptiedAfterALapse: a cache that stalls past its lease
+// while keeping its connection (a paused process, a stalled link) is no
+// longer waited for, and Deletes made meanwhile return with their
+// notifications still queued on its connection. Once it renews, it must
+// not answer from memory what one of those still names: it empties
+// itself, as after a reconnection. Before, it applied the first queued
+// notification, renewed, and answered the others' records from memory
+// until it reached their notifications.
+func TestReplayCacheEmptiedAfterALapse(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := newSchema(t)
+	s := cachedStore(t, schema, nil)
+	operator := openStore(t, schema, nil)
+	var keys []store.ReserveParams
+	for _, k := range []string{"a", "b"} {
+		p := reserveParams(k)
+		r, err := operator.Reserve(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := operator.Complete(ctx, store.CompleteParams{FenceParams: fence(r), Response: store.Response{Status: 201}, TTL: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 { // read, then answered from memory
+			if _, err := s.Reserve(ctx, p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		keys = append(keys, p)
+	}
+	if s.CacheHits() != 2 {
+		t.Fatalf("%d replays from memory, want 2", s.CacheHits())
+	}
+	// Each notification is applied 4s after it arrives, and the cache
+	// renews nothing meanwhile: a's Delete returns once the cache's
+	// registration lapses (3s), b's at once. The cache applies a's
+	// notification at 4s, renews, and applies b's at 8s.
+	s.SlowInvalidations(4 * time.Second)
+	for _, p := range keys {
+		if err := operator.Delete(ctx, store.DeleteParams{Scope: p.Scope, Key: p.Key}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deleted := time.Now()
+	for time.Since(deleted) < 6*time.Second {
+		got, err := s.Reserve(ctx, keys[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Record.State == store.StateCompleted {
+			t.Fatalf("%v after its Delete returned, the deleted record was replayed", time.Since(deleted).Round(time.Millisecond))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestReplayCacheStaysWithinItsBudget: the records a cache keeps take no
+// more memory than Config.ReplayCache, for answers of the usual shape (a
+// header or two and a short body), where the structures that hold a
+// record weigh more than its bytes. The estimate used to leave most of
+// them out, and such a cache held nearly twice its budget.
+func TestReplayCacheStaysWithinItsBudget(t *testing.T) {
+	// Not parallel: it measures the heap.
+	ctx := context.Background()
+	schema := newSchema(t)
+	const budget, n = 2 << 20, 6000 // records: about three times what fits
+	operator := openStore(t, schema, nil)
+	params := func(i int) store.ReserveParams {
+		p := reserveParams(fmt.Sprintf("key-%06d", i))
+		p.Fingerprint = fmt.Sprintf("%064x", i)
+		return p
+	}
+	const workers = 16
+	var wg sync.WaitGroup
+	errs := make([]error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			for i := w; i < n && errs[w] == nil; i += workers {
+				p := params(i)
+				r, err := operator.Reserve(ctx, p)
+				if err != nil {
+					errs[w] = err
+					break
+				}
+				resp := store.Response{Status: 201,
+					Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/v1/payments/py_" + p.Key}},
+					Body:   []byte(`{"id":"py_` + p.Key + `","status":"succeeded"}`)}
+				errs[w] = operator.Complete(ctx, store.CompleteParams{FenceParams: fence(r), Response: resp, TTL: time.Hour})
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	s, err := postgres.Open(ctx, testURL(t), postgres.Config{Schema: schema, MaxConns: 2, ReplayCache: budget})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Reserve(ctx, params(0)); err != nil { // the pool's connection made before measuring
+		t.Fatal(err)
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for i := range n {
+		if _, err := s.Reserve(ctx, params(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	held := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	hits := s.CacheHits()
+	if _, err := s.Reserve(ctx, params(n-1)); err != nil || s.CacheHits() != hits+1 {
+		t.Fatalf("the last record read is not answered from memory (%v)", err)
+	}
+	if held > budget*5/4 {
+		t.Fatalf("a cache of %d bytes holds %d bytes of records (%.2f times)", budget, held, float64(held)/budget)
 	}
 }
