@@ -12,7 +12,8 @@
 // record's remaining retention (and Config.MaxTTL).
 //
 // Losing the cache (a flush, a restart, Redis down) changes no answer, only
-// its speed: every cache error falls through to the backing store. An
+// its speed: every cache error falls through to the backing store, and a
+// Redis that does not answer costs a request at most Config.Timeout. An
 // operator Delete or a Resolve through this store replaces the cache entry
 // with a tombstone for MaxTTL, which entries are never written over: a
 // replay that read the record before the change cannot write the old
@@ -48,6 +49,15 @@ type Config struct {
 	// Logger receives cache failures (which never fail a request).
 	// Defaults to slog.Default().
 	Logger *slog.Logger
+	// Timeout bounds each read of an entry, and each write of one after a
+	// replay, so that a Redis that stops answering without refusing
+	// (hung, or cut off by a network that drops packets) delays a request
+	// by at most that much per call before the backing store answers it,
+	// instead of using up the request's deadline. Within a connection's
+	// reads and writes it holds only when the client respects contexts
+	// (go-redis's ContextTimeoutEnabled); otherwise those wait for the
+	// client's ReadTimeout and WriteTimeout. Defaults to 100ms.
+	Timeout time.Duration
 }
 
 // Store is a store.Store: the backing store with replays served from Redis.
@@ -71,6 +81,9 @@ func New(backing store.Store, rdb goredis.UniversalClient, cfg Config) *Store {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 100 * time.Millisecond
 	}
 	return &Store{Store: backing, rdb: rdb, cfg: cfg}
 }
@@ -105,7 +118,9 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 }
 
 func (s *Store) lookup(ctx context.Context, scope, key string, now time.Time) (store.Record, bool) {
-	b, err := s.rdb.Get(ctx, s.key(scope, key)).Bytes()
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	b, err := s.rdb.Get(rctx, s.key(scope, key)).Bytes()
 	if err != nil {
 		if !errors.Is(err, goredis.Nil) && ctx.Err() == nil {
 			s.cfg.Logger.Warn("idem/cache: read failed; answering from the store", "err", err)
@@ -143,7 +158,9 @@ func (s *Store) fill(ctx context.Context, r store.Record, now time.Time) {
 	if err == nil {
 		// Only where nothing is: not over the tombstone of an
 		// invalidation applied since this record was read.
-		err = s.rdb.SetNX(ctx, s.key(r.Scope, r.Key), b, ttl).Err()
+		wctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+		err = s.rdb.SetNX(wctx, s.key(r.Scope, r.Key), b, ttl).Err()
+		cancel()
 	}
 	if err != nil && ctx.Err() == nil {
 		s.cfg.Logger.Warn("idem/cache: write failed", "err", err)

@@ -339,3 +339,37 @@ func TestNoCachedAnswerAtTheEdgeOfExpiry(t *testing.T) {
 		t.Fatalf("0.5s before expiry: %v %v, want the backing store's answer", res.Outcome, err)
 	}
 }
+
+// A Redis that stops answering without refusing (hung, or cut off by a
+// network that drops packets) costs a request at most Config.Timeout per
+// call: the backing store answers replays and new keys alike within the
+// request's deadline. Before, the cache's read used up that deadline, and
+// the backing store then failed every request.
+func TestStalledRedisFallsThrough(t *testing.T) {
+	f := newFixture(t)
+	l := testenv.NewLink(t, testenv.RedisAddr(t))
+	rdb := goredis.NewClient(&goredis.Options{Addr: l.Addr(), DB: testenv.RedisDB(t), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	f.c = cache.New(f.backing, rdb, cache.Config{Prefix: f.prefix, Clock: f.clock.Now, MaxTTL: time.Minute, Logger: quiet})
+	f.completed(t)
+	if !f.cached(t) {
+		t.Fatal("no cache entry after a replay")
+	}
+	l.Stall()
+	for key, want := range map[string]store.ReserveOutcome{"k": store.Existing, "new": store.Created} {
+		p := params("fp")
+		p.Key = key
+		// The engine's deadline for a store call (Config.StoreTimeout).
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		start := time.Now()
+		res, err := f.c.Reserve(ctx, p)
+		cancel()
+		if err != nil || res.Outcome != want {
+			t.Fatalf("key %q with Redis stalled: %v %v after %v, want %v from the backing store",
+				key, res.Outcome, err, time.Since(start).Round(time.Millisecond), want)
+		}
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("key %q with Redis stalled: answered after %v", key, d.Round(time.Millisecond))
+		}
+	}
+}

@@ -88,6 +88,10 @@ func withCache(backing store.Store, dsn string, opts Options) (store.Store, erro
 	if log == nil {
 		log = slog.Default()
 	}
+	// The cache bounds each read and write by a deadline of its own
+	// (cache.Config.Timeout): within a connection's reads and writes
+	// go-redis keeps to it only when told to.
+	c.Options.ContextTimeoutEnabled = true
 	rdb := goredis.NewClient(c.Options)
 	ctx, cancel := context.WithTimeout(context.Background(), cachePingTimeout)
 	defer cancel()

@@ -154,3 +154,52 @@ func TestOpenWithCache(t *testing.T) {
 		t.Errorf("Reserve after Close: %v", err)
 	}
 }
+
+// A cache that stops answering without refusing (hung, or cut off by a
+// network that drops packets) costs a request at most the cache's
+// Timeout: the client made here respects contexts, so that the bound
+// holds within a connection's reads too. Before, each read waited for
+// go-redis's ReadTimeout (3s), and the store call, within the engine's
+// deadline, failed.
+func TestOpenWithStalledCache(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	l := testenv.NewLink(t, testenv.RedisAddr(t))
+	prefix := testenv.Name("idem:test:storeurl:") + ":"
+	t.Cleanup(func() {
+		rdb := goredis.NewClient(&goredis.Options{Addr: testenv.RedisAddr(t), DB: testenv.RedisDB(t)})
+		defer rdb.Close()
+		if keys, err := rdb.Keys(ctx, prefix+"*").Result(); err == nil && len(keys) > 0 {
+			rdb.Del(ctx, keys...)
+		}
+	})
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
+	cacheURL := fmt.Sprintf("redis://%s/%d?prefix=%s", l.Addr(), testenv.RedisDB(t), prefix)
+	s, err := storeurl.Open(ctx, dsn, storeurl.Options{Migrate: true, Cache: cacheURL,
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	p := store.ReserveParams{Scope: "s", Key: "k", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, LeasePolicy: store.LeaseUnknown}
+	res, err := s.Reserve(ctx, p)
+	if err != nil || res.Outcome != store.Created {
+		t.Fatal(res.Outcome, err)
+	}
+	if err := s.Complete(ctx, store.CompleteParams{FenceParams: store.FenceParams{Scope: "s", Key: "k", Fence: res.Record.Fence},
+		Response: store.Response{Status: 200, Body: []byte("ok")}}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := s.Reserve(ctx, p); err != nil || res.Record.State != store.StateCompleted { // writes the entry
+		t.Fatal(res, err)
+	}
+	l.Stall()
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	start := time.Now()
+	res, err = s.Reserve(rctx, p)
+	if err != nil || res.Record.State != store.StateCompleted || time.Since(start) > time.Second {
+		t.Fatalf("replay with the cache stalled: %v %v after %v, want the store's answer within 1s",
+			res.Record.State, err, time.Since(start).Round(time.Millisecond))
+	}
+}
