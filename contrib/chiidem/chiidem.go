@@ -34,6 +34,7 @@ package chiidem
 import (
 	"net/http"
 	"strings"
+	"sync"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/idem-go/idem"
@@ -44,19 +45,26 @@ import (
 // Requests that match no route (404, 405) and methods e does not protect
 // pass through untouched. Outside a chi router (no routing context), it
 // is engine.Middleware.
+//
+// Finding the route costs a few of chi's tree lookups. A request to a
+// mount's own path ("/v1/charges", served by the subrouter's "/" route)
+// costs more when the middleware is above that mount: the router that
+// holds the mount lists its routes (see atMount). Used inside that
+// subrouter, the middleware has no such cost.
 func Middleware(e *idem.Engine) func(http.Handler) http.Handler {
 	if e == nil {
 		panic("chiidem: Middleware needs an engine")
 	}
 	return func(next http.Handler) http.Handler {
 		plain := e.Middleware(next)
+		seen := new(places)
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			rctx := chi.RouteContext(r.Context())
 			if rctx == nil || rctx.Routes == nil {
 				plain.ServeHTTP(w, r)
 				return
 			}
-			route := Route(rctx.Routes, r)
+			route := lookup(rctx.Routes, r, seen)
 			if route == "" {
 				next.ServeHTTP(w, r) // chi answers 404 or 405
 				return
@@ -76,7 +84,17 @@ func Middleware(e *idem.Engine) func(http.Handler) http.Handler {
 // else the request's path. A subrouter mounted at "/d" also serves "/d"
 // and "/d/", with its "/" route, through stubs that chi's Find reports as
 // routes of their own: the lookup goes on into the subrouter there.
+//
+// Route finds the subrouters below the patterns chi has matched in the
+// routers' lists of routes, which chi builds by walking their trees, on
+// every call; the middleware keeps what it found (see places).
 func Route(root chi.Routes, r *http.Request) string {
+	return lookup(root, r, nil)
+}
+
+// lookup is Route, with the subrouters below the patterns matched taken
+// from seen when seen is not nil.
+func lookup(root chi.Routes, r *http.Request, seen *places) string {
 	method := r.Method
 	routes, prefix, path := root, "", ""
 	if rctx := chi.RouteContext(r.Context()); rctx != nil {
@@ -84,7 +102,7 @@ func Route(root chi.Routes, r *http.Request) string {
 			method = rctx.RouteMethod // a middleware rerouted the method (GetHead)
 		}
 		path = rctx.RoutePath
-		routes, prefix, _ = below(routes, method, rctx.RoutePatterns)
+		routes, prefix = seen.below(root, method, rctx.RoutePatterns)
 	}
 	if path == "" {
 		path = r.URL.RawPath
@@ -116,7 +134,10 @@ func Route(root chi.Routes, r *http.Request) string {
 // for path one router after another, may be a mount's stub: whether a path
 // one segment longer reaches a mount there. It costs one lookup; telling a
 // stub for sure (below) walks the routers' trees, which only a request
-// that passes this test pays for.
+// that passes this test pays for, and pays every time: a route added
+// later on the stub's path takes that path from the stub for its method,
+// and only the list of routes tells the two apart (Find names both with
+// the stub's pattern).
 func atMount(routes chi.Routes, method, path string, patterns []string) bool {
 	probe := chi.NewRouteContext()
 	routes.Find(probe, method, strings.TrimSuffix(path, "/")+"/_")
@@ -158,4 +179,58 @@ func mounted(routes chi.Routes, method, pattern string) (chi.Routes, string) {
 		}
 	}
 	return sub, prefix
+}
+
+// places keeps, for one handler of the middleware, what below found for
+// the routing states the handler has seen (root, method and the patterns
+// chi matched): the router the lookup goes on in, and its prefix.
+//
+// chi makes a handler of the middleware for each place it is put (the Use
+// stack of a router, each route of a With or a Group), and what below
+// finds for a request follows from the handlers chi ran to bring it there.
+// So it holds for every request that reaches the same handler in the same
+// state, routes added since or not: a route added on a mount's stub path
+// takes the stub's requests for its method to a handler of its own, and
+// so does a router mounted over another one (chi's Mount refuses a pattern
+// already mounted, but not always one with regexp parameters). Kept for
+// all the handlers together, the answer found at one place would be given
+// at another.
+type places struct {
+	mu sync.RWMutex
+	m  map[placeKey]place
+}
+
+type placeKey struct {
+	root     *chi.Mux
+	method   string
+	patterns string // joined with NUL
+}
+
+type place struct {
+	routes chi.Routes
+	prefix string
+}
+
+// below is below, kept in s for a root that chi made (a *chi.Mux); a nil s
+// keeps nothing.
+func (s *places) below(root chi.Routes, method string, patterns []string) (chi.Routes, string) {
+	mux, ok := root.(*chi.Mux)
+	if s == nil || !ok || len(patterns) == 0 {
+		routes, prefix, _ := below(root, method, patterns)
+		return routes, prefix
+	}
+	k := placeKey{mux, method, strings.Join(patterns, "\x00")}
+	s.mu.RLock()
+	p, ok := s.m[k]
+	s.mu.RUnlock()
+	if !ok {
+		p.routes, p.prefix, _ = below(root, method, patterns)
+		s.mu.Lock()
+		if s.m == nil {
+			s.m = make(map[placeKey]place)
+		}
+		s.m[k] = p
+		s.mu.Unlock()
+	}
+	return p.routes, p.prefix
 }

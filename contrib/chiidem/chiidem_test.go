@@ -1,16 +1,22 @@
 package chiidem_test
 
 import (
+	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/contrib/chiidem"
 	"github.com/idem-go/idem/internal/testkit/adaptertest"
+	"github.com/idem-go/idem/store/memory"
 )
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -236,6 +242,170 @@ func TestSubrouterRootRoute(t *testing.T) {
 			for _, key := range []string{"k", ""} {
 				if a := app.Post(t, "/v1/refunds", key, `{}`); a.Status != http.StatusNotFound {
 					t.Fatalf("POST /v1/refunds (key %q): %d %s; want chi's 404", key, a.Status, a.Body)
+				}
+			}
+		})
+	}
+}
+
+// reserved is an idem.Observer that keeps the route of the last call the
+// engine reserved a key for.
+type reserved struct {
+	mu    sync.Mutex
+	route string
+	keys  int
+}
+
+func (o *reserved) Reserve(context.Context, string)                        {}
+func (o *reserved) StoreCall(context.Context, string, time.Duration, bool) {}
+func (o *reserved) FinishFailed(context.Context, string)                   {}
+func (o *reserved) Event(context.Context, string, int64)                   {}
+func (o *reserved) Step(ctx context.Context, s idem.Step) (context.Context, func(idem.StepEnd)) {
+	if s.Name == idem.StepReserve {
+		o.mu.Lock()
+		o.route = s.Route
+		o.mu.Unlock()
+	}
+	return ctx, func(idem.StepEnd) {}
+}
+
+// routeOf serves a request with a new key through h and returns the route
+// the engine reserved it under, "" when the request passed through.
+func (o *reserved) routeOf(t *testing.T, h http.Handler, method, path string) string {
+	t.Helper()
+	o.mu.Lock()
+	o.route = ""
+	o.keys++
+	key := "k" + strconv.Itoa(o.keys)
+	o.mu.Unlock()
+	req := httptest.NewRequest(method, path, nil)
+	req.Header.Set("Idempotency-Key", key)
+	h.ServeHTTP(httptest.NewRecorder(), req)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.route
+}
+
+// observed returns the middleware of a new engine on a memory store, and
+// that engine's observer.
+func observed(t *testing.T) (func(http.Handler) http.Handler, *reserved) {
+	t.Helper()
+	o := &reserved{}
+	e, err := idem.New(memory.New(memory.Config{}), idem.Config{Observer: o, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return chiidem.Middleware(e), o
+}
+
+// The middleware keeps the subrouters it found below the patterns chi
+// matched. Routes added once the router has served requests are found all
+// the same: a route in a subrouter, a new subrouter, and a route of the
+// parent router on a subrouter's stub path, which takes that path from the
+// stub for its method (with the middleware at the root, and on that route
+// with the subrouter's own below it).
+func TestRoutesAddedAfterServing(t *testing.T) {
+	ok := func(http.ResponseWriter, *http.Request) {}
+	for name, atRoot := range map[string]bool{"at the root": true, "in a subrouter": false} {
+		t.Run(name, func(t *testing.T) {
+			mw, o := observed(t)
+			r := chi.NewRouter()
+			if atRoot {
+				r.Use(mw)
+			}
+			use := func(sr chi.Router) {
+				if !atRoot {
+					sr.Use(mw)
+				}
+			}
+			var d chi.Router
+			r.Route("/d", func(sr chi.Router) {
+				use(sr)
+				sr.Post("/", ok)
+				sr.Patch("/", ok)
+				sr.Post("/a", ok)
+				d = sr
+			})
+			for _, tc := range []struct{ method, path, want string }{
+				{"POST", "/d/a", "/d/a"},
+				{"POST", "/d", "/d/"},
+				{"PATCH", "/d", "/d/"},
+				{"PATCH", "/d/", "/d/"},
+				{"POST", "/d/b", ""},
+				{"POST", "/e/x", ""},
+			} {
+				if got := o.routeOf(t, r, tc.method, tc.path); got != tc.want {
+					t.Errorf("before: %s %s: route %q; want %q", tc.method, tc.path, got, tc.want)
+				}
+			}
+
+			d.Post("/b", ok)
+			r.Route("/e", func(sr chi.Router) {
+				use(sr)
+				sr.Post("/", ok)
+				sr.Post("/x", ok)
+			})
+			var own chi.Router = r
+			if !atRoot {
+				own = r.With(mw)
+			}
+			own.Patch("/d", ok)
+			for _, tc := range []struct{ method, path, want string }{
+				{"POST", "/d/a", "/d/a"},
+				{"POST", "/d/b", "/d/b"},
+				{"POST", "/e/x", "/e/x"},
+				{"POST", "/e", "/e/"},
+				{"POST", "/d", "/d/"},
+				{"PATCH", "/d", "/d"}, // the parent's own route now
+				{"PATCH", "/d/", "/d/"},
+			} {
+				if got := o.routeOf(t, r, tc.method, tc.path); got != tc.want {
+					t.Errorf("after: %s %s: route %q; want %q", tc.method, tc.path, got, tc.want)
+				}
+			}
+		})
+	}
+}
+
+// chi's Mount refuses a pattern already mounted, but not one with a
+// regexp parameter beside another regexp: mounted again there, the new
+// subrouter serves the path, and the middleware's routes are its.
+func TestMountedOver(t *testing.T) {
+	ok := func(http.ResponseWriter, *http.Request) {}
+	for name, atRoot := range map[string]bool{"at the root": true, "in a subrouter": false} {
+		t.Run(name, func(t *testing.T) {
+			mw, o := observed(t)
+			r := chi.NewRouter()
+			if atRoot {
+				r.Use(mw)
+			}
+			mount := func(route string) {
+				r.Route("/{id:[0-9]+}", func(sr chi.Router) {
+					if !atRoot {
+						sr.Use(mw)
+					}
+					sr.Post(route, ok)
+				})
+			}
+			r.Post("/{name:[a-z]+}", ok)
+			mount("/x")
+			if got := o.routeOf(t, r, "POST", "/1/x"); got != "/{id:[0-9]+}/x" {
+				t.Fatalf("POST /1/x: route %q", got)
+			}
+			refused := func() (refused any) {
+				defer func() { refused = recover() }()
+				mount("/y")
+				return nil
+			}()
+			if refused != nil {
+				t.Skipf("chi refuses the second mount: %v", refused)
+			}
+			for _, tc := range []struct{ path, want string }{
+				{"/1/y", "/{id:[0-9]+}/y"},
+				{"/1/x", ""},
+			} {
+				if got := o.routeOf(t, r, "POST", tc.path); got != tc.want {
+					t.Errorf("POST %s: route %q; want %q", tc.path, got, tc.want)
 				}
 			}
 		})
