@@ -310,26 +310,7 @@ func TestReplayCacheInvalidationsCommitInOrder(t *testing.T) {
 	schema := newSchema(t)
 	s := cachedStore(t, schema, nil)
 	operator := openStore(t, schema, nil)
-	var keys []store.ReserveParams
-	for _, k := range []string{"a", "b"} {
-		p := reserveParams(k)
-		r, err := operator.Reserve(ctx, p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := operator.Complete(ctx, store.CompleteParams{FenceParams: fence(r), Response: store.Response{Status: 201}, TTL: time.Hour}); err != nil {
-			t.Fatal(err)
-		}
-		for range 2 { // read, then answered from memory
-			if _, err := s.Reserve(ctx, p); err != nil {
-				t.Fatal(err)
-			}
-		}
-		keys = append(keys, p)
-	}
-	if s.CacheHits() != 2 {
-		t.Fatalf("%d replays from memory, want 2", s.CacheHits())
-	}
+	keys := cachedAnswers(t, s, operator, "a", "b")
 	a, b := keys[0], keys[1]
 	x := adminConn(t)
 	tx, err := x.Begin(ctx)
@@ -572,26 +553,7 @@ func TestReplayCacheEmptiedAfterALapse(t *testing.T) {
 	schema := newSchema(t)
 	s := cachedStore(t, schema, nil)
 	operator := openStore(t, schema, nil)
-	var keys []store.ReserveParams
-	for _, k := range []string{"a", "b"} {
-		p := reserveParams(k)
-		r, err := operator.Reserve(ctx, p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := operator.Complete(ctx, store.CompleteParams{FenceParams: fence(r), Response: store.Response{Status: 201}, TTL: time.Hour}); err != nil {
-			t.Fatal(err)
-		}
-		for range 2 { // read, then answered from memory
-			if _, err := s.Reserve(ctx, p); err != nil {
-				t.Fatal(err)
-			}
-		}
-		keys = append(keys, p)
-	}
-	if s.CacheHits() != 2 {
-		t.Fatalf("%d replays from memory, want 2", s.CacheHits())
-	}
+	keys := cachedAnswers(t, s, operator, "a", "b")
 	// Each notification is applied 4s after it arrives, and the cache
 	// renews nothing meanwhile: a's Delete returns once the cache's
 	// registration lapses (3s), b's at once. The cache applies a's
@@ -680,4 +642,33 @@ func TestReplayCacheStaysWithinItsBudget(t *testing.T) {
 	if held > budget*5/4 {
 		t.Fatalf("a cache of %d bytes holds %d bytes of records (%.2f times)", budget, held, float64(held)/budget)
 	}
+}
+
+// cachedAnswers completes a record for each key through operator and
+// replays each twice through s, which then holds them in memory (the
+// second replay is a hit). It returns the keys' reservations.
+func cachedAnswers(t *testing.T, s, operator *postgres.Store, keys ...string) []store.ReserveParams {
+	t.Helper()
+	ctx := context.Background()
+	var out []store.ReserveParams
+	for _, k := range keys {
+		p := reserveParams(k)
+		r, err := operator.Reserve(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := operator.Complete(ctx, store.CompleteParams{FenceParams: fence(r), Response: store.Response{Status: 201}, TTL: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 { // read, then answered from memory
+			if _, err := s.Reserve(ctx, p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		out = append(out, p)
+	}
+	if got := s.CacheHits(); got != int64(len(keys)) {
+		t.Fatalf("%d replays from memory, want %d", got, len(keys))
+	}
+	return out
 }
