@@ -120,18 +120,7 @@ func TestOpenWithCache(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := store.ReserveParams{Scope: "s", Key: "k", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, LeasePolicy: store.LeaseUnknown}
-	res, err := s.Reserve(ctx, p)
-	if err != nil || res.Outcome != store.Created {
-		t.Fatal(res.Outcome, err)
-	}
-	if err := s.Complete(ctx, store.CompleteParams{FenceParams: store.FenceParams{Scope: "s", Key: "k", Fence: res.Record.Fence},
-		Response: store.Response{Status: 200, Body: []byte("ok")}}); err != nil {
-		t.Fatal(err)
-	}
-	if res, err := s.Reserve(ctx, p); err != nil || res.Record.State != store.StateCompleted {
-		t.Fatal(res, err)
-	}
+	p := completeAndReplay(t, s)
 	if keys := entries(); len(keys) != 1 {
 		t.Fatalf("cache entries %v, want 1 under %s", keys, prefix)
 	}
@@ -181,6 +170,24 @@ func TestOpenWithStalledCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
+	p := completeAndReplay(t, s) // the replay writes the entry
+	l.Stall()
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	start := time.Now()
+	res, err := s.Reserve(rctx, p)
+	if err != nil || res.Record.State != store.StateCompleted || time.Since(start) > time.Second {
+		t.Fatalf("replay with the cache stalled: %v %v after %v, want the store's answer within 1s",
+			res.Record.State, err, time.Since(start).Round(time.Millisecond))
+	}
+}
+
+// completeAndReplay completes key "k" of scope "s" through s and replays it
+// once, which through a cache writes its entry; it returns the key's
+// reservation.
+func completeAndReplay(t *testing.T, s store.Store) store.ReserveParams {
+	t.Helper()
+	ctx := context.Background()
 	p := store.ReserveParams{Scope: "s", Key: "k", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, LeasePolicy: store.LeaseUnknown}
 	res, err := s.Reserve(ctx, p)
 	if err != nil || res.Outcome != store.Created {
@@ -190,16 +197,8 @@ func TestOpenWithStalledCache(t *testing.T) {
 		Response: store.Response{Status: 200, Body: []byte("ok")}}); err != nil {
 		t.Fatal(err)
 	}
-	if res, err := s.Reserve(ctx, p); err != nil || res.Record.State != store.StateCompleted { // writes the entry
+	if res, err := s.Reserve(ctx, p); err != nil || res.Record.State != store.StateCompleted {
 		t.Fatal(res, err)
 	}
-	l.Stall()
-	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	start := time.Now()
-	res, err = s.Reserve(rctx, p)
-	if err != nil || res.Record.State != store.StateCompleted || time.Since(start) > time.Second {
-		t.Fatalf("replay with the cache stalled: %v %v after %v, want the store's answer within 1s",
-			res.Record.State, err, time.Since(start).Round(time.Millisecond))
-	}
+	return p
 }
