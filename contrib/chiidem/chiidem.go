@@ -33,6 +33,7 @@ package chiidem
 
 import (
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 
@@ -81,9 +82,12 @@ func Middleware(e *idem.Engine) func(http.Handler) http.Handler {
 // The lookup is chi's own, on the path chi routes: the routing context's
 // RoutePath when a middleware rewrote it (StripSlashes, CleanPath,
 // URLFormat) or a mount set it, below the subrouters already matched;
-// else the request's path. A subrouter mounted at "/d" also serves "/d"
-// and "/d/", with its "/" route, through stubs that chi's Find reports as
-// routes of their own: the lookup goes on into the subrouter there.
+// else the request's path. Middleware of With or Group around a mount runs
+// once the router has matched the mount, before the mount hands the
+// request on: the lookup is then that router's. A subrouter mounted at
+// "/d" also serves "/d" and "/d/", with its "/" route, through stubs that
+// chi's Find reports as routes of their own: the lookup goes on into the
+// subrouter there.
 //
 // Route finds the subrouters below the patterns chi has matched in the
 // routers' lists of routes, which chi builds by walking their trees, on
@@ -102,7 +106,13 @@ func lookup(root chi.Routes, r *http.Request, seen *places) string {
 			method = rctx.RouteMethod // a middleware rerouted the method (GetHead)
 		}
 		path = rctx.RoutePath
-		routes, prefix = seen.below(root, method, rctx.RoutePatterns)
+		patterns := rctx.RoutePatterns
+		if n := len(patterns); n > 0 && !handedOn(rctx, r, patterns[n-1]) {
+			// Middleware of With or Group, run by the router that matched
+			// the last pattern on path: the lookup is that router's again.
+			patterns = patterns[:n-1]
+		}
+		routes, prefix = seen.below(root, method, patterns)
 	}
 	if path == "" {
 		path = r.URL.RawPath
@@ -130,20 +140,58 @@ func lookup(root chi.Routes, r *http.Request, seen *places) string {
 	return prefix + found
 }
 
+// handedOn reports whether chi has handed r on to the subrouter mounted at
+// pattern, the last pattern matched: true in that subrouter (its Use
+// middleware), false in middleware of With or Group around the mount,
+// which the router that matched pattern runs before the mount's handler.
+// That handler sets RoutePath to "/" and the rest of the path (for "/d/*"
+// the "*" URL parameter, for the stubs "/d" and "/d/" nothing), and clears
+// the "*" parameter in the routing context, not in r's path values. Where
+// the rest is empty and the router's path is "/" too, both readings give
+// the same route. For a pattern that is no mount the answer does not
+// matter: below stops there.
+func handedOn(rctx *chi.Context, r *http.Request, pattern string) bool {
+	if strings.HasSuffix(pattern, "*") {
+		if n := len(rctx.URLParams.Keys) - 1; n >= 0 && rctx.URLParams.Keys[n] == "*" &&
+			n < len(rctx.URLParams.Values) && rctx.URLParams.Values[n] != "" {
+			return false
+		}
+		if r.PathValue("*") != "" {
+			return true
+		}
+	}
+	return rctx.RoutePath == "/"
+}
+
 // atMount reports whether the last of patterns, the patterns Find matched
-// for path one router after another, may be a mount's stub: whether a path
-// one segment longer reaches a mount there. It costs one lookup; telling a
-// stub for sure (below) walks the routers' trees, which only a request
-// that passes this test pays for, and pays every time: a route added
-// later on the stub's path takes that path from the stub for its method,
-// and only the list of routes tells the two apart (Find names both with
-// the stub's pattern).
+// for path one router after another, may be a mount's stub: whether the
+// path with an empty segment added ("/d//" for "/d" and "/d/") reaches, in
+// that router, a mount there or a route that takes it first ("/d/{id}/",
+// "/d/{id}/*"). A route one segment longer ("/d/{id}") does not take it:
+// its parameter matches the empty segment, and a "/" is left. It costs one
+// lookup; telling a stub for sure (below) walks the routers' trees, which
+// only a request that passes this test pays for, and pays every time: a
+// route added later on the stub's path takes that path from the stub for
+// its method, and only the list of routes tells the two apart (Find names
+// both with the stub's pattern).
 func atMount(routes chi.Routes, method, path string, patterns []string) bool {
-	probe := chi.NewRouteContext()
-	routes.Find(probe, method, strings.TrimSuffix(path, "/")+"/_")
 	n := len(patterns)
-	return len(probe.RoutePatterns) >= n &&
-		probe.RoutePatterns[n-1] == strings.TrimSuffix(patterns[n-1], "/")+"/*"
+	stub := strings.TrimSuffix(patterns[n-1], "/")
+	if stub == "" {
+		return false // Mount("/") sets no stubs
+	}
+	probe := chi.NewRouteContext()
+	routes.Find(probe, method, strings.TrimSuffix(path, "/")+"//")
+	got := probe.RoutePatterns
+	switch {
+	case len(got) < n-1 || !slices.Equal(got[:n-1], patterns[:n-1]):
+		return true // the probe went another way above that router
+	case len(got) == n-1:
+		return false // nothing there takes it: a mount would
+	}
+	// Below a static stub, the probe stays below it; a stub with parameters
+	// may lose it to a static route elsewhere ("/a/x/*" for "/{acct}/x").
+	return strings.HasPrefix(got[n-1], stub+"/") || strings.Contains(stub, "{")
 }
 
 // below follows patterns, the patterns matched by one router after

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -138,6 +139,8 @@ func TestRoute(t *testing.T) {
 	r.Put("/g", ok) // a route of its own on the stub's path, for PUT
 	r.Post("/f", ok)
 	r.Post("/f/*", ok) // a wildcard route, not a mount
+	r.Route("/h", func(sr chi.Router) { sr.Post("/", ok) })
+	r.Post("/h/{id}", ok) // takes "/h/_" from the mount, not "/h" and "/h/"
 	for _, tc := range []struct{ method, path, want string }{
 		{"POST", "/a/7", "/a/{id}"},
 		{"POST", "/d/charges", "/d/charges"},
@@ -151,6 +154,9 @@ func TestRoute(t *testing.T) {
 		{"PUT", "/g", "/g"},
 		{"POST", "/f", "/f"},
 		{"POST", "/f/1", "/f/*"},
+		{"POST", "/h", "/h/"},
+		{"POST", "/h/", "/h/"},
+		{"POST", "/h/1", "/h/{id}"},
 		{"POST", "/nowhere", ""},
 		{"GET", "/a/7", ""}, // 405
 	} {
@@ -407,6 +413,132 @@ func TestMountedOver(t *testing.T) {
 				if got := o.routeOf(t, r, "POST", tc.path); got != tc.want {
 					t.Errorf("POST %s: route %q; want %q", tc.path, got, tc.want)
 				}
+			}
+		})
+	}
+}
+
+// Middleware of a Group or a With around a Route or a Mount runs once the
+// router has matched the mount, before the mount hands the request to the
+// subrouter. It protects the subrouter's routes all the same: one run, then
+// replays; one record for "/x" and "/x/" (the other target is 422); a
+// missing key refused.
+func TestInlineMiddlewareAroundMount(t *testing.T) {
+	sub := func(count func(string) int) func(chi.Router) {
+		return func(s chi.Router) {
+			s.Post("/", func(w http.ResponseWriter, r *http.Request) {
+				writeJSON(w, http.StatusCreated, map[string]any{"op": "create", "n": count("create")})
+			})
+			s.Post("/y", func(w http.ResponseWriter, r *http.Request) {
+				writeJSON(w, http.StatusCreated, map[string]any{"op": "y", "n": count("y")})
+			})
+		}
+	}
+	type mw = func(http.Handler) http.Handler
+	for _, tc := range []struct {
+		name, at string
+		mount    func(r chi.Router, mw mw, sub func(chi.Router))
+	}{
+		{"Group, Route", "/x", func(r chi.Router, mw mw, sub func(chi.Router)) {
+			r.Group(func(g chi.Router) {
+				g.Use(mw)
+				g.Route("/x", sub)
+			})
+		}},
+		{"With, Route", "/x", func(r chi.Router, mw mw, sub func(chi.Router)) {
+			r.With(mw).Route("/x", sub)
+		}},
+		{"With, Mount", "/x", func(r chi.Router, mw mw, sub func(chi.Router)) {
+			s := chi.NewRouter()
+			sub(s)
+			r.With(mw).Mount("/x", s)
+		}},
+		{"Group in a subrouter", "/a/{acct}/x", func(r chi.Router, mw mw, sub func(chi.Router)) {
+			r.Route("/a/{acct}", func(a chi.Router) {
+				a.Group(func(g chi.Router) {
+					g.Use(mw)
+					g.Route("/x", sub)
+				})
+			})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			app := adaptertest.Start(t, func(t *testing.T, e *idem.Engine, h *adaptertest.Hooks) http.Handler {
+				r := chi.NewRouter()
+				tc.mount(r, chiidem.Middleware(e), sub(h.Count))
+				return r
+			})
+			x := strings.ReplaceAll(tc.at, "{acct}", "acct_1")
+			first := app.Post(t, x+"/y", "k1", `{}`)
+			again := app.Post(t, x+"/y", "k1", `{}`)
+			if n := app.Hooks.Runs("y"); n != 1 || first.Status != http.StatusCreated || !again.Replayed() {
+				t.Fatalf("POST %s/y: handler ran %d times; statuses %d, %d (replayed %v)", x, n, first.Status, again.Status, again.Replayed())
+			}
+			create := app.Post(t, x, "k2", `{}`)
+			slash := app.Post(t, x+"/", "k2", `{}`)
+			if n := app.Hooks.Runs("create"); n != 1 || create.Status != http.StatusCreated || slash.ProblemType() != "key-reused" {
+				t.Fatalf("POST %s, %s/: handler ran %d times; statuses %d, %d %s", x, x, n, create.Status, slash.Status, slash.Body)
+			}
+			for _, path := range []string{x, x + "/", x + "/y"} {
+				if a := app.Post(t, path, "", `{}`); a.ProblemType() != "key-missing" {
+					t.Fatalf("POST %s without a key: %d %s", path, a.Status, a.Body)
+				}
+			}
+
+			mw, o := observed(t)
+			r := chi.NewRouter()
+			tc.mount(r, mw, sub(func(string) int { return 0 }))
+			for _, tc := range []struct{ path, want string }{
+				{x + "/y", tc.at + "/y"},
+				{x, tc.at + "/"},
+				{x + "/", tc.at + "/"},
+				{x + "/z", ""},
+			} {
+				if got := o.routeOf(t, r, "POST", tc.path); got != tc.want {
+					t.Errorf("POST %s: route %q; want %q", tc.path, got, tc.want)
+				}
+			}
+		})
+	}
+}
+
+// A route of the parent router one segment below a mount's path ("/d/{id}"
+// beside the subrouter at "/d") leaves "/d" and "/d/" to the mount's stubs,
+// both served by the subrouter's "/": one route, "/d/", and one record for
+// both spellings.
+func TestRouteBesideMount(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		beside func(r chi.Router, h http.HandlerFunc)
+	}{
+		{"route", func(r chi.Router, h http.HandlerFunc) { r.Post("/d/{id}", h) }},
+		{"subrouter", func(r chi.Router, h http.HandlerFunc) {
+			r.Route("/d/{id}", func(s chi.Router) { s.Post("/", h) })
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			app := adaptertest.Start(t, func(t *testing.T, e *idem.Engine, h *adaptertest.Hooks) http.Handler {
+				r := chi.NewRouter()
+				r.Use(chiidem.Middleware(e))
+				r.Route("/d", func(s chi.Router) {
+					s.Post("/", func(w http.ResponseWriter, r *http.Request) {
+						writeJSON(w, http.StatusCreated, map[string]any{"op": "create", "n": h.Count("create")})
+					})
+				})
+				tc.beside(r, func(w http.ResponseWriter, r *http.Request) {
+					writeJSON(w, http.StatusOK, map[string]any{"op": "update", "n": h.Count("update")})
+				})
+				return r
+			})
+			first := app.Post(t, "/d", "k", `{}`)
+			again := app.Post(t, "/d", "k", `{}`)
+			slash := app.Post(t, "/d/", "k", `{}`)
+			if n := app.Hooks.Runs("create"); n != 1 || first.Status != http.StatusCreated || !again.Replayed() || slash.ProblemType() != "key-reused" {
+				t.Fatalf("handler ran %d times; statuses %d, %d (replayed %v), with a slash %d %s",
+					n, first.Status, again.Status, again.Replayed(), slash.Status, slash.Body)
+			}
+			if a := app.Post(t, "/d/7", "k", `{}`); a.Status != http.StatusOK || app.Hooks.Runs("update") != 1 {
+				t.Fatalf("POST /d/7: %d %s", a.Status, a.Body)
 			}
 		})
 	}
