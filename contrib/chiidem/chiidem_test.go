@@ -292,6 +292,36 @@ func (o *reserved) routeOf(t *testing.T, h http.Handler, method, path string) st
 	return o.route
 }
 
+// placement is where a test puts the middleware of a new engine: at the
+// root of its router, or inside the subrouters it passes to use.
+type placement struct {
+	atRoot bool
+	mw     func(http.Handler) http.Handler
+	o      *reserved
+}
+
+// use puts the middleware in sr unless it is at the root.
+func (p placement) use(sr chi.Router) {
+	if !p.atRoot {
+		sr.Use(p.mw)
+	}
+}
+
+// placements runs f with the middleware at the root of r, then with it
+// inside the subrouters.
+func placements(t *testing.T, f func(t *testing.T, r *chi.Mux, p placement)) {
+	for name, atRoot := range map[string]bool{"at the root": true, "in a subrouter": false} {
+		t.Run(name, func(t *testing.T) {
+			mw, o := observed(t)
+			r := chi.NewRouter()
+			if atRoot {
+				r.Use(mw)
+			}
+			f(t, r, placement{atRoot, mw, o})
+		})
+	}
+}
+
 // observed returns the middleware of a new engine on a memory store, and
 // that engine's observer.
 func observed(t *testing.T) (func(http.Handler) http.Handler, *reserved) {
@@ -312,65 +342,54 @@ func observed(t *testing.T) (func(http.Handler) http.Handler, *reserved) {
 // with the subrouter's own below it).
 func TestRoutesAddedAfterServing(t *testing.T) {
 	ok := func(http.ResponseWriter, *http.Request) {}
-	for name, atRoot := range map[string]bool{"at the root": true, "in a subrouter": false} {
-		t.Run(name, func(t *testing.T) {
-			mw, o := observed(t)
-			r := chi.NewRouter()
-			if atRoot {
-				r.Use(mw)
-			}
-			use := func(sr chi.Router) {
-				if !atRoot {
-					sr.Use(mw)
-				}
-			}
-			var d chi.Router
-			r.Route("/d", func(sr chi.Router) {
-				use(sr)
-				sr.Post("/", ok)
-				sr.Patch("/", ok)
-				sr.Post("/a", ok)
-				d = sr
-			})
-			for _, tc := range []struct{ method, path, want string }{
-				{"POST", "/d/a", "/d/a"},
-				{"POST", "/d", "/d/"},
-				{"PATCH", "/d", "/d/"},
-				{"PATCH", "/d/", "/d/"},
-				{"POST", "/d/b", ""},
-				{"POST", "/e/x", ""},
-			} {
-				if got := o.routeOf(t, r, tc.method, tc.path); got != tc.want {
-					t.Errorf("before: %s %s: route %q; want %q", tc.method, tc.path, got, tc.want)
-				}
-			}
-
-			d.Post("/b", ok)
-			r.Route("/e", func(sr chi.Router) {
-				use(sr)
-				sr.Post("/", ok)
-				sr.Post("/x", ok)
-			})
-			var own chi.Router = r
-			if !atRoot {
-				own = r.With(mw)
-			}
-			own.Patch("/d", ok)
-			for _, tc := range []struct{ method, path, want string }{
-				{"POST", "/d/a", "/d/a"},
-				{"POST", "/d/b", "/d/b"},
-				{"POST", "/e/x", "/e/x"},
-				{"POST", "/e", "/e/"},
-				{"POST", "/d", "/d/"},
-				{"PATCH", "/d", "/d"}, // the parent's own route now
-				{"PATCH", "/d/", "/d/"},
-			} {
-				if got := o.routeOf(t, r, tc.method, tc.path); got != tc.want {
-					t.Errorf("after: %s %s: route %q; want %q", tc.method, tc.path, got, tc.want)
-				}
-			}
+	placements(t, func(t *testing.T, r *chi.Mux, p placement) {
+		use, o, atRoot, mw := p.use, p.o, p.atRoot, p.mw
+		var d chi.Router
+		r.Route("/d", func(sr chi.Router) {
+			use(sr)
+			sr.Post("/", ok)
+			sr.Patch("/", ok)
+			sr.Post("/a", ok)
+			d = sr
 		})
-	}
+		for _, tc := range []struct{ method, path, want string }{
+			{"POST", "/d/a", "/d/a"},
+			{"POST", "/d", "/d/"},
+			{"PATCH", "/d", "/d/"},
+			{"PATCH", "/d/", "/d/"},
+			{"POST", "/d/b", ""},
+			{"POST", "/e/x", ""},
+		} {
+			if got := o.routeOf(t, r, tc.method, tc.path); got != tc.want {
+				t.Errorf("before: %s %s: route %q; want %q", tc.method, tc.path, got, tc.want)
+			}
+		}
+
+		d.Post("/b", ok)
+		r.Route("/e", func(sr chi.Router) {
+			use(sr)
+			sr.Post("/", ok)
+			sr.Post("/x", ok)
+		})
+		var own chi.Router = r
+		if !atRoot {
+			own = r.With(mw)
+		}
+		own.Patch("/d", ok)
+		for _, tc := range []struct{ method, path, want string }{
+			{"POST", "/d/a", "/d/a"},
+			{"POST", "/d/b", "/d/b"},
+			{"POST", "/e/x", "/e/x"},
+			{"POST", "/e", "/e/"},
+			{"POST", "/d", "/d/"},
+			{"PATCH", "/d", "/d"}, // the parent's own route now
+			{"PATCH", "/d/", "/d/"},
+		} {
+			if got := o.routeOf(t, r, tc.method, tc.path); got != tc.want {
+				t.Errorf("after: %s %s: route %q; want %q", tc.method, tc.path, got, tc.want)
+			}
+		}
+	})
 }
 
 // chi's Mount refuses a pattern already mounted, but not one with a
@@ -378,44 +397,36 @@ func TestRoutesAddedAfterServing(t *testing.T) {
 // subrouter serves the path, and the middleware's routes are its.
 func TestMountedOver(t *testing.T) {
 	ok := func(http.ResponseWriter, *http.Request) {}
-	for name, atRoot := range map[string]bool{"at the root": true, "in a subrouter": false} {
-		t.Run(name, func(t *testing.T) {
-			mw, o := observed(t)
-			r := chi.NewRouter()
-			if atRoot {
-				r.Use(mw)
+	placements(t, func(t *testing.T, r *chi.Mux, p placement) {
+		use, o := p.use, p.o
+		mount := func(route string) {
+			r.Route("/{id:[0-9]+}", func(sr chi.Router) {
+				use(sr)
+				sr.Post(route, ok)
+			})
+		}
+		r.Post("/{name:[a-z]+}", ok)
+		mount("/x")
+		if got := o.routeOf(t, r, "POST", "/1/x"); got != "/{id:[0-9]+}/x" {
+			t.Fatalf("POST /1/x: route %q", got)
+		}
+		refused := func() (refused any) {
+			defer func() { refused = recover() }()
+			mount("/y")
+			return nil
+		}()
+		if refused != nil {
+			t.Skipf("chi refuses the second mount: %v", refused)
+		}
+		for _, tc := range []struct{ path, want string }{
+			{"/1/y", "/{id:[0-9]+}/y"},
+			{"/1/x", ""},
+		} {
+			if got := o.routeOf(t, r, "POST", tc.path); got != tc.want {
+				t.Errorf("POST %s: route %q; want %q", tc.path, got, tc.want)
 			}
-			mount := func(route string) {
-				r.Route("/{id:[0-9]+}", func(sr chi.Router) {
-					if !atRoot {
-						sr.Use(mw)
-					}
-					sr.Post(route, ok)
-				})
-			}
-			r.Post("/{name:[a-z]+}", ok)
-			mount("/x")
-			if got := o.routeOf(t, r, "POST", "/1/x"); got != "/{id:[0-9]+}/x" {
-				t.Fatalf("POST /1/x: route %q", got)
-			}
-			refused := func() (refused any) {
-				defer func() { refused = recover() }()
-				mount("/y")
-				return nil
-			}()
-			if refused != nil {
-				t.Skipf("chi refuses the second mount: %v", refused)
-			}
-			for _, tc := range []struct{ path, want string }{
-				{"/1/y", "/{id:[0-9]+}/y"},
-				{"/1/x", ""},
-			} {
-				if got := o.routeOf(t, r, "POST", tc.path); got != tc.want {
-					t.Errorf("POST %s: route %q; want %q", tc.path, got, tc.want)
-				}
-			}
-		})
-	}
+		}
+	})
 }
 
 // Middleware of a Group or a With around a Route or a Mount runs once the
