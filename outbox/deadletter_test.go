@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"reflect"
 	"strings"
 	"sync"
@@ -353,5 +354,59 @@ func testRedeliver[TTx any](t *testing.T, db database[TTx]) {
 	}
 	if _, err := o.Redeliver(ctx, "k-unknown", "charge"); !errors.Is(err, outbox.ErrNotFound) {
 		t.Errorf("Redeliver of an unknown message: %v, want ErrNotFound", err)
+	}
+}
+
+// The steps docs/postgres-production.md gives for a large idem_outbox
+// (the columns, then the index built concurrently, before upgrading) leave
+// migration 002 nothing to do: it runs after them without an error and
+// without a second index.
+func TestDeadLetterMigrationAfterTheDocumentedSteps(t *testing.T) {
+	t.Parallel()
+	url := testURL(t)
+	ctx := context.Background()
+	pool, err := openPool(ctx, url, newSchema(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	doc, err := os.ReadFile("../docs/postgres-production.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, _ := strings.Cut(string(doc), "### The outbox's dead letters")
+	_, steps, _ := strings.Cut(section, "```sql\n")
+	steps, _, found := strings.Cut(steps, "```")
+	if !found {
+		t.Fatal("no SQL block under \"The outbox's dead letters\" in docs/postgres-production.md")
+	}
+	first, err := outbox.MigrationSQL("migrations/postgres/001_outbox.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := outbox.MigrationSQL("migrations/postgres/002_dead_letters.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	// The documented steps, one statement at a time (CREATE INDEX
+	// CONCURRENTLY runs outside a transaction block).
+	for _, stmt := range strings.Split(steps, ";") {
+		if strings.TrimSpace(stmt) == "" {
+			continue
+		}
+		if _, err := pool.Exec(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", strings.TrimSpace(stmt), err)
+		}
+	}
+	if _, err := pool.Exec(ctx, second); err != nil {
+		t.Fatalf("migration 002 after the documented steps: %v", err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_indexes WHERE schemaname = current_schema()
+AND tablename = 'idem_outbox' AND indexdef LIKE '%dead_settled_at IS NULL%'`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("%d indexes for the dead-letter pass, want 1 (%v)", n, err)
 	}
 }

@@ -40,3 +40,10 @@ func (o *Outbox[TTx]) RecordDelivery(ctx context.Context, key, kind string, fenc
 
 // DeliveryTimeout is the delivery timeout cfg gets once defaulted.
 func DeliveryTimeout(cfg Config) time.Duration { return cfg.withDefaults().DeliveryTimeout }
+
+// MigrationSQL returns the text of one of the outbox's own migrations, by
+// its path in the package ("migrations/postgres/002_dead_letters.sql").
+func MigrationSQL(path string) (string, error) {
+	b, err := migrationFS.ReadFile(path)
+	return string(b), err
+}

@@ -5,15 +5,21 @@
 --
 -- Messages already dead when this migration runs are settled again by the
 -- first pass: OnDead is idempotent.
+--
+-- The columns are added without rewriting the table; the index is built
+-- here in the migration's transaction, which holds off enqueues while it
+-- reads the table. On a large table, create it first with CREATE INDEX
+-- CONCURRENTLY (docs/postgres-production.md, "The outbox's dead letters"):
+-- this one then finds it and does nothing.
 ALTER TABLE idem_outbox
     -- the number of times a pass claimed the dead message to call OnDead
-    ADD COLUMN dead_calls         integer NOT NULL DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS dead_calls         integer NOT NULL DEFAULT 0,
     -- a pass is calling OnDead for it until then; another pass waits
-    ADD COLUMN dead_claimed_until timestamptz,
+    ADD COLUMN IF NOT EXISTS dead_claimed_until timestamptz,
     -- when OnDead returned nil for it; never called again after
-    ADD COLUMN dead_settled_at    timestamptz;
+    ADD COLUMN IF NOT EXISTS dead_settled_at    timestamptz;
 
 -- The pass looks for dead jobs among those of the messages neither
 -- delivered nor settled.
-CREATE INDEX idem_outbox_unsettled ON idem_outbox (job_id)
+CREATE INDEX IF NOT EXISTS idem_outbox_unsettled ON idem_outbox (job_id)
     WHERE downstream_id IS NULL AND dead_settled_at IS NULL;
