@@ -464,12 +464,19 @@ func (o *Outbox[TTx]) Stop(ctx context.Context) error {
 // while River may still run it, dead once River discarded it (or no longer
 // has it).
 func (o *Outbox[TTx]) Delivery(ctx context.Context, key, kind string) (Delivery, error) {
+	d, _, err := o.delivery(ctx, key, kind)
+	return d, err
+}
+
+// delivery is Delivery, with the River job it read: nil for a message
+// delivered, or whose job River no longer has.
+func (o *Outbox[TTx]) delivery(ctx context.Context, key, kind string) (Delivery, *rivertype.JobRow, error) {
 	r, err := o.db.lookup(ctx, key, kind)
 	if errors.Is(err, errNoRow) {
-		return Delivery{}, ErrNotFound
+		return Delivery{}, nil, ErrNotFound
 	}
 	if err != nil {
-		return Delivery{}, fmt.Errorf("outbox: delivery: %w", err)
+		return Delivery{}, nil, fmt.Errorf("outbox: delivery: %w", err)
 	}
 	d := Delivery{
 		Key: key, Kind: kind, Fence: r.fence, JobID: r.jobID,
@@ -477,20 +484,20 @@ func (o *Outbox[TTx]) Delivery(ctx context.Context, key, kind string) (Delivery,
 	}
 	if r.downstreamID != "" {
 		d.State, d.DownstreamID, d.Attempts, d.DeliveredAt = Delivered, r.downstreamID, r.attempts, r.deliveredAt
-		return d, nil
+		return d, nil, nil
 	}
 	job, err := o.client.JobGet(ctx, r.jobID)
 	if errors.Is(err, river.ErrNotFound) {
 		// Undelivered and gone from River: discarded (or cancelled) and
 		// then cleaned after the retention period.
 		d.State, d.LastError, d.SettledAt = Dead, "job no longer in River's table", r.deadSettledAt
-		return d, nil
+		return d, nil, nil
 	}
 	if err != nil {
-		return Delivery{}, fmt.Errorf("outbox: delivery: %w", err)
+		return Delivery{}, nil, fmt.Errorf("outbox: delivery: %w", err)
 	}
 	fill(&d, job, r.deadSettledAt)
-	return d, nil
+	return d, job, nil
 }
 
 // Redeliver enqueues a dead message again, as EnqueueTx of the same key,
@@ -505,19 +512,14 @@ func (o *Outbox[TTx]) Delivery(ctx context.Context, key, kind string) (Delivery,
 // does not know and ErrNotDead for one pending or delivered, and the
 // message's Delivery after it is enqueued.
 func (o *Outbox[TTx]) Redeliver(ctx context.Context, key, kind string) (Delivery, error) {
-	d, err := o.Delivery(ctx, key, kind)
-	if err != nil {
+	d, job, err := o.delivery(ctx, key, kind)
+	switch {
+	case err != nil:
 		return Delivery{}, err
-	}
-	if d.State != Dead {
+	case d.State != Dead:
 		return d, fmt.Errorf("%w: %s %q is %s", ErrNotDead, kind, key, d.State)
-	}
-	job, err := o.client.JobGet(ctx, d.JobID)
-	if errors.Is(err, river.ErrNotFound) {
+	case job == nil:
 		return d, fmt.Errorf("outbox: redeliver %s %q: its dead job %d is no longer kept (DeadLetterRetention); enqueue it again with EnqueueTx", kind, key, d.JobID)
-	}
-	if err != nil {
-		return d, fmt.Errorf("outbox: redeliver: %w", err)
 	}
 	msg, err := messageOf(job)
 	if err != nil {
