@@ -410,3 +410,27 @@ AND tablename = 'idem_outbox' AND indexdef LIKE '%dead_settled_at IS NULL%'`).Sc
 		t.Fatalf("%d indexes for the dead-letter pass, want 1 (%v)", n, err)
 	}
 }
+
+// A deliverer's error whose text holds a NUL (a provider's message passed
+// through) is recorded by River all the same: the message dies after its
+// last attempt, and OnDead gets the text with the NUL replaced. Before,
+// River could not store the error on PostgreSQL, and the message was never
+// retried nor dead-lettered.
+func TestDeliveryErrorWithNUL(t *testing.T) {
+	forEachDB(t, testDeliveryErrorWithNUL[pgx.Tx], testDeliveryErrorWithNUL[*sql.Tx])
+}
+
+func testDeliveryErrorWithNUL[TTx any](t *testing.T, db database[TTx]) {
+	cfg, rec, _ := refusedOnce()
+	cfg.Deliverers["charge"] = outbox.DelivererFunc(func(context.Context, outbox.Message) (string, error) {
+		return "", errors.New("provider: 503: down\x00for maintenance")
+	})
+	o := db.newOutbox(t, cfg)
+	start(t, o)
+	msg := outbox.Message{Kind: "charge", Key: "k-nul", Fence: 1, Payload: json.RawMessage(`{}`)}
+	enqueue(t, db, o, msg)
+	calls := rec.wait(t, msg.Key, 1, time.Minute)
+	if want := "provider: 503: down\uFFFDfor maintenance"; calls[0].lastErr != want {
+		t.Errorf("OnDead's lastErr %q, want %q", calls[0].lastErr, want)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/riverqueue/river"
@@ -154,5 +155,18 @@ func (o *Outbox[TTx]) failed(ctx context.Context, log *slog.Logger, job *river.J
 		o.obs.add(ctx, o.obs.dead, msg.Kind)
 		log.ErrorContext(ctx, "outbox: dead-lettered after its last attempt", "max_attempts", job.MaxAttempts, "err", err)
 	}
+	if strings.ContainsRune(err.Error(), 0) {
+		// River records the attempt's error in a jsonb column, which
+		// refuses the NUL character: the attempt would never be recorded,
+		// nor the message retried or dead-lettered.
+		return storableError{err}
+	}
 	return err
 }
+
+// storableError is an error whose text has its NUL characters replaced,
+// so that River can record it; errors.Is and errors.As see the original.
+type storableError struct{ err error }
+
+func (e storableError) Error() string { return strings.ReplaceAll(e.err.Error(), "\x00", "\uFFFD") }
+func (e storableError) Unwrap() error { return e.err }
