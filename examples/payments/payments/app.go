@@ -12,7 +12,6 @@ import (
 	"maps"
 	"net/http"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -352,10 +351,6 @@ func (a *app[TTx]) recordCharge(ctx context.Context, key string, ch providerObje
 	return nil
 }
 
-// maxReview bounds the reason stored on a payment in requires_review: the
-// last error may carry a deliverer's stack.
-const maxReview = 500
-
 // chargeDead is the outbox's OnDead: the last allowed attempt to charge a
 // payment failed or crashed. Failing the payment would be wrong: an
 // attempt that went unanswered may have charged the card, and a client
@@ -390,9 +385,9 @@ func (a *app[TTx]) chargeDead(ctx context.Context, msg outbox.Message, lastErr e
 	} else {
 		reason += "; the provider has no charge with its key"
 	}
-	if len(reason) > maxReview {
-		reason = strings.ToValidUTF8(reason[:maxReview], "")
-	}
+	// The last error may carry a deliverer's stack, or bytes a text
+	// column refuses (NUL): kept as a record's LastError is.
+	reason = store.ErrorText(reason)
 	err = a.st.InTx(ctx, func(tx TTx) error {
 		_, err := a.db.exec(ctx, tx, qChargeReview, msg.Key, reason)
 		return err

@@ -1,6 +1,7 @@
 package payments
 
 import (
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -231,6 +232,31 @@ func TestDeadChargeUnreachableProviderRequiresReview(t *testing.T) {
 		}
 		if s := e.prov.Stats(); s.Calls != 0 {
 			t.Fatalf("provider: %+v; want no call", s)
+		}
+	})
+}
+
+// The provider's refusals carry bytes a text column refuses (a NUL in the
+// message): the payment still goes to requires_review, with the reason
+// made storable, and does not stay pending while every record of it fails.
+func TestDeadChargeReasonIsStorable(t *testing.T) {
+	forEachDB(t, func(t *testing.T, dsn string) {
+		e := newEnv(t, dsn, func(c *Config) {
+			c.ProviderURL = proxyProvider(t, c.ProviderURL, func(w http.ResponseWriter, r *http.Request, provider http.Handler) {
+				if r.Method == http.MethodPost && r.URL.Path == "/v1/charges" {
+					w.Header().Set("Content-Type", "application/json")
+					w.WriteHeader(http.StatusServiceUnavailable)
+					io.WriteString(w, `{"error":{"code":"unavailable","message":"down\u0000for maintenance"}}`)
+					return
+				}
+				provider.ServeHTTP(w, r)
+			})
+		})
+		w := e.post("/v1/payments", "acct_1", "k-nul", `{"amount":1400,"currency":"eur","customer":"cus_7"}`)
+		expect(t, w, http.StatusCreated, "")
+		p := e.charged("acct_1", decode[Payment](t, w).ID)
+		if p.Status != "requires_review" || strings.Contains(p.Failure, "\x00") || !strings.Contains(p.Failure, "for maintenance") {
+			t.Fatalf("payment %+v; want requires_review with the provider's message, without NUL", p)
 		}
 	})
 }
