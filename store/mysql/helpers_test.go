@@ -1,9 +1,11 @@
 package mysql
 
 import (
+	"bytes"
 	"context"
 	"encoding/hex"
 	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -81,19 +83,55 @@ func (c countingConn) Write(p []byte) (int, error) {
 
 var dialSeq atomic.Int64
 
-// countingNet registers a dialer that counts writes and returns its network
-// name, to be put in a DSN's Net.
-func countingNet(c *counter) string {
-	name := "idemcount" + hex.EncodeToString([]byte{byte(dialSeq.Add(1))})
+// registerNet registers a dialer whose connections wrap makes and returns
+// its network name, to be put in a DSN's Net.
+func registerNet(wrap func(net.Conn) net.Conn) string {
+	name := "idemnet" + hex.EncodeToString([]byte{byte(dialSeq.Add(1))})
 	mysqldrv.RegisterDialContext(name, func(ctx context.Context, addr string) (net.Conn, error) {
 		var d net.Dialer
 		conn, err := d.DialContext(ctx, "tcp", addr)
 		if err != nil {
 			return nil, err
 		}
-		return countingConn{Conn: conn, c: c}, nil
+		return wrap(conn), nil
 	})
 	return name
+}
+
+// countingNet registers a dialer that counts writes and returns its network
+// name, to be put in a DSN's Net.
+func countingNet(c *counter) string {
+	return registerNet(func(conn net.Conn) net.Conn { return countingConn{Conn: conn, c: c} })
+}
+
+// beforeCommand runs hook once, just before the first command sent on its
+// connections whose text holds match: another process's change then lands
+// between two statements of one operation, at a chosen point.
+type beforeCommand struct {
+	match []byte
+	once  sync.Once
+	hook  func()
+	ran   atomic.Bool
+}
+
+type hookedConn struct {
+	net.Conn
+	b *beforeCommand
+}
+
+func (c hookedConn) Write(p []byte) (int, error) {
+	if bytes.Contains(p, c.b.match) {
+		c.b.once.Do(func() {
+			c.b.hook()
+			c.b.ran.Store(true)
+		})
+	}
+	return c.Conn.Write(p)
+}
+
+// net registers a dialer of connections that run b's hook.
+func (b *beforeCommand) net() string {
+	return registerNet(func(conn net.Conn) net.Conn { return hookedConn{Conn: conn, b: b} })
 }
 
 func reserveParams(key string) store.ReserveParams {

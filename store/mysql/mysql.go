@@ -115,8 +115,15 @@ type querier interface {
 // parseTime=true, loc=UTC, clientFoundRows=true (affected rows count matched
 // rows, so a guarded UPDATE that changes nothing still reports its match)
 // and interpolateParams=true (one round trip per statement instead of
-// prepare + execute). The pool returned by [Store.DB] has these settings;
-// the store's own pool also has multiStatements=true, which is never exposed.
+// prepare + execute). Unless dsn sets maxAllowedPacket, it is read from
+// the server on each new connection: a statement whose text would pass the
+// server's limit (a large response body, whose zero bytes take two bytes
+// each once escaped) is then sent as a prepared statement with its body
+// apart, stored whole when the server admits it and refused with a definite
+// error otherwise, where the driver's own limit (64 MiB) would send the text
+// and have the server reset the connection. The pool returned by
+// [Store.DB] has these settings; the store's own pool also has
+// multiStatements=true, which is never exposed.
 func Open(ctx context.Context, dsn string, cfg Config) (*Store, error) {
 	base, err := mysqldrv.ParseDSN(dsn)
 	if err != nil {
@@ -126,6 +133,9 @@ func Open(ctx context.Context, dsn string, cfg Config) (*Store, error) {
 	base.Loc = time.UTC
 	base.ClientFoundRows = true
 	base.InterpolateParams = true
+	if base.MaxAllowedPacket == mysqldrv.NewConfig().MaxAllowedPacket {
+		base.MaxAllowedPacket = 0 // the server's
+	}
 	batchCfg := base.Clone()
 	batchCfg.MultiStatements = true
 

@@ -969,3 +969,92 @@ func TestSnapshotConflictIsRetryable(t *testing.T) {
 		t.Fatalf("CompleteTx past the snapshot: %v, not retryable", err)
 	}
 }
+
+// TestCappedReserveTxPastItsSnapshot: a capped ReserveTx counts the
+// tenant's records and reads its key as they are when it holds the
+// tenant's lock, even in a caller's REPEATABLE READ transaction whose
+// snapshot is older: records another process made active since count
+// against the cap, and a key it completed since is a replay, never refused.
+// A server that refuses a locking read past the snapshot
+// (innodb_snapshot_isolation) answers with a retryable error instead: the
+// caller runs its transaction again.
+func TestCappedReserveTxPastItsSnapshot(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := t.Context()
+	capped := func(k string) store.ReserveParams {
+		p := reserveParams(k)
+		p.Tenant, p.MaxActive = "t", 1
+		return p
+	}
+	reserveTx := func(p store.ReserveParams, since func()) (store.ReserveResult, error) {
+		tx, err := s.DB().BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback()
+		var n int
+		if err := tx.QueryRowContext(ctx, "SELECT COUNT(*) FROM idem_records").Scan(&n); err != nil { // the snapshot
+			t.Fatal(err)
+		}
+		since()
+		return s.ReserveTx(ctx, tx, p)
+	}
+
+	res, err := reserveTx(capped("B"), func() { mustReserve(t, s, capped("A"), store.Created) })
+	if !errors.Is(err, store.ErrOverCap) && !store.IsRetryable(err) {
+		t.Fatalf("ReserveTx of B with A made active since the snapshot, at the cap of 1: %v %v, want ErrOverCap", res.Outcome, err)
+	}
+
+	res, err = reserveTx(capped("C"), func() {
+		// C created and completed since the snapshot, the tenant at its cap.
+		uncapped := capped("C")
+		uncapped.MaxActive = 0
+		c := mustReserve(t, s, uncapped, store.Created)
+		if err := s.Complete(ctx, store.CompleteParams{FenceParams: fence(c), Response: okResponse("c")}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if store.IsRetryable(err) {
+		return
+	}
+	if err != nil || res.Outcome != store.Existing || res.Record.State != store.StateCompleted {
+		t.Fatalf("ReserveTx of C completed since the snapshot: %v %s %v, want its replay", res.Outcome, res.Record.State, err)
+	}
+}
+
+// TestBodyWithinTheServersPacketLimit: a response body the server's
+// max_allowed_packet admits is stored, however its bytes escape in a
+// statement's text (a zero byte takes two), and one it refuses fails with
+// a definite error, not a connection reset that looks transient and would
+// be sent again and again.
+func TestBodyWithinTheServersPacketLimit(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := t.Context()
+	var limit int
+	if err := s.DB().QueryRowContext(ctx, "SELECT @@max_allowed_packet").Scan(&limit); err != nil {
+		t.Fatal(err)
+	}
+	if limit > 32<<20 {
+		t.Skipf("max_allowed_packet is %d: bodies near it are too large for this test", limit)
+	}
+	fits := make([]byte, limit*5/8) // 1.25 times the limit, escaped
+	r := mustReserve(t, s, reserveParams("fits"), store.Created)
+	if err := s.Complete(ctx, store.CompleteParams{FenceParams: fence(r), Response: store.Response{Status: 200, Body: fits}}); err != nil {
+		t.Fatalf("Complete with a body of %d bytes, the server's limit %d: %v", len(fits), limit, err)
+	}
+	if got, err := s.Get(ctx, r.Scope, r.Key); err != nil || got.Response == nil || !bytes.Equal(got.Response.Body, fits) {
+		t.Fatalf("the stored body: %v", err)
+	}
+
+	over := make([]byte, limit+1)
+	r = mustReserve(t, s, reserveParams("over"), store.Created)
+	err := s.Complete(ctx, store.CompleteParams{FenceParams: fence(r), Response: store.Response{Status: 200, Body: over}})
+	if err == nil || store.IsRetryable(err) {
+		t.Fatalf("Complete with a body over the server's limit: %v (retryable %v), want a definite error", err, store.IsRetryable(err))
+	}
+	if got, err := s.Get(ctx, r.Scope, r.Key); err != nil || got.State != store.StateInProgress {
+		t.Fatalf("the record of the refused body: %s %v", got.State, err)
+	}
+}

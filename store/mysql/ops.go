@@ -53,7 +53,9 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 
 // ReserveTx runs Reserve's statements in the caller's transaction. A 1062
 // race is retried in place; a deadlock (1213) has rolled tx back and is
-// returned for the caller to retry its transaction.
+// returned for the caller to retry its transaction. With a positive
+// p.MaxActive it holds, until tx ends, the tenant's lock and a share lock
+// on the tenant's active records: their holders' completions wait for tx.
 func (s *Store) ReserveTx(ctx context.Context, tx *sql.Tx, p store.ReserveParams) (store.ReserveResult, error) {
 	if err := p.Validate(); err != nil {
 		return store.ReserveResult{}, err
@@ -62,7 +64,7 @@ func (s *Store) ReserveTx(ctx context.Context, tx *sql.Tx, p store.ReserveParams
 	err := s.retry(ctx, duplicateKey, func() error {
 		var err error
 		if p.MaxActive > 0 {
-			res, err = s.reserveCappedIn(ctx, tx, p)
+			res, err = s.reserveCappedIn(ctx, tx, p, qTenantCheckLocked)
 		} else {
 			res, err = s.reserveIn(ctx, tx, p)
 		}
@@ -545,8 +547,13 @@ func (s *Store) Defer(ctx context.Context, p store.DeferParams) error {
 // guarded runs a statement guarded by the record's state and by its
 // fence (fence 0, Delete's, takes any), and whatever else the query
 // checks: Resolve and Defer need an unknown record, Delete one not in
-// progress. Only when it matches nothing does a second read tell
-// ErrNotFound from ErrLeaseLost and ErrStateConflict.
+// progress. Only when it matches nothing does a transaction tell
+// ErrNotFound from ErrLeaseLost and ErrStateConflict: it locks the row,
+// runs the statement again and, when it still matches nothing, explains
+// the miss by the row it holds. A read on its own would see whatever
+// committed since the miss, and could explain it by a record the
+// statement never saw: a Delete that found none would answer that the
+// record created and completed meanwhile is in the wrong state.
 func (s *Store) guarded(ctx context.Context, op string, qq *query, a args, fence int64) error {
 	n, err := s.exec(ctx, qq, a)
 	if err != nil {
@@ -559,17 +566,24 @@ func (s *Store) guarded(ctx context.Context, op string, qq *query, a args, fence
 	if err != nil {
 		return wrap(op, err)
 	}
-	var state string
-	var got int64
-	switch err := s.q.QueryRowContext(ctx, qState.sql, sa...).Scan(&state, &got); {
-	case errors.Is(err, sql.ErrNoRows):
-		return store.ErrNotFound
-	case err != nil:
-		return wrap(op, err)
-	case fence > 0 && got != fence:
-		return fmt.Errorf("%w: %s: the record's fence is %d, not %d", store.ErrLeaseLost, op, got, fence)
-	}
-	// The fence is the caller's: the record is not in the state the
-	// query needs, or what else it checks (Defer's attempts) has moved on.
-	return fmt.Errorf("%w: %s: record is %s", store.ErrStateConflict, op, state)
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		var state string
+		var got int64
+		switch err := tx.QueryRowContext(ctx, qState.sql, sa...).Scan(&state, &got); {
+		case errors.Is(err, sql.ErrNoRows):
+			return store.ErrNotFound
+		case err != nil:
+			return err
+		}
+		if n, err := runIn(ctx, tx, qq, a); err != nil || n > 0 {
+			return err
+		}
+		if fence > 0 && got != fence {
+			return fmt.Errorf("%w: the record's fence is %d, not %d", store.ErrLeaseLost, got, fence)
+		}
+		// The fence is the caller's: the record is not in the state the
+		// query needs, or what else it checks (Defer's attempts) has moved on.
+		return fmt.Errorf("%w: record is %s", store.ErrStateConflict, state)
+	})
+	return wrap(op, err)
 }

@@ -199,7 +199,7 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 			return err
 		}
 		out, r, write, err := storekit.ApplyPending(prev, &p, now.Truncate(store.Resolution), func() (int, error) {
-			n, _, err := tenantCheck(ctx, tx, capArgs)
+			n, _, err := checkTenant(ctx, tx, qTenantCheck, capArgs)
 			return n, err
 		})
 		if err != nil {

@@ -47,7 +47,6 @@ var (
 	qReserveUpsert  = q("reserve_upsert")
 	qReserveSelect  = q("reserve_select")
 	qTenantLock     = q("tenant_lock")
-	qTenantCheck    = q("tenant_check")
 	qCountActive    = q("count_active")
 	qRelease        = q("release")
 	qMarkUnknown    = q("mark_unknown")
@@ -164,6 +163,17 @@ WHERE scope = :scope AND `+"`key`"+` = :key AND state = 'unknown' AND fence = :f
 
 	qReapDelete = mustCompile("reap_delete", `DELETE FROM idem_records`+reapDue)
 
+	// qTenantCheck is the tenant cap's check in the store's own READ
+	// COMMITTED transaction, where each statement reads what committed
+	// before it, so after the tenant's lock.
+	qTenantCheck = tenantCheck("tenant_check", "")
+	// qTenantCheckLocked is the check in a caller's transaction, whose
+	// REPEATABLE READ snapshot may be older than the tenant's lock: a
+	// plain read would miss the records made active since and the key's
+	// latest state. A locking read reads the latest rows, and keeps them
+	// as read until the transaction ends.
+	qTenantCheckLocked = tenantCheck("tenant_check_locked", " LOCK IN SHARE MODE")
+
 	qReapSoft = mustCompile("reap_soft", `
 UPDATE idem_records SET
     state = 'expired',
@@ -185,6 +195,22 @@ WHERE state IN ('in_progress', 'unknown')
   AND (state = 'unknown' OR locked_until <= DATE_SUB(`+sqlNow+`, INTERVAL :grace_us MICROSECOND))
 LIMIT :limit`)
 )
+
+// tenantCheck counts the tenant's active records (store.State.Active),
+// and tells whether the reservation would make one more active: the key
+// is absent, or its record would be replaced (expired, or terminal past
+// expires_at) or reclaimed (failed_retryable with the same fingerprint),
+// as in reserve_upsert's decisions 1 and 2. lock ends both reads.
+func tenantCheck(name, lock string) *query {
+	return mustCompile(name, `
+SELECT
+    (SELECT COUNT(*) FROM idem_records
+     WHERE tenant = :tenant AND state NOT IN ('completed', 'failed_retryable', 'expired')`+lock+`),
+    COALESCE((SELECT state = 'expired'
+        OR (state IN ('completed', 'failed_retryable') AND expires_at <= `+sqlNow+`)
+        OR (state = 'failed_retryable' AND fingerprint = :fingerprint)
+     FROM idem_records WHERE scope = :scope AND `+"`key`"+` = :key`+lock+`), TRUE)`)
+}
 
 func mustLoadQueries(src string) map[string]*query {
 	m, err := loadQueries(src)

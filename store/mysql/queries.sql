@@ -1,6 +1,7 @@
 -- The statements of the MySQL/MariaDB store that share no piece of logic
 -- with another. Those that do (the SET list that completes a record, the
--- reaper's choice of expired records) are composed in queries.go from
+-- reaper's choice of expired records, the tenant cap's check with and
+-- without locks) are composed in queries.go from
 -- pieces written once, and the queue's in pending.go, in the same form.
 --
 -- Each block starts with "-- name: NAME". Parameters are written :name and
@@ -126,21 +127,6 @@ INSERT INTO idem_records (
 INSERT INTO idem_tenants (tenant_hash) VALUES (UNHEX(SHA2(:tenant, 256)))
 ON DUPLICATE KEY UPDATE tenant_hash = tenant_hash
 
--- name: tenant_check
--- The tenant's active records (store.State.Active), and whether the
--- reservation would make one more active: the key is absent, or its
--- record would be replaced (expired, or terminal past expires_at) or
--- reclaimed (failed_retryable with the same fingerprint), as in
--- reserve_upsert's decisions 1 and 2.
-SELECT
-    (SELECT COUNT(*) FROM idem_records
-     WHERE tenant = :tenant AND state NOT IN ('completed', 'failed_retryable', 'expired')),
-    COALESCE((SELECT state = 'expired'
-        OR (state IN ('completed', 'failed_retryable')
-            AND expires_at <= COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)))
-        OR (state = 'failed_retryable' AND fingerprint = :fingerprint)
-     FROM idem_records WHERE scope = :scope AND `key` = :key), TRUE)
-
 -- name: count_active
 -- The active records of every tenant (store.ActiveCounter), counting no
 -- further than :limit.
@@ -206,7 +192,10 @@ FROM idem_records
 WHERE scope = :scope AND `key` = :key
 
 -- name: state
+-- Explains a guarded statement's miss: it locks the row (when there is one)
+-- so that the statement, run again, and this read see the same row.
 SELECT state, fence FROM idem_records WHERE scope = :scope AND `key` = :key
+FOR UPDATE
 
 -- name: delete
 -- :fence is the fence the record must still have, 0 for any.

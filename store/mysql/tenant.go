@@ -17,6 +17,13 @@ import (
 // the usual upsert and select. The lock makes the count and the write one
 // step per tenant across every process sharing the database. It costs
 // five round trips where an uncapped reservation costs one.
+//
+// A capped ReserveTx runs the same steps in the caller's transaction,
+// whose snapshot may predate the lock (REPEATABLE READ, the default): its
+// count and its read of the key are locking reads, which see the latest
+// rows. They keep the tenant's active records share-locked until that
+// transaction ends, so a change of one of them (its holder's Complete)
+// waits for it.
 
 // reserveCapped is a capped Reserve in a transaction of its own.
 func (s *Store) reserveCapped(ctx context.Context, p store.ReserveParams) (store.ReserveResult, error) {
@@ -24,7 +31,7 @@ func (s *Store) reserveCapped(ctx context.Context, p store.ReserveParams) (store
 	if err != nil {
 		return store.ReserveResult{}, err
 	}
-	res, err := s.reserveCappedIn(ctx, tx, p)
+	res, err := s.reserveCappedIn(ctx, tx, p, qTenantCheck)
 	if err != nil {
 		_ = tx.Rollback()
 		return store.ReserveResult{}, err
@@ -32,9 +39,10 @@ func (s *Store) reserveCapped(ctx context.Context, p store.ReserveParams) (store
 	return res, tx.Commit()
 }
 
-// reserveCappedIn is a capped Reserve on q, a transaction. In a caller's
-// transaction (ReserveTx) the count is only current under READ COMMITTED.
-func (s *Store) reserveCappedIn(ctx context.Context, q querier, p store.ReserveParams) (store.ReserveResult, error) {
+// reserveCappedIn is a capped Reserve on q, a transaction, checked by
+// check: qTenantCheck in the store's own transaction, qTenantCheckLocked in
+// a caller's.
+func (s *Store) reserveCappedIn(ctx context.Context, q querier, p store.ReserveParams, check *query) (store.ReserveResult, error) {
 	a := s.reserveArgs(p)
 	if err := lockTenant(ctx, q, a); err != nil {
 		return store.ReserveResult{}, err
@@ -48,7 +56,7 @@ func (s *Store) reserveCappedIn(ctx context.Context, q querier, p store.ReserveP
 		return store.ReserveResult{}, err
 	}
 	a["now"] = now.Format(datetimeLayout)
-	active, activates, err := tenantCheck(ctx, q, a)
+	active, activates, err := checkTenant(ctx, q, check, a)
 	if err != nil {
 		return store.ReserveResult{}, err
 	}
@@ -83,15 +91,16 @@ func lockTenant(ctx context.Context, q querier, a args) error {
 	return err
 }
 
-// tenantCheck counts the tenant's active records and reports whether the
-// reservation of a (reserveArgs) would make one more active. Run it once
-// the tenant's lock is held, for a count current as of the write.
-func tenantCheck(ctx context.Context, q querier, a args) (active int, activates bool, err error) {
-	check, err := qTenantCheck.bind(a)
+// checkTenant counts the tenant's active records and reports whether the
+// reservation of a (reserveArgs) would make one more active, with
+// qTenantCheck or qTenantCheckLocked. Run it once the tenant's lock is
+// held, for a count current as of the write.
+func checkTenant(ctx context.Context, q querier, check *query, a args) (active int, activates bool, err error) {
+	bound, err := check.bind(a)
 	if err != nil {
 		return 0, false, err
 	}
-	err = q.QueryRowContext(ctx, qTenantCheck.sql, check...).Scan(&active, &activates)
+	err = q.QueryRowContext(ctx, check.sql, bound...).Scan(&active, &activates)
 	return active, activates, err
 }
 
