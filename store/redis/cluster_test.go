@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -52,6 +53,14 @@ func TestCluster(t *testing.T) {
 	t.Run("Durability", func(t *testing.T) {
 		t.Parallel()
 		testClusterDurability(t, cl)
+	})
+	t.Run("LostReply", func(t *testing.T) {
+		t.Parallel()
+		hook := &loseReply{}
+		var d net.Dialer
+		cc := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: cl.addrs, Dialer: hook.DialHook(d.DialContext)})
+		t.Cleanup(func() { _ = cc.Close() })
+		testLostReply(t, cc, freshPrefix(t, cc), hook)
 	})
 }
 

@@ -13,6 +13,14 @@
 // Reserve. Reserve decides every branch of store.Store.Reserve inside the
 // script and returns the record.
 //
+// A transition is sent once, whatever the client's MaxRetries: when its
+// connection breaks before the reply (or the server refuses it: loading,
+// failing over, too few replicas), the caller gets a retryable failure and
+// finds out whether it landed, as the engine does with a Get. A second run
+// would meet the first one's result and answer for it (a Complete that
+// landed reported as store.ErrLeaseLost). Reads are retried by the client
+// as usual.
+//
 // # Time
 //
 // Without Config.Clock, scripts read the Redis server's clock

@@ -27,7 +27,7 @@ const DefaultWaitTimeout = time.Second
 func (s *Store) eval(ctx context.Context, sc *goredis.Script, keys []string, args ...any) *goredis.Cmd {
 	n := s.cfg.WaitReplicas
 	if n <= 0 {
-		return sc.Run(ctx, s.client, keys, args...)
+		return sc.Run(ctx, once{s.client}, keys, args...)
 	}
 	var node interface {
 		Pipeline() goredis.Pipeliner
@@ -46,9 +46,9 @@ func (s *Store) eval(ctx context.Context, sc *goredis.Script, keys []string, arg
 	for attempt := range 2 {
 		pipe := node.Pipeline()
 		if attempt == 0 {
-			cmd = sc.EvalSha(ctx, pipe, keys, args...)
+			cmd = sc.EvalSha(ctx, once{pipe}, keys, args...)
 		} else {
-			cmd = sc.Eval(ctx, pipe, keys, args...) // the server lost its script cache
+			cmd = sc.Eval(ctx, once{pipe}, keys, args...) // the server lost its script cache
 		}
 		wait = pipe.Do(ctx, "wait", n, s.cfg.WaitTimeout.Milliseconds())
 		_, _ = pipe.Exec(ctx)

@@ -57,7 +57,7 @@ func (s *Store) List(ctx context.Context, p store.ListParams) ([]store.Record, *
 		err = scan(ctx, s.client)
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("idem/redis: list: %w", err)
+		return nil, nil, wrap("list", err)
 	}
 	cands = sortCands(cands)
 	cands = cands[:min(len(cands), p.Limit+1)]
@@ -69,7 +69,7 @@ func (s *Store) List(ctx context.Context, p store.ListParams) ([]store.Record, *
 	}
 	if len(cands) > 0 {
 		if _, err := pipe.Exec(ctx); err != nil {
-			return nil, nil, fmt.Errorf("idem/redis: list: %w", err)
+			return nil, nil, wrap("list", err)
 		}
 	}
 	out := make([]store.Record, 0, len(cands))

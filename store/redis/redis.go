@@ -248,13 +248,14 @@ func wrap(op string, err error) error {
 // retryable reports failures that say nothing about the record: the
 // connection was refused, broke or timed out, or the server (or cluster)
 // cannot serve now: loading its data set, failing over, resharding a slot,
-// a script still running. A script either ran whole or not at all, so a
+// a script still running, too few replicas connected for a write
+// (min-replicas-to-write). A script either ran whole or not at all, so a
 // retry never applies half of one.
 func retryable(err error) bool {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, goredis.ErrClosed) {
 		return false
 	}
-	for _, prefix := range []string{"LOADING", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "BUSY", "MOVED", "ASK"} {
+	for _, prefix := range []string{"LOADING", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "BUSY", "MOVED", "ASK", "NOREPLICAS"} {
 		if goredis.HasErrorPrefix(err, prefix) {
 			return true
 		}

@@ -72,7 +72,8 @@ func TestServerDeathMidCommandIsRetryable(t *testing.T) {
 }
 
 // TestRefusedConnectionIsRetryable points a store at a port nobody listens
-// on; definite answers stay final.
+// on: the operations that reach the server fail retryable; definite
+// answers stay final.
 func TestRefusedConnectionIsRetryable(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -85,6 +86,9 @@ func TestRefusedConnectionIsRetryable(t *testing.T) {
 	if _, err := s.Reserve(ctx, reserveParams("k")); !store.IsRetryable(err) {
 		t.Fatalf("Reserve with the server down: %v, want a retryable error", err)
 	}
+	if _, _, err := s.List(ctx, store.ListParams{Limit: 10}); !store.IsRetryable(err) {
+		t.Errorf("List with the server down: %v, want a retryable error", err)
+	}
 	live := newStoreOn(t)
 	if err := live.Delete(ctx, store.DeleteParams{Scope: "s", Key: "missing"}); !errors.Is(err, store.ErrNotFound) || store.IsRetryable(err) {
 		t.Fatalf("Delete of a missing record: %v, want a final ErrNotFound", err)
@@ -94,4 +98,22 @@ func TestRefusedConnectionIsRetryable(t *testing.T) {
 func newStoreOn(t *testing.T) *Store {
 	s, _ := newTestStore(t, singleNode(t))
 	return s
+}
+
+// TestNoReplicasIsRetryable: a master configured with min-replicas-to-write
+// refuses writes while too few replicas are connected (during a failover
+// or a replica's restart), and ran nothing of the refused script: the
+// failure is transient, so the engine retries a completion instead of
+// leaving the record to become unknown.
+func TestNoReplicasIsRetryable(t *testing.T) {
+	t.Parallel()
+	addr := startRedis(t, "--save", "", "--appendonly", "no", "--min-replicas-to-write", "1")
+	s := openAt(t, addr, Config{})
+	_, err := s.Reserve(ctx, reserveParams("k"))
+	if !store.IsRetryable(err) {
+		t.Fatalf("Reserve on a master without its replicas: %v, want a retryable error", err)
+	}
+	if _, gerr := s.Get(ctx, "tenant POST /pay", "k"); !errors.Is(gerr, store.ErrNotFound) {
+		t.Fatalf("the refused Reserve left a record: %v", gerr)
+	}
 }

@@ -41,16 +41,22 @@ type call struct {
 
 // batch runs the calls in one pipeline with EVALSHA, then reruns with EVAL
 // (through Script.Run) any call that met a server without the script cached.
-// A NOSCRIPT call did not run, so running it again is safe.
+// A NOSCRIPT call did not run, so running it again is safe. Calls that
+// change records are never resent by the client (see noReplay); read-only
+// ones (changes false) are.
 //
 // It returns every call's reply, nil for those that failed, and the first
 // failure: in a cluster the calls go to several masters, and those that
 // succeeded made their changes whatever became of the others.
-func (s *Store) batch(ctx context.Context, calls []call) ([]any, error) {
+func (s *Store) batch(ctx context.Context, calls []call, changes bool) ([]any, error) {
 	pipe := s.client.Pipeline()
+	var on, again goredis.Scripter = pipe, s.client
+	if changes {
+		on, again = once{pipe}, once{s.client}
+	}
 	cmds := make([]*goredis.Cmd, len(calls))
 	for i, c := range calls {
-		cmds[i] = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
+		cmds[i] = c.script.EvalSha(ctx, on, c.keys, c.args...)
 	}
 	_, _ = pipe.Exec(ctx) // errors are read per command below
 	out := make([]any, len(calls))
@@ -58,7 +64,7 @@ func (s *Store) batch(ctx context.Context, calls []call) ([]any, error) {
 	for i, cmd := range cmds {
 		v, err := cmd.Result()
 		if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
-			v, err = calls[i].script.Run(ctx, s.client, calls[i].keys, calls[i].args...).Result()
+			v, err = calls[i].script.Run(ctx, again, calls[i].keys, calls[i].args...).Result()
 		}
 		if err != nil {
 			first = cmp.Or(first, err)
@@ -75,7 +81,7 @@ func (s *Store) batch(ctx context.Context, calls []call) ([]any, error) {
 // has no one connection whose writes a WAIT would count.
 func (s *Store) writes(ctx context.Context, calls []call) ([]any, error) {
 	if s.cfg.WaitReplicas <= 0 {
-		return s.batch(ctx, calls)
+		return s.batch(ctx, calls, true)
 	}
 	out := make([]any, len(calls))
 	var first error
@@ -137,7 +143,7 @@ func (s *Store) candidatesFrom(ctx context.Context, due, from string, limit int,
 		}
 		calls[sh] = call{scriptDue, keys, args}
 	}
-	replies, err := s.batch(ctx, calls)
+	replies, err := s.batch(ctx, calls, false)
 	if err != nil {
 		return nil, err
 	}
@@ -175,7 +181,7 @@ func (s *Store) candidatesFrom(ctx context.Context, due, from string, limit int,
 		againShards = append(againShards, l.shard)
 	}
 	if len(again) > 0 {
-		replies, err := s.batch(ctx, again)
+		replies, err := s.batch(ctx, again, false)
 		if err != nil {
 			return nil, err
 		}
