@@ -17,10 +17,12 @@
 // operator Delete or a Resolve through this store replaces the cache entry
 // with a tombstone for MaxTTL, which entries are never written over: a
 // replay that read the record before the change cannot write the old
-// answer back (meanwhile that key's replays come from the backing store);
-// a Delete made directly on the backing store (bypassing this wrapper)
-// leaves the entry answering replays for at most MaxTTL, so keep MaxTTL
-// short when operators cache-bust, and pass the cache to `idem delete`.
+// answer back (meanwhile that key's replays come from the backing store).
+// A Delete whose tombstone cannot be written says so; a Resolve does not
+// (see Store.Resolve). A Delete made directly on the backing store
+// (bypassing this wrapper) leaves the entry answering replays for at most
+// MaxTTL, so keep MaxTTL short when operators cache-bust, and pass the
+// cache to `idem delete`.
 package cache
 
 import (
@@ -49,14 +51,15 @@ type Config struct {
 	// Logger receives cache failures (which never fail a request).
 	// Defaults to slog.Default().
 	Logger *slog.Logger
-	// Timeout bounds each read of an entry, and each write of one after a
-	// replay, so that a Redis that stops answering without refusing
-	// (hung, or cut off by a network that drops packets) delays a request
-	// by at most that much per call before the backing store answers it,
-	// instead of using up the request's deadline. Within a connection's
-	// reads and writes it holds only when the client respects contexts
-	// (go-redis's ContextTimeoutEnabled); otherwise those wait for the
-	// client's ReadTimeout and WriteTimeout. Defaults to 100ms.
+	// Timeout bounds each read of an entry, each write of one after a
+	// replay, and the tombstone of a settlement, so that a Redis that
+	// stops answering without refusing (hung, or cut off by a network that
+	// drops packets) delays a request by at most that much per call before
+	// the backing store answers it, instead of using up the request's
+	// deadline. Within a connection's reads and writes it holds only when
+	// the client respects contexts (go-redis's ContextTimeoutEnabled);
+	// otherwise those wait for the client's ReadTimeout and WriteTimeout.
+	// Defaults to 100ms.
 	Timeout time.Duration
 }
 
@@ -197,10 +200,25 @@ func (s *Store) Delete(ctx context.Context, p store.DeleteParams) error {
 	return err
 }
 
-// Resolve settles a record in the backing store and drops its entry.
+// Resolve settles a record in the backing store, then drops its entry.
+// The answer is the backing store's: once it committed the settlement, a
+// failure to drop the entry is logged, not returned. Returned, it would
+// send the caller into retries of a settlement already made, which the
+// backing store refuses (ErrStateConflict, as if another had settled it).
+// And no entry answers for the execution settled: the cache keeps
+// completed records only, and an unknown record was never completed under
+// its fence; the tombstone only cuts short an entry of an older execution
+// (left by a delete that bypassed this wrapper). For the same reason the
+// drop waits at most Config.Timeout.
 func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 	if err := s.Store.Resolve(ctx, p); err != nil {
 		return err
 	}
-	return s.invalidate(ctx, p.Scope, p.Key)
+	ictx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	err := s.invalidate(ictx, p.Scope, p.Key)
+	cancel()
+	if err != nil && ctx.Err() == nil {
+		s.cfg.Logger.Warn("idem/cache: settled in the store; the cache entry was not dropped", "scope", p.Scope, "key", p.Key, "err", err)
+	}
+	return nil
 }

@@ -154,10 +154,8 @@ func TestCacheLossChangesNoAnswer(t *testing.T) {
 	if err != nil || res.Outcome != store.Existing || res.Record.State != store.StateCompleted {
 		t.Fatalf("after a flush: %v %v", res.Outcome, err)
 	}
-	// Redis down: a client on a dead address. Answers still come, from SQLite.
-	dead := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
-	defer dead.Close()
-	down := cache.New(f.backing, dead, cache.Config{Prefix: f.prefix, Clock: f.clock.Now, Logger: quiet})
+	// Redis down: answers still come, from SQLite.
+	down := f.down(t)
 	res, err = down.Reserve(ctx, params("fp"))
 	if err != nil || res.Outcome != store.Existing || string(res.Record.Response.Body) != `{"id":1}` {
 		t.Fatalf("with Redis down: %v %v", res.Outcome, err)
