@@ -134,10 +134,11 @@ func (asyncMark) ServeHTTP(http.ResponseWriter, *http.Request) {}
 // match reports whether r is on an asynchronous route, and which route of
 // the config file's table it is (-1: an --async pattern of no route). As
 // for the other routes (routeTable.match), a request whose path the mux
-// would redirect (not clean, or missing a trailing slash) matches none:
-// the upstream may not read its path as the mux does.
+// would redirect (not clean, or missing a trailing slash), or that hides a
+// dot-segment from it, matches none: the upstream may not read its path as
+// the mux does.
 func (a *asyncRoutes) match(r *http.Request) (int, bool) {
-	if a == nil {
+	if a == nil || hasDotSegment(r.URL.Path) {
 		return 0, false
 	}
 	h, pattern := a.mux.Handler(r)

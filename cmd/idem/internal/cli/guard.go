@@ -293,12 +293,14 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 
 // hasDotSegment reports whether a decoded request path has a "." or ".."
 // segment, a backslash taken as a separator too (some servers read it as
-// one). The reverse proxy appends the path to the upstream's base path as
-// it is, so an upstream that resolves dot-segments would serve
-// /base/../admin as /admin.
+// one) and a segment's ";params" left out (Tomcat and Jetty drop them
+// before resolving dots, so they read /..;/admin as /../admin). The
+// reverse proxy appends the path to the upstream's base path as it is, so
+// an upstream that resolves dot-segments would serve /base/../admin as
+// /admin.
 func hasDotSegment(path string) bool {
 	for seg := range strings.FieldsFuncSeq(path, func(c rune) bool { return c == '/' || c == '\\' }) {
-		if seg == "." || seg == ".." {
+		if seg, _, _ = strings.Cut(seg, ";"); seg == "." || seg == ".." {
 			return true
 		}
 	}

@@ -425,7 +425,8 @@ func TestProxyRefusesDotSegmentsUnderBasePath(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 	}))
 	_, base := startProxy(t, ProxyConfig{Upstream: up.URL + "/api", Store: "memory:"})
-	for _, path := range []string{"/../admin", "/v1/./charges", "/v1/%2e%2e/admin", "/v1/%2E./admin", "/v1/..%5cadmin", "/v1/..%2fadmin", "/.."} {
+	for _, path := range []string{"/../admin", "/v1/./charges", "/v1/%2e%2e/admin", "/v1/%2E./admin", "/v1/..%5cadmin", "/v1/..%2fadmin", "/..",
+		"/..;/admin", "/v1/..;x=1/admin", "/v1/%2e%2e;/admin", "/v1/.;/charges"} { // Tomcat and Jetty drop ";params" before resolving dots
 		for _, head := range []string{"GET " + path + " HTTP/1.1\r\nHost: x", // unprotected: straight to the upstream otherwise
 			"POST " + path + " HTTP/1.1\r\nHost: x\r\nIdempotency-Key: \"dots\"\r\nContent-Length: 2"} {
 			resp, body := readProblem(t, rawRequest(t, base, head, []byte("{}")))
@@ -435,14 +436,49 @@ func TestProxyRefusesDotSegmentsUnderBasePath(t *testing.T) {
 		}
 	}
 	c := client(t)
-	for _, path := range []string{"/v1/charges", "/v1/..charges", "/v1/ch..arges/.x"} {
+	for _, path := range []string{"/v1/charges", "/v1/..charges", "/v1/ch..arges/.x", "/v1/charges;v=2"} {
 		if r := send(t, c, "POST", base+path, "ok"+path, `{}`); r.status != http.StatusCreated {
 			t.Errorf("POST %s: %d %s", path, r.status, r.body)
 		}
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if want := []string{"/api/v1/charges", "/api/v1/..charges", "/api/v1/ch..arges/.x"}; !slices.Equal(seen, want) {
+	if want := []string{"/api/v1/charges", "/api/v1/..charges", "/api/v1/ch..arges/.x", "/api/v1/charges;v=2"}; !slices.Equal(seen, want) {
 		t.Errorf("upstream saw %q, want %q", seen, want)
+	}
+}
+
+// A route (unprotected, with its own settings, or asynchronous) matches a
+// path only when no segment of it, decoded, is a dot-segment: an upstream
+// that decodes %2e or %2f, takes a backslash for a slash or drops ";params"
+// before resolving dots (nginx, Tomcat) reads /v1/webhooks/%2e%2e/charges as
+// /v1/charges, which must stay protected under the flags' settings.
+func TestProxyRoutesSkipEncodedDotSegments(t *testing.T) {
+	t.Parallel()
+	api := &chargeAPI{}
+	_, base := startProxy(t, ProxyConfig{Upstream: newUpstream(t, api).URL, Store: "memory:",
+		Routes: []RouteConfig{{Pattern: "/v1/webhooks/", Unprotected: true}}, Async: []string{"POST /v1/reports/{id}"}})
+	for _, path := range []string{"/v1/webhooks/%2e%2e/charges", "/v1/webhooks/.%2E/charges", "/v1/webhooks/..%2fcharges",
+		"/v1/webhooks/..%5ccharges", "/v1/webhooks/..;/charges", "/v1/webhooks/..;x=1/charges"} {
+		resp, body := readProblem(t, rawRequest(t, base, "POST "+path+" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2", []byte("{}")))
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "key-missing") {
+			t.Errorf("POST %s without a key: %d %s, want 400 key-missing", path, resp.StatusCode, body)
+		}
+	}
+	if n := api.calls.Load(); n != 0 {
+		t.Errorf("%d requests reached the upstream unprotected", n)
+	}
+	// Nor is such a path asynchronous: it is run at once, under the key.
+	if r := send(t, client(t), "POST", base+"/v1/reports/%2e%2e", "dots", `{}`); r.status != http.StatusCreated {
+		t.Errorf("keyed POST /v1/reports/%%2e%%2e: %d %s, want 201 from a synchronous run", r.status, r.body)
+	}
+	// The route still serves its own paths, dots inside a segment included.
+	for _, path := range []string{"/v1/webhooks/x", "/v1/webhooks/..x", "/v1/webhooks/a;b=.."} {
+		if r := send(t, client(t), "POST", base+path, "", `{}`); r.status != http.StatusCreated {
+			t.Errorf("POST %s on the unprotected route: %d %s", path, r.status, r.body)
+		}
+	}
+	if n := api.calls.Load(); n != 4 {
+		t.Errorf("upstream calls %d, want 4", n)
 	}
 }

@@ -314,7 +314,13 @@ func (p *Proxy) attach(s store.Store) error {
 		}
 	}
 	p.asyncEngine, p.worker = ae, w
-	keyed := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { p.rp.ServeHTTP(heldFlushes{w}, r) })
+	keyed := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hw := heldFlushes{ResponseWriter: w}
+		if h := w.Header(); len(h) > 0 {
+			hw.set = h.Clone()
+		}
+		p.rp.ServeHTTP(hw, r)
+	})
 	g := &guarded{main: e.Middleware(keyed), routes: make([]http.Handler, len(engines))}
 	if ae != nil {
 		g.async = ae.Middleware(keyed)
@@ -335,7 +341,26 @@ func (p *Proxy) attach(s store.Store) error {
 // a client could get an answer its retries never replay. Only an event
 // stream's flushes go through; any other answer is sent once stored, or
 // as written past the size the engine stores.
-type heldFlushes struct{ http.ResponseWriter }
+type heldFlushes struct {
+	http.ResponseWriter
+	// set is what the engine put in the header before the upstream was
+	// called (the echoed key): the reverse proxy empties the header map
+	// after relaying an informational answer (100 Continue, 103 Early
+	// Hints), and the final answer must still carry it.
+	set http.Header
+}
+
+func (w heldFlushes) WriteHeader(code int) {
+	if code >= 200 || code == http.StatusSwitchingProtocols {
+		h := w.Header()
+		for k, v := range w.set {
+			if _, ok := h[k]; !ok {
+				h[k] = v
+			}
+		}
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
 
 func (w heldFlushes) FlushError() error {
 	if httpfield.IsEventStream(w.Header()) {

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -969,5 +970,159 @@ func TestProxyChunkedAnswerStoredBeforeItIsSent(t *testing.T) {
 	r, err := trySend(context.Background(), c, "POST", base+"/v1/charges", "c1", `{"amount":1}`)
 	if err != nil || r.status != http.StatusCreated || string(r.body) != `{"id":"ch_1"}` || calls.Load() != 1 {
 		t.Fatalf("retry: %d %q %v, upstream calls %d", r.status, r.body, err, calls.Load())
+	}
+}
+
+// A keyed request that offers to switch protocols (a websocket on POST,
+// curl's h2c offer) is forwarded without the offer: what would travel on
+// the switched connection could be neither stored nor replayed, and an
+// upstream that switched used to leave the record unknown after it ran.
+// The upstream answers in HTTP/1.1, and that answer is kept and replayed.
+func TestProxyKeyedRequestDoesNotSwitchProtocols(t *testing.T) {
+	t.Parallel()
+	var calls, offers atomic.Int64
+	up := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		if r.Header.Get("Upgrade") != "" {
+			offers.Add(1)
+			conn, brw, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				panic(err)
+			}
+			defer conn.Close()
+			brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + r.Header.Get("Upgrade") + "\r\n\r\n")
+			brw.Flush()
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"id":"ch_1"}`)
+	}))
+	p, base := startProxy(t, ProxyConfig{Upstream: up.URL, Store: "memory:"})
+	c := client(t)
+	for i := range 2 {
+		r := send(t, c, "POST", base+"/v1/charges", "up", `{}`, "Connection", "Upgrade", "Upgrade", "websocket")
+		if r.status != http.StatusCreated || string(r.body) != `{"id":"ch_1"}` || (i == 1) != (r.header.Get("Idempotent-Replayed") == "true") {
+			t.Fatalf("attempt %d: %d %v %s, want the upstream's 201 (replayed the second time)", i+1, r.status, r.header, r.body)
+		}
+	}
+	if calls.Load() != 1 || offers.Load() != 0 {
+		t.Errorf("upstream called %d times, %d with an upgrade offer; want once, without", calls.Load(), offers.Load())
+	}
+	rec, err := p.Store().Get(context.Background(), scopeOf("", "POST", "/v1/charges"), "up")
+	if err != nil || rec.State != store.StateCompleted {
+		t.Errorf("record %s %q, %v; want completed", rec.State, rec.LastError, err)
+	}
+	// Without a key the offer is the client's and the upstream's to settle.
+	resp := rawRequest(t, base, "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket", nil)
+	if got, _ := readAnswer(t, resp); got.StatusCode != http.StatusSwitchingProtocols {
+		t.Errorf("GET with an upgrade offer: %d, want 101 from the upstream", got.StatusCode)
+	}
+}
+
+// An informational answer of the upstream (103 Early Hints, or 100
+// Continue) reaches the client, and the final answer still carries what the
+// engine set before the upstream was called: the reverse proxy empties the
+// header map after relaying a 1xx, which used to drop the echoed key.
+func TestProxyInformationalAnswerKeepsTheEchoedKey(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Link", "</style.css>; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
+		w.Header().Del("Link")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"id":"ch_1"}`)
+	}))
+	_, base := startProxy(t, ProxyConfig{Upstream: up.URL, Store: "memory:", Config: idem.Config{EchoKey: true}})
+	conn := rawRequest(t, base, "POST /v1/charges HTTP/1.1\r\nHost: x\r\nIdempotency-Key: \"eh\"\r\nContent-Type: application/json\r\nContent-Length: 2", []byte("{}"))
+	resp, hints := finalAnswer(t, conn)
+	if resp.StatusCode != http.StatusCreated || resp.Header.Get("Idempotency-Key") != `"eh"` || resp.Header.Get("Link") != "" {
+		t.Errorf("first answer: %d %v, want 201 with the echoed key and without the hint's Link", resp.StatusCode, resp.Header)
+	}
+	if !slices.Equal(hints, []int{http.StatusEarlyHints}) {
+		t.Errorf("the client saw the informational answers %v, want the upstream's 103", hints)
+	}
+	r := send(t, client(t), "POST", base+"/v1/charges", "eh", `{}`)
+	if r.header.Get("Idempotent-Replayed") != "true" || r.header.Get("Idempotency-Key") != `"eh"` {
+		t.Errorf("replay: %d %v", r.status, r.header)
+	}
+}
+
+// finalAnswer reads the answer on conn after the informational ones, whose
+// statuses it returns too, giving up after 30s.
+func finalAnswer(t *testing.T, conn net.Conn) (*http.Response, []int) {
+	t.Helper()
+	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	br := bufio.NewReader(conn)
+	var informational []int
+	for {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("reading the answer: %v", err)
+		}
+		if resp.StatusCode >= 200 {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			return resp, informational
+		}
+		informational = append(informational, resp.StatusCode)
+	}
+}
+
+// Under a key the proxy holds the whole body before it calls the upstream,
+// so it does not pass the client's Expect: 100-continue on: an upstream
+// that sends no 100 Continue (it need not) kept every such request waiting
+// for the transport's ExpectContinueTimeout before its body was sent.
+func TestProxyKeyedExpectContinue(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	expects := make(chan string, 4)
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				br := bufio.NewReader(conn)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					expects <- req.Header.Get("Expect")
+					io.Copy(io.Discard, req.Body)
+					io.WriteString(conn, "HTTP/1.1 201 Created\r\nContent-Length: 13\r\n\r\n{\"id\":\"ch_1\"}")
+				}
+			}()
+		}
+	}()
+	p, base := startProxy(t, ProxyConfig{Upstream: "http://" + ln.Addr().String(), Store: "memory:"})
+	expectTimeout := p.transport.ExpectContinueTimeout
+	for i := range 2 {
+		start := time.Now()
+		conn := rawRequest(t, base, "POST /v1/charges HTTP/1.1\r\nHost: x\r\nIdempotency-Key: \"x\"\r\nExpect: 100-continue\r\n"+
+			"Content-Type: application/json\r\nContent-Length: 2", []byte("{}"))
+		resp, informational := finalAnswer(t, conn)
+		took := time.Since(start)
+		if resp.StatusCode != http.StatusCreated || (i == 1) != (resp.Header.Get("Idempotent-Replayed") == "true") {
+			t.Fatalf("attempt %d: %d %v", i+1, resp.StatusCode, resp.Header)
+		}
+		if !slices.Equal(informational, []int{http.StatusContinue}) {
+			t.Errorf("attempt %d: informational answers %v, want the one 100 Continue the client asked for", i+1, informational)
+		}
+		if took >= expectTimeout {
+			t.Errorf("attempt %d took %v, as long as the transport waits for a 100 Continue (%v)", i+1, took, expectTimeout)
+		}
+	}
+	if len(expects) != 1 {
+		t.Fatalf("upstream called %d times, want 1", len(expects))
+	}
+	if e := <-expects; e != "" {
+		t.Errorf("upstream saw Expect: %q", e)
 	}
 }

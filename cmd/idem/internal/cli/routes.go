@@ -126,8 +126,11 @@ func (t *routeTable) handle(pattern string, h http.Handler) error {
 // match returns the index of the route r matches, if any. A request whose
 // path the mux would redirect (not clean, or missing a trailing slash)
 // matches no route: the upstream may not read its path as the mux does.
+// Nor does one with a dot-segment the mux leaves alone because it is
+// percent-encoded or hidden by a backslash or ";params": an upstream that
+// decodes or drops those first reads /webhooks/%2e%2e/charges as /charges.
 func (t *routeTable) match(r *http.Request) (int, bool) {
-	if t == nil {
+	if t == nil || hasDotSegment(r.URL.Path) {
 		return 0, false
 	}
 	h, _ := t.mux.Handler(r)

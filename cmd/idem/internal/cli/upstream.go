@@ -94,6 +94,20 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	})
 	pr.Out = pr.Out.WithContext(ctx)
 	hideKeyFromTransport(pr.Out.Header)
+	// The engine read the whole body before the upstream is called, and
+	// the client got its 100 Continue then: passed on, the expectation
+	// only holds the body back until the transport's
+	// ExpectContinueTimeout at an upstream that sends no 100 Continue.
+	pr.Out.Header.Del("Expect")
+	// A protocol switch hands the connection over to bytes the engine
+	// could neither store nor replay, and the upstream may act on them:
+	// under a key the offer is declined, as a server may (RFC 9110
+	// §7.8), and the upstream answers in HTTP/1.1. Connection holds
+	// nothing else here: the reverse proxy set it for the offer alone.
+	if pr.Out.Header.Get("Upgrade") != "" {
+		pr.Out.Header.Del("Upgrade")
+		pr.Out.Header.Del("Connection")
+	}
 	if pr.Out.Body != nil && isNopCloser(pr.In.Body) {
 		// The engine hands the handler the body it read as an io.NopCloser
 		// over a *bytes.Reader, which the transport writes in the same
