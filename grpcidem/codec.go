@@ -171,6 +171,10 @@ const (
 	// ReasonForeignResponse: the record was settled with an answer that is
 	// not a gRPC one, such as the maintainer's answer for an abandoned call.
 	ReasonForeignResponse = "IDEMPOTENCY_FOREIGN_RESPONSE"
+	// ReasonStreamNotProtected: a streaming call to a method listed in
+	// Config.Required, or one that carries a key, which an idempotency key
+	// cannot protect; the handler did not run (Unimplemented).
+	ReasonStreamNotProtected = "IDEMPOTENCY_STREAM_NOT_PROTECTED"
 )
 
 // refusal builds one of the interceptor's own errors, with a RetryInfo when

@@ -2,20 +2,36 @@
 // idem HTTP middleware: a client attaches an idempotency-key to a call, and
 // every retry of the same call produces its effect once and gets the
 // original answer back, across concurrent duplicates, crashes and many
-// server instances sharing one store.
+// server instances sharing one store. Streaming methods cannot be
+// protected: a streaming call that expects the protection is refused (see
+// Streaming methods below).
 //
 // # Using the interceptor
 //
-// Create one idem.Engine over a store and install the interceptor:
+// Create one idem.Engine over a store and install the two interceptors,
+// for unary and for streaming calls, with ServerOptions:
 //
 //	engine, _ := idem.New(st, idem.Config{})
-//	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
-//		recovery, // yours: grpcidem re-panics after recording the panic
-//		grpcidem.UnaryServerInterceptor(engine, grpcidem.Config{
-//			Required: []string{"/payments.v1.Payments/Charge"},
-//			Tenant:   func(ctx context.Context) string { return accountFromAuth(ctx) },
-//		}),
-//	))
+//	cfg := grpcidem.Config{
+//		Required: []string{"/payments.v1.Payments/Charge"},
+//		Tenant:   func(ctx context.Context) string { return accountFromAuth(ctx) },
+//	}
+//	srv := grpc.NewServer(grpcidem.ServerOptions(engine, cfg)...)
+//
+// A server with interceptors of its own puts grpcidem's inside them, after
+// recovery and authentication:
+//
+//	srv := grpc.NewServer(
+//		grpc.ChainUnaryInterceptor(
+//			recovery, // yours: grpcidem re-panics after recording the panic
+//			auth,
+//			grpcidem.UnaryServerInterceptor(engine, cfg),
+//		),
+//		grpc.ChainStreamInterceptor(streamAuth, grpcidem.StreamServerInterceptor(engine, cfg)),
+//	)
+//
+// Without the streaming interceptor, a streaming method listed in Required,
+// or a streaming call with a key, runs unprotected and nobody is told.
 //
 // A client sends the key as request metadata:
 //
@@ -46,6 +62,11 @@
 //     reason, until reconciliation settles the record.
 //   - The store cannot be reached: Unavailable with a RetryInfo, and the
 //     handler does not run (fail closed).
+//   - A streaming call to a Required method, with a key or without:
+//     Unimplemented with ReasonStreamNotProtected, and the handler does not
+//     run. A streaming call to another method with a key: the same, unless
+//     Config.PassKeyedStreams lets it run unprotected. Without a key: passes
+//     through untouched.
 //
 // Every refusal of the interceptor's own carries an errdetails.ErrorInfo
 // with Domain ErrorDomain and one of the Reason constants, so a client can
@@ -63,6 +84,24 @@
 // Deterministic output is stable within one build of the server; servers
 // built with different protobuf versions could, rarely, take a retry for a
 // different request: a false mismatch, the safe direction.
+//
+// # Streaming methods
+//
+// An idempotency key cannot protect a stream: its answer is a sequence of
+// messages sent while it runs, which cannot be stored before the client
+// sees them nor replayed as one answer, and its request is not one message
+// whose fingerprint could tell a retry from another request. Running such
+// a call as if it were protected would deceive the client that sent a key
+// and the operator who listed the method, so StreamServerInterceptor
+// refuses it. The code is Unimplemented, as for a feature the server does
+// not offer: the call cannot succeed as sent, however often it is retried.
+// Its ErrorInfo tells it from a method the server does not have. The
+// server logs a warning at each call to a streaming method listed in
+// Required: only its operator can mend it.
+//
+// A client that attaches a key to every call, streams included, is served
+// by Config.PassKeyedStreams: its keyed streams run unprotected, the key
+// ignored whatever its form, as on an HTTP GET.
 //
 // # Which errors are final
 //
@@ -191,7 +230,21 @@ type Config struct {
 	// require a key: a call without one is refused with InvalidArgument. A
 	// call to any other method is protected too when it carries a key, and
 	// passes through untouched when it does not. Defaults to none.
+	//
+	// Only unary methods can be protected: a streaming method listed here is
+	// refused at every call by StreamServerInterceptor (Unimplemented,
+	// ReasonStreamNotProtected), so that a method its operator believes
+	// protected never runs without the protection.
 	Required []string
+
+	// PassKeyedStreams lets a streaming call that carries a key run,
+	// unprotected, when its method is not in Required: for clients that
+	// attach a key to every call. Its key is then ignored, whatever its form
+	// (malformed or given twice), as a key on an HTTP GET is, and the
+	// handler still sees it in the metadata. Defaults to false: such a call
+	// is refused (Unimplemented, ReasonStreamNotProtected), because its
+	// client expects a protection that a stream cannot have.
+	PassKeyedStreams bool
 
 	// Tenant returns the caller's tenant, taken from the call's
 	// authentication (peer certificate, auth metadata checked by an earlier
@@ -242,7 +295,17 @@ type interceptor struct {
 //
 // Install it inside the recovery interceptor, if any, and after the
 // interceptors that authenticate the call (Tenant reads what they found).
+//
+// It sees unary calls only: install StreamServerInterceptor beside it (or
+// both at once with ServerOptions), or a streaming method listed in
+// Required, or a streaming call with a key, runs unprotected without a word.
 func UnaryServerInterceptor(e *idem.Engine, cfg Config) grpc.UnaryServerInterceptor {
+	return newInterceptor(e, cfg).intercept
+}
+
+// newInterceptor checks cfg, applies its defaults and builds the state both
+// interceptors share, so that they judge one Config alike.
+func newInterceptor(e *idem.Engine, cfg Config) *interceptor {
 	if e == nil {
 		panic("grpcidem: an engine is required")
 	}
@@ -289,7 +352,7 @@ func UnaryServerInterceptor(e *idem.Engine, cfg Config) grpc.UnaryServerIntercep
 	for _, m := range cfg.Required {
 		i.required[m] = true
 	}
-	return i.intercept
+	return i
 }
 
 var deterministic = proto.MarshalOptions{Deterministic: true}

@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	hpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
@@ -38,6 +39,7 @@ func TestMain(m *testing.M) {
 const (
 	checkMethod = "/grpc.health.v1.Health/Check"
 	listMethod  = "/grpc.health.v1.Health/List"
+	watchMethod = "/grpc.health.v1.Health/Watch"
 )
 
 var quiet = slog.New(slog.DiscardHandler)
@@ -45,6 +47,7 @@ var quiet = slog.New(slog.DiscardHandler)
 // health is a real Health service whose Check counts its executions and
 // answers SERVING only the first time, so a replay is told from a second
 // execution by its content. Tests replace check to fail, block or panic.
+// Watch, a server-streaming method, counts among the executions too.
 type health struct {
 	hpb.UnimplementedHealthServer
 	calls atomic.Int64
@@ -61,6 +64,21 @@ func (h *health) Check(ctx context.Context, req *hpb.HealthCheckRequest) (*hpb.H
 		st = hpb.HealthCheckResponse_SERVING
 	}
 	return &hpb.HealthCheckResponse{Status: st}, nil
+}
+
+// watched is what Watch sends.
+var watched = []hpb.HealthCheckResponse_ServingStatus{hpb.HealthCheckResponse_SERVING, hpb.HealthCheckResponse_NOT_SERVING}
+
+// Watch sends two statuses and ends the stream, so that a test sees
+// messages flow and the stream close.
+func (h *health) Watch(_ *hpb.HealthCheckRequest, stream hpb.Health_WatchServer) error {
+	h.calls.Add(1)
+	for _, st := range watched {
+		if err := stream.Send(&hpb.HealthCheckResponse{Status: st}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (h *health) List(ctx context.Context, req *hpb.HealthListRequest) (*hpb.HealthListResponse, error) {
@@ -150,10 +168,11 @@ func eachStore(t *testing.T, test func(t *testing.T, open newStore)) {
 }
 
 // fixture is a real gRPC server on an in-memory listener, with the
-// interceptor in front of the Health service, and a client of it.
+// interceptors in front of the Health service, and a client of it.
 type fixture struct {
 	store  *faultyStore
 	health *health
+	conn   *grpc.ClientConn
 	client hpb.HealthClient
 }
 
@@ -167,25 +186,29 @@ func newFixture(t *testing.T, st store.Store, cfg grpcidem.Config) *fixture {
 	if cfg.Logger == nil {
 		cfg.Logger = quiet
 	}
-	f.client = serve(t, grpc.ChainUnaryInterceptor(recoverPanics, grpcidem.UnaryServerInterceptor(engine, cfg)), f.health)
+	// Installed as the package documentation says: the application's own
+	// interceptors first, grpcidem's inside them.
+	opts := append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(recoverPanics)}, grpcidem.ServerOptions(engine, cfg)...)
+	f.conn = serve(t, f.health, opts...)
+	f.client = hpb.NewHealthClient(f.conn)
 	return f
 }
 
-// serve starts a server with the given interceptors in front of h and
-// returns a client connected to it; both stop when the test ends.
-func serve(t *testing.T, interceptors grpc.ServerOption, h hpb.HealthServer) hpb.HealthClient {
+// serve starts a server with the given options in front of h and of the
+// reflection service (a second streaming service, bidirectional), and
+// returns a connection to it; both stop when the test ends.
+func serve(t *testing.T, h hpb.HealthServer, opts ...grpc.ServerOption) *grpc.ClientConn {
 	t.Helper()
 	lis := bufconn.Listen(1 << 20)
-	srv := grpc.NewServer(interceptors)
+	srv := grpc.NewServer(opts...)
 	hpb.RegisterHealthServer(srv, h)
+	reflection.Register(srv)
 	served := make(chan struct{})
 	go func() {
 		defer close(served)
 		srv.Serve(lis)
 	}()
-	conn, err := grpc.NewClient("passthrough:///bufconn",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := dial(lis)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,7 +217,14 @@ func serve(t *testing.T, interceptors grpc.ServerOption, h hpb.HealthServer) hpb
 		srv.Stop()
 		<-served
 	})
-	return hpb.NewHealthClient(conn)
+	return conn
+}
+
+// dial returns a connection to the server listening on lis.
+func dial(lis *bufconn.Listener) (*grpc.ClientConn, error) {
+	return grpc.NewClient("passthrough:///bufconn",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
 }
 
 // recoverPanics stands for the application's recovery interceptor, which
@@ -218,17 +248,23 @@ func (r result) replayed() bool {
 	return strings.Join(r.header.Get(grpcidem.ReplayedMetadata), ",") == "true"
 }
 
-// check calls Check with the given key ("" sends none) and extra metadata
-// pairs.
-func (f *fixture) check(ctx context.Context, key, service string, pairs ...string) result {
+// outgoing returns ctx with the key ("" sends none) and extra metadata
+// pairs to send.
+func outgoing(ctx context.Context, key string, pairs ...string) context.Context {
 	if key != "" {
 		pairs = append(pairs, grpcidem.KeyMetadata, key)
 	}
 	if len(pairs) > 0 {
 		ctx = metadata.AppendToOutgoingContext(ctx, pairs...)
 	}
+	return ctx
+}
+
+// check calls Check with the given key ("" sends none) and extra metadata
+// pairs.
+func (f *fixture) check(ctx context.Context, key, service string, pairs ...string) result {
 	var r result
-	r.resp, r.err = f.client.Check(ctx, &hpb.HealthCheckRequest{Service: service}, grpc.Header(&r.header))
+	r.resp, r.err = f.client.Check(outgoing(ctx, key, pairs...), &hpb.HealthCheckRequest{Service: service}, grpc.Header(&r.header))
 	return r
 }
 
@@ -358,7 +394,7 @@ func TestAsynchronousEngineRunsCallsAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := &fixture{health: &health{}}
-	f.client = serve(t, grpc.ChainUnaryInterceptor(grpcidem.UnaryServerInterceptor(engine, grpcidem.Config{Logger: quiet})), f.health)
+	f.client = hpb.NewHealthClient(serve(t, f.health, grpc.ChainUnaryInterceptor(grpcidem.UnaryServerInterceptor(engine, grpcidem.Config{Logger: quiet}))))
 	wantOK(t, f.check(ctx, "k", "db"), hpb.HealthCheckResponse_SERVING, false)
 	wantOK(t, f.check(ctx, "k", "db"), hpb.HealthCheckResponse_SERVING, true)
 	wantCalls(t, f, 1)
@@ -568,12 +604,8 @@ func TestMethodNotRequired(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, memoryStore(t), grpcidem.Config{Required: []string{checkMethod}})
 	list := func(key string) (*hpb.HealthListResponse, metadata.MD, error) {
-		c := ctx
-		if key != "" {
-			c = metadata.AppendToOutgoingContext(c, grpcidem.KeyMetadata, key)
-		}
 		var hdr metadata.MD
-		resp, err := f.client.List(c, &hpb.HealthListRequest{}, grpc.Header(&hdr))
+		resp, err := f.client.List(outgoing(ctx, key), &hpb.HealthListRequest{}, grpc.Header(&hdr))
 		return resp, hdr, err
 	}
 	// Without a key: untouched, run every time.
@@ -786,18 +818,30 @@ func TestInvalidConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, cfg := range map[string]grpcidem.Config{
-		"negative wait": {Wait: -time.Second},
-		"bad code":      {KeyReusedCode: 99},
+	// Every constructor judges a Config alike.
+	constructors := map[string]func(*idem.Engine, grpcidem.Config){
+		"unary":   func(e *idem.Engine, cfg grpcidem.Config) { grpcidem.UnaryServerInterceptor(e, cfg) },
+		"stream":  func(e *idem.Engine, cfg grpcidem.Config) { grpcidem.StreamServerInterceptor(e, cfg) },
+		"options": func(e *idem.Engine, cfg grpcidem.Config) { grpcidem.ServerOptions(e, cfg) },
+	}
+	for name, c := range map[string]struct {
+		engine *idem.Engine
+		cfg    grpcidem.Config
+	}{
+		"negative wait": {engine, grpcidem.Config{Wait: -time.Second}},
+		"bad code":      {engine, grpcidem.Config{KeyReusedCode: 99}},
+		"no engine":     {nil, grpcidem.Config{}},
 	} {
-		t.Run(name, func(t *testing.T) {
-			defer func() {
-				if recover() == nil {
-					t.Error("no panic")
-				}
-			}()
-			grpcidem.UnaryServerInterceptor(engine, cfg)
-		})
+		for kind, build := range constructors {
+			t.Run(name+"/"+kind, func(t *testing.T) {
+				defer func() {
+					if recover() == nil {
+						t.Error("no panic")
+					}
+				}()
+				build(c.engine, c.cfg)
+			})
+		}
 	}
 }
 

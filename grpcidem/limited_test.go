@@ -21,7 +21,7 @@ func TestTenantLimited(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.client = serve(t, grpc.ChainUnaryInterceptor(grpcidem.UnaryServerInterceptor(engine, grpcidem.Config{Logger: quiet})), f.health)
+	f.client = hpb.NewHealthClient(serve(t, f.health, grpc.ChainUnaryInterceptor(grpcidem.UnaryServerInterceptor(engine, grpcidem.Config{Logger: quiet}))))
 	if r := f.check(ctx, "k1", "db"); r.err != nil {
 		t.Fatal(r.err)
 	}
@@ -54,7 +54,7 @@ func TestServerLimitsAreNotTenantLimits(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			f.client = serve(t, grpc.ChainUnaryInterceptor(grpcidem.UnaryServerInterceptor(engine, grpcidem.Config{Logger: quiet})), f.health)
+			f.client = hpb.NewHealthClient(serve(t, f.health, grpc.ChainUnaryInterceptor(grpcidem.UnaryServerInterceptor(engine, grpcidem.Config{Logger: quiet}))))
 			// The first call holds its record in progress while the second
 			// arrives.
 			started, release := make(chan struct{}), make(chan struct{})
