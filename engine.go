@@ -215,6 +215,15 @@ type Call struct {
 	ContentType string
 	Body        []byte
 
+	// ContentEncoding is the request's Content-Encoding, the codings Body
+	// is in (r.Header's values joined with commas). The fingerprint sees
+	// the content: Run undoes gzip and deflate, at most
+	// Config.MaxBodyBytes of it (a larger content is body-too-large, an
+	// undecodable body invalid-body), so a retry compressed into other
+	// bytes is the same request; a body in another coding is fingerprinted
+	// as the bytes sent. Body itself is left as it came.
+	ContentEncoding string
+
 	// ReadBody, when set and Body is nil, produces the body once the key
 	// is known to be valid, so that calls passing through without a key
 	// do not pay for it. Its error refuses the call (body-unreadable).
@@ -502,7 +511,10 @@ func (e *Engine) identify(ctx context.Context, c *Call, op operation, key string
 		return id, e.refuseID(ctx, err), false
 	}
 	fp, err := e.fingerprint(c)
-	if err != nil {
+	switch {
+	case errors.Is(err, errDecodedTooLarge):
+		return id, e.refuse(ctx, probBodyTooLarge, "the limit is "+strconv.FormatInt(e.cfg.MaxBodyBytes, 10)+" bytes of decoded content"), false
+	case err != nil:
 		return id, e.refuse(ctx, probInvalidBody, err.Error()), false
 	}
 	id.fp = fp
@@ -598,13 +610,17 @@ func (e *Engine) Fingerprint(c Call) (string, error) { return e.fingerprint(&c) 
 // empty body is an empty body whatever its declared type: clients often
 // label a body-less POST application/json.
 func (e *Engine) fingerprint(c *Call) (string, error) {
+	body, coding, err := decodeContent(c.ContentEncoding, c.Body, e.cfg.MaxBodyBytes)
+	if err != nil {
+		return "", err
+	}
 	contentType := c.ContentType
-	if len(c.Body) == 0 {
+	if len(body) == 0 {
 		contentType = ""
 	}
 	return e.hasher.Sum(fingerprint.Input{
 		Method: c.Method, Route: c.Route, Target: c.Target,
-		ContentType: contentType, Body: c.Body, Fields: e.cfg.Fields,
+		ContentType: contentType, ContentEncoding: coding, Body: body, Fields: e.cfg.Fields,
 	})
 }
 

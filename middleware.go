@@ -85,6 +85,7 @@ func (e *Engine) handle(w http.ResponseWriter, r *http.Request, route string, co
 	c := Call{
 		Tenant: e.cfg.Tenant(r), Method: method, Route: route, Target: r.URL.RequestURI(),
 		Keys: keys, ContentType: firstValue(r.Header["Content-Type"]), Header: r.Header,
+		ContentEncoding: joinValues(r.Header["Content-Encoding"]),
 	}
 	a := e.run(r.Context(), &c, h)
 	switch a.Verdict {
@@ -111,6 +112,14 @@ func (e *Engine) handle(w http.ResponseWriter, r *http.Request, route string, co
 	}
 	h.rec.done = true
 	return h.ran
+}
+
+// joinValues is a list-valued field's field lines as one list.
+func joinValues(values []string) string {
+	if len(values) == 1 {
+		return values[0]
+	}
+	return strings.Join(values, ",")
 }
 
 // firstValue is h.Get(name)'s answer for a name in canonical form, from

@@ -10,7 +10,7 @@
 //	uvarint(len(method)) method
 //	uvarint(len(route)) route
 //	uvarint(len(target)) target   (the canonical target, below)
-//	one byte: the body kind (raw, json, json-fields, json-raw, form, form-fields)
+//	one byte: the body kind (raw, json, json-fields, json-raw, form, form-fields, encoded)
 //	the canonical body
 //
 // Method, route and target are length-prefixed and the kind is one
@@ -74,6 +74,15 @@
 //     invalid percent escape or a ';' (a separator to some frameworks, part
 //     of the value to others) is ErrInvalidForm.
 //   - anything else, including no Content-Type and multipart: the raw bytes.
+//
+// A body sent in a content coding (Content-Encoding) is canonicalised as
+// its decoded content when the caller decodes it first (idem's engine
+// decodes gzip and deflate): a retry whose compressor wrote other bytes for
+// the same content, or that sends it unencoded, is the same request. A
+// body left in a coding the caller cannot decode is hashed as its raw
+// bytes under a kind of its own, after the length-prefixed coding names
+// (Input.ContentEncoding), whatever its Content-Type, and fields are
+// ignored: a retry must send the same bytes.
 //
 // # Meaning guards
 //
@@ -173,6 +182,7 @@ const (
 	kindJSONRaw    byte = 4 // JSON whose numbers would lose meaning: raw bytes
 	kindForm       byte = 5
 	kindFormFields byte = 6
+	kindEncoded    byte = 7 // in a content coding not decoded: the codings, then raw bytes
 )
 
 // domain is the layout version; see "Versions" in the package comment.
@@ -216,6 +226,11 @@ type Input struct {
 	// ContentType is the request's Content-Type header; it chooses how the
 	// body is canonicalised.
 	ContentType string
+	// ContentEncoding names the content codings Body is still in, as the
+	// Content-Encoding header lists them (normalised by the caller: one
+	// spelling per coding), or is empty when Body is the content itself.
+	// An encoded body is hashed raw; see Bodies in the package comment.
+	ContentEncoding string
 	// Body is the whole request body.
 	Body []byte
 	// Fields, when non-empty, selects the JSON members (by path: a.b) or
@@ -232,7 +247,16 @@ func (h *Hasher) Sum(in Input) (string, error) {
 	defer h.put(s)
 	s.prepare(in.Method, in.Route, in.Target)
 	var err error
-	switch mediaKind(in.ContentType) {
+	kind := mediaKind(in.ContentType)
+	if in.ContentEncoding != "" {
+		kind = kindEncoded
+	}
+	switch kind {
+	case kindEncoded:
+		s.begin(kindEncoded)
+		s.writeUvarint(len(in.ContentEncoding))
+		s.writeString(in.ContentEncoding)
+		s.write(in.Body)
 	case kindJSON:
 		err = s.json(in.Body, in.Fields)
 	case kindForm:

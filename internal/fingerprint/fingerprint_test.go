@@ -138,6 +138,23 @@ func TestDomainSeparation(t *testing.T) {
 		}
 		seen[sum] = i
 	}
+	// A body left in a content coding is its own kind, the coding names
+	// length-prefixed: it equals neither the raw bytes, nor the same bytes
+	// in another coding, nor codings whose names run into the body.
+	encoded := map[string]Input{}
+	for _, in := range []Input{
+		{Method: "POST", Route: "/ab", ContentType: jsonType, ContentEncoding: "br", Body: []byte("xyz")},
+		{Method: "POST", Route: "/ab", ContentType: jsonType, ContentEncoding: "zstd", Body: []byte("xyz")},
+		{Method: "POST", Route: "/ab", ContentType: jsonType, ContentEncoding: "brx", Body: []byte("yz")},
+		{Method: "POST", Route: "/ab", Body: []byte("xyz")},
+		{Method: "POST", Route: "/ab", Body: []byte("\x02brxyz")},
+	} {
+		sum := mustSumInput(t, h, in)
+		if prev, ok := encoded[sum]; ok {
+			t.Fatalf("%+v and %+v share fingerprint %s", prev, in, sum)
+		}
+		encoded[sum] = in
+	}
 	// Selected fields are their own kind: {"a":1} whole differs from
 	// fields [a] of the same document.
 	whole := mustSum(t, h, "POST", "/ab", jsonType, `{"a":1}`)
