@@ -54,6 +54,32 @@ func startProxy(t *testing.T, cfg ProxyConfig) (*Proxy, string) {
 	return p, base
 }
 
+// rawUpstream serves each connection with serve, byte by byte as a test
+// writes it (answers net/http's server would not send), and returns its
+// URL; the connection is closed when serve returns, the listener when
+// the test ends.
+func rawUpstream(t *testing.T, serve func(conn net.Conn, br *bufio.Reader)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				serve(conn, bufio.NewReader(conn))
+			}()
+		}
+	}()
+	return "http://" + ln.Addr().String()
+}
+
 // startStoppable is startProxy with a stop function (idempotent) that
 // shuts the proxy down and waits for it. A config with no tenant source
 // serves one trusted caller.
@@ -902,38 +928,23 @@ func TestProxyStripeShouldRetry(t *testing.T) {
 // used to send the answer as written, before its record was stored.)
 func TestProxyChunkedAnswerStoredBeforeItIsSent(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
 	hold := make(chan struct{})
 	release := sync.OnceFunc(func() { close(hold) })
 	defer release()
 	var calls atomic.Int64
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer conn.Close()
-				br := bufio.NewReader(conn)
-				req, err := http.ReadRequest(br)
-				if err != nil {
-					return
-				}
-				io.Copy(io.Discard, req.Body)
-				calls.Add(1)
-				chunk := `{"id":"ch_1"}`
-				fmt.Fprintf(conn, "HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", len(chunk), chunk)
-				<-hold // the last chunk comes later
-				fmt.Fprintf(conn, "0\r\n\r\n")
-			}()
+	upstream := rawUpstream(t, func(conn net.Conn, br *bufio.Reader) {
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
 		}
-	}()
-	p, base := startProxy(t, ProxyConfig{Upstream: "http://" + ln.Addr().String(), Store: "memory:"})
+		io.Copy(io.Discard, req.Body)
+		calls.Add(1)
+		chunk := `{"id":"ch_1"}`
+		fmt.Fprintf(conn, "HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", len(chunk), chunk)
+		<-hold // the last chunk comes later
+		fmt.Fprintf(conn, "0\r\n\r\n")
+	})
+	p, base := startProxy(t, ProxyConfig{Upstream: upstream, Store: "memory:"})
 	c := client(t)
 	headers := make(chan *http.Response, 1) // as soon as the answer's header arrives
 	go func() {
@@ -1074,34 +1085,19 @@ func finalAnswer(t *testing.T, conn net.Conn) (*http.Response, []int) {
 // for the transport's ExpectContinueTimeout before its body was sent.
 func TestProxyKeyedExpectContinue(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
 	expects := make(chan string, 4)
-	go func() {
+	upstream := rawUpstream(t, func(conn net.Conn, br *bufio.Reader) {
 		for {
-			conn, err := ln.Accept()
+			req, err := http.ReadRequest(br)
 			if err != nil {
 				return
 			}
-			go func() {
-				defer conn.Close()
-				br := bufio.NewReader(conn)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					expects <- req.Header.Get("Expect")
-					io.Copy(io.Discard, req.Body)
-					io.WriteString(conn, "HTTP/1.1 201 Created\r\nContent-Length: 13\r\n\r\n{\"id\":\"ch_1\"}")
-				}
-			}()
+			expects <- req.Header.Get("Expect")
+			io.Copy(io.Discard, req.Body)
+			io.WriteString(conn, "HTTP/1.1 201 Created\r\nContent-Length: 13\r\n\r\n{\"id\":\"ch_1\"}")
 		}
-	}()
-	p, base := startProxy(t, ProxyConfig{Upstream: "http://" + ln.Addr().String(), Store: "memory:"})
+	})
+	p, base := startProxy(t, ProxyConfig{Upstream: upstream, Store: "memory:"})
 	expectTimeout := p.transport.ExpectContinueTimeout
 	for i := range 2 {
 		start := time.Now()
