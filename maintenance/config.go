@@ -66,8 +66,9 @@ type Config struct {
 	BatchSize int
 
 	// BatchTimeout bounds one batch: its store calls and, when
-	// reconciling, its Resolver calls. It must not be shorter than
-	// StoreTimeout. Defaults to 1m.
+	// reconciling, its Resolver calls, which end StoreTimeout (half the
+	// batch at most) before it so that their attempts can be recorded. It
+	// must not be shorter than StoreTimeout. Defaults to 1m.
 	BatchTimeout time.Duration
 
 	// BatchPause is the pause between two batches of one pass, so that a

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -314,31 +315,45 @@ type ReconcileResult struct {
 // recorded one first, or the record ran again) is reported to the
 // Observer as reconcile_raced, never as reconcile_failed, whatever the
 // Resolver answered.
+//
+// A Resolver that panics, or has not answered when the batch has only
+// StoreTimeout left (half the batch at most), has failed that attempt:
+// the reconciler records it and goes on without waiting for it any longer.
+// A record asked about after the records before it took the batch's time
+// is asked again first in the next batch, not charged an attempt.
 func (m *Maintainer) ReconcileOnce(ctx context.Context) (ReconcileResult, error) {
 	var total ReconcileResult
 	if m.cfg.Resolver == nil {
 		return total, errors.New("maintenance: reconciliation needs a Resolver")
 	}
 	err := m.pass(ctx, func(ctx context.Context) (bool, error) {
-		n, err := m.reconcileBatch(ctx, &total)
-		return n == m.cfg.BatchSize, err
+		return m.reconcileBatch(ctx, &total)
 	})
 	return total, err
 }
 
-// reconcileBatch handles one batch, adds it to out, and returns how many
-// records it read.
-func (m *Maintainer) reconcileBatch(ctx context.Context, out *ReconcileResult) (int, error) {
+// reconcileBatch handles one batch, adds it to out, and reports whether
+// due records may be left for another batch.
+func (m *Maintainer) reconcileBatch(ctx context.Context, out *ReconcileResult) (more bool, err error) {
 	var recs []store.Record
-	err := m.call(ctx, opListUnknown, func(ctx context.Context) (err error) {
+	err = m.call(ctx, opListUnknown, func(ctx context.Context) (err error) {
 		recs, err = m.store.ListUnknown(ctx, store.ListUnknownParams{DueOnly: true, Limit: m.cfg.BatchSize})
 		return err
 	})
 	if err != nil {
-		return 0, err
+		return false, err
 	}
-	for _, r := range recs {
-		res, rerr := m.cfg.Resolver.Resolve(ctx, r)
+	for i, r := range recs {
+		res, late, rerr := m.resolve(ctx, r)
+		if err := ctx.Err(); err != nil {
+			return false, err // stopped: nothing is recorded about r
+		}
+		if late && i > 0 {
+			// Asked with what the records before it left of the batch:
+			// not a fair attempt. The next batch asks it first, with
+			// the whole batch's time.
+			return true, nil
+		}
 		if rerr == nil && res.Outcome != StillUnknown {
 			err := m.Settle(ctx, r.Scope, r.Key, r.Fence, res)
 			switch {
@@ -349,7 +364,7 @@ func (m *Maintainer) reconcileBatch(ctx context.Context, out *ReconcileResult) (
 				m.obs.count(ctx, "reconcile_raced", 1)
 				continue // settled by someone else, or run again, meanwhile
 			case errors.Is(err, idem.ErrStore):
-				return len(recs), err
+				return false, err
 			}
 			rerr = err
 		}
@@ -390,10 +405,61 @@ func (m *Maintainer) reconcileBatch(ctx context.Context, out *ReconcileResult) (
 			m.obs.count(ctx, "reconcile_failed", 1)
 		}
 		if errors.Is(err, idem.ErrStore) {
-			return len(recs), err
+			return false, err
 		}
 	}
-	return len(recs), nil
+	return len(recs) == m.cfg.BatchSize, nil
+}
+
+// resolve asks the Resolver about r. The Resolver's time ends before the
+// batch's, leaving it the time to record the attempt: an attempt that is
+// never recorded is never counted, so a record whose provider never
+// answers would never be dead-lettered, and, due first at every pass, it
+// would take every batch's time from the records after it. For the same
+// reason resolve stops waiting at that deadline for a Resolver that
+// ignores its context (its answer, should one come, is dropped). A panic
+// is that attempt's error: a malformed answer about one record must not
+// bring down every instance that reconciles, again at every pass. late
+// reports that the Resolver's time ran out without a verdict.
+func (m *Maintainer) resolve(ctx context.Context, r store.Record) (res Resolution, late bool, err error) {
+	rctx, cancel := context.WithCancel(ctx)
+	if d, ok := ctx.Deadline(); ok {
+		cancel()
+		rctx, cancel = context.WithDeadline(ctx, d.Add(-min(m.cfg.StoreTimeout, m.cfg.BatchTimeout/2)))
+	}
+	// Also ends the context of a Resolver left running past its time.
+	defer cancel()
+	if err := rctx.Err(); err != nil {
+		return Resolution{}, true, err
+	}
+	type verdict struct {
+		res Resolution
+		err error
+	}
+	done := make(chan verdict, 1)
+	go func() {
+		var v verdict
+		defer func() {
+			if p := recover(); p != nil {
+				m.cfg.Logger.Error("idem: resolver panicked; counted as a failed attempt",
+					"scope", r.Scope, "key", r.Key, "fence", r.Fence, "panic", p, "stack", string(debug.Stack()))
+				v = verdict{err: fmt.Errorf("resolver panicked: %v", p)}
+			}
+			done <- v
+		}()
+		v.res, v.err = m.cfg.Resolver.Resolve(rctx, r)
+	}()
+	var v verdict
+	select {
+	case v = <-done:
+	case <-rctx.Done():
+		select {
+		case v = <-done: // answered as its time ran out
+		default:
+			return Resolution{}, true, fmt.Errorf("resolver did not answer in time: %w", rctx.Err())
+		}
+	}
+	return v.res, v.err != nil && rctx.Err() != nil, v.err
 }
 
 // raced reports whether the store refused to record an attempt because
