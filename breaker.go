@@ -45,6 +45,7 @@ const (
 type breaker struct {
 	threshold     int
 	base, maxOpen time.Duration
+	timeout       time.Duration // the store timeout, which bounds a probe
 	log           *slog.Logger
 	obs           Observer
 
@@ -58,13 +59,19 @@ type breaker struct {
 	interval  time.Duration
 	openUntil time.Time
 	probing   bool
+	probeAt   time.Time // when the probe under way started
+	// closedAt is when the probe that last closed the breaker started. A
+	// call that started earlier met the store before it came back: its
+	// late failure must not open the breaker again.
+	closedAt time.Time
 }
 
 func newBreaker(s *settings, obs Observer) *breaker {
 	if s.BreakerFailures < 0 {
 		return nil
 	}
-	b := &breaker{threshold: s.BreakerFailures, base: s.BreakerOpen, maxOpen: s.BreakerMaxOpen, log: s.Logger, obs: obs}
+	b := &breaker{threshold: s.BreakerFailures, base: s.BreakerOpen, maxOpen: s.BreakerMaxOpen, timeout: s.StoreTimeout,
+		log: s.Logger, obs: obs}
 	b.healthy.Store(true)
 	return b
 }
@@ -91,11 +98,13 @@ func (b *breaker) allow(now time.Time) (probe bool, wait time.Duration, ok bool)
 		}
 		b.state = breakerHalfOpen
 	}
-	if b.probing {
+	if b.probing && now.Before(b.probeAt.Add(b.timeout)) {
 		// Half-open with a probe in flight: the next one comes after it.
+		// One that outlived its store timeout will never report (its call
+		// panicked, or the store ignored the deadline): another replaces it.
 		return false, b.base, false
 	}
-	b.probing = true
+	b.probing, b.probeAt = true, now
 	return true, 0, true
 }
 
@@ -110,16 +119,22 @@ const (
 	resultNone
 )
 
-// done reports how a call ended; probe as allow returned it.
-func (b *breaker) done(ctx context.Context, now time.Time, probe bool, r result) {
+// done reports how a call that started at start ended at now (zero unless
+// it failed); probe as allow returned it.
+func (b *breaker) done(ctx context.Context, start, now time.Time, probe bool, r result) {
 	if !probe && (r == resultNone || r == resultOK && b.healthy.Load()) {
 		return // nothing would change
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	defer b.mark()
+	if probe && !start.Equal(b.probeAt) {
+		probe = false // replaced (see allow): the probe under way decides
+	}
 	if probe {
 		b.probing = false
+	} else if start.Before(b.closedAt) {
+		return
 	}
 	switch {
 	case r == resultNone:
@@ -127,7 +142,7 @@ func (b *breaker) done(ctx context.Context, now time.Time, probe bool, r result)
 	case r == resultOK:
 		b.failures = 0
 		if probe && b.state != breakerClosed {
-			b.state, b.interval = breakerClosed, 0
+			b.state, b.interval, b.closedAt = breakerClosed, 0, start
 			b.log.Info("idem: store circuit breaker closed; the store answers again")
 			b.obs.Event(ctx, "breaker_closed", 1)
 		}

@@ -34,12 +34,23 @@ type breakerEnv struct {
 
 func newBreakerEnv(t *testing.T, cfg idem.Config) *breakerEnv {
 	t.Helper()
+	return newBreakerEnvOver(t, cfg, nil)
+}
+
+// newBreakerEnvOver is newBreakerEnv with the engine over wrap's store
+// around the Flaky one (wrap nil: the Flaky store itself).
+func newBreakerEnvOver(t *testing.T, cfg idem.Config, wrap func(*enginetest.Flaky) store.Store) *breakerEnv {
+	t.Helper()
 	clk := newStepClock()
 	b := &breakerEnv{t: t, clk: clk, st: &enginetest.Flaky{Store: memory.New(memory.Config{Clock: clk.Now})},
 		obs: &obstest.Recorder{}, logs: &bytes.Buffer{}}
 	cfg.Observer = b.obs
 	cfg.Logger = slog.New(slog.NewTextHandler(&lockedWriter{w: b.logs}, nil))
-	e, err := idem.New(b.st, cfg)
+	var s store.Store = b.st
+	if wrap != nil {
+		s = wrap(b.st)
+	}
+	e, err := idem.New(s, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,4 +328,105 @@ func TestLostCompletionAnswerRecognisedWithTheBreakerOpen(t *testing.T) {
 	if resp.Header.Get("Idempotency-Key-Expires") == "" || strings.Contains(logs.String(), "no longer holds") {
 		t.Fatalf("a stored answer reported as not recorded; logs:\n%s", logs.String())
 	}
+}
+
+// staleReserve holds the reservations of keys starting with "stale" until
+// the test says how each ends: calls sent to a store that hung, answered
+// (with a failure) long after they started.
+type staleReserve struct {
+	*enginetest.Flaky
+	held chan error
+}
+
+func (s *staleReserve) Reserve(ctx context.Context, p store.ReserveParams) (store.ReserveResult, error) {
+	if strings.HasPrefix(p.Key, "stale") {
+		s.Reserves.Add(1)
+		if err := <-s.held; err != nil {
+			return store.ReserveResult{}, err
+		}
+	}
+	return s.Flaky.Reserve(ctx, p)
+}
+
+// The failures of calls that started before the breaker closed say
+// nothing about the store that answered the probe: calls stuck in a store
+// that hung fail one after the other once a probe found it back, and must
+// not open the breaker again against a store that answers.
+func TestBreakerIgnoresFailuresOfCallsOlderThanItsClosing(t *testing.T) {
+	t.Parallel()
+	var st *staleReserve
+	b := newBreakerEnvOver(t, idem.Config{BreakerFailures: 2, BreakerOpen: time.Second}, func(f *enginetest.Flaky) store.Store {
+		st = &staleReserve{Flaky: f, held: make(chan error)}
+		return st
+	})
+
+	codes := make(chan int, 4)
+	for i := range 4 {
+		go func() { codes <- sendKeyed(b.h, fmt.Sprint("stale-", i)).Code }()
+	}
+	for st.Reserves.Load() < 4 {
+		time.Sleep(time.Millisecond) // until all four wait in the store
+	}
+	for range 2 {
+		st.held <- enginetest.ErrOutage
+		if code := <-codes; code != http.StatusServiceUnavailable {
+			t.Fatalf("failed reservation: %d", code)
+		}
+	}
+	b.want(http.StatusServiceUnavailable, "breaker open")
+	b.clk.Advance(time.Second)
+	b.want(http.StatusCreated, "the probe finds the store back")
+
+	for range 2 {
+		st.held <- enginetest.ErrOutage
+		if code := <-codes; code != http.StatusServiceUnavailable {
+			t.Fatalf("stale reservation: %d", code)
+		}
+	}
+	b.want(http.StatusCreated, "after the stale failures, with the store answering")
+}
+
+// panicReserve panics in the next reservation once armed: a store (or
+// driver) bug met while the store recovers.
+type panicReserve struct {
+	*enginetest.Flaky
+	armed atomic.Bool
+}
+
+func (s *panicReserve) Reserve(ctx context.Context, p store.ReserveParams) (store.ReserveResult, error) {
+	if s.armed.CompareAndSwap(true, false) {
+		panic("store bug")
+	}
+	return s.Flaky.Reserve(ctx, p)
+}
+
+// A probe that never reports back (its store call panicked, or hung past
+// its deadline) must not leave the breaker half-open for good, refusing
+// every request while the store answers: once the probe's store timeout
+// passed, another request probes.
+func TestBreakerProbeThatPanickedIsReplaced(t *testing.T) {
+	t.Parallel()
+	var st *panicReserve
+	b := newBreakerEnvOver(t, idem.Config{BreakerFailures: 1, BreakerOpen: time.Second, StoreTimeout: 2 * time.Second},
+		func(f *enginetest.Flaky) store.Store {
+			st = &panicReserve{Flaky: f}
+			return st
+		})
+	b.st.Down.Store(true)
+	b.want(http.StatusServiceUnavailable, "failure")
+	b.st.Down.Store(false)
+	b.clk.Advance(time.Second)
+	st.armed.Store(true)
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the store's panic did not reach the caller")
+			}
+		}()
+		b.send()
+	}()
+	b.want(http.StatusServiceUnavailable, "while the probe could still be running")
+	b.clk.Advance(2 * time.Second)
+	b.want(http.StatusCreated, "a new probe once the first one's store timeout passed")
+	b.want(http.StatusCreated, "closed")
 }

@@ -971,7 +971,7 @@ func (e *Engine) callAt(cctx *callCtx, ctx context.Context, op storeOp, detached
 		case failed:
 			r = resultFailed
 		}
-		b.done(ctx, now, probe, r)
+		b.done(ctx, start, now, probe, r)
 	}
 	if err == nil || isAnswer(err) {
 		return start, err

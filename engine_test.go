@@ -285,6 +285,51 @@ func TestLeaseLostIsReported(t *testing.T) {
 	<-done
 }
 
+// A holder cut off from the store (every renewal fails) cannot know
+// whether the store still counts it the holder once a whole Lease passed
+// since its last renewal: LeaseLost turns true then, so that a handler
+// (package phase) stops before a side effect, as another instance may
+// already have taken the key over and be running it.
+func TestLeaseLostOnceRenewalsFailedForALease(t *testing.T) {
+	t.Parallel()
+	clk := newStepClock()
+	s := &enginetest.Flaky{Store: memory.New(memory.Config{Clock: clk.Now})}
+	e, err := idem.New(s, idem.Config{Lease: 30 * time.Second, LeasePolicy: store.LeaseRetry, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	idem.SetClock(e, clk)
+	var calls atomic.Int64
+	started, proceed, lost := make(chan *idem.Execution, 1), make(chan struct{}), make(chan bool, 1)
+	h := e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			x := idem.FromContext(r.Context())
+			started <- x
+			<-proceed
+			lost <- x.LeaseLost()
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	done := make(chan struct{})
+	go func() { sendKeyed(h, "k"); close(done) }()
+	x := <-started
+	s.ExtendsAlways.Store(true) // this instance is cut off from the store
+	clk.Advance(29 * time.Second)
+	if x.LeaseLost() {
+		t.Fatal("LeaseLost within the lease")
+	}
+	clk.Advance(2 * time.Second)
+	// Another instance, which reaches the store, takes the key over.
+	if w := sendKeyed(h, "k"); w.Code != http.StatusCreated || calls.Load() != 2 {
+		t.Fatalf("takeover: %d after %d calls", w.Code, calls.Load())
+	}
+	close(proceed)
+	if !<-lost {
+		t.Fatal("LeaseLost is false a whole Lease after the last renewal, every renewal since failed")
+	}
+	<-done
+}
+
 // A handler that completed the key in its own transaction (CompleteTx,
 // then Committed) holds no lease any more: the heartbeat stops, so a
 // renewal due before the handler returns neither reports the lease lost

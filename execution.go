@@ -131,12 +131,17 @@ func (x *Execution) RecoveryPoint() string { return x.point }
 // Resumed reports whether this execution took over a dead holder's lease.
 func (x *Execution) Resumed() bool { return x.resume }
 
-// LeaseLost reports whether a renewal found the lease taken: the handler
-// should stop. Its outcome is then recorded only if the record went
-// unknown under this execution's fence (swept after its lease lapsed on
-// the store's clock), which the engine then settles; a record taken over,
-// deleted or settled refuses it.
-func (x *Execution) LeaseLost() bool { return x.lost.Load() }
+// LeaseLost reports whether the execution may no longer hold its lease:
+// a renewal found it taken, or no renewal succeeded for a whole Lease (the
+// holder is cut off from the store, whose clock may have let the lease
+// lapse, and another execution may hold the key). The handler should stop.
+// Its outcome is then recorded only if the record went unknown under this
+// execution's fence (swept after its lease lapsed on the store's clock),
+// which the engine then settles, or is still in progress under it; a
+// record taken over, deleted or settled refuses it.
+func (x *Execution) LeaseLost() bool {
+	return x.lost.Load() || x.e.clk.Until(x.leaseLapse()) <= 0
+}
 
 func (x *Execution) fenceParams() store.FenceParams {
 	return store.FenceParams{Scope: x.scope, Key: x.key, Fence: x.fence}

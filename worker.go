@@ -94,9 +94,16 @@ func (w *Worker) RunOnce(ctx context.Context) (int, error) {
 }
 
 func (w *Worker) runBatch(ctx context.Context, limit int) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
 	e := w.e
 	var recs []store.Record
-	start, err := e.callAt(new(callCtx), ctx, opClaim, false, func(ctx context.Context) (err error) {
+	// Not cut off by Stop: a claim cut off may still have been applied,
+	// and its records, in progress under fences nobody would know, would
+	// run nowhere until their leases lapsed. The store timeout still
+	// bounds it, and the breaker still gates it.
+	start, err := e.callAt(new(callCtx), context.WithoutCancel(ctx), opClaim, false, func(ctx context.Context) (err error) {
 		recs, err = e.store.(store.Queue).Claim(ctx, store.ClaimParams{Queue: w.cfg.Queue, Limit: limit, Lease: e.cfg.Lease})
 		return err
 	})
@@ -143,7 +150,9 @@ func (w *Worker) Start(ctx context.Context) error {
 // Stop cancels the running requests' context and waits for them to be
 // recorded, or for ctx to end. A request cut off this way is recorded as
 // its handler's answer says; a handler that gives up with a failure is
-// recorded unknown, as for a client that left (see Result).
+// recorded unknown, as for a client that left (see Result). A request
+// claimed as the worker stops is not run: it is released, and a retry of
+// it with its key queues it again.
 func (w *Worker) Stop(ctx context.Context) error {
 	w.mu.Lock()
 	cancel := w.cancel
@@ -167,6 +176,13 @@ func (w *Worker) Stop(ctx context.Context) error {
 func (w *Worker) run(ctx context.Context, rec store.Record, start time.Time) {
 	e := w.e
 	x := e.newExecution(nil, store.ReserveResult{Outcome: store.Created, Record: rec}, start)
+	if ctx.Err() != nil {
+		// Stopped before it started: run now, its handler would only see
+		// its context ended, and its outcome would be recorded unknown.
+		// It had no effect: a retry of the request runs it.
+		x.release(ctx, "the worker stopped before running the request")
+		return
+	}
 	r, err := storedRequest(ctx, rec.Request)
 	if err != nil {
 		// It can never run: an answer, not a failure to retry.
