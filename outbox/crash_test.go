@@ -39,7 +39,7 @@ func TestCrashAfterTheSideEffectBeforeTheRecord(t *testing.T) {
 func testCrash[TTx any](t *testing.T, db database[TTx]) {
 	ctx := context.Background()
 	down := newDownstream(t)
-	logs, meters := &logBuffer{}, newMeterRecorder()
+	logs, meters := newLogs(t), newMeterRecorder()
 
 	// The web process: enqueues and commits, delivers nothing itself.
 	web := db.newOutbox(t, testConfig(httpDeliverer{down.srv.URL}, logs, meters))

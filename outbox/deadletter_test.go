@@ -37,9 +37,9 @@ type deadCall struct {
 // refusedOnce is the configuration of an outbox whose every message dies
 // at its first attempt, refused, with OnDead recorded by rec and the
 // counters by meters.
-func refusedOnce() (cfg outbox.Config, rec *deadRecorder, meters *meterRecorder) {
+func refusedOnce(t *testing.T) (cfg outbox.Config, rec *deadRecorder, meters *meterRecorder) {
 	meters, rec = newMeterRecorder(), newDeadRecorder()
-	cfg = testConfig(refuse, &logBuffer{}, meters)
+	cfg = testConfig(refuse, newLogs(t), meters)
 	cfg.Deliverers["refuse"] = refuse
 	cfg.MaxAttempts = 1
 	cfg.OnDead = rec.onDead
@@ -125,7 +125,7 @@ func TestOnDeadAfterTheLastAttemptFailed(t *testing.T) {
 }
 
 func testOnDeadAfterTheLastAttemptFailed[TTx any](t *testing.T, db database[TTx]) {
-	logs, meters := &logBuffer{}, newMeterRecorder()
+	logs, meters := newLogs(t), newMeterRecorder()
 	var (
 		mu       sync.Mutex
 		attempts int
@@ -170,7 +170,7 @@ func TestOnDeadIsRetriedUntilItSucceeds(t *testing.T) {
 }
 
 func testOnDeadIsRetriedUntilItSucceeds[TTx any](t *testing.T, db database[TTx]) {
-	cfg, rec, meters := refusedOnce()
+	cfg, rec, meters := refusedOnce(t)
 	o := db.newOutbox(t, cfg)
 
 	msg := outbox.Message{Kind: "charge", Key: outbox.KeyFor("t", "on-dead-fails", "charge"), Fence: 2, Payload: json.RawMessage(`{}`)}
@@ -207,7 +207,7 @@ func TestOnDeadAfterTheLastAttemptCrashed(t *testing.T) {
 
 func testOnDeadAfterTheLastAttemptCrashed[TTx any](t *testing.T, db database[TTx]) {
 	down := newDownstream(t)
-	logs, meters := &logBuffer{}, newMeterRecorder()
+	logs, meters := newLogs(t), newMeterRecorder()
 	cfg := testConfig(httpDeliverer{down.srv.URL}, logs, meters)
 	cfg.Deliverers["refuse"] = refuse
 	cfg.MaxAttempts = 1
@@ -252,7 +252,7 @@ func TestDeadLetterPassesOfTwoProcesses(t *testing.T) {
 
 func testDeadLetterPassesOfTwoProcesses[TTx any](t *testing.T, db database[TTx]) {
 	ctx := context.Background()
-	cfg, rec, meters := refusedOnce()
+	cfg, rec, meters := refusedOnce(t)
 	cfg.DeadLetterInterval = 10 * time.Millisecond
 	a := db.newOutbox(t, cfg)
 	b := db.newOutboxUnmigrated(t, cfg)
@@ -296,7 +296,7 @@ func testDeadLetterPassesOfTwoProcesses[TTx any](t *testing.T, db database[TTx])
 func TestOnDeadAgainAfterARedeliveryDies(t *testing.T) {
 	t.Parallel()
 	db := newSQLiteDB(t)
-	cfg, rec, _ := refusedOnce()
+	cfg, rec, _ := refusedOnce(t)
 	o := db.newOutbox(t, cfg)
 	start(t, o)
 	msg := outbox.Message{Kind: "charge", Key: "k-twice", Fence: 1, Payload: json.RawMessage(`{}`)}
@@ -322,7 +322,7 @@ func testRedeliver[TTx any](t *testing.T, db database[TTx]) {
 	ctx := context.Background()
 	var mended atomic.Bool
 	var got atomic.Value
-	cfg, rec, _ := refusedOnce()
+	cfg, rec, _ := refusedOnce(t)
 	cfg.Deliverers["charge"] = outbox.DelivererFunc(func(_ context.Context, m outbox.Message) (string, error) {
 		if !mended.Load() {
 			return "", errors.New("provider down")
@@ -421,7 +421,7 @@ func TestDeliveryErrorWithNUL(t *testing.T) {
 }
 
 func testDeliveryErrorWithNUL[TTx any](t *testing.T, db database[TTx]) {
-	cfg, rec, _ := refusedOnce()
+	cfg, rec, _ := refusedOnce(t)
 	cfg.Deliverers["charge"] = outbox.DelivererFunc(func(context.Context, outbox.Message) (string, error) {
 		return "", errors.New("provider: 503: down\x00for maintenance")
 	})

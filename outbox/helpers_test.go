@@ -291,10 +291,17 @@ func eventually(t *testing.T, timeout time.Duration, what string, cond func() (b
 func waitState[TTx any](t *testing.T, o *outbox.Outbox[TTx], key, kind string, state outbox.State, timeout time.Duration) outbox.Delivery {
 	t.Helper()
 	var d outbox.Delivery
+	var lastErr error
+	defer func() {
+		if t.Failed() {
+			t.Logf("message %s/%s when the wait ended: %+v (%v)", key, kind, d, lastErr)
+		}
+	}()
 	eventually(t, timeout, fmt.Sprintf("message %s/%s %s", key, kind, state), func() (bool, error) {
 		var err error
 		d, err = o.Delivery(context.Background(), key, kind)
 		if errors.Is(err, outbox.ErrNotFound) {
+			lastErr = err
 			return false, nil
 		}
 		return d.State == state, err
@@ -418,6 +425,21 @@ func (h httpDeliverer) Deliver(ctx context.Context, msg outbox.Message) (string,
 type logBuffer struct {
 	mu  sync.Mutex
 	buf bytes.Buffer
+}
+
+// newLogs returns a log buffer whose lines are printed if t fails: what
+// the workers logged tells why a message did not reach the state a test
+// waited for.
+func newLogs(t *testing.T) *logBuffer {
+	l := &logBuffer{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			t.Logf("outbox logs:\n%s", l.buf.String())
+		}
+	})
+	return l
 }
 
 func (l *logBuffer) Write(p []byte) (int, error) {

@@ -44,7 +44,7 @@ func TestEnqueueCommitsWithTheBusinessWrite(t *testing.T) {
 func testEnqueueCommitsWithTheBusinessWrite[TTx any](t *testing.T, db database[TTx]) {
 	ctx := context.Background()
 	down := newDownstream(t)
-	logs, meters := &logBuffer{}, newMeterRecorder()
+	logs, meters := newLogs(t), newMeterRecorder()
 	ob := db.newOutbox(t, testConfig(httpDeliverer{down.srv.URL}, logs, meters))
 	start(t, ob)
 	eng, err := idem.New(db.store, idem.Config{Logger: logs.logger()})
@@ -160,7 +160,7 @@ func TestRetriesWithBackoff(t *testing.T) {
 func testRetriesWithBackoff[TTx any](t *testing.T, db database[TTx]) {
 	down := newDownstream(t)
 	down.failNext(3)
-	logs, meters := &logBuffer{}, newMeterRecorder()
+	logs, meters := newLogs(t), newMeterRecorder()
 	cfg := testConfig(httpDeliverer{down.srv.URL}, logs, meters)
 	var (
 		mu      sync.Mutex
@@ -213,7 +213,7 @@ func TestPoisonMessagesAreDeadLettered(t *testing.T) {
 func testPoisonMessagesAreDeadLettered[TTx any](t *testing.T, db database[TTx]) {
 	ctx := context.Background()
 	down := newDownstream(t)
-	logs, meters := &logBuffer{}, newMeterRecorder()
+	logs, meters := newLogs(t), newMeterRecorder()
 	cfg := testConfig(httpDeliverer{down.srv.URL}, logs, meters)
 	cfg.MaxAttempts = 3
 	cfg.Deliverers["explode"] = outbox.DelivererFunc(func(context.Context, outbox.Message) (string, error) {
@@ -315,7 +315,7 @@ func TestRecordedDeliveryIsNotRepeated(t *testing.T) {
 func testRecordedDeliveryIsNotRepeated[TTx any](t *testing.T, db database[TTx]) {
 	ctx := context.Background()
 	down := newDownstream(t)
-	logs, meters := &logBuffer{}, newMeterRecorder()
+	logs, meters := newLogs(t), newMeterRecorder()
 	ob := db.newOutbox(t, testConfig(httpDeliverer{down.srv.URL}, logs, meters))
 	start(t, ob)
 
@@ -362,7 +362,7 @@ func testRecordedDeliveryIsNotRepeated[TTx any](t *testing.T, db database[TTx]) 
 func TestEnqueueRefusesInvalidMessages(t *testing.T) {
 	t.Parallel()
 	db := newSQLiteDB(t)
-	ob := db.newOutbox(t, testConfig(httpDeliverer{"http://127.0.0.1:1"}, &logBuffer{}, newMeterRecorder()))
+	ob := db.newOutbox(t, testConfig(httpDeliverer{"http://127.0.0.1:1"}, newLogs(t), newMeterRecorder()))
 	ctx := context.Background()
 	for name, m := range map[string]outbox.Message{
 		"no kind":      {Key: "k"},
@@ -396,7 +396,7 @@ func TestConfigValidation(t *testing.T) {
 		}
 	}
 	// Without Deliverers an outbox only enqueues.
-	ob := db.newOutbox(t, outbox.Config{Logger: (&logBuffer{}).logger()})
+	ob := db.newOutbox(t, outbox.Config{Logger: (newLogs(t)).logger()})
 	if err := ob.Start(context.Background()); err == nil {
 		t.Error("Start without Deliverers succeeded")
 	}
@@ -430,7 +430,7 @@ func TestMigrateConcurrently(t *testing.T) {
 }
 
 func testMigrateConcurrently[TTx any](t *testing.T, db database[TTx]) {
-	cfg := outbox.Config{Logger: (&logBuffer{}).logger()}
+	cfg := outbox.Config{Logger: (newLogs(t)).logger()}
 	obs := []*outbox.Outbox[TTx]{db.newOutbox(t, cfg)} // migrated once already
 	for range 3 {
 		obs = append(obs, db.newOutboxUnmigrated(t, cfg))
@@ -486,7 +486,7 @@ func TestFirstDownstreamIDWins(t *testing.T) {
 
 func firstDownstreamIDWins[TTx any](t *testing.T, db database[TTx]) {
 	ctx := context.Background()
-	ob := db.newOutbox(t, testConfig(httpDeliverer{"http://127.0.0.1:1"}, &logBuffer{}, newMeterRecorder()))
+	ob := db.newOutbox(t, testConfig(httpDeliverer{"http://127.0.0.1:1"}, newLogs(t), newMeterRecorder()))
 	for i, try := range []struct {
 		id      string
 		attempt int
@@ -516,7 +516,7 @@ func TestDeliveredAtTheDeadlineIsRecorded(t *testing.T) {
 	t.Parallel()
 	db := newSQLiteDB(t)
 	down := newDownstream(t)
-	logs, meters := &logBuffer{}, newMeterRecorder()
+	logs, meters := newLogs(t), newMeterRecorder()
 	var dead atomic.Bool
 	cfg := testConfig(outbox.DelivererFunc(func(ctx context.Context, msg outbox.Message) (string, error) {
 		id, err := httpDeliverer{down.srv.URL}.Deliver(context.WithoutCancel(ctx), msg)
@@ -539,12 +539,55 @@ func TestDeliveredAtTheDeadlineIsRecorded(t *testing.T) {
 	}
 }
 
+// The outbox's own database failing before the provider is called (here
+// its table gone for a moment; a database slower than DeliveryTimeout does
+// the same) costs the message no attempt: on its last allowed attempt it
+// used to be dead-lettered without its provider ever having been asked.
+func TestLookupFailureCostsNoAttempt(t *testing.T) {
+	t.Parallel()
+	db := newSQLiteDB(t)
+	down := newDownstream(t)
+	logs, meters := newLogs(t), newMeterRecorder()
+	cfg := testConfig(httpDeliverer{down.srv.URL}, logs, meters)
+	cfg.MaxAttempts = 1
+	var dead atomic.Bool
+	cfg.OnDead = func(context.Context, outbox.Message, error) error { dead.Store(true); return nil }
+	o := db.newOutbox(t, cfg)
+	enqueue(t, db, o, outbox.Message{Kind: "charge", Key: "k1", Fence: 1, Payload: json.RawMessage(`{}`)})
+	ctx := context.Background()
+	rename := func(from, to string) {
+		t.Helper()
+		if err := db.store.InTx(ctx, func(tx *sql.Tx) error {
+			_, err := tx.ExecContext(ctx, "ALTER TABLE "+from+" RENAME TO "+to)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rename("idem_outbox", "idem_outbox_away")
+	start(t, o)
+	eventually(t, 20*time.Second, "the first attempt", func() (bool, error) {
+		return logs.count("outbox: looking up the delivery failed; the message runs again")+
+			logs.count("outbox: last attempt failed") > 0, nil
+	})
+	rename("idem_outbox_away", "idem_outbox")
+	var d outbox.Delivery
+	eventually(t, 20*time.Second, "a final state", func() (bool, error) {
+		var err error
+		d, err = o.Delivery(ctx, "k1", "charge")
+		return d.State == outbox.Delivered || d.State == outbox.Dead, err
+	})
+	if _, effects, _ := down.stats("k1"); d.State != outbox.Delivered || effects != 1 || dead.Load() {
+		t.Fatalf("after the lookup failed: %+v, %d effects, OnDead called %v; want delivered once", d, effects, dead.Load())
+	}
+}
+
 // OnDead gets a context of its own: the last attempt's may have expired
 // (a provider that hung), and OnDead writes what settles the message.
 func TestOnDeadGetsALiveContext(t *testing.T) {
 	t.Parallel()
 	db := newSQLiteDB(t)
-	logs, meters := &logBuffer{}, newMeterRecorder()
+	logs, meters := newLogs(t), newMeterRecorder()
 	ctxErr := make(chan error, 1)
 	cfg := testConfig(outbox.DelivererFunc(func(ctx context.Context, msg outbox.Message) (string, error) {
 		<-ctx.Done() // the provider hangs

@@ -81,7 +81,13 @@ func (w *worker[TTx]) Work(ctx context.Context, job *river.Job[jobArgs]) error {
 		log.InfoContext(ctx, "outbox: already delivered; provider not called again", "downstream_id", r.downstreamID)
 		return nil
 	case err != nil && !errors.Is(err, errNoRow):
-		return o.failed(ctx, log, job, msg, fmt.Errorf("look up delivery: %w", err))
+		// The outbox's own database failed, or was slower than the
+		// attempt's time, before the provider was called: that costs the
+		// message no attempt, or a slow database could dead-letter it
+		// without its provider ever having been asked.
+		o.obs.add(ctx, o.obs.retried, msg.Kind)
+		log.WarnContext(ctx, "outbox: looking up the delivery failed; the message runs again", "err", err)
+		return river.JobSnooze(recordRetry)
 	}
 
 	d := o.cfg.Deliverers[msg.Kind]
@@ -119,8 +125,8 @@ func (w *worker[TTx]) Work(ctx context.Context, job *river.Job[jobArgs]) error {
 const (
 	// recordTimeout bounds the write of a downstream id once delivered.
 	recordTimeout = 10 * time.Second
-	// recordRetry is how soon a delivery whose id could not be recorded
-	// runs again.
+	// recordRetry is how soon a delivery whose id could not be recorded,
+	// or whose record could not be looked up, runs again.
 	recordRetry = time.Second
 )
 
