@@ -53,7 +53,7 @@ import (
 // fails with a serialization failure (40001); a Reserve or a lease
 // holder's update on the pool then runs again (movedRow).
 //
-// Retirement (Reap, not soft). A partition whose whole range has passed
+// Retirement. A partition whose whole range has passed
 // holds records past their retention: the reaper abandons the in-flight
 // ones as it does on the plain table, moves out every record the plain
 // reaper would keep (a completion later than the reservation moved its
@@ -63,7 +63,10 @@ import (
 // Config.Partitions after its expiry, or after the move that took it out
 // of a retiring partition (to greatest(expires_at, now)) when it had one
 // (Reserve treats it as absent meanwhile, as on the plain table), and
-// Reap's Limit does not bound the records of a dropped partition.
+// Reap's Limit does not bound the records of a dropped partition. A soft
+// Reap soft-expires records one by one first (to 'infinity'), and retires
+// only a partition left with none to soft-expire, so it drops nothing but
+// an emptied partition.
 
 //go:embed partitioned/records.sql
 var partitionedTable string
@@ -170,6 +173,14 @@ func (s *Store) lockedRow(ctx context.Context, q querier, first *pgx.QueuedQuery
 func lockTimedOut(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
+
+// relationGone reports a statement on a relation that no longer exists:
+// a partition that another process's reaper retired since this one
+// listed it.
+func relationGone(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42P01"
 }
 
 // movedRow reports the serialization failure of a statement that waited
@@ -448,9 +459,14 @@ func (s *Store) createPartition(ctx context.Context, tx pgx.Tx, c span) error {
 // but the terminal records past their expiry.
 const keeps = `NOT (state IN ('completed', 'failed_retryable') AND expires_at <= $1::timestamptz)`
 
-// reapPartitioned is Reap (not soft) on a partitioned table: make the
-// partitions ahead, retire every partition whose range has passed, then
-// reap the DEFAULT partition record by record as the plain table is.
+// reapPartitioned is Reap on a partitioned table: make the partitions
+// ahead, retire every partition whose range has passed, then reap the
+// DEFAULT partition record by record as the plain table is.
+//
+// Soft, the records are soft-expired record by record first, as on the
+// plain table (to the 'infinity' partition), and a partition whose range
+// has passed is retired once nothing in it is left to soft-expire: what
+// it still holds is moved out, and the empty partition dropped.
 func (s *Store) reapPartitioned(ctx context.Context, p store.ReapParams, abandon []any) (store.ReapResult, error) {
 	var res store.ReapResult
 	now, err := s.instant(ctx)
@@ -460,6 +476,11 @@ func (s *Store) reapPartitioned(ctx context.Context, p store.ReapParams, abandon
 	if err := s.ensurePartitions(ctx, now); err != nil {
 		return res, err
 	}
+	if p.Soft {
+		if res, err = s.reapRows(ctx, p, now, abandon); err != nil {
+			return res, err
+		}
+	}
 	parts, err := s.partitions(ctx, s.pool)
 	if err != nil {
 		return res, err
@@ -468,9 +489,12 @@ func (s *Store) reapPartitioned(ctx context.Context, p store.ReapParams, abandon
 		if pt.hi.After(now) {
 			break
 		}
-		if err := s.retire(ctx, pt, now, p.Limit, abandon, &res); err != nil {
+		if err := s.retire(ctx, pt, now, p, abandon, &res); err != nil {
 			return res, err
 		}
+	}
+	if p.Soft {
+		return res, nil
 	}
 	if left := p.Limit - res.Deleted - res.Abandoned; left > 0 {
 		n, err := s.execIndexed(ctx, s.q.reapDefault, left, now)
@@ -503,7 +527,19 @@ func (s *Store) reapPartitioned(ctx context.Context, p store.ReapParams, abandon
 // progress: a terminal record keeps the lease end of its last holder
 // (a completion writes no index entry, and a settlement leaves it too),
 // which may lie past the partition's range.
-func (s *Store) retire(ctx context.Context, pt span, now time.Time, limit int, abandon []any, res *store.ReapResult) error {
+func (s *Store) retire(ctx context.Context, pt span, now time.Time, p store.ReapParams, abandon []any, res *store.ReapResult) error {
+	err := s.retireListed(ctx, pt, now, p, abandon, res)
+	if relationGone(err) {
+		// Every instance runs a reaper: another one retired it (what this
+		// one abandoned first stays counted, and is in another partition).
+		return nil
+	}
+	return err
+}
+
+// retireListed is retire of a partition that partitions() listed, which
+// may have been dropped since.
+func (s *Store) retireListed(ctx context.Context, pt span, now time.Time, p store.ReapParams, abandon []any, res *store.ReapResult) error {
 	part := s.qualified(pt.name)
 	// One read of the partition, which counts what it holds and what must
 	// stay (usually nothing: the abandon and the move then cost nothing).
@@ -511,8 +547,11 @@ func (s *Store) retire(ctx context.Context, pt span, now time.Time, limit int, a
 	if err := s.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE `+keeps+`) FROM `+part, now).Scan(&total, &kept); err != nil {
 		return err
 	}
+	if p.Soft && total > kept {
+		return nil // records still to soft-expire, not to drop: a later run
+	}
 	left := int(kept) // still to move out
-	if room := limit - res.Deleted - res.Abandoned; kept > 0 && room > 0 {
+	if room := p.Limit - res.Deleted - res.Abandoned; kept > 0 && room > 0 {
 		n, err := s.execIndexed(ctx, onPartition(s.q.reapAbandonIn, part), append([]any{room, now}, abandon...)...)
 		if err != nil {
 			return err
@@ -574,9 +613,21 @@ const partitionMark = "{partition}"
 
 // readingFrom makes sql's batch read from relation (a placeholder, or a
 // partition's name); it panics if the statement lost its batch.
+//
+// The statement then names the table first (gate, a CTE nothing reads):
+// PostgreSQL locks the relations of a statement as it parses them, the
+// CTEs first, and a batch naming the partition first would lock it before
+// the table it writes through. Another process's lockTable locks the
+// table, then each partition: each would then wait for the other's lock,
+// a deadlock, whenever two instances' reapers meet.
 func readingFrom(sql, relation string) string {
-	if strings.Count(sql, batchFrom) != 1 {
+	if strings.Count(sql, batchFrom) != 1 || strings.Count(sql, reapWith) != 1 {
 		panic("idem/postgres: the reaper's statement lost its batch: " + batchFrom)
 	}
+	sql = strings.Replace(sql, reapWith, "WITH gate AS (SELECT FROM ONLY {schema}idem_records LIMIT 0),\nclock AS (", 1)
 	return strings.Replace(sql, batchFrom, "FROM "+relation+" r, clock c", 1)
 }
+
+// reapWith opens the reaper's statements that readingFrom points at a
+// partition.
+const reapWith = "WITH clock AS ("

@@ -618,3 +618,102 @@ func resolveReapAfter(t *testing.T, s *postgres.Store, schema string, clock *sto
 		}
 	}
 }
+
+// TestPartitionConcurrentReapers runs the reaper of several processes at
+// once, as every instance of a service does, when a partition's range has
+// passed: one of them retires it, and the others must find it gone
+// without failing (their Reap counts nothing of it).
+func TestPartitionConcurrentReapers(t *testing.T) {
+	clock := storetest.NewClock()
+	cfg := postgres.Config{Partitions: time.Second, PartitionsAhead: 3, MaxBatches: -1, Clock: clock.Now}
+	first, schema := openSchema(t, cfg)
+	cfg.Schema = schema
+	stores := []*postgres.Store{first}
+	for range 3 {
+		s, err := postgres.Open(context.Background(), testURL(t), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		stores = append(stores, s)
+	}
+	ctx := context.Background()
+	const rounds = 10
+	for round := range rounds {
+		for i := range 50 {
+			p := reserveParams(fmt.Sprintf("r%d-%d", round, i))
+			p.TTL = time.Second
+			r, err := first.Reserve(ctx, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := first.Complete(ctx, store.CompleteParams{FenceParams: fence(r), Response: okResponse()}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		clock.Advance(3 * time.Second)
+		var wg sync.WaitGroup
+		var deleted atomic.Int64
+		errs := make([]error, len(stores))
+		start := make(chan struct{})
+		for i, s := range stores {
+			wg.Go(func() {
+				<-start
+				res, err := s.Reap(ctx, store.ReapParams{Limit: 1000, Abandoned: store.Response{Status: 504}, AbandonedTTL: time.Hour})
+				errs[i] = err
+				deleted.Add(int64(res.Deleted))
+			})
+		}
+		close(start)
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatalf("round %d: concurrent reapers: %v", round, err)
+		}
+		if n := deleted.Load(); n != 50 {
+			t.Errorf("round %d: the reapers counted %d deletions, want 50", round, n)
+		}
+	}
+}
+
+// TestPartitionSoftReap runs the soft reaper (--soft-expire) on a
+// partitioned table for longer than the partitions made at start reach:
+// it must keep making partitions ahead, or every new record would land in
+// the DEFAULT partition (for the next start to move under the table's
+// exclusive lock), and drop the partitions whose range has passed once
+// their records are soft-expired (kept in the 'infinity' partition), or
+// every key probe would read more partitions each day.
+func TestPartitionSoftReap(t *testing.T) {
+	clock := storetest.NewClock()
+	s, schema := openSchema(t, postgres.Config{Partitions: time.Hour, PartitionsAhead: 2, MaxBatches: -1, Clock: clock.Now})
+	conn := adminConn(t)
+	ctx := context.Background()
+	start := partitionCount(t, conn, schema)
+	for hour := range 6 {
+		key := fmt.Sprint("soft-", hour)
+		p := reserveParams(key)
+		p.TTL = 30 * time.Minute
+		r, err := s.Reserve(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Complete(ctx, store.CompleteParams{FenceParams: fence(r), Response: okResponse()}); err != nil {
+			t.Fatal(err)
+		}
+		if where := partitionOf(t, conn, schema, key); where == schema+".idem_records_default" {
+			t.Errorf("hour %d: %s landed in the DEFAULT partition: the soft reaper made no partition ahead", hour, key)
+		}
+		clock.Advance(time.Hour)
+		if _, err := s.Reap(ctx, store.ReapParams{Soft: true, Limit: 100, Abandoned: store.Response{Status: 504}, AbandonedTTL: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := partitionCount(t, conn, schema); n > start+1 {
+		t.Errorf("%d range partitions after six hours of soft reaps, %d at start: the passed ones were not dropped", n, start)
+	}
+	for hour := range 6 {
+		got, err := s.Get(ctx, "tenant-1 POST /payments", fmt.Sprint("soft-", hour))
+		if err != nil || got.State != store.StateExpired {
+			t.Errorf("soft-%d: %v %v, want it kept as expired", hour, got.State, err)
+		}
+	}
+}

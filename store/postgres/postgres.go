@@ -428,7 +428,10 @@ func (s *Store) clockNow() time.Time {
 // ReserveTx is Reserve inside the caller's transaction: the record is
 // created (or taken) only if tx commits. Under REPEATABLE READ or
 // SERIALIZABLE a race on the key surfaces as a serialization failure from
-// the database; the caller retries its transaction.
+// the database; the caller retries its transaction. A reservation under a
+// tenant cap (MaxActive), and any on a partitioned table, refuses
+// REPEATABLE READ, whose snapshot predates the lock it counts or reads
+// under.
 func (s *Store) ReserveTx(ctx context.Context, tx pgx.Tx, p store.ReserveParams) (store.ReserveResult, error) {
 	return s.reserve(ctx, tx, p)
 }
@@ -680,22 +683,30 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 	}
 	// The abandon statement's parameters from $3 on.
 	abandon := []any{p.Abandoned.Status, headers, body, p.Abandoned.BodyOmitted, storekit.Micros(p.AbandonedTTL), storekit.Micros(p.Grace)}
-	if s.partitioned() && !p.Soft {
-		res, err := s.reapPartitioned(ctx, p, abandon)
-		if err != nil {
-			return res, wrap(ctx, "reap", err)
-		}
-		return res, nil
-	}
 	var res store.ReapResult
-	now := s.now()
+	if s.partitioned() {
+		res, err = s.reapPartitioned(ctx, p, abandon)
+	} else {
+		res, err = s.reapRows(ctx, p, s.now(), abandon)
+	}
+	if err != nil {
+		return res, wrap(ctx, "reap", err)
+	}
+	return res, nil
+}
+
+// reapRows is Reap record by record: up to p.Limit terminal records past
+// expiry deleted (or soft-expired), then abandoned records in what is
+// left. now is the statements' clock parameter.
+func (s *Store) reapRows(ctx context.Context, p store.ReapParams, now any, abandon []any) (store.ReapResult, error) {
+	var res store.ReapResult
 	sql := s.q.reapDelete
 	if p.Soft {
 		sql = s.q.reapSoft
 	}
 	n, err := s.execIndexed(ctx, sql, p.Limit, now)
 	if err != nil {
-		return res, wrap(ctx, "reap", err)
+		return res, err
 	}
 	res.Deleted = int(n)
 	left := p.Limit - res.Deleted
@@ -704,7 +715,7 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 	}
 	n, err = s.execIndexed(ctx, s.q.reapAbandon, append([]any{left, now}, abandon...)...)
 	if err != nil {
-		return res, wrap(ctx, "reap", err)
+		return res, err
 	}
 	res.Abandoned = int(n)
 	return res, nil

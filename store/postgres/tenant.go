@@ -45,9 +45,18 @@ const sqlCountActive = `SELECT count(*) FROM (SELECT FROM {schema}idem_records
 var sqlActiveAlone = strings.Replace(sqlActive, "$8", "$1", 1)
 
 // sqlTenantLock serialises the capped reservations of one tenant until the
-// end of the transaction. The key is a hash of the tenant, in a name space
-// of its own; two tenants sharing a hash only wait for each other.
-const sqlTenantLock = `SELECT pg_advisory_xact_lock(hashtextextended('idem/tenant:' || $1::text, 0))`
+// end of the transaction, and reports the transaction's isolation level.
+// The key is a hash of the tenant, in a name space of its own; two tenants
+// sharing a hash only wait for each other.
+const sqlTenantLock = `SELECT current_setting('transaction_isolation'), pg_advisory_xact_lock(hashtextextended('idem/tenant:' || $1::text, 0))`
+
+// errCapRepeatableRead refuses a capped reservation in a REPEATABLE READ
+// transaction: its snapshot predates the tenant's lock, so its count would
+// miss the records that the lock's previous holders committed, and two
+// such transactions would both find room under the cap. SERIALIZABLE
+// catches the two readers instead.
+var errCapRepeatableRead = errors.Join(store.ErrInvalidParams,
+	errors.New("a reservation under a tenant cap (MaxActive) counts the tenant's records under READ COMMITTED or SERIALIZABLE only, not REPEATABLE READ"))
 
 // capped adds the cap to the reservation statement.
 func capped(q string) string {
@@ -77,8 +86,12 @@ func (s *Store) reserveCapped(ctx context.Context, q querier, p *store.ReservePa
 		op.err = s.lockedRow(ctx, q, &pgx.QueuedQuery{SQL: sqlTenantLock, Arguments: []any{p.Tenant}}, p.Scope, p.Key,
 			s.q.reserveCapped, args, func(row pgx.Row) error { return scanRecord(row, &op.rec, &op.action) })
 	} else if tx, ok := q.(pgx.Tx); ok {
-		if _, err := tx.Exec(ctx, sqlTenantLock, p.Tenant); err != nil {
+		var iso string
+		if err := tx.QueryRow(ctx, sqlTenantLock, p.Tenant).Scan(&iso, nil); err != nil {
 			return &batchOp{err: err}, false
+		}
+		if iso == "repeatable read" {
+			return &batchOp{err: errCapRepeatableRead}, false
 		}
 		op.err = scanRecord(tx.QueryRow(ctx, s.q.reserveCapped, args...), &op.rec, &op.action)
 	} else {
