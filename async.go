@@ -103,9 +103,17 @@ func checkAsync(s store.Store, set *settings) error {
 
 // pendingHeader is what an asynchronous request keeps of its header: what
 // a stored answer may keep (no hop-by-hop headers), less the credentials
-// (and Config.AsyncDropHeaders) Config.AsyncKeepHeaders does not name.
+// (and Config.AsyncDropHeaders) Config.AsyncKeepHeaders does not name. Its
+// names are made canonical first: a caller of Run may spell them as it
+// likes ("authorization"), and a credential must be known in any spelling.
 func (e *Engine) pendingHeader(h http.Header) http.Header {
 	out := httpfield.Replayable(h)
+	for k, v := range out {
+		if ck := textproto.CanonicalMIMEHeaderKey(k); ck != k {
+			delete(out, k)
+			out[ck] = append(out[ck][:len(out[ck]):len(out[ck])], v...)
+		}
+	}
 	for _, k := range sensitiveRequest {
 		delete(out, k)
 	}
@@ -113,7 +121,7 @@ func (e *Engine) pendingHeader(h http.Header) http.Header {
 		delete(out, k)
 	}
 	for _, k := range e.cfg.AsyncKeepHeaders {
-		if v, ok := h[k]; ok && httpfield.Valid(k, v) {
+		if v := httpfield.Values(h, k); len(v) > 0 && httpfield.Valid(k, v) {
 			if out == nil {
 				out = http.Header{}
 			}

@@ -262,3 +262,41 @@ func TestAsyncWorkerStoppedWhileClaiming(t *testing.T) {
 	}
 	enginetest.WantAccepted(t, a.Post("acme", "k", `{}`), loc)
 }
+
+// Engine.Run takes its header as the caller spells it: credentials kept
+// out of the store, and the headers AsyncDropHeaders and AsyncKeepHeaders
+// name, are recognised in any spelling (a queue consumer or an RPC layer
+// may lower-case them; "authorization" used to be stored with the request).
+func TestAsyncHeaderNamesInAnySpelling(t *testing.T) {
+	t.Parallel()
+	s := memory.New(memory.Config{})
+	e, err := idem.New(s, idem.Config{Async: true, Logger: slog.New(slog.DiscardHandler),
+		AsyncDropHeaders: []string{"X-Api-Key"}, AsyncKeepHeaders: []string{"Cookie"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := idem.Call{Tenant: "acme", Method: "POST", Route: "/v1/reports", Target: "/v1/reports",
+		Keys: []string{"k"}, ContentType: "application/json", Body: []byte(`{}`),
+		Header: map[string][]string{"authorization": {"Bearer secret"}, "PROXY-AUTHORIZATION": {"Basic x"},
+			"x-api-key": {"key"}, "cookie": {"s=1"}, "x-trace": {"t"}}}
+	if a := e.Run(context.Background(), c, func(context.Context) idem.Result { return idem.Result{} }); a.Verdict != idem.Accepted {
+		t.Fatalf("verdict %v, want Accepted", a.Verdict)
+	}
+	rec, err := s.Get(context.Background(), (&idem.Request{Tenant: "acme", Method: "POST", Route: "/v1/reports"}).Scope(), "k")
+	if err != nil || rec.Request == nil {
+		t.Fatalf("pending record: %+v %v", rec, err)
+	}
+	h := rec.Request.Header
+	for name := range h {
+		switch http.CanonicalHeaderKey(name) {
+		case "Authorization", "Proxy-Authorization", "X-Api-Key":
+			t.Errorf("stored %s: %q", name, h[name])
+		}
+	}
+	if got := h.Get("Cookie"); got != "s=1" {
+		t.Errorf("Cookie, named by AsyncKeepHeaders: %q kept, want s=1 (%v)", got, h)
+	}
+	if got := h.Values("X-Trace"); len(got) != 1 {
+		t.Errorf("X-Trace not kept: %v", h)
+	}
+}
