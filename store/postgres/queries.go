@@ -303,9 +303,38 @@ SELECT EXISTS (SELECT FROM del),
 //
 // The sweep runs after sqlSweepLock, in the same transaction: a second
 // sweeper waits for the first to commit, then walks from where it left
-// the mark, in a snapshot that sees what it swept. A lease is missed only if its record commits after the mark has
-// passed its end (a ReserveTx whose transaction outlives its lease and
-// grace); a retry's Reserve and the reaper still act on it.
+// the mark, in a snapshot that sees what it swept. A lease is missed only
+// if its record commits after the mark has passed its end (a ReserveTx
+// whose transaction outlives its lease and grace); a retry's Reserve
+// (same fingerprint) turns it unknown (reserveAction's 'to_unknown'), and
+// the reaper closes it once past its expiry (sqlReapAbandon).
+//
+// The sweep waits for no row lock: it would hold the mark, and so stop
+// every sweeper, for as long as the lock's holder (a caller's transaction
+// that ran CompleteTx or CheckpointTx, possibly long past the lease) keeps
+// its transaction open. locked takes the due rows with SKIP LOCKED, the
+// first $1 it can lock in the order the leases ended (a skipped row does
+// not use up the limit, so a full batch still tells the caller to sweep
+// again), and only those: a lock on every walked row, mostly completed
+// ones, would dirty their heap pages at every pass. FOR NO KEY UPDATE is
+// the lock swept's UPDATE takes anyway.
+//
+// locked reads each due row through a LATERAL subquery with LIMIT 1, over
+// the due rows already in order (so the outer LIMIT stops the locking),
+// and swept finds its rows through the arrays of their keys and scopes:
+// both can only probe the primary key. Joined to the table instead, they
+// would be planned, in the generic plan a connection keeps from a fresh,
+// empty table, as a hash join over every lease that ever ended before the
+// cutoff.
+//
+// A due row that locked skips (held by another transaction, or changed
+// since the snapshot) holds the mark at its lease's end, so the next
+// sweep looks at it again: it sweeps it if the holder's transaction
+// rolled back, and walks past it if it completed. The mark passes a
+// skipped row only when the walk stops at its bound: otherwise a
+// transaction left open would pin the walk to the same first leases and
+// no later lease would be swept; such a row is then the missed lease
+// above, left to a retry's Reserve and the reaper.
 //
 // $1 limit, $2 now, $3 grace in microseconds, $4 the most leases walked.
 const sqlSweep = `
@@ -324,10 +353,18 @@ walked AS (
 	ORDER BY r.locked_until
 	LIMIT $4
 ),
-counted AS (
-	SELECT w.*, count(*) FILTER (WHERE w.due) OVER (ORDER BY w.locked_until
-		ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS due_n
-	FROM walked w
+locked AS (
+	SELECT r.scope, r.key, r.fence, w.locked_until
+	FROM (SELECT * FROM walked WHERE due ORDER BY locked_until) w, clock c,
+	LATERAL (
+		SELECT x.scope, x.key, x.fence FROM {schema}idem_records x
+		WHERE x.key = w.key AND x.scope = w.scope AND x.state = 'in_progress'
+			AND x.fence = w.fence AND x.locked_until <= c.cutoff
+		LIMIT 1
+		FOR NO KEY UPDATE SKIP LOCKED
+	) r
+	ORDER BY w.locked_until
+	LIMIT $1
 ),
 swept AS (
 	UPDATE {schema}idem_records AS r SET
@@ -335,18 +372,29 @@ swept AS (
 		last_error = 'lease_expired',
 		reconcile_after = c.now,
 		updated_at = c.now
-	FROM counted w, clock c
-	WHERE w.due AND w.due_n <= $1 AND r.key = w.key AND r.scope = w.scope
-		AND r.state = 'in_progress' AND r.fence = w.fence AND r.locked_until <= c.cutoff
+	FROM locked l, clock c
+	WHERE r.key = ANY ((SELECT array_agg(k.key) FROM locked k)::text[])
+		AND r.scope = ANY ((SELECT array_agg(k.scope) FROM locked k)::text[])
+		AND r.key = l.key AND r.scope = l.scope AND r.state = 'in_progress' AND r.fence = l.fence
 	RETURNING ` + recordColumnsR + `
 ),
+unswept AS (
+	SELECT w.locked_until FROM walked w
+	WHERE w.due AND NOT EXISTS (SELECT FROM locked l WHERE l.key = w.key AND l.scope = w.scope)
+),
 moved AS (
-	UPDATE {schema}idem_sweep_mark AS m SET swept_to = greatest(m.swept_to, coalesce(
-		-- the first due lease left for the next sweep
-		(SELECT min(w.locked_until) FROM counted w WHERE w.due AND w.due_n > $1),
-		-- the walk's end when it stopped at its bound
-		(SELECT max(w.locked_until) FROM counted w HAVING count(*) >= $4),
-		(SELECT cutoff FROM clock)))
+	UPDATE {schema}idem_sweep_mark AS m SET swept_to = greatest(m.swept_to,
+		CASE WHEN (SELECT count(*) FROM walked) < $4 THEN coalesce(
+			-- the first due lease not swept: skipped, or past the limit
+			(SELECT min(u.locked_until) FROM unswept u),
+			(SELECT cutoff FROM clock))
+		ELSE coalesce(
+			-- the walk stopped at its bound: the first due lease past the
+			-- limit, else the walk's end
+			(SELECT min(u.locked_until) FROM unswept u
+				WHERE u.locked_until >= (SELECT max(l.locked_until) FROM locked l HAVING count(*) >= $1)),
+			(SELECT max(w.locked_until) FROM walked w))
+		END)
 	FROM mark
 	RETURNING 1
 )
