@@ -348,8 +348,8 @@ mark AS (
 walked AS (
 	SELECT r.scope, r.key, r.fence, r.locked_until,
 		r.state = 'in_progress' AND r.lease_policy = 'unknown' AS due
-	FROM {schema}idem_records r, mark m, clock c
-	WHERE r.locked_until >= m.swept_to AND r.locked_until <= c.cutoff
+	FROM {schema}idem_records r
+	WHERE r.locked_until >= (SELECT swept_to FROM mark) AND r.locked_until <= (SELECT cutoff FROM clock)
 	ORDER BY r.locked_until
 	LIMIT $4
 ),
