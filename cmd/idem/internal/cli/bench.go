@@ -42,14 +42,15 @@ type benchConfig struct {
 type benchClass int
 
 const (
-	classExecuted benchClass = iota // neither a replay nor a 409
+	classExecuted benchClass = iota // none of the others
 	classReplayed                   // Idempotent-Replayed: true
-	classConflict                   // 409: the first was in flight (or its outcome unknown)
+	classConflict                   // the first was in flight (or its outcome unknown): 409, or the profile's deferral
+	classFailed                     // 5xx: the request failed, and a retry runs again
 	numClasses
 )
 
 // classNames are padded alike: the report's table aligns right.
-var classNames = [numClasses]string{"first executions", "replays         ", "409 in progress "}
+var classNames = [numClasses]string{"first executions", "replays         ", "409 in progress ", "5xx answers     "}
 
 // benchStats is one worker's tally; workers merge theirs at the end.
 type benchStats struct {
@@ -58,7 +59,8 @@ type benchStats struct {
 	errors     int
 	errSamples []string
 	// executions counts, per key, the answers that were neither replays
-	// nor 409s nor 5xx (a 5xx releases the key, and a retry runs again).
+	// nor deferrals nor 5xx (a 5xx releases the key, and a retry runs
+	// again).
 	executions map[string]int
 }
 
@@ -145,19 +147,26 @@ func bench(ctx context.Context, cfg benchConfig, out io.Writer, prog *progress) 
 	// reports what it did); ctx only stops new ones.
 	reqCtx := context.WithoutCancel(ctx)
 
-	work, mode, err := benchPlan(ctx, reqCtx, c, cfg)
+	work, mode, err := benchPlan(ctx, c, cfg)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "idem bench: %s %s\n  %s, concurrency %d\n\n", cfg.Method, cfg.URL, mode, cfg.Concurrency)
 
 	total, elapsed := benchRun(reqCtx, c, cfg, work, prog)
-	return benchReport(out, cfg, total, elapsed)
+	err = benchReport(out, cfg, total, elapsed)
+	if ctx.Err() != nil {
+		// The report covers only part of the run: its verdict is not
+		// the run's.
+		err = errors.Join(err, fmt.Errorf("bench: interrupted before the end of the run: %w", ctx.Err()))
+	}
+	return err
 }
 
 // benchPlan is the keys of the run's rounds and its description. A
-// replay-only run first completes its one key (under reqCtx).
-func benchPlan(ctx, reqCtx context.Context, c *http.Client, cfg benchConfig) (*benchWork, string, error) {
+// replay-only run first completes its one key: nothing is measured yet,
+// so an interruption stops it at once.
+func benchPlan(ctx context.Context, c *http.Client, cfg benchConfig) (*benchWork, string, error) {
 	prefix := newKey()[len("idem-check-"):]
 	newRound := func(round int) []string {
 		jobs := make([]string, 0, cfg.Keys*cfg.Dups)
@@ -172,7 +181,7 @@ func benchPlan(ctx, reqCtx context.Context, c *http.Client, cfg benchConfig) (*b
 	mode := plural.Count(cfg.Keys, "key", "keys") + " x " + plural.Count(cfg.Dups, "duplicate", "duplicates") + ", shuffled"
 	if cfg.ReplayOnly {
 		key := "idem-bench-" + prefix + "-replay"
-		first, err := benchWarmup(reqCtx, c, cfg, key)
+		first, err := benchWarmup(ctx, c, cfg, key)
 		if err != nil {
 			return nil, "", err
 		}
@@ -212,12 +221,10 @@ func benchRun(reqCtx context.Context, c *http.Client, cfg benchConfig, work *ben
 				if !ok {
 					return
 				}
-				errs := s.errors
-				benchOne(reqCtx, c, cfg, key, s)
-				done.Add(1)
-				if s.errors > errs {
+				if !benchOne(reqCtx, c, cfg, key, s) {
 					failed.Add(1)
 				}
+				done.Add(1)
 			}
 		})
 	}
@@ -235,11 +242,11 @@ func benchRun(reqCtx context.Context, c *http.Client, cfg benchConfig, work *ben
 func benchWarmup(ctx context.Context, c *http.Client, cfg benchConfig, key string) (int, error) {
 	deadline := time.Now().Add(cfg.Timeout)
 	for {
-		status, _, err := benchRequest(ctx, c, cfg, key)
-		switch {
-		case err != nil:
-			return 0, fmt.Errorf("bench: the first request failed: %w", err)
-		case status == http.StatusConflict && time.Now().Before(deadline):
+		a := benchRequest(ctx, c, cfg, key)
+		switch status := a.status; {
+		case a.err != nil:
+			return 0, fmt.Errorf("bench: the first request failed: %w", a.err)
+		case a.inFlight() && time.Now().Before(deadline):
 			if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
 				return 0, err
 			}
@@ -247,18 +254,20 @@ func benchWarmup(ctx context.Context, c *http.Client, cfg benchConfig, key strin
 		case status >= 400:
 			return 0, fmt.Errorf("bench: the first request under the replayed key got %d: give a --method, --body and --header the API accepts", status)
 		}
-		return status, nil
+		return a.status, nil
 	}
 }
 
-func benchRequest(ctx context.Context, c *http.Client, cfg benchConfig, key string) (status int, replayed bool, err error) {
+// benchRequest sends one request under key. The answer keeps its body:
+// a deferral other than 409 is told from an execution by its body.
+func benchRequest(ctx context.Context, c *http.Client, cfg benchConfig, key string) answer {
 	var body io.Reader
 	if cfg.Body != nil {
 		body = bytes.NewReader(cfg.Body)
 	}
 	req, err := http.NewRequestWithContext(ctx, cfg.Method, cfg.URL, body)
 	if err != nil {
-		return 0, false, err
+		return answer{err: err}
 	}
 	for k, v := range cfg.Header {
 		req.Header[k] = v
@@ -266,37 +275,43 @@ func benchRequest(ctx context.Context, c *http.Client, cfg benchConfig, key stri
 	req.Header["Idempotency-Key"] = []string{quoted(key)}
 	resp, err := c.Do(req)
 	if err != nil {
-		return 0, false, err
+		return answer{err: err}
 	}
 	defer resp.Body.Close()
-	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
-		return 0, false, err
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return answer{err: err}
 	}
-	return resp.StatusCode, answer{header: resp.Header}.replayed(), nil
+	return answer{status: resp.StatusCode, header: resp.Header, body: b}
 }
 
-func benchOne(ctx context.Context, c *http.Client, cfg benchConfig, key string, s *benchStats) {
+// benchOne sends one request and counts it in s; it reports whether the
+// request succeeded (an answer below 500).
+func benchOne(ctx context.Context, c *http.Client, cfg benchConfig, key string, s *benchStats) bool {
 	t0 := time.Now()
-	status, replayed, err := benchRequest(ctx, c, cfg, key)
+	a := benchRequest(ctx, c, cfg, key)
 	took := time.Since(t0)
-	if err != nil {
+	if a.err != nil {
 		s.errors++
 		if len(s.errSamples) < 3 {
-			s.errSamples = append(s.errSamples, err.Error())
+			s.errSamples = append(s.errSamples, a.err.Error())
 		}
-		return
+		return false
 	}
-	s.status[status]++
+	s.status[a.status]++
 	class := classExecuted
 	switch {
-	case status == http.StatusConflict:
+	case a.status >= 500:
+		class = classFailed
+	case a.inFlight():
 		class = classConflict
-	case replayed:
+	case a.replayed():
 		class = classReplayed
-	case status < 500:
+	default:
 		s.executions[key]++
 	}
 	s.latency[class] = append(s.latency[class], took)
+	return class != classFailed
 }
 
 // percentile returns the nearest-rank percentile p (0..1] of sorted d.
@@ -391,6 +406,9 @@ func benchReport(out io.Writer, cfg benchConfig, s *benchStats, elapsed time.Dur
 	if s.errors > 0 {
 		errs = append(errs, fmt.Errorf("%s failed", plural.Count(s.errors, "request", "requests")))
 	}
+	if n := len(s.latency[classFailed]); n > 0 {
+		errs = append(errs, fmt.Errorf("%s answered 5xx", plural.Count(n, "request", "requests")))
+	}
 	if twice > 0 || cfg.ReplayOnly && executions > 0 {
 		errs = append(errs, errors.New("duplicates of a key ran more than once"))
 	}
@@ -404,11 +422,13 @@ const benchSynopsis = `URL [flags]
 
 Sends --keys keys x --dups duplicates of a request (shuffled, so the
 duplicates of a key meet at random) from --concurrency clients and prints
-the request rate, latency percentiles of first executions, replays and 409s
+the request rate, latency percentiles of first executions, replays, 409s
+(or the profile's other in-flight answer: 429 lock_timeout, 202) and 5xx
 apart, the statuses and the errors. --duration repeats rounds under new keys
 until it has passed. --replay-only completes one key first and sends every
-request under it. The exit status is 1 when requests failed or a key was
-answered as a new execution twice. With --progress (the default when stderr
+request under it. The exit status is 1 when requests failed (no answer, or
+a 5xx), a key was answered as a new execution twice, or the run was
+interrupted. With --progress (the default when stderr
 is a terminal) a line on stderr every second tells the requests done out
 of the total, the rate and the errors so far.
 `

@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net/http"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idem-go/idem"
 )
 
 // benchRow returns the count column of a class row of the bench report.
@@ -147,4 +150,91 @@ func TestBenchReportSingular(t *testing.T) {
 			t.Errorf("report lacks %q:\n%s", want, out)
 		}
 	}
+}
+
+// A duplicate deferred while its key runs is not an execution, whatever
+// status the profile gives the deferral: Stripe's 429 lock_timeout, or a
+// 202 request-in-progress.
+func TestBenchCountsEveryInFlightAnswerAsADeferral(t *testing.T) {
+	t.Parallel()
+	for name, cfg := range map[string]idem.Config{
+		"stripe 429": {Profile: idem.ProfileStripe},
+		"ietf 202":   {InProgressStatus: http.StatusAccepted},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			up := newUpstream(t, delayed(&chargeAPI{}, 100*time.Millisecond))
+			_, base := startProxy(t, ProxyConfig{Upstream: up.URL, Store: "memory:", Config: cfg})
+			out, _, err := run("bench", "--keys", "4", "--dups", "4", "--concurrency", "16", base+"/v1/charges")
+			t.Log("\n" + out)
+			if err != nil {
+				t.Errorf("bench: %v", err)
+			}
+			if n := benchRow(t, out, "first executions"); n != "4" {
+				t.Errorf("%s first executions, want 4", n)
+			}
+			if n := benchRow(t, out, "409 in progress"); n == "0" {
+				t.Errorf("no deferral counted; the duplicates did not meet in flight")
+			}
+		})
+	}
+}
+
+// A 5xx is a failed request, not a first execution: a target whose
+// upstream is down fails the run.
+func TestBenchCounts5xxAsFailures(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "upstream down", http.StatusBadGateway)
+	}))
+	out, _, err := run("bench", "--keys", "3", "--dups", "2", "--concurrency", "2", up.URL)
+	t.Log("\n" + out)
+	if err == nil || !strings.Contains(err.Error(), "6 requests answered 5xx") {
+		t.Errorf("bench of an API answering 502: %v, want a failure naming the 5xx answers", err)
+	}
+	if n := benchRow(t, out, "first executions"); n != "0" {
+		t.Errorf("%s first executions, want 0", n)
+	}
+	if n := benchRow(t, out, "5xx answers"); n != "6" {
+		t.Errorf("%s 5xx answers, want 6", n)
+	}
+}
+
+// Ctrl-C stops a run at once, also while a replay-only run waits for its
+// first answer, and an interrupted run does not exit as a complete one.
+func TestBenchInterrupted(t *testing.T) {
+	t.Parallel()
+	interrupt := func(t *testing.T, up http.Handler, args ...string) (string, error, time.Duration) {
+		t.Helper()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		time.AfterFunc(300*time.Millisecond, cancel)
+		var out strings.Builder
+		start := time.Now()
+		err := Run(ctx, append(append([]string{"bench"}, args...), newUpstream(t, up).URL), &out, io.Discard)
+		return out.String(), err, time.Since(start)
+	}
+	t.Run("replay only, first answer in flight", func(t *testing.T) {
+		t.Parallel()
+		inFlight := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusConflict)
+		})
+		_, err, took := interrupt(t, inFlight, "--replay-only", "--timeout", "20s")
+		if took > 5*time.Second || !errors.Is(err, context.Canceled) {
+			t.Errorf("interrupted after 300ms: returned after %s with %v", took.Round(time.Millisecond), err)
+		}
+	})
+	t.Run("during the run", func(t *testing.T) {
+		t.Parallel()
+		out, err, took := interrupt(t, delayed(&chargeAPI{}, 50*time.Millisecond),
+			"--keys", "1000", "--dups", "1", "--concurrency", "2")
+		t.Log("\n" + out)
+		if took > 5*time.Second || !errors.Is(err, context.Canceled) {
+			t.Errorf("interrupted after 300ms: returned after %s with %v", took.Round(time.Millisecond), err)
+		}
+		if !strings.Contains(out, "requests in ") {
+			t.Errorf("an interrupted run does not report what it did")
+		}
+	})
 }

@@ -259,3 +259,46 @@ func TestAlterJSON(t *testing.T) {
 		}
 	}
 }
+
+// A check passes only on what it saw: an API that refused the request
+// itself, or the second tenant's credential, proves nothing about keys.
+func TestCheckPassesNothingItDidNotSee(t *testing.T) {
+	t.Parallel()
+	t.Run("second tenant refused", func(t *testing.T) {
+		t.Parallel()
+		up := slowCharges(t)
+		authorized := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Header.Get("Authorization") != "Bearer main" {
+				http.Error(w, `{"error":"unauthorized"}`, http.StatusUnauthorized)
+				return
+			}
+			up.Config.Handler.ServeHTTP(w, r)
+		})
+		_, base := startProxy(t, ProxyConfig{Store: "memory:", TenantFrom: []string{"authorization"},
+			Upstream: newUpstream(t, authorized).URL})
+		out, _, err := run("check", base+"/v1/charges", "--header", "Authorization: Bearer main", "--other-auth", "Bearer revoked")
+		t.Log("\n" + out)
+		if v, d := checkLine(t, out, "tenants"); v != "FAIL" || !strings.Contains(d, "tenant B's request was refused (401") {
+			t.Errorf("tenants: %s %q, want FAIL: tenant B's request was refused", v, d)
+		}
+		if !errors.Is(err, errChecksFailed) {
+			t.Errorf("check returned %v", err)
+		}
+	})
+	t.Run("every request refused", func(t *testing.T) {
+		t.Parallel()
+		up := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, `{"error":"amount is required"}`, http.StatusBadRequest)
+		}))
+		out, _, err := run("check", up.URL+"/v1/charges")
+		t.Log("\n" + out)
+		for _, name := range []string{"missing-key", "malformed-key", "repeated-key"} {
+			if v, d := checkLine(t, out, name); v != "SKIP" || !strings.Contains(d, "refused every request under a valid key") {
+				t.Errorf("%s: %s %q, want SKIP: the API refused every request", name, v, d)
+			}
+		}
+		if !errors.Is(err, errChecksFailed) {
+			t.Errorf("check returned %v", err)
+		}
+	})
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -398,5 +399,31 @@ func TestNewKeyRateBoundsCredentialSpraying(t *testing.T) {
 	recs, _, err := p.Store().List(context.Background(), store.ListParams{Limit: 100})
 	if err != nil || len(recs) != stored {
 		t.Fatalf("records: %d %v, want %d", len(recs), err, stored)
+	}
+}
+
+// The replay cache's settings are refused where the store would ignore
+// them: a proxy that starts has the cache it was told to have.
+func TestProxyRefusesReplayCacheSettingsItWouldIgnore(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		cfg  ProxyConfig
+		want string
+	}{
+		{ProxyConfig{Store: "sqlite:" + filepath.Join(t.TempDir(), "idem.db"), StoreReplayCache: 64 << 20}, "--store-replay-cache needs a PostgreSQL store"},
+		{ProxyConfig{Store: "redis://127.0.0.1:1/0", StoreReplayCache: 64 << 20}, "--store-replay-cache needs a PostgreSQL store"},
+		{ProxyConfig{Store: "postgres://idem@127.0.0.1:1/idem", StoreListen: "postgres://idem@127.0.0.1:1/idem"}, "--store-listen needs --store-replay-cache"},
+	} {
+		tc.cfg.Upstream, tc.cfg.Listen, tc.cfg.SingleTenant = "http://127.0.0.1:1", "127.0.0.1:0", true
+		tc.cfg.Logger = slog.New(slog.DiscardHandler)
+		p, err := NewProxy(context.Background(), tc.cfg)
+		if err == nil {
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			p.Serve(ctx)
+		}
+		if !errors.Is(err, ErrUsage) || !strings.Contains(fmt.Sprint(err), tc.want) {
+			t.Errorf("%s with replay cache %d, listen %q: %v; want a usage error saying %q", tc.cfg.Store, tc.cfg.StoreReplayCache, tc.cfg.StoreListen, err, tc.want)
+		}
 	}
 }

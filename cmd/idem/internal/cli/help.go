@@ -117,9 +117,9 @@ var helpDocs = map[string]helpDoc{
 		"idem bench --header 'Authorization: Bearer sk_test' http://127.0.0.1:8080/v1/charges",
 		"idem bench --header 'Authorization: Bearer sk_test' --keys 100 --dups 10 --concurrency 64 --duration 30s --progress \\\n    http://127.0.0.1:8080/v1/charges",
 		"idem bench --header 'Authorization: Bearer sk_test' --replay-only http://127.0.0.1:8080/v1/charges",
-	}, exit: `  0  every request was answered and no key ran twice
-  1  requests failed, a key was answered as a new execution twice, or the
-     command failed
+	}, exit: `  0  every request was answered below 500 and no key ran twice
+  1  requests failed (no answer, or a 5xx), a key was answered as a new
+     execution twice, the run was interrupted, or the command failed
   2  the command line is wrong (usage error)`},
 	"demo": {examples: []string{
 		"idem demo",

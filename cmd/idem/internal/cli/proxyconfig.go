@@ -241,6 +241,15 @@ func (cfg ProxyConfig) checkStore(dsn storeurl.DSN) error {
 	if dsn.Kind == storeurl.Redis && cfg.StoreMaxActive > 0 {
 		return fmt.Errorf("%w: --store-max-active needs a store that counts its active records (SQLite, PostgreSQL, MySQL or memory), not Redis", ErrUsage)
 	}
+	// The other stores, and a PostgreSQL store without the cache, would
+	// ignore these: the proxy would run without the cache it was told to
+	// have.
+	if cfg.StoreReplayCache != 0 && dsn.Kind != storeurl.Postgres {
+		return fmt.Errorf("%w: --store-replay-cache needs a PostgreSQL store, not %s", ErrUsage, dsn.Kind)
+	}
+	if cfg.StoreListen != "" && cfg.StoreReplayCache == 0 {
+		return fmt.Errorf("%w: --store-listen needs --store-replay-cache: only the replay cache listens", ErrUsage)
+	}
 	if cfg.RequireDurable && dsn.Kind != storeurl.Postgres && dsn.Kind != storeurl.MySQL && dsn.Kind != storeurl.Redis {
 		return fmt.Errorf("%w: --require-synchronous-replication needs a store that checks its replication (PostgreSQL, MySQL or Redis), not %s", ErrUsage, dsn.Kind)
 	}

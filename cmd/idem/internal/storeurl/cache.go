@@ -38,9 +38,9 @@ func ParseCache(dsn string) (CacheDSN, error) {
 	if scheme != "redis" && scheme != "rediss" {
 		return CacheDSN{}, fmt.Errorf("the cache must be a Redis URL: %s", CacheSupported)
 	}
-	u, err := url.Parse(dsn)
+	u, err := parseURL(dsn)
 	if err != nil {
-		return CacheDSN{}, fmt.Errorf("invalid cache URL: %w", redactURLError(err))
+		return CacheDSN{}, fmt.Errorf("invalid cache URL: %w", err)
 	}
 	var c CacheDSN
 	q := u.Query()

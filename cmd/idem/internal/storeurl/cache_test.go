@@ -33,16 +33,17 @@ func TestParseCache(t *testing.T) {
 		t.Errorf("rediss: %+v %v", c, err)
 	}
 	for dsn, want := range map[string]string{
-		"memory:":                            "must be a Redis URL",
-		"redis+cluster://a:1,b:2":            "must be a Redis URL",
-		"sqlite:x.db":                        "must be a Redis URL",
-		"redis://h:6379/0?max_ttl=-1s":       "max_ttl",
-		"redis://h:6379/0?max_ttl=never":     "max_ttl",
-		"redis://h:6379/x":                   "database number",
-		"redis://h:6379/0?bogus=1":           "bogus",
-		"redis://u:secret@h:6379/0?bogus=1":  "bogus",
-		"redis://u:secret@h:6379/0\x7f":      "invalid",
-		"redis://u:secret@h:6379/0?max_ttl=": "", // empty: the default
+		"memory:":                             "must be a Redis URL",
+		"redis+cluster://a:1,b:2":             "must be a Redis URL",
+		"sqlite:x.db":                         "must be a Redis URL",
+		"redis://h:6379/0?max_ttl=-1s":        "max_ttl",
+		"redis://h:6379/0?max_ttl=never":      "max_ttl",
+		"redis://h:6379/x":                    "database number",
+		"redis://h:6379/0?bogus=1":            "bogus",
+		"redis://u:secret@h:6379/0?bogus=1":   "bogus",
+		"redis://u:secret@h:6379/0\x7f":       "invalid",
+		"redis://u:secret@h:6379/0?max_ttl=":  "", // empty: the default
+		"redis://u:secret@h:6379/0?bogus=%zz": "parameters",
 	} {
 		_, err := storeurl.ParseCache(dsn)
 		switch {

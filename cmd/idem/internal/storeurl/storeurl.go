@@ -154,6 +154,11 @@ func Parse(dsn string) (DSN, error) {
 		if !strings.HasPrefix(rest, "//") {
 			return DSN{}, errors.New("redis DSN must be a URL: redis://host:port/db")
 		}
+		// The Redis client's own error for a URL it cannot read repeats
+		// the URL, password included.
+		if _, err := parseURL(dsn); err != nil {
+			return DSN{}, fmt.Errorf("invalid redis URL: %w", err)
+		}
 		if _, _, err := redisWait(dsn); err != nil {
 			return DSN{}, err
 		}
@@ -166,13 +171,8 @@ func Parse(dsn string) (DSN, error) {
 // go-sql-driver form user:pass@tcp(host:port)/db?params. The driver's own
 // Config formats the result, so a password holding '@', ':' or '/' survives.
 func mysqlDSN(raw string) (string, error) {
-	u, err := url.Parse(raw)
+	u, err := parseURL(raw)
 	if err != nil {
-		// url.Error repeats the whole URL, password included.
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err
-		}
 		return "", fmt.Errorf("invalid mysql URL: %w", err)
 	}
 	if u.Opaque != "" || u.Hostname() == "" {
@@ -203,6 +203,20 @@ func mysqlDSN(raw string) (string, error) {
 	cfg.Addr = net.JoinHostPort(u.Hostname(), port)
 	cfg.DBName = db
 	return cfg.FormatDSN(), nil
+}
+
+// parseURL reads a store or cache URL. Its error never repeats the URL,
+// which may hold a password. A malformed query is refused: the drivers
+// would drop the parameters they cannot read, silently.
+func parseURL(raw string) (*url.URL, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, redactURLError(err)
+	}
+	if _, err := url.ParseQuery(u.RawQuery); err != nil {
+		return nil, fmt.Errorf("parameters: %w", err)
+	}
+	return u, nil
 }
 
 // Open opens the store dsn names. The caller closes it.

@@ -111,13 +111,22 @@ func TestErrorsHideThePassword(t *testing.T) {
 		"mysql://root:hunter2@127.0.0.1:3306/%zz",
 		"mysql://root:hunter2@127.0.0.1:3306/",
 		"nosuch://root:hunter2@host/db",
+		"redis://:hunter2@[::1:6379/0",
+		"redis+cluster://:hunter2@a:7000,[b:7001",
+		"redis://:hunter2@127.0.0.1:6379/0?x=%zz",
+		"rediss://u:hunter2@cache:6380/0?dial_timeout=1s&wait_replicas=1&bogus=%zz",
 	} {
 		_, err := storeurl.Parse(dsn)
 		if err == nil {
-			t.Fatalf("Parse(%q) succeeded", dsn)
+			t.Errorf("Parse(%q) succeeded", dsn)
+			continue
 		}
 		if strings.Contains(err.Error(), "hunter2") {
 			t.Errorf("error repeats the password: %v", err)
+		}
+		// Open, whose error the proxy logs, refuses it as Parse does.
+		if _, err := storeurl.Open(context.Background(), dsn, storeurl.Options{}); err == nil || strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("Open(%q): %v", dsn, err)
 		}
 	}
 }
