@@ -204,7 +204,7 @@ func TestBenchCounts5xxAsFailures(t *testing.T) {
 // first answer, and an interrupted run does not exit as a complete one.
 func TestBenchInterrupted(t *testing.T) {
 	t.Parallel()
-	interrupt := func(t *testing.T, up http.Handler, args ...string) (string, error, time.Duration) {
+	interrupt := func(t *testing.T, up http.Handler, args ...string) (string, time.Duration, error) {
 		t.Helper()
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
@@ -212,7 +212,7 @@ func TestBenchInterrupted(t *testing.T) {
 		var out strings.Builder
 		start := time.Now()
 		err := Run(ctx, append(append([]string{"bench"}, args...), newUpstream(t, up).URL), &out, io.Discard)
-		return out.String(), err, time.Since(start)
+		return out.String(), time.Since(start), err
 	}
 	t.Run("replay only, first answer in flight", func(t *testing.T) {
 		t.Parallel()
@@ -220,14 +220,14 @@ func TestBenchInterrupted(t *testing.T) {
 			w.Header().Set("Retry-After", "1")
 			w.WriteHeader(http.StatusConflict)
 		})
-		_, err, took := interrupt(t, inFlight, "--replay-only", "--timeout", "20s")
+		_, took, err := interrupt(t, inFlight, "--replay-only", "--timeout", "20s")
 		if took > 5*time.Second || !errors.Is(err, context.Canceled) {
 			t.Errorf("interrupted after 300ms: returned after %s with %v", took.Round(time.Millisecond), err)
 		}
 	})
 	t.Run("during the run", func(t *testing.T) {
 		t.Parallel()
-		out, err, took := interrupt(t, delayed(&chargeAPI{}, 50*time.Millisecond),
+		out, took, err := interrupt(t, delayed(&chargeAPI{}, 50*time.Millisecond),
 			"--keys", "1000", "--dups", "1", "--concurrency", "2")
 		t.Log("\n" + out)
 		if took > 5*time.Second || !errors.Is(err, context.Canceled) {
