@@ -949,19 +949,12 @@ func TestSnapshotConflictIsRetryable(t *testing.T) {
 		t.Skipf("this server has no innodb_snapshot_isolation: %v", err)
 	}
 	r := mustReserve(t, s, reserveParams("snap"), store.Created)
-	tx, err := s.DB().BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := snapshotTx(t, s)
 	defer tx.Rollback()
-	var n int
-	if err := tx.QueryRowContext(ctx, "SELECT COUNT(*) FROM idem_records").Scan(&n); err != nil { // the snapshot
-		t.Fatal(err)
-	}
 	if err := s.Extend(ctx, store.ExtendParams{FenceParams: fence(r), Lease: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
-	err = s.CompleteTx(ctx, tx, store.CompleteParams{FenceParams: fence(r), Response: okResponse("x"), TTL: time.Hour})
+	err := s.CompleteTx(ctx, tx, store.CompleteParams{FenceParams: fence(r), Response: okResponse("x"), TTL: time.Hour})
 	if err == nil {
 		t.Skip("the server let the transaction write past its snapshot (snapshot isolation off)")
 	}
@@ -988,15 +981,8 @@ func TestCappedReserveTxPastItsSnapshot(t *testing.T) {
 		return p
 	}
 	reserveTx := func(p store.ReserveParams, since func()) (store.ReserveResult, error) {
-		tx, err := s.DB().BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		tx := snapshotTx(t, s)
 		defer tx.Rollback()
-		var n int
-		if err := tx.QueryRowContext(ctx, "SELECT COUNT(*) FROM idem_records").Scan(&n); err != nil { // the snapshot
-			t.Fatal(err)
-		}
 		since()
 		return s.ReserveTx(ctx, tx, p)
 	}
@@ -1057,4 +1043,22 @@ func TestBodyWithinTheServersPacketLimit(t *testing.T) {
 	if got, err := s.Get(ctx, r.Scope, r.Key); err != nil || got.State != store.StateInProgress {
 		t.Fatalf("the record of the refused body: %s %v", got.State, err)
 	}
+}
+
+// snapshotTx begins a REPEATABLE READ transaction (the server's default)
+// and reads from idem_records, which takes its snapshot there: what other
+// connections commit afterwards is what a test checks the transaction's
+// statements still see. The caller rolls it back.
+func snapshotTx(t *testing.T, s *Store) *sql.Tx {
+	t.Helper()
+	tx, err := s.DB().BeginTx(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := tx.QueryRowContext(t.Context(), "SELECT COUNT(*) FROM idem_records").Scan(&n); err != nil {
+		tx.Rollback()
+		t.Fatal(err)
+	}
+	return tx
 }
