@@ -258,8 +258,9 @@ func benchWarmup(ctx context.Context, c *http.Client, cfg benchConfig, key strin
 	}
 }
 
-// benchRequest sends one request under key. The answer keeps its body:
-// a deferral other than 409 is told from an execution by its body.
+// benchRequest sends one request under key. The answer keeps its body
+// when it may be a deferral other than 409, which only its body tells from
+// an execution; other bodies are discarded unread into memory.
 func benchRequest(ctx context.Context, c *http.Client, cfg benchConfig, key string) answer {
 	var body io.Reader
 	if cfg.Body != nil {
@@ -278,11 +279,17 @@ func benchRequest(ctx context.Context, c *http.Client, cfg benchConfig, key stri
 		return answer{err: err}
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
+	a := answer{status: resp.StatusCode, header: resp.Header}
+	if a.status == http.StatusAccepted || a.status == http.StatusTooManyRequests {
+		// Only these may be deferrals, told apart by their body (inFlight).
+		a.body, err = io.ReadAll(resp.Body)
+	} else {
+		_, err = io.Copy(io.Discard, resp.Body)
+	}
 	if err != nil {
 		return answer{err: err}
 	}
-	return answer{status: resp.StatusCode, header: resp.Header, body: b}
+	return a
 }
 
 // benchOne sends one request and counts it in s; it reports whether the
