@@ -36,12 +36,9 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
-	"os/user"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -52,7 +49,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/internal/testkit/testenv"
+	"github.com/idem-go/idem/internal/testkit/pgcluster"
 )
 
 var faultFull = flag.Bool("fault.full", false, "run the full fault test (also IDEM_FAULT_FULL=1)")
@@ -114,8 +111,8 @@ func TestFaultSQLite(t *testing.T) {
 
 func TestFaultPostgres(t *testing.T) {
 	skipShort(t)
-	pg := startPGCluster(t, "")
-	runFault(t, "postgres", pg.dsn(), faultPlanFor(true), func(r *faultRun) { r.crashPG(pg) })
+	pg := pgcluster.Start(t, "")
+	runFault(t, "postgres", pg.DSN(), faultPlanFor(true), func(r *faultRun) { r.crashPG(pg) })
 }
 
 // The failover topology: a private primary and its synchronous streaming
@@ -126,7 +123,7 @@ func TestFaultPostgres(t *testing.T) {
 // a restart, and no key runs twice, no answer a client got is lost.
 func TestFaultPostgresFailover(t *testing.T) {
 	skipShort(t)
-	pair := startPGPair(t, true)
+	pair := pgcluster.StartPair(t, true)
 	plan := faultPlan{
 		proxies: 2, keys: 120, dups: 3, kills: 1, pgRestarts: 1, inFlight: 12, largeEvery: 10,
 		clientLimit: 2 * time.Minute, settleLimit: 2 * time.Minute,
@@ -139,11 +136,11 @@ func TestFaultPostgresFailover(t *testing.T) {
 	}
 	plan.proxyArgs = []string{"--require-synchronous-replication"}
 	var run *faultRun
-	runFault(t, "postgres-failover-sync", pair.dsn(), plan, func(r *faultRun) { run = r; r.failover(pair) })
+	runFault(t, "postgres-failover-sync", pair.DSN(), plan, func(r *faultRun) { run = r; r.failover(pair) })
 	if run == nil || !run.failedOver.Load() {
 		t.Fatal("the failover did not happen")
 	}
-	if out, err := pair.standby.psql("SELECT pg_is_in_recovery()"); err != nil || out != "f" {
+	if out, err := pair.Standby.Psql("SELECT pg_is_in_recovery()"); err != nil || out != "f" {
 		t.Fatalf("the standby is not the primary after the run: %q %v", out, err)
 	}
 }
@@ -154,8 +151,8 @@ func TestFaultPostgresFailover(t *testing.T) {
 // requests with 503 store-not-durable, calling nothing upstream.
 func TestFaultPostgresAsyncStandby(t *testing.T) {
 	skipShort(t)
-	pair := startPGPair(t, false)
-	dsn := pair.dsn()
+	pair := pgcluster.StartPair(t, false)
+	dsn := pair.DSN()
 	if _, errOut, err := runIdem(t, "migrate", "--store", dsn); err != nil {
 		t.Fatalf("idem migrate: %v\n%s", err, errOut)
 	}
@@ -198,7 +195,7 @@ func TestFaultPostgresAsyncStandby(t *testing.T) {
 	// sees it at its next check and serves, without a restart, and logs
 	// the change.
 	for _, q := range []string{"ALTER SYSTEM SET synchronous_standby_names = '*'", "SELECT pg_reload_conf()"} {
-		if out, err := pair.primary.psql(q); err != nil {
+		if out, err := pair.Primary.Psql(q); err != nil {
 			t.Fatalf("%s: %v %s", q, err, out)
 		}
 	}
@@ -579,15 +576,15 @@ func (r *faultRun) chaos(dbFault func(r *faultRun)) (kills, restarts int) {
 // crashPG crashes PostgreSQL and starts it again after a moment, the
 // crash landing between executions and the storing of their answers (see
 // whileHeld).
-func (r *faultRun) crashPG(pg *pgCluster) {
+func (r *faultRun) crashPG(pg *pgcluster.Cluster) {
 	t := r.t
 	r.whileHeld(func() {
-		if err := pg.crash(); err != nil {
+		if err := pg.Crash(); err != nil {
 			t.Fatalf("crashing PostgreSQL: %v", err)
 		}
 	})
 	time.Sleep(time.Duration(200+rand.IntN(300)) * time.Millisecond)
-	if err := pg.start(); err != nil {
+	if err := pg.Start(); err != nil {
 		t.Fatalf("restarting PostgreSQL: %v", err)
 	}
 }
@@ -596,17 +593,17 @@ func (r *faultRun) crashPG(pg *pgCluster) {
 // checkpoint), lands between executions and the storing of their answers
 // (see whileHeld), and promotes the standby after a moment. The proxies
 // are not told: their multi-host URL finds the new primary.
-func (r *faultRun) failover(pair *pgPair) {
+func (r *faultRun) failover(pair *pgcluster.Pair) {
 	t := r.t
 	var killed time.Time
 	r.whileHeld(func() {
-		if err := pair.primary.crash(); err != nil {
+		if err := pair.Primary.Crash(); err != nil {
 			t.Fatalf("killing the primary: %v", err)
 		}
 		killed = time.Now()
 	})
 	time.Sleep(time.Duration(200+rand.IntN(300)) * time.Millisecond)
-	if err := pair.standby.pgctl("promote", "-w", "-t", "60"); err != nil {
+	if err := pair.Standby.Pgctl("promote", "-w", "-t", "60"); err != nil {
 		t.Fatalf("promoting the standby: %v", err)
 	}
 	promoted := time.Since(killed)
@@ -916,190 +913,3 @@ func logTails(t *testing.T, dir string) {
 	}
 }
 
-// pgCluster is a private PostgreSQL server of one test.
-type pgCluster struct {
-	bin  string // the directory of initdb, pg_ctl, postgres
-	dir  string // the socket directory; data/ and log inside
-	port int
-	// asPostgres prefixes every command: `runuser -u postgres --` as root.
-	asPostgres []string
-	// opts are more server options, in pg_ctl -o form.
-	opts string
-}
-
-// startPGCluster creates and starts a private cluster, removed when the
-// test ends, with opts added to the server's options. The test is skipped
-// when PostgreSQL's server binaries are not installed.
-func startPGCluster(t *testing.T, opts string) *pgCluster {
-	t.Helper()
-	c := newPGCluster(t, opts)
-	if out, err := c.command("initdb", "-D", filepath.Join(c.dir, "data"), "-U", "postgres",
-		"--auth=trust", "-N", "-E", "UTF8", "--locale=C").CombinedOutput(); err != nil {
-		t.Fatalf("initdb: %v\n%s", err, out)
-	}
-	c.startOnFreePort(t)
-	return c
-}
-
-// newPGCluster makes the directory of a cluster, removed (with the server
-// stopped) when the test ends; nothing is created or started yet.
-func newPGCluster(t *testing.T, opts string) *pgCluster {
-	t.Helper()
-	bin := pgBinDir()
-	if bin == "" {
-		testenv.Skip(t, "initdb and pg_ctl not found (PATH, /usr/lib/postgresql/*/bin): no private PostgreSQL")
-	}
-	dir, err := os.MkdirTemp("", "idem-fault-pg-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &pgCluster{bin: bin, dir: dir, opts: opts}
-	t.Cleanup(func() {
-		c.pgctl("stop", "-m", "immediate")
-		os.RemoveAll(dir)
-	})
-	if os.Geteuid() == 0 {
-		// The server refuses root: the cluster belongs to postgres.
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			t.Fatalf("running as root needs a postgres user for the private cluster: %v", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		if err := os.Chown(dir, uid, gid); err != nil {
-			t.Fatal(err)
-		}
-		c.asPostgres = []string{"runuser", "-u", "postgres", "--"}
-	}
-	return c
-}
-
-// startOnFreePort starts the server on a free port, probed; another
-// process may take it before the server binds, so a failed start tries
-// another.
-func (c *pgCluster) startOnFreePort(t *testing.T) {
-	t.Helper()
-	for attempt := 0; ; attempt++ {
-		var err error
-		if c.port, err = freePort(); err != nil {
-			t.Fatal(err)
-		}
-		if err = c.start(); err == nil {
-			return
-		}
-		if attempt == 2 {
-			log, _ := os.ReadFile(filepath.Join(c.dir, "log"))
-			t.Fatalf("starting the private PostgreSQL: %v\n%s", err, log)
-		}
-	}
-}
-
-// pgPair is a private primary and its streaming standby.
-type pgPair struct{ primary, standby *pgCluster }
-
-// startPGPair starts a primary and a standby cloned from it with
-// pg_basebackup -R, streaming from it. With synchronous, the primary's
-// commits wait for the standby (synchronous_standby_names '*',
-// synchronous_commit on); the standby does not inherit the setting (it is
-// a server option of the primary only), so once promoted, alone, it does
-// not wait for a standby it no longer has.
-func startPGPair(t *testing.T, synchronous bool) *pgPair {
-	t.Helper()
-	opts := ""
-	if synchronous {
-		opts = "-c synchronous_standby_names='*' -c synchronous_commit=on"
-	}
-	p := &pgPair{primary: startPGCluster(t, opts)}
-	p.standby = newPGCluster(t, "")
-	if out, err := p.standby.command("pg_basebackup", "-D", filepath.Join(p.standby.dir, "data"), "-R", "-X", "stream",
-		"-h", "127.0.0.1", "-p", strconv.Itoa(p.primary.port), "-U", "postgres", "--no-sync").CombinedOutput(); err != nil {
-		t.Fatalf("pg_basebackup: %v\n%s", err, out)
-	}
-	p.standby.startOnFreePort(t)
-	want := "streaming"
-	if synchronous {
-		want = "streaming sync"
-	}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		out, err := p.primary.psql("SELECT state || CASE WHEN sync_state = 'sync' THEN ' sync' ELSE '' END FROM pg_stat_replication")
-		if err == nil && out == want {
-			return p
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the standby is not %q after 60s: %q %v", want, out, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// dsn is the multi-host URL of the pair: whichever accepts writes.
-func (p *pgPair) dsn() string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write&connect_timeout=2",
-		p.primary.port, p.standby.port)
-}
-
-// psql runs one query and returns its output, unaligned, without headers.
-func (c *pgCluster) psql(query string) (string, error) {
-	out, err := c.command("psql", "-h", c.dir, "-p", strconv.Itoa(c.port), "-U", "postgres", "-d", "postgres", "-Atc", query).CombinedOutput()
-	return strings.TrimSpace(string(out)), err
-}
-
-func pgBinDir() string {
-	if p, err := exec.LookPath("pg_ctl"); err == nil {
-		if real, err := filepath.EvalSymlinks(p); err == nil {
-			p = real
-		}
-		if _, err := os.Stat(filepath.Join(filepath.Dir(p), "initdb")); err == nil {
-			return filepath.Dir(p)
-		}
-	}
-	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	sort.Strings(dirs)
-	for i := len(dirs) - 1; i >= 0; i-- { // the newest version
-		if _, err := os.Stat(filepath.Join(dirs[i], "pg_ctl")); err == nil {
-			return dirs[i]
-		}
-	}
-	return ""
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
-
-func (c *pgCluster) command(tool string, args ...string) *exec.Cmd {
-	argv := append(append(append([]string(nil), c.asPostgres...), filepath.Join(c.bin, tool)), args...)
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Dir = c.dir
-	return cmd
-}
-
-func (c *pgCluster) pgctl(args ...string) error {
-	out, err := c.command("pg_ctl", append([]string{"-D", filepath.Join(c.dir, "data")}, args...)...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("pg_ctl %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return nil
-}
-
-// start starts the server and waits until it accepts connections. fsync is
-// off: the faults here crash processes, never the machine, and the page
-// cache survives a process crash.
-func (c *pgCluster) start() error {
-	return c.pgctl("start", "-w", "-t", "120", "-l", filepath.Join(c.dir, "log"), "-o",
-		fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200 %s", c.port, c.dir, c.opts))
-}
-
-// crash stops the server as a crash would: immediate mode kills every
-// backend at once, with no checkpoint; the next start runs crash recovery.
-func (c *pgCluster) crash() error { return c.pgctl("stop", "-m", "immediate", "-w") }
-
-func (c *pgCluster) dsn() string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.port)
-}
