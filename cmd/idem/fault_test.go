@@ -912,4 +912,3 @@ func logTails(t *testing.T, dir string) {
 		t.Logf("%s: %d bytes, warnings and errors:\n%s", filepath.Base(name), len(b), strings.Join(lines, "\n"))
 	}
 }
-
