@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -346,22 +347,38 @@ var errFinished = errors.New("idem: execution already finished")
 // transition applied by an attempt whose answer was lost. The response
 // tells this execution's completion from an operator's settlement of its
 // unknown record.
-func (x *Execution) landed(ctx context.Context, state store.State, own func() store.ResolveParams) bool {
+//
+// On a store that can show a write before it is durable (store.Syncer:
+// PostgreSQL whose wait for a synchronous standby was cancelled), what
+// the read found counts only once Sync confirmed it; unconfirmed is then
+// Sync's error, wrapped in errUnconfirmed.
+func (x *Execution) landed(ctx context.Context, state store.State, own func() store.ResolveParams) (ok bool, unconfirmed error) {
 	var r store.Record
 	err := x.e.call(ctx, opGet, true, func(ctx context.Context) (err error) {
 		r, err = x.e.store.Get(ctx, x.scope, x.key)
 		return err
 	})
 	if err != nil || r.State != state || r.Fence != x.fence {
-		return false
+		return false, nil
 	}
-	if own == nil {
-		return true
+	if own != nil {
+		want, got := own().Response, r.Response
+		if want != nil && (got == nil || got.Status != want.Status ||
+			got.BodyOmitted != want.BodyOmitted || !bytes.Equal(got.Body, want.Body)) {
+			return false, nil
+		}
 	}
-	want, got := own().Response, r.Response
-	return want == nil || (got != nil && got.Status == want.Status &&
-		got.BodyOmitted == want.BodyOmitted && bytes.Equal(got.Body, want.Body))
+	if s, ok := x.e.store.(store.Syncer); ok {
+		if err := x.e.call(ctx, opSync, true, s.Sync); err != nil {
+			return false, fmt.Errorf("%w: %w", errUnconfirmed, err)
+		}
+	}
+	return true, nil
 }
+
+// errUnconfirmed: a transition the store shows applied but could not
+// confirm durable (store.Syncer).
+var errUnconfirmed = errors.New("idem: the store shows the outcome recorded but could not confirm it durable")
 
 // Completion retries start at completionRetry and double up to a tenth of
 // the lease (at most completionRetryMax).
@@ -418,9 +435,14 @@ func (x *Execution) end(ctx context.Context, op storeOp, what store.State, strea
 	r := retries{attempts: 1}
 	defer func() { stepEnd(StepEnd{Fence: x.fence, Attempts: r.attempts, Err: err}) }()
 	err = x.retry(ctx, op, f, own, deadline, err, &r)
-	if r.doubtful && (errors.Is(err, store.ErrLeaseLost) || errors.Is(err, store.ErrStateConflict)) && x.landed(ctx, what, own) {
-		// An earlier attempt was applied but its answer was lost.
-		err, r.resolved = nil, false
+	if r.doubtful && (errors.Is(err, store.ErrLeaseLost) || errors.Is(err, store.ErrStateConflict)) {
+		switch ok, unconfirmed := x.landed(ctx, what, own); {
+		case ok:
+			// An earlier attempt was applied but its answer was lost.
+			err, r.resolved = nil, false
+		case unconfirmed != nil:
+			err = unconfirmed
+		}
 	}
 	x.report(ctx, op, what, streamed, err, r)
 	return err
@@ -517,6 +539,14 @@ func (x *Execution) report(ctx context.Context, op storeOp, what store.State, st
 		e.obs.FinishFailed(ctx, opNames[op])
 		e.log.Log(ctx, level, "idem: outcome not recorded: this execution no longer holds the record",
 			"scope", x.scope, "key", x.key, "fence", x.fence, "outcome", what)
+	case errors.Is(err, errUnconfirmed):
+		// The record holds the outcome; whether it survives a failover
+		// is what the store could not tell.
+		e.obs.FinishFailed(ctx, opNames[op])
+		e.log.Error("idem: the outcome is in the store, which could not confirm it durable: "+
+			"a failover before its replica has it would lose it (see the store's documentation)",
+			"scope", x.scope, "key", x.key, "fence", x.fence, "outcome", what, "attempts", r.attempts,
+			"answer_already_sent", streamed, "err", err)
 	case transient(err):
 		e.obs.FinishFailed(ctx, opNames[op])
 		e.log.Error("idem: could not record the outcome in time; "+afterLapse(e.cfg.LeasePolicy),

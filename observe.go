@@ -140,12 +140,13 @@ const (
 	opClaim
 	opCountActive
 	opResolve
+	opSync
 	numOps
 )
 
 // opNames match those of package maintenance, whose store calls sit beside
 // the engine's under the same op attribute.
-var opNames = [numOps]string{"reserve", "complete", "release", "mark_unknown", "checkpoint", "extend", "get", "claim", "count_active", "resolve"}
+var opNames = [numOps]string{"reserve", "complete", "release", "mark_unknown", "checkpoint", "extend", "get", "claim", "count_active", "resolve", "sync"}
 
 func (o storeOp) String() string { return opNames[o] }
 

@@ -78,7 +78,7 @@ var outcomes = []string{
 
 // ops are the store operations of the engine and of package maintenance.
 var ops = []string{
-	"reserve", "complete", "release", "mark_unknown", "checkpoint", "extend", "get",
+	"reserve", "complete", "release", "mark_unknown", "checkpoint", "extend", "get", "sync",
 	"sweep", "reap", "list_unknown", "resolve", "defer",
 	"claim", "expire_pending",
 }

@@ -24,6 +24,23 @@ type DurabilityChecker interface {
 	CheckDurability(ctx context.Context) (Durability, error)
 }
 
+// Syncer is implemented by a store whose reads can see a write before it
+// is as durable as the writes it acknowledges. PostgreSQL with a
+// synchronous standby is one: a commit whose wait for the standby is
+// cancelled (pg_cancel_backend, a statement_timeout, a backend terminated
+// during the wait) becomes visible on the primary although the standby
+// may not have it, and a failover then loses it. The engine calls Sync
+// before it takes a read as proof that one of its own writes landed (a
+// Complete whose answer was lost): an answer is acknowledged only once it
+// survives what an acknowledged write survives.
+type Syncer interface {
+	// Sync returns nil once every write that the store's reads could see
+	// when it was called is as durable as an acknowledged write, and an
+	// error (retryable when it says nothing of the writes) when it cannot
+	// tell: the standby did not confirm before ctx ended, say.
+	Sync(ctx context.Context) error
+}
+
 // DurabilityState summarises a Durability.
 type DurabilityState string
 

@@ -21,6 +21,17 @@ func (s *Store) CheckDurability(ctx context.Context) (store.Durability, error) {
 		Warnings: []string{"the store behind the replay cache does not check its durability"}}, nil
 }
 
+var _ store.Syncer = (*Store)(nil)
+
+// Sync forwards to the backing store, whose writes the cache's copies
+// are: nil at once when it has no such gap between visible and durable.
+func (s *Store) Sync(ctx context.Context) error {
+	if c, ok := s.Store.(store.Syncer); ok {
+		return c.Sync(ctx)
+	}
+	return nil
+}
+
 var (
 	_ store.ActiveCounter      = (*Store)(nil)
 	_ store.ActiveCountRefuser = (*Store)(nil)

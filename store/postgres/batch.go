@@ -154,8 +154,14 @@ func (b *batcher) flush(ctx context.Context, batch []*batchOp) {
 		pb.Queue(op.sql, op.args...)
 		steps = append(steps, step{[]*batchOp{op}, false})
 	}
-	br := b.s.pool.SendBatch(ctx, &pb)
-	_, err := br.Exec()
+	conn, err := b.s.pool.Acquire(ctx)
+	if err != nil {
+		b.failed(batch, false, err)
+		return
+	}
+	defer conn.Release()
+	br := conn.SendBatch(ctx, &pb)
+	_, err = br.Exec()
 	if err == nil && locks {
 		_, err = br.Exec()
 	}
@@ -179,6 +185,17 @@ func (b *batcher) flush(ctx context.Context, batch []*batchOp) {
 		}
 	}
 	err = br.Close()
+	if standbyWaitCancelled(conn) && err == nil && !rolledBack {
+		err = errStandbyWait
+	}
+	b.failed(batch, rolledBack, err)
+}
+
+// failed reports how a batch ended to its calls: rolled back by a
+// statement's error (or not sent at all), each runs alone; failed
+// otherwise, each gets err.
+func (b *batcher) failed(batch []*batchOp, rolledBack bool, err error) {
+	var pgErr *pgconn.PgError
 	switch {
 	case rolledBack || errors.As(err, &pgErr) || (err != nil && pgconn.SafeToRetry(err)):
 		// Nothing of the batch committed: every call runs alone.
@@ -330,17 +347,18 @@ func (r ordRow) Scan(dest ...any) error {
 
 // runOne runs op's statement by itself on q.
 func (s *Store) runOne(ctx context.Context, q querier, op *batchOp) {
-	if op.returns && s.partitioned() {
-		// A Reserve: after its key's lock (partition.go).
-		op.err = s.lockedRow(ctx, q, nil, op.args[0].(string), op.args[1].(string), op.sql, op.args,
-			func(row pgx.Row) error { return scanRecord(row, &op.rec, &op.action) })
-		return
-	}
-	if op.returns {
-		op.err = scanRecord(q.QueryRow(ctx, op.sql, op.args...), &op.rec, &op.action)
-	} else {
-		op.tag, op.err = q.Exec(ctx, op.sql, op.args...)
-	}
+	op.err = s.acknowledged(ctx, q, func(q querier) (err error) {
+		switch {
+		case op.returns && s.partitioned():
+			// A Reserve: after its key's lock (partition.go).
+			return s.lockedRow(ctx, q, nil, op.args[0].(string), op.args[1].(string), op.sql, op.args,
+				func(row pgx.Row) error { return scanRecord(row, &op.rec, &op.action) })
+		case op.returns:
+			return scanRecord(q.QueryRow(ctx, op.sql, op.args...), &op.rec, &op.action)
+		}
+		op.tag, err = q.Exec(ctx, op.sql, op.args...)
+		return err
+	})
 }
 
 // run executes one statement of Reserve (returns) or of a lease-holder

@@ -41,15 +41,17 @@ func (s *Store) indexed(ctx context.Context, first, sql string, args []any, read
 	var b pgx.Batch
 	b.Queue(first)
 	b.Queue(sql, args...)
-	br := s.pool.SendBatch(ctx, &b)
-	_, err := br.Exec()
-	if err == nil {
-		err = read(br)
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	return err
+	return s.acknowledged(ctx, s.pool, func(q querier) error {
+		br := q.SendBatch(ctx, &b)
+		_, err := br.Exec()
+		if err == nil {
+			err = read(br)
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		return err
+	})
 }
 
 // queryIndexed runs first then sql (indexed) and collects sql's records.

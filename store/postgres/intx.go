@@ -13,5 +13,5 @@ var _ store.TxStore[pgx.Tx] = (*Store)(nil)
 // returns nil (rolls back otherwise). With CheckpointTx it makes the store
 // a phase.Store[pgx.Tx] for atomic phases.
 func (s *Store) InTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
-	return pgx.BeginFunc(ctx, s.Pool(), fn)
+	return s.inTx(ctx, fn)
 }

@@ -238,14 +238,14 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 			var res store.ReserveResult
 			args := []any{p.Scope, p.Key, p.Fingerprint, storekit.Micros(p.Lease),
 				storekit.Micros(p.TTL), string(p.LeasePolicy), s.now(), p.Request.Queue, req, p.Tenant}
-			var err error
-			if s.partitioned() {
-				// After the key's lock (partition.go).
-				err = s.lockedRow(ctx, s.pool, nil, p.Scope, p.Key, q.insert, args,
-					func(row pgx.Row) error { return scanPending(row, &res.Record) })
-			} else {
-				err = scanPending(s.pool.QueryRow(ctx, q.insert, args...), &res.Record)
-			}
+			err := s.acknowledged(ctx, s.pool, func(c querier) error {
+				if s.partitioned() {
+					// After the key's lock (partition.go).
+					return s.lockedRow(ctx, c, nil, p.Scope, p.Key, q.insert, args,
+						func(row pgx.Row) error { return scanPending(row, &res.Record) })
+				}
+				return scanPending(c.QueryRow(ctx, q.insert, args...), &res.Record)
+			})
 			if err == nil {
 				res.Outcome = store.Created
 				return res, nil
@@ -267,7 +267,7 @@ func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (stor
 		}
 		var res store.ReserveResult
 		var gone bool
-		err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) (err error) {
+		err = s.inTx(ctx, func(tx pgx.Tx) (err error) {
 			res, gone, err = s.pendingIn(ctx, tx, q, &p, req)
 			return err
 		})

@@ -274,6 +274,7 @@ func Open(ctx context.Context, url string, cfg Config) (*Store, error) {
 	case !strings.Contains(url, "pool_max_conns"):
 		pcfg.MaxConns = DefaultMaxConns
 	}
+	WatchStandbyWaits(pcfg)
 	if err := choosePoolMode(ctx, url, pcfg); err != nil {
 		return nil, wrap(ctx, "open", err)
 	}
@@ -293,7 +294,9 @@ func Open(ctx context.Context, url string, cfg Config) (*Store, error) {
 // New returns a Store on an existing pool. The caller keeps ownership of
 // the pool: Close does not close it, and New changes none of its settings
 // (see "Calls whose context ends" in the package documentation for the
-// one that decides what a timed-out statement does on the server).
+// one that decides what a timed-out statement does on the server). Call
+// WatchStandbyWaits on the pool's config before making it, so that the
+// store sees commits a synchronous standby did not confirm (see Sync).
 func New(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	if pool == nil {
 		return nil, errors.Join(store.ErrInvalidParams, errors.New("idem/postgres: nil pool"))
@@ -634,7 +637,9 @@ func (s *Store) Delete(ctx context.Context, p store.DeleteParams) error {
 		state   *string
 		fence   *int64
 	)
-	if err := s.pool.QueryRow(ctx, s.q.delete, p.Scope, p.Key, p.Fence).Scan(&deleted, &state, &fence); err != nil {
+	if err := s.acknowledged(ctx, s.pool, func(q querier) error {
+		return q.QueryRow(ctx, s.q.delete, p.Scope, p.Key, p.Fence).Scan(&deleted, &state, &fence)
+	}); err != nil {
 		return wrap(ctx, "delete", err)
 	}
 	if !deleted && state == nil {
@@ -758,8 +763,10 @@ func (s *Store) Resolve(ctx context.Context, p store.ResolveParams) error {
 			body = p.Response.Body
 		}
 	}
-	err = s.pool.QueryRow(ctx, s.q.resolve, p.Scope, p.Key, s.now(),
-		string(p.To), status, headers, body, omitted, storekit.Micros(p.TTL), p.Fence).Scan(&resolved, &state, &fence)
+	err = s.acknowledged(ctx, s.pool, func(q querier) error {
+		return q.QueryRow(ctx, s.q.resolve, p.Scope, p.Key, s.now(),
+			string(p.To), status, headers, body, omitted, storekit.Micros(p.TTL), p.Fence).Scan(&resolved, &state, &fence)
+	})
 	if err != nil {
 		return wrap(ctx, "resolve", err)
 	}
@@ -779,14 +786,14 @@ func (s *Store) Defer(ctx context.Context, p store.DeferParams) error {
 		deferred bool
 		state    *string
 		fence    *int64
-		row      pgx.Row
 	)
-	if p.DeadLetter {
-		row = s.pool.QueryRow(ctx, s.q.deadLetter, p.Scope, p.Key, s.now(), p.Error, p.Fence, p.Attempts)
-	} else {
-		row = s.pool.QueryRow(ctx, s.q.deferQ, p.Scope, p.Key, s.now(), storekit.Micros(p.Delay), p.Error, p.Fence, p.Attempts)
-	}
-	if err := row.Scan(&deferred, &state, &fence); err != nil {
+	if err := s.acknowledged(ctx, s.pool, func(q querier) error {
+		if p.DeadLetter {
+			return q.QueryRow(ctx, s.q.deadLetter, p.Scope, p.Key, s.now(), p.Error, p.Fence, p.Attempts).Scan(&deferred, &state, &fence)
+		}
+		return q.QueryRow(ctx, s.q.deferQ, p.Scope, p.Key, s.now(), storekit.Micros(p.Delay), p.Error, p.Fence, p.Attempts).
+			Scan(&deferred, &state, &fence)
+	}); err != nil {
 		return wrap(ctx, "defer", err)
 	}
 	return guardedOutcome("defer", deferred, state, fence, p.Fence)

@@ -98,15 +98,17 @@ func (s *Store) reserveCapped(ctx context.Context, q querier, p *store.ReservePa
 		var b pgx.Batch
 		b.Queue(sqlTenantLock, p.Tenant)
 		b.Queue(s.q.reserveCapped, args...)
-		br := s.pool.SendBatch(ctx, &b)
-		if _, err := br.Exec(); err != nil {
-			br.Close()
-			return &batchOp{err: err}, false
-		}
-		op.err = scanRecord(br.QueryRow(), &op.rec, &op.action)
-		if err := br.Close(); err != nil && op.err == nil {
-			op.err = err
-		}
+		op.err = s.acknowledged(ctx, s.pool, func(q querier) error {
+			br := q.SendBatch(ctx, &b)
+			_, err := br.Exec()
+			if err == nil {
+				err = scanRecord(br.QueryRow(), &op.rec, &op.action)
+			}
+			if cerr := br.Close(); err == nil {
+				err = cerr
+			}
+			return err
+		})
 	}
 	return op, errors.Is(op.err, pgx.ErrNoRows) || (op.err == nil && op.action == "stale")
 }

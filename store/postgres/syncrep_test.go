@@ -1,0 +1,246 @@
+package postgres_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testkit/pgcluster"
+	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/postgres"
+)
+
+// With a synchronous standby, a commit waits for the standby before the
+// server answers. A wait that is cancelled (pg_cancel_backend, a
+// statement_timeout, a driver's cancel request) ends with a WARNING, and
+// the server then answers the COMMIT as a success although the standby
+// does not have it: a failover would lose it. The store must not report
+// such a write as done, on either path of a statement (alone or batched),
+// and Sync must not return while the standby has not confirmed.
+//
+// The test runs a private primary and synchronous standby, stops the
+// standby so that every commit waits, and cancels the waits itself.
+func TestCancelledStandbyWaitIsNotAcknowledged(t *testing.T) {
+	pair := pgcluster.StartPair(t, true)
+	for _, batched := range []bool{false, true} {
+		t.Run(fmt.Sprintf("batched=%v", batched), func(t *testing.T) {
+			ctx := t.Context()
+			schema := fmt.Sprintf("syncrep_%v", batched)
+			if out, err := pair.Primary.Psql("CREATE SCHEMA " + schema); err != nil {
+				t.Fatalf("%v: %s", err, out)
+			}
+			s, err := postgres.Open(ctx, pair.Primary.DSN(), postgres.Config{Schema: schema, ForceBatches: batched, MaxConns: 4})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			first, err := s.Reserve(ctx, reserveParams("first"))
+			if err != nil {
+				t.Fatalf("reserve with the standby up: %v", err)
+			}
+			if err := s.Sync(ctx); err != nil {
+				t.Fatalf("sync with the standby up: %v", err)
+			}
+
+			if err := pair.Standby.Stop(); err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				if err := pair.Standby.Start(); err != nil {
+					t.Fatalf("restarting the standby: %v\n%s", err, pair.Standby.Log())
+				}
+				pair.WaitStreaming(t, 60*time.Second)
+			}()
+
+			checks := []struct {
+				name string
+				op   func(ctx context.Context) error
+			}{
+				{"complete", func(ctx context.Context) error {
+					return s.Complete(ctx, store.CompleteParams{FenceParams: fence(first), Response: okResponse()})
+				}},
+				{"reserve", func(ctx context.Context) error {
+					_, err := s.Reserve(ctx, reserveParams("second"))
+					return err
+				}},
+				{"delete", func(ctx context.Context) error {
+					return s.Delete(ctx, store.DeleteParams{Scope: first.Record.Scope, Key: first.Record.Key})
+				}},
+				{"sync", s.Sync},
+			}
+			for _, c := range checks {
+				err := cancelStandbyWait(t, pair.Primary, c.op)
+				if err == nil {
+					t.Errorf("%s: nil error for a commit whose wait for the standby was cancelled", c.name)
+					continue
+				}
+				if !store.IsRetryable(err) || !strings.Contains(err.Error(), "standby") {
+					t.Errorf("%s: %v, want a retryable error that names the standby", c.name, err)
+				}
+			}
+			// A Sync whose own context ends while the standby is away
+			// fails too.
+			sctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			defer cancel()
+			if err := s.Sync(sctx); err == nil {
+				t.Errorf("sync returned nil with the standby stopped")
+			}
+		})
+	}
+}
+
+// cancelStandbyWait runs op, waits until its commit waits for the
+// synchronous standby (wait_event SyncRep), cancels that wait with
+// pg_cancel_backend and returns op's error.
+func cancelStandbyWait(t *testing.T, primary *pgcluster.Cluster, op func(context.Context) error) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- op(context.Background()) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		select {
+		case err := <-done:
+			t.Fatalf("the operation returned (%v) before its commit waited for the standby", err)
+		default:
+		}
+		pid, err := primary.Psql("SELECT pid FROM pg_stat_activity WHERE wait_event = 'SyncRep'")
+		if err != nil {
+			t.Fatalf("pg_stat_activity: %v %s", err, pid)
+		}
+		if pid != "" && !strings.Contains(pid, "\n") {
+			if out, err := primary.Psql("SELECT pg_cancel_backend(" + pid + ")"); err != nil || out != "t" {
+				t.Fatalf("pg_cancel_backend(%s): %q %v", pid, out, err)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no commit waited for the standby within 30s (pids %q)", pid)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(30 * time.Second):
+		t.Fatal("the operation did not return within 30s of the cancellation")
+		return errors.New("unreachable")
+	}
+}
+
+// TestLostCompletionIsConfirmedByTheStandby: the engine's Complete waits
+// for the stopped standby, and the wait ends without the standby: the
+// backend is terminated, or the call's store timeout passes and pgx
+// cancels the statement. Either way the server keeps the commit, visible,
+// and the engine's retry finds the record completed by its own lost
+// attempt; with the standby still away, that read must not count as the
+// answer stored.
+func TestLostCompletionIsConfirmedByTheStandby(t *testing.T) {
+	pair := pgcluster.StartPair(t, true)
+	for _, c := range []struct {
+		name    string
+		timeout time.Duration
+		end     func(primary *pgcluster.Cluster) error
+	}{
+		{"terminated", 2 * time.Second, terminateStandbyWait},
+		{"timed out", 500 * time.Millisecond, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := t.Context()
+			schema := "syncrep_" + strings.ReplaceAll(c.name, " ", "_")
+			if out, err := pair.Primary.Psql("CREATE SCHEMA " + schema); err != nil {
+				t.Fatalf("%v: %s", err, out)
+			}
+			s, err := postgres.Open(ctx, pair.Primary.DSN(), postgres.Config{Schema: schema, MaxConns: 4})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			var logs syncBuffer
+			e, err := idem.New(s, idem.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+				Lease: 3 * time.Second, StoreTimeout: c.timeout})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				if err := pair.Standby.Start(); err != nil {
+					t.Fatalf("restarting the standby: %v\n%s", err, pair.Standby.Log())
+				}
+				pair.WaitStreaming(t, 60*time.Second)
+			}()
+
+			ended := make(chan error, 1)
+			call := idem.Call{Method: "POST", Route: "/v1/charges", Keys: []string{`"lost-completion"`}, Body: []byte(`{"amount":1}`)}
+			a := e.Run(ctx, call, func(context.Context) idem.Result {
+				// The operation ran; the standby goes away before its
+				// answer is stored.
+				if err := pair.Standby.Stop(); err != nil {
+					t.Error(err)
+				}
+				if c.end == nil {
+					ended <- nil
+				} else {
+					go func() { ended <- c.end(pair.Primary) }()
+				}
+				return idem.Result{Response: store.Response{Status: 201, Body: []byte(`{"id":"ch_1"}`)}}
+			})
+			if err := <-ended; err != nil {
+				t.Fatal(err)
+			}
+			if a.Verdict != idem.Executed {
+				t.Fatalf("verdict %v, want executed", a.Verdict)
+			}
+			log := logs.String()
+			if strings.Contains(log, "outcome recorded after retries") || !a.Expires.IsZero() {
+				t.Errorf("the answer was taken as stored (expires %v) while the standby had not confirmed it:\n%s", a.Expires, log)
+			}
+			if !strings.Contains(log, "could not confirm it durable") {
+				t.Errorf("no error says the outcome could not be confirmed durable:\n%s", log)
+			}
+		})
+	}
+}
+
+// terminateStandbyWait waits until one backend of primary waits for the
+// synchronous standby and terminates it.
+func terminateStandbyWait(primary *pgcluster.Cluster) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		pid, err := primary.Psql("SELECT pid FROM pg_stat_activity WHERE wait_event = 'SyncRep'")
+		if err != nil {
+			return fmt.Errorf("pg_stat_activity: %v %s", err, pid)
+		}
+		if pid != "" && !strings.Contains(pid, "\n") {
+			if out, err := primary.Psql("SELECT pg_terminate_backend(" + pid + ")"); err != nil || out != "t" {
+				return fmt.Errorf("pg_terminate_backend(%s): %q %v", pid, out, err)
+			}
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return errors.New("no commit waited for the standby within 30s")
+}
+
+// syncBuffer is a bytes.Buffer safe for the engine's goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
