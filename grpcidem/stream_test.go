@@ -1,7 +1,6 @@
 package grpcidem_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,10 +8,10 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/idem-go/idem/grpcidem"
+	"github.com/idem-go/idem/internal/testkit/testenv"
 	"google.golang.org/grpc/codes"
 	hpb "google.golang.org/grpc/health/grpc_health_v1"
 	rpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
@@ -114,30 +113,12 @@ var keySpellings = map[string][]string{
 	"repeated":  {grpcidem.KeyMetadata, "a", grpcidem.KeyMetadata, "b"},
 }
 
-// syncBuffer collects what the server logs while a test reads it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // A streaming method listed in Required is refused at every call, with a
 // key or without, even when keyed streams may pass: its operator believes
 // it protected. The handler never runs, and the server says why.
 func TestStreamRequiredRefused(t *testing.T) {
 	t.Parallel()
-	var log syncBuffer
+	var log testenv.Buffer
 	f := newFixture(t, memoryStore(t), grpcidem.Config{
 		Required: []string{watchMethod}, PassKeyedStreams: true,
 		Logger: slog.New(slog.NewTextHandler(&log, nil)),

@@ -1,18 +1,17 @@
 package postgres_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/testkit/pgcluster"
+	"github.com/idem-go/idem/internal/testkit/testenv"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/postgres"
 )
@@ -162,7 +161,7 @@ func TestLostCompletionIsConfirmedByTheStandby(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer s.Close()
-			var logs syncBuffer
+			var logs testenv.Buffer
 			e, err := idem.New(s, idem.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 				Lease: 3 * time.Second, StoreTimeout: c.timeout})
 			if err != nil {
@@ -225,22 +224,4 @@ func terminateStandbyWait(primary *pgcluster.Cluster) error {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return errors.New("no commit waited for the standby within 30s")
-}
-
-// syncBuffer is a bytes.Buffer safe for the engine's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

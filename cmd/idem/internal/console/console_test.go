@@ -1,7 +1,6 @@
 package console_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -24,6 +23,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/console"
+	"github.com/idem-go/idem/internal/testkit/testenv"
 	"github.com/idem-go/idem/maintenance"
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/memory"
@@ -35,26 +35,8 @@ type fixture struct {
 	h       *console.Handler
 	srv     *httptest.Server
 	c       *http.Client
-	log     *syncBuffer             // the console's log, as JSON lines
+	log     *testenv.Buffer         // the console's log, as JSON lines
 	metrics *sdkmetric.ManualReader // the console's metrics
-}
-
-// syncBuffer is a bytes.Buffer safe for the handler's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // token is the fixture's console token.
@@ -73,7 +55,7 @@ func newFixtureOn(t *testing.T, s store.Store, creds console.Credentials, addr s
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs, reader := &syncBuffer{}, sdkmetric.NewManualReader()
+	logs, reader := &testenv.Buffer{}, sdkmetric.NewManualReader()
 	h, err := console.New(console.Config{Store: func() store.Store { return s }, Settle: m.Settle,
 		Tenant:      func(c string) (string, error) { return "auth:" + c, nil },
 		Credentials: creds, Addr: addr,
