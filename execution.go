@@ -350,15 +350,19 @@ var errFinished = errors.New("idem: execution already finished")
 //
 // On a store that can show a write before it is durable (store.Syncer:
 // PostgreSQL whose wait for a synchronous standby was cancelled), what
-// the read found counts only once Sync confirmed it; unconfirmed is then
-// Sync's error, wrapped in errUnconfirmed.
+// the read found counts only once Sync confirmed it. unconfirmed, wrapping
+// errUnconfirmed, says that the read or Sync failed: whether the
+// transition landed durably is unknown.
 func (x *Execution) landed(ctx context.Context, state store.State, own func() store.ResolveParams) (ok bool, unconfirmed error) {
 	var r store.Record
 	err := x.e.call(ctx, opGet, true, func(ctx context.Context) (err error) {
 		r, err = x.e.store.Get(ctx, x.scope, x.key)
 		return err
 	})
-	if err != nil || r.State != state || r.Fence != x.fence {
+	switch {
+	case err != nil && !errors.Is(err, store.ErrNotFound):
+		return false, fmt.Errorf("%w: %w", errUnconfirmed, err)
+	case err != nil || r.State != state || r.Fence != x.fence:
 		return false, nil
 	}
 	if own != nil {
@@ -376,9 +380,9 @@ func (x *Execution) landed(ctx context.Context, state store.State, own func() st
 	return true, nil
 }
 
-// errUnconfirmed: a transition the store shows applied but could not
-// confirm durable (store.Syncer).
-var errUnconfirmed = errors.New("idem: the store shows the outcome recorded but could not confirm it durable")
+// errUnconfirmed: whether a transition whose answer was lost landed,
+// durably (store.Syncer), could not be told.
+var errUnconfirmed = errors.New("idem: could not confirm that the outcome is stored durably")
 
 // Completion retries start at completionRetry and double up to a tenth of
 // the lease (at most completionRetryMax).
@@ -540,11 +544,11 @@ func (x *Execution) report(ctx context.Context, op storeOp, what store.State, st
 		e.log.Log(ctx, level, "idem: outcome not recorded: this execution no longer holds the record",
 			"scope", x.scope, "key", x.key, "fence", x.fence, "outcome", what)
 	case errors.Is(err, errUnconfirmed):
-		// The record holds the outcome; whether it survives a failover
-		// is what the store could not tell.
+		// An attempt may have stored the outcome; whether it did, and
+		// durably, is what the store could not tell.
 		e.obs.FinishFailed(ctx, opNames[op])
-		e.log.Error("idem: the outcome is in the store, which could not confirm it durable: "+
-			"a failover before its replica has it would lose it (see the store's documentation)",
+		e.log.Error("idem: could not confirm that the outcome is stored durably: an attempt whose answer was lost may have "+
+			"stored it, and a failover before the store's replica has it would lose it (see the store's documentation)",
 			"scope", x.scope, "key", x.key, "fence", x.fence, "outcome", what, "attempts", r.attempts,
 			"answer_already_sent", streamed, "err", err)
 	case transient(err):

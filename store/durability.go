@@ -27,8 +27,8 @@ type DurabilityChecker interface {
 // Syncer is implemented by a store whose reads can see a write before it
 // is as durable as the writes it acknowledges. PostgreSQL with a
 // synchronous standby is one: a commit whose wait for the standby is
-// cancelled (pg_cancel_backend, a statement_timeout, a backend terminated
-// during the wait) becomes visible on the primary although the standby
+// cancelled (a driver's cancel request when a call's context ends,
+// pg_cancel_backend, a backend terminated during the wait) becomes visible on the primary although the standby
 // may not have it, and a failover then loses it. The engine calls Sync
 // before it takes a read as proof that one of its own writes landed (a
 // Complete whose answer was lost): an answer is acknowledged only once it

@@ -39,7 +39,11 @@ func (s *Store) CheckDurability(ctx context.Context) (store.Durability, error) {
 	if err := s.pool.QueryRow(ctx, durabilitySQL).Scan(&syncCommit, &standbyNames, &fsync, &inRecovery, &replicas); err != nil {
 		return store.Durability{}, wrap(ctx, "check durability", err)
 	}
-	return pgDurability(syncCommit, standbyNames, fsync, inRecovery, replicas), nil
+	d := pgDurability(syncCommit, standbyNames, fsync, inRecovery, replicas)
+	if d.Synchronous && !inRecovery {
+		s.standby.start(s) // see standbyWatch; off with Config.StandbyCheck < 0
+	}
+	return d, nil
 }
 
 // pgDurability is the verdict of CheckDurability on the values it read.

@@ -220,6 +220,11 @@ func collectPending(rows pgx.Rows) ([]store.Record, error) {
 // the count runs after the lock is held, so it sees what the lock's
 // previous holder committed.
 func (s *Store) ReservePending(ctx context.Context, p store.PendingParams) (store.ReserveResult, error) {
+	res, err := s.reservePending(ctx, p)
+	return s.confirmed(ctx, res, err)
+}
+
+func (s *Store) reservePending(ctx context.Context, p store.PendingParams) (store.ReserveResult, error) {
 	if err := p.Validate(); err != nil {
 		return store.ReserveResult{}, err
 	}

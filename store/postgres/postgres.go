@@ -229,6 +229,15 @@ type Config struct {
 	// in the DEFAULT partition until its partition is made. Defaults to 0:
 	// DefaultPartitionsAhead. Ignored without Partitions.
 	PartitionsAhead int
+	// StandbyCheck is how often the store checks that a synchronous
+	// standby confirms commits, once it has seen synchronous replication
+	// configured (at New, or at a CheckDurability, which the engine runs
+	// every idem.Config.DurabilityInterval; see "Commits a synchronous
+	// standby did not confirm" in standby.go). While one check has waited
+	// longer than this, or the last one failed, a completed record is
+	// answered (Reserve, Get) only after Sync confirmed it. Defaults to 0:
+	// DefaultStandbyCheck. Negative turns the check off.
+	StandbyCheck time.Duration
 }
 
 // DefaultMaxConns is the pool size Open uses when neither Config.MaxConns
@@ -247,6 +256,7 @@ type Store struct {
 	closed    atomic.Bool
 	reserveRe atomic.Int64 // Reserve statements run again after a race
 	batch     *batcher     // nil: batching off
+	standby   standbyWatches
 }
 
 // querier is what the transitions need; *pgxpool.Pool and pgx.Tx both have
@@ -335,6 +345,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Store, error) {
 			return nil, err
 		}
 	}
+	s.watchStandbyIfSynchronous(ctx)
 	return s, nil
 }
 
@@ -400,7 +411,8 @@ func (s *Store) now() any {
 func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.ReserveResult, error) {
 	c := s.cache
 	if c == nil {
-		return s.reserve(ctx, s.pool, p)
+		res, err := s.reserve(ctx, s.pool, p)
+		return s.confirmed(ctx, res, err)
 	}
 	// The refusals come first: memory answers only what the statement
 	// would.
@@ -409,13 +421,13 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 	}
 	rec, epoch, ok := c.lookup(&p, s.clockNow())
 	if ok {
-		return store.ReserveResult{Outcome: store.Existing, Record: rec}, nil
+		return s.confirmed(ctx, store.ReserveResult{Outcome: store.Existing, Record: rec}, nil)
 	}
 	res, err := s.reserveChecked(ctx, s.pool, p)
 	if err == nil && res.Outcome == store.Existing {
 		c.keep(&res.Record, epoch)
 	}
-	return res, err
+	return s.confirmed(ctx, res, err)
 }
 
 // clockNow is the store's clock in this process: Config.Clock, or the
@@ -436,7 +448,8 @@ func (s *Store) clockNow() time.Time {
 // REPEATABLE READ, whose snapshot predates the lock it counts or reads
 // under.
 func (s *Store) ReserveTx(ctx context.Context, tx pgx.Tx, p store.ReserveParams) (store.ReserveResult, error) {
-	return s.reserve(ctx, tx, p)
+	res, err := s.reserve(ctx, tx, p)
+	return s.confirmed(ctx, res, err)
 }
 
 // maxReserveRuns bounds the statement runs of one Reserve. A rerun needs a
@@ -623,6 +636,9 @@ func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error
 	}
 	if err != nil {
 		return store.Record{}, wrap(ctx, "get", err)
+	}
+	if err := s.confirmRecord(ctx, &rec); err != nil {
+		return store.Record{}, fmt.Errorf("idem/postgres: get: %w", err)
 	}
 	return rec, nil
 }
@@ -831,6 +847,9 @@ func (s *Store) Close() error {
 	first := s.closed.CompareAndSwap(false, true)
 	if first && s.cache != nil {
 		s.cache.close()
+	}
+	if first {
+		s.standby.close()
 	}
 	if first && s.ownsPool {
 		s.pool.Close()

@@ -1,8 +1,13 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -15,9 +20,11 @@ import (
 //
 // With synchronous_standby_names set, the server makes a commit wait until
 // a standby confirms it, and only then answers it and lets other sessions
-// see it. The wait can be cut short: by a cancel request (pg_cancel_backend,
-// a statement_timeout, pgconn.CancelRequestContextWatcherHandler when a
-// call's context ends) or by the backend's termination. The server then
+// see it. The wait can be cut short: by a cancel request (pgx sends one
+// when a call's context ends, with its default handler as with
+// pgconn.CancelRequestContextWatcherHandler; pg_cancel_backend) or by the
+// backend's termination (statement_timeout does not: the server turns it
+// off before the commit). The server then
 // keeps the commit, visible to every session, sends a WARNING ("canceling
 // wait for synchronous replication"), and answers a cancelled wait as a
 // success: the standby may not have it, and a failover loses it.
@@ -33,13 +40,17 @@ import (
 // commits a write of its own and so waits for the standby to have
 // everything before it.
 //
+// Other sessions see a record whose commit's wait was cancelled as they
+// see any committed row, and would replay it. So each store checks that
+// the standby confirms commits (standbyWatch): while it may not, a
+// completed record is answered only once Sync confirmed it.
+//
 // What the store cannot see: a caller's own transaction (ReserveTx,
 // CompleteTx on a pgx.Tx the caller commits; its Commit returns nil after
-// the WARNING), and a pool given to New without WatchStandbyWaits. Records
-// other sessions read are visible once committed, so a replay of a record
-// whose commit's wait was cancelled may still be served before the
-// standby has it; do not cancel waits for synchronous replication (see
-// docs/postgres-production.md).
+// the WARNING), a pool given to New without WatchStandbyWaits, and a
+// record read in the moment before the check notices the standby's stall
+// when something other than the store's own timeout cancelled its wait
+// earlier than that (see standbyWatch and docs/postgres-production.md).
 
 // standbyWaitKey marks, in a connection's pgconn.PgConn.CustomData, a
 // commit whose wait for a synchronous standby the server cancelled.
@@ -136,4 +147,176 @@ func (s *Store) Sync(ctx context.Context) error {
 		return wrap(ctx, "sync", err)
 	}
 	return nil
+}
+
+// DefaultStandbyCheck is how often a store checks that a synchronous
+// standby confirms commits when Config.StandbyCheck is 0.
+const DefaultStandbyCheck = time.Second
+
+// standbyCheckTimeout bounds one check's wait for the standby.
+const standbyCheckTimeout = 30 * time.Second
+
+// sqlSynchronous tells whether this session's commits wait for a
+// synchronous standby: a read, which writes no WAL.
+const sqlSynchronous = `SELECT current_setting('synchronous_standby_names') <> ''
+	AND current_setting('synchronous_commit') NOT IN ('off', 'local')`
+
+// standbyWatches holds a store's standbyWatch, started once synchronous
+// replication is seen configured (at New, and at each CheckDurability, so
+// that a server made synchronous later is watched within the engine's
+// durability interval) and stopped by Close.
+type standbyWatches struct {
+	mu     sync.Mutex
+	w      atomic.Pointer[standbyWatch]
+	closed bool
+}
+
+// start starts the watch unless it runs or the store is closed.
+func (ws *standbyWatches) start(s *Store) {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	if ws.closed || ws.w.Load() != nil || s.cfg.StandbyCheck < 0 {
+		return
+	}
+	ws.w.Store(watchStandby(s, cmp.Or(s.cfg.StandbyCheck, DefaultStandbyCheck)))
+}
+
+func (ws *standbyWatches) close() {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	ws.closed = true
+	if w := ws.w.Load(); w != nil {
+		w.close()
+	}
+}
+
+// degraded reports whether the running watch, if any, says the standby
+// may have stopped confirming.
+func (ws *standbyWatches) degraded() bool {
+	w := ws.w.Load()
+	return w != nil && w.degraded()
+}
+
+// watchStandbyIfSynchronous starts the watch when the server's commits wait
+// for a synchronous standby (and Config.StandbyCheck allows it). A server
+// it cannot ask is asked again at the next CheckDurability.
+func (s *Store) watchStandbyIfSynchronous(ctx context.Context) {
+	if s.cfg.StandbyCheck < 0 || s.standby.w.Load() != nil {
+		return // off, or running
+	}
+	var synchronous bool
+	if err := s.pool.QueryRow(ctx, sqlSynchronous).Scan(&synchronous); err == nil && synchronous {
+		s.standby.start(s)
+	}
+}
+
+// standbyWatch checks, from this process, that a synchronous standby
+// confirms commits.
+//
+// A commit becomes visible without the standby only when its wait for the
+// standby is cancelled or terminated; the store's own calls cancel theirs
+// when their context ends, which for the engine's calls is the store
+// timeout (5 s by default) after they began. Every interval, while
+// synchronous replication is configured, the watch commits a write that
+// waits for the standby (Sync). From the moment one has waited longer than
+// an interval, or failed, until one succeeds, the store is degraded: a
+// completed record it returns is confirmed by a Sync of the caller's
+// first, so that no process replays an answer its standby may not have.
+// A standby that stops confirming is seen within two intervals, before
+// the store timeout of a commit that began waiting with it has passed; a
+// store timeout shorter than two intervals loses that margin.
+//
+// The price: while the standby does not confirm, no completed record is
+// replayed (Reserve and Get fail, retryably, when their context ends), as
+// no new record is committed.
+type standbyWatch struct {
+	interval time.Duration
+	since    atomic.Int64 // start of the check in flight (UnixNano), 0 if none
+	failed   atomic.Bool  // the last check failed
+	stop     context.CancelFunc
+	done     chan struct{}
+}
+
+func watchStandby(s *Store, interval time.Duration) *standbyWatch {
+	ctx, stop := context.WithCancel(context.Background())
+	w := &standbyWatch{interval: interval, stop: stop, done: make(chan struct{})}
+	go w.run(ctx, s)
+	return w
+}
+
+func (w *standbyWatch) run(ctx context.Context, s *Store) {
+	defer close(w.done)
+	t := time.NewTicker(w.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		w.check(ctx, s)
+	}
+}
+
+// check runs one check: a read of the settings, then, while commits wait
+// for a standby, a Sync.
+func (w *standbyWatch) check(ctx context.Context, s *Store) {
+	rctx, cancel := context.WithTimeout(ctx, w.interval)
+	var synchronous bool
+	err := s.pool.QueryRow(rctx, sqlSynchronous).Scan(&synchronous)
+	cancel()
+	if err != nil || !synchronous {
+		// Unreachable (nothing commits either), or nothing to wait for.
+		w.failed.Store(false)
+		return
+	}
+	w.since.Store(time.Now().UnixNano())
+	sctx, cancel := context.WithTimeout(ctx, standbyCheckTimeout)
+	err = s.Sync(sctx)
+	cancel()
+	w.since.Store(0)
+	w.failed.Store(err != nil && ctx.Err() == nil)
+}
+
+// degraded reports whether the standby may have stopped confirming.
+func (w *standbyWatch) degraded() bool {
+	if w.failed.Load() {
+		return true
+	}
+	since := w.since.Load()
+	return since != 0 && time.Since(time.Unix(0, since)) > w.interval
+}
+
+func (w *standbyWatch) close() {
+	w.stop()
+	<-w.done
+}
+
+// errUnconfirmedReplay fails a read of a completed record while the
+// standby may not have it.
+var errUnconfirmedReplay = errors.New("a synchronous standby stopped confirming commits, and it did not confirm this completed record in time: " +
+	"it is not answered until the standby does")
+
+// confirmRecord confirms a completed record with Sync while the standby
+// watch says it may have stopped confirming (see standbyWatch).
+func (s *Store) confirmRecord(ctx context.Context, rec *store.Record) error {
+	if rec.State != store.StateCompleted || !s.standby.degraded() {
+		return nil
+	}
+	if err := s.Sync(ctx); err != nil {
+		return store.Retryable(fmt.Errorf("%w: %w", errUnconfirmedReplay, err))
+	}
+	return nil
+}
+
+// confirmed is what a reservation returns, once an existing completed
+// record it found is confirmed (confirmRecord).
+func (s *Store) confirmed(ctx context.Context, res store.ReserveResult, err error) (store.ReserveResult, error) {
+	if err != nil || res.Outcome != store.Existing {
+		return res, err
+	}
+	if err := s.confirmRecord(ctx, &res.Record); err != nil {
+		return store.ReserveResult{}, fmt.Errorf("idem/postgres: reserve: %w", err)
+	}
+	return res, nil
 }

@@ -17,8 +17,8 @@ import (
 )
 
 // With a synchronous standby, a commit waits for the standby before the
-// server answers. A wait that is cancelled (pg_cancel_backend, a
-// statement_timeout, a driver's cancel request) ends with a WARNING, and
+// server answers. A wait that is cancelled (pg_cancel_backend, a driver's
+// cancel request when a call's context ends) ends with a WARNING, and
 // the server then answers the COMMIT as a success although the standby
 // does not have it: a failover would lose it. The store must not report
 // such a write as done, on either path of a statement (alone or batched),
@@ -199,7 +199,7 @@ func TestLostCompletionIsConfirmedByTheStandby(t *testing.T) {
 			if strings.Contains(log, "outcome recorded after retries") || !a.Expires.IsZero() {
 				t.Errorf("the answer was taken as stored (expires %v) while the standby had not confirmed it:\n%s", a.Expires, log)
 			}
-			if !strings.Contains(log, "could not confirm it durable") {
+			if !strings.Contains(log, "could not confirm that the outcome is stored durably") {
 				t.Errorf("no error says the outcome could not be confirmed durable:\n%s", log)
 			}
 		})
@@ -224,4 +224,77 @@ func terminateStandbyWait(primary *pgcluster.Cluster) error {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return errors.New("no commit waited for the standby within 30s")
+}
+
+// TestReplayWaitsForTheStandby: the standby stops, and a Complete whose
+// store timeout passes while it waits for it is cancelled by pgx: the
+// server keeps the commit and shows it, the standby does not have it.
+// Another process must not replay that record until the standby confirmed
+// it; once the standby is back, the replay is answered.
+func TestReplayWaitsForTheStandby(t *testing.T) {
+	pair := pgcluster.StartPair(t, true)
+	ctx := t.Context()
+	if out, err := pair.Primary.Psql("CREATE SCHEMA syncrep_replay"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	open := func() *postgres.Store {
+		s, err := postgres.Open(ctx, pair.Primary.DSN(), postgres.Config{Schema: "syncrep_replay", MaxConns: 4,
+			StandbyCheck: 200 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	a, b := open(), open() // two processes
+	res, err := a.Reserve(ctx, reserveParams("visible-early"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pair.Standby.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	restarted := false
+	defer func() {
+		if !restarted {
+			pair.Standby.Start()
+		}
+	}()
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	err = a.Complete(cctx, store.CompleteParams{FenceParams: fence(res), Response: okResponse()})
+	cancel()
+	if err == nil {
+		t.Fatal("a Complete whose commit waited for the stopped standby returned nil")
+	}
+	// The server kept the commit and shows it (a reader outside the store).
+	if out, err := pair.Primary.Psql("SELECT state FROM syncrep_replay.idem_records WHERE key = 'visible-early'"); err != nil || out != "completed" {
+		t.Fatalf("the cancelled commit is not visible on the primary: %q %v", out, err)
+	}
+	for _, s := range []*postgres.Store{b, a} {
+		rctx, cancel := context.WithTimeout(ctx, time.Second)
+		got, err := s.Reserve(rctx, reserveParams("visible-early"))
+		cancel()
+		if err == nil {
+			t.Fatalf("replayed a record the standby does not have: %+v", got.Record.State)
+		}
+		if !strings.Contains(err.Error(), "standby") {
+			t.Errorf("reserve: %v, want an error that names the standby", err)
+		}
+		rctx, cancel = context.WithTimeout(ctx, time.Second)
+		_, err = s.Get(rctx, res.Record.Scope, res.Record.Key)
+		cancel()
+		if err == nil {
+			t.Errorf("get answered a completed record the standby does not have")
+		}
+	}
+
+	if err := pair.Standby.Start(); err != nil {
+		t.Fatalf("restarting the standby: %v\n%s", err, pair.Standby.Log())
+	}
+	restarted = true
+	pair.WaitStreaming(t, 60*time.Second)
+	got, err := b.Reserve(ctx, reserveParams("visible-early"))
+	if err != nil || got.Outcome != store.Existing || got.Record.State != store.StateCompleted {
+		t.Fatalf("replay once the standby is back: %+v %v", got, err)
+	}
 }
