@@ -94,6 +94,22 @@ func testClusterDurability(t *testing.T, cl *testCluster) {
 			t.Fatalf("Reserve waiting for a replica on a cluster without replicas: %v", err)
 		}
 	}
+	// Sync writes its marker on every master, each waiting for a replica.
+	if err := w.Sync(ctx); err == nil || !store.IsRetryable(err) || !strings.Contains(err.Error(), "0 of 1 replica(s)") {
+		t.Fatalf("Sync on a cluster without replicas: %v, want a retryable error saying 0 of 1", err)
+	}
+	masters := 0
+	err = cl.client(t).ForEachMaster(ctx, func(ctx context.Context, m *goredis.Client) error {
+		keys, err := m.Keys(ctx, prefix+"*sync").Result()
+		if err == nil && len(keys) != 1 {
+			err = fmt.Errorf("master %s holds markers %q, want one", m.Options().Addr, keys)
+		}
+		masters++
+		return err
+	})
+	if err != nil || masters != 3 {
+		t.Fatalf("Sync's markers on %d masters: %v", masters, err)
+	}
 }
 
 // The server's own hashing puts all keys of a record in one slot.

@@ -93,9 +93,14 @@
 //     lose everything since the last snapshot). A lost in-progress or
 //     completed record lets a retry execute the request again.
 //   - Replication is asynchronous: a failover can lose writes the old master
-//     acknowledged, in a cluster as with Sentinel. WAIT (or WAITAOF on Redis
-//     7.2) after a transition narrows that window but does not close it, and
-//     costs a round trip; this package does not issue it.
+//     acknowledged, in a cluster as with Sentinel. Config.WaitReplicas sends
+//     WAIT behind every write of a record, in the same round trip, and fails
+//     the write (retryable) when fewer replicas acknowledged it in time. That
+//     narrows the window but does not close it: a write whose WAIT fell
+//     short is still on the master, where every reader sees it, and a
+//     failover may promote a replica that missed it. Store.Sync (see
+//     store.Syncer) confirms such a write before the engine takes a read of
+//     it as its own answer stored.
 //
 // Where a lost record would mean a double charge, prefer a SQL store, or
 // Redis with AOF appendfsync always and no failover.

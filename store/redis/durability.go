@@ -218,3 +218,69 @@ func redisDurability(nodes []redisNode, waitReplicas int) store.Durability {
 	}
 	return d
 }
+
+var _ store.Syncer = (*Store)(nil)
+
+// Sync implements store.Syncer. A record is visible on its master as soon
+// as its script ran, before any replica has it; with Config.WaitReplicas,
+// a write whose WAIT fell short fails, but a later read still shows it.
+// Sync writes a marker on every master that holds records, each followed by
+// WAIT: a master's replication is one ordered stream, so the replicas that
+// acknowledged the marker hold every write the master made before it. It
+// fails, retryable, when fewer than WaitReplicas did within WaitTimeout.
+// Without WaitReplicas it returns nil: writes do not wait for replicas,
+// and Sync promises no more than they do.
+func (s *Store) Sync(ctx context.Context) error {
+	n := s.cfg.WaitReplicas
+	if n <= 0 {
+		return nil
+	}
+	c, ok := s.client.(*goredis.ClusterClient)
+	if !ok {
+		return s.barrier(ctx, s.client, s.cfg.Prefix+"sync", n)
+	}
+	// Records live in the shards' slots only: one marker per master that
+	// holds any of them, in one of its shards.
+	markers := map[*goredis.Client]string{}
+	for shard := range shardCount {
+		key := s.tag(shard) + "sync"
+		m, err := c.MasterForKey(ctx, key)
+		if err != nil {
+			return wrap("sync", err)
+		}
+		if _, ok := markers[m]; !ok {
+			markers[m] = key
+		}
+	}
+	// Every master at once: the slowest bounds the wait.
+	errs := make(chan error, len(markers))
+	for m, key := range markers {
+		go func() { errs <- s.barrier(ctx, m, key, n) }()
+	}
+	var err error
+	for range markers {
+		if e := <-errs; err == nil {
+			err = e
+		}
+	}
+	return err
+}
+
+// barrier writes key on node and waits until n replicas acknowledged it.
+func (s *Store) barrier(ctx context.Context, node interface{ Pipeline() goredis.Pipeliner }, key string, n int) error {
+	pipe := node.Pipeline()
+	set := pipe.Set(ctx, key, "1", time.Minute)
+	wait := pipe.Do(ctx, "wait", n, s.cfg.WaitTimeout.Milliseconds())
+	_, _ = pipe.Exec(ctx)
+	if err := set.Err(); err != nil {
+		return wrap("sync", err)
+	}
+	got, err := wait.Int64()
+	switch {
+	case err != nil:
+		return wrap("sync", fmt.Errorf("wait for %d replica(s): %w", n, err))
+	case got < int64(n):
+		return wrap("sync", store.Retryable(fmt.Errorf("%d of %d replica(s) acknowledged within %v", got, n, s.cfg.WaitTimeout)))
+	}
+	return nil
+}
