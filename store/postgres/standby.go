@@ -24,10 +24,10 @@ import (
 // when a call's context ends, with its default handler as with
 // pgconn.CancelRequestContextWatcherHandler; pg_cancel_backend) or by the
 // backend's termination (statement_timeout does not: the server turns it
-// off before the commit). The server then
-// keeps the commit, visible to every session, sends a WARNING ("canceling
-// wait for synchronous replication"), and answers a cancelled wait as a
-// success: the standby may not have it, and a failover loses it.
+// off before the commit). The server then keeps the commit, visible to
+// every session, sends a WARNING ("canceling wait for synchronous
+// replication"), and answers a cancelled wait as a success: the standby
+// may not have it, and a failover loses it.
 //
 // The pools Open makes watch for that WARNING (WatchStandbyWaits), and
 // every write of the store's own (the transitions, alone or batched, the
