@@ -148,7 +148,14 @@ func openSQLite(ctx context.Context, path string, cfg Config) (*Service, error) 
 }
 
 func openPostgres(ctx context.Context, url string, cfg Config) (*Service, error) {
-	pool, err := pgxpool.New(ctx, url)
+	pcfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("payments: %w", err)
+	}
+	// The store sees a commit a synchronous standby did not confirm
+	// (postgres.Open's pools do this themselves).
+	postgres.WatchStandbyWaits(pcfg)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("payments: %w", err)
 	}
