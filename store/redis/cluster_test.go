@@ -98,17 +98,17 @@ func testClusterDurability(t *testing.T, cl *testCluster) {
 	if err := w.Sync(ctx); err == nil || !store.IsRetryable(err) || !strings.Contains(err.Error(), "0 of 1 replica(s)") {
 		t.Fatalf("Sync on a cluster without replicas: %v, want a retryable error saying 0 of 1", err)
 	}
-	masters := 0
+	var masters atomic.Int64 // ForEachMaster calls it on every master at once
 	err = cl.client(t).ForEachMaster(ctx, func(ctx context.Context, m *goredis.Client) error {
 		keys, err := m.Keys(ctx, prefix+"*sync").Result()
 		if err == nil && len(keys) != 1 {
 			err = fmt.Errorf("master %s holds markers %q, want one", m.Options().Addr, keys)
 		}
-		masters++
+		masters.Add(1)
 		return err
 	})
-	if err != nil || masters != 3 {
-		t.Fatalf("Sync's markers on %d masters: %v", masters, err)
+	if err != nil || masters.Load() != 3 {
+		t.Fatalf("Sync's markers on %d masters: %v", masters.Load(), err)
 	}
 }
 
