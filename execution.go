@@ -439,14 +439,32 @@ func (x *Execution) end(ctx context.Context, op storeOp, what store.State, strea
 	r := retries{attempts: 1}
 	defer func() { stepEnd(StepEnd{Fence: x.fence, Attempts: r.attempts, Err: err}) }()
 	err = x.retry(ctx, op, f, own, deadline, err, &r)
-	if r.doubtful && (errors.Is(err, store.ErrLeaseLost) || errors.Is(err, store.ErrStateConflict)) {
-		switch ok, unconfirmed := x.landed(ctx, what, own); {
-		case ok:
+	pause := completionRetry
+	for r.doubtful && (errors.Is(err, store.ErrLeaseLost) || errors.Is(err, store.ErrStateConflict)) {
+		ok, unconfirmed := x.landed(ctx, what, own)
+		if ok {
 			// An earlier attempt was applied but its answer was lost.
 			err, r.resolved = nil, false
-		case unconfirmed != nil:
-			err = unconfirmed
+			break
 		}
+		if unconfirmed == nil {
+			break // the record moved on without this execution
+		}
+		// The store shows a write it cannot yet confirm durable, or could
+		// not be read. A failover may be under way, after which the record
+		// may be back in progress under this fence: the transition itself
+		// is tried again, until the deadline.
+		err = unconfirmed
+		wait := jitter(pause)
+		if !e.clk.Now().Add(wait).Before(deadline) {
+			break
+		}
+		sleep(context.Background(), e.clk, wait)
+		pause = min(pause*2, completionRetryMax)
+		r.settling = false
+		err = e.call(ctx, op, true, f)
+		r.attempts++
+		err = x.retry(ctx, op, f, own, deadline, err, &r)
 	}
 	x.report(ctx, op, what, streamed, err, r)
 	return err

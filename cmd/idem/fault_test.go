@@ -145,6 +145,29 @@ func TestFaultPostgresFailover(t *testing.T) {
 	}
 }
 
+// The synchronous standby stalls (it stops, and confirms nothing) for
+// longer than the proxies' store timeout while completions wait for it;
+// then the primary dies and the standby is promoted with what it had. A
+// completion whose wait pgx cancelled is on the primary alone: no proxy
+// may count it stored, nor replay it, before the standby confirmed it, or
+// a client's 2xx is lost with the primary. The lease is long enough for a
+// completion's retries to outlast the stall and the failover, so that the
+// answers are recorded on the new primary.
+func TestFaultPostgresStandbyStall(t *testing.T) {
+	skipShort(t)
+	pair := pgcluster.StartPair(t, true)
+	plan := faultPlan{
+		proxies: 2, keys: 120, dups: 3, kills: 1, pgRestarts: 1, inFlight: 12, largeEvery: 10,
+		clientLimit: 2 * time.Minute, settleLimit: 2 * time.Minute,
+		proxyArgs: []string{"--lease", "30s"},
+	}
+	var run *faultRun
+	runFault(t, "postgres-standby-stall", pair.DSN(), plan, func(r *faultRun) { run = r; r.stallThenFailover(pair) })
+	if run == nil || !run.failedOver.Load() {
+		t.Fatal("the failover did not happen")
+	}
+}
+
 // With an asynchronous standby attached, a proxy warns at start that
 // acknowledged answers can be lost in a failover (and how to fix it), and
 // a proxy with --require-synchronous-replication refuses protected
@@ -603,13 +626,48 @@ func (r *faultRun) failover(pair *pgcluster.Pair) {
 		killed = time.Now()
 	})
 	time.Sleep(time.Duration(200+rand.IntN(300)) * time.Millisecond)
+	r.promote(pair, killed)
+}
+
+// stallThenFailover stops the synchronous standby (it confirms nothing
+// more) while executions are held, so that their completions wait for it
+// past the proxies' store timeout: pgx then cancels their waits, and
+// PostgreSQL keeps those commits on the primary alone, visible. Then the
+// primary dies, and the standby, started again, is promoted with what it
+// had: the commits it never confirmed are gone.
+func (r *faultRun) stallThenFailover(pair *pgcluster.Pair) {
+	t := r.t
+	r.whileHeld(func() {
+		if err := pair.Standby.Stop(); err != nil {
+			t.Fatalf("stopping the standby: %v", err)
+		}
+	})
+	time.Sleep(faultStall)
+	if err := pair.Primary.Crash(); err != nil {
+		t.Fatalf("killing the primary: %v", err)
+	}
+	killed := time.Now()
+	if err := pair.Standby.Start(); err != nil {
+		t.Fatalf("starting the standby again: %v\n%s", err, pair.Standby.Log())
+	}
+	r.promote(pair, killed)
+}
+
+// faultStall is how long the standby confirms nothing before the primary
+// dies: past the proxies' store timeout (5 s).
+const faultStall = 8 * time.Second
+
+// promote promotes the standby once the primary was killed, and waits
+// until every proxy serves a new key again, by itself: neither its pool
+// nor its circuit breaker is stuck on the dead primary. The proxies are not
+// told: their multi-host URL finds the new primary.
+func (r *faultRun) promote(pair *pgcluster.Pair, killed time.Time) {
+	t := r.t
 	if err := pair.Standby.Pgctl("promote", "-w", "-t", "60"); err != nil {
 		t.Fatalf("promoting the standby: %v", err)
 	}
 	promoted := time.Since(killed)
 	r.failedOver.Store(true)
-	// Every proxy serves a new key again, by itself: neither its pool nor
-	// its circuit breaker is stuck on the dead primary.
 	for slot := range r.plan.proxies {
 		_, base := r.fleet.at(slot)
 		for n := 0; ; n++ {
