@@ -272,13 +272,25 @@ func (c *checker) send(ctx context.Context, method string, keys []string, body [
 	return answer{status: resp.StatusCode, header: resp.Header, body: b, err: err}
 }
 
-// post sends the configured method and the given body under keys.
+// post sends the configured method and the given body under keys. A 503
+// with Retry-After (the API's store briefly away, say) is waited out and
+// sent again, as a client would, while the wait ends within the timeout:
+// it says nothing of the behaviour a check looks at.
 func (c *checker) post(ctx context.Context, keys []string, body []byte, extra http.Header) answer {
-	a := c.send(ctx, c.cfg.Method, keys, body, extra)
-	if a.replayed() {
-		c.marksReplays.Store(true)
+	deadline := time.Now().Add(c.cfg.Timeout)
+	for {
+		a := c.send(ctx, c.cfg.Method, keys, body, extra)
+		if a.replayed() {
+			c.marksReplays.Store(true)
+		}
+		ra, ok := retryAfter(a.header)
+		if a.err != nil || a.status != http.StatusServiceUnavailable || !ok || !time.Now().Add(ra).Before(deadline) {
+			return a
+		}
+		if sleepCtx(ctx, max(ra, 10*time.Millisecond)) != nil {
+			return a
+		}
 	}
-	return a
 }
 
 // retry sends a request again while the API answers 409, as a client
@@ -942,7 +954,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	tenantHeader := fs.String("tenant-header", "", "header `NAME` that carries the tenant; the tenant check sends two random tenants in it")
 	otherAuth := fs.String("other-auth", "", "Authorization `VALUE` of a second tenant, for the tenant check")
 	conc := fs.Int("concurrency", 8, "simultaneous duplicates in the concurrent check")
-	timeout := fs.Duration("timeout", 10*time.Second, "bound on each request, and on waiting out 409s")
+	timeout := fs.Duration("timeout", 10*time.Second, "bound on each request, and on waiting out 409s and 503s with Retry-After")
 	vectors := fs.Bool("ietf-vectors", false, "run the conformance vectors of the IETF Idempotency-Key draft (-07), each MUST and SHOULD with where idem differs, instead of the checklist")
 	pos, err := parse(fs, args)
 	if err != nil {

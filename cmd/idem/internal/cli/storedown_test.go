@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/testkit/pgcluster"
@@ -71,5 +72,37 @@ func TestProxyStartsWhileTheStoreIsDown(t *testing.T) {
 		if n := strings.Count(logs, msg); n != 1 {
 			t.Errorf("%q logged %d times, want once", msg, n)
 		}
+	}
+}
+
+// idem check waits out the 503s with Retry-After of an API whose store is
+// briefly away, as a client would, and gives its verdicts once the store
+// is back: here the proxy starts with its database down, and the database
+// comes up while the checks run.
+func TestCheckWaitsOutAStoreBrieflyAway(t *testing.T) {
+	t.Parallel()
+	pg := pgcluster.Init(t, "")
+	port, err := pgcluster.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pg.Port = port
+	_, base := startProxy(t, ProxyConfig{Upstream: slowCharges(t).URL, Store: pg.DSN() + "&connect_timeout=2",
+		TenantFrom: []string{"authorization"}, TenantSecret: []byte("tenant-secret-0123456789")})
+	if r := send(t, client(t), "POST", base+"/v1/charges", "k", `{}`, "Authorization", "Bearer main"); r.status != http.StatusServiceUnavailable ||
+		r.header.Get("Retry-After") == "" {
+		t.Fatalf("store down: %d %v, want 503 with Retry-After", r.status, r.header)
+	}
+	go func() {
+		time.Sleep(time.Second)
+		if err := pg.Start(); err != nil {
+			t.Errorf("starting the private PostgreSQL: %v\n%s", err, pg.Log())
+		}
+	}()
+	out, _, err := run("check", base+"/v1/charges", "--other-auth", "Bearer other", "--header", "Authorization: Bearer main",
+		"--timeout", "30s")
+	t.Log("\n" + out)
+	if err != nil || !strings.Contains(out, "11 checks: 11 passed") {
+		t.Fatalf("check across the store's return: %v, want 11 checks passed", err)
 	}
 }
