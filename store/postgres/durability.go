@@ -30,8 +30,10 @@ const durabilitySQL = `SELECT current_setting('synchronous_commit'), current_set
 //   - at risk when the server is a standby (never point the store at a
 //     read replica);
 //   - safe otherwise, with warnings for fsync off (an operating-system
-//     crash can lose commits) and for synchronous standbys named while none
-//     is attached (commits then wait until one connects).
+//     crash can lose commits), for synchronous standbys named while none
+//     is attached (commits then wait until one connects), and while the
+//     store's check says the standby stopped confirming commits (see
+//     standbyWatch: replays wait for it).
 func (s *Store) CheckDurability(ctx context.Context) (store.Durability, error) {
 	var syncCommit, standbyNames, fsync string
 	var inRecovery bool
@@ -42,6 +44,10 @@ func (s *Store) CheckDurability(ctx context.Context) (store.Durability, error) {
 	d := pgDurability(syncCommit, standbyNames, fsync, inRecovery, replicas)
 	if d.Synchronous && !inRecovery {
 		s.standby.start(s) // see standbyWatch; off with Config.StandbyCheck < 0
+	}
+	if s.standby.degraded() {
+		d.Warnings = append(d.Warnings, "a synchronous standby has stopped confirming commits: "+
+			"nothing commits, and completed records are not replayed, until it does (or synchronous_standby_names changes)")
 	}
 	return d, nil
 }

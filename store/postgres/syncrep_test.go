@@ -270,6 +270,9 @@ func TestReplayWaitsForTheStandby(t *testing.T) {
 	if out, err := pair.Primary.Psql("SELECT state FROM syncrep_replay.idem_records WHERE key = 'visible-early'"); err != nil || out != "completed" {
 		t.Fatalf("the cancelled commit is not visible on the primary: %q %v", out, err)
 	}
+	if d, err := b.CheckDurability(ctx); err != nil || !strings.Contains(strings.Join(d.Warnings, " "), "stopped confirming") {
+		t.Errorf("durability with the standby stopped: %+v %v, want a warning that it stopped confirming", d, err)
+	}
 	for _, s := range []*postgres.Store{b, a} {
 		rctx, cancel := context.WithTimeout(ctx, time.Second)
 		got, err := s.Reserve(rctx, reserveParams("visible-early"))
