@@ -21,6 +21,7 @@ const (
 	durabilityVarsSQL = `SELECT @@innodb_flush_log_at_trx_commit, @@sync_binlog, @@log_bin, @@read_only`
 	semiSyncSQL       = `SHOW GLOBAL STATUS WHERE Variable_name IN ('Rpl_semi_sync_master_status', 'Rpl_semi_sync_source_status')`
 	waitPointSQL      = `SHOW GLOBAL VARIABLES WHERE Variable_name IN ('rpl_semi_sync_master_wait_point', 'rpl_semi_sync_source_wait_point')`
+	semiEnabledSQL    = `SHOW GLOBAL VARIABLES WHERE Variable_name IN ('rpl_semi_sync_master_enabled', 'rpl_semi_sync_source_enabled')`
 	replicasSQL       = `SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE COMMAND LIKE 'Binlog Dump%'`
 )
 
@@ -31,6 +32,10 @@ const (
 //     can lose the last second of commits;
 //   - at risk when replicas are attached and semi-synchronous replication
 //     is not active: a failover to a replica can lose acknowledged commits;
+//   - at risk when semi-synchronous replication is enabled but not active,
+//     whether replicas are attached or not: no replica acknowledged within
+//     rpl_semi_sync_master_timeout (or none is connected), and the server
+//     commits without one until one catches up;
 //   - at risk when the server is read-only (a replica);
 //   - safe otherwise, with warnings for innodb_flush_log_at_trx_commit 2
 //     and sync_binlog other than 1 (an operating-system crash can lose
@@ -50,11 +55,15 @@ func (s *Store) CheckDurability(ctx context.Context) (store.Durability, error) {
 	if err != nil {
 		return store.Durability{}, wrap("check durability", err)
 	}
+	enabled, err := s.showValue(ctx, semiEnabledSQL)
+	if err != nil {
+		return store.Durability{}, wrap("check durability", err)
+	}
 	replicas := -1
 	if err := s.q.QueryRowContext(ctx, replicasSQL).Scan(&replicas); err != nil {
 		replicas = -1 // not visible to this user: the verdict cannot count them
 	}
-	return mysqlDurability(flush, syncBinlog, logBin == 1, readOnly == 1, semi, waitPoint, replicas), nil
+	return mysqlDurability(flush, syncBinlog, logBin == 1, readOnly == 1, semiSync{enabled, semi, waitPoint}, replicas), nil
 }
 
 // showValue returns the Value of the first row of a SHOW ... WHERE
@@ -68,15 +77,23 @@ func (s *Store) showValue(ctx context.Context, query string) (string, error) {
 	return value, err
 }
 
+// semiSync is what the server says of semi-synchronous replication: the
+// variable that enables it, its status, its wait point ("" when the
+// plugin is not loaded).
+type semiSync struct{ enabled, status, waitPoint string }
+
 // mysqlDurability is the verdict of CheckDurability on the values it read.
-func mysqlDurability(flush, syncBinlog int, logBin, readOnly bool, semiSync, waitPoint string, replicas int) store.Durability {
-	semiOn := strings.EqualFold(semiSync, "ON")
+func mysqlDurability(flush, syncBinlog int, logBin, readOnly bool, semi semiSync, replicas int) store.Durability {
+	semiOn := strings.EqualFold(semi.status, "ON")
 	d := store.Durability{State: store.DurabilitySafe, Replicas: replicas, Synchronous: semiOn, Settings: map[string]string{
 		"innodb_flush_log_at_trx_commit": fmt.Sprint(flush), "sync_binlog": fmt.Sprint(syncBinlog),
-		"log_bin": fmt.Sprint(logBin), "read_only": fmt.Sprint(readOnly), "semi_sync_status": semiSync,
+		"log_bin": fmt.Sprint(logBin), "read_only": fmt.Sprint(readOnly), "semi_sync_status": semi.status,
 	}}
-	if waitPoint != "" {
-		d.Settings["semi_sync_wait_point"] = waitPoint
+	if semi.waitPoint != "" {
+		d.Settings["semi_sync_wait_point"] = semi.waitPoint
+	}
+	if semi.enabled != "" {
+		d.Settings["semi_sync_enabled"] = semi.enabled
 	}
 	atRisk := func(w string) {
 		d.State = store.DurabilityAtRisk
@@ -98,6 +115,11 @@ func mysqlDurability(flush, syncBinlog int, logBin, readOnly bool, semiSync, wai
 			"acknowledged commits, which replicas then never receive; set it to 1", syncBinlog))
 	}
 	switch {
+	case strings.EqualFold(semi.enabled, "ON") && !semiOn:
+		atRisk("semi-synchronous replication is enabled but not active: no replica acknowledged a commit within " +
+			"rpl_semi_sync_master_timeout (rpl_semi_sync_source_timeout), or none is connected, and the server now " +
+			"commits without one: a failover to a replica can lose answers already acknowledged; bring a replica back " +
+			"(and raise the timeout if commits should rather wait than go on alone)")
 	case replicas > 0 && !semiOn:
 		atRisk(fmt.Sprintf("%d replica(s) attached but commits do not wait for them (semi-synchronous replication is not active): "+
 			"a failover to a replica can lose answers already acknowledged, and their keys run again on a retry; enable "+
@@ -106,7 +128,7 @@ func mysqlDurability(flush, syncBinlog int, logBin, readOnly bool, semiSync, wai
 		d.Warnings = append(d.Warnings, "the store's user cannot see the replicas (no PROCESS privilege) and semi-synchronous "+
 			"replication is not active: if replicas attach, a failover to one can lose acknowledged commits")
 	}
-	if semiOn && strings.EqualFold(waitPoint, "AFTER_COMMIT") {
+	if semiOn && strings.EqualFold(semi.waitPoint, "AFTER_COMMIT") {
 		d.Warnings = append(d.Warnings, "semi-synchronous replication waits AFTER_COMMIT: other sessions can read a commit no "+
 			"replica has yet, so a replay can serve an answer a failover then loses; use AFTER_SYNC")
 	}
