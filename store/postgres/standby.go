@@ -45,9 +45,10 @@ import (
 // the standby confirms commits (standbyWatch): while it may not, a
 // completed record is answered only once Sync confirmed it.
 //
-// What the store cannot see: a caller's own transaction (ReserveTx,
-// CompleteTx on a pgx.Tx the caller commits; its Commit returns nil after
-// the WARNING), a pool given to New without WatchStandbyWaits, and a
+// What the store cannot see: a caller's own transaction committed with
+// tx.Commit (ReserveTx, CompleteTx on a pgx.Tx: its Commit returns nil
+// after the WARNING; Store.Commit sees it), a pool given to New without
+// WatchStandbyWaits, and a
 // record read in the moment before the check notices the standby's stall
 // when something other than the store's own timeout cancelled its wait
 // earlier than that (see standbyWatch and docs/postgres-production.md).
@@ -113,6 +114,26 @@ func (s *Store) acknowledged(ctx context.Context, q querier, f func(querier) err
 		err = errStandbyWait
 	}
 	return err
+}
+
+// Commit commits tx, a transaction on a pool that watches standby waits
+// (Open's, or one configured with WatchStandbyWaits), and fails with a
+// retryable error naming the standby when the server cancelled the
+// commit's wait for the synchronous standby: the commit happened, but a
+// failover could lose it, and tx.Commit alone returns nil then. Commit the
+// transactions that hold ReserveTx, CompleteTx or CheckpointTx with it
+// (InTx does).
+func (s *Store) Commit(ctx context.Context, tx pgx.Tx) error {
+	data := tx.Conn().PgConn().CustomData()
+	delete(data, standbyWaitKey) // a flag no earlier caller took
+	if err := tx.Commit(ctx); err != nil {
+		return err
+	}
+	if data[standbyWaitKey] != nil {
+		delete(data, standbyWaitKey)
+		return errStandbyWait
+	}
+	return nil
 }
 
 // inTx runs fn in a transaction on a connection of the store's pool, as

@@ -44,6 +44,10 @@ func TestCancelledStandbyWaitIsNotAcknowledged(t *testing.T) {
 			if err != nil {
 				t.Fatalf("reserve with the standby up: %v", err)
 			}
+			third, err := s.Reserve(ctx, reserveParams("third"))
+			if err != nil {
+				t.Fatalf("reserve with the standby up: %v", err)
+			}
 			if err := s.Sync(ctx); err != nil {
 				t.Fatalf("sync with the standby up: %v", err)
 			}
@@ -73,6 +77,17 @@ func TestCancelledStandbyWaitIsNotAcknowledged(t *testing.T) {
 					return s.Delete(ctx, store.DeleteParams{Scope: first.Record.Scope, Key: first.Record.Key})
 				}},
 				{"sync", s.Sync},
+				{"complete in the caller's transaction", func(ctx context.Context) error {
+					tx, err := s.Pool().Begin(ctx)
+					if err != nil {
+						return err
+					}
+					defer tx.Rollback(ctx)
+					if err := s.CompleteTx(ctx, tx, store.CompleteParams{FenceParams: fence(third), Response: okResponse()}); err != nil {
+						return err
+					}
+					return s.Commit(ctx, tx)
+				}},
 			}
 			for _, c := range checks {
 				err := cancelStandbyWait(t, pair.Primary, c.op)
