@@ -3,9 +3,11 @@
 // nothing else. A store implements [Store]; [Queue] when it keeps
 // asynchronous requests; [TxStore] when its transitions can run inside the
 // caller's transaction; [DurabilityChecker] when its durability depends on
-// how its database is configured. The conformance suite (package storetest)
-// holds every store to this page, and package storekit holds what store
-// authors share (the rules of Reserve as functions, the fence, paging).
+// how its database is configured; [Syncer] when its reads can show a write
+// before it is as durable as an acknowledged one. The conformance suite
+// (package storetest) holds every store to this page, and package storekit
+// holds what store authors share (the rules of Reserve as functions, the
+// fence, paging).
 //
 // # Records and states
 //
