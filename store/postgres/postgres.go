@@ -235,8 +235,9 @@ type Config struct {
 	// every idem.Config.DurabilityInterval; see "Commits a synchronous
 	// standby did not confirm" in standby.go). While one check has waited
 	// longer than this, or the last one failed, a completed record is
-	// answered (Reserve, Get) only after Sync confirmed it. Defaults to 0:
-	// DefaultStandbyCheck. Negative turns the check off.
+	// answered (Reserve, Get) only once a check that began after it was
+	// read succeeded. Defaults to 0: DefaultStandbyCheck. Negative turns
+	// the check off.
 	StandbyCheck time.Duration
 }
 

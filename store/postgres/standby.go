@@ -43,7 +43,8 @@ import (
 // Other sessions see a record whose commit's wait was cancelled as they
 // see any committed row, and would replay it. So each store checks that
 // the standby confirms commits (standbyWatch): while it may not, a
-// completed record is answered only once Sync confirmed it.
+// completed record is answered only once the standby confirmed a later
+// commit.
 //
 // What the store cannot see: a caller's own transaction committed with
 // tx.Commit (ReserveTx, CompleteTx on a pgx.Tx: its Commit returns nil
@@ -218,6 +219,16 @@ func (ws *standbyWatches) degraded() bool {
 	return w != nil && w.degraded()
 }
 
+// confirm returns nil at once unless the watch is degraded, and then once
+// one of its checks that began afterwards succeeded (standbyWatch.confirm).
+func (ws *standbyWatches) confirm(ctx context.Context) error {
+	w := ws.w.Load()
+	if w == nil || !w.degraded() {
+		return nil
+	}
+	return w.confirm(ctx)
+}
+
 // watchStandbyIfSynchronous starts the watch when the server's commits wait
 // for a synchronous standby (and Config.StandbyCheck allows it). A server
 // it cannot ask is asked again at the next CheckDurability.
@@ -241,8 +252,10 @@ func (s *Store) watchStandbyIfSynchronous(ctx context.Context) {
 // synchronous replication is configured, the watch commits a write that
 // waits for the standby (Sync). From the moment one has waited longer than
 // an interval, or failed, until one succeeds, the store is degraded: a
-// completed record it returns is confirmed by a Sync of the caller's
-// first, so that no process replays an answer its standby may not have.
+// completed record it returns waits first until a check that began after
+// it was read succeeded (its commit came later, so the standby has the
+// record then), so that no process replays an answer its standby may not
+// have.
 // A standby that stops confirming is seen within two intervals, before
 // the store timeout of a commit that began waiting with it has passed; a
 // store timeout shorter than two intervals loses that margin.
@@ -256,11 +269,21 @@ type standbyWatch struct {
 	failed   atomic.Bool  // the last check failed
 	stop     context.CancelFunc
 	done     chan struct{}
+
+	// What confirm waits for: begun counts the checks begun, ok is the
+	// number (in that count) of the last one that succeeded, failures
+	// counts those that did not confirm anything, and ended is closed,
+	// then replaced, whenever one ends.
+	mu       sync.Mutex
+	begun    uint64
+	ok       uint64
+	failures uint64
+	ended    chan struct{}
 }
 
 func watchStandby(s *Store, interval time.Duration) *standbyWatch {
 	ctx, stop := context.WithCancel(context.Background())
-	w := &standbyWatch{interval: interval, stop: stop, done: make(chan struct{})}
+	w := &standbyWatch{interval: interval, stop: stop, done: make(chan struct{}), ended: make(chan struct{})}
 	go w.run(ctx, s)
 	return w
 }
@@ -282,13 +305,20 @@ func (w *standbyWatch) run(ctx context.Context, s *Store) {
 // check runs one check: a read of the settings, then, while commits wait
 // for a standby, a Sync.
 func (w *standbyWatch) check(ctx context.Context, s *Store) {
+	w.mu.Lock()
+	w.begun++
+	n := w.begun
+	w.mu.Unlock()
 	rctx, cancel := context.WithTimeout(ctx, w.interval)
 	var synchronous bool
 	err := s.pool.QueryRow(rctx, sqlSynchronous).Scan(&synchronous)
 	cancel()
 	if err != nil || !synchronous {
-		// Unreachable (nothing commits either), or nothing to wait for.
+		// Unreachable (nothing commits either), or nothing to wait for:
+		// not degraded. A record read earlier is not confirmed by it,
+		// though: it may have been read on a server this one replaced.
 		w.failed.Store(false)
+		w.end(n, false)
 		return
 	}
 	w.since.Store(time.Now().UnixNano())
@@ -297,6 +327,53 @@ func (w *standbyWatch) check(ctx context.Context, s *Store) {
 	cancel()
 	w.since.Store(0)
 	w.failed.Store(err != nil && ctx.Err() == nil)
+	w.end(n, err == nil)
+}
+
+// end records the end of check n, and wakes those waiting in confirm.
+func (w *standbyWatch) end(n uint64, ok bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if ok {
+		w.ok = n
+	} else {
+		w.failures++
+	}
+	close(w.ended)
+	w.ended = make(chan struct{})
+}
+
+// errStandbyCheckFailed ends confirm when a check failed after it was
+// called: the connection may have moved to another server (a failover),
+// where a later check proves nothing of what the caller read before.
+var errStandbyCheckFailed = errors.New("the check of the standby failed meanwhile (the server may have changed)")
+
+// confirm returns once a check that began after it was called succeeded,
+// with no check failing in between: that check's commit came after every
+// write the caller had read, on the same server, so the standby then has
+// them. It fails when ctx ends first, or a check fails. Those waiting
+// share the checks, so a stalled standby costs the database no more than
+// the watch's own commit.
+func (w *standbyWatch) confirm(ctx context.Context) error {
+	w.mu.Lock()
+	target, failures := w.begun+1, w.failures
+	w.mu.Unlock()
+	for {
+		w.mu.Lock()
+		ok, failed, ended := w.ok >= target, w.failures != failures, w.ended
+		w.mu.Unlock()
+		switch {
+		case failed:
+			return errStandbyCheckFailed
+		case ok:
+			return nil
+		}
+		select {
+		case <-ended:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 // degraded reports whether the standby may have stopped confirming.
@@ -318,13 +395,14 @@ func (w *standbyWatch) close() {
 var errUnconfirmedReplay = errors.New("a synchronous standby stopped confirming commits, and it did not confirm this completed record in time: " +
 	"it is not answered until the standby does")
 
-// confirmRecord confirms a completed record with Sync while the standby
-// watch says it may have stopped confirming (see standbyWatch).
+// confirmRecord holds a completed record, while the standby watch says
+// the standby may have stopped confirming, until one of the watch's checks
+// confirmed it (see standbyWatch).
 func (s *Store) confirmRecord(ctx context.Context, rec *store.Record) error {
-	if rec.State != store.StateCompleted || !s.standby.degraded() {
+	if rec.State != store.StateCompleted {
 		return nil
 	}
-	if err := s.Sync(ctx); err != nil {
+	if err := s.standby.confirm(ctx); err != nil {
 		return store.Retryable(fmt.Errorf("%w: %w", errUnconfirmedReplay, err))
 	}
 	return nil
