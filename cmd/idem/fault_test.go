@@ -103,6 +103,21 @@ func faultPlanFor(pg bool) faultPlan {
 	return p
 }
 
+// pairPlan sizes a run on a primary and its standby: one database fault,
+// the failover or the stall.
+func pairPlan() faultPlan {
+	if *faultFull || os.Getenv("IDEM_FAULT_FULL") == "1" {
+		return faultPlan{
+			proxies: 3, keys: 1500, dups: 4, kills: 10, pgRestarts: 1, inFlight: 24, largeEvery: 8,
+			clientLimit: 5 * time.Minute, settleLimit: 5 * time.Minute,
+		}
+	}
+	return faultPlan{
+		proxies: 2, keys: 120, dups: 3, kills: 1, pgRestarts: 1, inFlight: 12, largeEvery: 10,
+		clientLimit: 2 * time.Minute, settleLimit: 2 * time.Minute,
+	}
+}
+
 func TestFaultSQLite(t *testing.T) {
 	skipShort(t)
 	dsn := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
@@ -124,16 +139,7 @@ func TestFaultPostgres(t *testing.T) {
 func TestFaultPostgresFailover(t *testing.T) {
 	skipShort(t)
 	pair := pgcluster.StartPair(t, true)
-	plan := faultPlan{
-		proxies: 2, keys: 120, dups: 3, kills: 1, pgRestarts: 1, inFlight: 12, largeEvery: 10,
-		clientLimit: 2 * time.Minute, settleLimit: 2 * time.Minute,
-	}
-	if *faultFull || os.Getenv("IDEM_FAULT_FULL") == "1" {
-		plan = faultPlan{
-			proxies: 3, keys: 1500, dups: 4, kills: 10, pgRestarts: 1, inFlight: 24, largeEvery: 8,
-			clientLimit: 5 * time.Minute, settleLimit: 5 * time.Minute,
-		}
-	}
+	plan := pairPlan()
 	plan.proxyArgs = []string{"--require-synchronous-replication"}
 	var run *faultRun
 	runFault(t, "postgres-failover-sync", pair.DSN(), plan, func(r *faultRun) { run = r; r.failover(pair) })
@@ -156,11 +162,8 @@ func TestFaultPostgresFailover(t *testing.T) {
 func TestFaultPostgresStandbyStall(t *testing.T) {
 	skipShort(t)
 	pair := pgcluster.StartPair(t, true)
-	plan := faultPlan{
-		proxies: 2, keys: 120, dups: 3, kills: 1, pgRestarts: 1, inFlight: 12, largeEvery: 10,
-		clientLimit: 2 * time.Minute, settleLimit: 2 * time.Minute,
-		proxyArgs: []string{"--lease", "30s"},
-	}
+	plan := pairPlan()
+	plan.proxyArgs = []string{"--lease", "30s"}
 	var run *faultRun
 	runFault(t, "postgres-standby-stall", pair.DSN(), plan, func(r *faultRun) { run = r; r.stallThenFailover(pair) })
 	if run == nil || !run.failedOver.Load() {

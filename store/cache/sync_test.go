@@ -29,15 +29,7 @@ func TestSyncIsTheBackingStores(t *testing.T) {
 	if err := c.Sync(ctx); err != nil {
 		t.Fatalf("sync with the standby streaming: %v", err)
 	}
-	if err := pair.Standby.Stop(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := pair.Standby.Start(); err != nil {
-			t.Fatalf("restarting the standby: %v\n%s", err, pair.Standby.Log())
-		}
-		pair.WaitStreaming(t, time.Minute)
-	}()
+	pair.StopStandby(t)
 	sctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
 	if err := c.Sync(sctx); err == nil || !strings.Contains(err.Error(), "sync") {

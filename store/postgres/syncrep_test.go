@@ -52,15 +52,7 @@ func TestCancelledStandbyWaitIsNotAcknowledged(t *testing.T) {
 				t.Fatalf("sync with the standby up: %v", err)
 			}
 
-			if err := pair.Standby.Stop(); err != nil {
-				t.Fatal(err)
-			}
-			defer func() {
-				if err := pair.Standby.Start(); err != nil {
-					t.Fatalf("restarting the standby: %v\n%s", err, pair.Standby.Log())
-				}
-				pair.WaitStreaming(t, 60*time.Second)
-			}()
+			pair.StopStandby(t)
 
 			checks := []struct {
 				name string

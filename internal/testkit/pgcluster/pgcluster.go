@@ -92,6 +92,19 @@ func New(t *testing.T, opts string) *Cluster {
 	return c
 }
 
+// InitOnFreePort creates a cluster as Init does and gives it a free port,
+// for a test that names the server's URL before starting it.
+func InitOnFreePort(t *testing.T, opts string) *Cluster {
+	t.Helper()
+	c := Init(t, opts)
+	port, err := FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Port = port
+	return c
+}
+
 // DataDir is the cluster's data directory.
 func (c *Cluster) DataDir() string { return filepath.Join(c.dir, "data") }
 
@@ -209,6 +222,22 @@ func (p *Pair) WaitStreaming(t *testing.T, timeout time.Duration) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// StopStandby stops the standby until the test ends, then starts it again
+// and waits until it streams: the primary's commits wait meanwhile when
+// they wait for a synchronous standby.
+func (p *Pair) StopStandby(t *testing.T) {
+	t.Helper()
+	if err := p.Standby.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := p.Standby.Start(); err != nil {
+			t.Fatalf("restarting the standby: %v\n%s", err, p.Standby.Log())
+		}
+		p.WaitStreaming(t, time.Minute)
+	})
 }
 
 // DSN is the multi-host URL of the pair: whichever accepts writes.

@@ -18,12 +18,7 @@ func TestProxyStartsWhileTheStoreIsDown(t *testing.T) {
 	t.Parallel()
 	// A private server, created but not started: its port is chosen now,
 	// for the proxy's URL.
-	pg := pgcluster.Init(t, "")
-	port, err := pgcluster.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pg.Port = port
+	pg := pgcluster.InitOnFreePort(t, "")
 	api := &chargeAPI{}
 	var log safeBuffer
 	p, base := startProxy(t, ProxyConfig{Upstream: newUpstream(t, api).URL, Store: pg.DSN() + "&connect_timeout=2", Admin: "127.0.0.1:0",
@@ -81,12 +76,7 @@ func TestProxyStartsWhileTheStoreIsDown(t *testing.T) {
 // comes up while the checks run.
 func TestCheckWaitsOutAStoreBrieflyAway(t *testing.T) {
 	t.Parallel()
-	pg := pgcluster.Init(t, "")
-	port, err := pgcluster.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pg.Port = port
+	pg := pgcluster.InitOnFreePort(t, "")
 	_, base := startProxy(t, ProxyConfig{Upstream: slowCharges(t).URL, Store: pg.DSN() + "&connect_timeout=2",
 		TenantFrom: []string{"authorization"}, TenantSecret: []byte("tenant-secret-0123456789")})
 	if r := send(t, client(t), "POST", base+"/v1/charges", "k", `{}`, "Authorization", "Bearer main"); r.status != http.StatusServiceUnavailable ||
