@@ -48,6 +48,7 @@ type Flaky struct {
 	GetGate        chan struct{} // when not nil, Get waits until it is closed
 	Reserves       atomic.Int64  // calls seen
 	Gets           atomic.Int64
+	FailGets       atomic.Int64 // Gets left to fail
 	FailCompletes  atomic.Int64 // calls left to fail
 	FailExtends    atomic.Int64
 	ExtendsAlways  atomic.Bool
@@ -71,13 +72,13 @@ func (f *Flaky) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 	return f.Store.Reserve(ctx, p)
 }
 
-// Get waits for GetGate, then fails while Down is set.
+// Get waits for GetGate, then fails while Down is set or FailGets lasts.
 func (f *Flaky) Get(ctx context.Context, scope, key string) (store.Record, error) {
 	f.Gets.Add(1)
 	if f.GetGate != nil {
 		<-f.GetGate
 	}
-	if f.Down.Load() {
+	if f.Down.Load() || f.FailGets.Add(-1) >= 0 {
 		return store.Record{}, ErrOutage
 	}
 	return f.Store.Get(ctx, scope, key)
