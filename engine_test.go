@@ -3,6 +3,7 @@ package idem_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -617,45 +618,32 @@ func TestWaitingDuplicatesShareReads(t *testing.T) {
 
 // A completion applied by the store whose answer was lost (the connection
 // broke after the commit) is recognised when the retry finds the record
-// completed under this execution's fence: recorded, not lost.
+// completed under this execution's fence: recorded, not lost. When the
+// read that recognises it fails once, the engine reads again: the answer
+// is not given up as another execution's.
 func TestCompletionWhoseAnswerWasLost(t *testing.T) {
 	t.Parallel()
-	s := &enginetest.Flaky{Store: memory.New(memory.Config{})}
-	s.LoseAnswers.Store(1)
-	var logs bytes.Buffer
-	h := maker(t, s, idem.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	if w := sendKeyed(h, "k"); w.Code != http.StatusCreated {
-		t.Fatalf("first: %d", w.Code)
-	}
-	if w := sendKeyed(h, "k"); w.Header().Get("Idempotent-Replayed") != "true" || w.Body.String() != "made" {
-		t.Fatalf("retry: %d %q", w.Code, w.Body)
-	}
-	if strings.Contains(logs.String(), "no longer holds") || !strings.Contains(logs.String(), "outcome recorded after retries") {
-		t.Fatalf("logs: %s", logs.String())
-	}
-}
-
-// The same, with the read that would recognise the lost completion
-// failing once: the engine tries again, and the answer is recorded, not
-// given up as another execution's.
-func TestCompletionWhoseAnswerWasLostReadAgain(t *testing.T) {
-	t.Parallel()
-	s := &enginetest.Flaky{Store: memory.New(memory.Config{})}
-	s.LoseAnswers.Store(1)
-	s.FailGets.Store(1)
-	var logs bytes.Buffer
-	h := maker(t, s, idem.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	if w := sendKeyed(h, "k"); w.Code != http.StatusCreated {
-		t.Fatalf("first: %d", w.Code)
-	}
-	if w := sendKeyed(h, "k"); w.Header().Get("Idempotent-Replayed") != "true" || w.Body.String() != "made" {
-		t.Fatalf("retry: %d %q", w.Code, w.Body)
-	}
-	if strings.Contains(logs.String(), "no longer holds") || strings.Contains(logs.String(), "could not confirm") ||
-		!strings.Contains(logs.String(), "outcome recorded after retries") {
-		t.Fatalf("logs: %s", logs.String())
-	}
-	if s.FailGets.Load() >= 0 {
-		t.Fatal("the read that recognises the lost completion failed and was not made again")
+	for _, failedReads := range []int64{0, 1} {
+		t.Run(fmt.Sprintf("failed reads %d", failedReads), func(t *testing.T) {
+			t.Parallel()
+			s := &enginetest.Flaky{Store: memory.New(memory.Config{})}
+			s.LoseAnswers.Store(1)
+			s.FailGets.Store(failedReads)
+			var logs bytes.Buffer
+			h := maker(t, s, idem.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+			if w := sendKeyed(h, "k"); w.Code != http.StatusCreated {
+				t.Fatalf("first: %d", w.Code)
+			}
+			if w := sendKeyed(h, "k"); w.Header().Get("Idempotent-Replayed") != "true" || w.Body.String() != "made" {
+				t.Fatalf("retry: %d %q", w.Code, w.Body)
+			}
+			if strings.Contains(logs.String(), "no longer holds") || strings.Contains(logs.String(), "could not confirm") ||
+				!strings.Contains(logs.String(), "outcome recorded after retries") {
+				t.Fatalf("logs: %s", logs.String())
+			}
+			if s.FailGets.Load() >= 0 {
+				t.Fatal("the read that recognises the lost completion was not made, or not made again after it failed")
+			}
+		})
 	}
 }
