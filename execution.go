@@ -438,8 +438,8 @@ func (x *Execution) end(ctx context.Context, op storeOp, what store.State, strea
 	err := e.callIn(&x.endCtx, ctx, op, true, f)
 	r := retries{attempts: 1}
 	defer func() { stepEnd(StepEnd{Fence: x.fence, Attempts: r.attempts, Err: err}) }()
-	err = x.retry(ctx, op, f, own, deadline, err, &r)
-	pause := completionRetry
+	b := x.newBackoff(deadline)
+	err = x.retry(ctx, op, f, own, &b, err, &r)
 	for r.doubtful && (errors.Is(err, store.ErrLeaseLost) || errors.Is(err, store.ErrStateConflict)) {
 		ok, unconfirmed := x.landed(ctx, what, own)
 		if ok {
@@ -455,16 +455,13 @@ func (x *Execution) end(ctx context.Context, op storeOp, what store.State, strea
 		// may be back in progress under this fence: the transition itself
 		// is tried again, until the deadline.
 		err = unconfirmed
-		wait := jitter(pause)
-		if !e.clk.Now().Add(wait).Before(deadline) {
+		if !b.wait() {
 			break
 		}
-		sleep(context.Background(), e.clk, wait)
-		pause = min(pause*2, completionRetryMax)
 		r.settling = false
 		err = e.call(ctx, op, true, f)
 		r.attempts++
-		err = x.retry(ctx, op, f, own, deadline, err, &r)
+		err = x.retry(ctx, op, f, own, &b, err, &r)
 	}
 	x.report(ctx, op, what, streamed, err, r)
 	return err
@@ -481,7 +478,7 @@ type retries struct {
 // retry tries a final transition that failed with err again while it
 // fails transiently and deadline allows, and turns to Resolve with own
 // once the record left in_progress (see end).
-func (x *Execution) retry(ctx context.Context, op storeOp, f func(context.Context) error, own func() store.ResolveParams, deadline time.Time, err error, r *retries) error {
+func (x *Execution) retry(ctx context.Context, op storeOp, f func(context.Context) error, own func() store.ResolveParams, b *backoff, err error, r *retries) error {
 	e := x.e
 	var p store.ResolveParams
 	settle := func(ctx context.Context) error { return e.store.Resolve(ctx, p) }
@@ -493,8 +490,6 @@ func (x *Execution) retry(ctx context.Context, op storeOp, f func(context.Contex
 		r.resolved = err == nil
 		return err
 	}
-	pause := completionRetry
-	maxPause := min(completionRetryMax, max(e.cfg.Lease/10, completionRetry))
 	for {
 		r.doubtful = r.doubtful || transient(err)
 		lost := errors.Is(err, store.ErrLeaseLost) || (transient(err) && x.lost.Load())
@@ -511,15 +506,39 @@ func (x *Execution) retry(ctx context.Context, op storeOp, f func(context.Contex
 		case !transient(err) || (x.lost.Load() && !r.settling):
 			return err
 		}
-		wait := jitter(pause)
-		if !e.clk.Now().Add(wait).Before(deadline) {
+		if !b.wait() {
 			return err
 		}
-		sleep(context.Background(), e.clk, wait)
 		err = try()
 		r.attempts++
-		pause = min(pause*2, maxPause)
 	}
+}
+
+// backoff spaces the attempts of a final transition: jittered pauses
+// from completionRetry, doubling up to a tenth of the lease (at most
+// completionRetryMax), none that would end past the deadline.
+type backoff struct {
+	clk           clock
+	deadline      time.Time
+	pause, maxGap time.Duration
+}
+
+func (x *Execution) newBackoff(deadline time.Time) backoff {
+	e := x.e
+	return backoff{clk: e.clk, deadline: deadline, pause: completionRetry,
+		maxGap: min(completionRetryMax, max(e.cfg.Lease/10, completionRetry))}
+}
+
+// wait sleeps before the next attempt; false, without sleeping, when that
+// attempt would come past the deadline.
+func (b *backoff) wait() bool {
+	d := jitter(b.pause)
+	if !b.clk.Now().Add(d).Before(b.deadline) {
+		return false
+	}
+	sleep(context.Background(), b.clk, d)
+	b.pause = min(b.pause*2, b.maxGap)
+	return true
 }
 
 // afterLapse says what becomes of a record whose lease lapses under
