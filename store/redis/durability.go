@@ -59,12 +59,23 @@ func (s *Store) eval(ctx context.Context, sc *goredis.Script, keys []string, arg
 	if cmd.Err() != nil {
 		return cmd
 	}
-	if got, err := wait.Int64(); err != nil {
-		cmd.SetErr(fmt.Errorf("wait for %d replica(s): %w", n, err))
-	} else if got < int64(n) {
-		cmd.SetErr(store.Retryable(fmt.Errorf("%d of %d replica(s) acknowledged the write within %v", got, n, s.cfg.WaitTimeout)))
+	if err := s.waited(wait, n); err != nil {
+		cmd.SetErr(err)
 	}
 	return cmd
+}
+
+// waited reads the answer of a WAIT for n replicas: an error when it
+// failed, retryable when fewer acknowledged the write within WaitTimeout.
+func (s *Store) waited(wait *goredis.Cmd, n int) error {
+	got, err := wait.Int64()
+	switch {
+	case err != nil:
+		return fmt.Errorf("wait for %d replica(s): %w", n, err)
+	case got < int64(n):
+		return store.Retryable(fmt.Errorf("%d of %d replica(s) acknowledged the write within %v", got, n, s.cfg.WaitTimeout))
+	}
+	return nil
 }
 
 // CheckDurability reports whether a write the store acknowledged survives
@@ -275,12 +286,5 @@ func (s *Store) barrier(ctx context.Context, node interface{ Pipeline() goredis.
 	if err := set.Err(); err != nil {
 		return wrap("sync", err)
 	}
-	got, err := wait.Int64()
-	switch {
-	case err != nil:
-		return wrap("sync", fmt.Errorf("wait for %d replica(s): %w", n, err))
-	case got < int64(n):
-		return wrap("sync", store.Retryable(fmt.Errorf("%d of %d replica(s) acknowledged within %v", got, n, s.cfg.WaitTimeout)))
-	}
-	return nil
+	return wrap("sync", s.waited(wait, n))
 }
