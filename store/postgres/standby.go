@@ -255,26 +255,27 @@ func (s *Store) watchStandbyIfSynchronous(ctx context.Context) {
 // completed record it returns waits first until a check that began after
 // it was read succeeded (its commit came later, so the standby has the
 // record then), so that no process replays an answer its standby may not
-// have.
-// A standby that stops confirming is seen within two intervals, before
+// have. A standby that stops confirming is seen within two intervals, before
 // the store timeout of a commit that began waiting with it has passed; a
 // store timeout shorter than two intervals loses that margin.
 //
 // The price: while the standby does not confirm, no completed record is
-// replayed (Reserve and Get fail, retryably, when their context ends), as
-// no new record is committed.
+// replayed (Reserve and Get fail when their context ends), as no new
+// record is committed.
 type standbyWatch struct {
 	interval time.Duration
-	since    atomic.Int64 // start of the check in flight (UnixNano), 0 if none
-	failed   atomic.Bool  // the last check failed
 	stop     context.CancelFunc
 	done     chan struct{}
 
+	mu sync.Mutex
+	// since is the start of the Sync in flight, zero when none; failed
+	// says the last Sync failed. Together they say degraded.
+	since  time.Time
+	failed bool
 	// What confirm waits for: begun counts the checks begun, ok is the
 	// number (in that count) of the last one that succeeded, failures
 	// counts those that did not confirm anything, and ended is closed,
 	// then replaced, whenever one ends.
-	mu       sync.Mutex
 	begun    uint64
 	ok       uint64
 	failures uint64
@@ -317,23 +318,24 @@ func (w *standbyWatch) check(ctx context.Context, s *Store) {
 		// Unreachable (nothing commits either), or nothing to wait for:
 		// not degraded. A record read earlier is not confirmed by it,
 		// though: it may have been read on a server this one replaced.
-		w.failed.Store(false)
-		w.end(n, false)
+		w.end(n, false, false)
 		return
 	}
-	w.since.Store(time.Now().UnixNano())
+	w.mu.Lock()
+	w.since = time.Now()
+	w.mu.Unlock()
 	sctx, cancel := context.WithTimeout(ctx, standbyCheckTimeout)
 	err = s.Sync(sctx)
 	cancel()
-	w.since.Store(0)
-	w.failed.Store(err != nil && ctx.Err() == nil)
-	w.end(n, err == nil)
+	w.end(n, err == nil, err != nil && ctx.Err() == nil)
 }
 
-// end records the end of check n, and wakes those waiting in confirm.
-func (w *standbyWatch) end(n uint64, ok bool) {
+// end records the end of check n, whether it confirmed the standby and
+// whether its Sync failed, and wakes those waiting in confirm.
+func (w *standbyWatch) end(n uint64, ok, failed bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.since, w.failed = time.Time{}, failed
 	if ok {
 		w.ok = n
 	} else {
@@ -378,11 +380,9 @@ func (w *standbyWatch) confirm(ctx context.Context) error {
 
 // degraded reports whether the standby may have stopped confirming.
 func (w *standbyWatch) degraded() bool {
-	if w.failed.Load() {
-		return true
-	}
-	since := w.since.Load()
-	return since != 0 && time.Since(time.Unix(0, since)) > w.interval
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.failed || (!w.since.IsZero() && time.Since(w.since) > w.interval)
 }
 
 func (w *standbyWatch) close() {
