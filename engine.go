@@ -399,18 +399,15 @@ type operation interface {
 	pass(ctx context.Context)
 	// run runs the operation under the key; ctx carries the Execution.
 	run(ctx context.Context) Result
-	// scratch returns storage for the reservation allocated with the
-	// adapter's own per-request state, or nil to allocate it apart.
-	scratch() *scratch
-}
-
-// scratch is the storage a call's first reservation needs: the context of
-// the Reserve call and the Execution it may start. An adapter embeds it in
-// its per-request state so that they cost no allocation of their own. It is
-// used once: a reservation retried after waiting allocates its own.
-type scratch struct {
-	reserve callCtx
-	exec    Execution
+	// reserveCtx returns storage for the context of the call's first
+	// Reserve, allocated with the adapter's own per-request state, or nil
+	// to allocate it apart. It is used once: a reservation retried after
+	// waiting allocates its own.
+	reserveCtx() *callCtx
+	// execution returns storage for the Execution the first reservation
+	// starts, allocated with what the adapter needs to run the call, or
+	// nil to allocate it apart. It is asked only when the call runs.
+	execution() *Execution
 }
 
 type funcOp func(ctx context.Context) Result
@@ -418,7 +415,8 @@ type funcOp func(ctx context.Context) Result
 func (funcOp) body(int64) ([]byte, error)       { return nil, nil }
 func (f funcOp) pass(ctx context.Context)       { f(ctx) }
 func (f funcOp) run(ctx context.Context) Result { return f(ctx) }
-func (funcOp) scratch() *scratch                { return nil }
+func (funcOp) reserveCtx() *callCtx             { return nil }
+func (funcOp) execution() *Execution            { return nil }
 
 var errBodyTooLarge = errors.New("body too large")
 
@@ -527,7 +525,7 @@ func (e *Engine) reserve(ctx context.Context, c *Call, op operation, id *callID)
 	if e.cfg.Async {
 		return e.accept(ctx, c, id.scope, id.key, id.fp)
 	}
-	d, err = e.begin(ctx, op.scratch(), id.tenant, id.scope, id.route, id.key, id.fp)
+	d, err = e.begin(ctx, op.reserveCtx(), op, id.tenant, id.scope, id.route, id.key, id.fp)
 	if err == nil && d.verdict == InProgress && e.cfg.Wait > 0 {
 		d, err = e.await(ctx, id.tenant, id.scope, id.route, id.key, id.fp, e.cfg.Wait)
 	}
@@ -634,14 +632,10 @@ type decision struct {
 
 // begin reserves the key and decides what to do. With Executed the caller
 // owns an Execution whose lease is renewed in the background until it is
-// finished. sc, when not nil, is unused storage for the call's context and
-// the Execution.
-func (e *Engine) begin(ctx context.Context, sc *scratch, tenant, scope, route, key, fp string) (decision, error) {
-	var cctx *callCtx
-	var x *Execution
-	if sc != nil {
-		cctx, x = &sc.reserve, &sc.exec
-	} else {
+// finished. cctx, when not nil, is unused storage for the Reserve call's
+// context; op, when not nil, provides the Execution's.
+func (e *Engine) begin(ctx context.Context, cctx *callCtx, op operation, tenant, scope, route, key, fp string) (decision, error) {
+	if cctx == nil {
 		cctx = new(callCtx)
 	}
 	p := store.ReserveParams{
@@ -658,6 +652,10 @@ func (e *Engine) begin(ctx context.Context, sc *scratch, tenant, scope, route, k
 	d := decide(fp, &res)
 	outcome := reserveOutcome[d.verdict]
 	if d.verdict == Executed {
+		var x *Execution
+		if op != nil {
+			x = op.execution()
+		}
 		d.exec = e.newExecution(x, res, start)
 		switch res.Outcome {
 		case store.Reclaimed:
@@ -782,7 +780,7 @@ func (e *Engine) await(ctx context.Context, tenant, scope, route, key, fp string
 			// Deleted by an operator while we waited, settled, or its holder
 			// died: begin applies the store's rules (create, replay,
 			// reclaim, takeover or unknown) atomically.
-			d, err := e.begin(ctx, nil, tenant, scope, route, key, fp)
+			d, err := e.begin(ctx, nil, nil, tenant, scope, route, key, fp)
 			if err != nil || d.verdict != InProgress || d.exec != nil || !e.clk.Now().Add(pause).Before(deadline) {
 				return d, err
 			}

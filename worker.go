@@ -192,8 +192,7 @@ func (w *Worker) run(ctx context.Context, rec store.Record, start time.Time) {
 		}})
 		return
 	}
-	h := &httpCall{r: r, next: w.cfg.Handler}
-	h.rec.init(discardWriter{h: http.Header{}}, e.cfg.MaxResponseBytes, e.log)
+	h := &httpCall{w: discardWriter{h: http.Header{}}, r: r, next: w.cfg.Handler, e: e}
 	defer func() {
 		if p := recover(); p != nil {
 			// execute marked the record unknown; one request's panic must
