@@ -215,52 +215,11 @@ func TestAsyncStatusOfADeadWorkersRequest(t *testing.T) {
 	}
 }
 
-// stopDuringClaim holds every Claim until the test lets it go, then
-// claims even if the worker's context ended meanwhile: a claim the store
-// applied while the worker was being stopped, its answer arriving after.
-type stopDuringClaim struct {
-	*memory.Store
-	claiming chan struct{} // receives once a claim waits
-	proceed  chan struct{}
-}
-
-func (s *stopDuringClaim) Claim(ctx context.Context, p store.ClaimParams) ([]store.Record, error) {
-	select {
-	case s.claiming <- struct{}{}:
-	default:
-	}
-	<-s.proceed
-	return s.Store.Claim(context.WithoutCancel(ctx), p)
-}
-
-// A worker stopped while it claims: the requests the claim returns never
-// started, so they are released as not executed (a retry runs them), not
-// run with a context already ended, which would make their outcome
-// unknown, nor left in progress for their lease to lapse.
+// A worker stopped while it claims: the request goes back to the queue
+// (enginetest.AsyncStopWhileClaiming; the integration module runs it on
+// the other stores).
 func TestAsyncWorkerStoppedWhileClaiming(t *testing.T) {
-	s := &stopDuringClaim{Store: memory.New(memory.Config{}), claiming: make(chan struct{}, 1), proceed: make(chan struct{})}
-	a := enginetest.NewAsyncApp(t, s, idem.Config{})
-	a.Block() // the handler, if it ran, would give up with a 500 once its context ended
-	loc := a.Post("acme", "k", `{}`).Header.Get("Location")
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := a.Worker.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	<-s.claiming
-	cancel()
-	close(s.proceed)
-	if err := a.Worker.Stop(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	runs, _, _ := a.Runs("k")
-	rec, err := s.Get(context.Background(), (&idem.Request{Tenant: "acme", Method: "POST", Route: "/v1/reports"}).Scope(), "k")
-	if runs != 0 || err != nil || rec.State != store.StateFailedRetryable {
-		t.Fatalf("a request claimed as the worker stopped: ran %d times, record %s %v; want no run, failed_retryable", runs, rec.State, err)
-	}
-	if got := a.Do("GET", loc, "acme", "", ""); got.Status != http.StatusConflict || !strings.Contains(got.Body, idem.SlugRequestFailed) {
-		t.Fatalf("status: %d %s", got.Status, got.Body)
-	}
-	enginetest.WantAccepted(t, a.Post("acme", "k", `{}`), loc)
+	enginetest.AsyncStopWhileClaiming(t, memory.New(memory.Config{}))
 }
 
 // Engine.Run takes its header as the caller spells it: credentials kept

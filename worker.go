@@ -151,8 +151,8 @@ func (w *Worker) Start(ctx context.Context) error {
 // recorded, or for ctx to end. A request cut off this way is recorded as
 // its handler's answer says; a handler that gives up with a failure is
 // recorded unknown, as for a client that left (see Result). A request
-// claimed as the worker stops is not run: it is released, and a retry of
-// it with its key queues it again.
+// claimed as the worker stops is not run: it goes back to the queue, for
+// another worker to run, with a new AsyncWait to be claimed in.
 func (w *Worker) Stop(ctx context.Context) error {
 	w.mu.Lock()
 	cancel := w.cancel
@@ -179,8 +179,8 @@ func (w *Worker) run(ctx context.Context, rec store.Record, start time.Time) {
 	if ctx.Err() != nil {
 		// Stopped before it started: run now, its handler would only see
 		// its context ended, and its outcome would be recorded unknown.
-		// It had no effect: a retry of the request runs it.
-		x.release(ctx, "the worker stopped before running the request")
+		// It had no effect: back to the queue.
+		w.requeue(ctx, x, rec)
 		return
 	}
 	r, err := storedRequest(ctx, rec.Request)
@@ -231,3 +231,41 @@ type discardWriter struct{ h http.Header }
 func (d discardWriter) Header() http.Header       { return d.h }
 func (discardWriter) Write(b []byte) (int, error) { return len(b), nil }
 func (discardWriter) WriteHeader(int)             {}
+
+// requeue returns a request claimed as the worker stopped, which never
+// ran, to the queue: its record released, then made pending again with
+// its stored request, as a client's retry would (ReservePending reclaims
+// a released record). The client was told that the request was accepted:
+// it must not have to send it again for it to run. Should the second step
+// fail (the store is away, the process ends between the two), the record
+// stays released, and a retry of the request queues it again.
+func (w *Worker) requeue(ctx context.Context, x *Execution, rec store.Record) {
+	e := w.e
+	ctx = context.WithoutCancel(ctx)
+	if err := x.release(ctx, "the worker stopped before running the request"); err != nil {
+		e.log.Warn("idem: could not return a request claimed as the worker stopped to the queue",
+			"scope", rec.Scope, "key", rec.Key, "err", err)
+		return
+	}
+	p := store.PendingParams{
+		ReserveParams: store.ReserveParams{
+			Scope: rec.Scope, Key: rec.Key, Fingerprint: rec.Fingerprint,
+			Lease: e.cfg.AsyncWait, TTL: e.cfg.TTL, LeasePolicy: e.cfg.LeasePolicy,
+			// No tenant or cap: the record keeps its tenant, and it was
+			// admitted when it was accepted.
+		},
+		Request: *rec.Request,
+	}
+	var res store.ReserveResult
+	err := e.call(ctx, opReserve, true, func(ctx context.Context) (err error) {
+		res, err = e.store.(store.Queue).ReservePending(ctx, p)
+		return err
+	})
+	if err != nil {
+		e.log.Warn("idem: a request claimed as the worker stopped is released, not queued again; a retry of it queues it",
+			"scope", rec.Scope, "key", rec.Key, "err", err)
+		return
+	}
+	e.log.Info("idem: a request claimed as the worker stopped is queued again", "scope", rec.Scope, "key", rec.Key,
+		"queue", rec.Request.Queue, "outcome", res.Outcome.String())
+}

@@ -15,6 +15,7 @@ func TestAsyncStores(t *testing.T) {
 			t.Parallel()
 			t.Run("flow", func(t *testing.T) { enginetest.AsyncFlow(t, ns.Open(t, nil)) })
 			t.Run("tenant cap", func(t *testing.T) { enginetest.AsyncCap(t, ns.Open(t, nil)) })
+			t.Run("stop while claiming", func(t *testing.T) { enginetest.AsyncStopWhileClaiming(t, ns.Open(t, nil)) })
 			t.Run("tenant rate refund", func(t *testing.T) {
 				clock := storetest.NewClock()
 				enginetest.AsyncRefund(t, ns.Open(t, clock.Now), clock)

@@ -311,3 +311,72 @@ func AsyncRefund(t *testing.T, s store.Store, clock interface{ Advance(time.Dura
 		t.Fatalf("a new key with the three tokens spent on new keys: %d %s, want 429", got.Status, got.Body)
 	}
 }
+
+// claimGate holds every Claim until the test lets it go, then claims even
+// if the worker's context ended meanwhile: a claim the store applied while
+// the worker was being stopped, its answer arriving after.
+type claimGate struct {
+	store.Store
+	q        store.Queue
+	claiming chan struct{} // receives once a claim waits
+	proceed  chan struct{}
+}
+
+func (g *claimGate) ReservePending(ctx context.Context, p store.PendingParams) (store.ReserveResult, error) {
+	return g.q.ReservePending(ctx, p)
+}
+
+func (g *claimGate) ExpirePending(ctx context.Context, p store.ExpirePendingParams) ([]store.Record, error) {
+	return g.q.ExpirePending(ctx, p)
+}
+
+func (g *claimGate) Claim(ctx context.Context, p store.ClaimParams) ([]store.Record, error) {
+	select {
+	case g.claiming <- struct{}{}:
+	default:
+	}
+	<-g.proceed
+	return g.q.Claim(context.WithoutCancel(ctx), p)
+}
+
+// AsyncStopWhileClaiming checks a worker stopped while it claims, over s
+// (a store that keeps pending requests): the request the claim returns
+// never started, so it is neither run with a context already ended (its
+// outcome would be unknown), nor left in progress for its lease to lapse,
+// nor released for the client to send again, which was told it was
+// accepted: it goes back to the queue, its status still says accepted, and
+// the next worker runs it, with the request as it was accepted.
+func AsyncStopWhileClaiming(t *testing.T, s store.Store) {
+	q, why := store.AsQueue(s)
+	if why != "" {
+		t.Fatal(why)
+	}
+	g := &claimGate{Store: s, q: q, claiming: make(chan struct{}, 1), proceed: make(chan struct{})}
+	a := NewAsyncApp(t, g, idem.Config{})
+	loc := a.Post("acme", "k", `{"n":1}`).Header.Get("Location")
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := a.Worker.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-g.claiming
+	cancel()
+	close(g.proceed)
+	if err := a.Worker.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	scope := (&idem.Request{Tenant: "acme", Method: "POST", Route: "/v1/reports"}).Scope()
+	rec, err := s.Get(context.Background(), scope, "k")
+	if runs, _, _ := a.Runs("k"); runs != 0 || err != nil || rec.State != store.StatePending {
+		t.Fatalf("a request claimed as the worker stopped: ran %d times, record %s %v; want no run, pending", runs, rec.State, err)
+	}
+	WantAccepted(t, a.Do("GET", loc, "acme", "", ""), "")
+	if n, err := a.Worker.RunOnce(context.Background()); n != 1 || err != nil {
+		t.Fatalf("the next worker's claim: %d requests, %v; want the one back in the queue", n, err)
+	}
+	if runs, _, body := a.Runs("k"); runs != 1 || body != `{"n":1}` {
+		t.Fatalf("after the next worker: ran %d times with body %q", runs, body)
+	}
+	if got := a.Do("GET", loc, "acme", "", ""); got.Status != http.StatusCreated {
+		t.Fatalf("status after the run: %d %s", got.Status, got.Body)
+	}
+}
