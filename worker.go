@@ -247,6 +247,9 @@ func (w *Worker) requeue(ctx context.Context, x *Execution, rec store.Record) {
 			"scope", rec.Scope, "key", rec.Key, "err", err)
 		return
 	}
+	if rec.Request == nil {
+		return // a claim returns the request (store.Queue): nothing to queue without it
+	}
 	p := store.PendingParams{
 		ReserveParams: store.ReserveParams{
 			Scope: rec.Scope, Key: rec.Key, Fingerprint: rec.Fingerprint,
