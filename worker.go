@@ -179,7 +179,7 @@ func (w *Worker) run(ctx context.Context, rec store.Record, start time.Time) {
 	if ctx.Err() != nil {
 		// Stopped before it started: run now, its handler would only see
 		// its context ended, and its outcome would be recorded unknown.
-		// It had no effect: back to the queue.
+		// It had no effect, so it goes back to the queue instead.
 		w.requeue(ctx, x, rec)
 		return
 	}
