@@ -337,6 +337,18 @@ func testRedeliver[TTx any](t *testing.T, db database[TTx]) {
 	rec.wait(t, msg.Key, 1, time.Minute)
 	dead := waitState(t, o, msg.Key, "charge", outbox.Dead, time.Minute)
 
+	// An outbox of another queue on the same database neither lists nor
+	// moves it.
+	otherCfg := cfg
+	otherCfg.Queue, otherCfg.OnDead = "other_outbox", nil
+	other := db.newOutbox(t, otherCfg)
+	if letters, err := other.DeadLetters(ctx, 10); err != nil || len(letters) != 0 {
+		t.Errorf("DeadLetters of another queue: %+v %v; want none", letters, err)
+	}
+	if _, err := other.Redeliver(ctx, msg.Key, "charge"); err == nil || !strings.Contains(err.Error(), `died in queue "idem_outbox"`) {
+		t.Errorf("Redeliver from another queue: %v; want a refusal naming the queue", err)
+	}
+
 	mended.Store(true)
 	d, err := o.Redeliver(ctx, msg.Key, "charge")
 	if err != nil || d.State != outbox.Pending || d.JobID == dead.JobID {

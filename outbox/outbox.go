@@ -508,9 +508,10 @@ func (o *Outbox[TTx]) delivery(ctx context.Context, key, kind string) (Delivery,
 // what killed the message (a provider that was down). The payload comes
 // from the dead job, so a message whose job River has already cleaned
 // (after DeadLetterRetention) cannot be redelivered: it must be enqueued
-// again with EnqueueTx. It returns ErrNotFound for a message the outbox
-// does not know and ErrNotDead for one pending or delivered, and the
-// message's Delivery after it is enqueued.
+// again with EnqueueTx; nor can one that died in another outbox's Queue.
+// It returns ErrNotFound for a message the outbox does not know and
+// ErrNotDead for one pending or delivered, and the message's Delivery
+// after it is enqueued.
 func (o *Outbox[TTx]) Redeliver(ctx context.Context, key, kind string) (Delivery, error) {
 	d, job, err := o.delivery(ctx, key, kind)
 	switch {
@@ -520,6 +521,11 @@ func (o *Outbox[TTx]) Redeliver(ctx context.Context, key, kind string) (Delivery
 		return d, fmt.Errorf("%w: %s %q is %s", ErrNotDead, kind, key, d.State)
 	case job == nil:
 		return d, fmt.Errorf("outbox: redeliver %s %q: its dead job %d is no longer kept (DeadLetterRetention); enqueue it again with EnqueueTx", kind, key, d.JobID)
+	case job.Queue != o.cfg.Queue:
+		// Enqueued again here, it would move to this outbox's queue,
+		// whose workers may not be the ones that deliver it.
+		return d, fmt.Errorf("outbox: redeliver %s %q: it died in queue %q, not this outbox's %q; redeliver it from an outbox on that queue",
+			kind, key, job.Queue, o.cfg.Queue)
 	}
 	msg, err := messageOf(job)
 	if err != nil {
@@ -548,10 +554,12 @@ func fill(d *Delivery, job *rivertype.JobRow, settledAt time.Time) {
 	}
 }
 
-// DeadLetters returns up to limit dead-lettered messages, most recently
-// dead first, settled by OnDead or not (Delivery.SettledAt). They are read
-// from River's job table (discarded and cancelled jobs of the outbox's
-// kind) and kept only while they still carry an undelivered message: a
+// DeadLetters returns up to limit dead-lettered messages of the outbox's
+// Queue, most recently dead first, settled by OnDead or not
+// (Delivery.SettledAt). They are read from River's job table (discarded
+// and cancelled jobs of the outbox's kind and queue: outboxes with queues
+// of their own on one database list only their own) and kept only while
+// they still carry an undelivered message: a
 // message enqueued again after it died is no longer listed. River keeps
 // them for Config.DeadLetterRetention.
 func (o *Outbox[TTx]) DeadLetters(ctx context.Context, limit int) ([]Delivery, error) {
@@ -561,6 +569,7 @@ func (o *Outbox[TTx]) DeadLetters(ctx context.Context, limit int) ([]Delivery, e
 	page := min(limit, 1000) // River lists at most 10,000 jobs at once
 	params := river.NewJobListParams().
 		Kinds(jobKind).
+		Queues(o.cfg.Queue).
 		States(rivertype.JobStateDiscarded, rivertype.JobStateCancelled).
 		OrderBy(river.JobListOrderByFinalizedAt, river.SortOrderDesc).
 		First(page)
