@@ -40,6 +40,7 @@ var commands = []command{
 	{"sweep", "move in-progress records whose lease expired to unknown, once", runSweep},
 	{"reap", "delete expired records and close abandoned ones, once", runReap},
 	{"reconcile", "list and settle records whose outcome is unknown (list, resolve, run)", runReconcile},
+	{"outbox", "list dead-lettered outbox messages, show one, deliver one anew (dead, show, redeliver)", runOutbox},
 	{"check", "run the idempotency checklist against any HTTP API (exit 1 on a failed check)", runCheck},
 	{"bench", "load an API with duplicate keys; latency of executions, replays and 409s", runBench},
 	{"demo", "show idem at work: a fake API, the proxy in front, a scripted tour", runDemo},

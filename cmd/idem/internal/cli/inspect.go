@@ -62,18 +62,27 @@ func textual(mt string) bool {
 	return strings.HasSuffix(sub, "+json") || strings.HasSuffix(sub, "+xml") || strings.HasSuffix(sub, "+yaml")
 }
 
+// fieldList prints "name: value" lines for a person, the values aligned.
+type fieldList struct{ tw *tabwriter.Writer }
+
+func newFieldList(w io.Writer) fieldList { return fieldList{tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)} }
+
+func (f fieldList) row(name, format string, a ...any) {
+	fmt.Fprintf(f.tw, "%s:\t"+format+"\n", append([]any{name}, a...)...)
+}
+
+// at is the row of a time, left out when it is zero.
+func (f fieldList) at(name string, t time.Time) {
+	if !t.IsZero() {
+		f.row(name, "%s", t.UTC().Format(time.RFC3339Nano))
+	}
+}
+
 // printRecord prints rec for a person: the record's fields, then the
 // stored answer as an HTTP response would read.
 func printRecord(w io.Writer, rec store.Record) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	row := func(name, format string, a ...any) {
-		fmt.Fprintf(tw, "%s:\t"+format+"\n", append([]any{name}, a...)...)
-	}
-	at := func(name string, t time.Time) {
-		if !t.IsZero() {
-			row(name, "%s", t.UTC().Format(time.RFC3339Nano))
-		}
-	}
+	f := newFieldList(w)
+	row, at := f.row, f.at
 	row("scope", "%q", rec.Scope)
 	row("key", "%q", rec.Key)
 	row("state", "%s", rec.State)
@@ -99,7 +108,7 @@ func printRecord(w io.Writer, rec store.Record) error {
 		row("reconcile attempts", "%d", rec.ReconcileAttempts)
 		at("dead-lettered", rec.DeadLetteredAt)
 	}
-	if err := tw.Flush(); err != nil {
+	if err := f.tw.Flush(); err != nil {
 		return err
 	}
 	if rec.State == store.StateUnknown {

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -154,9 +153,7 @@ func runKeysList(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		page.Next = next.String()
 	}
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(page)
+		return writeJSON(stdout, page)
 	}
 	return printKeysPage(stdout, stderr, page)
 }

@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -281,13 +280,11 @@ JSON object instead (the body as "body" text or "body_base64").
 		}
 	}
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
 		v := viewRecord(rec)
 		if rec.State == store.StateUnknown {
 			viewRequest(&v, &rec) // Get reads it; a list does not
 		}
-		return enc.Encode(v)
+		return writeJSON(stdout, v)
 	}
 	return printRecord(stdout, rec)
 }

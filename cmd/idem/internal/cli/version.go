@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"runtime"
@@ -87,9 +86,7 @@ reports.`, stderr)
 	}
 	b := readBuildInfo()
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(b)
+		return writeJSON(stdout, b)
 	}
 	_, err := fmt.Fprintln(stdout, b)
 	return err
