@@ -266,8 +266,9 @@ EnqueueTx of the same key, kind, fence and payload would: a new job with
 --max-attempts attempts, which the application's workers deliver; if it
 dies too, it is a new dead letter. The provider sees the same key, so a
 charge it already made is answered, not made twice. Refused for a message
-that is pending or delivered, and for one whose dead job River no longer
-keeps (past DeadLetterRetention). Prints the message afterwards.`, stderr)
+that is pending or delivered, for one that died in another queue than
+--queue, and for one whose dead job River no longer keeps (past
+DeadLetterRetention). Prints the message afterwards.`, stderr)
 	var o outboxFlags
 	o.register(fs)
 	fs.IntVar(&o.maxAttempts, "max-attempts", outbox.DefaultMaxAttempts, "delivery attempts of the new job, `N` (the application's Config.MaxAttempts)")
