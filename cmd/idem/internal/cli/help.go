@@ -113,7 +113,7 @@ var helpDocs = map[string]helpDoc{
 	"outbox dead": {examples: []string{
 		"# the newest 50 dead letters of the default queue",
 		"idem outbox dead --store postgres://app@db/app",
-		"idem outbox dead --store sqlite:app.db --queue payments --limit 500 --json",
+		"idem outbox dead --store postgres://app@db/app --queue payments --limit 500 --json",
 	}},
 	"outbox show": {examples: []string{
 		"# the key outbox.KeyFor gave the message (idem outbox dead lists it)",
