@@ -107,21 +107,22 @@ var helpDocs = map[string]helpDoc{
 		"idem reconcile run --resolve-url http://api:3000/internal/resolve --batch 500 --progress",
 	}},
 	"outbox": {examples: []string{
-		"idem outbox dead --store postgres://app@db/app",
+		"idem outbox dead",
 		"idem outbox redeliver --store postgres://app@db/app --kind charge idem_MnaYiURNN8vF2Oofuv3GCyBe-eMEWIv-6QdEAw960OI",
 	}},
 	"outbox dead": {examples: []string{
-		"# the newest 50 dead letters of the default queue",
-		"idem outbox dead --store postgres://app@db/app",
+		"# the newest 50 dead letters of the default queue, in ./idem.db",
+		"idem outbox dead",
 		"idem outbox dead --store postgres://app@db/app --queue payments --limit 500 --json",
 	}},
 	"outbox show": {examples: []string{
 		"# the key outbox.KeyFor gave the message (idem outbox dead lists it)",
-		"idem outbox show --store postgres://app@db/app --kind charge idem_MnaYiURNN8vF2Oofuv3GCyBe-eMEWIv-6QdEAw960OI",
+		"idem outbox show --kind charge idem_MnaYiURNN8vF2Oofuv3GCyBe-eMEWIv-6QdEAw960OI",
 	}},
 	"outbox redeliver": {examples: []string{
 		"# once the provider is back: the same key, fence and payload, 10 attempts",
 		"idem outbox redeliver --store postgres://app@db/app --kind charge idem_MnaYiURNN8vF2Oofuv3GCyBe-eMEWIv-6QdEAw960OI",
+		"idem outbox redeliver --kind charge --json idem_MnaYiURNN8vF2Oofuv3GCyBe-eMEWIv-6QdEAw960OI",
 	}},
 	"check": {examples: []string{
 		"# against idem proxy --tenant-from authorization: each caller sends its credential",
