@@ -215,6 +215,76 @@ func TestAsyncStatusOfADeadWorkersRequest(t *testing.T) {
 	}
 }
 
+// Starting a running worker does nothing: one Stop stops it, and nothing
+// claims requests afterwards.
+func TestAsyncWorkerStartedTwice(t *testing.T) {
+	a := enginetest.NewAsyncApp(t, memory.New(memory.Config{}), idem.Config{})
+	for range 2 {
+		if err := a.Worker.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := a.Worker.Stop(ctx); err != nil {
+		t.Fatalf("Stop after two Starts: %v (a loop outlived it)", err)
+	}
+	a.Post("acme", "after-stop", `{}`)
+	time.Sleep(4 * idem.DefaultWorkerPoll)
+	if runs, _, _ := a.Runs("after-stop"); runs != 0 {
+		t.Fatalf("a request accepted after Stop ran %d times: a worker loop outlived Stop", runs)
+	}
+}
+
+// A request whose handler failed without effect (a 503, released): its
+// status says so (409 request-failed), and a retry of it queues it again.
+func TestAsyncStatusOfAFailedRequest(t *testing.T) {
+	s := memory.New(memory.Config{})
+	e, err := idem.New(s, idem.Config{Async: true, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var down atomic.Bool
+	down.Store(true)
+	w, err := e.NewWorker(idem.WorkerConfig{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if down.Load() {
+			http.Error(w, "downstream unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := e.Middleware(http.NotFoundHandler())
+	post := func() *httptest.ResponseRecorder {
+		r := httptest.NewRequest("POST", "/v1/reports", strings.NewReader(`{}`))
+		r.Header.Set("Idempotency-Key", `"r-1"`)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		return rec
+	}
+	first := post()
+	if first.Code != http.StatusAccepted {
+		t.Fatalf("POST: %d %s", first.Code, first.Body)
+	}
+	if n, err := w.RunOnce(context.Background()); n != 1 || err != nil {
+		t.Fatalf("RunOnce: %d %v", n, err)
+	}
+	status := httptest.NewRecorder()
+	e.StatusHandler().ServeHTTP(status, httptest.NewRequest("GET", first.Header().Get("Location"), nil))
+	if status.Code != http.StatusConflict || !strings.Contains(status.Body.String(), idem.SlugRequestFailed) {
+		t.Fatalf("status of a failed request: %d %s; want 409 %s", status.Code, status.Body, idem.SlugRequestFailed)
+	}
+	down.Store(false)
+	if got := post(); got.Code != http.StatusAccepted {
+		t.Fatalf("retry of a failed request: %d %s; want 202, queued again", got.Code, got.Body)
+	}
+	if n, err := w.RunOnce(context.Background()); n != 1 || err != nil {
+		t.Fatalf("RunOnce after the retry: %d %v", n, err)
+	}
+}
+
 // A worker stopped while it claims: the request goes back to the queue
 // (enginetest.AsyncStopWhileClaiming; the integration module runs it on
 // the other stores).

@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"fmt"
 	"net/http"
 	"reflect"
 	"strings"
@@ -28,6 +29,17 @@ func TestReuseScope(t *testing.T) {
 	}
 	for _, r := range [][3]string{{"u", "POST", "/a"}, {"t", "PUT", "/a"}, {"t", "POST", "/b"}, {"", "POST", "/a"}} {
 		scope(r[0], r[1], r[2])
+	}
+	// Operations that share a slot take turns and never get each other's
+	// scope: methods of one length on one route always share one, and
+	// 64 slots hold many tenants of one route. Another tenant's scope
+	// would replay one tenant's stored answers to another.
+	for range 2 {
+		scope("t", "PUT", "/a")
+		scope("t", "GET", "/a")
+		for i := range 300 {
+			scope(fmt.Sprint("tenant-", i), "POST", "/v1/charges")
+		}
 	}
 }
 

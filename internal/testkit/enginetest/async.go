@@ -369,6 +369,12 @@ func AsyncStopWhileClaiming(t *testing.T, s store.Store) {
 	if runs, _, _ := a.Runs("k"); runs != 0 || err != nil || rec.State != store.StatePending {
 		t.Fatalf("a request claimed as the worker stopped: ran %d times, record %s %v; want no run, pending", runs, rec.State, err)
 	}
+	// Back in the queue with AsyncWait (1h by default) to be claimed in,
+	// not a worker's lease: it must not expire as unclaimed (408) while
+	// the workers restart.
+	if wait := time.Until(rec.LockedUntil); wait < 50*time.Minute {
+		t.Fatalf("the requeued request must be claimed within %v; want about AsyncWait, 1h", wait)
+	}
 	WantAccepted(t, a.Do("GET", loc, "acme", "", ""), "")
 	if n, err := a.Worker.RunOnce(context.Background()); n != 1 || err != nil {
 		t.Fatalf("the next worker's claim: %d requests, %v; want the one back in the queue", n, err)
