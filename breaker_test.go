@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -173,6 +174,52 @@ func TestBreakerNeedsFailuresInARow(t *testing.T) {
 	}
 	if got := b.obs.Events()["breaker_opened"]; got != 0 {
 		t.Fatalf("breaker opened %d times on alternating failures", got)
+	}
+}
+
+// A tenant at its cap is refused by the store (ErrOverCap): an answer
+// about the tenant, not a store failure. However many such refusals come
+// in a row, the breaker stays closed for every other request.
+func TestBreakerIgnoresRefusalsAtTheTenantCap(t *testing.T) {
+	t.Parallel()
+	b := newBreakerEnv(t, idem.Config{BreakerFailures: 2, TenantMaxActive: 1})
+	held := store.ReserveParams{Scope: "0:POST /v1/held", Key: "held", Fingerprint: "f", Lease: time.Hour, TTL: time.Hour,
+		LeasePolicy: store.LeaseUnknown}
+	res, err := b.st.Reserve(context.Background(), held)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 4 {
+		b.want(http.StatusTooManyRequests, "a new key at the tenant's cap")
+	}
+	if err := b.st.Release(context.Background(), store.ReleaseParams{FenceParams: store.FenceParams{
+		Scope: held.Scope, Key: held.Key, Fence: res.Record.Fence}}); err != nil {
+		t.Fatal(err)
+	}
+	b.want(http.StatusCreated, "a new key once the cap has room")
+	if got := b.obs.Events()["breaker_opened"]; got != 0 {
+		t.Fatalf("breaker opened %d times on refusals at the tenant cap", got)
+	}
+}
+
+// A reservation that fails after its caller left (a client that hung up)
+// tells nothing about the store: a burst of them does not open the
+// breaker for the clients that stay.
+func TestBreakerIgnoresFailuresOfCallersThatLeft(t *testing.T) {
+	t.Parallel()
+	b := newBreakerEnv(t, idem.Config{BreakerFailures: 2})
+	b.st.Down.Store(true)
+	for i := range 4 {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		r := httptest.NewRequestWithContext(ctx, "POST", "/v1/slow", strings.NewReader(`{}`))
+		r.Header.Set("Idempotency-Key", fmt.Sprint("gone-", i))
+		b.h.ServeHTTP(httptest.NewRecorder(), r)
+	}
+	b.st.Down.Store(false)
+	b.want(http.StatusCreated, "a request after callers that left")
+	if got := b.obs.Events()["breaker_opened"]; got != 0 {
+		t.Fatalf("breaker opened %d times on failures of callers that had left", got)
 	}
 }
 
