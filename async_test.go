@@ -2,6 +2,7 @@ package idem_test
 
 import (
 	"context"
+	"fmt"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -236,6 +237,42 @@ func TestAsyncWorkerStartedTwice(t *testing.T) {
 	}
 }
 
+// A worker sleeps Poll only when the queue was empty: a backlog runs
+// back to back, here with a Poll of an hour.
+func TestAsyncWorkerDrainsABacklogWithoutPolling(t *testing.T) {
+	e, err := idem.New(memory.New(memory.Config{}), idem.Config{Async: true, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ran atomic.Int64
+	w, err := e.NewWorker(idem.WorkerConfig{Poll: time.Hour, Concurrency: 2, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ran.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := e.Middleware(http.NotFoundHandler())
+	const backlog = 10
+	for i := range backlog {
+		r := httptest.NewRequest("POST", "/v1/reports", strings.NewReader(`{}`))
+		r.Header.Set("Idempotency-Key", fmt.Sprintf(`"b-%d"`, i))
+		rec := httptest.NewRecorder()
+		if h.ServeHTTP(rec, r); rec.Code != http.StatusAccepted {
+			t.Fatalf("POST %d: %d %s", i, rec.Code, rec.Body)
+		}
+	}
+	if err := w.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop(context.Background())
+	for deadline := time.Now().Add(10 * time.Second); ran.Load() < backlog; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of a backlog of %d ran: the worker waited Poll between requests", ran.Load(), backlog)
+		}
+	}
+}
+
 // A request whose handler failed without effect (a 503, released): its
 // status says so (409 request-failed), and a retry of it queues it again.
 func TestAsyncStatusOfAFailedRequest(t *testing.T) {
@@ -267,6 +304,11 @@ func TestAsyncStatusOfAFailedRequest(t *testing.T) {
 	first := post()
 	if first.Code != http.StatusAccepted {
 		t.Fatalf("POST: %d %s", first.Code, first.Body)
+	}
+	head := httptest.NewRecorder()
+	e.StatusHandler().ServeHTTP(head, httptest.NewRequest("HEAD", first.Header().Get("Location"), nil))
+	if head.Code != http.StatusAccepted {
+		t.Fatalf("HEAD of the status of a pending request: %d, want 202 as GET", head.Code)
 	}
 	if n, err := w.RunOnce(context.Background()); n != 1 || err != nil {
 		t.Fatalf("RunOnce: %d %v", n, err)

@@ -539,8 +539,14 @@ func TestStoreDownAtComplete(t *testing.T) {
 	f := newFixture(t, idem.Config{Lease: 200 * time.Millisecond}, nil)
 	f.store.FailCompletes.Store(1 << 30)
 	// The client still gets the response it earned.
-	if w := f.do(post(uuid, `{}`)); w.Code != 201 || !strings.Contains(w.Body.String(), "ch_1") {
+	w := f.do(post(uuid, `{}`))
+	if w.Code != 201 || !strings.Contains(w.Body.String(), "ch_1") {
 		t.Fatalf("response when Complete failed: %d %q", w.Code, w.Body)
+	}
+	// No expiry is promised for an answer that was not stored: no retry
+	// will replay it.
+	if got := w.Header().Get(idem.ExpiresHeader); got != "" {
+		t.Errorf("%s: %s on an answer whose completion was not stored", idem.ExpiresHeader, got)
 	}
 	if n := f.store.Completes.Load(); n < 2 {
 		t.Fatalf("Complete tried %d times, want retries", n)
