@@ -2,8 +2,8 @@ package idem_test
 
 import (
 	"context"
-	"fmt"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
