@@ -2,6 +2,7 @@ package idem_test
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -269,6 +270,43 @@ func TestAsyncWorkerDrainsABacklogWithoutPolling(t *testing.T) {
 	for deadline := time.Now().Add(10 * time.Second); ran.Load() < backlog; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d of a backlog of %d ran: the worker waited Poll between requests", ran.Load(), backlog)
+		}
+	}
+}
+
+// RunOnce with an ended context claims nothing: the requests stay
+// pending for the next worker, their AsyncWait untouched.
+func TestAsyncRunOnceAfterItsContextEnded(t *testing.T) {
+	a := enginetest.NewAsyncApp(t, memory.New(memory.Config{}), idem.Config{})
+	a.Post("acme", "k", `{}`)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if n, err := a.Worker.RunOnce(ctx); n != 0 || !errors.Is(err, context.Canceled) {
+		t.Fatalf("RunOnce with an ended context: %d, %v; want 0, context.Canceled", n, err)
+	}
+	if n, err := a.Worker.RunOnce(context.Background()); n != 1 || err != nil {
+		t.Fatalf("the next RunOnce: %d %v; want the request", n, err)
+	}
+}
+
+// ParseStatusID reads back what StatusLocation wrote, and refuses an id
+// without a key or that is not one.
+func TestParseStatusID(t *testing.T) {
+	e, err := idem.New(memory.New(memory.Config{}), idem.Config{Async: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	loc := e.StatusLocation("POST", "/v1/reports", "k-1")
+	m, route, key, ok := idem.ParseStatusID(strings.TrimPrefix(loc, idem.DefaultStatusPath))
+	if !ok || m != "POST" || route != "/v1/reports" || key != "k-1" {
+		t.Fatalf("ParseStatusID(%q) = %q %q %q %v", loc, m, route, key, ok)
+	}
+	for _, id := range []string{
+		strings.TrimPrefix(e.StatusLocation("POST", "/v1/reports", ""), idem.DefaultStatusPath),
+		"not base64!", "", base64.RawURLEncoding.EncodeToString([]byte("POST /v1/reports")),
+	} {
+		if _, _, _, ok := idem.ParseStatusID(id); ok {
+			t.Errorf("ParseStatusID(%q) accepted", id)
 		}
 	}
 }

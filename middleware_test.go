@@ -682,6 +682,35 @@ func TestLargeResponseKeptWithoutBody(t *testing.T) {
 	}
 }
 
+// An answer of exactly MaxResponseBytes is within the limit: stored whole
+// and replayed whole, through the middleware and through Run.
+func TestResponseAtTheLimitKeptWhole(t *testing.T) {
+	t.Parallel()
+	body := strings.Repeat("y", 1000)
+	f := newFixture(t, idem.Config{MaxResponseBytes: len(body)}, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(201)
+		io.WriteString(w, body[:500])
+		io.WriteString(w, body[500:])
+	})
+	f.do(post(uuid, `{}`))
+	if w := f.do(post(uuid, `{}`)); w.Code != 201 || w.Body.String() != body || w.Header().Get("Idempotent-Body-Omitted") != "" {
+		t.Fatalf("replay of an answer at the limit: %d, %d bytes, %v", w.Code, w.Body.Len(), w.Header())
+	}
+
+	e, err := idem.New(memory.New(memory.Config{}), idem.Config{MaxResponseBytes: len(body), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := idem.Call{Method: "POST", Route: "/v1/run", Target: "/v1/run", Keys: []string{"k"}}
+	run := func(context.Context) idem.Result {
+		return idem.Result{Response: store.Response{Status: 201, Body: []byte(body)}}
+	}
+	e.Run(context.Background(), c, run)
+	if a := e.Run(context.Background(), c, run); a.Verdict != idem.Replayed || string(a.Response.Body) != body || a.Response.BodyOmitted {
+		t.Fatalf("Run's replay of an answer at the limit: %v, %d bytes, omitted %v", a.Verdict, len(a.Response.Body), a.Response.BodyOmitted)
+	}
+}
+
 func TestUnprotectedMethodsPassThrough(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, idem.Config{}, func(w http.ResponseWriter, r *http.Request) {
