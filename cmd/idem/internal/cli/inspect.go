@@ -71,6 +71,8 @@ func (f fieldList) row(name, format string, a ...any) {
 	fmt.Fprintf(f.tw, "%s:\t"+format+"\n", append([]any{name}, a...)...)
 }
 
+func (f fieldList) flush() error { return f.tw.Flush() }
+
 // at is the row of a time, left out when it is zero.
 func (f fieldList) at(name string, t time.Time) {
 	if !t.IsZero() {
@@ -108,7 +110,7 @@ func printRecord(w io.Writer, rec store.Record) error {
 		row("reconcile attempts", "%d", rec.ReconcileAttempts)
 		at("dead-lettered", rec.DeadLetteredAt)
 	}
-	if err := f.tw.Flush(); err != nil {
+	if err := f.flush(); err != nil {
 		return err
 	}
 	if rec.State == store.StateUnknown {

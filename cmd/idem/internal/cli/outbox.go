@@ -147,7 +147,7 @@ func printDelivery(w io.Writer, d outbox.Delivery) error {
 	at("delivered", d.DeliveredAt)
 	at("settled", d.SettledAt)
 	row("job", "%d", d.JobID)
-	return f.tw.Flush()
+	return f.flush()
 }
 
 // writeJSON prints v as indented JSON, the --json form of every command
