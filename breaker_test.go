@@ -223,6 +223,37 @@ func TestBreakerIgnoresFailuresOfCallersThatLeft(t *testing.T) {
 	}
 }
 
+// countingFlaky is a Flaky store that counts its active records
+// (StoreMaxActive) and the calls that count them.
+type countingFlaky struct {
+	*enginetest.Flaky
+	counts atomic.Int64
+}
+
+func (c *countingFlaky) CountActive(ctx context.Context, limit int) (int, error) {
+	c.counts.Add(1)
+	return c.Flaky.Store.(store.ActiveCounter).CountActive(ctx, limit)
+}
+
+// The count behind StoreMaxActive is a store call like the reservation:
+// while the breaker is open it is refused without calling the store, and
+// the client gets the breaker's 503 at once.
+func TestBreakerGatesTheActiveCount(t *testing.T) {
+	t.Parallel()
+	var c *countingFlaky
+	b := newBreakerEnvOver(t, idem.Config{BreakerFailures: 2, BreakerOpen: 10 * time.Second, StoreMaxActive: 100},
+		func(f *enginetest.Flaky) store.Store { c = &countingFlaky{Flaky: f}; return c })
+	b.st.Down.Store(true)
+	b.want(http.StatusServiceUnavailable, "first failure")
+	b.want(http.StatusServiceUnavailable, "second failure: the breaker opens")
+	counts := c.counts.Load()
+	b.clk.Advance(2 * idem.DefaultStoreActiveRecount) // a new count falls due
+	b.want(http.StatusServiceUnavailable, "while the breaker is open")
+	if got := c.counts.Load(); got != counts {
+		t.Fatalf("the store counted its active records %d times while the breaker was open", got-counts)
+	}
+}
+
 // Half-open, one probe at a time: while the probe waits for the store,
 // other requests get 503 without calling it.
 func TestBreakerSingleProbe(t *testing.T) {
