@@ -54,3 +54,26 @@ func TestTenantLimiterPrunesRarely(t *testing.T) {
 		t.Fatalf("%d buckets, threshold %d", l.size(), l.prune)
 	}
 }
+
+// A refund never lifts a bucket past its burst: a token taken, then
+// refilled by time, then refunded leaves the burst, not one more.
+func TestTenantLimiterRefundStaysWithinTheBurst(t *testing.T) {
+	l := newTenantLimiter(1, 2)
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	if ok, _ := l.take("t", now); !ok {
+		t.Fatal("first key refused")
+	}
+	now = now.Add(time.Hour) // refilled to the burst meanwhile
+	l.take("t", now)
+	l.refund("t")
+	l.refund("t") // the first call's refund, late
+	n := 0
+	for ; n < 10; n++ {
+		if ok, _ := l.take("t", now); !ok {
+			break
+		}
+	}
+	if n != 2 {
+		t.Fatalf("%d keys admitted at once after the refunds; the burst is 2", n)
+	}
+}

@@ -336,6 +336,22 @@ func TestNewKeyRateNeedsNoTenant(t *testing.T) {
 	}
 }
 
+// A key the server-wide rate refuses costs its tenant nothing: the
+// tenant's token is given back, and once the server has tokens again the
+// tenant gets its whole burst.
+func TestNewKeyRateRefusalRefundsTheTenant(t *testing.T) {
+	t.Parallel()
+	te := newTenantEnv(t, idem.Config{NewKeyRate: 1, NewKeyBurst: 1, TenantRate: 0.001, TenantBurst: 2})
+	te.want("other", "k0", http.StatusCreated) // the server's one token
+	for i := range 3 {
+		te.wantLimited("a", fmt.Sprint("k", i+1), idem.SlugNewKeysLimited, "1")
+	}
+	te.clk.Advance(time.Second)
+	te.want("a", "k4", http.StatusCreated)
+	te.clk.Advance(time.Second)
+	te.want("a", "k5", http.StatusCreated) // the tenant's second token, kept
+}
+
 // successRecorder records the tenants the engine reports a 2xx for.
 type successRecorder struct {
 	obstest.Recorder
