@@ -35,7 +35,10 @@ func TestCancelledStandbyWaitIsNotAcknowledged(t *testing.T) {
 			if out, err := pair.Primary.Psql("CREATE SCHEMA " + schema); err != nil {
 				t.Fatalf("%v: %s", err, out)
 			}
-			s, err := postgres.Open(ctx, pair.Primary.DSN(), postgres.Config{Schema: schema, ForceBatches: batched, MaxConns: 4})
+			// No standby watch: its checks would wait for the standby too,
+			// and cancelStandbyWait must find the operation's wait alone.
+			s, err := postgres.Open(ctx, pair.Primary.DSN(), postgres.Config{Schema: schema, ForceBatches: batched, MaxConns: 4,
+				StandbyCheck: -1})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -108,7 +111,11 @@ func TestCancelledStandbyWaitIsNotAcknowledged(t *testing.T) {
 func cancelStandbyWait(t *testing.T, primary *pgcluster.Cluster, op func(context.Context) error) error {
 	t.Helper()
 	done := make(chan error, 1)
-	go func() { done <- op(context.Background()) }()
+	// Bounded, so that a wait this function failed to cancel ends all the
+	// same (pgx cancels it) and the store can close after a failure.
+	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+	defer cancel()
+	go func() { done <- op(ctx) }()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		select {
@@ -218,7 +225,8 @@ func TestLostCompletionIsConfirmedByTheStandby(t *testing.T) {
 func terminateStandbyWait(primary *pgcluster.Cluster) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
-		pid, err := primary.Psql("SELECT pid FROM pg_stat_activity WHERE wait_event = 'SyncRep'")
+		// Not the standby watch's checks, which wait for the standby too.
+		pid, err := primary.Psql("SELECT pid FROM pg_stat_activity WHERE wait_event = 'SyncRep' AND query NOT LIKE '%pg_logical_emit_message%'")
 		if err != nil {
 			return fmt.Errorf("pg_stat_activity: %v %s", err, pid)
 		}
