@@ -3,11 +3,13 @@ package idem_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -401,6 +403,78 @@ func TestRenewalRetriesSoonAfterAFailure(t *testing.T) {
 	clk.Advance(2 * time.Second)
 	if n := s.Extends.Load(); n != 2 {
 		t.Fatalf("%d renewals at +12s, want 2 (the failed one retried within a thirtieth of the lease)", n)
+	}
+	close(release)
+	<-done
+}
+
+// scriptedExtends records when each lease renewal reached the store and
+// fails those that fail says should.
+type scriptedExtends struct {
+	store.Store
+	clk  *stepClock
+	fail []bool
+	mu   sync.Mutex
+	at   []time.Time
+}
+
+func (s *scriptedExtends) Extend(ctx context.Context, p store.ExtendParams) error {
+	s.mu.Lock()
+	n := len(s.at)
+	s.at = append(s.at, s.clk.Now())
+	s.mu.Unlock()
+	if n < len(s.fail) && s.fail[n] {
+		return store.Retryable(errors.New("connection refused"))
+	}
+	return s.Store.Extend(ctx, p)
+}
+
+func (s *scriptedExtends) times() []time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.at)
+}
+
+// Failed renewals are retried after a thirtieth of the lease, doubling
+// (with jitter, between half and all of each pause), so that a short outage
+// does not eat the lease and a long one is not hammered; a renewal that
+// succeeds starts the count again, and the next one is due Lease/3 later.
+func TestRenewalBackoffDoublesAndResets(t *testing.T) {
+	t.Parallel()
+	const lease = 30 * time.Second
+	clk := newStepClock()
+	s := &scriptedExtends{Store: memory.New(memory.Config{Clock: clk.Now}), clk: clk,
+		fail: []bool{true, true, true, false, true, false}}
+	e, err := idem.New(s, idem.Config{Lease: lease, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	idem.SetClock(e, clk)
+	started, release := make(chan *idem.Execution, 1), make(chan struct{})
+	h := e.Middleware(holdingHandler(started, release))
+	done := make(chan struct{})
+	go func() { sendKeyed(h, "k"); close(done) }()
+	<-started
+	for i := 0; i < 600 && len(s.times()) < 7; i++ {
+		clk.Advance(100 * time.Millisecond)
+	}
+	at := s.times()
+	if len(at) < 7 {
+		t.Fatalf("%d renewals in a minute", len(at))
+	}
+	step := lease / 30
+	want := []struct{ lo, hi time.Duration }{
+		{step / 2, step},       // after the first failure
+		{step, 2 * step},       // the second
+		{2 * step, 4 * step},   // the third
+		{lease / 3, lease / 3}, // after a success
+		{step / 2, step},       // a failure after a success: the count started again
+		{lease / 3, lease / 3},
+	}
+	for i, w := range want {
+		if gap := at[i+1].Sub(at[i]); gap < w.lo || gap > w.hi {
+			t.Errorf("pause %d: %v, want between %v and %v (renewals at %v)", i+1, gap, w.lo, w.hi, at)
+		}
 	}
 	close(release)
 	<-done

@@ -5,11 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -499,6 +501,49 @@ func TestStoreDownAtReserveFailsClosed(t *testing.T) {
 	}
 }
 
+// refusingStore refuses every Reserve with err.
+type refusingStore struct {
+	store.Store
+	err error
+}
+
+func (s refusingStore) Reserve(context.Context, store.ReserveParams) (store.ReserveResult, error) {
+	return store.ReserveResult{}, s.err
+}
+
+// A store that refuses the reservation's parameters (a limit of its own
+// below the contract's) gives a definite answer about the client's
+// request, not an outage: the client is told so, with no Retry-After, and
+// the breaker that guards the store is not fed.
+func TestStoreRefusalOfParametersIsNotAnOutage(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		err    error
+		status int
+		slug   string
+	}{
+		{fmt.Errorf("%w: the key is longer than this store keeps", store.ErrTooLong), 414, "scope-too-long"},
+		{fmt.Errorf("%w: a scope this store cannot keep", store.ErrInvalidParams), 400, "scope-invalid"},
+	} {
+		var calls atomic.Int64
+		e, err := idem.New(refusingStore{memory.New(memory.Config{}), tc.err}, idem.Config{Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { calls.Add(1) }))
+		for range idem.DefaultBreakerFailures + 1 {
+			w := sendKeyed(h, "k")
+			enginetest.WantProblem(t, w, tc.status, tc.slug)
+			if w.Header().Get("Retry-After") != "" {
+				t.Fatalf("%v: a refusal with Retry-After: %v", tc.err, w.Header())
+			}
+		}
+		if calls.Load() != 0 {
+			t.Fatalf("%v: the handler ran", tc.err)
+		}
+	}
+}
+
 func TestStoreTimeoutAtReserveFailsClosed(t *testing.T) {
 	t.Parallel()
 	slow := &slowStore{Store: memory.New(memory.Config{}), delay: time.Second}
@@ -628,6 +673,15 @@ func TestBodyLimits(t *testing.T) {
 	w := httptest.NewRecorder()
 	f.h.ServeHTTP(w, r)
 	enginetest.WantProblem(t, w, 413, "body-too-large")
+	// A body longer than the length it declares (a request built by a
+	// framework or a test, not read off the wire by net/http) is refused:
+	// what the handler would read is not what was declared.
+	r = httptest.NewRequest("POST", "/v1/charges", strings.NewReader(`{"a":1}`))
+	r.ContentLength = 3
+	r.Header.Set("Idempotency-Key", uuid)
+	w = httptest.NewRecorder()
+	f.h.ServeHTTP(w, r)
+	enginetest.WantProblem(t, w, 400, "body-unreadable")
 	exact := `{"a":"` + strings.Repeat("x", 64-8) + `"}`
 	if w := f.do(post(uuid, exact)); w.Code != 201 {
 		t.Fatalf("body of exactly the limit: %d", w.Code)
@@ -1116,42 +1170,62 @@ func TestMethodsMatchAnyCase(t *testing.T) {
 // Replays filter the stored headers again, whoever stored them.
 func TestReplayFiltersStoredHeaders(t *testing.T) {
 	t.Parallel()
-	s := memory.New(memory.Config{})
-	e, _ := idem.New(s, idem.Config{Logger: slog.New(slog.DiscardHandler)})
-	body := []byte(`{"a":1}`)
-	fp, err := e.Fingerprint(idem.Call{Method: "POST", Route: "/v1/charges", Target: "/v1/charges", ContentType: "application/json", Body: body})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	res, err := s.Reserve(ctx, store.ReserveParams{Scope: "0:POST /v1/charges", Key: "k", Fingerprint: fp,
-		Lease: time.Minute, TTL: time.Hour, LeasePolicy: store.LeaseUnknown})
-	if err != nil {
-		t.Fatal(err)
-	}
 	// A record written without the engine's filter (an operator's tool).
-	err = s.Complete(ctx, store.CompleteParams{FenceParams: store.FenceParams{Scope: "0:POST /v1/charges", Key: "k", Fence: res.Record.Fence},
-		TTL: time.Hour, Response: store.Response{Status: 201, Body: []byte("ok"), Header: http.Header{
+	// With a Connection field the replay filters a copy; without one it
+	// filters as it writes: both drop the same fields.
+	for _, tc := range []struct {
+		name   string
+		header http.Header
+		want   []string // dropped
+	}{
+		{"with a Connection field", http.Header{
 			"Set-Cookie": {"session=other-callers"}, "Connection": {"X-Hop"}, "X-Hop": {"1"},
 			"X-Bad": {"a\nb"}, "X-Good": {"yes"},
 			// Other spellings, as a tool that kept the handler's map might.
 			"set-cookie": {"session=lowercase"}, "connection": {"x-hop2"}, "X-Hop2": {"2"}, "transfer-encoding": {"chunked"},
-		}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := httptest.NewRequest("POST", "/v1/charges", bytes.NewReader(body))
-	r.Header.Set("Content-Type", "application/json")
-	r.Header.Set("Idempotency-Key", "k")
-	w := httptest.NewRecorder()
-	e.Middleware(http.NotFoundHandler()).ServeHTTP(w, r)
-	if w.Code != 201 || w.Header().Get("X-Good") != "yes" || w.Header().Get("Idempotent-Replayed") != "true" {
-		t.Fatalf("replay: %d %v", w.Code, w.Header())
-	}
-	for _, h := range []string{"Set-Cookie", "Connection", "X-Hop", "X-Bad", "set-cookie", "connection", "X-Hop2", "transfer-encoding"} {
-		if _, ok := w.Header()[h]; ok {
-			t.Fatalf("replay carried %s", h)
-		}
+		}, []string{"Set-Cookie", "Connection", "X-Hop", "X-Bad", "set-cookie", "connection", "X-Hop2", "transfer-encoding"}},
+		{"without one", http.Header{
+			"X-Bad": {"a\r\nInjected: 1"}, "X-Nul": {"a\x00b"}, "X-Del": {"\x7f"}, "Bad Name": {"1"},
+			"Set-Cookie": {"session=other-callers"}, "Keep-Alive": {"timeout=5"}, "X-Good": {"yes"}, "X-Tab": {"a\tb"},
+		}, []string{"X-Bad", "X-Nul", "X-Del", "Bad Name", "Set-Cookie", "Keep-Alive"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := memory.New(memory.Config{})
+			e, _ := idem.New(s, idem.Config{Logger: slog.New(slog.DiscardHandler)})
+			body := []byte(`{"a":1}`)
+			fp, err := e.Fingerprint(idem.Call{Method: "POST", Route: "/v1/charges", Target: "/v1/charges", ContentType: "application/json", Body: body})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			res, err := s.Reserve(ctx, store.ReserveParams{Scope: "0:POST /v1/charges", Key: "k", Fingerprint: fp,
+				Lease: time.Minute, TTL: time.Hour, LeasePolicy: store.LeaseUnknown})
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = s.Complete(ctx, store.CompleteParams{FenceParams: store.FenceParams{Scope: "0:POST /v1/charges", Key: "k", Fence: res.Record.Fence},
+				TTL: time.Hour, Response: store.Response{Status: 201, Body: []byte("ok"), Header: tc.header}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := httptest.NewRequest("POST", "/v1/charges", bytes.NewReader(body))
+			r.Header.Set("Content-Type", "application/json")
+			r.Header.Set("Idempotency-Key", "k")
+			w := httptest.NewRecorder()
+			e.Middleware(http.NotFoundHandler()).ServeHTTP(w, r)
+			if w.Code != 201 || w.Header().Get("X-Good") != "yes" || w.Header().Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("replay: %d %v", w.Code, w.Header())
+			}
+			for _, h := range tc.want {
+				if _, ok := w.Header()[h]; ok {
+					t.Fatalf("replay carried %s", h)
+				}
+			}
+			if v, ok := tc.header["X-Tab"]; ok && !slices.Equal(w.Header()["X-Tab"], v) {
+				t.Fatalf("replay lost X-Tab (a tab is allowed in a value): %v", w.Header())
+			}
+		})
 	}
 }
 
