@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -18,9 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-go/idem/cmd/idem/internal/appoutbox"
 	"github.com/idem-go/idem/internal/testkit/testenv"
 	"github.com/idem-go/idem/outbox"
-	"github.com/idem-go/idem/store/sqlite"
 )
 
 // TestExamplesRun runs every example command that idem help prints and
@@ -309,48 +308,10 @@ func seedStore(t *testing.T, bin string) string {
 // idem outbox examples look at.
 func seedOutbox(t *testing.T, path string) {
 	t.Helper()
-	ctx := context.Background()
-	s, err := sqlite.Open(ctx, path, sqlite.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	ob, err := outbox.NewSQLite(s.DB(), outbox.Config{
-		MaxAttempts: 1, PollInterval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
-		Deliverers: map[string]outbox.Deliverer{"charge": outbox.DelivererFunc(func(context.Context, outbox.Message) (string, error) {
-			return "", errors.New("provider unavailable: 503")
-		})},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ob.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	key := outbox.KeyFor("0:POST /v1/payments", "order-42", "charge")
-	tx, err := s.DB().BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ob.EnqueueTx(ctx, tx, outbox.Message{Key: key, Kind: "charge", Fence: 1, Payload: []byte(`{"amount":4200}`)}); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
-	if err := ob.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer ob.Stop(ctx)
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		d, err := ob.Delivery(ctx, key, "charge")
-		if err == nil && d.State == outbox.Dead {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("seeded outbox message: %+v %v; want dead", d, err)
-		}
-	}
+	a := appoutbox.New(t, "sqlite:"+path)
+	defer a.Close()
+	key := outbox.KeyFor("0:POST /v1/payments", "order-42", appoutbox.Kind)
+	a.Dead(t, outbox.Message{Key: key, Kind: appoutbox.Kind, Fence: 1, Payload: []byte(`{"amount":4200}`)})
 }
 
 func copyDir(t *testing.T, from, to string) {
