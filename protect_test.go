@@ -436,6 +436,22 @@ func TestStoreMaxActive(t *testing.T) {
 	}
 }
 
+// A key refused at the store bound costs its tenant nothing: the tenant's
+// token is given back, and once the bound has room the tenant still has
+// its whole burst.
+func TestStoreMaxActiveRefusalRefundsTheTenant(t *testing.T) {
+	t.Parallel()
+	te := newTenantEnv(t, idem.Config{StoreMaxActive: 2, StoreActiveRecount: time.Second, TenantRate: 0.001, TenantBurst: 2})
+	release := te.holdRequests([2]string{"other", "held-0"}, [2]string{"another", "held-1"})
+	for i := range 3 {
+		te.wantRefused("a", fmt.Sprint("k", i), http.StatusServiceUnavailable, idem.SlugOverCapacity, "1")
+	}
+	release()
+	te.clk.Advance(time.Second)
+	te.want("a", "k3", http.StatusCreated)
+	te.want("a", "k4", http.StatusCreated) // the tenant's second token, kept
+}
+
 // The bound needs a store that counts its active records: New and With
 // refuse it over one that does not, and refuse a negative bound.
 func TestStoreMaxActiveNeedsAStoreThatCounts(t *testing.T) {
