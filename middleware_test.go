@@ -842,6 +842,52 @@ func TestFenceAndTakeover(t *testing.T) {
 	}
 }
 
+// A completion whose first attempt failed in a way that may have applied
+// it, and whose retry finds the record taken over and completed by another
+// execution with the very same answer, is not taken for its own: the
+// record holds the other execution's fence. The first caller gets the
+// answer its handler produced, without an expiry (its completion is not
+// the one stored), and the engine says it no longer held the record.
+func TestCompletionTakenOverIsNotTakenForOwn(t *testing.T) {
+	t.Parallel()
+	var logs bytes.Buffer
+	relA, relB := make(chan struct{}), make(chan struct{})
+	startedA, startedB := make(chan struct{}), make(chan struct{})
+	var n atomic.Int64
+	f := newFixture(t, idem.Config{LeasePolicy: store.LeaseRetry, Logger: slog.New(slog.NewTextHandler(&logs, nil))},
+		func(w http.ResponseWriter, r *http.Request) {
+			if n.Add(1) == 1 {
+				close(startedA)
+				<-relA
+			} else {
+				close(startedB)
+				<-relB
+			}
+			w.WriteHeader(201)
+			io.WriteString(w, `{"ok":true}`)
+		})
+	a := make(chan *httptest.ResponseRecorder, 1)
+	go func() { a <- f.do(post(uuid, `{}`)) }()
+	<-startedA
+	f.clock.Advance(31 * time.Second) // the first holder's lease lapses in store time
+	b := make(chan *httptest.ResponseRecorder, 1)
+	go func() { b <- f.do(post(uuid, `{}`)) }()
+	<-startedB
+	close(relB)
+	if w := <-b; w.Code != 201 || w.Header().Get(idem.ExpiresHeader) == "" {
+		t.Fatalf("the execution that took over: %d %v", w.Code, w.Header())
+	}
+	f.store.FailCompletes.Store(1)
+	close(relA)
+	w := <-a
+	if w.Code != 201 || w.Body.String() != `{"ok":true}` || w.Header().Get(idem.ExpiresHeader) != "" {
+		t.Fatalf("the first holder: %d %q %v, want its answer without an expiry", w.Code, w.Body, w.Header())
+	}
+	if l := logs.String(); !strings.Contains(l, "no longer holds the record") || strings.Contains(l, "outcome recorded") {
+		t.Fatalf("logs: %s", l)
+	}
+}
+
 func TestClientDisconnectMidRequest(t *testing.T) {
 	t.Parallel()
 	s := memory.New(memory.Config{})
