@@ -242,6 +242,10 @@ func TestJSONCanonical(t *testing.T) {
 			"{\"\u00e9\":7,\"\u20ac\":3,\"\U0001F602\":2,\"\U0010FFFF\":6,\"\uE000\":4,\"\ufb33\":1,\"\uFFFF\":5}"},
 		{"{\"\ufb33a\":1,\"\ufb33\U0001F602\":2,\"\ufb33\\ud83d\\ude01\":3,\"\ufb33\ufb33\":4}",
 			"{\"\ufb33a\":1,\"\ufb33\U0001F601\":3,\"\ufb33\U0001F602\":2,\"\ufb33\ufb33\":4}"},
+		// The first and last surrogate pairs; U+10000 (units D800 DC00) sorts
+		// before U+E000.
+		{`"\ud800\udc00\udbff\udfff"`, "\"\U00010000\U0010FFFF\""},
+		{`{"\ue000":1,"\ud800\udc00":2}`, "{\"\U00010000\":2,\"\ue000\":1}"},
 		// Unicode is not normalised: NFC and NFD spellings stay distinct.
 		{`{"A\u030a":1,"\u00c5":2}`, "{\"A\u030a\":1,\"\u00c5\":2}"},
 	}
@@ -297,7 +301,7 @@ func TestJSONInvalid(t *testing.T) {
 		`{"a" 1}`, `{"a":1 "b":2}`, `[1 2]`, `1 2`, `{}{}`, `[]]`, `"a"x`, `nul`, `tru`, `truex`, `True`, `NULL`,
 		`01`, `-01`, `00`, `+1`, `.5`, `1.`, `-`, `-.5`, `1e`, `1e+`, `1E-`, `0x10`, `1_000`, `Infinity`, `-Infinity`, `NaN`,
 		`1.e5`, `--1`, `1ee5`, `"abc`, `"\x"`, `"\u12"`, `"\u12G4"`, `"\U0041"`, `"\'"`, "\"\t\"", "\"\n\"", "\"\x00\"", "\"\x1f\"",
-		"\"\xff\"", "\"\xc3\"", "\"\xc0\xaf\"", "\"\xed\xa0\x80\"", "\"\xf4\x90\x80\x80\"", "\xef\xbb\xbf{}", "{\"\xff\":1}",
+		"\"\xff\"", "\"\x80\"", "\"\xc3\"", "\"\xc0\xaf\"", "\"\xed\xa0\x80\"", "\"\xf4\x90\x80\x80\"", "\xef\xbb\xbf{}", "{\"\xff\":1}",
 		`"\ud800"`, `"\udc00"`, `"\ud800\u0041"`, `"\ud800x"`, `"\ud800\\"`, `"\udbff\udbff"`, `"\ud83d"`, `"\ude02\ud83d"`,
 		"[1]\x00", "\x00", "\u00a0[]", "[1,\u00a02]", "/* */ {}", "{} // c",
 		strings.Repeat("[", MaxDepth+1) + strings.Repeat("]", MaxDepth+1),
@@ -511,7 +515,7 @@ func TestForm(t *testing.T) {
 	if last := different[len(different)-1]; sum(last[0]) != sum(last[1]) {
 		t.Errorf("%q and %q differ", last[0], last[1])
 	}
-	for _, in := range []string{"a=%", "a=%1", "a=%zz", "%g0=1", "a=1;b=2", "a;=1", "a=%%31"} {
+	for _, in := range []string{"a=%", "a=%1", "a=%zz", "%g0=1", "a=1;b=2", "a;=1", "a=%%31", "=%"} {
 		if _, err := h.Sum(Input{Method: "POST", Route: "/", ContentType: formType, Body: []byte(in)}); !errors.Is(err, ErrInvalidForm) {
 			t.Errorf("Sum(%q) error = %v, want ErrInvalidForm", in, err)
 		}
@@ -648,4 +652,47 @@ func BenchmarkSum(b *testing.B) {
 			sha256.Sum256(out)
 		}
 	})
+}
+
+// TestFormFieldsIgnoreOtherKeys checks that a form fingerprinted by
+// selected keys does not depend on the keys it does not select: how many
+// there are, and where they sort among the selected ones.
+func TestFormFieldsIgnoreOtherKeys(t *testing.T) {
+	t.Parallel()
+	h := New(nil)
+	fields := []string{"amount", "currency"}
+	want := mustSum(t, h, "POST", "/", formType, "amount=100&currency=usd", fields...)
+	for _, body := range []string{
+		"_ts=1&amount=100&currency=usd",
+		"a=1&aa=2&amount=100&currency=usd",
+		"amount=100&b=1&currency=usd",
+		"amount=100&currency=usd&nonce=7",
+		"z=1&currency=usd&amount=100&a=0&c=2",
+	} {
+		if got := mustSum(t, h, "POST", "/", formType, body, fields...); got != want {
+			t.Errorf("%q and %q differ in their selected keys only", body, "amount=100&currency=usd")
+		}
+	}
+}
+
+// TestJSONCutOff checks that a JSON body cut off anywhere (a truncated
+// upload) is invalid: Sum reads no byte past the end of the body, whatever
+// its capacity, and never accepts or fails on what is not there.
+func TestJSONCutOff(t *testing.T) {
+	t.Parallel()
+	h := New(nil)
+	docs := []string{
+		`{"a":[1,-2.5e3,true,false,null],"b":{"c":"x\"\\y\u00e9\ud83d\ude02"},"d":{}}`,
+		`[{"k":"v"},[[]],"\n",0]`,
+	}
+	for _, doc := range docs {
+		mustSum(t, h, "POST", "/", jsonType, doc)
+		for n := range len(doc) {
+			body := []byte(doc[:n])
+			body = body[:n:n]
+			if _, err := h.Sum(Input{Method: "POST", Route: "/", ContentType: jsonType, Body: body}); !errors.Is(err, ErrInvalidJSON) {
+				t.Errorf("Sum(%q) error = %v, want ErrInvalidJSON", body, err)
+			}
+		}
+	}
 }

@@ -178,6 +178,7 @@ func run(t *testing.T, h Harness) {
 	t.Run("FingerprintMismatchTouchesNothing", func(t *testing.T) { testMismatch(t, h) })
 	t.Run("CompleteAndReplay", func(t *testing.T) { testCompleteReplay(t, h) })
 	t.Run("ResponseRoundTrip", func(t *testing.T) { testResponseRoundTrip(t, h) })
+	t.Run("HeadersOfEachAnswer", func(t *testing.T) { testHeadersOfEachAnswer(t, h) })
 	t.Run("ScopesAreIndependent", func(t *testing.T) { testScopes(t, h) })
 	t.Run("StaleFenceChangesNothing", func(t *testing.T) { testFencing(t, h) })
 	t.Run("FenceNeverReusedAcrossDelete", func(t *testing.T) { testFenceAcrossDelete(t, h) })
@@ -193,6 +194,7 @@ func run(t *testing.T, h Harness) {
 	t.Run("ExpiredLeasePolicyResume", func(t *testing.T) { testExpiredResume(t, h) })
 	t.Run("ConcurrentTakeoverOneWinner", func(t *testing.T) { testConcurrentTakeover(t, h) })
 	t.Run("ExtendKeepsLease", func(t *testing.T) { testExtend(t, h) })
+	t.Run("CheckpointSetsRecoveryPoint", func(t *testing.T) { testCheckpointSets(t, h) })
 	t.Run("TerminalPastExpiryIsAbsent", func(t *testing.T) { testTerminalExpiry(t, h) })
 	t.Run("Reap", func(t *testing.T) { testReap(t, h) })
 	t.Run("ReapSoft", func(t *testing.T) { testReapSoft(t, h) })
@@ -349,6 +351,30 @@ func testResponseRoundTrip(t *testing.T, h Harness) {
 		if got == nil || got.Status != resp.Status || !bytes.Equal(got.Body, resp.Body) ||
 			got.BodyOmitted != resp.BodyOmitted || !sameHeader(got.Header, resp.Header) {
 			t.Fatalf("case %d: stored %+v came back as %+v", i, resp, got)
+		}
+	}
+}
+
+// testHeadersOfEachAnswer checks that every completed record replays the
+// headers of its own answer, exactly, whatever answers were stored just
+// before it: one with the same headers plus another, or fewer.
+func testHeadersOfEachAnswer(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	headers := []http.Header{
+		{"Content-Type": {"application/json"}, "Location": {"/v1/charges/ch_1"}},
+		{"Content-Type": {"application/json"}},
+		{"Content-Type": {"application/json"}, "X-Multi": {"one", "two"}},
+		{"X-Multi": {"one"}},
+		{"Content-Type": {"application/json"}},
+		{},
+	}
+	for i, hdr := range headers {
+		r := e.create("s", fmt.Sprint("k", i), "fp", store.LeaseUnknown)
+		e.complete(r, store.Response{Status: 201, Header: hdr, Body: []byte(`{}`)})
+	}
+	for i, hdr := range headers {
+		if got := e.get("s", fmt.Sprint("k", i)).Response; got == nil || !sameHeader(got.Header, hdr) {
+			t.Fatalf("answer %d stored with header %v came back as %+v", i, hdr, got)
 		}
 	}
 }
@@ -725,6 +751,27 @@ func testExtend(t *testing.T, h Harness) {
 		t.Fatalf("renewed lease taken over: %v %s", res.Outcome, res.Record.State)
 	}
 	e.complete(r, sampleResponse())
+}
+
+// testCheckpointSets checks that Checkpoint sets the recovery point to the
+// value given, an empty one included: a holder that starts its phases over
+// clears the point, so that a resuming takeover does not skip them.
+func testCheckpointSets(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	r := e.create("s", "k", "fp", store.LeaseResume)
+	for _, p := range []string{"charged", "", "refunded", ""} {
+		if err := e.s.Checkpoint(e.ctx, store.CheckpointParams{FenceParams: fenceOf(r), RecoveryPoint: p}); err != nil {
+			t.Fatal(err)
+		}
+		if got := e.get("s", "k").RecoveryPoint; got != p {
+			t.Fatalf("RecoveryPoint after Checkpoint(%q) = %q", p, got)
+		}
+	}
+	e.clock.Advance(lease + time.Second)
+	res := e.reserve(e.s, e.reserveP("s", "k", "fp", store.LeaseResume))
+	if res.Outcome != store.TakenOver || res.Record.RecoveryPoint != "" {
+		t.Fatalf("resume takeover: %v point %q, want taken over from the start", res.Outcome, res.Record.RecoveryPoint)
+	}
 }
 
 func testTerminalExpiry(t *testing.T, h Harness) {
