@@ -30,12 +30,14 @@ func TestReserveParamsTenant(t *testing.T) {
 		max    int
 		want   error
 	}{
-		"no cap":            {"", 0, nil},
-		"a cap":             {"acme", 3, nil},
-		"negative cap":      {"acme", -1, store.ErrInvalidParams},
-		"tenant too long":   {strings.Repeat("t", store.MaxScopeBytes+1), 1, store.ErrTooLong},
-		"tenant not UTF-8":  {"a\xff", 1, store.ErrInvalidParams},
-		"tenant with a NUL": {"a\x00b", 1, store.ErrInvalidParams},
+		"no cap":                     {"", 0, nil},
+		"a cap":                      {"acme", 3, nil},
+		"negative cap":               {"acme", -1, store.ErrInvalidParams},
+		"tenant at the limit":        {strings.Repeat("t", store.MaxScopeBytes), 1, nil},
+		"tenant too long":            {strings.Repeat("t", store.MaxScopeBytes+1), 1, store.ErrTooLong},
+		"tenant not UTF-8":           {"a\xff", 1, store.ErrInvalidParams},
+		"tenant with a NUL":          {"a\x00b", 1, store.ErrInvalidParams},
+		"tenant starting with a NUL": {"\x00a", 1, store.ErrInvalidParams},
 	} {
 		p := base
 		p.Tenant, p.MaxActive = c.tenant, c.max

@@ -3,6 +3,7 @@ package httpfield_test
 import (
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -139,4 +140,46 @@ func TestReplayableNameAgreesWithCanonicalForm(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		check(t, rapid.StringOfN(rapid.SampledFrom([]rune("aZtE-_ 2é\x00")), 0, 12, -1).Draw(t, "name"))
 	})
+}
+
+// TestValidBytes checks Valid byte by byte against RFC 9110: a name is made
+// of tchars only (letters, digits and !#$%&'*+-.^_`|~), and a value may hold
+// any byte but a control character other than horizontal tab, or DEL
+// (spaces and obs-text included), so that "Content-MD5", "Authorization" or
+// "text/html; charset=utf-8" are kept and replayed.
+func TestValidBytes(t *testing.T) {
+	const tchar = "!#$%&'*+-.^_`|~0123456789" +
+		"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+	for c := range 256 {
+		b := string([]byte{byte(c)})
+		if got, want := httpfield.Valid("X"+b+"Y", nil), strings.Contains(tchar, b); got != want {
+			t.Errorf("Valid(name %q) = %v, want %v", "X"+b+"Y", got, want)
+		}
+		if got, want := httpfield.Valid("X", []string{"a" + b + "b"}), c == '\t' || c >= 0x20 && c != 0x7f; got != want {
+			t.Errorf("Valid(value %q) = %v, want %v", "a"+b+"b", got, want)
+		}
+	}
+}
+
+// An answer is an event stream, sent as it is written and never stored
+// first, when its Content-Type is the media type text/event-stream, with
+// or without parameters; another type that merely starts with that text is
+// not one.
+func TestIsEventStream(t *testing.T) {
+	for ct, want := range map[string]bool{
+		"text/event-stream":                true,
+		"text/event-stream; charset=utf-8": true,
+		"text/event-streams":               false,
+		"text/event-stream; =":             false,
+		"text/html":                        false,
+		"":                                 false,
+	} {
+		h := http.Header{}
+		if ct != "" {
+			h.Set("Content-Type", ct)
+		}
+		if got := httpfield.IsEventStream(h); got != want {
+			t.Errorf("IsEventStream(Content-Type %q) = %v, want %v", ct, got, want)
+		}
+	}
 }

@@ -371,3 +371,58 @@ func TestStalledRedisFallsThrough(t *testing.T) {
 		}
 	}
 }
+
+// ReservePending answers replays from the cache as Reserve does: a replay
+// of a completed record through ReservePending writes its entry, and the
+// next replay is answered from Redis.
+func TestPendingReplayServedFromCache(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	res, err := f.c.Reserve(ctx, params("fp"))
+	if err != nil || res.Outcome != store.Created {
+		t.Fatal(res.Outcome, err)
+	}
+	resp := store.Response{Status: 201, Body: []byte(`{"id":1}`)}
+	if err := f.c.Complete(ctx, store.CompleteParams{FenceParams: store.FenceParams{Scope: "s", Key: "k", Fence: res.Record.Fence}, Response: resp}); err != nil {
+		t.Fatal(err)
+	}
+	p := store.PendingParams{ReserveParams: params("fp"), Request: store.PendingRequest{Queue: "q", Method: "POST", Target: "/v1/charges"}}
+	if res, err := f.c.ReservePending(ctx, p); err != nil || res.Outcome != store.Existing || res.Record.State != store.StateCompleted {
+		t.Fatalf("pending replay: %v %s %v", res.Outcome, res.Record.State, err)
+	}
+	if !f.cached(t) {
+		t.Fatal("no cache entry after a pending replay")
+	}
+	// Prove the next answer comes from Redis: remove the record from the
+	// backing store behind the cache's back.
+	if err := f.backing.Delete(ctx, store.DeleteParams{Scope: "s", Key: "k"}); err != nil {
+		t.Fatal(err)
+	}
+	res, err = f.c.ReservePending(ctx, p)
+	if err != nil || res.Outcome != store.Existing || string(res.Record.Response.Body) != `{"id":1}` {
+		t.Fatalf("cached pending replay: %v %+v %v", res.Outcome, res.Record.Response, err)
+	}
+}
+
+// Without Config.MaxTTL, entries and tombstones live at most five minutes:
+// a replay writes an entry that Redis drops by then, and so is the
+// tombstone of an operator's Delete, so that neither outlives the default.
+func TestDefaultMaxTTL(t *testing.T) {
+	f := newFixture(t)
+	f.c = cache.New(f.backing, f.rdb, cache.Config{Prefix: f.prefix, Clock: f.clock.Now, Logger: quiet})
+	f.completed(t)
+	ctx := context.Background()
+	key := mustOneKey(t, f)
+	if ttl, err := f.rdb.TTL(ctx, key).Result(); err != nil || ttl <= 0 || ttl > 5*time.Minute {
+		t.Fatalf("entry written with the default MaxTTL lives %v (%v), want at most 5m", ttl, err)
+	}
+	if err := f.c.Delete(ctx, store.DeleteParams{Scope: "s", Key: "k"}); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := f.rdb.Get(ctx, key).Result(); err != nil || v != cache.Tombstone {
+		t.Fatalf("after Delete the entry holds %q (%v), want the tombstone", v, err)
+	}
+	if ttl, err := f.rdb.TTL(ctx, key).Result(); err != nil || ttl <= 0 || ttl > 5*time.Minute {
+		t.Fatalf("tombstone written with the default MaxTTL lives %v (%v), want at most 5m", ttl, err)
+	}
+}

@@ -3,6 +3,8 @@ package cache_test
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -55,5 +57,41 @@ func TestResolveWithRedisDown(t *testing.T) {
 	res, err = f.c.Reserve(ctx, params("fp"))
 	if err != nil || res.Outcome != store.Existing || res.Record.Response == nil || string(res.Record.Response.Body) != `{"id":1}` {
 		t.Fatalf("replay after the settlement: %v %+v %v", res.Outcome, res.Record.Response, err)
+	}
+}
+
+// Cache failures never fail a request; they go to Config.Logger: the read
+// of an entry and its write after the backing store's replay.
+func TestCacheFailuresGoToTheLogger(t *testing.T) {
+	f := newFixture(t)
+	f.completed(t)
+	var logs strings.Builder
+	dead := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	t.Cleanup(func() { dead.Close() })
+	c := cache.New(f.backing, dead, cache.Config{Prefix: f.prefix, Clock: f.clock.Now, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	res, err := c.Reserve(context.Background(), params("fp"))
+	if err != nil || res.Outcome != store.Existing || string(res.Record.Response.Body) != `{"id":1}` {
+		t.Fatalf("with Redis down: %v %v", res.Outcome, err)
+	}
+	for _, want := range []string{"idem/cache: read failed", "idem/cache: write failed"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("with Redis down the configured logger got %q, want %q", logs.String(), want)
+		}
+	}
+}
+
+// An operator's Delete through the cache while Redis is down removes the
+// record from the backing store and says that the cache entry could not be
+// dropped: the entry would answer replays of the deleted record until it
+// expires, which must not pass silently.
+func TestDeleteWithRedisDownReportsTheEntry(t *testing.T) {
+	f := newFixture(t)
+	f.completed(t)
+	ctx := context.Background()
+	if err := f.down(t).Delete(ctx, store.DeleteParams{Scope: "s", Key: "k"}); err == nil {
+		t.Fatal("Delete of a cached record with Redis down reported success")
+	}
+	if _, err := f.backing.Get(ctx, "s", "k"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("backing record after the Delete: %v, want ErrNotFound", err)
 	}
 }
