@@ -12,7 +12,10 @@
 // work hangs (a statement waiting for a lock another transaction holds)
 // holds up every call queued behind it. With Unstall, a queue that has not
 // moved for a while gets extra slots, one batch at a time, so that a hung
-// slot delays the calls behind it by that while at most.
+// slot delays the calls behind it by about twice that while at most (the
+// queue is looked at once a while, and a look that finds that a slot moved
+// since the last one waits another while: a slot that moved just after a
+// look, then hung, is found at the look after next).
 package groupcommit
 
 import (

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/goleak"
@@ -272,4 +274,217 @@ func TestUnstall(t *testing.T) {
 	if err := g.Do(context.Background(), &op{n: 5}); err != nil || g.Stalls() != stalls {
 		t.Fatalf("after the hang: %v, %d stalls, want %d", err, g.Stalls(), stalls)
 	}
+}
+
+// A call that gives up while it is first in the queue leaves the queue at
+// once and never runs; the call queued behind it runs alone.
+func TestFirstQueuedCallLeaving(t *testing.T) {
+	gate := make(chan struct{})
+	var l runLog
+	g := gatedGroup(4, gate, &l)
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = g.Do(context.Background(), &op{n: 0}) })
+	waitQueue(t, g, 0, 0)
+
+	leaving, stay := &op{n: 1}, &op{n: 2}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	leftErr := make(chan error, 1)
+	go func() { leftErr <- g.Do(ctx, leaving) }()
+	waitQueue(t, g, 0, 1)
+	var stayErr error
+	wg.Go(func() { stayErr = g.Do(context.Background(), stay) })
+	waitQueue(t, g, 0, 2)
+	cancel()
+	if err := <-leftErr; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the call that left: %v, want context.Canceled", err)
+	}
+	if _, pending := g.Queue(); pending != 1 {
+		t.Errorf("%d calls queued after the first left, want 1", pending)
+	}
+
+	close(gate)
+	wg.Wait()
+	g.Wait()
+	if leaving.alone || leaving.batch != 0 {
+		t.Errorf("the call that left ran: %+v", leaving)
+	}
+	if stayErr != nil || !stay.alone {
+		t.Errorf("the call that stayed: %+v %v, want it run alone", stay, stayErr)
+	}
+}
+
+// Unstall opens at most its number of extra slots: while the one extra
+// slot allowed is busy, a call queued behind the hung regular slot waits
+// for it, however long the queue stalls, and runs once it is free. The
+// test runs in a synctest bubble, whose clock moves only when every
+// goroutine waits, so the stall checks happen at known instants.
+func TestUnstallBound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const stall = time.Second
+		hang, held := make(chan struct{}), make(chan struct{})
+		var mu sync.Mutex
+		var started []int
+		g := groupcommit.New(1, 8,
+			func(ctx context.Context, o *op) {
+				mu.Lock()
+				started = append(started, o.n)
+				mu.Unlock()
+				switch o.n {
+				case 0:
+					<-hang
+				case 1:
+					<-held
+				}
+				o.alone = true
+			},
+			func(ctx context.Context, ops []*op) { t.Errorf("a batch of %d ran", len(ops)) })
+		g.Unstall(stall, 1)
+		ran := func() []int {
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.Clone(started)
+		}
+		var wg sync.WaitGroup
+		release := sync.OnceFunc(func() { close(held) })
+		defer func() {
+			release()
+			close(hang)
+			wg.Wait()
+			g.Wait()
+		}()
+
+		wg.Go(func() { _ = g.Do(context.Background(), &op{n: 0}) })
+		synctest.Wait()
+		wg.Go(func() { _ = g.Do(context.Background(), &op{n: 1}) })
+		synctest.Wait()
+		time.Sleep(stall * 3 / 2)
+		synctest.Wait()
+		if got := ran(); !slices.Equal(got, []int{0, 1}) || g.Stalls() != 1 {
+			t.Fatalf("after one stall: started %v, %d stalls; want [0 1], 1", got, g.Stalls())
+		}
+
+		// The extra slot is busy with call 1: call 2 waits, however long.
+		last := &op{n: 2}
+		wg.Go(func() { _ = g.Do(context.Background(), last) })
+		synctest.Wait()
+		time.Sleep(10 * stall)
+		synctest.Wait()
+		if got := ran(); !slices.Equal(got, []int{0, 1}) || g.Stalls() != 1 {
+			t.Errorf("with the extra slot busy: started %v, %d stalls; want [0 1], 1", got, g.Stalls())
+		}
+		if free, pending := g.Queue(); free != 0 || pending != 1 {
+			t.Errorf("queue %d free, %d pending; want 0, 1", free, pending)
+		}
+
+		// Once the extra slot is free again, the next check gives it call 2.
+		release()
+		synctest.Wait()
+		time.Sleep(stall)
+		synctest.Wait()
+		if !last.alone || g.Stalls() != 2 {
+			t.Errorf("after the extra slot closed: %+v, %d stalls; want call 2 run, 2 stalls", last, g.Stalls())
+		}
+	})
+}
+
+// gatedOp is an operation whose work waits for gate, when it has one.
+type gatedOp struct {
+	n    int
+	gate chan struct{}
+	done atomic.Bool // read while the group may run it
+}
+
+// The stall check keeps watching the queue as long as Unstall is on: a
+// queue that moved and then hung gets an extra slot once it has not moved
+// for the while; so does a call queued after the queue emptied; and so
+// do calls queued before Unstall was turned off and on again. While it is
+// off, queued calls wait for a regular slot. The test runs in a synctest
+// bubble, whose clock moves only when every goroutine waits, so the stall
+// checks happen at known instants.
+func TestUnstallKeepsWatching(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const stall = time.Second
+		g := groupcommit.New(1, 8,
+			func(ctx context.Context, o *gatedOp) {
+				if o.gate != nil {
+					<-o.gate
+				}
+				o.done.Store(true)
+			},
+			func(ctx context.Context, ops []*gatedOp) {
+				for _, o := range ops {
+					o.done.Store(true)
+				}
+			})
+		g.Unstall(stall, 1)
+		var wg sync.WaitGroup
+		do := func(o *gatedOp) {
+			wg.Go(func() { _ = g.Do(context.Background(), o) })
+			synctest.Wait()
+		}
+		wait := func(d time.Duration) {
+			time.Sleep(d)
+			synctest.Wait()
+		}
+
+		// a runs and b queues behind it; each stall check then finds that
+		// the regular slot moved (b, then c, take it in turn), and opens
+		// nothing, until c hangs there: d, queued behind c, gets an extra
+		// slot once the slot has not moved for a while.
+		a := &gatedOp{n: 1, gate: make(chan struct{})}
+		b := &gatedOp{n: 2, gate: make(chan struct{})}
+		c := &gatedOp{n: 3, gate: make(chan struct{})}
+		d := &gatedOp{n: 4}
+		defer func() {
+			close(c.gate)
+			wg.Wait()
+			g.Wait()
+		}()
+		do(a)
+		do(b)
+		wait(stall * 3 / 4)
+		close(a.gate)
+		synctest.Wait()
+		do(c)
+		wait(stall * 3 / 4)
+		close(b.gate)
+		synctest.Wait()
+		do(d)
+		wait(stall * 3 / 4)
+		if d.done.Load() || g.Stalls() != 0 {
+			t.Fatalf("while the queue moves: d run %v, %d stalls; want d queued, 0 stalls", d.done.Load(), g.Stalls())
+		}
+		wait(stall)
+		if !d.done.Load() || g.Stalls() != 1 {
+			t.Fatalf("once the queue hangs: d run %v, %d stalls; want d run, 1 stall", d.done.Load(), g.Stalls())
+		}
+
+		// The queue is empty now; a call queued later is watched again.
+		wait(2 * stall)
+		e := &gatedOp{n: 5}
+		do(e)
+		wait(2 * stall)
+		if !e.done.Load() || g.Stalls() != 2 {
+			t.Fatalf("a call queued after the queue emptied: run %v, %d stalls; want it run, 2 stalls", e.done.Load(), g.Stalls())
+		}
+
+		// Turned off while f waits: f waits for the regular slot.
+		wait(2 * stall)
+		f := &gatedOp{n: 6}
+		do(f)
+		g.Unstall(0, 0)
+		wait(10 * stall)
+		if _, pending := g.Queue(); f.done.Load() || pending != 1 || g.Stalls() != 2 {
+			t.Fatalf("with Unstall off: f run %v, %d pending, %d stalls; want f queued, 2 stalls", f.done.Load(), pending, g.Stalls())
+		}
+		// Turned on again: f and h leave in one extra slot.
+		g.Unstall(stall, 1)
+		h := &gatedOp{n: 7}
+		do(h)
+		wait(2 * stall)
+		if !f.done.Load() || !h.done.Load() || g.Stalls() != 3 {
+			t.Errorf("with Unstall on again: f run %v, h run %v, %d stalls; want both run, 3 stalls", f.done.Load(), h.done.Load(), g.Stalls())
+		}
+	})
 }
