@@ -128,6 +128,17 @@ func holdingHandler(started chan<- *idem.Execution, release <-chan struct{}) htt
 	}
 }
 
+// holdKey sends one keyed request through e in the background, to a
+// handler that holds it until release, which then waits for its answer.
+func holdKey(e *idem.Engine) (release func()) {
+	started, hold := make(chan *idem.Execution, 1), make(chan struct{})
+	h := e.Middleware(holdingHandler(started, hold))
+	done := make(chan struct{})
+	go func() { sendKeyed(h, "k"); close(done) }()
+	<-started
+	return func() { close(hold); <-done }
+}
+
 func sendKeyed(h http.Handler, key string) *httptest.ResponseRecorder {
 	r := httptest.NewRequest("POST", "/v1/slow", strings.NewReader(`{}`))
 	r.Header.Set("Idempotency-Key", key)
@@ -390,11 +401,7 @@ func TestRenewalRetriesSoonAfterAFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	idem.SetClock(e, clk)
-	started, release := make(chan *idem.Execution, 1), make(chan struct{})
-	h := e.Middleware(holdingHandler(started, release))
-	done := make(chan struct{})
-	go func() { sendKeyed(h, "k"); close(done) }()
-	<-started
+	release := holdKey(e)
 	s.FailExtends.Store(1)
 	clk.Advance(10 * time.Second)
 	if n := s.Extends.Load(); n != 1 {
@@ -404,8 +411,7 @@ func TestRenewalRetriesSoonAfterAFailure(t *testing.T) {
 	if n := s.Extends.Load(); n != 2 {
 		t.Fatalf("%d renewals at +12s, want 2 (the failed one retried within a thirtieth of the lease)", n)
 	}
-	close(release)
-	<-done
+	release()
 }
 
 // scriptedExtends records when each lease renewal reached the store and
@@ -450,11 +456,7 @@ func TestRenewalBackoffDoublesAndResets(t *testing.T) {
 		t.Fatal(err)
 	}
 	idem.SetClock(e, clk)
-	started, release := make(chan *idem.Execution, 1), make(chan struct{})
-	h := e.Middleware(holdingHandler(started, release))
-	done := make(chan struct{})
-	go func() { sendKeyed(h, "k"); close(done) }()
-	<-started
+	release := holdKey(e)
 	for i := 0; i < 600 && len(s.times()) < 7; i++ {
 		clk.Advance(100 * time.Millisecond)
 	}
@@ -476,8 +478,7 @@ func TestRenewalBackoffDoublesAndResets(t *testing.T) {
 			t.Errorf("pause %d: %v, want between %v and %v (renewals at %v)", i+1, gap, w.lo, w.hi, at)
 		}
 	}
-	close(release)
-	<-done
+	release()
 }
 
 // The log of an outcome not recorded in time says what the lease policy

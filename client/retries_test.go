@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -14,59 +13,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/client"
 	"github.com/idem-go/idem/internal/testkit/clienttest"
-	"github.com/idem-go/idem/store"
 )
-
-// RetryUnknown's wait doubles after each 409 #outcome-unknown, and is not
-// capped by MaxBackoff: a caller willing to wait for reconciliation does
-// not come back at the pace of a busy server. Here the record is settled
-// during the second wait.
-func TestRetryUnknownDoubles(t *testing.T) {
-	t.Parallel()
-	a := &api{}
-	srv, st := server(t, a, idem.Config{}, nil)
-	url := srv.URL + "/v1/charges"
-	c := clienttest.NewClock()
-	tr, tracker := clienttest.NewTransport(t, c)
-	tr.RetryUnknown = 10 * time.Second
-	tr.MaxBackoff = time.Second
-	tr.MaxDelay = time.Hour
-	key := client.NewKey()
-	if resp, _, err := clienttest.Post(t, context.Background(), tr, url, bodyUncertain, "Idempotency-Key", key); err != nil || resp.StatusCode != 504 {
-		t.Fatalf("uncertain: %v %v", resp, err)
-	}
-	var reasons []client.Reason
-	tr.OnRetry = func(x client.Retry) { reasons = append(reasons, x.Reason) }
-	c.OnSleep = func(ctx context.Context, d time.Duration) error {
-		if len(c.Delays()) < 2 {
-			return nil // still unknown at the next attempt
-		}
-		recs, err := st.ListUnknown(ctx, store.ListUnknownParams{Limit: 10})
-		if err != nil || len(recs) != 1 {
-			t.Errorf("ListUnknown: %v %v", recs, err)
-			return err
-		}
-		return st.Resolve(ctx, store.ResolveParams{FenceParams: store.FenceParams{Scope: recs[0].Scope, Key: recs[0].Key, Fence: recs[0].Fence}, To: store.StateCompleted,
-			Response: &store.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"ch_found"}`)}})
-	}
-	resp, body, err := clienttest.Post(t, context.Background(), tr, url, bodyUncertain, "Idempotency-Key", key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if resp.StatusCode != 201 || string(body) != `{"id":"ch_found"}` || client.Attempts(resp) != 3 {
-		t.Errorf("got %d %s after %d attempts, want the settled answer after 3", resp.StatusCode, body, client.Attempts(resp))
-	}
-	if want := []client.Reason{client.ReasonOutcomeUnknown, client.ReasonOutcomeUnknown}; !slices.Equal(reasons, want) {
-		t.Errorf("reasons %v, want %v", reasons, want)
-	}
-	if d := c.Delays(); !slices.Equal(d, []time.Duration{10 * time.Second, 20 * time.Second}) {
-		t.Errorf("waits %v, want [10s 20s]", d)
-	}
-	if n := a.executions.Load(); n != 1 {
-		t.Errorf("%d executions, want 1", n)
-	}
-	clienttest.CheckAllClosed(t, tracker)
-}
 
 // Without Sleep, the transport really waits between attempts: a wait of
 // an hour is ended by the request's context, and no other attempt is made

@@ -191,34 +191,58 @@ func TestCallerLeavingKeepsTheBatch(t *testing.T) {
 				o.batch = len(ops)
 			}
 		})
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = g.Do(context.Background(), &op{n: 0}) })
-	waitQueue(t, g, 0, 0)
 	// The first call queued, whose context the batch's derives from, is
 	// the one that leaves.
-	leaving, stay := &op{n: 1}, &op{n: 2}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	leftErr := make(chan error, 1)
-	go func() { leftErr <- g.Do(ctx, leaving) }()
-	waitQueue(t, g, 0, 1)
-	var stayErr error
-	wg.Go(func() { stayErr = g.Do(context.Background(), stay) })
-	waitQueue(t, g, 0, 2)
+	q := queueTwo(t, g)
 	close(gate)
 	<-running
-	cancel()
-	if err := <-leftErr; !errors.Is(err, context.Canceled) {
-		t.Fatalf("the call that left: %v, want context.Canceled", err)
-	}
+	q.leave(t)
 	close(left)
-	wg.Wait()
+	q.wg.Wait()
 	g.Wait()
 	if batchErr != nil {
 		t.Errorf("the batch's context ended with its first caller's: %v", batchErr)
 	}
-	if stayErr != nil || stay.batch != 2 {
-		t.Errorf("the call that stayed: %+v %v, want its batch of 2 done", stay, stayErr)
+	if q.stayErr != nil || q.stay.batch != 2 {
+		t.Errorf("the call that stayed: %+v %v, want its batch of 2 done", q.stay, q.stayErr)
+	}
+}
+
+// queuedTwo is two calls queued behind a call that holds a group's one
+// slot: the first queued can be made to leave, the second stays.
+type queuedTwo struct {
+	wg      sync.WaitGroup
+	leaving *op
+	stay    *op
+	cancel  context.CancelFunc
+	leftErr chan error
+	stayErr error
+}
+
+// queueTwo starts a call that takes g's one slot (op 0), then queues op 1,
+// whose context leave ends, and op 2 behind it.
+func queueTwo(t *testing.T, g *groupcommit.Group[*op]) *queuedTwo {
+	t.Helper()
+	q := &queuedTwo{leaving: &op{n: 1}, stay: &op{n: 2}, leftErr: make(chan error, 1)}
+	q.wg.Go(func() { _ = g.Do(context.Background(), &op{n: 0}) })
+	waitQueue(t, g, 0, 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	q.cancel = cancel
+	t.Cleanup(cancel)
+	go func() { q.leftErr <- g.Do(ctx, q.leaving) }()
+	waitQueue(t, g, 0, 1)
+	q.wg.Go(func() { q.stayErr = g.Do(context.Background(), q.stay) })
+	waitQueue(t, g, 0, 2)
+	return q
+}
+
+// leave ends the first queued call's context and waits for it to return
+// its context's error.
+func (q *queuedTwo) leave(t *testing.T) {
+	t.Helper()
+	q.cancel()
+	if err := <-q.leftErr; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the call that left: %v, want context.Canceled", err)
 	}
 }
 
@@ -282,35 +306,20 @@ func TestFirstQueuedCallLeaving(t *testing.T) {
 	gate := make(chan struct{})
 	var l runLog
 	g := gatedGroup(4, gate, &l)
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = g.Do(context.Background(), &op{n: 0}) })
-	waitQueue(t, g, 0, 0)
-
-	leaving, stay := &op{n: 1}, &op{n: 2}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	leftErr := make(chan error, 1)
-	go func() { leftErr <- g.Do(ctx, leaving) }()
-	waitQueue(t, g, 0, 1)
-	var stayErr error
-	wg.Go(func() { stayErr = g.Do(context.Background(), stay) })
-	waitQueue(t, g, 0, 2)
-	cancel()
-	if err := <-leftErr; !errors.Is(err, context.Canceled) {
-		t.Fatalf("the call that left: %v, want context.Canceled", err)
-	}
+	q := queueTwo(t, g)
+	q.leave(t)
 	if _, pending := g.Queue(); pending != 1 {
 		t.Errorf("%d calls queued after the first left, want 1", pending)
 	}
 
 	close(gate)
-	wg.Wait()
+	q.wg.Wait()
 	g.Wait()
-	if leaving.alone || leaving.batch != 0 {
-		t.Errorf("the call that left ran: %+v", leaving)
+	if q.leaving.alone || q.leaving.batch != 0 {
+		t.Errorf("the call that left ran: %+v", q.leaving)
 	}
-	if stayErr != nil || !stay.alone {
-		t.Errorf("the call that stayed: %+v %v, want it run alone", stay, stayErr)
+	if q.stayErr != nil || !q.stay.alone {
+		t.Errorf("the call that stayed: %+v %v, want it run alone", q.stay, q.stayErr)
 	}
 }
 

@@ -80,9 +80,9 @@ func params(fp string) store.ReserveParams {
 	return store.ReserveParams{Scope: "s", Key: "k", Fingerprint: fp, Lease: 30 * time.Second, TTL: time.Hour, LeasePolicy: store.LeaseUnknown}
 }
 
-// completed reserves and completes (s, k) through the cache and replays it
-// once so the entry is written.
-func (f *fixture) completed(t *testing.T) {
+// stored reserves and completes (s, k) through the cache.
+func (f *fixture) stored(t *testing.T) {
+	t.Helper()
 	ctx := context.Background()
 	res, err := f.c.Reserve(ctx, params("fp"))
 	if err != nil || res.Outcome != store.Created {
@@ -92,6 +92,13 @@ func (f *fixture) completed(t *testing.T) {
 	if err := f.c.Complete(ctx, store.CompleteParams{FenceParams: store.FenceParams{Scope: "s", Key: "k", Fence: res.Record.Fence}, Response: resp}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// completed stores (s, k) through the cache and replays it once so the
+// entry is written.
+func (f *fixture) completed(t *testing.T) {
+	f.stored(t)
+	ctx := context.Background()
 	if res, err := f.c.Reserve(ctx, params("fp")); err != nil || res.Record.State != store.StateCompleted {
 		t.Fatal(res, err)
 	}
@@ -377,15 +384,8 @@ func TestStalledRedisFallsThrough(t *testing.T) {
 // next replay is answered from Redis.
 func TestPendingReplayServedFromCache(t *testing.T) {
 	f := newFixture(t)
+	f.stored(t)
 	ctx := context.Background()
-	res, err := f.c.Reserve(ctx, params("fp"))
-	if err != nil || res.Outcome != store.Created {
-		t.Fatal(res.Outcome, err)
-	}
-	resp := store.Response{Status: 201, Body: []byte(`{"id":1}`)}
-	if err := f.c.Complete(ctx, store.CompleteParams{FenceParams: store.FenceParams{Scope: "s", Key: "k", Fence: res.Record.Fence}, Response: resp}); err != nil {
-		t.Fatal(err)
-	}
 	p := store.PendingParams{ReserveParams: params("fp"), Request: store.PendingRequest{Queue: "q", Method: "POST", Target: "/v1/charges"}}
 	if res, err := f.c.ReservePending(ctx, p); err != nil || res.Outcome != store.Existing || res.Record.State != store.StateCompleted {
 		t.Fatalf("pending replay: %v %s %v", res.Outcome, res.Record.State, err)
@@ -398,7 +398,7 @@ func TestPendingReplayServedFromCache(t *testing.T) {
 	if err := f.backing.Delete(ctx, store.DeleteParams{Scope: "s", Key: "k"}); err != nil {
 		t.Fatal(err)
 	}
-	res, err = f.c.ReservePending(ctx, p)
+	res, err := f.c.ReservePending(ctx, p)
 	if err != nil || res.Outcome != store.Existing || string(res.Record.Response.Body) != `{"id":1}` {
 		t.Fatalf("cached pending replay: %v %+v %v", res.Outcome, res.Record.Response, err)
 	}
