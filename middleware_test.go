@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -498,49 +497,6 @@ func TestStoreDownAtReserveFailsClosed(t *testing.T) {
 	f.store.Down.Store(false)
 	if w := f.do(post(uuid, `{}`)); w.Code != 201 || f.calls.Load() != 1 {
 		t.Fatalf("after the outage: %d, calls %d", w.Code, f.calls.Load())
-	}
-}
-
-// refusingStore refuses every Reserve with err.
-type refusingStore struct {
-	store.Store
-	err error
-}
-
-func (s refusingStore) Reserve(context.Context, store.ReserveParams) (store.ReserveResult, error) {
-	return store.ReserveResult{}, s.err
-}
-
-// A store that refuses the reservation's parameters (a limit of its own
-// below the contract's) gives a definite answer about the client's
-// request, not an outage: the client is told so, with no Retry-After, and
-// the breaker that guards the store is not fed.
-func TestStoreRefusalOfParametersIsNotAnOutage(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		err    error
-		status int
-		slug   string
-	}{
-		{fmt.Errorf("%w: the key is longer than this store keeps", store.ErrTooLong), 414, "scope-too-long"},
-		{fmt.Errorf("%w: a scope this store cannot keep", store.ErrInvalidParams), 400, "scope-invalid"},
-	} {
-		var calls atomic.Int64
-		e, err := idem.New(refusingStore{memory.New(memory.Config{}), tc.err}, idem.Config{Logger: slog.New(slog.DiscardHandler)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		h := e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { calls.Add(1) }))
-		for range idem.DefaultBreakerFailures + 1 {
-			w := sendKeyed(h, "k")
-			enginetest.WantProblem(t, w, tc.status, tc.slug)
-			if w.Header().Get("Retry-After") != "" {
-				t.Fatalf("%v: a refusal with Retry-After: %v", tc.err, w.Header())
-			}
-		}
-		if calls.Load() != 0 {
-			t.Fatalf("%v: the handler ran", tc.err)
-		}
 	}
 }
 

@@ -153,7 +153,15 @@ func TestPathsThatCannotNameARecord(t *testing.T) {
 				return w
 			}
 			if ns.Name == "refusing" {
-				enginetest.WantProblem(t, send("/ok"), 400, "scope-invalid")
+				// As often as would open the breaker were it fed: it
+				// is not, and no refusal says to come back later.
+				for range idem.DefaultBreakerFailures + 1 {
+					w := send("/ok")
+					enginetest.WantProblem(t, w, 400, "scope-invalid")
+					if ra := w.Header().Get("Retry-After"); ra != "" {
+						t.Fatalf("a refusal of the client's request with Retry-After %s", ra)
+					}
+				}
 			} else {
 				enginetest.WantProblem(t, send("/"+strings.Repeat("a", 3000)), 414, "scope-too-long")
 				enginetest.WantProblem(t, send("/bad%FFpath"), 400, "scope-invalid")
