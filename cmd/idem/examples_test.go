@@ -19,7 +19,6 @@ import (
 
 	"github.com/idem-go/idem/cmd/idem/internal/appoutbox"
 	"github.com/idem-go/idem/internal/testkit/testenv"
-	"github.com/idem-go/idem/outbox"
 )
 
 // TestExamplesRun runs every example command that idem help prints and
@@ -310,8 +309,7 @@ func seedOutbox(t *testing.T, path string) {
 	t.Helper()
 	a := appoutbox.New(t, "sqlite:"+path)
 	defer a.Close()
-	key := outbox.KeyFor("0:POST /v1/payments", "order-42", appoutbox.Kind)
-	a.Dead(t, outbox.Message{Key: key, Kind: appoutbox.Kind, Fence: 1, Payload: []byte(`{"amount":4200}`)})
+	a.Dead(t, appoutbox.Charge(1))
 }
 
 func copyDir(t *testing.T, from, to string) {

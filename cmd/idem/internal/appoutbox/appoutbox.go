@@ -88,6 +88,13 @@ func New(t testing.TB, dsn string) *App {
 	return a
 }
 
+// Charge is the message the tests dead-letter: the charge of key
+// order-42 on POST /v1/payments, under fence.
+func Charge(fence int64) outbox.Message {
+	return outbox.Message{Key: outbox.KeyFor("0:POST /v1/payments", "order-42", Kind), Kind: Kind, Fence: fence,
+		Payload: []byte(`{"amount":4200}`)}
+}
+
 // DownstreamID is the provider's id of the delivered message of key.
 func DownstreamID(key string) string { return "ch_" + key[len(key)-4:] }
 
@@ -133,9 +140,6 @@ func (a *App) Enqueue(t testing.TB, msg outbox.Message) { t.Helper(); a.enqueue(
 
 // Start starts the application's workers; stop stops them.
 func (a *App) Start(t testing.TB) (stop func()) { t.Helper(); return a.start(t) }
-
-// Delivery is the delivery of the message of key.
-func (a *App) Delivery(t testing.TB, key string) outbox.Delivery { t.Helper(); return a.get(t, key) }
 
 // WaitState waits until the message of key reaches state.
 func (a *App) WaitState(t testing.TB, key string, state outbox.State) outbox.Delivery {

@@ -30,8 +30,9 @@ func TestOutboxCommands(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			a := appoutbox.New(t, dsn)
-			key := outbox.KeyFor("0:POST /v1/payments", "order-42", appoutbox.Kind)
-			a.Dead(t, outbox.Message{Key: key, Kind: appoutbox.Kind, Fence: 7, Payload: []byte(`{"amount":4200}`)})
+			msg := appoutbox.Charge(7)
+			key := msg.Key
+			a.Dead(t, msg)
 
 			out, _, err := run("outbox", "dead", "--store", dsn, "--json")
 			var dead []deliveryView
