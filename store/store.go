@@ -134,6 +134,15 @@ type Record struct {
 	// still sees it (ListUnknown without DueOnly) and Resolve settles it
 	// (which clears DeadLetteredAt).
 	DeadLetteredAt time.Time
+	// Owner is the ReserveParams.Owner of the Reserve that started the
+	// record's current execution (a creation, a reclaim, a takeover or a
+	// replacement of an expired record). It is kept while the record is
+	// in_progress or unknown; a store may drop it once the record is
+	// terminal, and it is 0 on a record no such Reserve started (a pending
+	// record, one a worker claimed). The engine tells by it whether a
+	// reservation whose answer it never got is its own (see
+	// ReserveParams.Owner).
+	Owner int64
 	// Request is the request kept with an asynchronous record (see
 	// [Queue]), or the summary of its request a record was marked unknown
 	// with (see ReleaseParams.Request). Claim and ReservePending return
@@ -173,6 +182,17 @@ type ReserveParams struct {
 	// record (a record keeps the tenant it was created with). "" is a
 	// tenant like any other.
 	Tenant string
+	// Owner identifies this call among the Reserves of the key: any
+	// number the caller chooses, unlikely to repeat (the engine draws a
+	// random one per request; 0 is a value like any other). It is stored
+	// on the record when this Reserve gives the caller the lease
+	// (Record.Owner), and changes nothing else: a Reserve that finds the
+	// record in progress under its own Owner answers Existing like any
+	// other. A caller whose Reserve failed without an answer (a connection
+	// lost during the commit, a timeout) reads the record back, and by its
+	// Owner knows whether the reservation was made for it, and so that no
+	// handler ran under it.
+	Owner int64
 	// MaxActive, when positive, caps the tenant's active records (see
 	// State.Active): a Reserve (or ReservePending) that would create a
 	// record or reclaim a failed_retryable one while the tenant already

@@ -90,7 +90,7 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 	fresh := func(fence int64) store.ReserveResult {
 		t := at(now)
 		n := s.put(k, exists, p.Tenant, &entry{
-			key: p.Key, fp: p.Fingerprint, state: stInProgress, fence: fence, policy: policyOf(p.LeasePolicy),
+			key: p.Key, fp: p.Fingerprint, state: stInProgress, fence: fence, owner: p.Owner, policy: policyOf(p.LeasePolicy),
 			lockedUntil: at(after(now, p.Lease)), attempts: 1, createdAt: t, updatedAt: t, expiresAt: at(after(now, p.TTL)),
 		})
 		return store.ReserveResult{Outcome: store.Created, Record: n.record()}
@@ -106,10 +106,10 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 	}
 	switch act {
 	case storekit.ActReclaim:
-		e.take(now, p.Lease, p.TTL, true)
+		e.take(now, p.Lease, p.TTL, p.Owner, true)
 		return store.ReserveResult{Outcome: store.Reclaimed, Record: e.record()}, nil
 	case storekit.ActTakeOver:
-		e.take(now, p.Lease, p.TTL, false)
+		e.take(now, p.Lease, p.TTL, p.Owner, false)
 		return store.ReserveResult{Outcome: store.TakenOver, Record: e.record()}, nil
 	case storekit.ActLeaseExpired:
 		e.toUnknown(now, "lease_expired")
@@ -202,12 +202,13 @@ func (s *Store) rekey(e *entry) {
 	}
 }
 
-func (e *entry) take(now time.Time, lease, ttl time.Duration, reclaim bool) {
+func (e *entry) take(now time.Time, lease, ttl time.Duration, owner int64, reclaim bool) {
 	if reclaim {
 		e.expiresAt = at(after(now, ttl))
 	}
 	e.state = stInProgress
 	e.fence = storekit.NextFence(e.fence, now)
+	e.owner = owner
 	e.attempts++
 	e.lockedUntil = at(after(now, lease))
 	e.setError("")

@@ -33,6 +33,8 @@ type entry struct {
 	frozen   bool
 	attempts int32
 	fence    int64
+	// owner is Record.Owner; a cold (terminal) record keeps none.
+	owner int64
 
 	lockedUntil, createdAt, updatedAt, completedAt, expiresAt micros
 }
@@ -186,7 +188,7 @@ func (e *entry) fields() store.Record {
 	m := e.rare()
 	return store.Record{
 		Scope: e.scope, Key: e.key, Fingerprint: e.fp, State: states[e.state], Fence: e.fence, LeasePolicy: policies[e.policy],
-		LockedUntil: e.lockedUntil.time(), RecoveryPoint: m.recoveryPoint, LastError: m.lastError,
+		Owner: e.owner, LockedUntil: e.lockedUntil.time(), RecoveryPoint: m.recoveryPoint, LastError: m.lastError,
 		Attempts: int(e.attempts), CreatedAt: e.createdAt.time(), UpdatedAt: e.updatedAt.time(),
 		CompletedAt: e.completedAt.time(), ExpiresAt: e.expiresAt.time(),
 		ReconcileAfter: m.reconcileAfter.time(), ReconcileAttempts: m.reconciles,
@@ -199,7 +201,7 @@ func (e *entry) fields() store.Record {
 // whether e.key is a new string, which the store's maps must then be
 // keyed by.
 func (e *entry) set(r *store.Record) (rekeyed bool) {
-	e.scope, e.state, e.policy, e.fence = r.Scope, stateOf(r.State), policyOf(r.LeasePolicy), r.Fence
+	e.scope, e.state, e.policy, e.fence, e.owner = r.Scope, stateOf(r.State), policyOf(r.LeasePolicy), r.Fence, r.Owner
 	e.attempts = int32(r.Attempts)
 	e.lockedUntil, e.createdAt, e.updatedAt = at(r.LockedUntil), at(r.CreatedAt), at(r.UpdatedAt)
 	e.completedAt, e.expiresAt = at(r.CompletedAt), at(r.ExpiresAt)

@@ -80,6 +80,7 @@ func (s *Store) reserveArgs(p store.ReserveParams) args {
 	a["lease_us"] = storekit.Micros(p.Lease)
 	a["ttl_us"] = storekit.Micros(p.TTL)
 	a["tenant"] = p.Tenant
+	a["owner"] = p.Owner
 	return a
 }
 

@@ -33,11 +33,11 @@ FOR UPDATE`)
 INSERT INTO idem_records (scope, `+"`key`"+`, fingerprint, state, fence, lease_policy, locked_until,
     recovery_point, response_status, response_headers, response_body, response_body_omitted,
     last_error, attempts, created_at, updated_at, completed_at, expires_at, reconcile_after,
-    reconcile_attempts, dead_lettered_at, queue, request, tenant)
+    reconcile_attempts, dead_lettered_at, queue, request, tenant, owner)
 VALUES (:scope, :key, :fingerprint, :state, :fence, :lease_policy, :locked_until,
     :recovery_point, :status, :headers, :body, :body_omitted,
     :last_error, :attempts, :created_at, :updated_at, :completed_at, :expires_at, :reconcile_after,
-    :reconcile_attempts, :dead_lettered_at, :queue, :request, :tenant)`)
+    :reconcile_attempts, :dead_lettered_at, :queue, :request, :tenant, :owner)`)
 
 	qPendingWrite = mustCompile("pending_write", `
 UPDATE idem_records SET
@@ -48,7 +48,7 @@ UPDATE idem_records SET
     created_at = :created_at, updated_at = :updated_at, completed_at = :completed_at,
     expires_at = :expires_at, reconcile_after = :reconcile_after,
     reconcile_attempts = :reconcile_attempts, dead_lettered_at = :dead_lettered_at,
-    queue = :queue, request = :request, tenant = COALESCE(:tenant, tenant),
+    queue = :queue, request = :request, tenant = COALESCE(:tenant, tenant), owner = :owner,
     row_version = row_version + 1
 WHERE scope = :scope AND `+"`key`"+` = :key AND fence = :old_fence AND state = :old_state`)
 
@@ -85,6 +85,10 @@ func recordArgs(r *store.Record) (args, error) {
 		"completed_at": dbTimeArg(r.CompletedAt), "expires_at": dbTimeArg(r.ExpiresAt),
 		"reconcile_after": dbTimeArg(r.ReconcileAfter), "reconcile_attempts": r.ReconcileAttempts,
 		"dead_lettered_at": dbTimeArg(r.DeadLetteredAt), "queue": nil, "request": nil,
+		// The Owner storekit.ApplyPending left: 0 on a pending record,
+		// which no Reserve started, whatever row it replaces; the row's
+		// own where the write is another (a lease expired to unknown).
+		"owner": r.Owner,
 	}
 	if err := responseArgs(a, r.Response); err != nil {
 		return nil, err

@@ -20,7 +20,8 @@
 scope, `key`, fingerprint, state, fence, lease_policy, locked_until,
 recovery_point, response_status, response_headers, response_body,
 response_body_omitted, last_error, attempts, created_at, updated_at,
-completed_at, expires_at, reconcile_after, reconcile_attempts, dead_lettered_at
+completed_at, expires_at, reconcile_after, reconcile_attempts, dead_lettered_at,
+owner
 
 -- name: reserve_upsert
 -- The whole of Store.Reserve in one statement. The VALUES row is a fresh
@@ -57,7 +58,7 @@ INSERT INTO idem_records (
     recovery_point, response_status, response_headers, response_body,
     response_body_omitted, last_error, attempts, created_at, updated_at,
     completed_at, expires_at, reconcile_after, reconcile_attempts, row_version,
-    tenant
+    tenant, owner
 ) VALUES (
     :scope, :key, :fingerprint, 'in_progress',
     GREATEST(LAST_INSERT_ID(1), TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00',
@@ -71,7 +72,7 @@ INSERT INTO idem_records (
     NULL,
     DATE_ADD(COALESCE(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6)), INTERVAL :ttl_us MICROSECOND),
     NULL, 0, 0,
-    :tenant
+    :tenant, :owner
 ) ON DUPLICATE KEY UPDATE
     -- Must stay the first assignment: it is the only one that reads other
     -- columns, and they are still the old row here in either mode.
@@ -94,6 +95,9 @@ INSERT INTO idem_records (
     tenant                = IF(LAST_INSERT_ID() = 1, VALUES(tenant), tenant),
     lease_policy          = IF(LAST_INSERT_ID() = 1, VALUES(lease_policy), lease_policy),
     locked_until          = IF(LAST_INSERT_ID() IN (1, 2, 3), VALUES(locked_until), locked_until),
+    -- The decisions that start an execution give it to this Reserve; the
+    -- lease expiring to unknown keeps the Owner of the execution in doubt.
+    owner                 = IF(LAST_INSERT_ID() IN (1, 2, 3), VALUES(owner), owner),
     recovery_point        = IF(LAST_INSERT_ID() = 1, '', recovery_point),
     response_status       = IF(LAST_INSERT_ID() = 1, NULL, response_status),
     response_headers      = IF(LAST_INSERT_ID() = 1, NULL, response_headers),

@@ -71,11 +71,13 @@ func scanRecord(sc scanner, lead []any, trail ...any) (store.Record, error) {
 		status                                       sql.NullInt32
 		headers, body                                []byte
 		omitted                                      bool
+		owner                                        sql.NullInt64 // NULL on rows older than migration 011
 	)
 	dest := append(lead, &r.Scope, &r.Key, &r.Fingerprint, &state, &r.Fence, &policy, &lockedUntil,
 		&recoveryPoint, &status, &headers, &body,
 		&omitted, &lastError, &r.Attempts, &createdAt, &updatedAt,
-		&completedAt, &expiresAt, &reconcileAfter, &r.ReconcileAttempts, &deadLetteredAt)
+		&completedAt, &expiresAt, &reconcileAfter, &r.ReconcileAttempts, &deadLetteredAt,
+		&owner)
 	dest = append(dest, trail...)
 	if err := sc.Scan(dest...); err != nil {
 		return store.Record{}, err
@@ -91,6 +93,7 @@ func scanRecord(sc scanner, lead []any, trail ...any) (store.Record, error) {
 	r.ExpiresAt = expiresAt.t
 	r.ReconcileAfter = reconcileAfter.t
 	r.DeadLetteredAt = deadLetteredAt.t
+	r.Owner = owner.Int64
 	if status.Valid {
 		r.Response = &store.Response{Status: int(status.Int32), Body: body, BodyOmitted: omitted}
 		if headers != nil {

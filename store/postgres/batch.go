@@ -241,14 +241,15 @@ func queueMany(pb *pgx.Batch, q *queries, ops []*batchOp) {
 		scopes[i], keys[i] = op.args[0].(string), op.args[1].(string)
 	}
 	if ops[0].sql == q.reserve {
-		// $3 fingerprint, $4 lease, $5 TTL, $6 policy, $7 now, $8 tenant.
+		// $3 fingerprint, $4 lease, $5 TTL, $6 policy, $7 now, $8 tenant,
+		// $9 owner.
 		fps, policies, tenants := make([]string, n), make([]string, n), make([]string, n)
-		leases, ttls := make([]int64, n), make([]int64, n)
+		leases, ttls, owners := make([]int64, n), make([]int64, n), make([]int64, n)
 		for i, op := range ops {
 			fps[i], leases[i], ttls[i], policies[i] = op.args[2].(string), op.args[3].(int64), op.args[4].(int64), op.args[5].(string)
-			nows[i], tenants[i] = timestamptz(op.args[6]), op.args[7].(string)
+			nows[i], tenants[i], owners[i] = timestamptz(op.args[6]), op.args[7].(string), op.args[8].(int64)
 		}
-		pb.Queue(q.reserveMany, scopes, keys, fps, leases, ttls, policies, nows, tenants)
+		pb.Queue(q.reserveMany, scopes, keys, fps, leases, ttls, policies, nows, tenants, owners)
 		return
 	}
 	// $3 fence, $4 now, $5 status, $6 headers, $7 body, $8 omitted, $9 TTL.

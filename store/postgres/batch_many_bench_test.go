@@ -56,7 +56,7 @@ func BenchmarkBatchStatements(b *testing.B) {
 					for i := 0; b.Loop(); i++ {
 						var pb pgx.Batch
 						scopes, ks, fps, policies, tenants := make([]string, batch), make([]string, batch), make([]string, batch), make([]string, batch), make([]string, batch)
-						leases, ttls := make([]int64, batch), make([]int64, batch)
+						leases, ttls, owners := make([]int64, batch), make([]int64, batch), make([]int64, batch)
 						nows := make([]pgtype.Timestamptz, batch)
 						for j := range batch {
 							k := fmt.Sprint("k", 1+(i*batch+j)%existing)
@@ -66,11 +66,11 @@ func BenchmarkBatchStatements(b *testing.B) {
 							scopes[j], ks[j], fps[j], policies[j] = "s", k, "fp", "unknown"
 							leases[j], ttls[j] = int64(30*time.Second/time.Microsecond), int64(24*time.Hour/time.Microsecond)
 							if form == "single" {
-								pb.Queue(single, "s", k, "fp", leases[j], ttls[j], "unknown", nil, "")
+								pb.Queue(single, "s", k, "fp", leases[j], ttls[j], "unknown", nil, "", int64(j))
 							}
 						}
 						if form == "many" {
-							pb.Queue(many, scopes, ks, fps, leases, ttls, policies, nows, tenants)
+							pb.Queue(many, scopes, ks, fps, leases, ttls, policies, nows, tenants, owners)
 						}
 						if err := pool.SendBatch(ctx, &pb).Close(); err != nil {
 							b.Fatal(err)

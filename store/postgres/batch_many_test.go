@@ -235,8 +235,8 @@ func TestMultiRowPlansProbeTheKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, st := range []struct{ name, types, sql, args string }{
-		{"reserve", "text[], text[], text[], bigint[], bigint[], text[], timestamptz[], text[]", postgres.SQLReserveMany,
-			`'{s,s}', '{a,b}', '{f,f}', '{1,1}', '{1,1}', '{unknown,unknown}', '{NULL,NULL}', '{"",""}'`},
+		{"reserve", "text[], text[], text[], bigint[], bigint[], text[], timestamptz[], text[], bigint[]", postgres.SQLReserveMany,
+			`'{s,s}', '{a,b}', '{f,f}', '{1,1}', '{1,1}', '{unknown,unknown}', '{NULL,NULL}', '{"",""}', '{1,2}'`},
 		{"complete", "text[], text[], bigint[], timestamptz[], integer[], text[], bytea[], boolean[], bigint[]", postgres.SQLCompleteMany,
 			`'{s}', '{a}', '{1}', '{NULL}', '{200}', '{NULL}', '{x}', '{f}', '{1}'`},
 	} {

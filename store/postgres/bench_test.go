@@ -182,7 +182,7 @@ func BenchmarkCeiling(b *testing.B) {
 			func(p store.ReserveParams) error { // store_sql
 				var fence int64
 				err := pool.QueryRow(ctx, reserve, p.Scope, p.Key, p.Fingerprint, p.Lease.Microseconds(),
-					p.TTL.Microseconds(), string(p.LeasePolicy), nil).Scan(scanDest(&fence)...)
+					p.TTL.Microseconds(), string(p.LeasePolicy), nil, "", int64(0)).Scan(scanDest(&fence)...)
 				if err != nil {
 					return err
 				}
@@ -232,7 +232,7 @@ func BenchmarkCeiling(b *testing.B) {
 			func(p store.ReserveParams) error { // store_sql
 				var fence int64
 				return pool.QueryRow(ctx, reserve, p.Scope, p.Key, p.Fingerprint, p.Lease.Microseconds(),
-					p.TTL.Microseconds(), string(p.LeasePolicy), nil).Scan(scanDest(&fence)...)
+					p.TTL.Microseconds(), string(p.LeasePolicy), nil, "", int64(0)).Scan(scanDest(&fence)...)
 			},
 			func(p store.ReserveParams) error { // minimal_sql
 				var (
@@ -293,7 +293,7 @@ func expectOne(tag pgconn.CommandTag, err error) error {
 // scanDest keeps the fence and skips the other columns (a nil destination
 // skips a column in pgx).
 func scanDest(fence *int64) []any {
-	dest := make([]any, 22) // action + 21 record columns; fence is the 6th
+	dest := make([]any, 23) // action + 22 record columns; fence is the 6th
 	dest[5] = fence
 	return dest
 }

@@ -165,7 +165,7 @@ func newCeiling(tb testing.TB, pool *pgxpool.Pool, schema string, e *idem.Engine
 // reserveArgs and completeArgs are the statements' arguments in the
 // store's order; the nil is the clock (the database's).
 func (c *ceiling) reserveArgs(key string) []any {
-	return []any{c.scope, key, c.fp, c.lease, c.ttl, c.policy, nil, ""}
+	return []any{c.scope, key, c.fp, c.lease, c.ttl, c.policy, nil, "", int64(0)}
 }
 
 func (c *ceiling) completeArgs(key string, fence int64) []any {
@@ -177,7 +177,7 @@ func (c *ceiling) completeArgs(key string, fence int64) []any {
 func (c *ceiling) newKey(ctx context.Context, key string) error {
 	var action string
 	var fence int64
-	dest := make([]any, 22) // action + the 21 record columns
+	dest := make([]any, 23) // action + the 22 record columns
 	dest[0], dest[5] = &action, &fence
 	if err := c.pool.QueryRow(ctx, c.reserve, c.reserveArgs(key)...).Scan(dest...); err != nil {
 		return fmt.Errorf("reserve: %w", err)
@@ -192,7 +192,7 @@ func (c *ceiling) newKey(ctx context.Context, key string) error {
 // costs.
 func (c *ceiling) replay(ctx context.Context, key string) error {
 	var action, state string
-	dest := make([]any, 22)
+	dest := make([]any, 23)
 	dest[0], dest[4] = &action, &state
 	if err := c.pool.QueryRow(ctx, c.reserve, c.reserveArgs(key)...).Scan(dest...); err != nil {
 		return fmt.Errorf("replay: %w", err)

@@ -91,7 +91,8 @@ UPDATE {schema}idem_records AS r SET
 	completed_at = NULL,
 	reconcile_after = NULL,
 	reconcile_attempts = 0,
-	dead_lettered_at = NULL
+	dead_lettered_at = NULL,
+	owner = NULL
 WHERE scope = $1 AND key = $2
 RETURNING ` + pendingColumns
 

@@ -485,7 +485,7 @@ func (s *Store) reserveChecked(ctx context.Context, q querier, p store.ReservePa
 		if run > 0 {
 			s.reserveRe.Add(1)
 		}
-		args := []any{p.Scope, p.Key, p.Fingerprint, storekit.Micros(p.Lease), storekit.Micros(p.TTL), string(p.LeasePolicy), s.now(), p.Tenant}
+		args := []any{p.Scope, p.Key, p.Fingerprint, storekit.Micros(p.Lease), storekit.Micros(p.TTL), string(p.LeasePolicy), s.now(), p.Tenant, p.Owner}
 		var op *batchOp
 		if p.MaxActive > 0 {
 			var refused bool
@@ -958,7 +958,8 @@ type recordScan struct {
 	lockedUntil, created       time.Time
 	updated, expires           time.Time
 	attempts, reconcileAttempt int32
-	dest                       [22]any
+	owner                      *int64
+	dest                       [23]any
 }
 
 // scanRecord reads recordColumns, preceded by the action column when action
@@ -969,7 +970,7 @@ func scanRecord(row pgx.Row, rec *store.Record, action *string) error {
 		&rec.Scope, &rec.Key, &rec.Fingerprint, &v.state, &rec.Fence, &v.policy, &v.lockedUntil,
 		&rec.RecoveryPoint, &v.status, &v.headers, &v.body,
 		&v.omitted, &rec.LastError, &v.attempts, &v.created, &v.updated,
-		&v.completedAt, &v.expires, &v.reconcileAt, &v.reconcileAttempt, &v.deadLetteredAt,
+		&v.completedAt, &v.expires, &v.reconcileAt, &v.reconcileAttempt, &v.deadLetteredAt, &v.owner,
 	)
 	if action == nil {
 		dest = dest[1:]
@@ -988,6 +989,10 @@ func scanRecord(row pgx.Row, rec *store.Record, action *string) error {
 	rec.CompletedAt = utcOrZero(v.completedAt)
 	rec.ReconcileAfter = utcOrZero(v.reconcileAt)
 	rec.DeadLetteredAt = utcOrZero(v.deadLetteredAt)
+	rec.Owner = 0 // NULL on the rows written before migration 011
+	if v.owner != nil {
+		rec.Owner = *v.owner
+	}
 	rec.Response = nil
 	if v.status != nil {
 		resp := &store.Response{Status: int(*v.status), Body: v.body, BodyOmitted: v.omitted}

@@ -709,3 +709,30 @@ func migrationFiles(t *testing.T) (n, last int) {
 	}
 	return n, last
 }
+
+// A record written before migration 011 has no owner (NULL): it reads as
+// Owner 0, and the next execution a Reserve starts on it stores its own.
+func TestOwnerOfRecordsBeforeMigration(t *testing.T) {
+	ctx := context.Background()
+	s, schema := openSchema(t, postgres.Config{})
+	p := reserveParams("old")
+	p.Owner = 42
+	res, err := s.Reserve(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := adminConn(t).Exec(ctx, "UPDATE "+pgx.Identifier{schema, "idem_records"}.Sanitize()+" SET owner = NULL"); err != nil {
+		t.Fatal(err)
+	}
+	r, err := s.Get(ctx, p.Scope, p.Key)
+	if err != nil || r.Owner != 0 || r.Fence != res.Record.Fence {
+		t.Fatalf("a record without an owner: Owner %d fence %d (%v), want 0 %d", r.Owner, r.Fence, err, res.Record.Fence)
+	}
+	if err := s.Release(ctx, store.ReleaseParams{FenceParams: store.FenceParams{Scope: p.Scope, Key: p.Key, Fence: r.Fence}, Error: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	p.Owner = -43
+	if res, err := s.Reserve(ctx, p); err != nil || res.Outcome != store.Reclaimed || res.Record.Owner != -43 {
+		t.Fatalf("reclaim of a record without an owner: %v Owner %d (%v)", res.Outcome, res.Record.Owner, err)
+	}
+}

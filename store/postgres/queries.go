@@ -22,7 +22,7 @@ import (
 const recordColumns = `scope, key, fingerprint, state, fence, lease_policy, locked_until,
 	recovery_point, response_status, response_headers, response_body,
 	response_body_omitted, last_error, attempts, created_at, updated_at,
-	completed_at, expires_at, reconcile_after, reconcile_attempts, dead_lettered_at`
+	completed_at, expires_at, reconcile_after, reconcile_attempts, dead_lettered_at, owner`
 
 // recordColumnsR is recordColumns qualified by the alias r, for statements
 // that join other relations with the same column names.
@@ -30,7 +30,7 @@ const recordColumnsR = `r.scope, r.key, r.fingerprint, r.state, r.fence, r.lease
 	r.locked_until, r.recovery_point, r.response_status, r.response_headers,
 	r.response_body, r.response_body_omitted, r.last_error, r.attempts,
 	r.created_at, r.updated_at, r.completed_at, r.expires_at, r.reconcile_after,
-	r.reconcile_attempts, r.dead_lettered_at`
+	r.reconcile_attempts, r.dead_lettered_at, r.owner`
 
 // sqlReserve is Reserve in one statement (one round trip).
 //
@@ -61,6 +61,10 @@ const recordColumnsR = `r.scope, r.key, r.fingerprint, r.state, r.fence, r.lease
 //
 // The last two only happen under a true race on one key; Reserve then runs
 // the statement again with a fresh snapshot.
+//
+// $1 scope, $2 key, $3 fingerprint, $4 lease and $5 TTL in microseconds,
+// $6 lease policy, $7 now (NULL: the database clock), $8 tenant, $9 owner
+// (stored by the moves that start an execution: all but 'to_unknown').
 var sqlReserve = `
 WITH clock AS (
 	SELECT now, greatest((extract(epoch FROM now) * 1000000)::bigint, 1) AS new_fence
@@ -75,11 +79,11 @@ cur AS (
 ins AS (
 	INSERT INTO {schema}idem_records AS r
 		(scope, key, fingerprint, state, fence, lease_policy, locked_until,
-		 attempts, created_at, updated_at, expires_at, reap_after, tenant, active_tenant)
+		 attempts, created_at, updated_at, expires_at, reap_after, tenant, active_tenant, owner)
 	SELECT $1, $2, $3, 'in_progress', c.new_fence, $6,
 		c.now + $4::bigint * interval '1 microsecond',
 		1, c.now, c.now, c.now + $5::bigint * interval '1 microsecond',
-		c.now + $5::bigint * interval '1 microsecond', $8, CASE WHEN {cap} THEN $8 END
+		c.now + $5::bigint * interval '1 microsecond', $8, CASE WHEN {cap} THEN $8 END, $9::bigint
 	FROM clock c
 	WHERE NOT EXISTS (SELECT FROM cur)
 	ON CONFLICT {conflict} DO NOTHING
@@ -94,6 +98,7 @@ upd AS (
 			WHEN cur.action = 'replace' THEN $8 ELSE r.tenant END,
 		fence = CASE WHEN cur.action = 'to_unknown' THEN r.fence
 			ELSE greatest(r.fence + 1, c.new_fence) END,
+		owner = CASE WHEN cur.action = 'to_unknown' THEN r.owner ELSE $9::bigint END,
 		lease_policy = CASE WHEN cur.action = 'replace' THEN $6 ELSE r.lease_policy END,
 		locked_until = CASE WHEN cur.action = 'to_unknown' THEN r.locked_until
 			ELSE c.now + $4::bigint * interval '1 microsecond' END,
@@ -758,14 +763,15 @@ func newQueries(schema string, tenantCap, partitioned bool) queries {
 //
 // $1 scopes, $2 keys, $3 fingerprints, $4 leases and $5 TTLs in
 // microseconds, $6 lease policies, $7 nows (NULL: the database clock),
-// $8 tenants.
+// $8 tenants, $9 owners.
 var sqlReserveMany = `
 WITH input AS (
-	SELECT i.scope, i.key, i.fingerprint, i.lease, i.ttl, i.policy, i.tenant, i.ord,
+	SELECT i.scope, i.key, i.fingerprint, i.lease, i.ttl, i.policy, i.tenant, i.owner, i.ord,
 		coalesce(i.now_in, statement_timestamp()) AS now
 	FROM unnest((SELECT $1::text[]), (SELECT $2::text[]), (SELECT $3::text[]), (SELECT $4::bigint[]),
-		(SELECT $5::bigint[]), (SELECT $6::text[]), (SELECT $7::timestamptz[]), (SELECT $8::text[]))
-		WITH ORDINALITY AS i(scope, key, fingerprint, lease, ttl, policy, now_in, tenant, ord)
+		(SELECT $5::bigint[]), (SELECT $6::text[]), (SELECT $7::timestamptz[]), (SELECT $8::text[]),
+		(SELECT $9::bigint[]))
+		WITH ORDINALITY AS i(scope, key, fingerprint, lease, ttl, policy, now_in, tenant, owner, ord)
 ),
 cur AS (
 	SELECT i.ord, i.now AS in_now, i.fingerprint AS in_fingerprint, x.*
@@ -779,12 +785,12 @@ cur AS (
 ins AS (
 	INSERT INTO {schema}idem_records AS r
 		(scope, key, fingerprint, state, fence, lease_policy, locked_until,
-		 attempts, created_at, updated_at, expires_at, reap_after, tenant, active_tenant)
+		 attempts, created_at, updated_at, expires_at, reap_after, tenant, active_tenant, owner)
 	SELECT i.scope, i.key, i.fingerprint, 'in_progress',
 		greatest((extract(epoch FROM i.now) * 1000000)::bigint, 1), i.policy,
 		i.now + i.lease * interval '1 microsecond',
 		1, i.now, i.now, i.now + i.ttl * interval '1 microsecond',
-		i.now + i.ttl * interval '1 microsecond', i.tenant, CASE WHEN {cap} THEN i.tenant END
+		i.now + i.ttl * interval '1 microsecond', i.tenant, CASE WHEN {cap} THEN i.tenant END, i.owner
 	FROM input i
 	WHERE NOT EXISTS (SELECT FROM cur WHERE cur.ord = i.ord)
 	ORDER BY i.scope, i.key

@@ -29,7 +29,7 @@ import (
 
 // sqlActive counts a tenant's active records (store.State.Active), through
 // the partial index idem_records_cap_idx: active_tenant is the tenant while
-// the record is active, on a store with Config.TenantCap. $8 tenant, $9 cap.
+// the record is active, on a store with Config.TenantCap. $8 tenant, $10 cap.
 const sqlActive = `SELECT count(*) FROM {schema}idem_records
 	WHERE active_tenant = $8`
 
@@ -61,7 +61,7 @@ var errCapRepeatableRead = errors.Join(store.ErrInvalidParams,
 // capped adds the cap to the reservation statement.
 func capped(q string) string {
 	for _, r := range [][2]string{
-		{"\ncur AS (", "\ncap AS (SELECT (" + sqlActive + ") < $9::bigint AS ok),\ncur AS ("},
+		{"\ncur AS (", "\ncap AS (SELECT (" + sqlActive + ") < $10::bigint AS ok),\ncur AS ("},
 		{"WHERE NOT EXISTS (SELECT FROM cur)\n", "WHERE NOT EXISTS (SELECT FROM cur) AND (SELECT ok FROM cap)\n"},
 		{"\t\tAND r.state = cur.state AND r.fence = cur.fence\n",
 			"\t\tAND r.state = cur.state AND r.fence = cur.fence\n" +

@@ -16,6 +16,7 @@ import (
 //	lu locked_until, rp recovery_point, le last_error, at attempts,
 //	ca created_at, ua updated_at, cpa completed_at, ea expires_at,
 //	ra reconcile_after, rat reconcile_attempts, dla dead_lettered_at,
+//	o owner (while in_progress or unknown; absent, as in older records, 0),
 //	rs response status, rh response header (JSON), rb response body (absent
 //	when the body is nil), ro body omitted ("1").
 //
@@ -72,6 +73,7 @@ func decodeRecord(v any) (store.Record, error) {
 		ReconcileAfter:    instant("ra"),
 		ReconcileAttempts: int(integer("rat")),
 		DeadLetteredAt:    instant("dla"),
+		Owner:             integer("o"),
 	}
 	if _, ok := f["rs"]; ok {
 		resp := &store.Response{Status: int(integer("rs")), BodyOmitted: f["ro"] == "1"}

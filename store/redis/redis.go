@@ -292,7 +292,7 @@ func (s *Store) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 	}
 	v, err := s.eval(ctx, scriptReserve, s.scriptKeys(p.Scope, p.Key),
 		s.now(), p.Scope, p.Key, p.Fingerprint, storekit.Micros(p.Lease), storekit.Micros(p.TTL),
-		string(p.LeasePolicy), s.graceMS()).Result()
+		string(p.LeasePolicy), s.graceMS(), p.Owner).Result()
 	if err != nil {
 		return store.ReserveResult{}, wrap("reserve", err)
 	}

@@ -35,15 +35,16 @@ ON CONFLICT (scope, key) DO UPDATE SET
 RETURNING ` + pendingColumns
 
 // qPendingRequeue puts a failed_retryable record or an expired lease under
-// policy retry or resume back in the queue. ?1 scope, ?2 key, ?3 fence
-// read, ?4 claim deadline, ?5 now, ?6 expires_at or NULL to keep it,
-// ?7 queue, ?8 request.
+// policy retry or resume back in the queue, as a new execution that no
+// Reserve started (owner NULL). ?1 scope, ?2 key, ?3 fence read, ?4 claim
+// deadline, ?5 now, ?6 expires_at or NULL to keep it, ?7 queue, ?8 request.
 const qPendingRequeue = `UPDATE idem_records SET
 	state = 'pending',
 	fence = max(fence + 1, ?5),
 	locked_until = ?4,
 	last_error = '',
 	reconcile_attempts = 0,
+	owner = NULL,
 	updated_at = ?5,
 	expires_at = coalesce(?6, expires_at),
 	queue = ?7,

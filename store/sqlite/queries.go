@@ -12,7 +12,7 @@ package sqlite
 const recordColumns = `scope, key, fingerprint, state, fence, lease_policy, locked_until,
 	recovery_point, response_status, response_headers, response_body, response_body IS NULL,
 	response_body_omitted, last_error, attempts, created_at, updated_at, completed_at, expires_at,
-	reconcile_after, reconcile_attempts, dead_lettered_at`
+	reconcile_after, reconcile_attempts, dead_lettered_at, owner`
 
 const qGet = `SELECT ` + recordColumns + ` FROM idem_records WHERE scope = ?1 AND key = ?2`
 
@@ -37,9 +37,11 @@ WHERE state NOT IN ('completed', 'failed_retryable', 'expired') LIMIT ?1)`
 
 // qRecreate is what a reservation that replaces a record (a new key on an
 // expired one) writes over it, whatever state it starts in: qCreate's and
-// qPendingCreate's shared assignments.
+// qPendingCreate's shared assignments. The owner is the new record's:
+// qCreate's Reserve, or NULL for a pending record, which inserts none.
 const qRecreate = `	fingerprint = excluded.fingerprint,
 	tenant = excluded.tenant,
+	owner = excluded.owner,
 	fence = max(fence + 1, excluded.fence),
 	lease_policy = excluded.lease_policy,
 	locked_until = excluded.locked_until,
@@ -62,10 +64,10 @@ const qRecreate = `	fingerprint = excluded.fingerprint,
 // existing record is left alone and no row is returned.
 //
 // ?1 scope, ?2 key, ?3 fingerprint, ?4 lease policy, ?5 locked_until,
-// ?6 now, ?7 expires_at, ?8 tenant.
+// ?6 now, ?7 expires_at, ?8 tenant, ?9 owner.
 const qCreate = `INSERT INTO idem_records (scope, key, fingerprint, state, fence, lease_policy,
-	locked_until, attempts, created_at, updated_at, expires_at, tenant)
-VALUES (?1, ?2, ?3, 'in_progress', max(?6, 1), ?4, ?5, 1, ?6, ?6, ?7, ?8)
+	locked_until, attempts, created_at, updated_at, expires_at, tenant, owner)
+VALUES (?1, ?2, ?3, 'in_progress', max(?6, 1), ?4, ?5, 1, ?6, ?6, ?7, ?8, ?9)
 ON CONFLICT (scope, key) DO UPDATE SET
 	state = 'in_progress',
 	attempts = 1,
@@ -75,11 +77,13 @@ WHERE state = 'expired'
 RETURNING ` + recordColumns
 
 // qReclaim gives a failed_retryable record back to a retry with the same
-// fingerprint. ?1 scope, ?2 key, ?3 fingerprint, ?4 locked_until, ?5 now,
-// ?6 expires_at.
+// fingerprint, a new execution under the reclaiming Reserve's owner.
+// ?1 scope, ?2 key, ?3 fingerprint, ?4 locked_until, ?5 now, ?6 expires_at,
+// ?7 owner.
 const qReclaim = `UPDATE idem_records SET
 	state = 'in_progress',
 	fence = max(fence + 1, ?5),
+	owner = ?7,
 	attempts = attempts + 1,
 	locked_until = ?4,
 	expires_at = ?6,
@@ -91,10 +95,11 @@ WHERE scope = ?1 AND key = ?2 AND state = 'failed_retryable' AND fingerprint = ?
 RETURNING ` + recordColumns
 
 // qTakeOver hands an expired lease under policy retry or resume to a new
-// holder; recovery_point is kept for resume. ?1 scope, ?2 key,
-// ?3 fingerprint, ?4 locked_until, ?5 now.
+// holder, the owner of a new execution; recovery_point is kept for resume.
+// ?1 scope, ?2 key, ?3 fingerprint, ?4 locked_until, ?5 now, ?6 owner.
 const qTakeOver = `UPDATE idem_records SET
 	fence = max(fence + 1, ?5),
+	owner = ?6,
 	attempts = attempts + 1,
 	locked_until = ?4,
 	reconcile_attempts = 0,

@@ -73,7 +73,7 @@ func (s *Store) reserve(ctx context.Context, q querier, p *store.ReserveParams) 
 
 	// The common case, a new key, is this one statement.
 	rec, err := scanRecord(q.QueryRowContext(ctx, qCreate,
-		p.Scope, p.Key, p.Fingerprint, string(p.LeasePolicy), lockedUntil, now.UnixMicro(), expiresAt, p.Tenant))
+		p.Scope, p.Key, p.Fingerprint, string(p.LeasePolicy), lockedUntil, now.UnixMicro(), expiresAt, p.Tenant, p.Owner))
 	if err == nil {
 		return store.ReserveResult{Outcome: store.Created, Record: rec}, nil
 	}
@@ -95,10 +95,10 @@ func (s *Store) reserve(ctx context.Context, q querier, p *store.ReserveParams) 
 		return store.ReserveResult{Outcome: store.Existing, Record: rec}, nil
 	case storekit.ActReclaim:
 		outcome, query = store.Reclaimed, qReclaim
-		args = []any{p.Scope, p.Key, p.Fingerprint, lockedUntil, now.UnixMicro(), expiresAt}
+		args = []any{p.Scope, p.Key, p.Fingerprint, lockedUntil, now.UnixMicro(), expiresAt, p.Owner}
 	case storekit.ActTakeOver:
 		outcome, query = store.TakenOver, qTakeOver
-		args = []any{p.Scope, p.Key, p.Fingerprint, lockedUntil, now.UnixMicro()}
+		args = []any{p.Scope, p.Key, p.Fingerprint, lockedUntil, now.UnixMicro(), p.Owner}
 	case storekit.ActLeaseExpired:
 		query = qLeaseExpired
 		args = []any{p.Scope, p.Key, now.UnixMicro()}
@@ -496,7 +496,7 @@ func scanRecord(sc scanner) (store.Record, error) {
 		state, policy                          string
 		lockedUntil, createdAt, updatedAt, exp int64
 		completedAt, reconcileAfter, status    sql.NullInt64
-		deadLetteredAt                         sql.NullInt64
+		deadLetteredAt, owner                  sql.NullInt64
 		headers                                sql.NullString
 		body                                   []byte
 		bodyNull, omitted                      bool
@@ -504,7 +504,7 @@ func scanRecord(sc scanner) (store.Record, error) {
 	err := sc.Scan(&r.Scope, &r.Key, &r.Fingerprint, &state, &r.Fence, &policy, &lockedUntil,
 		&r.RecoveryPoint, &status, &headers, &body, &bodyNull, &omitted,
 		&r.LastError, &r.Attempts, &createdAt, &updatedAt, &completedAt, &exp,
-		&reconcileAfter, &r.ReconcileAttempts, &deadLetteredAt)
+		&reconcileAfter, &r.ReconcileAttempts, &deadLetteredAt, &owner)
 	if errors.Is(err, sql.ErrNoRows) {
 		return store.Record{}, store.ErrNotFound
 	}
@@ -520,6 +520,7 @@ func scanRecord(sc scanner) (store.Record, error) {
 	r.CompletedAt = fromNullMicros(completedAt)
 	r.ReconcileAfter = fromNullMicros(reconcileAfter)
 	r.DeadLetteredAt = fromNullMicros(deadLetteredAt)
+	r.Owner = owner.Int64 // NULL (0): no Reserve started it, or it predates migration 011
 	if status.Valid {
 		r.Response = &store.Response{Status: int(status.Int64), BodyOmitted: omitted}
 		if !omitted && !bodyNull && body == nil {

@@ -124,7 +124,7 @@ func TestMigrateIsIdempotent(t *testing.T) {
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"1 001_records", "2 002_dead_letter", "4 004_list", "6 006_pending", "7 007_tenant"}; !reflect.DeepEqual(got, want) {
+	if want := []string{"1 001_records", "2 002_dead_letter", "4 004_list", "6 006_pending", "7 007_tenant", "11 011_owner"}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("idem_migrations = %q, want %q", got, want)
 	}
 }

@@ -112,6 +112,7 @@ func ApplyPending(prev *store.Record, p *store.PendingParams, now time.Time, act
 	r.LockedUntil = after(p.Lease)
 	r.LastError = ""
 	r.ReconcileAttempts = 0 // a new execution: its own reconciliation, if any
+	r.Owner = 0             // and no Reserve started it
 	r.UpdatedAt = now
 	r.Response, r.CompletedAt = nil, time.Time{}
 	r.Request = &req

@@ -24,6 +24,7 @@ func runPending(t *testing.T, h Harness) {
 	t.Run("PendingInvalid", func(t *testing.T) { testPendingInvalid(t, h) })
 	t.Run("PendingUnknownKeepsRequest", func(t *testing.T) { testPendingUnknown(t, h) })
 	t.Run("PendingRequestClearedWhenSettled", func(t *testing.T) { testPendingCleared(t, h) })
+	t.Run("PendingHasNoOwner", func(t *testing.T) { testPendingOwner(t, h) })
 }
 
 func (e *env) queue() store.Queue {
@@ -117,6 +118,35 @@ func testPendingReserve(t *testing.T, h Harness) {
 		t.Fatalf("sweep over a pending record: %d swept, %v", len(swept), err)
 	}
 	e.mustUnchanged(got, "a sweep")
+}
+
+// testPendingOwner: a pending record that takes over or reclaims a record
+// a Reserve started is a new execution no Reserve started: Owner 0, and
+// so is the worker's claim of it.
+func testPendingOwner(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	p := e.reserveP("s", "k", "fp", store.LeaseRetry)
+	p.Owner = 5
+	r := e.reserve(e.s, p)
+	p.Key = "released"
+	released := e.reserve(e.s, p)
+	if err := e.s.Release(e.ctx, store.ReleaseParams{FenceParams: fenceOf(released.Record), Error: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(lease)
+	for _, c := range []struct {
+		key  string
+		want store.ReserveOutcome
+	}{{r.Record.Key, store.TakenOver}, {"released", store.Reclaimed}} {
+		res := e.reservePending(e.pendingP("s", c.key, "fp", "q-"+c.key, store.LeaseRetry))
+		if res.Outcome != c.want || res.Record.Owner != 0 {
+			t.Fatalf("%s: pending over a Reserve's record: %v, Owner %d; want %v, 0", c.key, res.Outcome, res.Record.Owner, c.want)
+		}
+		claimed := e.claim(e.queue(), "q-"+c.key, 1)
+		if len(claimed) != 1 || claimed[0].Owner != 0 || e.get("s", c.key).Owner != 0 {
+			t.Fatalf("%s: claimed %d records, Owner of the claim %v", c.key, len(claimed), claimed)
+		}
+	}
 }
 
 func testPendingClaimOnce(t *testing.T, h Harness) {

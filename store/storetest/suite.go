@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"reflect"
 	"strings"
@@ -136,6 +137,9 @@ func diffRecords(a, b store.Record) []string {
 	add("ReconcileAfter", !a.ReconcileAfter.Equal(b.ReconcileAfter))
 	add("ReconcileAttempts", a.ReconcileAttempts != b.ReconcileAttempts)
 	add("DeadLetteredAt", !a.DeadLetteredAt.Equal(b.DeadLetteredAt))
+	if a.State == b.State && (a.State == store.StateInProgress || a.State == store.StateUnknown) {
+		add("Owner", a.Owner != b.Owner) // kept in these states only
+	}
 	return d
 }
 
@@ -184,6 +188,7 @@ func run(t *testing.T, h Harness) {
 	t.Run("FenceNeverReusedAcrossDelete", func(t *testing.T) { testFenceAcrossDelete(t, h) })
 	t.Run("FenceGrowsWhenClockStepsBack", func(t *testing.T) { testFenceClockBack(t, h) })
 	t.Run("ReleaseAndReclaim", func(t *testing.T) { testReleaseReclaim(t, h) })
+	t.Run("OwnerOfEachExecution", func(t *testing.T) { testOwner(t, h) })
 	t.Run("ConcurrentReserveOneWinner", func(t *testing.T) { testConcurrentReserve(t, h) })
 	t.Run("ConcurrentReclaimOneWinner", func(t *testing.T) { testConcurrentReclaim(t, h) })
 	t.Run("TwoHandlesOneWinner", func(t *testing.T) { testTwoHandles(t, h) })
@@ -469,6 +474,88 @@ func testReleaseReclaim(t *testing.T, h Harness) {
 	if got := e.get("s", "k"); got.State != store.StateCompleted {
 		t.Fatalf("after reclaim and complete: %s", got.State)
 	}
+}
+
+// testOwner: the Reserve that starts an execution (creation, reclaim,
+// takeover, replacement of an expired record) stores its Owner, which the
+// record keeps while in progress and once unknown; no other Reserve
+// changes it, its own included.
+func testOwner(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	owned := func(key, fp string, policy store.LeasePolicy, owner int64) store.ReserveParams {
+		p := e.reserveP("s", key, fp, policy)
+		p.Owner = owner
+		return p
+	}
+	want := func(what string, r store.Record, owner int64) {
+		t.Helper()
+		if r.Owner != owner {
+			t.Fatalf("%s: Owner %d, want %d", what, r.Owner, owner)
+		}
+		if got := e.get(r.Scope, r.Key); got.Owner != owner {
+			t.Fatalf("%s: Get's Owner %d, want %d", what, got.Owner, owner)
+		}
+	}
+	created := e.reserve(e.s, owned("k", "fp", store.LeaseUnknown, 7))
+	if created.Outcome != store.Created {
+		t.Fatalf("new key: %v", created.Outcome)
+	}
+	want("created", created.Record, 7)
+	// Duplicates, its own Owner's too, leave it as it is.
+	for _, owner := range []int64{8, 7, 0, -7} {
+		res := e.reserve(e.s, owned("k", "fp", store.LeaseUnknown, owner))
+		if res.Outcome != store.Existing || res.Record.Owner != 7 {
+			t.Fatalf("duplicate with Owner %d: %v, Owner %d", owner, res.Outcome, res.Record.Owner)
+		}
+		e.mustUnchanged(created.Record, "a duplicate's Reserve")
+	}
+	if res := e.reserve(e.s, owned("k", "other", store.LeaseUnknown, 9)); res.Outcome != store.Existing || res.Record.Owner != 7 {
+		t.Fatalf("another request: %v, Owner %d", res.Outcome, res.Record.Owner)
+	}
+	// A reclaim is a new execution: the reclaiming Reserve's Owner.
+	if err := e.s.Release(e.ctx, store.ReleaseParams{FenceParams: fenceOf(created.Record), Error: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	reclaimed := e.reserve(e.s, owned("k", "fp", store.LeaseUnknown, 10))
+	if reclaimed.Outcome != store.Reclaimed {
+		t.Fatalf("reclaim: %v", reclaimed.Outcome)
+	}
+	want("reclaimed", reclaimed.Record, 10)
+	// Past the lease under policy unknown the record keeps the Owner of
+	// the execution whose outcome is unknown.
+	e.clock.Advance(lease)
+	res := e.reserve(e.s, owned("k", "fp", store.LeaseUnknown, 11))
+	if res.Outcome != store.Existing || res.Record.State != store.StateUnknown {
+		t.Fatalf("after the lease (policy unknown): %v %s", res.Outcome, res.Record.State)
+	}
+	want("unknown after the lease", res.Record, 10)
+	// MarkUnknown keeps it too.
+	m := e.reserve(e.s, owned("m", "fp", store.LeaseUnknown, -12))
+	if err := e.s.MarkUnknown(e.ctx, store.ReleaseParams{FenceParams: fenceOf(m.Record), Error: "timeout"}); err != nil {
+		t.Fatal(err)
+	}
+	want("marked unknown", e.get("s", "m"), -12)
+	// A takeover is a new execution.
+	r := e.reserve(e.s, owned("r", "fp", store.LeaseRetry, 13))
+	want("created under policy retry", r.Record, 13)
+	e.clock.Advance(lease)
+	took := e.reserve(e.s, owned("r", "fp", store.LeaseRetry, 14))
+	if took.Outcome != store.TakenOver {
+		t.Fatalf("takeover: %v", took.Outcome)
+	}
+	want("taken over", took.Record, 14)
+	// So is the record that replaces an expired one; 0 is an Owner too.
+	e.complete(took.Record, sampleResponse())
+	e.clock.Advance(ttl)
+	again := e.reserve(e.s, owned("r", "fp", store.LeaseRetry, 0))
+	if again.Outcome != store.Created {
+		t.Fatalf("past expiry: %v", again.Outcome)
+	}
+	want("created over an expired record", again.Record, 0)
+	big := e.reserve(e.s, owned("big", "fp", store.LeaseRetry, math.MinInt64))
+	want("the smallest Owner", big.Record, math.MinInt64)
+	big = e.reserve(e.s, owned("big2", "fp", store.LeaseRetry, math.MaxInt64))
+	want("the largest Owner", big.Record, math.MaxInt64)
 }
 
 // race runs n goroutines released at once and returns their outcomes.

@@ -86,8 +86,9 @@ local function settle(idx, rk, st, pol, lu, ra, ea, now, grace_ms)
   if terminal(st) then
     redis.call('ZADD', idx[3], num(ea), rk)
     -- The request kept for a worker may name the caller: a terminal
-    -- record drops it (store.Record.Request).
-    redis.call('HDEL', rk, 'q', 'rq')
+    -- record drops it (store.Record.Request), and the owner, which only
+    -- an open execution needs (store.Record.Owner), with it.
+    redis.call('HDEL', rk, 'q', 'rq', 'o')
   else
     redis.call('ZREM', idx[3], rk)
   end

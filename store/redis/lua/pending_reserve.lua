@@ -70,6 +70,8 @@ else
 end
 redis.call('HSET', rk, 'st', PENDING, 'f', num(next_fence(fence, now)), 'lu', num(now + wait),
   'le', '', 'rat', '0', 'ua', num(now), 'q', queue, 'rq', request)
-redis.call('HDEL', rk, 'ra', 'rs', 'rh', 'rb', 'ro', 'cpa')
+-- The execution a worker will run is no Reserve's: it has no owner
+-- (store.Record.Owner), whatever the record held.
+redis.call('HDEL', rk, 'ra', 'rs', 'rh', 'rb', 'ro', 'cpa', 'o')
 queued(tonumber(r.ca))
 return result(outcome)

@@ -1,11 +1,16 @@
 -- reserve: the single atomic entry point of a request (store.Store.Reserve).
--- ARGV: clock, scope, key, fingerprint, lease_us, ttl_us, policy, grace_ms
+-- ARGV: clock, scope, key, fingerprint, lease_us, ttl_us, policy, grace_ms,
+-- owner
 -- Returns {outcome, HGETALL}; outcome follows store.ReserveOutcome
 -- (0 existing, 1 created, 2 reclaimed, 3 taken over).
 local rk = KEYS[REC]
 local now = clock(ARGV[1])
 local scope, key, fp = ARGV[2], ARGV[3], ARGV[4]
 local lease, ttl, pol, grace = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
+-- owner (store.Record.Owner) is written by every branch that starts an
+-- execution, and only by them. It stays the caller's decimal string: any
+-- int64, which a Lua number (a double) would round.
+local owner = ARGV[9]
 
 -- One read of the whole record: a replay returns it as read.
 local all = redis.call('HGETALL', rk)
@@ -43,7 +48,7 @@ if not st or st == EXPIRED or (terminal(st) and ea <= now) then
   end
   redis.call('HSET', rk, 's', scope, 'k', key, 'fp', fp, 'st', IN_PROGRESS, 'f', num(f),
     'pol', pol, 'lu', num(now + lease), 'rp', '', 'le', '', 'at', '1',
-    'ca', num(now), 'ua', num(now), 'ea', num(now + ttl), 'rat', '0')
+    'ca', num(now), 'ua', num(now), 'ea', num(now + ttl), 'rat', '0', 'o', owner)
   settle(idx, rk, IN_PROGRESS, pol, now + lease, 0, now + ttl, now, grace)
   return result(1)
 end
@@ -55,7 +60,7 @@ end
 if st == FAILED then
   -- The policy stays the one fixed when the record was created.
   redis.call('HSET', rk, 'st', IN_PROGRESS, 'f', num(next_fence(fence, now)), 'at', num(at + 1),
-    'lu', num(now + lease), 'ea', num(now + ttl), 'le', '', 'rat', '0', 'ua', num(now))
+    'lu', num(now + lease), 'ea', num(now + ttl), 'le', '', 'rat', '0', 'ua', num(now), 'o', owner)
   redis.call('HDEL', rk, 'ra')
   settle(idx, rk, IN_PROGRESS, rpol, now + lease, 0, now + ttl, now, grace)
   return result(2)
@@ -68,7 +73,8 @@ if st == IN_PROGRESS and lu <= now then
     return result(0)
   end
   -- retry / resume: a new fence; recovery_point is kept for resume.
-  redis.call('HSET', rk, 'f', num(next_fence(fence, now)), 'at', num(at + 1), 'lu', num(now + lease), 'le', '', 'rat', '0', 'ua', num(now))
+  redis.call('HSET', rk, 'f', num(next_fence(fence, now)), 'at', num(at + 1), 'lu', num(now + lease), 'le', '', 'rat', '0', 'ua', num(now),
+    'o', owner)
   settle(idx, rk, IN_PROGRESS, rpol, now + lease, 0, ea, now, grace)
   return result(3)
 end

@@ -1,0 +1,11 @@
+-- The owner of a record's current execution (store.Record.Owner): the
+-- number the Reserve that started it was given. An engine whose Reserve
+-- failed without an answer reads the record back and tells by it whether
+-- the reservation it never heard of is its own, which ran no handler.
+--
+-- A nullable column without a default: adding it changes only the
+-- catalog, so the table is not rewritten and readers and writers wait only
+-- for the brief lock of the catalog change. Rows written before read as
+-- NULL, which the store reads as 0. On a partitioned table the column
+-- reaches every partition.
+ALTER TABLE idem_records ADD COLUMN owner bigint;
