@@ -118,6 +118,12 @@ func TestBreakerOpensProbesAndCloses(t *testing.T) {
 	if got := b.st.Reserves.Load(); got != 3 {
 		t.Fatalf("the store was called while the breaker was open: %d reservations", got)
 	}
+	// Each failed reservation was read back once (it may have been made,
+	// its answer lost); a refusal of the breaker called no store, and
+	// reads nothing back.
+	if got := b.st.Gets.Load(); got != 3 {
+		t.Fatalf("%d reads after 3 failed reservations and 2 refusals, want 3", got)
+	}
 
 	// Half-open: the probe reaches the store, fails, and the breaker opens
 	// again for twice as long.

@@ -1512,3 +1512,124 @@ func TestNotExecutedReleases(t *testing.T) {
 		})
 	}
 }
+
+// A Reserve whose answer was lost, though the store applied it: the
+// engine reads the record back and releases its own reservation, so that
+// the client's retry runs the request, which never ran, instead of
+// finding it in progress and, once the lease lapsed, unknown.
+func TestLostReservationIsReleased(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, idem.Config{}, nil)
+	f.store.LoseReserves.Store(1)
+	enginetest.WantProblem(t, f.do(post(uuid, `{}`)), 503, "store-unavailable")
+	r, err := f.store.Get(context.Background(), "0:POST /v1/charges", strings.Trim(uuid, `"`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.State != store.StateFailedRetryable || r.LastError != "reservation_unacknowledged" {
+		t.Fatalf("the reservation whose answer was lost: %s %q, want failed_retryable reservation_unacknowledged", r.State, r.LastError)
+	}
+	if w := f.do(post(uuid, `{}`)); w.Code != 201 {
+		t.Fatalf("retry: %d %s", w.Code, w.Body)
+	}
+	if n := f.calls.Load(); n != 1 {
+		t.Fatalf("handler ran %d times, want 1", n)
+	}
+}
+
+// The record read back after a lost answer is another request's (a
+// duplicate's Reserve lost the answer that named the first one's record):
+// the engine leaves it in progress, and the first request completes it.
+func TestLostReservationOfAnotherRequestIsKept(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, idem.Config{}, nil)
+	started, hold := make(chan *idem.Execution, 1), make(chan struct{})
+	h := f.engine.Middleware(holdingHandler(started, hold))
+	done := make(chan *httptest.ResponseRecorder)
+	go func() { done <- sendKeyed(h, "k") }()
+	x := <-started
+	f.store.LoseReserves.Store(1)
+	enginetest.WantProblem(t, sendKeyed(h, "k"), 503, "store-unavailable")
+	r, err := f.store.Get(context.Background(), "0:POST /v1/slow", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.State != store.StateInProgress || r.Fence != x.Fence() {
+		t.Fatalf("the first request's record: %s fence %d, want in_progress %d", r.State, r.Fence, x.Fence())
+	}
+	close(hold)
+	if w := <-done; w.Code != 201 {
+		t.Fatalf("the first request: %d", w.Code)
+	}
+}
+
+// A client that leaves while its Reserve is under way cancels it: the
+// store may have committed the reservation all the same. Nobody waits for
+// the answer, and the engine releases it.
+func TestLostReservationOfALeftClientIsReleased(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, idem.Config{}, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &cancelling{Store: f.store, cancel: cancel}
+	e, err := idem.New(s, idem.Config{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := httptest.NewRequestWithContext(ctx, "POST", "/v1/charges", strings.NewReader(`{}`))
+	r.Header.Set("Idempotency-Key", "k")
+	e.Middleware(http.NotFoundHandler()).ServeHTTP(httptest.NewRecorder(), r)
+	rec, err := f.store.Get(context.Background(), "0:POST /v1/charges", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.State != store.StateFailedRetryable || rec.LastError != "reservation_unacknowledged" {
+		t.Fatalf("the reservation of a client that left: %s %q", rec.State, rec.LastError)
+	}
+}
+
+// cancelling reserves, then cancels the request as its client would by
+// leaving, and answers as a store whose call was cancelled.
+type cancelling struct {
+	store.Store
+	cancel func()
+}
+
+func (s *cancelling) Reserve(ctx context.Context, p store.ReserveParams) (store.ReserveResult, error) {
+	if _, err := s.Store.Reserve(ctx, p); err != nil {
+		return store.ReserveResult{}, err
+	}
+	s.cancel()
+	<-ctx.Done()
+	return store.ReserveResult{}, ctx.Err()
+}
+
+// A Reserve that took the whole store timeout is not followed by a read:
+// the store is slow, and asking it again would double the client's wait.
+// The reservation stays until its lease lapses, as before.
+func TestSlowLostReservationIsNotReadBack(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, idem.Config{}, nil)
+	s := &slowLoss{Store: f.store}
+	e, err := idem.New(s, idem.Config{StoreTimeout: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	enginetest.WantProblem(t, sendKeyed(e.Middleware(http.NotFoundHandler()), "k"), 503, "store-unavailable")
+	if n := f.store.Gets.Load(); n != 0 {
+		t.Fatalf("%d reads after a Reserve that timed out", n)
+	}
+	if rec, err := f.store.Get(context.Background(), "0:POST /v1/slow", "k"); err != nil || rec.State != store.StateInProgress {
+		t.Fatalf("the reservation: %v %v", rec.State, err)
+	}
+}
+
+// slowLoss reserves, then answers only when the caller's context ends.
+type slowLoss struct{ store.Store }
+
+func (s *slowLoss) Reserve(ctx context.Context, p store.ReserveParams) (store.ReserveResult, error) {
+	if _, err := s.Store.Reserve(ctx, p); err != nil {
+		return store.ReserveResult{}, err
+	}
+	<-ctx.Done()
+	return store.ReserveResult{}, ctx.Err()
+}

@@ -51,12 +51,14 @@ type Observer interface {
 	// the store refused to record because another reconciler, a webhook
 	// or an operator recorded one first, or the request ran again: not a
 	// failure, whatever the resolver answered), reconcile_dead,
-	// async_claimed or pending_expired, and of the store's circuit
-	// breaker: breaker_opened, breaker_closed. The engine reports
-	// reconcile_scheduled, the breaker's and reconcile_resolved for an
-	// execution that settled its own record (swept to unknown while its
-	// completion was under way), its Worker async_claimed; the
-	// maintenance services report the others.
+	// async_claimed or pending_expired, of the store's circuit breaker:
+	// breaker_opened, breaker_closed, and reservation_released (a
+	// reservation whose answer was lost, released by the engine that made
+	// it). The engine reports reconcile_scheduled, the breaker's,
+	// reservation_released and reconcile_resolved for an execution that
+	// settled its own record (swept to unknown while its completion was
+	// under way), its Worker async_claimed; the maintenance services
+	// report the others.
 	Event(ctx context.Context, name string, n int64)
 
 	// Step reports the start of a step of a protected call (see Step) and

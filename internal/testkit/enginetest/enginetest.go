@@ -46,6 +46,7 @@ type Flaky struct {
 	Down           atomic.Bool   // Reserve and Get fail while set
 	Gate           chan struct{} // when not nil, Reserve waits until it is closed (a slow store)
 	GetGate        chan struct{} // when not nil, Get waits until it is closed
+	LoseReserves   atomic.Int64  // Reserves applied whose answer is then lost
 	Reserves       atomic.Int64  // calls seen
 	Gets           atomic.Int64
 	FailGets       atomic.Int64 // Gets left to fail
@@ -60,7 +61,8 @@ type Flaky struct {
 	Releases       atomic.Int64
 }
 
-// Reserve waits for Gate, then fails while Down is set.
+// Reserve waits for Gate, then fails while Down is set; while
+// LoseReserves lasts, it reserves, then fails as if the answer was lost.
 func (f *Flaky) Reserve(ctx context.Context, p store.ReserveParams) (store.ReserveResult, error) {
 	f.Reserves.Add(1)
 	if f.Gate != nil {
@@ -69,7 +71,11 @@ func (f *Flaky) Reserve(ctx context.Context, p store.ReserveParams) (store.Reser
 	if f.Down.Load() {
 		return store.ReserveResult{}, ErrOutage
 	}
-	return f.Store.Reserve(ctx, p)
+	res, err := f.Store.Reserve(ctx, p)
+	if err == nil && takeFailure(&f.LoseReserves) {
+		return store.ReserveResult{}, ErrOutage
+	}
+	return res, err
 }
 
 // Get waits for GetGate, then fails while Down is set or FailGets lasts.
