@@ -896,12 +896,13 @@ func TestMigrationsRunAgain(t *testing.T) {
 	mustReserve(t, again, reserveParams("after"), store.Created)
 }
 
-// TestOwnerBesideReserve: a row older than migration 011 (owner NULL)
-// reads as Owner 0, and a pending record made over an expired record
-// keeps none of that record's Owner, before the worker's claim or after.
-func TestOwnerBesideReserve(t *testing.T) {
+// TestOwnerOfRowsBeforeMigration: a row older than migration 011 (owner
+// NULL) reads as Owner 0, and the next execution stores its Reserve's.
+// (That a pending record and its claim have none is the conformance
+// suite's PendingHasNoOwner.)
+func TestOwnerOfRowsBeforeMigration(t *testing.T) {
 	t.Parallel()
-	s, clock := newStore(t)
+	s, _ := newStore(t)
 	ctx := t.Context()
 	old := mustReserve(t, s, reserveParams("old"), store.Created)
 	if _, err := s.DB().ExecContext(ctx, "UPDATE idem_records SET owner = NULL"); err != nil {
@@ -910,25 +911,13 @@ func TestOwnerBesideReserve(t *testing.T) {
 	if got, err := s.Get(ctx, old.Scope, old.Key); err != nil || got.Owner != 0 {
 		t.Fatalf("a row without an owner: Owner %d, %v", got.Owner, err)
 	}
-
-	p := reserveParams("k")
-	p.Owner = 6
-	r := mustReserve(t, s, p, store.Created)
-	if err := s.Complete(ctx, store.CompleteParams{FenceParams: fence(r), Response: okResponse("x")}); err != nil {
+	if err := s.Release(ctx, store.ReleaseParams{FenceParams: fence(old), Error: "x"}); err != nil {
 		t.Fatal(err)
 	}
-	clock.Advance(p.TTL)
-	pending, err := s.ReservePending(ctx, store.PendingParams{ReserveParams: p,
-		Request: store.PendingRequest{Queue: "q", Method: "POST", Target: "/"}})
-	if err != nil || pending.Outcome != store.Created || pending.Record.Owner != 0 {
-		t.Fatalf("pending over an expired record: %v, Owner %d, %v", pending.Outcome, pending.Record.Owner, err)
-	}
-	claimed, err := s.Claim(ctx, store.ClaimParams{Queue: "q", Limit: 1, Lease: time.Minute})
-	if err != nil || len(claimed) != 1 || claimed[0].Owner != 0 {
-		t.Fatalf("claimed: %+v, %v", claimed, err)
-	}
-	if got, err := s.Get(ctx, r.Scope, r.Key); err != nil || got.State != store.StateInProgress || got.Owner != 0 {
-		t.Fatalf("the claimed record: %s, Owner %d, %v", got.State, got.Owner, err)
+	p := reserveParams("old")
+	p.Owner = -6
+	if r := mustReserve(t, s, p, store.Reclaimed); r.Owner != -6 {
+		t.Fatalf("reclaim of a row without an owner: Owner %d, want -6", r.Owner)
 	}
 }
 

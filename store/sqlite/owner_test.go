@@ -5,7 +5,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"testing"
-	"time"
 
 	"github.com/idem-go/idem/store"
 	"github.com/idem-go/idem/store/sqlite"
@@ -20,11 +19,7 @@ func TestOwnerOfRecordsBeforeMigration(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "idem.db")
 	clock := storetest.NewClock()
-	s, err := sqlite.Open(ctx, path, sqlite.Config{Clock: clock.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := open(t, path, sqlite.Config{Clock: clock.Now}) // closed below; the cleanup closes it again, harmlessly
 	p := reserveP("k", "fp", store.LeaseRetry)
 	p.Owner = 5
 	before := mustReserve(t, s, p, store.Created)
@@ -55,30 +50,5 @@ func TestOwnerOfRecordsBeforeMigration(t *testing.T) {
 	p.Owner = 6
 	if took := mustReserve(t, s, p, store.TakenOver); took.Owner != 6 {
 		t.Fatalf("takeover after the migration: Owner %d, want 6", took.Owner)
-	}
-}
-
-// A pending record that replaces an expired one keeps no Owner of the
-// execution before, nor does the worker's claim give it one.
-func TestOwnerOfPendingReplacement(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	clock := storetest.NewClock()
-	s := open(t, filepath.Join(t.TempDir(), "idem.db"), sqlite.Config{Clock: clock.Now})
-	p := reserveP("k", "fp", store.LeaseUnknown)
-	p.Owner = 5
-	r := mustReserve(t, s, p, store.Created)
-	if err := s.Complete(ctx, store.CompleteParams{FenceParams: fenceOf(r), Response: store.Response{Status: 200}}); err != nil {
-		t.Fatal(err)
-	}
-	clock.Advance(p.TTL)
-	res, err := s.ReservePending(ctx, store.PendingParams{ReserveParams: p,
-		Request: store.PendingRequest{Queue: "q", Method: "POST", Target: "/"}})
-	if err != nil || res.Outcome != store.Created || res.Record.Owner != 0 {
-		t.Fatalf("pending over an expired record: %v, Owner %d, %v", res.Outcome, res.Record.Owner, err)
-	}
-	claimed, err := s.Claim(ctx, store.ClaimParams{Queue: "q", Limit: 1, Lease: time.Minute})
-	if err != nil || len(claimed) != 1 || claimed[0].Owner != 0 {
-		t.Fatalf("claim: %+v, %v", claimed, err)
 	}
 }

@@ -120,33 +120,37 @@ func testPendingReserve(t *testing.T, h Harness) {
 	e.mustUnchanged(got, "a sweep")
 }
 
-// testPendingOwner: a pending record that takes over or reclaims a record
-// a Reserve started is a new execution no Reserve started: Owner 0, and
-// so is the worker's claim of it.
+// testPendingOwner: a pending record that takes over, reclaims or
+// replaces a record a Reserve started is a new execution no Reserve
+// started: Owner 0, and so is the worker's claim of it.
 func testPendingOwner(t *testing.T, h Harness) {
 	e := newEnv(t, h)
-	p := e.reserveP("s", "k", "fp", store.LeaseRetry)
-	p.Owner = 5
-	r := e.reserve(e.s, p)
-	p.Key = "released"
-	released := e.reserve(e.s, p)
-	if err := e.s.Release(e.ctx, store.ReleaseParams{FenceParams: fenceOf(released.Record), Error: "x"}); err != nil {
+	owned := func(key string) store.Record {
+		p := e.reserveP("s", key, "fp", store.LeaseRetry)
+		p.Owner = 5
+		return e.reserve(e.s, p).Record
+	}
+	owned("held")
+	if err := e.s.Release(e.ctx, store.ReleaseParams{FenceParams: fenceOf(owned("released")), Error: "x"}); err != nil {
 		t.Fatal(err)
 	}
-	e.clock.Advance(lease)
-	for _, c := range []struct {
-		key  string
-		want store.ReserveOutcome
-	}{{r.Record.Key, store.TakenOver}, {"released", store.Reclaimed}} {
-		res := e.reservePending(e.pendingP("s", c.key, "fp", "q-"+c.key, store.LeaseRetry))
-		if res.Outcome != c.want || res.Record.Owner != 0 {
-			t.Fatalf("%s: pending over a Reserve's record: %v, Owner %d; want %v, 0", c.key, res.Outcome, res.Record.Owner, c.want)
+	e.complete(owned("done"), sampleResponse())
+	pending := func(key string, want store.ReserveOutcome) {
+		t.Helper()
+		res := e.reservePending(e.pendingP("s", key, "fp", "q-"+key, store.LeaseRetry))
+		if res.Outcome != want || res.Record.Owner != 0 {
+			t.Fatalf("%s: pending over a Reserve's record: %v, Owner %d; want %v, 0", key, res.Outcome, res.Record.Owner, want)
 		}
-		claimed := e.claim(e.queue(), "q-"+c.key, 1)
-		if len(claimed) != 1 || claimed[0].Owner != 0 || e.get("s", c.key).Owner != 0 {
-			t.Fatalf("%s: claimed %d records, Owner of the claim %v", c.key, len(claimed), claimed)
+		claimed := e.claim(e.queue(), "q-"+key, 1)
+		if len(claimed) != 1 || claimed[0].Owner != 0 || e.get("s", key).Owner != 0 {
+			t.Fatalf("%s: claimed %d records, Owner of the claim %v", key, len(claimed), claimed)
 		}
 	}
+	e.clock.Advance(lease)
+	pending("held", store.TakenOver)
+	pending("released", store.Reclaimed)
+	e.clock.Advance(ttl)
+	pending("done", store.Created)
 }
 
 func testPendingClaimOnce(t *testing.T, h Harness) {
