@@ -24,6 +24,8 @@
 //     idem.reconcile_failed, idem.reconcile_raced, idem.reconcile_dead:
 //     the record's life
 //   - idem.breaker_opened, idem.breaker_closed: the store's circuit breaker
+//   - idem.reservation_released: reservations whose answer was lost,
+//     released by the engine that made them (docs/http-contract.md)
 //
 // The spans, under the tracer github.com/idem-go/idem, one per step of a
 // protected call, named idem.<step> (idem.reserve, idem.wait,
@@ -97,6 +99,8 @@ var events = map[string]string{
 	"pending_expired":     "Asynchronous requests no worker claimed in time, ended with a timeout answer.",
 	"breaker_opened":      "Times the store's circuit breaker opened: requests got 503 without calling the store.",
 	"breaker_closed":      "Times the store's circuit breaker closed after a successful probe.",
+	"reservation_released": "Reservations whose answer the store lost, read back and released by the engine that made them: " +
+		"no handler ran, and the client's retry runs the request.",
 }
 
 // observer holds the instruments with their attribute sets built once, so

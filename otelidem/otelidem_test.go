@@ -160,6 +160,7 @@ func TestFailuresAndEvents(t *testing.T) {
 	tel.obs.Event(ctx, "zombies_swept", 3)
 	tel.obs.Event(ctx, "reconcile_dead", 1)
 	tel.obs.Event(ctx, "reconcile_raced", 2)
+	tel.obs.Event(ctx, "reservation_released", 1)
 	_, end := tel.obs.Step(ctx, idem.Step{Name: idem.StepComplete, Store: "memory", Fence: 7})
 	end(idem.StepEnd{Fence: 7, Attempts: 3, Err: idem.ErrStore})
 
@@ -171,6 +172,7 @@ func TestFailuresAndEvents(t *testing.T) {
 		"idem.zombies_swept{}":              3,
 		"idem.reconcile_dead{}":             1,
 		"idem.reconcile_raced{}":            2,
+		"idem.reservation_released{}":       1,
 	} {
 		if sums[k] != want {
 			t.Errorf("%s = %d, want %d (all: %v)", k, sums[k], want, sums)
