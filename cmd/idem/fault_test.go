@@ -867,12 +867,13 @@ func (r *faultRun) report(name string, kills, restarts int, settled []answer) {
 	summary := fmt.Sprintf("fault %s: proxies=%d keys=%d dups=%d kills=%d pg-restarts=%d | "+
 		"duplicates=%d lost=%d (large %d) changed=%d wrong=%d unexpected=%d unsettled=%d | "+
 		"completed=%d unknown=%d keys-with-client-2xx=%d client-unknown=%d client-timeouts=%d "+
-		"executions=%d attempts=%d retries=%d 503s=%d in-progress-409s=%d other-5xx=%d transport-errors=%d",
+		"executions=%d attempts=%d retries=%d 503s=%d in-progress-409s=%d other-5xx=%d transport-errors=%d "+
+		"released=%d",
 		name, r.plan.proxies, r.plan.keys, r.plan.dups, kills, restarts,
 		c.duplicates, c.lost, c.lostLarge, c.changed, c.wrong, c.unexpected, c.unsettled,
 		c.completed, c.unknown, c.got2xx, c.clientUnknown, r.timeouts.Load(),
 		c.executions, st.attempts.Load(), st.retries.Load(), st.unavailable.Load(), st.inProgress.Load(),
-		st.other5xx.Load(), st.transportErrs.Load())
+		st.other5xx.Load(), st.transportErrs.Load(), countLogged(r.fleet.logDir, releasedMsg))
 	t.Log(summary)
 	fmt.Println(summary)
 	for _, e := range c.examples {
@@ -953,6 +954,21 @@ func containsID(ids []int64, id int64) bool {
 		}
 	}
 	return false
+}
+
+// releasedMsg is the log message of a proxy that released a reservation
+// whose answer was lost (docs/http-contract.md, Lost reservations).
+const releasedMsg = `"msg":"idem: released a reservation whose answer was lost"`
+
+// countLogged counts the lines of every proxy log in dir that hold s.
+func countLogged(dir, s string) int {
+	names, _ := filepath.Glob(filepath.Join(dir, "proxy-*.log"))
+	n := 0
+	for _, name := range names {
+		b, _ := os.ReadFile(name)
+		n += strings.Count(string(b), s)
+	}
+	return n
 }
 
 // logTails logs the warnings and errors of every proxy log in dir.
