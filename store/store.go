@@ -184,14 +184,15 @@ type ReserveParams struct {
 	Tenant string
 	// Owner identifies this call among the Reserves of the key: any
 	// number the caller chooses, unlikely to repeat (the engine draws a
-	// random one per request; 0 is a value like any other). It is stored
-	// on the record when this Reserve gives the caller the lease
-	// (Record.Owner), and changes nothing else: a Reserve that finds the
-	// record in progress under its own Owner answers Existing like any
-	// other. A caller whose Reserve failed without an answer (a connection
-	// lost during the commit, a timeout) reads the record back, and by its
-	// Owner knows whether the reservation was made for it, and so that no
-	// handler ran under it.
+	// random one per request, never 0, the Owner of the records no Reserve
+	// started). It is stored on the record when this Reserve gives the
+	// caller the lease (Record.Owner), and changes nothing else: a Reserve
+	// that finds the record in progress under its own Owner answers
+	// Existing like any other. A caller whose Reserve failed without an
+	// answer (a connection lost during the commit, a timeout) reads the
+	// record back, and by its Owner knows whether the reservation was made
+	// for it, and so that no handler ran under it. ReservePending ignores
+	// it.
 	Owner int64
 	// MaxActive, when positive, caps the tenant's active records (see
 	// State.Active): a Reserve (or ReservePending) that would create a
