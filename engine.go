@@ -696,13 +696,14 @@ func newOwner() int64 {
 
 // mayHaveReserved reports whether a Reserve that failed with err, called
 // at start, may have made its reservation all the same, and disown should
-// look: a store failure (not an answer, nor the breaker's refusal, which
-// called no store), when the client has left (nobody waits for the answer)
-// or the store failed promptly. Not after a Reserve the store took the
-// whole store timeout over: a store that slow would double the client's
-// wait for its 503.
+// look: a store failure (ErrStore: callAt leaves the store's answers, a
+// refusal at the tenant cap say, unwrapped), not the breaker's refusal,
+// which called no store; when the client has left (nobody waits for the
+// answer) or the store failed promptly. Not after a Reserve the store
+// took the whole store timeout over: a store that slow would double the
+// client's wait for its 503.
 func (e *Engine) mayHaveReserved(ctx context.Context, err error, start time.Time) bool {
-	return errors.Is(err, ErrStore) && !isAnswer(err) && !errors.Is(err, ErrBreakerOpen) &&
+	return errors.Is(err, ErrStore) && !errors.Is(err, ErrBreakerOpen) &&
 		(ctx.Err() != nil || e.clk.Now().Sub(start) < e.cfg.StoreTimeout)
 }
 

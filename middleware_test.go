@@ -1565,13 +1565,15 @@ func TestLostReservationOfAnotherRequestIsKept(t *testing.T) {
 
 // A client that leaves while its Reserve is under way cancels it: the
 // store may have committed the reservation all the same. Nobody waits for
-// the answer, and the engine releases it.
+// the answer, and the engine releases it, even after a Reserve that took
+// the whole store timeout (cancelling gives the caller its answer only
+// then).
 func TestLostReservationOfALeftClientIsReleased(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, idem.Config{}, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &cancelling{Store: f.store, cancel: cancel}
-	e, err := idem.New(s, idem.Config{Logger: slog.New(slog.DiscardHandler)})
+	e, err := idem.New(s, idem.Config{StoreTimeout: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1587,8 +1589,9 @@ func TestLostReservationOfALeftClientIsReleased(t *testing.T) {
 	}
 }
 
-// cancelling reserves, then cancels the request as its client would by
-// leaving, and answers as a store whose call was cancelled.
+// cancelling reserves, waits out the call's store timeout, then cancels
+// the request as its client would by leaving, and answers as a store
+// whose call was cancelled.
 type cancelling struct {
 	store.Store
 	cancel func()
@@ -1598,8 +1601,8 @@ func (s *cancelling) Reserve(ctx context.Context, p store.ReserveParams) (store.
 	if _, err := s.Store.Reserve(ctx, p); err != nil {
 		return store.ReserveResult{}, err
 	}
-	s.cancel()
 	<-ctx.Done()
+	s.cancel()
 	return store.ReserveResult{}, ctx.Err()
 }
 

@@ -211,6 +211,9 @@ func TestTenantMaxActive(t *testing.T) {
 	te := newTenantEnv(t, idem.Config{TenantMaxActive: 2, RetryAfter: 3 * time.Second})
 	release := te.holdRequests([2]string{"a", "held-0"}, [2]string{"a", "held-1"})
 	te.wantLimited("a", "third", idem.SlugOverCap, "3")
+	if got := te.obs.StoreCalls()["get"]; got != 0 {
+		t.Fatalf("%d reads after a refusal at the cap, want 0: the store answered, nothing was lost", got)
+	}
 	te.want("a", "held-0", 409) // an in-flight duplicate is still answered
 	if te.ran() != 2 {
 		t.Fatalf("handler ran %d times, want 2", te.ran())
