@@ -529,12 +529,24 @@ func testOwner(t *testing.T, h Harness) {
 		t.Fatalf("after the lease (policy unknown): %v %s", res.Outcome, res.Record.State)
 	}
 	want("unknown after the lease", res.Record, 10)
-	// MarkUnknown keeps it too.
+	// So do the lease holder's Checkpoint and Extend, MarkUnknown, and a
+	// reconciler's Defer of the unknown record.
 	m := e.reserve(e.s, owned("m", "fp", store.LeaseUnknown, -12))
+	if err := e.s.Checkpoint(e.ctx, store.CheckpointParams{FenceParams: fenceOf(m.Record), RecoveryPoint: "charged"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.s.Extend(e.ctx, store.ExtendParams{FenceParams: fenceOf(m.Record), Lease: lease}); err != nil {
+		t.Fatal(err)
+	}
+	want("checkpointed and extended", e.get("s", "m"), -12)
 	if err := e.s.MarkUnknown(e.ctx, store.ReleaseParams{FenceParams: fenceOf(m.Record), Error: "timeout"}); err != nil {
 		t.Fatal(err)
 	}
 	want("marked unknown", e.get("s", "m"), -12)
+	if err := e.s.Defer(e.ctx, deferOf(e.get("s", "m"), time.Minute, "provider 500")); err != nil {
+		t.Fatal(err)
+	}
+	want("deferred", e.get("s", "m"), -12)
 	// A takeover is a new execution.
 	r := e.reserve(e.s, owned("r", "fp", store.LeaseRetry, 13))
 	want("created under policy retry", r.Record, 13)
