@@ -958,7 +958,7 @@ type recordScan struct {
 	lockedUntil, created       time.Time
 	updated, expires           time.Time
 	attempts, reconcileAttempt int32
-	owner                      *int64
+	owner                      pgtype.Int8 // a value: a *int64 would cost an allocation per record
 	dest                       [23]any
 }
 
@@ -989,10 +989,7 @@ func scanRecord(row pgx.Row, rec *store.Record, action *string) error {
 	rec.CompletedAt = utcOrZero(v.completedAt)
 	rec.ReconcileAfter = utcOrZero(v.reconcileAt)
 	rec.DeadLetteredAt = utcOrZero(v.deadLetteredAt)
-	rec.Owner = 0 // NULL on the rows written before migration 011
-	if v.owner != nil {
-		rec.Owner = *v.owner
-	}
+	rec.Owner = v.owner.Int64 // NULL, 0, on the rows written before migration 011
 	rec.Response = nil
 	if v.status != nil {
 		resp := &store.Response{Status: int(*v.status), Body: v.body, BodyOmitted: v.omitted}
