@@ -720,8 +720,9 @@ func (e *Engine) mayHaveReserved(ctx context.Context, err error, start time.Time
 //
 // A record that is not found, or not found under p.Owner, is left as it
 // is: another request holds it, or the reservation was not made.
+//
+// Both calls are detached: the client's leaving does not cut them short.
 func (e *Engine) disown(ctx context.Context, p *store.ReserveParams) {
-	ctx = context.WithoutCancel(ctx)
 	var r store.Record
 	err := e.call(ctx, opGet, true, func(ctx context.Context) (err error) {
 		r, err = e.store.Get(ctx, p.Scope, p.Key)

@@ -1566,13 +1566,13 @@ func TestLostReservationOfAnotherRequestIsKept(t *testing.T) {
 // A client that leaves while its Reserve is under way cancels it: the
 // store may have committed the reservation all the same. Nobody waits for
 // the answer, and the engine releases it, even after a Reserve that took
-// the whole store timeout (cancelling gives the caller its answer only
+// the whole store timeout (lateLoss gives the caller its answer only
 // then).
 func TestLostReservationOfALeftClientIsReleased(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, idem.Config{}, nil)
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &cancelling{Store: f.store, cancel: cancel}
+	s := &lateLoss{Store: f.store, left: cancel}
 	e, err := idem.New(s, idem.Config{StoreTimeout: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
@@ -1589,20 +1589,22 @@ func TestLostReservationOfALeftClientIsReleased(t *testing.T) {
 	}
 }
 
-// cancelling reserves, waits out the call's store timeout, then cancels
-// the request as its client would by leaving, and answers as a store
-// whose call was cancelled.
-type cancelling struct {
+// lateLoss reserves, waits out the call's store timeout, calls left when
+// set (the client leaving then), and answers as a store whose call ended:
+// the reservation is made, its answer lost.
+type lateLoss struct {
 	store.Store
-	cancel func()
+	left func()
 }
 
-func (s *cancelling) Reserve(ctx context.Context, p store.ReserveParams) (store.ReserveResult, error) {
+func (s *lateLoss) Reserve(ctx context.Context, p store.ReserveParams) (store.ReserveResult, error) {
 	if _, err := s.Store.Reserve(ctx, p); err != nil {
 		return store.ReserveResult{}, err
 	}
 	<-ctx.Done()
-	s.cancel()
+	if s.left != nil {
+		s.left()
+	}
 	return store.ReserveResult{}, ctx.Err()
 }
 
@@ -1612,7 +1614,7 @@ func (s *cancelling) Reserve(ctx context.Context, p store.ReserveParams) (store.
 func TestSlowLostReservationIsNotReadBack(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, idem.Config{}, nil)
-	s := &slowLoss{Store: f.store}
+	s := &lateLoss{Store: f.store}
 	e, err := idem.New(s, idem.Config{StoreTimeout: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
@@ -1624,15 +1626,4 @@ func TestSlowLostReservationIsNotReadBack(t *testing.T) {
 	if rec, err := f.store.Get(context.Background(), "0:POST /v1/slow", "k"); err != nil || rec.State != store.StateInProgress {
 		t.Fatalf("the reservation: %v %v", rec.State, err)
 	}
-}
-
-// slowLoss reserves, then answers only when the caller's context ends.
-type slowLoss struct{ store.Store }
-
-func (s *slowLoss) Reserve(ctx context.Context, p store.ReserveParams) (store.ReserveResult, error) {
-	if _, err := s.Store.Reserve(ctx, p); err != nil {
-		return store.ReserveResult{}, err
-	}
-	<-ctx.Done()
-	return store.ReserveResult{}, ctx.Err()
 }
