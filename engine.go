@@ -51,6 +51,9 @@ type Engine struct {
 	// beats queues the executions' first renewals; each engine has its
 	// own (their leases differ).
 	beats *heartbeats
+	// lost remembers the reservations whose answer the store lost, to be
+	// read back (see lost.go); engines made by With share it.
+	lost *lostReservations
 }
 
 // New returns an engine over s.
@@ -80,7 +83,7 @@ func New(s store.Store, cfg Config) (*Engine, error) {
 		obs: obs, sname: StoreName(s), clk: wallClock{},
 		limiter: newTenantLimiter(set.TenantRate, set.TenantBurst), global: newTenantLimiter(set.NewKeyRate, set.NewKeyBurst),
 		bound: newActiveBound(s, &set), breaker: newBreaker(&set, obs), dur: dur, reads: &sharedReads{m: map[string]*sharedRead{}},
-		reuse: newReuse(), beats: newHeartbeats(set.Lease)}, nil
+		reuse: newReuse(), beats: newHeartbeats(set.Lease), lost: newLostReservations()}, nil
 }
 
 // With returns an engine for a route that needs other settings (an optional
@@ -644,13 +647,12 @@ func (e *Engine) begin(ctx context.Context, cctx *callCtx, op operation, tenant,
 		Lease: e.cfg.Lease, TTL: e.cfg.TTL, LeasePolicy: e.cfg.LeasePolicy,
 		Tenant: tenant, MaxActive: e.cfg.TenantMaxActive, Owner: newOwner(),
 	}
+	e.lostBefore(ctx, scope, key)
 	res, start, end, err := e.reserveStep(ctx, cctx, scope, route, func(ctx context.Context) (store.ReserveResult, error) {
 		return e.store.Reserve(ctx, p)
 	})
 	if err != nil {
-		if e.mayHaveReserved(ctx, err, start) {
-			e.disown(ctx, &p)
-		}
+		e.lostReserve(ctx, &p, err, start)
 		return decision{}, err
 	}
 	d := decide(fp, &res)
@@ -693,59 +695,6 @@ func newOwner() int64 {
 		}
 	}
 }
-
-// mayHaveReserved reports whether a Reserve that failed with err, called
-// at start, may have made its reservation all the same, and disown should
-// look: a store failure (ErrStore: callAt leaves the store's answers, a
-// refusal at the tenant cap say, unwrapped), not the breaker's refusal,
-// which called no store; when the client has left (nobody waits for the
-// answer) or the store failed promptly. Not after a Reserve the store
-// took the whole store timeout over: a store that slow would double the
-// client's wait for its 503.
-func (e *Engine) mayHaveReserved(ctx context.Context, err error, start time.Time) bool {
-	return errors.Is(err, ErrStore) && !errors.Is(err, ErrBreakerOpen) &&
-		(ctx.Err() != nil || e.clk.Now().Sub(start) < e.cfg.StoreTimeout)
-}
-
-// disown releases the reservation that p's Reserve may have made although
-// it failed: a store can lose the answer of a write it applied (the
-// connection lost during the commit, the request cancelled while the
-// commit was under way, a synchronous standby's confirmation cancelled).
-// Such a record would stay in_progress under a lease nobody renews, and
-// under the default lease policy become unknown, sent to reconciliation
-// although no handler ran; the client's retries would get 409 meanwhile.
-// The record is read back once and, when it is in_progress under p.Owner,
-// released to failed_retryable (no handler ran under that lease), so that
-// the client's next retry runs the request.
-//
-// A record that is not found, or not found under p.Owner, is left as it
-// is: another request holds it, or the reservation was not made.
-//
-// Both calls are detached: the client's leaving does not cut them short.
-func (e *Engine) disown(ctx context.Context, p *store.ReserveParams) {
-	var r store.Record
-	err := e.call(ctx, opGet, true, func(ctx context.Context) (err error) {
-		r, err = e.store.Get(ctx, p.Scope, p.Key)
-		return err
-	})
-	if err != nil || r.Owner != p.Owner || r.State != store.StateInProgress {
-		return
-	}
-	fp := store.FenceParams{Scope: p.Scope, Key: p.Key, Fence: r.Fence}
-	err = e.call(ctx, opRelease, true, func(ctx context.Context) error {
-		return e.store.Release(ctx, store.ReleaseParams{FenceParams: fp, Error: reservationLost})
-	})
-	if err != nil {
-		e.log.Warn("idem: a reservation whose answer was lost could not be released; it stays in progress until its lease expires",
-			"scope", p.Scope, "key", p.Key, "fence", r.Fence, "err", err)
-		return
-	}
-	e.log.Info("idem: released a reservation whose answer was lost", "scope", p.Scope, "key", p.Key, "fence", r.Fence)
-	e.obs.Event(ctx, "reservation_released", 1)
-}
-
-// reservationLost is the LastError of a record disown released.
-const reservationLost = "reservation_unacknowledged"
 
 // reserveStep runs call, the reservation of begin or accept, as the
 // engine's reserve step: its span, the store call's timeout and timing, and

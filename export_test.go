@@ -17,3 +17,11 @@ func (e *Engine) Protected(m string) (string, bool) { return e.cfg.protected(m) 
 
 // ReadBody is the middleware's body reader.
 func ReadBody(r *http.Request, limit int64) ([]byte, error) { return new(bodyReader).read(r, limit) }
+
+// WaitLost waits for the sweeps of the reservations whose answer was lost
+// that e (or an engine sharing its list) started, and returns how many it
+// still remembers.
+func WaitLost(e *Engine) int {
+	e.lost.sweeps.Wait()
+	return int(e.lost.n.Load())
+}

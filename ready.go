@@ -63,8 +63,12 @@ func PublicReason(err error) string {
 // server answer a ping but fail every operation), and, with
 // Config.RequireDurable, while the store's durability is not confirmed.
 // A readiness endpoint calls it; its error's Reason (PublicReason) is safe
-// to show to anyone, its detail belongs in the log.
+// to show to anyone, its detail belongs in the log. Like a request, it
+// starts in the background the reading back of reservations whose answer
+// the store lost, when one is due (see the HTTP contract's "Lost
+// reservations").
 func (e *Engine) Ready(ctx context.Context) error {
+	e.lostTick(e.clk.Now())
 	if b := e.breaker; b != nil {
 		if wait, open := b.openFor(e.clk.Now()); open {
 			return &NotReady{Reason: ReasonBreakerOpen, Err: fmt.Errorf("%w for another %v", ErrBreakerOpen, wait.Round(time.Millisecond))}

@@ -956,9 +956,10 @@ func containsID(ids []int64, id int64) bool {
 	return false
 }
 
-// releasedMsg is the log message of a proxy that released a reservation
-// whose answer was lost (docs/http-contract.md, Lost reservations).
-const releasedMsg = `"msg":"idem: released a reservation whose answer was lost"`
+// releasedMsg begins the log message of a proxy that gave back a
+// reservation whose answer was lost, released or resolved
+// (docs/http-contract.md, Lost reservations).
+const releasedMsg = `"msg":"idem: a reservation whose answer was lost was `
 
 // countLogged counts the lines of every proxy log in dir that hold s.
 func countLogged(dir, s string) int {

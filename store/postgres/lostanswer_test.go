@@ -27,26 +27,7 @@ import (
 func TestLostReservationAnswer(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	relay := newCuttingRelay(t, testURL(t))
-	schema := newSchema(t)
-	s, err := postgres.Open(ctx, relay.url, postgres.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	var runs atomic.Int64
-	h := newEngine(t, s).Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		runs.Add(1)
-		w.WriteHeader(http.StatusCreated)
-	}))
-	send := func() int {
-		r := httptest.NewRequest(http.MethodPost, engineURL, strings.NewReader(engineReqBody))
-		r.Header.Set("Content-Type", "application/json")
-		r.Header.Set("Idempotency-Key", `"lost"`)
-		w := httptest.NewRecorder()
-		h.ServeHTTP(w, r)
-		return w.Code
-	}
+	relay, s, _, runs, send := lostSetup(t, `"lost"`)
 
 	relay.arm()
 	if code := send(); code != http.StatusServiceUnavailable {
@@ -70,14 +51,89 @@ func TestLostReservationAnswer(t *testing.T) {
 	}
 }
 
+// TestLostReservationAnswerWhileServerAway cuts the connection as
+// TestLostReservationAnswer does, and the server then stays out of reach
+// for a while, as in a failover: the engine cannot read the record back,
+// and remembers the reservation. Once the server answers again, the
+// client's retry reads it back first, releases it, and runs the request,
+// once.
+func TestLostReservationAnswerWhileServerAway(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	relay, _, direct, runs, send := lostSetup(t, `"away"`)
+
+	relay.down.Store(true) // from the cut on
+	relay.arm()
+	if code := send(); code != http.StatusServiceUnavailable {
+		t.Fatalf("the request whose reservation's answer was lost: %d, want 503", code)
+	}
+	if !relay.cut.Load() {
+		t.Fatal("the relay never cut a connection")
+	}
+	r, err := direct.Get(ctx, "0:POST "+engineRoute, "away")
+	if err != nil || r.State != store.StateInProgress {
+		t.Fatalf("while the server is away, the reservation: %s %v, want in_progress", r.State, err)
+	}
+	if code := send(); code != http.StatusServiceUnavailable {
+		t.Fatalf("a retry while the server is away: %d, want 503", code)
+	}
+	relay.down.Store(false)
+	if code := send(); code != http.StatusCreated {
+		t.Fatalf("the retry once the server is back: %d, want 201", code)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("the handler ran %d times, want 1", n)
+	}
+	if r, err := direct.Get(ctx, "0:POST "+engineRoute, "away"); err != nil || r.State != store.StateCompleted {
+		t.Fatalf("the record: %s %v, want completed", r.State, err)
+	}
+}
+
+// lostSetup opens a store that reaches PostgreSQL through a
+// cuttingRelay, and one on the same schema that does not (direct), and
+// returns send, which posts one request with key through an engine over
+// the first, to a handler that counts its runs.
+func lostSetup(t *testing.T, key string) (relay *cuttingRelay, s, direct *postgres.Store, runs *atomic.Int64, send func() int) {
+	t.Helper()
+	ctx := context.Background()
+	relay = newCuttingRelay(t, testURL(t))
+	schema := newSchema(t)
+	var err error
+	if s, err = postgres.Open(ctx, relay.url, postgres.Config{Schema: schema}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	if direct, err = postgres.Open(ctx, testURL(t), postgres.Config{Schema: schema}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = direct.Close() })
+	runs = new(atomic.Int64)
+	h := newEngine(t, s).Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	send = func() int {
+		r := httptest.NewRequest(http.MethodPost, engineURL, strings.NewReader(engineReqBody))
+		r.Header.Set("Content-Type", "application/json")
+		r.Header.Set("Idempotency-Key", key)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w.Code
+	}
+	return relay, s, direct, runs, send
+}
+
 // cuttingRelay relays TCP connections to a PostgreSQL server. Once armed,
 // it closes the connection that carries the first statement answered with
 // a row, instead of passing on the ReadyForQuery that follows it: the
 // server has committed the statement's implicit transaction by then.
+// While down is set after a cut, it closes every connection at once, as
+// a server out of reach.
 type cuttingRelay struct {
 	url   string
 	armed atomic.Bool
 	cut   atomic.Bool
+	down  atomic.Bool
 }
 
 func newCuttingRelay(t *testing.T, target string) *cuttingRelay {
@@ -123,6 +179,9 @@ func (r *cuttingRelay) arm() { r.armed.Store(true) }
 
 func (r *cuttingRelay) relay(client net.Conn, server string) {
 	defer client.Close()
+	if r.cut.Load() && r.down.Load() {
+		return
+	}
 	s, err := net.Dial("tcp", server)
 	if err != nil {
 		return
