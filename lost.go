@@ -161,9 +161,11 @@ func (l *lostReservations) schedule(t time.Time) {
 }
 
 // lostBefore runs before key's Reserve: a remembered reservation of key
-// is settled first (the client's retry), and a sweep of the others starts
-// when one is due. Without remembered reservations it costs one atomic
-// load.
+// is settled first (the client's retry), unless the breaker is open (the
+// Reserve will be refused at once, and a read of a store that hangs
+// would hold the client for a store timeout), and a sweep of the others
+// starts when one is due. Without remembered reservations it costs one
+// atomic load.
 func (e *Engine) lostBefore(ctx context.Context, scope, key string) {
 	l := e.lost
 	if l.n.Load() == 0 {
@@ -173,7 +175,7 @@ func (e *Engine) lostBefore(ctx context.Context, scope, key string) {
 	k := lostKey{scope, key}
 	l.mu.Lock()
 	ent, ok := l.m[k]
-	if ok && !now.Before(ent.after) {
+	if ok && !now.Before(ent.after) && !e.breaker.refuses(now) {
 		l.forget(k)
 	} else {
 		ok = false

@@ -319,3 +319,22 @@ func (s *lateCommit) Get(ctx context.Context, scope, key string) (store.Record, 
 	}
 	return r, err
 }
+
+// While the breaker is open, the retry of a remembered key does not read
+// it back: its Reserve is refused at once, and a read of a store that
+// hangs would hold the client for a store timeout first.
+func TestLostReservationIsNotReadBackWhileTheBreakerIsOpen(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, idem.Config{BreakerFailures: 1, BreakerOpen: time.Minute, BreakerMaxOpen: time.Minute}, nil)
+	f.store.LoseReserves.Store(1)
+	f.store.FailGets.Store(1)
+	enginetest.WantProblem(t, f.do(post(uuid, `{}`)), 503, "store-unavailable")
+	gets := f.store.Gets.Load()
+	enginetest.WantProblem(t, f.do(post(uuid, `{}`)), 503, "store-unavailable")
+	if n := f.store.Gets.Load() - gets; n != 0 {
+		t.Fatalf("%d reads while the breaker is open", n)
+	}
+	if n := idem.WaitLost(f.engine); n != 1 {
+		t.Fatalf("%d reservations remembered, want 1", n)
+	}
+}

@@ -89,6 +89,16 @@ func (e *Engine) Ready(ctx context.Context) error {
 	return nil
 }
 
+// refuses reports whether b, nil when the engine has no breaker, refuses
+// calls at now.
+func (b *breaker) refuses(now time.Time) bool {
+	if b == nil {
+		return false
+	}
+	_, open := b.openFor(now)
+	return open
+}
+
 // openFor reports whether the breaker refuses calls at now, and for how
 // much longer. Half-open is not refused here: its probe is let through.
 func (b *breaker) openFor(now time.Time) (time.Duration, bool) {
