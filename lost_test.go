@@ -10,8 +10,12 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"pgregory.net/rapid"
+
 	"github.com/idem-go/idem/internal/testkit/enginetest"
 	"github.com/idem-go/idem/store"
+	"github.com/idem-go/idem/store/memory"
+	"github.com/idem-go/idem/store/storetest"
 )
 
 // A Reserve whose answer was lost, though the store applied it: the
@@ -337,4 +341,84 @@ func TestLostReservationIsNotReadBackWhileTheBreakerIsOpen(t *testing.T) {
 	if n := idem.WaitLost(f.engine); n != 1 {
 		t.Fatalf("%d reservations remembered, want 1", n)
 	}
+}
+
+// TestLostReservationsProperty runs random sequences of requests over a
+// store that loses the answers of Reserves it applied, fails reads, goes
+// away and comes back, and lets leases lapse. Whatever the sequence, once
+// the store answers again and a sweep has run, every key runs when it is
+// sent again, and no key's handler ever ran twice: a reservation whose
+// answer was lost never ends as unknown while the engine that made it
+// lives, and the engine never gives back a record whose handler ran.
+func TestLostReservationsProperty(t *testing.T) {
+	t.Parallel()
+	rapid.Check(t, func(t *rapid.T) {
+		storeClock := storetest.NewClock()
+		s := &enginetest.Flaky{Store: memory.New(memory.Config{Clock: storeClock.Now})}
+		e, err := idem.New(s, idem.Config{Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		clk := newStepClock()
+		idem.SetClock(e, clk)
+		runs := map[string]int{}
+		h := e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs[r.Header.Get("Idempotency-Key")]++
+			w.WriteHeader(http.StatusCreated)
+		}))
+		send := func(key string) int {
+			r := httptest.NewRequest("POST", "/v1/charges", strings.NewReader(`{}`))
+			r.Header.Set("Idempotency-Key", key)
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, r)
+			return w.Code
+		}
+		keys := []string{"a", "b", "c"}
+		t.Repeat(map[string]func(*rapid.T){
+			"send": func(t *rapid.T) {
+				send(rapid.SampledFrom(keys).Draw(t, "key"))
+			},
+			"lose the next Reserve's answer": func(t *rapid.T) { s.LoseReserves.Store(1) },
+			"fail the next reads": func(t *rapid.T) {
+				s.FailGets.Store(int64(rapid.IntRange(1, 3).Draw(t, "reads")))
+			},
+			"store away": func(t *rapid.T) { s.Down.Store(true) },
+			"store back": func(t *rapid.T) { s.Down.Store(false) },
+			"lapse the leases": func(t *rapid.T) {
+				storeClock.Advance(idem.DefaultLease + time.Second)
+			},
+			"time passes": func(t *rapid.T) {
+				clk.Advance(time.Duration(rapid.IntRange(1, 20000).Draw(t, "ms")) * time.Millisecond)
+			},
+			"readiness check": func(t *rapid.T) {
+				_ = e.Ready(context.Background())
+				idem.WaitLost(e)
+			},
+			"": func(t *rapid.T) {
+				for k, n := range runs {
+					if n > 1 {
+						t.Fatalf("key %s ran %d times", k, n)
+					}
+				}
+			},
+		})
+		// The store answers again; the breaker and the sweeps' wait
+		// pass; a readiness check starts a sweep.
+		s.Down.Store(false)
+		s.FailGets.Store(0)
+		s.LoseReserves.Store(0)
+		clk.Advance(idem.DefaultBreakerMaxOpen + time.Second)
+		_ = e.Ready(context.Background())
+		if n := idem.WaitLost(e); n != 0 {
+			t.Fatalf("%d reservations still remembered with the store back", n)
+		}
+		for _, k := range keys {
+			if code := send(k); code != http.StatusCreated {
+				t.Fatalf("key %s sent again: %d, want 201", k, code)
+			}
+			if runs[k] != 1 {
+				t.Fatalf("key %s ran %d times, want 1", k, runs[k])
+			}
+		}
+	})
 }
