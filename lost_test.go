@@ -139,7 +139,7 @@ func TestSlowLostReservationIsReadBackLater(t *testing.T) {
 	if w := sendKeyed(h, "k"); w.Code != http.StatusConflict {
 		t.Fatalf("a retry at once: %d, want 409 in progress", w.Code)
 	}
-	time.Sleep(25 * time.Millisecond)
+	time.Sleep(quickTimeout + 10*time.Millisecond)
 	if w := sendKeyed(h, "k"); w.Code != http.StatusCreated || *runs != 1 {
 		t.Fatalf("a retry after the store timeout: %d, %d runs", w.Code, *runs)
 	}
@@ -190,6 +190,8 @@ func TestLostReservationWhileStoreAwayIsReleasedByTheRetry(t *testing.T) {
 func TestLostReservationLapsedToUnknownIsResolved(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, idem.Config{}, nil)
+	clk := newStepClock() // sweeps fall due on it alone
+	idem.SetClock(f.engine, clk)
 	_, h, runs := quickEngine(t, f.store) // another instance
 	f.store.LoseReserves.Store(1)
 	f.store.FailGets.Store(1)
@@ -204,7 +206,7 @@ func TestLostReservationLapsedToUnknownIsResolved(t *testing.T) {
 		return w
 	}
 	enginetest.WantProblem(t, retry(), 409, "outcome-unknown")
-	time.Sleep(300 * time.Millisecond) // a sweep is due
+	clk.Advance(300 * time.Millisecond) // a sweep is due
 	if w := f.do(post(`"another"`, `{}`)); w.Code != 201 {
 		t.Fatalf("another request: %d", w.Code)
 	}
@@ -226,6 +228,8 @@ func TestLostReservationLapsedToUnknownIsResolved(t *testing.T) {
 func TestLostReservationsSweepWaitsForTheStore(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, idem.Config{}, nil)
+	clk := newStepClock() // sweeps fall due on it alone
+	idem.SetClock(f.engine, clk)
 	f.store.LoseReserves.Store(2)
 	f.store.FailGets.Store(2)
 	for _, k := range []string{`"a"`, `"b"`} {
@@ -233,7 +237,7 @@ func TestLostReservationsSweepWaitsForTheStore(t *testing.T) {
 	}
 	// The next request, once a sweep is due, starts it; its first read
 	// fails.
-	time.Sleep(300 * time.Millisecond)
+	clk.Advance(300 * time.Millisecond)
 	f.store.FailGets.Store(1)
 	if w := f.do(post(`"c"`, `{}`)); w.Code != 201 {
 		t.Fatalf("another request: %d", w.Code)
@@ -249,7 +253,7 @@ func TestLostReservationsSweepWaitsForTheStore(t *testing.T) {
 		t.Fatalf("%d reads, want none before the sweep is due", f.store.Gets.Load()-3)
 	}
 	// Once due, a readiness check starts it.
-	time.Sleep(300 * time.Millisecond)
+	clk.Advance(300 * time.Millisecond)
 	if err := f.engine.Ready(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -277,17 +281,17 @@ func TestLostReservationCommittedAfterTheReadIsReleased(t *testing.T) {
 	if rec, err := f.store.Get(context.Background(), "0:POST /v1/slow", "k"); err != nil || rec.State != store.StateInProgress {
 		t.Fatalf("the reservation that committed late: %v %v", rec.State, err)
 	}
-	time.Sleep(25 * time.Millisecond)
+	time.Sleep(quickTimeout + 10*time.Millisecond)
 	if w := sendKeyed(h, "k"); w.Code != http.StatusCreated || *runs != 1 {
 		t.Fatalf("the retry: %d, %d runs", w.Code, *runs)
 	}
 }
 
-// quickEngine is an engine over s with a store timeout of 20 ms, and its
-// middleware around a handler that counts its runs.
+// quickEngine is an engine over s with a store timeout of quickTimeout,
+// and its middleware around a handler that counts its runs.
 func quickEngine(t *testing.T, s store.Store) (*idem.Engine, http.Handler, *int) {
 	t.Helper()
-	e, err := idem.New(s, idem.Config{StoreTimeout: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	e, err := idem.New(s, idem.Config{StoreTimeout: quickTimeout, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,6 +301,10 @@ func quickEngine(t *testing.T, s store.Store) (*idem.Engine, http.Handler, *int)
 		w.WriteHeader(http.StatusCreated)
 	})), &runs
 }
+
+// quickTimeout is short enough for a test to wait out, long enough that
+// a retry sent at once arrives within it on a loaded machine.
+const quickTimeout = 200 * time.Millisecond
 
 // lateCommit fails its first Reserve at once, and applies it after the
 // next Get has answered.
@@ -377,6 +385,7 @@ func TestLostReservationsProperty(t *testing.T) {
 		t.Repeat(map[string]func(*rapid.T){
 			"send": func(t *rapid.T) {
 				send(rapid.SampledFrom(keys).Draw(t, "key"))
+				idem.WaitLost(e) // the sweep it started, if any: each step is deterministic
 			},
 			"lose the next Reserve's answer": func(t *rapid.T) { s.LoseReserves.Store(1) },
 			"fail the next reads": func(t *rapid.T) {
