@@ -23,5 +23,5 @@ func ReadBody(r *http.Request, limit int64) ([]byte, error) { return new(bodyRea
 // still remembers.
 func WaitLost(e *Engine) int {
 	e.lost.sweeps.Wait()
-	return int(e.lost.n.Load())
+	return e.LostReservations()
 }

@@ -78,6 +78,14 @@ func newLostReservations() *lostReservations {
 	return l
 }
 
+// LostReservations reports how many reservations whose answer the store
+// lost the engine remembers, to be read back and given back once the store
+// answers (see the HTTP contract's "Lost reservations"). Engines derived
+// by With share them. During an outage it grows with the reservations
+// that may have been made; once the store is back it falls to 0 as they
+// are read back.
+func (e *Engine) LostReservations() int { return int(e.lost.n.Load()) }
+
 // reservationLost is the LastError of a record whose reservation's answer
 // was lost, released by the engine that made it.
 const reservationLost = "reservation_unacknowledged"

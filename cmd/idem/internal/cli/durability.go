@@ -46,6 +46,27 @@ func (p *Proxy) durabilityMetrics(m metric.Meter) (metric.Registration, error) {
 	}, state, replicas)
 }
 
+// lostMetrics registers idem_reservations_unacknowledged: the
+// reservations whose answer the store lost that the engine remembers, to
+// give back once the store answers (idem.Engine.LostReservations). Not
+// reported while the store is not open.
+func (p *Proxy) lostMetrics(m metric.Meter) (metric.Registration, error) {
+	lost, err := m.Int64ObservableGauge("idem.reservations.unacknowledged",
+		metric.WithDescription("reservations whose answer the store lost, remembered to be read back and given back once the store answers"))
+	if err != nil {
+		return nil, err
+	}
+	return m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		p.mu.Lock()
+		e := p.engine
+		p.mu.Unlock()
+		if e != nil {
+			o.ObserveInt64(lost, int64(e.LostReservations()))
+		}
+		return nil
+	}, lost)
+}
+
 // durability is the engine's last durability report, false while the
 // store is not open or has no check.
 func (p *Proxy) durability() (store.Durability, bool) {

@@ -49,14 +49,16 @@ type Proxy struct {
 	refusals  metric.Int64Counter
 	// durabilityGauges observes the store's durability for the metrics.
 	durabilityGauges metric.Registration
-	tracing          *tracing      // nil when the caller brought its own provider
-	spansOff         bool          // no span is recorded: the proxy neither starts nor injects one
-	obs              idem.Observer // the engine's and the services' metrics and spans
-	tenants          *tenants
-	protected        map[string]bool
-	routes           *routeTable // nil without Routes
-	buffers          *semaphore.Weighted
-	buffered         atomic.Int64 // bytes held under buffers, for tests
+	// lostGauge observes the engine's lost reservations for the metrics.
+	lostGauge metric.Registration
+	tracing   *tracing      // nil when the caller brought its own provider
+	spansOff  bool          // no span is recorded: the proxy neither starts nor injects one
+	obs       idem.Observer // the engine's and the services' metrics and spans
+	tenants   *tenants
+	protected map[string]bool
+	routes    *routeTable // nil without Routes
+	buffers   *semaphore.Weighted
+	buffered  atomic.Int64 // bytes held under buffers, for tests
 
 	async *asyncRoutes // nil without asynchronous routes
 
@@ -181,6 +183,9 @@ func (p *Proxy) observe(ctx context.Context) (_ trace.TracerProvider, err error)
 		return nil, fmt.Errorf("proxy: metrics: %w", err)
 	}
 	if p.durabilityGauges, err = p.durabilityMetrics(mp.Meter(meterName)); err != nil {
+		return nil, fmt.Errorf("proxy: metrics: %w", err)
+	}
+	if p.lostGauge, err = p.lostMetrics(mp.Meter(meterName)); err != nil {
 		return nil, fmt.Errorf("proxy: metrics: %w", err)
 	}
 	tp := cfg.TracerProvider
@@ -554,6 +559,9 @@ func (p *Proxy) stopBackground(ctx context.Context) []error {
 	}
 	if p.durabilityGauges != nil {
 		p.durabilityGauges.Unregister()
+	}
+	if p.lostGauge != nil {
+		p.lostGauge.Unregister()
 	}
 	if p.metrics != nil {
 		if err := p.metrics.shutdown(ctx); err != nil {
