@@ -351,9 +351,9 @@ func TestLostReservationIsNotReadBackWhileTheBreakerIsOpen(t *testing.T) {
 	}
 }
 
-// TestLostReservationsProperty runs random sequences of requests over a
-// store that loses the answers of Reserves it applied, fails reads, goes
-// away and comes back, and lets leases lapse. Whatever the sequence, once
+// TestLostReservationsProperty runs random sequences of requests, sent to
+// two instances, over a store that loses the answers of Reserves it
+// applied, fails reads, goes away and comes back, and lets leases lapse. Whatever the sequence, once
 // the store answers again and a sweep has run, every key runs when it is
 // sent again, and no key's handler ever ran twice: a reservation whose
 // answer was lost never ends as unknown while the engine that made it
@@ -363,29 +363,36 @@ func TestLostReservationsProperty(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		storeClock := storetest.NewClock()
 		s := &enginetest.Flaky{Store: memory.New(memory.Config{Clock: storeClock.Now})}
-		e, err := idem.New(s, idem.Config{Logger: slog.New(slog.DiscardHandler)})
-		if err != nil {
-			t.Fatal(err)
-		}
 		clk := newStepClock()
-		idem.SetClock(e, clk)
 		runs := map[string]int{}
-		h := e.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			runs[r.Header.Get("Idempotency-Key")]++
 			w.WriteHeader(http.StatusCreated)
-		}))
-		send := func(key string) int {
+		})
+		// Two instances of a service on one store, each with its own
+		// memory of the reservations it lost.
+		var engines []*idem.Engine
+		var handlers []http.Handler
+		for range 2 {
+			e, err := idem.New(s, idem.Config{Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			idem.SetClock(e, clk)
+			engines, handlers = append(engines, e), append(handlers, e.Middleware(handler))
+		}
+		send := func(instance int, key string) int {
 			r := httptest.NewRequest("POST", "/v1/charges", strings.NewReader(`{}`))
 			r.Header.Set("Idempotency-Key", key)
 			w := httptest.NewRecorder()
-			h.ServeHTTP(w, r)
+			handlers[instance].ServeHTTP(w, r)
+			idem.WaitLost(engines[instance]) // the sweep it started, if any: each step is deterministic
 			return w.Code
 		}
 		keys := []string{"a", "b", "c"}
 		t.Repeat(map[string]func(*rapid.T){
 			"send": func(t *rapid.T) {
-				send(rapid.SampledFrom(keys).Draw(t, "key"))
-				idem.WaitLost(e) // the sweep it started, if any: each step is deterministic
+				send(rapid.IntRange(0, 1).Draw(t, "instance"), rapid.SampledFrom(keys).Draw(t, "key"))
 			},
 			"lose the next Reserve's answer": func(t *rapid.T) { s.LoseReserves.Store(1) },
 			"fail the next reads": func(t *rapid.T) {
@@ -400,6 +407,7 @@ func TestLostReservationsProperty(t *testing.T) {
 				clk.Advance(time.Duration(rapid.IntRange(1, 20000).Draw(t, "ms")) * time.Millisecond)
 			},
 			"readiness check": func(t *rapid.T) {
+				e := engines[rapid.IntRange(0, 1).Draw(t, "instance")]
 				_ = e.Ready(context.Background())
 				idem.WaitLost(e)
 			},
@@ -412,17 +420,19 @@ func TestLostReservationsProperty(t *testing.T) {
 			},
 		})
 		// The store answers again; the breaker and the sweeps' wait
-		// pass; a readiness check starts a sweep.
+		// pass; a readiness check of each instance starts its sweep.
 		s.Down.Store(false)
 		s.FailGets.Store(0)
 		s.LoseReserves.Store(0)
 		clk.Advance(idem.DefaultBreakerMaxOpen + time.Second)
-		_ = e.Ready(context.Background())
-		if n := idem.WaitLost(e); n != 0 {
-			t.Fatalf("%d reservations still remembered with the store back", n)
+		for i, e := range engines {
+			_ = e.Ready(context.Background())
+			if n := idem.WaitLost(e); n != 0 {
+				t.Fatalf("instance %d: %d reservations still remembered with the store back", i, n)
+			}
 		}
-		for _, k := range keys {
-			if code := send(k); code != http.StatusCreated {
+		for i, k := range keys {
+			if code := send(i%2, k); code != http.StatusCreated {
 				t.Fatalf("key %s sent again: %d, want 201", k, code)
 			}
 			if runs[k] != 1 {
