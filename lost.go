@@ -58,6 +58,14 @@ type lostEntry struct {
 
 const lostOwners = 8
 
+// add adds owners, keeping the latest lostOwners, and pushes after back
+// to after when it is later.
+func (ent *lostEntry) add(after time.Time, owners ...int64) {
+	ent.owners = append(ent.owners, owners...)
+	ent.owners = ent.owners[max(0, len(ent.owners)-lostOwners):]
+	ent.after = later(ent.after, after)
+}
+
 // lostReservations is shared by every engine derived from one New (they
 // share the store).
 type lostReservations struct {
@@ -147,11 +155,7 @@ func (e *Engine) remember(p *store.ReserveParams, now, after time.Time) {
 	if !ok {
 		ent.since = now
 	}
-	if len(ent.owners) == lostOwners {
-		ent.owners = ent.owners[1:]
-	}
-	ent.owners = append(ent.owners, p.Owner)
-	ent.after = later(ent.after, after)
+	ent.add(after, p.Owner)
 	l.m[k] = ent
 	l.n.Store(int64(len(l.m)))
 	// The store just failed: the sweep waits a little, a retry of the
@@ -190,7 +194,10 @@ func (e *Engine) lostBefore(ctx context.Context, scope, key string) {
 	}
 	l.mu.Unlock()
 	if ok && e.settleLost(ctx, scope, key, ent.owners) == lostFailed {
-		e.lostAgain(k, ent, now)
+		l.mu.Lock()
+		l.putBack(k, ent)
+		l.schedule(now.Add(max(l.retry, lostRetryMin)))
+		l.mu.Unlock()
 	}
 	e.lostTick(now)
 }
@@ -229,7 +236,11 @@ func (e *Engine) sweepLost() {
 		}
 	}
 	l.mu.Unlock()
-	failed := false
+	type kept struct {
+		k   lostKey
+		ent lostEntry
+	}
+	var back []kept
 	for _, k := range due {
 		l.mu.Lock()
 		ent, ok := l.m[k]
@@ -240,36 +251,31 @@ func (e *Engine) sweepLost() {
 		if !ok {
 			continue // a retry of the key settled it meanwhile
 		}
-		if failed || e.settleLost(context.Background(), k.scope, k.key, ent.owners) == lostFailed {
-			failed = true
-			e.lostAgain(k, ent, now)
+		if len(back) > 0 || e.settleLost(context.Background(), k.scope, k.key, ent.owners) == lostFailed {
+			back = append(back, kept{k, ent})
 		}
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if failed {
-		l.retry = min(max(2*l.retry, lostRetryMin), lostRetryMax)
-		l.schedule(now.Add(l.retry))
-	} else {
+	if len(back) == 0 {
 		l.retry = 0
+		return
 	}
+	l.retry = min(max(2*l.retry, lostRetryMin), lostRetryMax)
+	for _, b := range back {
+		l.putBack(b.k, b.ent)
+	}
+	l.schedule(now.Add(l.retry))
 }
 
-// lostAgain remembers again the reservations of a key whose read-back
-// failed, with those of the key remembered meanwhile, and makes a sweep
-// due.
-func (e *Engine) lostAgain(k lostKey, ent lostEntry, now time.Time) {
-	l := e.lost
-	l.mu.Lock()
-	defer l.mu.Unlock()
+// putBack remembers again the reservations of a key whose read-back
+// failed, with those of the key remembered meanwhile. l.mu is held.
+func (l *lostReservations) putBack(k lostKey, ent lostEntry) {
 	if newer, ok := l.m[k]; ok {
-		ent.owners = append(ent.owners, newer.owners...)
-		ent.owners = ent.owners[max(0, len(ent.owners)-lostOwners):]
-		ent.after = later(ent.after, newer.after)
+		ent.add(newer.after, newer.owners...)
 	}
 	l.m[k] = ent
 	l.n.Store(int64(len(l.m)))
-	l.schedule(now.Add(max(l.retry, lostRetryMin)))
 }
 
 func later(a, b time.Time) time.Time {

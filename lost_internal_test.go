@@ -3,6 +3,7 @@ package idem
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -70,5 +71,35 @@ func TestLostReservationsAreGivenUpAfterLostAge(t *testing.T) {
 	}
 	if !strings.Contains(buf.String(), "gave up reading back") {
 		t.Fatalf("no warning:\n%s", buf.String())
+	}
+}
+
+// failingGets is a store whose reads fail, as one that is away.
+type failingGets struct{ store.Store }
+
+func (failingGets) Get(context.Context, string, string) (store.Record, error) {
+	return store.Record{}, store.Retryable(errors.New("connection refused"))
+}
+
+// While the store keeps failing, each sweep waits twice as long as the
+// one before it, from lostRetryMin up to lostRetryMax.
+func TestLostReservationsSweepsBackOff(t *testing.T) {
+	clk := &fakeClock{now: time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)}
+	var buf bytes.Buffer
+	e, s := lostEngine(t, clk, &buf)
+	e.store = failingGets{s}
+	e.remember(&store.ReserveParams{Scope: "s", Key: "k", Owner: 1}, clk.now, clk.now)
+	want := lostRetryMin
+	for range 8 {
+		clk.now = time.Unix(0, e.lost.due.Load())
+		e.lostTick(clk.now)
+		e.lost.sweeps.Wait()
+		if got := time.Duration(e.lost.due.Load() - clk.now.UnixNano()); got != want {
+			t.Fatalf("the next sweep after %v, want %v", got, want)
+		}
+		want = min(2*want, lostRetryMax)
+	}
+	if n := e.lost.n.Load(); n != 1 {
+		t.Fatalf("%d remembered, want 1", n)
 	}
 }

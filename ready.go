@@ -68,9 +68,10 @@ func PublicReason(err error) string {
 // the store lost, when one is due (see the HTTP contract's "Lost
 // reservations").
 func (e *Engine) Ready(ctx context.Context) error {
-	e.lostTick(e.clk.Now())
+	now := e.clk.Now()
+	e.lostTick(now)
 	if b := e.breaker; b != nil {
-		if wait, open := b.openFor(e.clk.Now()); open {
+		if wait, open := b.openFor(now); open {
 			return &NotReady{Reason: ReasonBreakerOpen, Err: fmt.Errorf("%w for another %v", ErrBreakerOpen, wait.Round(time.Millisecond))}
 		}
 	}
